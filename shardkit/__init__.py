@@ -1,0 +1,45 @@
+"""shardkit: datasets shuffled for free, by a two-pass shuffle fused into preprocessing.
+
+Pass 1 (:class:`PileWriter`, :func:`preprocess`) writes each sample into one of M pile tar
+shards chosen uniformly at random. Pass 2 (:func:`loader`) permutes the piles every epoch,
+shuffles each in RAM and prefetches the next.
+"""
+
+from __future__ import annotations
+
+from shardkit.codecs import Codecs
+from shardkit.errors import (
+    ConfigError,
+    CorruptShardError,
+    DatasetExistsError,
+    DatasetNotFoundError,
+    DecodeError,
+    InputError,
+    ManifestError,
+    PileTooLargeError,
+    SampleError,
+    ShardkitError,
+)
+from shardkit.manifest import Manifest, PileInfo
+from shardkit.writer import PileOptions, PileWriter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Codecs",
+    "ConfigError",
+    "CorruptShardError",
+    "DatasetExistsError",
+    "DatasetNotFoundError",
+    "DecodeError",
+    "InputError",
+    "Manifest",
+    "ManifestError",
+    "PileInfo",
+    "PileOptions",
+    "PileTooLargeError",
+    "PileWriter",
+    "SampleError",
+    "ShardkitError",
+    "__version__",
+]

@@ -1,0 +1,147 @@
+"""shardkit.json: the dataset manifest, read, validated and written atomically (always last).
+
+A directory is a shardkit dataset exactly when it holds this file, so a job that dies before
+the end never leaves something that looks like a whole dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from shardkit import storage
+from shardkit.errors import DatasetNotFoundError, ManifestError
+
+MANIFEST = "shardkit.json"
+FORMAT = "shardkit"
+FORMAT_VERSION = 1
+
+
+def checksum(data: bytes | bytearray | memoryview, previous: int = 0) -> int:
+    """Running CRC-32 (3+ GB/s here, against 1.6 for sha256); pass the last value to continue."""
+    return zlib.crc32(data, previous)
+
+
+def format_checksum(crc: int) -> str:
+    return f"crc32:{crc:08x}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PileInfo:
+    """One pile: file name relative to the dataset, sample count, byte size, checksum."""
+
+    name: str
+    samples: int
+    bytes: int
+    checksum: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """What a dataset directory holds. Written by the writer, trusted by the loader."""
+
+    piles: tuple[PileInfo, ...]
+    seed: int
+    fields: tuple[str, ...]
+    created_by: str
+    skipped_units: int = 0
+    split_piles: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def samples(self) -> int:
+        return sum(p.samples for p in self.piles)
+
+    @property
+    def bytes(self) -> int:
+        return sum(p.bytes for p in self.piles)
+
+    def to_json(self) -> str:
+        doc = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "created_by": self.created_by,
+            "seed": self.seed,
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "fields": list(self.fields),
+            "skipped_units": self.skipped_units,
+            "split_piles": self.split_piles,
+            "extra": self.extra,
+            "piles": [asdict(p) for p in self.piles],
+        }
+        return json.dumps(doc, indent=1, sort_keys=False) + "\n"
+
+
+def _expect(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in doc:
+        raise ManifestError(f"{where}: missing field {key!r}")
+    value = doc[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ManifestError(f"{where}: field {key!r}: expected {name}, got {value!r}")
+    return value
+
+
+def parse(text: str, where: str) -> Manifest:
+    """Validate a manifest's JSON text; ``where`` names it in errors."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{where}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ManifestError(f'{where}: not a shardkit manifest (expected "format": "{FORMAT}")')
+    version = _expect(doc, "format_version", int, where)
+    if version > FORMAT_VERSION:
+        raise ManifestError(f"{where}: format_version {version} is newer than this shardkit reads ({FORMAT_VERSION}); upgrade shardkit")
+    piles = []
+    for i, p in enumerate(_expect(doc, "piles", list, where)):
+        at = f"{where}: piles[{i}]"
+        if not isinstance(p, dict):
+            raise ManifestError(f"{at}: expected an object, got {p!r}")
+        name = _expect(p, "name", str, at)
+        if "/" in name or name.startswith("."):
+            raise ManifestError(f"{at}: pile name {name!r} must be a plain file name")
+        piles.append(
+            PileInfo(
+                name=name,
+                samples=_expect(p, "samples", int, at),
+                bytes=_expect(p, "bytes", int, at),
+                checksum=_expect(p, "checksum", str, at),
+            )
+        )
+    manifest = Manifest(
+        piles=tuple(piles),
+        seed=_expect(doc, "seed", int, where),
+        fields=tuple(_expect(doc, "fields", list, where)),
+        created_by=str(doc.get("created_by", "")),
+        skipped_units=int(doc.get("skipped_units", 0)),
+        split_piles=int(doc.get("split_piles", 0)),
+        extra=dict(doc.get("extra") or {}),
+    )
+    if "samples" in doc and doc["samples"] != manifest.samples:
+        raise ManifestError(f"{where}: 'samples' is {doc['samples']} but the piles add up to {manifest.samples}")
+    return manifest
+
+
+def is_dataset(directory: str) -> bool:
+    return storage.exists(storage.join(directory, MANIFEST))
+
+
+def read(directory: str) -> Manifest:
+    """Read and validate ``DIRECTORY/shardkit.json``."""
+    url = storage.join(directory, MANIFEST)
+    try:
+        text = storage.read_bytes(url).decode("utf-8")
+    except DatasetNotFoundError:
+        raise DatasetNotFoundError(f"{directory}: not a shardkit dataset (no {MANIFEST}; a job that did not finish leaves none)") from None
+    except UnicodeDecodeError:
+        raise ManifestError(f"{url}: not UTF-8 text") from None
+    return parse(text, url)
+
+
+def write(directory: str, manifest: Manifest) -> None:
+    """Write the manifest atomically. Call this last: it is what makes a dataset whole."""
+    storage.write_bytes(storage.join(directory, MANIFEST), manifest.to_json().encode("utf-8"))

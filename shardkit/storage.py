@@ -1,0 +1,200 @@
+"""Every file access shardkit makes, behind one small URL-taking layer.
+
+Local paths and ``file://`` URLs use the OS directly. Any other scheme (``s3://``, ``gs://``,
+``memory://``...) goes through fsspec when it is installed. Writes are atomic: data goes to
+``NAME.partial-<uuid>`` and is renamed into place only when complete, so a crash never leaves a
+file that looks whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob as _glob
+import os
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import IO, Any
+
+from shardkit.errors import ConfigError, DatasetNotFoundError
+
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+
+
+def _remote(url: str) -> str | None:
+    """Return the scheme of a non-local URL, else None."""
+    match = _SCHEME.match(url)
+    if match is None or match.group(1) == "file":
+        return None
+    return match.group(1)
+
+
+def local_path(url: str | os.PathLike[str]) -> str | None:
+    """Return the filesystem path of a local URL, or None for a remote one."""
+    url = os.fspath(url)
+    if _remote(url):
+        return None
+    return url[len("file://") :] if url.startswith("file://") else url
+
+
+def _fs(url: str) -> tuple[Any, str]:
+    try:
+        import fsspec
+    except ImportError:
+        raise ConfigError(f"{url}: reading {_remote(url)}:// URLs needs fsspec (pip install 'shardkit[remote]')") from None
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs, path
+
+
+def join(base: str | os.PathLike[str], name: str) -> str:
+    """Join a directory URL and a relative name."""
+    base = os.fspath(base)
+    if _remote(base):
+        return base.rstrip("/") + "/" + name
+    return os.path.join(base, name)
+
+
+def exists(url: str) -> bool:
+    path = local_path(url)
+    if path is not None:
+        return os.path.exists(path)
+    fs, p = _fs(url)
+    return bool(fs.exists(p))
+
+
+def size(url: str) -> int:
+    """Size of the file in bytes; raises DatasetNotFoundError if it is missing."""
+    path = local_path(url)
+    try:
+        if path is not None:
+            return os.path.getsize(path)
+        fs, p = _fs(url)
+        return int(fs.size(p))
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"{url}: no such file") from None
+
+
+def read_bytes(url: str) -> bytes:
+    """The whole file, in one sequential read."""
+    path = local_path(url)
+    try:
+        if path is not None:
+            with open(path, "rb", buffering=0) as f:
+                return f.readall()
+        fs, p = _fs(url)
+        return bytes(fs.cat_file(p))
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"{url}: no such file") from None
+
+
+@contextlib.contextmanager
+def open_read(url: str) -> Iterator[IO[bytes]]:
+    """A binary file object for streaming reads."""
+    path = local_path(url)
+    try:
+        if path is not None:
+            with open(path, "rb") as f:
+                yield f
+        else:
+            fs, p = _fs(url)
+            with fs.open(p, "rb") as f:
+                yield f
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"{url}: no such file") from None
+
+
+@contextlib.contextmanager
+def atomic_write(url: str) -> Iterator[IO[bytes]]:
+    """Write ``url`` all or nothing: the name appears only once the block exits cleanly."""
+    path = local_path(url)
+    if path is None:
+        # object stores publish a PUT whole or not at all; fsspec writes on close
+        fs, p = _fs(url)
+        with fs.open(p, "wb") as f:
+            yield f
+        return
+    tmp = f"{path}.partial-{uuid.uuid4().hex}"
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes(url: str, data: bytes) -> None:
+    """Atomically replace ``url`` with ``data``."""
+    with atomic_write(url) as f:
+        f.write(data)
+
+
+def remove(url: str) -> None:
+    """Delete a file if it exists."""
+    path = local_path(url)
+    if path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    fs, p = _fs(url)
+    if fs.exists(p):
+        fs.rm(p)
+
+
+def makedirs(url: str) -> None:
+    path = local_path(url)
+    if path is not None:
+        os.makedirs(path, exist_ok=True)
+    else:
+        fs, p = _fs(url)
+        fs.makedirs(p, exist_ok=True)
+
+
+def is_dir(url: str) -> bool:
+    path = local_path(url)
+    if path is not None:
+        return os.path.isdir(path)
+    fs, p = _fs(url)
+    return bool(fs.isdir(p))
+
+
+def brace_expand(pattern: str) -> list[str]:
+    """Expand ``{000..012}`` ranges (zero padding kept) and ``{a,b}`` alternatives."""
+    match = _RANGE.search(pattern)
+    if match:
+        lo, hi = match.group(1), match.group(2)
+        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        step = 1 if int(hi) >= int(lo) else -1
+        head, tail = pattern[: match.start()], pattern[match.end() :]
+        return [e for i in range(int(lo), int(hi) + step, step) for e in brace_expand(f"{head}{i:0{width}d}{tail}")]
+    start = pattern.find("{")
+    end = pattern.find("}", start)
+    if start >= 0 and end > start and "," in pattern[start:end]:
+        head, tail = pattern[:start], pattern[end + 1 :]
+        return [e for alt in pattern[start + 1 : end].split(",") for e in brace_expand(head + alt + tail)]
+    return [pattern]
+
+
+def expand(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Turn a URL, a brace pattern, a glob or a list of them into a list of file URLs.
+
+    Raises:
+        DatasetNotFoundError: a pattern matches nothing or a named file does not exist.
+    """
+    items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    urls: list[str] = []
+    for item in items:
+        for url in brace_expand(os.fspath(item)):
+            path = local_path(url)
+            if path is not None and _glob.has_magic(path):
+                found = sorted(_glob.glob(path))
+                if not found:
+                    raise DatasetNotFoundError(f"{url}: pattern matches no file")
+                urls.extend(found)
+            elif path is not None and not os.path.isfile(path):
+                raise DatasetNotFoundError(f"{url}: no such file")
+            else:
+                urls.append(url)
+    return urls
