@@ -7,6 +7,7 @@ shuffles each in RAM and prefetches the next.
 
 from __future__ import annotations
 
+from shardkit.audit import DatasetInfo, Problem, info, verify
 from shardkit.codecs import Codecs
 from shardkit.errors import (
     ConfigError,
@@ -30,6 +31,7 @@ __all__ = [
     "ConfigError",
     "CorruptShardError",
     "DatasetExistsError",
+    "DatasetInfo",
     "DatasetNotFoundError",
     "DecodeError",
     "InputError",
@@ -39,7 +41,10 @@ __all__ = [
     "PileOptions",
     "PileTooLargeError",
     "PileWriter",
+    "Problem",
     "SampleError",
     "ShardkitError",
     "__version__",
+    "info",
+    "verify",
 ]

@@ -85,6 +85,86 @@ def command(register: Callable[[Any], None]) -> Callable[[Any], None]:
     return register
 
 
+# --- inspection, eager shuffle, YAML jobs, demo ----------------------------------------------
+
+
+def _verbose_flag(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a subcommand default must not overwrite a -v given before the subcommand
+    parser.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more and show tracebacks")
+
+
+def _info_table(summary: Any) -> str:
+    from shardkit._sizes import format_size
+
+    s, b = summary.pile_samples, summary.pile_bytes
+    rows = [
+        ("dataset", f"{summary.path}  ({summary.kind}, seed {summary.seed}, {summary.created_by})"),
+        ("samples", f"{summary.samples:,}"),
+        ("fields", ", ".join(summary.fields) or "-"),
+        ("bytes", format_size(summary.bytes)),
+        ("piles", f"{summary.piles:,}" + (f"  ({summary.split_piles} oversized piles were split)" if summary.split_piles else "")),
+        ("samples/pile", f"min {s.min:,}  mean {s.mean:,.1f}  max {s.max:,}"),
+    ]
+    if summary.kind == "piles":
+        rows.append(("  binomial", f"mean {summary.expected_mean:,.1f}  sd {summary.expected_sd:,.1f}  (uniform router, n/M)"))
+    rows.append(("bytes/pile", f"min {format_size(b.min)}  mean {format_size(b.mean)}  max {format_size(b.max)}"))
+    ram = "  ".join(f"mix={k}: {format_size(summary.loader_ram(mix=k))}" for k in (2, 4))
+    rows.append(("loader RAM", f"{format_size(summary.loader_ram())} (two largest piles; {ram})"))
+    if summary.skipped_units:
+        rows.append(("skipped", f"{summary.skipped_units} input units failed and were skipped"))
+    return "\n".join(f"{k:<13} {v}" for k, v in rows)
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    import json
+
+    from shardkit.audit import info
+
+    summary = info(args.directory)
+    print(json.dumps(summary.to_dict(), indent=1) if args.json else _info_table(summary))
+    return 0
+
+
+@command
+def _register_info(sub: Any) -> None:
+    p = sub.add_parser(
+        "info",
+        help="summarise a dataset: samples, fields, pile sizes, loader RAM",
+        description="Summarise a dataset from its manifest (no pile is read).",
+    )
+    p.add_argument("directory", metavar="DIR", help="a shardkit dataset directory (holds shardkit.json)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _verbose_flag(p)
+    p.set_defaults(handler=_run_info)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from shardkit.audit import verify
+
+    problems = verify(args.directory, quiet=args.quiet)
+    for problem in problems:
+        print(f"{args.directory}: {problem}")
+    if problems:
+        print(f"error: {len(problems)} problem(s) found in {args.directory}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(f"{args.directory}: ok")
+    return 0
+
+
+@command
+def _register_verify(sub: Any) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="check every pile's size, checksum, tar structure and sample count against the manifest",
+        description="Read every pile and compare it with shardkit.json. Exit 0 when all is well, 1 listing each problem.",
+    )
+    p.add_argument("directory", metavar="DIR", help="a shardkit dataset directory")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no 'ok' line")
+    _verbose_flag(p)
+    p.set_defaults(handler=_run_verify)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     parser = build_parser()
