@@ -22,6 +22,7 @@ from shardkit.errors import (
     ShardkitError,
 )
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.shuffle import ShuffleOptions, shuffle
 from shardkit.writer import PileOptions, PileWriter
 
 __version__ = "0.1.0"
@@ -44,7 +45,9 @@ __all__ = [
     "Problem",
     "SampleError",
     "ShardkitError",
+    "ShuffleOptions",
     "__version__",
     "info",
+    "shuffle",
     "verify",
 ]

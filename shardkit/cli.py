@@ -165,6 +165,60 @@ def _register_verify(sub: Any) -> None:
     p.set_defaults(handler=_run_verify)
 
 
+def _run_shuffle(args: argparse.Namespace) -> int:
+    from shardkit.shuffle import shuffle
+
+    m = shuffle(
+        args.inputs,
+        args.out,
+        piles=args.piles,
+        memory=args.memory,
+        maxcount=args.maxcount,
+        maxsize=args.maxsize,
+        seed=args.seed,
+        workers=args.workers,
+        overwrite=args.overwrite,
+        quiet=args.quiet,
+    )
+    if not args.quiet:
+        print(
+            f"{args.out}: {m.samples:,} samples in {len(m.piles)} shards (shard-000000.tar ... {m.piles[-1].name}), via {m.extra['piles']} piles"
+        )
+    return 0
+
+
+@command
+def _register_shuffle(sub: Any) -> None:
+    p = sub.add_parser(
+        "shuffle",
+        help="shuffle existing WebDataset shards into new shards in uniformly random order",
+        description="The eager pass 2: re-pile INPUT shards into temporary piles, shuffle each pile in memory and write "
+        "fixed-size shards OUT/shard-000000.tar ... that any WebDataset reader reads in uniformly random order.",
+    )
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="input shards: paths, globs or brace patterns (src-{000000..000099}.tar)")
+    p.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory")
+    p.add_argument("--piles", type=int, default=None, metavar="M", help="temporary piles (default: input bytes / (MEMORY / 2))")
+    p.add_argument(
+        "--memory",
+        default=None,
+        metavar="SIZE",
+        help="most bytes of one pile in RAM; larger piles are split (default 1GiB without --piles)",
+    )
+    p.add_argument("--maxcount", type=int, default=None, metavar="N", help="samples per output shard at most")
+    p.add_argument(
+        "--maxsize",
+        default=None,
+        metavar="SIZE",
+        help="bytes per output shard at most, e.g. 1GB (default, with neither: 100000 samples, 3 GB)",
+    )
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="same inputs and seed give byte-identical output (default 0)")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="processes for the re-piling pass (default 1)")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset already in OUT")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no summary line")
+    _verbose_flag(p)
+    p.set_defaults(handler=_run_shuffle)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     parser = build_parser()
