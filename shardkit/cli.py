@@ -219,6 +219,35 @@ def _register_shuffle(sub: Any) -> None:
     p.set_defaults(handler=_run_shuffle)
 
 
+def _run_job(args: argparse.Namespace) -> int:
+    from shardkit.jobs import describe, load_job, run_job, summary
+
+    job = load_job(args.config)
+    if args.check:
+        print(f"{args.config}: ok: {describe(job)}")
+        return 0
+    log.info("%s: %s", args.config, describe(job))
+    result = run_job(job, quiet=args.quiet)
+    if not args.quiet:
+        print(f"{args.config}: done: {summary(result)}")
+    return 0
+
+
+@command
+def _register_run(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a YAML batch job (preprocess, pile, shuffle or demo)",
+        description="Run the batch job described in CONFIG. The whole file is validated before any work starts; "
+        "relative paths in it are relative to the file's directory.",
+    )
+    p.add_argument("config", metavar="CONFIG.yaml", help="the job file")
+    p.add_argument("--check", action="store_true", help="only validate the job (fields, inputs, fn import) and say what it would do")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no summary line")
+    _verbose_flag(p)
+    p.set_defaults(handler=_run_job)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     parser = build_parser()
