@@ -21,6 +21,7 @@ from shardkit.errors import (
     SampleError,
     ShardkitError,
 )
+from shardkit.jobs import load_job, run_job
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.shuffle import ShuffleOptions, shuffle
 from shardkit.writer import PileOptions, PileWriter
@@ -48,6 +49,8 @@ __all__ = [
     "ShuffleOptions",
     "__version__",
     "info",
+    "load_job",
+    "run_job",
     "shuffle",
     "verify",
 ]
