@@ -127,3 +127,15 @@ def test_cli_on_a_directory_without_a_dataset(tmp_path, capsys):
     assert err.startswith("error: ") and "not a shardkit dataset" in err and "Traceback" not in err
     with pytest.raises(shardkit.DatasetNotFoundError):
         main(["info", str(tmp_path), "-v"])  # -v shows the traceback: the error propagates
+
+
+@pytest.mark.parametrize("argv", [["-v", "verify"], ["verify", "-v"], ["-v", "info"], ["info", "-vv"]])
+def test_verbose_before_or_after_the_command_shows_the_traceback(tmp_path, argv):
+    with pytest.raises(shardkit.DatasetNotFoundError):
+        main([*argv, str(tmp_path)])
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(dataset, capsys):
+    assert main(["verify", dataset]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{dataset}: ok\n" and captured.err == ""
