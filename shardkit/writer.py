@@ -116,7 +116,7 @@ def encode_sample(sample: Mapping[str, Any], codecs: Codecs = DEFAULT, *, max_pi
     if not fields:
         raise SampleError(f"sample {key!r} has no fields besides its key")
     exts = sorted(fields)
-    data = b"".join(_tar.member(f"{key}.{ext}", encode_field(codecs, key, ext, fields[ext])) for ext in exts)
+    data = b"".join([_tar.member(f"{key}.{ext}", encode_field(codecs, key, ext, fields[ext])) for ext in exts])
     if max_pile_bytes is not None and len(data) + len(_tar.TRAILER) > max_pile_bytes:
         raise SampleError(f"sample {key!r} is {len(data)} bytes, larger than max_pile_bytes ({max_pile_bytes}) on its own")
     return data, exts
@@ -164,9 +164,28 @@ class PileSink:
         for pile, chunks in enumerate(self._chunks):
             if chunks:
                 with open(self.part(pile), "ab") as f:
-                    f.write(b"".join(chunks))
+                    _write_joined(f, chunks)
                 chunks.clear()
         self._buffered = 0
+
+
+# join at most this much at once: a join of the whole buffer (one pile takes all of it when M=1)
+# gets fresh pages from the OS on every flush and made M=1 slower than M=64
+_JOIN_BYTES = 4 << 20
+
+
+def _write_joined(f: Any, chunks: list[bytes]) -> None:
+    group: list[bytes] = []
+    size = 0
+    for chunk in chunks:
+        group.append(chunk)
+        size += len(chunk)
+        if size >= _JOIN_BYTES:
+            f.write(b"".join(group))
+            group.clear()
+            size = 0
+    if group:
+        f.write(b"".join(group))
 
 
 @dataclass(frozen=True)
