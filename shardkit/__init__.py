@@ -7,7 +7,7 @@ shuffles each in RAM and prefetches the next.
 
 from __future__ import annotations
 
-from shardkit.cli import add_pile_args
+from shardkit.cli import add_pile_args, pile_kwargs
 from shardkit.codecs import Codecs
 from shardkit.errors import (
     ConfigError,
@@ -46,5 +46,6 @@ __all__ = [
     "__version__",
     "add_pile_args",
     "pile",
+    "pile_kwargs",
     "preprocess",
 ]

@@ -16,6 +16,7 @@ staging directory and writes no manifest.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -63,7 +64,18 @@ class Tally:
         self.bar.update(units)
 
 
-def _validate(inputs: Any, workers: Any, on_error: Any) -> list[Any]:
+_RESERVED_EXTRA = ("units", "skipped")
+
+
+def _validate(inputs: Any, workers: Any, on_error: Any, extra: Mapping[str, Any] | None) -> list[Any]:
+    if extra is not None:
+        taken = [k for k in _RESERVED_EXTRA if k in extra]
+        if taken:
+            raise ConfigError(f"extra: keys {taken} are written by preprocess itself; use other names")
+        try:
+            json.dumps(dict(extra))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"extra: must be JSON-serializable ({e})") from None
     if isinstance(inputs, (str, bytes, os.PathLike)):
         raise ConfigError(f"inputs: expected a sequence of input units, got a single {type(inputs).__name__} (wrap it in a list)")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -91,6 +103,7 @@ def preprocess(
     buffer_size: int | str = "64MiB",
     codecs: Codecs | None = None,
     mp_context: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """Run ``fn`` on every input unit and write its samples into M random piles in ``out``.
 
@@ -110,6 +123,9 @@ def preprocess(
         codecs: encoders by extension (default :data:`shardkit.codecs.DEFAULT`).
         mp_context: multiprocessing start method (``"fork"``, ``"spawn"``, ``"forkserver"``);
             default: the platform's.
+        extra: JSON-serializable metadata kept in ``manifest.extra`` (class names, a source
+            version...). ``preprocess`` adds ``units`` (the number of input units) and, when
+            units were skipped, ``skipped``.
 
     Returns:
         The manifest that was written.
@@ -121,7 +137,7 @@ def preprocess(
         ConfigError: an option is invalid.
     """
     options = PileOptions(piles=piles, seed=seed, max_pile_bytes=max_pile_bytes, buffer_size=buffer_size, overwrite=overwrite)
-    units = _validate(inputs, workers, on_error)
+    units = _validate(inputs, workers, on_error, extra)
     job = Job(fn=fn, piles=piles, seed=seed, max_pile_bytes=options.max_bytes, codecs=codecs or DEFAULT, on_error=on_error)
     path = prepare_output(out, overwrite=overwrite)
     staging = os.path.join(path, f"{STAGING_PREFIX}{uuid.uuid4().hex}")
@@ -129,11 +145,12 @@ def preprocess(
     try:
         tally = Tally(len(units), quiet=quiet)
         with tally.bar:
+            buffer = int(options.buffer_size)
             if workers == 1:
-                parts = [_run_inline(job, units, staging, options.buffer_size, tally)]  # type: ignore[arg-type]
+                parts = [_run_inline(job, units, staging, buffer, tally)]
             else:
-                parts = _pool.run(job, units, staging, options.buffer_size // workers, workers, tally.add, mp_context)  # type: ignore[operator]
-        return _publish(path, staging, parts, options, units, tally)
+                parts = _pool.run(job, units, staging, buffer // workers, workers, tally.add, mp_context)
+        return _publish(path, staging, parts, options, {**(extra or {}), "units": len(units)}, tally)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -177,7 +194,7 @@ def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray) -> tuple[
     return np.column_stack([part[first], start[first], end[last] - start[first]]), count
 
 
-def _publish(path: str, staging: str, parts: Sequence[Part], options: PileOptions, units: Sequence[Any], tally: Tally) -> Manifest:
+def _publish(path: str, staging: str, parts: Sequence[Part], options: PileOptions, extra: dict[str, Any], tally: Tally) -> Manifest:
     skipped = np.array(sorted(f.index for f in tally.failures), dtype=np.int64)
     plans, counts = [], []
     for p in range(options.piles):
@@ -189,9 +206,9 @@ def _publish(path: str, staging: str, parts: Sequence[Part], options: PileOption
         for p, plan in enumerate(plans):
             yield [Run(parts[k].paths[p], offset, length) for k, offset, length in plan.tolist()]
 
-    extra: dict[str, Any] = {"units": len(units)}
     if tally.failures:
-        extra["skipped"] = [f.record() for f in tally.failures[:_MAX_LISTED_SKIPS]]
+        failures = sorted(tally.failures, key=lambda f: f.index)
+        extra["skipped"] = [f.record() for f in failures[:_MAX_LISTED_SKIPS]]
     fields = set().union(*(part.fields for part in parts))
     result = publish(path, runs(), counts, options=options, fields=fields, staging=staging, skipped_units=len(tally.failures), extra=extra)
     elapsed = time.perf_counter() - tally.start
@@ -199,7 +216,7 @@ def _publish(path: str, staging: str, parts: Sequence[Part], options: PileOption
         "%s: %d samples from %d units into %d piles (%s) in %.1fs; %d units skipped",
         path,
         result.samples,
-        len(units),
+        extra["units"],
         len(result.piles),
         format_size(result.bytes),
         elapsed,
