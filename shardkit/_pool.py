@@ -24,10 +24,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import dill
 import multiprocess
 
 from shardkit._units import Failure, Job, Part, RemoteTraceback, UnitWriter, part_directory
-from shardkit.errors import InputError
+from shardkit.errors import ConfigError, InputError
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,28 @@ def chunk_size(units: int, workers: int) -> int:
     return max(1, min(16, units // (workers * 32)))
 
 
+def _pack(chunk: Chunk) -> bytes:
+    """Pickle a chunk here, where a unit that cannot be pickled can still be named.
+
+    ``Queue.put`` pickles in a background thread that only prints its errors: the worker
+    would wait for that chunk forever.
+    """
+    try:
+        return dill.dumps(chunk)
+    except Exception:
+        for index, unit in chunk:
+            try:
+                dill.dumps(unit)
+            except Exception as e:
+                raise InputError(f"input unit {index} ({unit!r:.200}) cannot be sent to a worker process: {e}") from e
+        raise
+
+
 def _next_task(tasks: Any) -> Chunk | None:
     while True:
         try:
-            return tasks.get(timeout=10.0)
+            payload = tasks.get(timeout=10.0)
+            return None if payload is None else dill.loads(payload)
         except queue.Empty:
             parent = multiprocess.parent_process()
             if parent is not None and not parent.is_alive():
@@ -56,8 +75,6 @@ def _next_task(tasks: Any) -> Chunk | None:
 
 def _portable(exc: BaseException) -> BaseException:
     """``exc`` if it survives pickling (dill), else a RuntimeError with its text."""
-    import dill
-
     try:
         dill.loads(dill.dumps(exc))
         return exc
@@ -104,8 +121,9 @@ class _Dispatcher:
         """Top up worker k to ``_IN_FLIGHT`` chunks, or tell it to stop when none are left."""
         while len(self.held[k]) < _IN_FLIGHT and self.chunks:
             chunk = self.chunks.popleft()
+            payload = _pack(chunk)
             self.held[k].append(chunk)
-            tasks.put(chunk)
+            tasks.put(payload)
         if not self.chunks and not self.held[k]:
             tasks.put(None)
 
@@ -145,7 +163,7 @@ def run(
     finished = False
     try:
         for k, proc in enumerate(procs):
-            proc.start()
+            _start(proc)
             dispatch.feed(k, task_queues[k])
         while len(dispatch.parts) < workers:
             try:
@@ -158,6 +176,13 @@ def run(
         return [dispatch.parts[k] for k in range(workers)]
     finally:
         _stop(procs, task_queues, results, graceful=finished)
+
+
+def _start(proc: Any) -> None:
+    try:
+        proc.start()
+    except Exception as e:  # spawn/forkserver pickle the job: fn must survive dill
+        raise ConfigError(f"fn cannot be sent to worker processes ({type(e).__name__}: {e}); use workers=1 or mp_context='fork'") from e
 
 
 def _handle(message: tuple[Any, ...], dispatch: _Dispatcher, task_queues: Sequence[Any], progress: Progress) -> None:

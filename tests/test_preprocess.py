@@ -249,3 +249,19 @@ def test_pile_names_a_corrupt_input(tmp_path, shards):
         shardkit.pile(shards, tmp_path / "out", piles=2)
     m = shardkit.pile(shards, tmp_path / "out", piles=2, on_error="skip")
     assert m.samples == 75 and m.skipped_units == 1
+
+
+def test_a_unit_that_cannot_reach_a_worker_is_named(tmp_path):
+    units = [1, 2, (i for i in range(3))]  # generators do not pickle
+    with pytest.raises(shardkit.InputError, match=r"input unit 2 \(<generator object .*\) cannot be sent to a worker process"):
+        shardkit.preprocess(units, lambda u: [], tmp_path / "ds", piles=2, workers=2)
+    assert_no_dataset(tmp_path / "ds")
+
+
+def test_an_fn_that_cannot_reach_spawned_workers_is_a_config_error(tmp_path):
+    stream = (i for i in range(3))
+    with pytest.raises(shardkit.ConfigError, match=r"fn cannot be sent to worker processes .*; use workers=1 or mp_context='fork'"):
+        shardkit.preprocess(
+            [1, 2], lambda u: [{"__key__": f"k{next(stream)}", "txt": "x"}], tmp_path / "ds", piles=2, workers=2, mp_context="spawn"
+        )
+    assert_no_dataset(tmp_path / "ds")
