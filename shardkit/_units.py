@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardkit import errors
 from shardkit.codecs import Codecs
-from shardkit.errors import InputError, SampleError
+from shardkit.errors import InputError, ShardkitError
 from shardkit.router import PileRouter
 from shardkit.writer import PileSink, encode_sample
 
@@ -47,6 +48,8 @@ class RemoteTraceback(Exception):
 class Failure:
     """A unit that failed: its index, repr and error, as text that crosses process boundaries.
 
+    ``own_error`` says the exception was one of shardkit's (``kind`` names its class).
+
     ``cause`` is the original exception while still in the process that caught it; it is
     dropped (:meth:`portable`) before the failure is sent to another process.
     """
@@ -56,7 +59,7 @@ class Failure:
     kind: str
     message: str
     traceback: str
-    sample_error: bool
+    own_error: bool
     cause: BaseException | None = field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -65,17 +68,23 @@ class Failure:
         shown = repr(unit)
         if len(shown) > 200:
             shown = shown[:197] + "..."
-        return cls(index, shown, type(exc).__name__, str(exc), text, isinstance(exc, SampleError), exc)
+        return cls(index, shown, type(exc).__name__, str(exc), text, isinstance(exc, ShardkitError), exc)
 
     def portable(self) -> Failure:
         return dataclasses.replace(self, cause=None)
 
-    def error(self) -> InputError | SampleError:
-        """The exception to raise for this unit, chained to the original (or its traceback)."""
+    def error(self) -> ShardkitError:
+        """The exception to raise for this unit, chained to the original (or its traceback).
+
+        Errors shardkit raises itself (a bad sample, a corrupt input shard) keep their class and
+        get the unit named in front; anything else ``fn`` raised becomes an :class:`InputError`.
+        """
         where = f"input unit {self.index} ({self.unit})"
-        err = (
-            SampleError(f"{where}: {self.message}") if self.sample_error else InputError(f"{where}: fn raised {self.kind}: {self.message}")
-        )
+        kind = getattr(errors, self.kind, None) if self.own_error else None
+        if isinstance(kind, type) and issubclass(kind, ShardkitError):
+            err: ShardkitError = kind(f"{where}: {self.message}")
+        else:
+            err = InputError(f"{where}: fn raised {self.kind}: {self.message}")
         err.__cause__ = self.cause if self.cause is not None else RemoteTraceback(self.traceback)
         return err
 

@@ -131,8 +131,10 @@ def preprocess(
         The manifest that was written.
 
     Raises:
-        InputError: ``fn`` raised on a unit (named, with its index), with ``on_error="raise"``.
-        SampleError: a sample could not be encoded (the unit is named).
+        InputError: ``fn`` raised on a unit (named, with its index), with ``on_error="raise"``;
+            the original exception (or, from a worker, its traceback) is the ``__cause__``.
+        SampleError: a sample could not be encoded. Like every shardkit error raised while
+            processing a unit, it keeps its class and the message names the unit first.
         DatasetExistsError: ``out`` holds a dataset and ``overwrite`` is false.
         ConfigError: an option is invalid.
     """
@@ -181,17 +183,16 @@ def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray) -> tuple[
     rows = np.concatenate(tables) if tables else np.zeros((0, 5), dtype=np.int64)
     if len(skipped):
         rows = rows[~np.isin(rows[:, 0], skipped)]
-    rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
-    count = int(rows[:, 3].sum())
-    _, start, end, _, part = rows.T
     if not len(rows):
         return np.zeros((0, 3), dtype=np.int64), 0
+    rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+    _, start, end, count, part = rows.T
     # a new run starts where the part changes or the bytes do not continue the previous range
     new = np.ones(len(rows), dtype=bool)
     new[1:] = (part[1:] != part[:-1]) | (start[1:] != end[:-1])
     first = np.flatnonzero(new)
     last = np.append(first[1:], len(rows)) - 1
-    return np.column_stack([part[first], start[first], end[last] - start[first]]), count
+    return np.column_stack([part[first], start[first], end[last] - start[first]]), int(count.sum())
 
 
 def _publish(path: str, staging: str, parts: Sequence[Part], options: PileOptions, extra: dict[str, Any], tally: Tally) -> Manifest:
@@ -247,7 +248,8 @@ def pile(
 
     Raises:
         DatasetNotFoundError: an input is missing or a pattern matches nothing (before any work).
-        CorruptShardError: an input shard is not a valid tar (with ``on_error="raise"``).
+        CorruptShardError: an input shard is not a valid tar; the message names the unit first
+            (with ``on_error="skip"`` the shard is skipped instead).
     """
     urls = storage.expand(inputs)
     return preprocess(

@@ -103,6 +103,6 @@ def test_command_line_error_has_no_traceback(tmp_path):
         timeout=120,
     )
     assert done.returncode == 1
-    assert done.stderr.startswith(f"error: input unit 0 ('{bad}'): fn raised CorruptShardError: {bad}: member 0")
+    assert done.stderr.startswith(f"error: input unit 0 ('{bad}'): {bad}: member 0")
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
     assert not (tmp_path / "out" / "shardkit.json").exists()

@@ -152,7 +152,11 @@ def test_ctrl_c_in_the_parent_stops_the_workers_and_leaves_no_dataset(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         shardkit.preprocess(range(8), interrupt_parent_then_hang, out, piles=3, workers=2)
     assert_no_dataset(out)
-    assert not [t for t in threading.enumerate() if t.name.startswith("QueueFeederThread") and t.is_alive()]
+    # queue feeder threads get their stop sentinel on close and end on their own
+    feeders = [t for t in threading.enumerate() if t.name.startswith("QueueFeederThread")]
+    for t in feeders:
+        t.join(timeout=30)
+    assert not [t for t in feeders if t.is_alive()]
 
 
 def crash(unit: int):
@@ -243,9 +247,7 @@ def test_pile_refuses_a_missing_input_before_any_work(tmp_path, shards):
 def test_pile_names_a_corrupt_input(tmp_path, shards):
     with open(shards[2], "r+b") as f:
         f.truncate(3000)
-    with pytest.raises(
-        shardkit.InputError, match=r"input unit 2 \('.*src-000002.tar'\): fn raised CorruptShardError: .*src-000002.tar: member"
-    ):
+    with pytest.raises(shardkit.CorruptShardError, match=r"input unit 2 \('.*src-000002.tar'\): .*src-000002.tar: member \d+"):
         shardkit.pile(shards, tmp_path / "out", piles=2)
     m = shardkit.pile(shards, tmp_path / "out", piles=2, on_error="skip")
     assert m.samples == 75 and m.skipped_units == 1
