@@ -16,7 +16,6 @@ Workers ignore SIGINT: Ctrl-C reaches the parent, which stops them.
 
 from __future__ import annotations
 
-import logging
 import queue
 import signal
 import traceback
@@ -27,10 +26,8 @@ from typing import Any
 import dill
 import multiprocess
 
-from shardkit._units import Failure, Job, Part, RemoteTraceback, UnitWriter, part_directory
+from shardkit._units import Failure, Job, Part, RemoteTraceback, UnitWriter, describe, part_directory
 from shardkit.errors import ConfigError, InputError
-
-log = logging.getLogger(__name__)
 
 Chunk = list[tuple[int, Any]]
 # called in the parent after each chunk: (units, samples, bytes, skipped failures)
@@ -58,7 +55,7 @@ def _pack(chunk: Chunk) -> bytes:
             try:
                 dill.dumps(unit)
             except Exception as e:
-                raise InputError(f"input unit {index} ({unit!r:.200}) cannot be sent to a worker process: {e}") from e
+                raise InputError(f"input unit {index} ({describe(unit)}) cannot be sent to a worker process: {e}") from e
         raise
 
 

@@ -37,6 +37,12 @@ class UnitFailed(Exception):
     """``fn`` (or encoding what it yielded) raised on one unit; the cause is chained."""
 
 
+def describe(unit: Any) -> str:
+    """``repr(unit)``, cut to a length that fits in an error message."""
+    shown = repr(unit)
+    return shown if len(shown) <= 200 else shown[:197] + "..."
+
+
 class RemoteTraceback(Exception):
     """The formatted traceback of an exception raised in a worker process."""
 
@@ -65,10 +71,7 @@ class Failure:
     @classmethod
     def capture(cls, index: int, unit: Any, exc: BaseException) -> Failure:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        shown = repr(unit)
-        if len(shown) > 200:
-            shown = shown[:197] + "..."
-        return cls(index, shown, type(exc).__name__, str(exc), text, isinstance(exc, ShardkitError), exc)
+        return cls(index, describe(unit), type(exc).__name__, str(exc), text, isinstance(exc, ShardkitError), exc)
 
     def portable(self) -> Failure:
         return dataclasses.replace(self, cause=None)
