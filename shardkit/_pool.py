@@ -59,6 +59,23 @@ def _pack(chunk: Chunk) -> bytes:
         raise
 
 
+def _put(tasks: Any, payload: bytes | None) -> None:
+    """``tasks.put`` with Ctrl-C held back until it returns.
+
+    A KeyboardInterrupt inside the first ``put`` can land after the queue started its feeder
+    thread but before it registered the hook that stops it; ``close()`` then leaves that thread
+    waiting forever. The feeder also inherits the mask, so signals stay with the main thread.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        tasks.put(payload)
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        tasks.put(payload)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _next_task(tasks: Any) -> Chunk | None:
     while True:
         try:
@@ -120,9 +137,9 @@ class _Dispatcher:
             chunk = self.chunks.popleft()
             payload = _pack(chunk)
             self.held[k].append(chunk)
-            tasks.put(payload)
+            _put(tasks, payload)
         if not self.chunks and not self.held[k]:
-            tasks.put(None)
+            _put(tasks, None)
 
     def check_alive(self, procs: Sequence[Any]) -> None:
         for k, proc in enumerate(procs):
