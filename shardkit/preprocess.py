@@ -51,6 +51,7 @@ class Tally:
         self.bytes = 0
         self.failures: list[Failure] = []
         self.start = time.perf_counter()
+        self.quiet = quiet
         self.bar = bar(total=total, desc="piling", unit="unit", quiet=quiet)
 
     def add(self, units: int, samples: int, nbytes: int, failures: Sequence[Failure] = ()) -> None:
@@ -204,8 +205,11 @@ def _publish(path: str, staging: str, parts: Sequence[Part], options: PileOption
         counts.append(count)
 
     def runs() -> Iterator[list[Run]]:
-        for p, plan in enumerate(plans):
-            yield [Run(parts[k].paths[p], offset, length) for k, offset, length in plan.tolist()]
+        # publish assembles pile by pile as it pulls from here: the bar shows the merge
+        with bar(total=len(plans), desc="merging", unit="pile", quiet=tally.quiet) as merging:
+            for p, plan in enumerate(plans):
+                yield [Run(parts[k].paths[p], offset, length) for k, offset, length in plan.tolist()]
+                merging.update(1)
 
     if tally.failures:
         failures = sorted(tally.failures, key=lambda f: f.index)
