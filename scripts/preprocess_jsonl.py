@@ -28,8 +28,8 @@ from typing import IO, Any
 import shardkit
 
 
-def _open(path: str) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+def _open(path: str) -> gzip.GzipFile | IO[bytes]:
+    return gzip.GzipFile(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
 def file_stem(path: str) -> str:
