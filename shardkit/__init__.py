@@ -8,6 +8,7 @@ shuffles each in RAM and prefetches the next.
 from __future__ import annotations
 
 from shardkit.audit import DatasetInfo, Problem, info, verify
+from shardkit.cli import add_pile_args, pile_kwargs
 from shardkit.codecs import Codecs
 from shardkit.errors import (
     ConfigError,
@@ -23,6 +24,7 @@ from shardkit.errors import (
 )
 from shardkit.jobs import load_job, run_job
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.preprocess import pile, preprocess
 from shardkit.shuffle import ShuffleOptions, shuffle
 from shardkit.writer import PileOptions, PileWriter
 
@@ -48,8 +50,12 @@ __all__ = [
     "ShardkitError",
     "ShuffleOptions",
     "__version__",
+    "add_pile_args",
     "info",
     "load_job",
+    "pile",
+    "pile_kwargs",
+    "preprocess",
     "run_job",
     "shuffle",
     "verify",
