@@ -181,7 +181,7 @@ def _load_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: {where}not valid YAML ({getattr(e, 'problem', None) or e})") from None
 
 
-_PILE_OUTPUT = ("path", "piles", "seed", "max_pile_bytes", "overwrite")
+_PILE_OUTPUT = ("path", "piles", "seed", "max_pile_bytes", "buffer_size", "overwrite")
 _ALLOWED = {
     "preprocess": ("job", "inputs", "transform", "fn", "args", "output", "workers", "on_error"),
     "pile": ("job", "inputs", "output", "workers", "on_error"),
@@ -217,7 +217,7 @@ def _shuffle_job(top: Fields, inputs: tuple[str, ...], base: str) -> ShuffleJob:
 
 
 def _piling_job(top: Fields, kind: str, inputs: tuple[str, ...], base: str) -> PileJob | PreprocessJob:
-    output = top.sub("output", (*_PILE_OUTPUT, "buffer_size") if kind == "preprocess" else _PILE_OUTPUT)
+    output = top.sub("output", _PILE_OUTPUT)
     output.take("piles", _schema.anything, required=True)
     values = _option_values(output)
     with output.errors():
@@ -302,9 +302,9 @@ def run_job(job: Job, *, quiet: bool = False) -> Any:
             _units(job), job.fn, job.output, **_pile_kwargs(job.options), workers=job.workers, on_error=job.on_error, quiet=quiet
         )
     if isinstance(job, PileJob):
-        pile_options = _pile_kwargs(job.options)
-        pile_options.pop("buffer_size")
-        return shardkit.pile(list(job.inputs), job.output, **pile_options, workers=job.workers, on_error=job.on_error, quiet=quiet)
+        return shardkit.pile(
+            list(job.inputs), job.output, **_pile_kwargs(job.options), workers=job.workers, on_error=job.on_error, quiet=quiet
+        )
     if isinstance(job, ShuffleJob):
         return shardkit.shuffle(list(job.inputs), job.output, **vars(job.options), quiet=quiet)
     from shardkit.demo import demo

@@ -1,7 +1,7 @@
 """The eager pass 2: turn existing WebDataset shards into shards in uniformly random order.
 
-Pass 1 re-piles the inputs into M temporary piles (uniform, data-blind routing) in a hidden
-directory inside the output. Pass 2 visits the piles in a seeded random order, loads one pile
+Pass 1 re-piles the inputs into M temporary piles with :func:`shardkit.pile` (uniform,
+data-blind routing, ``workers`` processes) in a hidden directory inside the output. Pass 2 visits the piles in a seeded random order, loads one pile
 at a time into memory, permutes its samples and appends their raw tar bytes (nothing is decoded
 or re-encoded) to fixed-size output shards ``shard-000000.tar ...``. Reading the output shards
 in order with any WebDataset reader gives a uniformly random permutation of the input.
@@ -219,17 +219,9 @@ def _check_output(out: str, overwrite: bool) -> str:
 
 def _pass1(urls: list[str], directory: str, *, piles: int, max_pile_bytes: int | None, opts: ShuffleOptions, quiet: bool) -> Manifest:
     """Re-pile the inputs into ``directory`` (a throwaway shardkit dataset)."""
-    from shardkit.reader import iter_shard
-    from shardkit.writer import PileWriter
+    from shardkit.preprocess import pile
 
-    writer = PileWriter(directory, piles=piles, seed=opts.seed, max_pile_bytes=max_pile_bytes)
-    with writer, _progress.bar(total=len(urls), desc="pass 1", unit="shard", quiet=quiet) as progress:
-        for url in urls:
-            for sample in iter_shard(url):
-                writer.write(sample)
-            progress.update(1)
-    assert writer.manifest is not None
-    return writer.manifest
+    return pile(urls, directory, piles=piles, workers=opts.workers, seed=opts.seed, max_pile_bytes=max_pile_bytes, quiet=quiet)
 
 
 def _pass2(piles_dir: str, piles: Manifest, staging: str, opts: ShuffleOptions, quiet: bool) -> list[PileInfo]:

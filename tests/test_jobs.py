@@ -66,7 +66,7 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         (VALID.replace("piles: 4", "piles: 0"), "output.piles: expected a positive integer, got 0"),
         (
             VALID.replace("piles: 4", "pilez: 4"),
-            "output.pilez: unknown field (expected one of: path, piles, seed, max_pile_bytes, overwrite, buffer_size)",
+            "output.pilez: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite)",
         ),
         (VALID.replace("piles: 4", "seed: 1"), "output.piles: missing (required)"),
         (
@@ -105,8 +105,8 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
             "workers: expected a positive integer, got 0",
         ),
         (
-            "job: pile\ninputs: data/a.jsonl\noutput: {path: o, piles: 2, buffer_size: 1MiB}\n",
-            "output.buffer_size: unknown field (expected one of: path, piles, seed, max_pile_bytes, overwrite)",
+            "job: pile\ninputs: data/a.jsonl\noutput: {path: o, piles: 2, memory: 1MiB}\n",
+            "output.memory: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite)",
         ),
     ],
 )
@@ -180,3 +180,22 @@ def test_shuffle_job_runs(job_dir, dataset, capsys):
     assert m.samples == 200 and [p.samples for p in m.piles] == [64, 64, 64, 8]
     with pytest.raises(shardkit.DatasetExistsError):
         run_job(load_job(path), quiet=True)
+
+
+def test_fn_job_runs_in_worker_processes(job_dir):
+    (job_dir / "data" / "b.jsonl").write_text('{"x": 3}\n')
+    (job_dir / "gen_in_workers.py").write_text(
+        "import os\n\ndef make(unit, scale=1):\n    yield {'__key__': os.path.basename(unit)[0], 'txt': str(scale)}\n"
+    )
+    text = VALID.replace("transform: jsonl", "fn: gen_in_workers:make\nargs: {scale: 2}") + "workers: 2\n"
+    m = run_job(load_job(_write(job_dir, text)), quiet=True)
+    assert (m.samples, len(m.piles), m.fields) == (2, 4, ("txt",))
+    out = str(job_dir / "out")
+    got = sorted((s["__key__"], s["txt"]) for p in m.piles for s in shardkit.reader.iter_shard(os.path.join(out, p.name)))
+    assert got == [("a", b"2"), ("b", b"2")]
+
+
+def test_skip_policy_counts_failing_units(job_dir):
+    (job_dir / "data" / "b.jsonl").write_text("not json\n")
+    m = run_job(load_job(_write(job_dir, VALID + "on_error: skip\n")), quiet=True)
+    assert (m.samples, m.skipped_units) == (2, 1)
