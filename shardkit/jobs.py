@@ -287,10 +287,12 @@ def _resolve(base: str, path: str) -> str:
     return os.path.normpath(os.path.join(base, os.path.expanduser(local)))
 
 
-def _units(job: PreprocessJob) -> list[Any]:
+def _units(job: PreprocessJob) -> tuple[list[Any], dict[str, Any] | None]:
+    """The job's input units, and what the transform says about them for the manifest."""
     if isinstance(job.fn, ImportedFn):
-        return storage.expand(list(job.inputs))
-    return list(job.fn.units(list(job.inputs)))
+        return storage.expand(list(job.inputs)), None
+    units, extra = job.fn.prepare(list(job.inputs))
+    return list(units), extra or None
 
 
 def run_job(job: Job, *, quiet: bool = False) -> Any:
@@ -298,8 +300,9 @@ def run_job(job: Job, *, quiet: bool = False) -> Any:
     import shardkit
 
     if isinstance(job, PreprocessJob):
+        units, extra = _units(job)
         return shardkit.preprocess(
-            _units(job), job.fn, job.output, **_pile_kwargs(job.options), workers=job.workers, on_error=job.on_error, quiet=quiet
+            units, job.fn, job.output, **_pile_kwargs(job.options), workers=job.workers, on_error=job.on_error, quiet=quiet, extra=extra
         )
     if isinstance(job, PileJob):
         return shardkit.pile(

@@ -1,7 +1,8 @@
 """Built-in preprocessing transforms: image folders, JSON lines, existing shards.
 
-A transform turns the paths a user names into input units (:meth:`units`) and each unit into
-samples (calling it), so it plugs straight into :func:`shardkit.preprocess`; YAML jobs name
+A transform turns the paths a user names into input units (``units``; ``prepare`` also gives
+metadata for the manifest's ``extra``) and each unit into samples (calling it), so it plugs
+straight into :func:`shardkit.preprocess`; YAML jobs name
 them (``transform: images``) and the preprocessing scripts use the same code. Transforms are
 frozen dataclasses: picklable, so they run in worker processes, and validated on creation.
 
@@ -83,11 +84,17 @@ class Images:
         _check_int("quality", self.quality, 1, 100)
         _check_int("images_per_unit", self.images_per_unit, 1)
 
-    def units(self, inputs: Sequence[str]) -> list[list[ImageItem]]:
-        """Scan the folders and cut the images, in a deterministic order, into units."""
-        items = scan_images(inputs)
+    def prepare(self, inputs: Sequence[str]) -> tuple[list[list[ImageItem]], dict[str, Any]]:
+        """Scan the folders; the units (images in a deterministic order) and ``{"classes": names}``.
+
+        The class names, in index order, are meant for the manifest's ``extra``.
+        """
+        classes, items = scan_images(inputs)
         step = self.images_per_unit
-        return [items[i : i + step] for i in range(0, len(items), step)]
+        return [items[i : i + step] for i in range(0, len(items), step)], {"classes": classes}
+
+    def units(self, inputs: Sequence[str]) -> list[list[ImageItem]]:
+        return self.prepare(inputs)[0]
 
     def __call__(self, unit: Sequence[ImageItem]) -> Iterator[dict[str, Any]]:
         for root, relative, name, index in unit:
@@ -117,8 +124,8 @@ def _images_in(root: str, folder: str) -> Iterator[str]:
                 yield os.path.relpath(os.path.join(here, file), root).replace(os.sep, "/")
 
 
-def scan_images(roots: Sequence[str]) -> list[ImageItem]:
-    """Every image under the class folders of ``roots``, deterministically ordered.
+def scan_images(roots: Sequence[str]) -> tuple[list[str], list[ImageItem]]:
+    """The class names (sorted) and every image under the class folders of ``roots``, in order.
 
     Raises:
         DatasetNotFoundError: a root is missing, has no class folder, or no image is found.
@@ -131,7 +138,7 @@ def scan_images(roots: Sequence[str]) -> list[ImageItem]:
     if not items:
         raise DatasetNotFoundError(f"{', '.join(roots)}: no images found in {len(classes)} class folders")
     _unique_keys([(sample_key(rel), os.path.join(root, rel)) for root, rel, _, _ in items], "images")
-    return items
+    return classes, items
 
 
 def encode_image(path: str, *, size: int, quality: int) -> bytes:
@@ -157,14 +164,17 @@ def encode_image(path: str, *, size: int, quality: int) -> bytes:
 
 @dataclass(frozen=True, kw_only=True)
 class JsonLines:
-    """JSON-lines files, one record a sample: ``{"__key__": ..., "json": record}``.
+    """JSON-lines files, one record a sample whose ``json`` field is the line exactly as written.
 
-    Each file is one input unit. Keys are ``STEM/LINE`` (the file name without extension, the
-    1-based line number zero-padded to 9 digits), or the record's ``key`` field when given.
-    Blank lines are skipped; ``.gz`` files are decompressed.
+    Each file (``.jsonl``, ``.ndjson``, ``.gz`` decompressed) is one input unit; every non-blank
+    line must be a JSON object. The key is the record's ``key`` field when ``key`` is given,
+    else its ``"__key__"``, else its ``"id"``, else ``STEM-LINE``: the file name without its
+    extensions, dots replaced by ``_``, and the 1-based line number (``part_1-000000042``).
+    A line that is not a JSON object, or a key used twice in one file, is an error naming the
+    file and the line.
 
     Args:
-        key: name of a record field to use as the sample key (dots become ``_``).
+        key: a record field every record has, used as the sample key.
 
         jsonl = JsonLines()
         shardkit.preprocess(jsonl.units(["raw/*.jsonl"]), jsonl, "out/", piles=64)
@@ -176,43 +186,60 @@ class JsonLines:
         if self.key is not None and (not isinstance(self.key, str) or not self.key):
             raise ConfigError(f"key: expected a record field name, got {self.key!r}")
 
-    def units(self, inputs: Sequence[str]) -> list[str]:
+    def prepare(self, inputs: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
         """The files the paths, globs and brace patterns name (DatasetNotFoundError if none)."""
-        files = storage.expand(list(inputs))
-        if self.key is None:
-            _unique_keys([(_stem(f), f) for f in files], "jsonl")
-        return files
+        return storage.expand(list(inputs)), {}
+
+    def units(self, inputs: Sequence[str]) -> list[str]:
+        return self.prepare(inputs)[0]
 
     def __call__(self, unit: str) -> Iterator[dict[str, Any]]:
-        stem = _stem(unit)
-        for number, line in enumerate(_lines(unit), start=1):
-            if not line.strip():
+        stem = file_stem(unit)
+        seen: dict[str, int] = {}
+        for number, raw in enumerate(_lines(unit), start=1):
+            line = raw.strip()
+            if not line:
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SampleError(f"{unit}: line {number}: not valid JSON ({e.msg} at column {e.colno})") from None
-            yield {"__key__": self._key(record, unit, number) if self.key else f"{stem}/{number:09d}", "json": record}
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise SampleError(f"{unit}: line {number}: not valid JSON ({e})") from None
+            if not isinstance(record, dict):
+                raise SampleError(f"{unit}: line {number}: expected a JSON object, got {type(record).__name__}")
+            key = self._key(record, stem, unit, number)
+            if key in seen:
+                raise SampleError(f"{unit}: line {number}: key {key!r} was already used on line {seen[key]}")
+            seen[key] = number
+            yield {"__key__": key, "json": line}
 
-    def _key(self, record: Any, unit: str, number: int) -> str:
-        if not isinstance(record, dict) or self.key not in record:
-            raise SampleError(f"{unit}: line {number}: record has no field {self.key!r} to use as its key")
-        return str(record[self.key]).replace(".", "_")
+    def _key(self, record: dict[str, Any], stem: str, unit: str, number: int) -> str:
+        if self.key is not None:
+            if record.get(self.key) in (None, ""):
+                raise SampleError(f"{unit}: line {number}: record has no {self.key!r} field to use as its key")
+            return str(record[self.key])
+        for name in ("__key__", "id"):
+            if record.get(name) not in (None, ""):
+                return str(record[name])
+        return f"{stem}-{number:09d}"
 
 
-def _stem(path: str) -> str:
+def file_stem(path: str) -> str:
+    """``data/part.1.jsonl.gz`` -> ``part_1``: a key prefix without dots."""
     name = path.rstrip("/").rsplit("/", 1)[-1]
-    return name.split(".", 1)[0] or name.replace(".", "_")
+    for ext in (".gz", ".jsonl", ".ndjson", ".json"):
+        name = name.removesuffix(ext)
+    return name.replace(".", "_")
 
 
-def _lines(url: str) -> Iterator[str]:
+def _lines(url: str) -> Iterator[bytes]:
     with storage.open_read(url) as raw:
-        stream: Any = raw
         if url.endswith(".gz"):
             import gzip
 
-            stream = gzip.GzipFile(fileobj=raw)
-        yield from io.TextIOWrapper(stream, encoding="utf-8")
+            with gzip.GzipFile(fileobj=raw) as unzipped:
+                yield from unzipped
+        else:
+            yield from raw
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,8 +250,11 @@ class Shards:
     shardkit.preprocess(shards.units(["old/shard-{000..099}.tar"]), shards, "new/", piles=64)
     """
 
+    def prepare(self, inputs: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+        return storage.expand(list(inputs)), {}
+
     def units(self, inputs: Sequence[str]) -> list[str]:
-        return storage.expand(list(inputs))
+        return self.prepare(inputs)[0]
 
     def __call__(self, unit: str) -> Iterator[dict[str, Any]]:
         return iter_shard(unit)

@@ -32,7 +32,8 @@ def folder(tmp_path):
 
 def test_images_scan_resize_and_fields(folder):
     images = Images(size=8, images_per_unit=2)
-    units = images.units([str(folder)])
+    units, extra = images.prepare([str(folder)])
+    assert extra == {"classes": ["cat", "dog"]}
     assert [[(rel, name, idx) for _, rel, name, idx in unit] for unit in units] == [
         [("cat/a.1.png", "cat", 0), ("cat/sub/c.jpg", "cat", 0)],
         [("dog/b.png", "dog", 1)],
@@ -72,31 +73,39 @@ def test_images_errors(folder, tmp_path):
 
 
 def test_jsonl_records_keys_blank_lines_and_gzip(tmp_path):
-    (tmp_path / "a.jsonl").write_text('{"id": "x.1", "v": 1}\n\n{"id": "y", "v": 2}\n')
-    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(b'[1, 2]\n"s"\n'))
+    (tmp_path / "a.jsonl").write_text('{"id": "x1", "v": 1.50}\n\n  {"v": 2}\n')
+    (tmp_path / "part.1.jsonl.gz").write_bytes(gzip.compress(b'{"__key__": "k", "id": "no"}\n{}\n'))
     jsonl = JsonLines()
     units = jsonl.units([str(tmp_path / "*.jsonl*")])
     samples = [s for unit in units for s in jsonl(unit)]
     assert [(s["__key__"], s["json"]) for s in samples] == [
-        ("a/000000001", {"id": "x.1", "v": 1}),
-        ("a/000000003", {"id": "y", "v": 2}),
-        ("b/000000001", [1, 2]),
-        ("b/000000002", "s"),
+        ("x1", b'{"id": "x1", "v": 1.50}'),  # the line as written: 1.50 stays 1.50
+        ("a-000000003", b'{"v": 2}'),
+        ("k", b'{"__key__": "k", "id": "no"}'),
+        ("part_1-000000002", b"{}"),
     ]
-    keyed = JsonLines(key="id")
-    assert [s["__key__"] for s in keyed(str(tmp_path / "a.jsonl"))] == ["x_1", "y"]
+    keyed = JsonLines(key="v")
+    assert [s["__key__"] for s in keyed(str(tmp_path / "a.jsonl"))] == ["1.5", "2"]
 
 
-def test_jsonl_errors(tmp_path):
-    (tmp_path / "a.jsonl").write_text('{"v": 1}\n{"v": \n')
-    with pytest.raises(shardkit.SampleError, match=r"a\.jsonl: line 2: not valid JSON"):
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"v": 1}\n{"v": \n', r"a\.jsonl: line 2: not valid JSON"),
+        ("[1, 2]\n", r"a\.jsonl: line 1: expected a JSON object, got list"),
+        ('{"id": 1}\n\n{"id": 1}\n', r"a\.jsonl: line 3: key '1' was already used on line 1"),
+    ],
+)
+def test_jsonl_errors_name_file_and_line(tmp_path, text, message):
+    (tmp_path / "a.jsonl").write_text(text)
+    with pytest.raises(shardkit.SampleError, match=message):
         list(JsonLines()(str(tmp_path / "a.jsonl")))
-    with pytest.raises(shardkit.SampleError, match="line 1: record has no field 'id'"):
+
+
+def test_jsonl_key_field_must_be_present(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"v": 1}\n')
+    with pytest.raises(shardkit.SampleError, match="line 1: record has no 'id' field"):
         list(JsonLines(key="id")(str(tmp_path / "a.jsonl")))
-    (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "a.jsonl").write_text("{}\n")
-    with pytest.raises(shardkit.ConfigError, match="would both get the sample key 'a'"):
-        JsonLines().units([str(tmp_path / "a.jsonl"), str(tmp_path / "d" / "a.jsonl")])
 
 
 def test_shards_pass_samples_on_raw(tmp_path, samples):
