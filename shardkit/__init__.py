@@ -20,7 +20,9 @@ from shardkit.errors import (
     SampleError,
     ShardkitError,
 )
+from shardkit.loader import Loader, loader
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.options import LoaderOptions
 from shardkit.writer import PileOptions, PileWriter
 
 __version__ = "0.1.0"
@@ -33,6 +35,8 @@ __all__ = [
     "DatasetNotFoundError",
     "DecodeError",
     "InputError",
+    "Loader",
+    "LoaderOptions",
     "Manifest",
     "ManifestError",
     "PileInfo",
@@ -42,4 +46,5 @@ __all__ = [
     "SampleError",
     "ShardkitError",
     "__version__",
+    "loader",
 ]

@@ -133,10 +133,71 @@ def _check_name(source: str, index: int, name: str, offset: int) -> None:
 def walk(buf: bytes, source: str) -> Members:
     """Index every regular-file member of the tar archive held in ``buf``.
 
+    Archives of plain ustar members (what shardkit, GNU tar and webdataset write for short
+    names) take a vectorized path; anything else, and every error, goes member by member.
+
     Raises:
         CorruptShardError: a truncated archive, a header that fails its checksum, a size that
             runs past the end, an unsafe name, or a member that is not a regular file.
     """
+    fast = _walk_plain(buf)
+    return fast if fast is not None else _walk_members(buf, source)
+
+
+_USTAR = np.frombuffer(b"ustar\x00", dtype=np.uint8)
+
+
+def _walk_plain(buf: bytes) -> Members | None:
+    """The members of an archive made only of valid plain ustar regular-file headers, else None.
+
+    Every 512-byte block that looks like such a header is a candidate, checked all at once
+    (magic, octal size, checksum, a short name without prefix); then the chain of headers is
+    followed from the start. Data blocks that happen to look like headers are never on the
+    chain. Whatever is not plain (pax, GNU, links, bad checksums, truncation) returns None.
+    """
+    nblocks = len(buf) // BLOCK
+    if nblocks == 0 or len(buf) % BLOCK:
+        return None
+    blocks = np.frombuffer(buf, dtype=np.uint8).reshape(nblocks, BLOCK)
+    cand = np.flatnonzero(blocks[:, 156] == 48)  # typeflag "0"
+    rows = blocks[cand]
+    ok = (rows[:, 257:263] == _USTAR).all(axis=1) & (rows[:, 345] == 0) & (rows[:, 99] == 0) & (rows[:, 0] != 0)
+    digits = rows[:, 124:135]
+    ok &= ((digits >= 48) & (digits <= 55)).all(axis=1) & ((rows[:, 135] == 0) | (rows[:, 135] == 32))
+    sizes = (digits.astype(np.int64) - 48) @ (8 ** np.arange(10, -1, -1, dtype=np.int64))
+    field = rows[:, 148:156]
+    computed = rows.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 32
+    ok &= _octal_columns(field) == computed
+    where = np.full(nblocks + 1, -1, dtype=np.int64)
+    where[cand[ok]] = np.flatnonzero(ok)
+    steps = (1 + (sizes + BLOCK - 1) // BLOCK).tolist()
+    lookup = where.tolist()
+    chain: list[int] = []
+    b = 0
+    while b < nblocks:
+        c = lookup[b]
+        if c < 0:
+            break
+        chain.append(c)
+        b += steps[c]
+    if b > nblocks or (b < nblocks and blocks[b].any()):
+        return None  # truncated, or something that is not a plain header: the careful path decides
+    at = cand[chain]
+    named = rows[chain, :100]
+    lengths = (named == 0).argmax(axis=1)
+    heads = (at * BLOCK).tolist()
+    if named.max(initial=0) < 128 and int(np.count_nonzero(named)) == int(lengths.sum()):
+        # ASCII names padded with NULs only: decode them all at once
+        names = [n for n in named.tobytes().decode("ascii").split("\x00") if n]
+    else:
+        names = [buf[h : h + n].decode("utf-8", "surrogateescape") for h, n in zip(heads, lengths.tolist(), strict=True)]
+    if any(name[0] == "/" or (".." in name and ".." in name.split("/")) for name in names):
+        return None
+    return Members(names, [h + BLOCK for h in heads], sizes[chain].tolist(), b * BLOCK)
+
+
+def _walk_members(buf: bytes, source: str) -> Members:
+    """Walk header by header: every kind of member, and the precise error for a bad one."""
     names: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
@@ -315,13 +376,21 @@ def group(members: Members, source: str) -> tuple[list[str], list[int]]:
     Raises:
         CorruptShardError: two members of one sample have the same extension.
     """
+    keys, starts, _ = index(members, source)
+    return keys, starts
+
+
+def index(members: Members, source: str) -> tuple[list[str], list[int], list[str]]:
+    """:func:`group`, plus the extension of every member (what a sample's fields are named)."""
     keys: list[str] = []
     starts: list[int] = []
+    all_exts: list[str] = []
     previous = None
     exts: set[str] = set()
     for i, name in enumerate(members.names):
         dot = name.find(".", name.rfind("/") + 1)
         key, ext = (name, "") if dot < 0 else (name[:dot], name[dot + 1 :])
+        all_exts.append(ext)
         if key != previous:
             keys.append(key)
             starts.append(i)
@@ -332,7 +401,7 @@ def group(members: Members, source: str) -> tuple[list[str], list[int]]:
         else:
             exts.add(ext)
     starts.append(len(members.names))
-    return keys, starts
+    return keys, starts, all_exts
 
 
 def sample_spans(members: Members, starts: list[int]) -> list[int]:

@@ -25,27 +25,17 @@ class PileData:
         keys: sample keys in archive order; ``len(pile)`` samples.
     """
 
-    __slots__ = ("_fields", "buf", "keys", "url")
+    __slots__ = ("_ends", "_exts", "_members", "_offsets", "_starts", "buf", "keys", "url")
 
     def __init__(self, url: str, buf: bytes) -> None:
         self.url = url
         self.buf = buf
         members = _tar.walk(buf, url)
-        self.keys, starts = _tar.group(members, url)
-        # per sample: ((ext, start, end), ...), precomputed so handing a sample out is cheap
-        fields: list[tuple[tuple[str, int, int], ...]] = []
-        names, offsets, sizes = members.names, members.offsets, members.sizes
-        for i in range(len(self.keys)):
-            lo, hi = starts[i], starts[i + 1]
-            entry = []
-            for j in range(lo, hi):
-                name = names[j]
-                dot = name.find(".", name.rfind("/") + 1)
-                entry.append((name[dot + 1 :] if dot >= 0 else "", offsets[j], offsets[j] + sizes[j]))
-            fields.append(tuple(entry))
-        self._fields = fields
+        self.keys, self._starts, self._exts = _tar.index(members, url)
+        # flat per-member lists: handing a sample out is a few list lookups and slices
+        self._offsets = members.offsets
+        self._ends = [o + n for o, n in zip(members.offsets, members.sizes, strict=True)]
         self._members = members
-        self._starts = starts
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -56,10 +46,10 @@ class PileData:
 
     def sample(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as a WebDataset dict of raw bytes, ``__key__`` included."""
-        buf = self.buf
+        buf, exts, offsets, ends = self.buf, self._exts, self._offsets, self._ends
         out: dict[str, Any] = {"__key__": self.keys[index]}
-        for ext, lo, hi in self._fields[index]:
-            out[ext] = buf[lo:hi]
+        for j in range(self._starts[index], self._starts[index + 1]):
+            out[exts[j]] = buf[offsets[j] : ends[j]]
         return out
 
     def raw_spans(self) -> list[int]:
