@@ -114,7 +114,7 @@ class EpochOrder:
     def in_pile(self, pile: int) -> np.ndarray:
         """The order in which pile ``pile`` is read this epoch (a permutation of its indices)."""
         count = int(self.counts[pile])
-        if not self.shuffle:
+        if not self.shuffle or count < 2:
             return np.arange(count)
         return generator(IN_PILE, self.seed, self.epoch, pile).permutation(count)
 
@@ -146,12 +146,17 @@ class EpochOrder:
         if len(window) == 1:
             yield _Segment(pos, left[0], piles, start, np.array(left, dtype=np.int64), event, 0)
             return
-        rng = generator(MIX, self.seed, self.epoch, event)
+        rng: np.random.Generator | None = None
         remaining = np.array(left, dtype=np.int64)
         chunk = 0
         while True:
-            size = _chunk_size(int(remaining.sum()))
-            comp = rng.multivariate_hypergeometric(remaining, size)
+            total = int(remaining.sum())
+            size = _chunk_size(total)
+            if size == total:
+                comp = remaining.copy()  # the whole rest: nothing to draw
+            else:
+                rng = rng or generator(MIX, self.seed, self.epoch, event)
+                comp = rng.multivariate_hypergeometric(remaining, size)
             seg = _Segment(pos, size, piles, start.copy(), comp, event, chunk)
             if (comp == remaining).any():
                 # a pile runs out inside this chunk: cut just after its last sample
@@ -178,6 +183,8 @@ class EpochOrder:
 
     def blocks(self, lo: int, hi: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """``(position, piles, index)`` runs covering global positions ``lo .. hi - 1`` in order."""
+        if lo >= hi:
+            return
         cache: dict[int, np.ndarray] = {}
         for seg in self._segments():
             end = seg.pos + seg.length
@@ -215,7 +222,7 @@ class EpochOrder:
         chunk that holds the first or last sample of a pile (never more than ``mix`` at once).
         """
         spans: dict[int, list[int]] = {}
-        for seg in self._segments():
+        for seg in self._segments() if lo < hi else ():
             end = seg.pos + seg.length
             if end <= lo:
                 continue

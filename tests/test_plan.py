@@ -152,6 +152,7 @@ def test_slices_cover_the_global_order(counts, seed, epoch, mix, world, workers,
             _check_uses(sched, items, mix)
             s = min(start, len(items))
             assert read_slice(sched, s) == items[s:], "resume from any start equals the tail"
+            assert read_slice(sched, len(items)) == [] and sched.uses(len(items)) == []
             rank_items += items
         # ranks and workers together read the padded global order, in order
         assert rank_items == padded[rank * per : rank * per + (hi - lo)]
@@ -185,16 +186,21 @@ def test_uses_from_start_cover_the_tail(counts, start, mix):
     assert all(u.first >= start for u in uses)
 
 
+def plan_permutation(seed: int, mix: int, n: int = 5, piles: int = 3) -> tuple[int, ...]:
+    """The order of samples 0..n-1 after pass 1 (the real router) and the plan, both seeded by ``seed``."""
+    routed = router.route(piles=piles, seed=seed, unit=0, count=n)
+    members = [np.flatnonzero(routed == p) for p in range(piles)]
+    order = EpochOrder([len(m) for m in members], seed=seed, epoch=0, mix=mix)
+    p, i = order.take(0, n)
+    return tuple(int(members[a][b]) for a, b in zip(p.tolist(), i.tolist(), strict=True))
+
+
 def permutation_counts(seeds: int, mix: int, n: int = 5, piles: int = 3) -> np.ndarray:
-    """How often each of the n! orders comes out of pass 1 (the real router) + the plan."""
+    """How often each of the n! orders comes out of ``plan_permutation`` over ``seeds`` seeds."""
     rank = {p: i for i, p in enumerate(itertools.permutations(range(n)))}
     hits = np.zeros(len(rank), dtype=np.int64)
     for seed in range(seeds):
-        routed = router.route(piles=piles, seed=seed, unit=0, count=n)
-        members = [np.flatnonzero(routed == p) for p in range(piles)]
-        order = EpochOrder([len(m) for m in members], seed=seed, epoch=0, mix=mix)
-        p, i = order.take(0, n)
-        hits[rank[tuple(int(members[a][b]) for a, b in zip(p.tolist(), i.tolist(), strict=True))]] += 1
+        hits[rank[plan_permutation(seed, mix, n, piles)]] += 1
     return hits
 
 
