@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardkit._fastwalk import plain_archive
 from shardkit.errors import CorruptShardError
 
 BLOCK = 512
@@ -144,56 +145,12 @@ def walk(buf: bytes, source: str) -> Members:
     return fast if fast is not None else _walk_members(buf, source)
 
 
-_USTAR = np.frombuffer(b"ustar\x00", dtype=np.uint8)
-
-
 def _walk_plain(buf: bytes) -> Members | None:
-    """The members of an archive made only of valid plain ustar regular-file headers, else None.
-
-    Every 512-byte block that looks like such a header is a candidate, checked all at once
-    (magic, octal size, checksum, a short name without prefix); then the chain of headers is
-    followed from the start. Data blocks that happen to look like headers are never on the
-    chain. Whatever is not plain (pax, GNU, links, bad checksums, truncation) returns None.
-    """
-    nblocks = len(buf) // BLOCK
-    if nblocks == 0 or len(buf) % BLOCK:
+    """The members of a plain ustar archive, found with numpy (see :mod:`shardkit._fastwalk`)."""
+    plain = plain_archive(buf)
+    if plain is None:
         return None
-    blocks = np.frombuffer(buf, dtype=np.uint8).reshape(nblocks, BLOCK)
-    cand = np.flatnonzero(blocks[:, 156] == 48)  # typeflag "0"
-    rows = blocks[cand]
-    ok = (rows[:, 257:263] == _USTAR).all(axis=1) & (rows[:, 345] == 0) & (rows[:, 99] == 0) & (rows[:, 0] != 0)
-    digits = rows[:, 124:135]
-    ok &= ((digits >= 48) & (digits <= 55)).all(axis=1) & ((rows[:, 135] == 0) | (rows[:, 135] == 32))
-    sizes = (digits.astype(np.int64) - 48) @ (8 ** np.arange(10, -1, -1, dtype=np.int64))
-    field = rows[:, 148:156]
-    computed = rows.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 32
-    ok &= _octal_columns(field) == computed
-    where = np.full(nblocks + 1, -1, dtype=np.int64)
-    where[cand[ok]] = np.flatnonzero(ok)
-    steps = (1 + (sizes + BLOCK - 1) // BLOCK).tolist()
-    lookup = where.tolist()
-    chain: list[int] = []
-    b = 0
-    while b < nblocks:
-        c = lookup[b]
-        if c < 0:
-            break
-        chain.append(c)
-        b += steps[c]
-    if b > nblocks or (b < nblocks and blocks[b].any()):
-        return None  # truncated, or something that is not a plain header: the careful path decides
-    at = cand[chain]
-    named = rows[chain, :100]
-    lengths = (named == 0).argmax(axis=1)
-    heads = (at * BLOCK).tolist()
-    if named.max(initial=0) < 128 and int(np.count_nonzero(named)) == int(lengths.sum()):
-        # ASCII names padded with NULs only: decode them all at once
-        names = [n for n in named.tobytes().decode("ascii").split("\x00") if n]
-    else:
-        names = [buf[h : h + n].decode("utf-8", "surrogateescape") for h, n in zip(heads, lengths.tolist(), strict=True)]
-    if any(name[0] == "/" or (".." in name and ".." in name.split("/")) for name in names):
-        return None
-    return Members(names, [h + BLOCK for h in heads], sizes[chain].tolist(), b * BLOCK)
+    return Members(plain.names(buf), (plain.heads + BLOCK).tolist(), plain.sizes.tolist(), plain.end)
 
 
 def _walk_members(buf: bytes, source: str) -> Members:

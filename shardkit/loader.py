@@ -141,7 +141,7 @@ class Loader:
         uses = sched.uses(start)
         slots = max(1, min(self.options.mix, len(uses))) + self.options.prefetch
         read = self._reader()
-        reader: PileReader[int, PileData] = PileReader([u.pile for u in uses], read, slots=slots, name=f"shardkit-reader-e{epoch}")
+        reader: PileReader[int, bytes] = PileReader([u.pile for u in uses], read, slots=slots, name=f"shardkit-reader-e{epoch}")
         skipped = self.stats.skipped_samples
         try:
             blocks = self._blocks(sched, start, uses, reader)
@@ -155,9 +155,10 @@ class Loader:
             log.warning("epoch %d: skipped %d samples (on_error=%r)", epoch, self.stats.skipped_samples - skipped, self.options.on_error)
         self._epoch, self._running, self._position = epoch + 1, None, 0
 
-    def _reader(self) -> Callable[[int], PileData]:
+    def _reader(self) -> Callable[[int], bytes]:
+        # the thread reads and checksums (both release the GIL); the consumer indexes
         source, limit, verify = self.source, self.options.max_pile_bytes, self.options.verify
-        return lambda index: source.read(index, max_bytes=limit, verify=verify)  # type: ignore[arg-type]
+        return lambda index: source.fetch(index, max_bytes=limit, verify=verify)  # type: ignore[arg-type]
 
     def _blocks(
         self, sched: plan.Schedule, start: int, uses: list[plan.PileUse], reader: PileReader[int, PileData]
@@ -194,10 +195,16 @@ class Loader:
                 del resident[use.pile]
                 reader.release()
 
-    def _accept(self, item: PileData | Failure, use: plan.PileUse) -> PileData | None:
+    def _accept(self, item: bytes | Failure, use: plan.PileUse) -> PileData | None:
         if not isinstance(item, Failure):
-            return item
-        error = item.error
+            try:
+                return self.source.open(use.pile, item)
+            except (ShardkitError, OSError) as e:
+                return self._skip_pile(e, use)
+        return self._skip_pile(item.error, use)
+
+    def _skip_pile(self, error: BaseException, use: plan.PileUse) -> None:
+        """Raise ``error``, or count the pile as skipped when ``on_error`` allows it."""
         if self.options.on_error == "raise" or not isinstance(error, (ShardkitError, OSError)):
             raise error
         self.stats.skipped_piles += 1

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shardkit import _tar, manifest, storage
+from shardkit._fastwalk import plain_archive
 from shardkit.errors import CorruptShardError, ManifestError, PileTooLargeError
 from shardkit.manifest import PileInfo
 
@@ -25,17 +26,23 @@ class PileData:
         keys: sample keys in archive order; ``len(pile)`` samples.
     """
 
-    __slots__ = ("_ends", "_exts", "_members", "_offsets", "_starts", "buf", "keys", "url")
+    __slots__ = ("_ends", "_exts", "_offsets", "_starts", "buf", "keys", "url")
 
     def __init__(self, url: str, buf: bytes) -> None:
         self.url = url
         self.buf = buf
-        members = _tar.walk(buf, url)
-        self.keys, self._starts, self._exts = _tar.index(members, url)
-        # flat per-member lists: handing a sample out is a few list lookups and slices
-        self._offsets = members.offsets
-        self._ends = [o + n for o, n in zip(members.offsets, members.sizes, strict=True)]
-        self._members = members
+        plain = plain_archive(buf)
+        layout = plain.layout() if plain is not None else None
+        if plain is not None and layout is not None:
+            # the common case, vectorized; duplicate extensions are caught by sample()
+            self.keys, self._starts, self._exts = layout
+            self._offsets = (plain.heads + _tar.BLOCK).tolist()
+            self._ends = (plain.heads + _tar.BLOCK + plain.sizes).tolist()
+        else:
+            members = _tar.walk(buf, url)
+            self.keys, self._starts, self._exts = _tar.index(members, url)
+            self._offsets = members.offsets
+            self._ends = [o + n for o, n in zip(members.offsets, members.sizes, strict=True)]
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -47,14 +54,29 @@ class PileData:
     def sample(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as a WebDataset dict of raw bytes, ``__key__`` included."""
         buf, exts, offsets, ends = self.buf, self._exts, self._offsets, self._ends
+        lo, hi = self._starts[index], self._starts[index + 1]
         out: dict[str, Any] = {"__key__": self.keys[index]}
-        for j in range(self._starts[index], self._starts[index + 1]):
+        for j in range(lo, hi):
             out[exts[j]] = buf[offsets[j] : ends[j]]
+        if len(out) != hi - lo + 1:
+            self._duplicate(index)
         return out
+
+    def _duplicate(self, index: int) -> None:
+        lo, hi = self._starts[index], self._starts[index + 1]
+        seen: set[str] = set()
+        for j in range(lo, hi):
+            if self._exts[j] in seen or self._exts[j] == "__key__":
+                key = self.keys[index]
+                raise CorruptShardError(
+                    f"{self.url}: member {j} ('{key}.{self._exts[j]}') at offset {self._offsets[j] - _tar.BLOCK}: sample {key!r} already has a {self._exts[j]!r} member"
+                )
+            seen.add(self._exts[j])
 
     def raw_spans(self) -> list[int]:
         """Byte boundaries of each sample's members in ``buf`` (headers included)."""
-        return _tar.sample_spans(self._members, self._starts)
+        sizes = [e - o for o, e in zip(self._offsets, self._ends, strict=True)]
+        return _tar.sample_spans(_tar.Members([], self._offsets, sizes, 0), self._starts)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for i in range(len(self.keys)):
@@ -71,6 +93,15 @@ def read_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | No
 
     Raises:
         PileTooLargeError, CorruptShardError, ManifestError, DatasetNotFoundError.
+    """
+    return index_pile(url, fetch_pile(url, expected=expected, max_bytes=max_bytes, verify=verify), expected=expected)
+
+
+def fetch_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | None = None, verify: bool = True) -> bytes:
+    """The first half of :func:`read_pile`: the checked bytes (size, limit, checksum), not indexed.
+
+    Reading and checksumming release the GIL, so a background thread can do this half while
+    another thread indexes the previous pile.
     """
     if max_bytes is not None or expected is not None:
         nbytes = storage.size(url)
@@ -90,6 +121,11 @@ def read_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | No
                 raise CorruptShardError(
                     f"{url}: checksum is {found}, the manifest says {expected.checksum}: the bytes changed after writing"
                 )
+    return buf
+
+
+def index_pile(url: str, buf: bytes, *, expected: PileInfo | None = None) -> PileData:
+    """The second half of :func:`read_pile`: index the bytes and check the sample count."""
     pile = PileData(url, buf)
     if expected is not None and len(pile) != expected.samples:
         raise ManifestError(f"{url}: holds {len(pile)} samples, the manifest says {expected.samples}")

@@ -63,10 +63,21 @@ class Source:
 
     def read(self, index: int, *, max_bytes: int | None = None, verify: bool = True) -> PileData:
         """Read and index pile ``index``, checked against what is known about it."""
+        return self.open(index, self.fetch(index, max_bytes=max_bytes, verify=verify))
+
+    def fetch(self, index: int, *, max_bytes: int | None = None, verify: bool = True) -> bytes:
+        """Pile ``index``'s bytes: size limit, manifest size and checksum checked (no indexing)."""
         pile = self.piles[index]
         if pile.info is not None:
-            return reader.read_pile(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify)
-        data = _load_shard(pile.url, max_bytes)
+            return reader.fetch_pile(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify)
+        return _load_shard(pile.url, max_bytes)
+
+    def open(self, index: int, buf: bytes) -> PileData:
+        """Index the bytes :meth:`fetch` returned and check the sample count."""
+        pile = self.piles[index]
+        if pile.info is not None:
+            return reader.index_pile(pile.url, buf, expected=pile.info)
+        data = PileData(pile.url, buf)
         if len(data) != pile.samples:
             raise CorruptShardError(f"{pile.url}: holds {len(data)} samples, {pile.samples} when it was first counted (the file changed)")
         return data
@@ -100,14 +111,14 @@ def count_samples(url: str) -> int:
     with _cache_lock:
         if key in _counts_cache:
             return _counts_cache[key]
-    count = len(_load_shard(url, None))
+    count = len(PileData(url, _load_shard(url, None)))
     with _cache_lock:
         _counts_cache[key] = count
     return count
 
 
-def _load_shard(url: str, max_bytes: int | None) -> PileData:
-    """Read any WebDataset tar (``.tar.gz``/``.tgz`` decompressed in memory) and index it."""
+def _load_shard(url: str, max_bytes: int | None) -> bytes:
+    """The bytes of any WebDataset tar (``.tar.gz``/``.tgz`` decompressed in memory)."""
     if max_bytes is not None:
         size = storage.size(url)
         if size > max_bytes:
@@ -122,4 +133,4 @@ def _load_shard(url: str, max_bytes: int | None) -> PileData:
             raise CorruptShardError(f"{url}: not valid gzip ({e})") from None
         if max_bytes is not None and len(buf) > max_bytes:
             raise PileTooLargeError(f"{url}: decompresses to {len(buf)} bytes, over the memory limit max_pile_bytes={max_bytes}")
-    return PileData(url, buf)
+    return buf

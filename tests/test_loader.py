@@ -490,7 +490,7 @@ def test_error_in_the_reader_thread_reaches_the_consumer(dataset, monkeypatch):
     def fail(self, index, **kw):
         raise Boom(f"pile {index} exploded")
 
-    monkeypatch.setattr(sources.Source, "read", fail)
+    monkeypatch.setattr(sources.Source, "fetch", fail)
     baseline = _threads()
     with pytest.raises(Boom, match="exploded"):
         read_all(dataset, decode=False)
@@ -538,3 +538,13 @@ def test_first_epoch_is_exactly_uniform(mix):
     hits = permutation_counts(50_000, mix)
     assert hits.min() > 0
     assert chi_square_p(hits) > 1e-4, hits
+
+
+@pytest.mark.parametrize("long_name", [False, True])
+def test_duplicate_extension_in_a_sample(tmp_path, long_name):
+    url = str(tmp_path / "dup.tar")
+    key = "k" * (120 if long_name else 3)  # long names take the careful walk, short ones the fast one
+    with open(url, "wb") as f:
+        f.write(_tar.member(f"{key}.txt", b"a") + _tar.member(f"{key}.cls", b"1") + _tar.member(f"{key}.txt", b"b") + _tar.TRAILER)
+    with pytest.raises(shardkit.CorruptShardError, match=rf"dup\.tar: member 2 .* sample '{key}' already has a 'txt' member"):
+        read_all(url)

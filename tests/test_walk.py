@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tarfile
 
@@ -27,10 +28,8 @@ def archive(items: list[tuple[str, bytes]], how: str) -> bytes:
         for n, d in items:
             info = tarfile.TarInfo(n)
             info.size = len(d)
-            try:
+            with contextlib.suppress(ValueError):  # ustar cannot hold this name
                 t.addfile(info, io.BytesIO(d))
-            except ValueError:  # ustar cannot hold this name
-                pass
     return out.getvalue()
 
 
