@@ -161,7 +161,7 @@ class Loader:
         return lambda index: source.fetch(index, max_bytes=limit, verify=verify)  # type: ignore[arg-type]
 
     def _blocks(
-        self, sched: plan.Schedule, start: int, uses: list[plan.PileUse], reader: PileReader[int, PileData]
+        self, sched: plan.Schedule, start: int, uses: list[plan.PileUse], reader: PileReader[int, bytes]
     ) -> Iterator[tuple[int, Any, list[int]]]:
         """``(start, pile or per-position piles, in-pile indices)``; a pile is None when skipped."""
         resident: dict[int, PileData | None] = {}
@@ -200,8 +200,10 @@ class Loader:
             try:
                 return self.source.open(use.pile, item)
             except (ShardkitError, OSError) as e:
-                return self._skip_pile(e, use)
-        return self._skip_pile(item.error, use)
+                self._skip_pile(e, use)
+                return None
+        self._skip_pile(item.error, use)
+        return None
 
     def _skip_pile(self, error: BaseException, use: plan.PileUse) -> None:
         """Raise ``error``, or count the pile as skipped when ``on_error`` allows it."""
@@ -209,7 +211,6 @@ class Loader:
             raise error
         self.stats.skipped_piles += 1
         self.stats.note(f"{self.source.piles[use.pile].url}: {error}", self.options.on_error == "warn")
-        return None
 
     def _samples(self, blocks: Iterator[tuple[int, Any, list[int]]]) -> Iterator[dict[str, Any]]:
         """The hot path: raw samples, no decoding, no batching."""
