@@ -30,7 +30,7 @@ from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError, ShardkitError
 from shardkit.options import LoaderOptions, resolve_world
 from shardkit.reader import PileData
-from shardkit.sources import Source, SourceLike, resolve
+from shardkit.sources import Fetched, Source, SourceLike, resolve
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class Loader:
         uses = sched.uses(start)
         slots = max(1, min(self.options.mix, len(uses))) + self.options.prefetch
         read = self._reader()
-        reader: PileReader[int, bytes] = PileReader([u.pile for u in uses], read, slots=slots, name=f"shardkit-reader-e{epoch}")
+        reader: PileReader[int, Fetched] = PileReader([u.pile for u in uses], read, slots=slots, name=f"shardkit-reader-e{epoch}")
         skipped = self.stats.skipped_samples
         try:
             blocks = self._blocks(sched, start, uses, reader)
@@ -155,13 +155,14 @@ class Loader:
             log.warning("epoch %d: skipped %d samples (on_error=%r)", epoch, self.stats.skipped_samples - skipped, self.options.on_error)
         self._epoch, self._running, self._position = epoch + 1, None, 0
 
-    def _reader(self) -> Callable[[int], bytes]:
-        # the thread reads and checksums (both release the GIL); the consumer indexes
+    def _reader(self) -> Callable[[int], Fetched]:
+        # the thread maps, checksums and scans headers with numpy (all mostly without the GIL);
+        # the consumer finishes the index
         source, limit, verify = self.source, self.options.max_pile_bytes, self.options.verify
         return lambda index: source.fetch(index, max_bytes=limit, verify=verify)  # type: ignore[arg-type]
 
     def _blocks(
-        self, sched: plan.Schedule, start: int, uses: list[plan.PileUse], reader: PileReader[int, bytes]
+        self, sched: plan.Schedule, start: int, uses: list[plan.PileUse], reader: PileReader[int, Fetched]
     ) -> Iterator[tuple[int, Any, list[int]]]:
         """``(start, pile or per-position piles, in-pile indices)``; a pile is None when skipped."""
         resident: dict[int, PileData | None] = {}
@@ -195,7 +196,7 @@ class Loader:
                 del resident[use.pile]
                 reader.release()
 
-    def _accept(self, item: bytes | Failure, use: plan.PileUse) -> PileData | None:
+    def _accept(self, item: Fetched | Failure, use: plan.PileUse) -> PileData | None:
         if not isinstance(item, Failure):
             try:
                 return self.source.open(use.pile, item)
@@ -217,7 +218,7 @@ class Loader:
         for start, data, index in blocks:
             pos = start
             if type(data) is PileData:
-                sample = data.sample
+                sample = data.sampler()
                 for i in index:
                     pos += 1
                     self._position = pos

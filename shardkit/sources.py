@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardkit import manifest, reader, storage
+from shardkit._fastwalk import Plain, plain_archive
 from shardkit.errors import CorruptShardError, PileTooLargeError
 from shardkit.manifest import PileInfo
 from shardkit.reader import PileData
@@ -65,22 +66,36 @@ class Source:
         """Read and index pile ``index``, checked against what is known about it."""
         return self.open(index, self.fetch(index, max_bytes=max_bytes, verify=verify))
 
-    def fetch(self, index: int, *, max_bytes: int | None = None, verify: bool = True) -> bytes:
-        """Pile ``index``'s bytes: size limit, manifest size and checksum checked (no indexing)."""
+    def fetch(self, index: int, *, max_bytes: int | None = None, verify: bool = True) -> Fetched:
+        """Pile ``index``'s bytes (size limit, manifest size and checksum checked) and the
+        vectorized part of its index: the work a background thread can do without the GIL."""
         pile = self.piles[index]
         if pile.info is not None:
-            return reader.fetch_pile(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify)
-        return _load_shard(pile.url, max_bytes)
+            buf = reader.fetch_pile(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify)
+        else:
+            buf = _load_shard(pile.url, max_bytes)
+        checked = verify and pile.info is not None
+        return Fetched(buf, plain_archive(buf, checked=checked), checked)
 
-    def open(self, index: int, buf: bytes) -> PileData:
-        """Index the bytes :meth:`fetch` returned and check the sample count."""
+    def open(self, index: int, fetched: Fetched) -> PileData:
+        """Finish indexing what :meth:`fetch` returned and check the sample count."""
         pile = self.piles[index]
         if pile.info is not None:
-            return reader.index_pile(pile.url, buf, expected=pile.info)
-        data = PileData(pile.url, buf)
+            return reader.index_pile(pile.url, fetched.buf, expected=pile.info, checked=fetched.checked, plain=fetched.plain)
+        data = PileData(pile.url, fetched.buf, plain=fetched.plain)
         if len(data) != pile.samples:
             raise CorruptShardError(f"{pile.url}: holds {len(data)} samples, {pile.samples} when it was first counted (the file changed)")
         return data
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A pile's bytes, its plain-archive index (None: walk it member by member), and whether
+    the bytes matched the manifest checksum."""
+
+    buf: bytes
+    plain: Plain | None
+    checked: bool
 
 
 def resolve(source: SourceLike) -> Source:

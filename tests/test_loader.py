@@ -459,6 +459,7 @@ def test_pile_over_max_pile_bytes_is_refused_unread(dataset, monkeypatch):
         return read_bytes(url)
 
     monkeypatch.setattr(storage, "read_bytes", no_pile_read)
+    monkeypatch.setattr(storage, "map_bytes", no_pile_read)
     with pytest.raises(shardkit.PileTooLargeError, match=r"pile-\d+\.tar: \d+ bytes is over the memory limit max_pile_bytes=1000"):
         read_all(dataset, max_pile_bytes="1000")
 
