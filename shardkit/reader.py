@@ -129,11 +129,12 @@ def read_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | No
     return index_pile(url, buf, expected=expected, checked=verify)
 
 
-def fetch_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | None = None, verify: bool = True) -> bytes:
+def fetch_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | None = None, verify: bool = True, mapped: bool = False) -> bytes:
     """The first half of :func:`read_pile`: the checked bytes (size, limit, checksum), not indexed.
 
     Reading and checksumming release the GIL, so a background thread can do this half while
-    another thread indexes the previous pile.
+    another thread indexes the previous pile. ``mapped``: return a read-only memory map of a
+    local file (:func:`shardkit.storage.map_bytes`: one copy fewer; slices are ``bytes``).
     """
     if max_bytes is not None or expected is not None:
         nbytes = storage.size(url)
@@ -143,7 +144,7 @@ def fetch_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | N
             )
         if expected is not None and nbytes != expected.bytes:
             raise CorruptShardError(f"{url}: file is {nbytes} bytes, the manifest says {expected.bytes} (truncated or replaced?)")
-    buf = storage.map_bytes(url)
+    buf = storage.map_bytes(url) if mapped else storage.read_bytes(url)
     if expected is not None:
         if len(buf) != expected.bytes:
             raise CorruptShardError(f"{url}: file is {len(buf)} bytes, the manifest says {expected.bytes}")

@@ -71,7 +71,7 @@ class Source:
         vectorized part of its index: the work a background thread can do without the GIL."""
         pile = self.piles[index]
         if pile.info is not None:
-            buf = reader.fetch_pile(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify)
+            buf = reader.fetch_pile(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify, mapped=True)
         else:
             buf = _load_shard(pile.url, max_bytes)
         checked = verify and pile.info is not None
