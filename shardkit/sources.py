@@ -140,12 +140,13 @@ def _load_shard(url: str, max_bytes: int | None) -> bytes:
             raise PileTooLargeError(
                 f"{url}: {size} bytes is over the memory limit max_pile_bytes={max_bytes}; raise the limit or re-pile smaller"
             )
+    if not url.endswith((".gz", ".tgz")):
+        return storage.map_bytes(url)
     buf = storage.read_bytes(url)
-    if url.endswith((".gz", ".tgz")):
-        try:
-            buf = gzip.decompress(buf)
-        except (OSError, EOFError) as e:
-            raise CorruptShardError(f"{url}: not valid gzip ({e})") from None
-        if max_bytes is not None and len(buf) > max_bytes:
-            raise PileTooLargeError(f"{url}: decompresses to {len(buf)} bytes, over the memory limit max_pile_bytes={max_bytes}")
+    try:
+        buf = gzip.decompress(buf)
+    except (OSError, EOFError) as e:
+        raise CorruptShardError(f"{url}: not valid gzip ({e})") from None
+    if max_bytes is not None and len(buf) > max_bytes:
+        raise PileTooLargeError(f"{url}: decompresses to {len(buf)} bytes, over the memory limit max_pile_bytes={max_bytes}")
     return buf
