@@ -67,6 +67,7 @@ class PileReader(Generic[Item, T]):
                 except BaseException as e:  # carried to the consumer, whatever it is
                     result = Failure(i, e)
                 self._queue.put(result)
+                del result  # else this frame keeps the last pile alive while it waits for a slot
         except BaseException as e:  # pragma: no cover - the loop itself never raises
             self._queue.put(Failure(-1, e))
         finally:

@@ -223,6 +223,7 @@ class Loader:
                     pos += 1
                     self._position = pos
                     yield sample(i)
+                del sample
             elif data is None:
                 self.stats.skipped_samples += len(index)
             else:
@@ -233,6 +234,10 @@ class Loader:
                         continue
                     self._position = pos
                     yield pile.sample(i)
+                pile = None
+            # drop this block's piles before asking for the next: a pile the plan released must
+            # not stay alive here while the reader thread fills its slot
+            data = None
 
     def _tasks(self, blocks: Iterator[tuple[int, Any, list[int]]], start: int, length: int) -> Iterator[Task]:
         """Group raw samples into batches (or chunks) by position, so skips never shift batches."""
@@ -255,6 +260,8 @@ class Loader:
                 task.ends.append(pos)
                 task.urls.append(pile.url)
                 task.samples.append(pile.sample(i))
+            data = pile = None  # see _samples: release before the next block
+            piles = []
         if task.samples:
             task.end = min(boundary, length)
             yield task

@@ -129,7 +129,9 @@ def read_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | No
     return index_pile(url, buf, expected=expected, checked=verify)
 
 
-def fetch_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | None = None, verify: bool = True, mapped: bool = False) -> bytes:
+def fetch_pile(
+    url: str, *, expected: PileInfo | None = None, max_bytes: int | None = None, verify: bool = True, mapped: bool = False
+) -> bytes:
     """The first half of :func:`read_pile`: the checked bytes (size, limit, checksum), not indexed.
 
     Reading and checksumming release the GIL, so a background thread can do this half while

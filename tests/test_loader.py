@@ -549,3 +549,47 @@ def test_duplicate_extension_in_a_sample(tmp_path, long_name):
         f.write(_tar.member(f"{key}.txt", b"a") + _tar.member(f"{key}.cls", b"1") + _tar.member(f"{key}.txt", b"b") + _tar.TRAILER)
     with pytest.raises(shardkit.CorruptShardError, match=rf"dup\.tar: member 2 .* sample '{key}' already has a 'txt' member"):
         read_all(url)
+
+
+@pytest.mark.parametrize(("mix", "prefetch", "workers"), [(1, 1, 0), (1, 0, 0), (1, 2, 0), (3, 1, 0), (1, 1, 1)])
+def test_resident_piles_stay_within_mix_plus_prefetch(dataset, monkeypatch, mix, prefetch, workers):
+    import weakref
+
+    from shardkit import storage
+
+    class Tracked(bytearray):
+        pass
+
+    alive: set[int] = set()
+    peaks = [0]
+
+    def tracked_read(url):
+        with open(url, "rb") as f:
+            buf = Tracked(f.read())
+        alive.add(id(buf))
+        weakref.finalize(buf, alive.discard, id(buf))
+        peaks.append(len(alive))  # measured in the reader thread, as each pile arrives
+        return buf
+
+    monkeypatch.setattr(storage, "map_bytes", tracked_read)
+    options = dict(decode=False, mix=mix, prefetch=prefetch, num_workers=workers, batch_size=5 if workers else None)
+    with shardkit.loader(dataset, **options) as loader:
+        for _ in loader:
+            peaks.append(len(alive))
+    assert 1 <= max(peaks) <= mix + prefetch
+
+
+@pytest.mark.parametrize(("batch_size", "mix"), [(None, 1), (6, 2)])
+def test_resume_with_worker_processes_and_decoding(dataset, batch_size, mix):
+    options = dict(batch_size=batch_size, mix=mix, num_workers=1, map=lambda s: dict(s, label=s["cls"] + 1), seed=9)
+    with shardkit.loader(dataset, **options) as loader:
+        full = keys(loader)
+        for stop in (0, 3, len(loader) - 1, len(loader)):
+            loader.set_epoch(0)
+            it = iter(loader)
+            head = [next(it) for _ in range(stop)]
+            state = loader.state_dict()
+            it.close()
+            with shardkit.loader(dataset, **options) as resumed:
+                resumed.load_state_dict(state)
+                assert keys(head) + keys(resumed) == full
