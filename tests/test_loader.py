@@ -593,3 +593,35 @@ def test_resume_with_worker_processes_and_decoding(dataset, batch_size, mix):
             with shardkit.loader(dataset, **options) as resumed:
                 resumed.load_state_dict(state)
                 assert keys(head) + keys(resumed) == full
+
+
+def test_decoding_images_and_pickle(tmp_path):
+    out = str(tmp_path / "ds")
+    image = np.zeros((4, 6, 3), dtype=np.uint8)
+    image[1, 2] = (255, 0, 0)
+    with shardkit.PileWriter(out, piles=1, seed=0) as w:
+        w.write({"__key__": "a", "png": image, "pyd": {"x": 1}})
+    (sample,) = shardkit.loader(out)
+    assert sample["png"].dtype == np.uint8 and (sample["png"] == image).all()
+    assert isinstance(sample["pyd"], bytes), "pickle is never decoded unless allowed"
+    (sample,) = shardkit.loader(out, decode="pil", allow_pickle=True)
+    assert sample["png"].size == (6, 4) and sample["pyd"] == {"x": 1}
+    (sample,) = shardkit.loader(out, decode=False)
+    assert isinstance(sample["png"], bytes)
+    codecs = shardkit.Codecs()
+    codecs.register_decoder("png", lambda b: len(b))
+    (sample,) = shardkit.loader(out, decode=codecs)
+    assert isinstance(sample["png"], int)
+
+
+def test_rank_from_torch_distributed(dataset, monkeypatch):
+    import sys
+    import types
+
+    dist = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True, get_rank=lambda: 2, get_world_size=lambda: 3)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(distributed=dist))
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    loader = shardkit.loader(dataset, decode=False)
+    assert (loader.options.rank, loader.options.world_size) == (2, 3)
+    assert shardkit.loader(dataset, rank=0, world_size=1).options.rank == 0, "arguments win"

@@ -55,11 +55,12 @@ def test_workers_share_the_rank_slice(odd_dataset):
 
 _RANK_SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
     import torch, torch.distributed as dist
     from shardkit.torch import ShardkitDataset
 
     dist.init_process_group("gloo")
+    del os.environ["RANK"], os.environ["WORLD_SIZE"]  # rank and world size must come from torch.distributed
     ds = ShardkitDataset(sys.argv[1], batch_size=4, decode=False, seed=3)
     keys = [k for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2) for k in b["__key__"]]
     lengths = [None] * dist.get_world_size()
