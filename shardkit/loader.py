@@ -26,6 +26,7 @@ import numpy as np
 from shardkit import plan
 from shardkit._prefetch import Failure, PileReader
 from shardkit._stages import Result, Step, Task, Transform, Workers
+from shardkit._state import check_state, make_state
 from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError, ShardkitError
 from shardkit.options import LoaderOptions, resolve_world
@@ -34,10 +35,6 @@ from shardkit.sources import Fetched, Source, SourceLike, resolve
 
 log = logging.getLogger(__name__)
 
-STATE_FORMAT = "shardkit.loader"
-STATE_VERSION = 1
-# options that change the order or the slicing: a state taken with other values cannot resume
-_STATE_OPTIONS = ("seed", "shuffle", "mix", "batch_size", "drop_last", "world_size")
 # samples per task when unbatched samples go through decode/map
 _CHUNK = 64
 
@@ -291,10 +288,7 @@ class Loader:
         the rest of the epoch. Any rank's state resumes every rank (they move in step).
         """
         epoch, position = (self._running, self._position) if self._running is not None else (self._epoch, self._start)
-        state = {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": epoch, "position": position}
-        state.update({name: getattr(self.options, name) for name in _STATE_OPTIONS})
-        state.update(dataset=self._fingerprint, samples=self.source.samples)
-        return state
+        return make_state(epoch=epoch, position=position, options=self.options, dataset=self._fingerprint, samples=self.source.samples)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields the rest of that epoch.
@@ -303,26 +297,10 @@ class Loader:
             ConfigError: the state is malformed, or was taken on other data or with options that
                 change the order (each difference is named).
         """
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ConfigError(f"load_state_dict: not a shardkit loader state (expected 'format': {STATE_FORMAT!r})")
-        if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"load_state_dict: state version {state.get('version')!r}, this shardkit reads version {STATE_VERSION}")
-        if state.get("dataset") != self._fingerprint or state.get("samples") != self.source.samples:
-            raise ConfigError(
-                f"load_state_dict: the state was taken on a different dataset (fingerprint {state.get('dataset')}, "
-                f"{state.get('samples')} samples); this loader reads {self.source.name} (fingerprint {self._fingerprint}, "
-                f"{self.source.samples} samples). Resuming would not continue the same order."
-            )
-        for name in _STATE_OPTIONS:
-            if state.get(name) != getattr(self.options, name):
-                raise ConfigError(
-                    f"load_state_dict: the state was taken with {name}={state.get(name)!r}, this loader has {name}={getattr(self.options, name)!r}"
-                )
-        epoch, position = state.get("epoch"), state.get("position")
-        if not isinstance(epoch, int) or epoch < 0 or not isinstance(position, int) or not 0 <= position <= self.samples_per_epoch:
-            raise ConfigError(f"load_state_dict: epoch {epoch!r} / position {position!r} out of range (0..{self.samples_per_epoch})")
-        if self.options.batch_size and position % self.options.batch_size and position != self.samples_per_epoch:
-            raise ConfigError(f"load_state_dict: position {position} is not on a batch boundary (batch_size={self.options.batch_size})")
+        src = self.source
+        epoch, position = check_state(
+            state, options=self.options, dataset=self._fingerprint, samples=src.samples, name=src.name, length=self.samples_per_epoch
+        )
         self._stop_active()
         self._epoch, self._start, self._running = epoch, position, None
 
