@@ -25,7 +25,8 @@ _COLS = np.arange(100)
 
 @dataclass(frozen=True, slots=True)
 class Plain:
-    """Members of a plain archive: header offsets, data sizes, raw 100-byte name fields."""
+    """Members of a plain archive: header offsets, data sizes, name fields (NUL-padded, cut to
+    the longest name plus one) and name lengths."""
 
     heads: np.ndarray
     sizes: np.ndarray
@@ -36,11 +37,12 @@ class Plain:
     def names(self, buf: bytes) -> list[str]:
         text = self.ascii()
         if text is not None:
-            return [text[i : i + n] for i, n in zip(range(0, len(text), 100), self.lengths.tolist(), strict=True)]
+            step = self.named.shape[1]
+            return [text[i : i + n] for i, n in zip(range(0, len(text), step), self.lengths.tolist(), strict=True)]
         return [buf[h : h + n].decode("utf-8", "surrogateescape") for h, n in zip(self.heads.tolist(), self.lengths.tolist(), strict=True)]
 
     def ascii(self) -> str | None:
-        """All name fields as one string (100 characters each), when they are ASCII."""
+        """All name fields as one string (``named.shape[1]`` characters each), when ASCII."""
         if self.named.max(initial=0) >= 128:
             return None
         return self.named.tobytes().decode("ascii")
@@ -56,16 +58,18 @@ class Plain:
         if text is None:
             return None
         named, lengths = self.named, self.lengths
-        slash = np.where(named == 47, _COLS, -1).max(axis=1)
-        dots = (named == 46) & (slash[:, None] < _COLS)
+        step = named.shape[1]
+        cols = _COLS[:step]
+        slash = np.where(named == 47, cols, -1).max(axis=1)
+        dots = (named == 46) & (slash[:, None] < cols)
         keylen = np.where(dots.any(axis=1), dots.argmax(axis=1), lengths)
         same = np.zeros(len(named), dtype=bool)
         if len(named) > 1:
-            inside = keylen[1:, None] > _COLS
+            inside = keylen[1:, None] > cols
             same[1:] = (keylen[1:] == keylen[:-1]) & ((named[1:] == named[:-1]) | ~inside).all(axis=1)
         firsts = np.flatnonzero(~same)
-        base = range(0, len(text), 100)
-        keys = [text[b : b + k] for b, k in zip((firsts * 100).tolist(), keylen[firsts].tolist(), strict=True)]
+        base = range(0, len(text), step)
+        keys = [text[b : b + k] for b, k in zip((firsts * step).tolist(), keylen[firsts].tolist(), strict=True)]
         ext_from = np.minimum(keylen + 1, lengths).tolist()
         exts = [text[b + e : b + n] for b, e, n in zip(base, ext_from, lengths.tolist(), strict=True)]
         return keys, [*firsts.tolist(), len(named)], exts
@@ -82,8 +86,11 @@ def plain_archive(buf: bytes, *, checked: bool = False) -> Plain | None:
         return None
     blocks = np.frombuffer(buf, dtype=np.uint8).reshape(nblocks, BLOCK)
     cand = np.flatnonzero(blocks[:, 156] == 48)  # typeflag "0"
-    rows = blocks[cand]
-    ok = (rows[:, 257:263] == _USTAR).all(axis=1) & (rows[:, 345] == 0) & (rows[:, 99] == 0) & (rows[:, 0] != 0)
+    # header fields up to the size; the whole block only when its checksum must be summed
+    rows = blocks[cand] if not checked else blocks[cand, :136]
+    magic = rows[:, 257:263] if not checked else blocks[cand, 257:263]
+    prefix = rows[:, 345] if not checked else blocks[cand, 345]
+    ok = (magic == _USTAR).all(axis=1) & (prefix == 0) & (rows[:, 99] == 0) & (rows[:, 0] != 0)
     digits = rows[:, 124:135]
     ok &= ((digits >= 48) & (digits <= 55)).all(axis=1) & ((rows[:, 135] == 0) | (rows[:, 135] == 32))
     sizes = (digits.astype(np.int64) - 48) @ _POWERS
@@ -99,7 +106,9 @@ def plain_archive(buf: bytes, *, checked: bool = False) -> Plain | None:
     lengths = (named == 0).argmax(axis=1)
     if np.count_nonzero(named) != int(lengths.sum()) or not _safe(named, lengths):
         return None  # bytes after a name's NUL, or an unsafe path: leave it to the careful walk
-    return Plain(cand[picked] * BLOCK, sizes[picked], named, lengths, b * BLOCK)
+    # keep only the columns a name reaches: the key/extension split then touches little memory
+    width = int(lengths.max(initial=0)) + 1
+    return Plain(cand[picked] * BLOCK, sizes[picked], np.ascontiguousarray(named[:, :width]), lengths, b * BLOCK)
 
 
 def _follow(blocks: np.ndarray, sizes: np.ndarray, nblocks: int) -> tuple[list[int], int]:
