@@ -4,7 +4,9 @@ Each epoch reads the piles in the order of :mod:`shardkit.plan`; one background 
 the next pile while the current one is handed out, so at most ``mix + prefetch`` piles are in
 memory per rank. ``num_workers`` processes decode, map and collate while the reader stays in
 the main process. The order does not depend on ``num_workers`` or the world size, every rank
-yields the same count, and ``state_dict()`` resumes mid-epoch exactly.
+yields the same count, and ``state_dict()`` resumes mid-epoch exactly. Local piles are
+memory-mapped while in use: replace pile files (as shardkit does), never truncate one in place
+under a running loader.
 
     with shardkit.loader("data/", batch_size=256, seed=0) as loader:
         for epoch in range(10):
