@@ -23,7 +23,9 @@ from shardkit.errors import (
     ShardkitError,
 )
 from shardkit.jobs import load_job, run_job
+from shardkit.loader import Loader, loader
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.options import LoaderOptions
 from shardkit.preprocess import pile, preprocess
 from shardkit.shuffle import ShuffleOptions, shuffle
 from shardkit.writer import PileOptions, PileWriter
@@ -39,6 +41,8 @@ __all__ = [
     "DatasetNotFoundError",
     "DecodeError",
     "InputError",
+    "Loader",
+    "LoaderOptions",
     "Manifest",
     "ManifestError",
     "PileInfo",
@@ -53,6 +57,7 @@ __all__ = [
     "add_pile_args",
     "info",
     "load_job",
+    "loader",
     "pile",
     "pile_kwargs",
     "preprocess",
