@@ -57,6 +57,8 @@ def test_output_is_a_permutation_readable_by_webdataset(tmp_path, inputs):
     assert m.extra["kind"] == "shuffled" and m.extra["piles"] == 5
     assert sorted(os.listdir(out)) == sorted([p.name for p in m.piles] + ["shardkit.json"])
     assert shardkit.verify(out, quiet=True) == []
+    summary = shardkit.info(out)
+    assert (summary.kind, summary.samples, summary.piles) == ("shuffled", 300, len(m.piles))
 
 
 def test_maxcount_rolls_over_across_pile_boundaries(tmp_path, inputs):
