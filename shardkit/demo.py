@@ -27,7 +27,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -271,26 +271,10 @@ def demo(
             progress.set_postfix_str(what)
             progress.update(1)
 
-        images, labels = make_images(samples, classes, seed)
-        step("images made")
-        urls, seq_write = _write_sequential(os.path.join(root, "sequential"), images, labels, max(1, samples // 10))
-        step("sequential shards written")
-        pile_write = _write_piles(os.path.join(root, "piles"), images, labels, piles, seed)
-        del images
-        step("piles written")
-        wds_labels, wds_read, wds_memory = _read_webdataset(urls, buffer, seed)
-        step("read with webdataset")
-        sk_labels, sk_read, sk_memory = _read_shardkit(os.path.join(root, "piles"), seed)
+        labels, rows = _measure(
+            root, samples=samples, classes=classes, piles=piles, batch_size=batch_size, buffer=buffer, seed=seed, step=step
+        )
         loader_ram = info(os.path.join(root, "piles")).loader_ram()
-        step("read with shardkit")
-    rows = (
-        Row(name="sequential shards, in written order", write_per_s=samples / seq_write, read_per_s=None,
-            classes_per_batch=classes_per_batch(labels, batch_size), read_memory=None),
-        Row(name=f"webdataset: shard shuffle + buffer {buffer}", write_per_s=None, read_per_s=len(wds_labels) / wds_read,
-            classes_per_batch=classes_per_batch(wds_labels, batch_size), read_memory=wds_memory),
-        Row(name=f"shardkit: {piles} piles, loader", write_per_s=samples / pile_write, read_per_s=len(sk_labels) / sk_read,
-            classes_per_batch=classes_per_batch(sk_labels, batch_size), read_memory=sk_memory),
-    )  # fmt: skip
     return DemoResult(
         samples=samples,
         classes=classes,
@@ -301,3 +285,29 @@ def demo(
         loader_ram=loader_ram,
         out=os.fspath(out) if out is not None else None,
     )
+
+
+def _measure(
+    root: str, *, samples: int, classes: int, piles: int, batch_size: int, buffer: int, seed: int, step: Callable[[str], None]
+) -> tuple[np.ndarray, tuple[Row, ...]]:
+    """Make, write and read the data in ``root``; the labels as written and one row per order."""
+    images, labels = make_images(samples, classes, seed)
+    step("images made")
+    urls, seq_write = _write_sequential(os.path.join(root, "sequential"), images, labels, max(1, samples // 10))
+    step("sequential shards written")
+    pile_write = _write_piles(os.path.join(root, "piles"), images, labels, piles, seed)
+    del images
+    step("piles written")
+    wds_labels, wds_read, wds_memory = _read_webdataset(urls, buffer, seed)
+    step("read with webdataset")
+    sk_labels, sk_read, sk_memory = _read_shardkit(os.path.join(root, "piles"), seed)
+    step("read with shardkit")
+    rows = (
+        Row(name="sequential shards, in written order", write_per_s=samples / seq_write, read_per_s=None,
+            classes_per_batch=classes_per_batch(labels, batch_size), read_memory=None),
+        Row(name=f"webdataset: shard shuffle + buffer {buffer}", write_per_s=None, read_per_s=len(wds_labels) / wds_read,
+            classes_per_batch=classes_per_batch(wds_labels, batch_size), read_memory=wds_memory),
+        Row(name=f"shardkit: {piles} piles, loader", write_per_s=samples / pile_write, read_per_s=len(sk_labels) / sk_read,
+            classes_per_batch=classes_per_batch(sk_labels, batch_size), read_memory=sk_memory),
+    )  # fmt: skip
+    return labels, rows
