@@ -132,8 +132,8 @@ def info(directory: str) -> DatasetInfo:
 class Problem:
     """One thing :func:`verify` found wrong.
 
-    ``kind`` is one of ``missing``, ``size``, ``checksum``, ``structure``, ``count`` (a pile
-    listed in the manifest), ``extra`` (a shard file the manifest does not list) or
+    ``kind`` is one of ``missing``, ``unreadable``, ``size``, ``checksum``, ``structure``,
+    ``count`` (a pile listed in the manifest), ``extra`` (a shard file the manifest does not list) or
     ``leftover`` (a temporary file or directory an interrupted job left behind).
 
         for problem in verify("data/"):
@@ -152,7 +152,10 @@ def _check_pile(directory: str, pile: PileInfo) -> list[Problem]:
     url = storage.join(directory, pile.name)
     if not storage.exists(url):
         return [Problem(name=pile.name, kind="missing", message="listed in the manifest but the file does not exist")]
-    buf = storage.read_bytes(url)
+    try:
+        buf = storage.read_bytes(url)
+    except OSError as e:
+        return [Problem(name=pile.name, kind="unreadable", message=f"cannot be read ({e.strerror or e})")]
     found: list[Problem] = []
     if len(buf) != pile.bytes:
         what = "truncated" if len(buf) < pile.bytes else "longer than written"

@@ -139,3 +139,10 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(dataset, capsys):
     assert main(["verify", dataset]) == 0
     captured = capsys.readouterr()
     assert captured.out == f"{dataset}: ok\n" and captured.err == ""
+
+
+def test_a_pile_that_cannot_be_read(dataset):
+    path = _pile(dataset, 3)
+    os.unlink(path)
+    os.mkdir(path)  # a directory where the pile should be
+    assert _kinds(dataset) == [(os.path.basename(path), "unreadable")]
