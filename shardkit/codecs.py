@@ -11,6 +11,7 @@ reader says ``allow_pickle=True``: unpickling runs code found in the data.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import pickle
@@ -46,7 +47,7 @@ def _last(ext: str) -> str:
     return ext.rsplit(".", 1)[-1].lower()
 
 
-def _encode_image(value: Any, ext: str) -> bytes:
+def _encode_image(value: Any, *, ext: str) -> bytes:
     from PIL import Image
 
     if isinstance(value, np.ndarray):
@@ -115,11 +116,11 @@ class Codecs:
         self._decoders: dict[str, Decoder] = {}
         image_decoder = _decode_image_numpy if images == "numpy" else _decode_image_pil
         for ext in IMAGE_EXTS:
-            self._encoders[ext] = lambda v, e=ext: _encode_image(v, e)
+            self._encoders[ext] = functools.partial(_encode_image, ext=ext)
             self._decoders[ext] = image_decoder
         for ext in INT_EXTS:
             self._encoders[ext] = _encode_int
-            self._decoders[ext] = lambda b: int(b)
+            self._decoders[ext] = int
         for ext in TEXT_EXTS:
             self._decoders[ext] = lambda b: b.decode("utf-8")
         self._encoders["npy"] = _encode_npy

@@ -25,7 +25,7 @@ class PileData:
         keys: sample keys in archive order; ``len(pile)`` samples.
     """
 
-    __slots__ = ("_fields", "buf", "keys", "url")
+    __slots__ = ("_fields", "_members", "_starts", "buf", "keys", "url")
 
     def __init__(self, url: str, buf: bytes) -> None:
         self.url = url
