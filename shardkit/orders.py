@@ -83,7 +83,7 @@ def _pick(buf: list[int], out: list[int], u: float, j: int) -> int:
 
 
 def webdataset_order(
-    shard_counts: Sequence[int],
+    shard_counts: Sequence[int] | np.ndarray,
     *,
     seed: int = 0,
     epoch: int = 0,

@@ -37,6 +37,7 @@ __all__ = [
     "classes_per_window",
     "dispersion",
     "displacement",
+    "distinct_series",
     "inversions",
     "kendall",
     "measure",
@@ -323,6 +324,14 @@ def _categories(values: Any, n: int, what: str) -> np.ndarray:
     return np.unique(a, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
+def distinct_series(cats_out: np.ndarray, window: int) -> np.ndarray:
+    """Distinct categories in each full window of ``window`` consecutive outputs."""
+    nb = len(cats_out) // window
+    k = int(cats_out.max()) + 1 if len(cats_out) else 1
+    keys = np.unique(np.repeat(np.arange(nb, dtype=np.int64), window) * k + cats_out[: nb * window])
+    return np.bincount(keys // k, minlength=nb)
+
+
 def classes_per_window(cats_out: np.ndarray, window: int, *, key: str, label: str) -> Metric:
     """Mean number of distinct categories per full window of consecutive outputs.
 
@@ -335,9 +344,8 @@ def classes_per_window(cats_out: np.ndarray, window: int, *, key: str, label: st
     nb = n // window
     if nb == 0:
         raise ConfigError(f"{label}: window {window} is larger than the {n} samples")
-    windows = np.repeat(np.arange(nb, dtype=np.int64), window)
     k = int(cats_out.max()) + 1
-    distinct = len(np.unique(windows * k + cats_out[: nb * window])) / nb
+    distinct = float(distinct_series(cats_out, window).mean())
     mean, var = _distinct_null(np.bincount(cats_out, minlength=k), n, window)
     sd = math.sqrt(var / nb)
     z = (distinct - mean) / sd if sd > 0 else None
