@@ -157,6 +157,51 @@ def _quality(args: argparse.Namespace) -> int:
     return 0
 
 
+@command
+def _register_repile(sub: Any) -> None:
+    parser = sub.add_parser(
+        "repile",
+        help="write a dataset's samples into new piles with a new seed (fresh membership for later epochs)",
+        description=(
+            "Run pass 1 again over an existing shardkit dataset: every sample of SRC's piles goes to a\n"
+            "pile of DST drawn with a new seed, in one read and one write. Epochs after the first reuse\n"
+            "pile membership (pile-mates share batches about M times more often than fresh shuffles);\n"
+            "training on DST next cuts that back to chance. `shardkit quality` measures it."
+        ),
+        epilog="example:\n  shardkit repile piles/ -o piles-2/ --seed 1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("src", metavar="SRC", help="a shardkit dataset directory")
+    parser.add_argument("-o", "--out", required=True, metavar="DST", help="the new dataset's directory (not SRC)")
+    parser.add_argument("--piles", type=int, default=None, metavar="M", help="piles of the new dataset (default: the M of SRC)")
+    parser.add_argument("--seed", type=int, default=None, metavar="S", help="the new router seed (default: SRC's seed + 1)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (default 1)")
+    parser.add_argument("--max-pile-bytes", default=None, metavar="SIZE", help="split piles larger than SIZE into random sub-piles")
+    parser.add_argument("--overwrite", action="store_true", help="replace a dataset already in DST")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=_repile)
+
+
+def _repile(args: argparse.Namespace) -> int:
+    from shardkit import manifest
+    from shardkit._sizes import format_size
+    from shardkit.repile import repile
+
+    seed = args.seed if args.seed is not None else manifest.read(args.src).seed + 1
+    result = repile(
+        args.src,
+        args.out,
+        seed=seed,
+        piles=args.piles,
+        workers=args.workers,
+        max_pile_bytes=args.max_pile_bytes,
+        overwrite=args.overwrite,
+        quiet=args.quiet,
+    )
+    print(f"{args.out}: {result.samples} samples in {len(result.piles)} piles, {format_size(result.bytes)}, seed {seed}")
+    return 0
+
+
 # ---------------------------------------------------------------- end of quality and repile
 
 
