@@ -8,6 +8,7 @@ shuffles each in RAM and prefetches the next.
 from __future__ import annotations
 
 from shardkit.codecs import Codecs
+from shardkit.compare import compare_shuffles
 from shardkit.errors import (
     ConfigError,
     CorruptShardError,
@@ -21,6 +22,8 @@ from shardkit.errors import (
     ShardkitError,
 )
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.quality import QualityReport
+from shardkit.repile import repile
 from shardkit.writer import PileOptions, PileWriter
 
 __version__ = "0.1.0"
@@ -39,7 +42,10 @@ __all__ = [
     "PileOptions",
     "PileTooLargeError",
     "PileWriter",
+    "QualityReport",
     "SampleError",
     "ShardkitError",
     "__version__",
+    "compare_shuffles",
+    "repile",
 ]
