@@ -70,11 +70,13 @@ def _classes_panel(ax, result: Comparison, firsts: dict[str, np.ndarray]) -> Non
         return
     cats = np.unique(result.labels, return_inverse=True)[1].reshape(-1)
     batch = result.batch_size
+    expected = result.reports[0].get("classes_per_batch")
+    if expected is not None:  # drawn first, dotted: a uniform shuffle's line lies right on it
+        ax.axhline(expected.expected, color="k", linestyle=":", linewidth=1.5, label=f"uniform: {expected.expected:.3g}", zorder=3)
+    top = expected.expected if expected is not None else 1.0
     for (name, order), color in zip(firsts.items(), _COLORS, strict=False):
         series = quality.distinct_series(cats[order], batch)
-        ax.plot(np.arange(len(series)), series, linewidth=0.8, color=color, label=name)
-    expected = result.reports[0].get("classes_per_batch")
-    if expected is not None:
-        ax.axhline(expected.expected, color="k", linestyle="--", linewidth=1, label=f"uniform: {expected.expected:.3g}")
-    ax.set(xlabel="batch", ylabel="distinct classes", title="classes per batch (first epoch)", ylim=(0, None))
+        ax.plot(np.arange(len(series)), series, linewidth=1.0, color=color, label=name, zorder=2)
+        top = max(top, float(series.max(initial=0)))
+    ax.set(xlabel="batch", ylabel="distinct classes", title="classes per batch (first epoch)", ylim=(0, top * 1.12))
     ax.legend(fontsize="small")

@@ -38,6 +38,7 @@ __all__ = [
     "dispersion",
     "displacement",
     "distinct_series",
+    "expected_recurring_pairs",
     "inversions",
     "kendall",
     "measure",
@@ -384,6 +385,17 @@ def dispersion(cats_out: np.ndarray, batch_size: int) -> Metric:
 # ---------------------------------------------------------------------------- across epochs
 
 
+def expected_recurring_pairs(n: int, batch_size: int) -> float:
+    """Pairs sharing a full batch in both of two independent uniform orders of ``n`` samples.
+
+    Each of the ``nb * B(B-1)/2`` pairs batched together in the first order is batched together
+    in the second with probability ``nb * B(B-1) / (n(n-1))``.
+    """
+    nb = n // batch_size
+    per_epoch = nb * batch_size * (batch_size - 1) / 2
+    return per_epoch * nb * batch_size * (batch_size - 1.0) / (n * (n - 1.0))
+
+
 def recurrence(first: np.ndarray, second: np.ndarray, batch_size: int) -> Metric:
     """Pairs sharing a batch in both orders, over the count for two independent uniform shuffles.
 
@@ -402,8 +414,7 @@ def recurrence(first: np.ndarray, second: np.ndarray, batch_size: int) -> Metric
     both = (batch_first >= 0) & (batch_second >= 0)
     _, g = np.unique(batch_first[both] * nb + batch_second[both], return_counts=True)
     pairs = float(np.sum(g * (g - 1.0) / 2))
-    per_epoch = nb * batch_size * (batch_size - 1) / 2
-    expected = per_epoch * nb * batch_size * (batch_size - 1.0) / (n * (n - 1.0))
+    expected = expected_recurring_pairs(n, batch_size)
     return Metric("recurrence", "co-batch recurrence, epoch e -> e+1", pairs / expected, 1.0, note=f"{pairs:.0f} pairs vs {expected:.1f}")
 
 

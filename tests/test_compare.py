@@ -14,7 +14,7 @@ from conftest import make_samples
 import shardkit
 from shardkit import quality, router
 from shardkit.cli import main
-from shardkit.compare import DatasetIndex, compare_shuffles, order_from_plan, scan_dataset
+from shardkit.compare import DatasetIndex, _natural, compare_shuffles, natural_order, order_from_plan, scan_dataset
 from shardkit.errors import ConfigError
 
 
@@ -43,6 +43,21 @@ def test_scan_uses_natural_key_order_and_source_field(tmp_path):
     assert by_field == {"img100": 0, "img10": 1, "img9": 2, "img2": 3}
     with pytest.raises(ConfigError, match="must hold integers"):
         scan_dataset(out, source_field="txt")
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        ["img9", "img10", "img100", "img2"],
+        ["a1b22", "a12b2"],  # same length, digits elsewhere: string order would be wrong
+        ["b09", "a10", "a09"],
+        ["x", "y10", "y9", ""],
+        [f"s{i:07d}" for i in np.random.default_rng(0).permutation(3000)],
+        [f"dir/{i}/k{j}" for i in range(12) for j in range(12)][::-1],
+    ],
+)
+def test_natural_order(keys):
+    assert [keys[i] for i in natural_order(keys)] == sorted(keys, key=_natural)
 
 
 def _keys_in_manifest_order(directory: str) -> list[str]:
