@@ -109,6 +109,23 @@ def _field(sample: dict[str, Any], name: str, url: str) -> bytes:
     return bytes(sample[name])
 
 
+def _read_fields(directory: str, m: manifest.Manifest, fields: list[str], quiet: bool) -> tuple[list[str], dict[str, list[bytes]]]:
+    """Every key, and the bytes of ``fields`` for every sample, in manifest order."""
+    keys: list[str] = []
+    values: dict[str, list[bytes]] = {f: [] for f in fields}
+    with _progress.bar(total=len(m.piles), desc="scan", unit="pile", quiet=quiet) as bar:
+        for info in m.piles:
+            url = storage.join(directory, info.name)
+            pile = read_pile(url, expected=info, verify=False)
+            keys.extend(pile.keys)
+            if fields:
+                for sample in pile:
+                    for f in fields:
+                        values[f].append(_field(sample, f, url))
+            bar.update(1)
+    return keys, values
+
+
 def scan_dataset(directory: str, *, label_field: str | None = None, source_field: str | None = None, quiet: bool = True) -> DatasetIndex:
     """Read a dataset's keys and small fields (no decoding) into a :class:`DatasetIndex`.
 
@@ -120,33 +137,20 @@ def scan_dataset(directory: str, *, label_field: str | None = None, source_field
     for what, name in (("label_field", label_field), ("source_field", source_field)):
         if name is not None and name not in m.fields:
             raise ConfigError(f"{directory}: {what} {name!r} is not a field of this dataset (fields: {', '.join(m.fields)})")
-    keys: list[str] = []
-    labels: list[bytes] = []
-    positions: list[bytes] = []
-    with _progress.bar(total=len(m.piles), desc="scan", unit="pile", quiet=quiet) as bar:
-        for info in m.piles:
-            url = storage.join(directory, info.name)
-            pile = read_pile(url, expected=info, verify=False)
-            keys.extend(pile.keys)
-            if label_field or source_field:
-                for sample in pile:
-                    if label_field:
-                        labels.append(_field(sample, label_field, url))
-                    if source_field:
-                        positions.append(_field(sample, source_field, url))
-            bar.update(1)
+    keys, values = _read_fields(directory, m, [f for f in dict.fromkeys((label_field, source_field)) if f], quiet)
     if source_field:
         try:
-            values = np.array([int(v) for v in positions], dtype=np.int64)
+            positions = np.array([int(v) for v in values[source_field]], dtype=np.int64)
         except ValueError as e:
             raise ConfigError(f"{directory}: source_field {source_field!r} must hold integers ({e})") from None
-        rank = np.argsort(values, kind="stable")
+        rank = np.argsort(positions, kind="stable")
     else:
         rank = natural_order(keys)
     source = np.empty(len(keys), dtype=np.int64)
     source[rank] = np.arange(len(keys))
     counts = np.array([p.samples for p in m.piles], dtype=np.int64)
-    return DatasetIndex(counts=counts, source=source, labels=_label_values(labels) if label_field else None, label_field=label_field)
+    labels = _label_values(values[label_field]) if label_field else None
+    return DatasetIndex(counts=counts, source=source, labels=labels, label_field=label_field)
 
 
 def order_from_plan(

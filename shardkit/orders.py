@@ -60,18 +60,21 @@ def buffer_shuffle(items: Sequence[int] | np.ndarray, *, bufsize: int, initial: 
     # steady state: append one item to the bufsize - 1, output one of the bufsize; picking the
     # new item outputs it, picking another puts the new item in its slot (webdataset's swap)
     if i < n:
-        picks = (us[j : j + n - i] * bufsize).astype(np.int64).tolist()
-        last = bufsize - 1
-        for x, k in zip(values[i:], picks, strict=True):
-            if k == last:
-                out.append(x)
-            else:
-                out.append(buf[k])
-                buf[k] = x
+        _steady(values[i:], (us[j : j + n - i] * bufsize).astype(np.int64).tolist(), buf, out)
         j += n - i
     while buf:
         j = _pick(buf, out, us[j], j)
     return np.asarray(out, dtype=np.int64)
+
+
+def _steady(incoming: list[int], picks: list[int], buf: list[int], out: list[int]) -> None:
+    last = len(buf)  # the index the incoming item would take when appended
+    for x, k in zip(incoming, picks, strict=True):
+        if k == last:
+            out.append(x)
+        else:
+            out.append(buf[k])
+            buf[k] = x
 
 
 def _pick(buf: list[int], out: list[int], u: float, j: int) -> int:
