@@ -223,7 +223,7 @@ def distinct_series(cats_out: np.ndarray, window: int) -> np.ndarray:
     return np.bincount(keys // k, minlength=nb)
 
 
-def classes_per_window(cats_out: np.ndarray, window: int, *, key: str, label: str) -> Metric:
+def classes_per_window(cats_out: np.ndarray, window: int, *, key: str = "classes_per_batch", label: str = "classes per batch") -> Metric:
     """Mean number of distinct categories per full window of consecutive outputs.
 
     ``cats_out`` are category ids (0..K-1) in output order. The expectation is exact (each
