@@ -7,6 +7,7 @@ shuffles each in RAM and prefetches the next.
 
 from __future__ import annotations
 
+from shardkit.cli import add_pile_args, pile_kwargs
 from shardkit.codecs import Codecs
 from shardkit.compare import compare_shuffles
 from shardkit.errors import (
@@ -22,6 +23,7 @@ from shardkit.errors import (
     ShardkitError,
 )
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.preprocess import pile, preprocess
 from shardkit.quality import QualityReport
 from shardkit.repile import repile
 from shardkit.writer import PileOptions, PileWriter
@@ -46,6 +48,10 @@ __all__ = [
     "SampleError",
     "ShardkitError",
     "__version__",
+    "add_pile_args",
     "compare_shuffles",
+    "pile",
+    "pile_kwargs",
+    "preprocess",
     "repile",
 ]
