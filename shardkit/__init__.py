@@ -22,7 +22,9 @@ from shardkit.errors import (
     SampleError,
     ShardkitError,
 )
+from shardkit.loader import Loader, loader
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.options import LoaderOptions
 from shardkit.preprocess import pile, preprocess
 from shardkit.quality import QualityReport
 from shardkit.repile import repile
@@ -38,6 +40,8 @@ __all__ = [
     "DatasetNotFoundError",
     "DecodeError",
     "InputError",
+    "Loader",
+    "LoaderOptions",
     "Manifest",
     "ManifestError",
     "PileInfo",
@@ -50,6 +54,7 @@ __all__ = [
     "__version__",
     "add_pile_args",
     "compare_shuffles",
+    "loader",
     "pile",
     "pile_kwargs",
     "preprocess",
