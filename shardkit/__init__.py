@@ -10,6 +10,7 @@ from __future__ import annotations
 from shardkit.audit import DatasetInfo, Problem, info, verify
 from shardkit.cli import add_pile_args, pile_kwargs
 from shardkit.codecs import Codecs
+from shardkit.compare import compare_shuffles
 from shardkit.errors import (
     ConfigError,
     CorruptShardError,
@@ -27,6 +28,8 @@ from shardkit.loader import Loader, loader
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.options import LoaderOptions
 from shardkit.preprocess import pile, preprocess
+from shardkit.quality import QualityReport
+from shardkit.repile import repile
 from shardkit.shuffle import ShuffleOptions, shuffle
 from shardkit.writer import PileOptions, PileWriter
 
@@ -50,17 +53,20 @@ __all__ = [
     "PileTooLargeError",
     "PileWriter",
     "Problem",
+    "QualityReport",
     "SampleError",
     "ShardkitError",
     "ShuffleOptions",
     "__version__",
     "add_pile_args",
+    "compare_shuffles",
     "info",
     "load_job",
     "loader",
     "pile",
     "pile_kwargs",
     "preprocess",
+    "repile",
     "run_job",
     "shuffle",
     "verify",
