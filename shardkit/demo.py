@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit import _progress
+from shardkit._seeds import Stream, stream
 from shardkit._sizes import format_size
 from shardkit.audit import info
 from shardkit.errors import ConfigError
@@ -49,7 +50,7 @@ def make_images(samples: int, classes: int, seed: int) -> tuple[list[bytes], np.
     """
     from PIL import Image
 
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0xDE30])))
+    rng = stream(Stream.DEMO, seed)
     colours = rng.integers(40, 216, size=(classes, 3))
     encoded: list[list[bytes]] = []
     for colour in colours:
