@@ -8,7 +8,7 @@ GNU, links, damage) returns None and the member-by-member walk in :mod:`shardkit
 
     plain = plain_archive(buf)
     if plain is not None:
-        keys, starts, exts = plain.layout()
+        layout = plain.layout()   # keys, sample boundaries, extensions
 """
 
 from __future__ import annotations
@@ -47,12 +47,14 @@ class Plain:
             return None
         return self.named.tobytes().decode("ascii")
 
-    def layout(self) -> tuple[list[str], list[int], list[str]] | None:
-        """Sample keys, each sample's first member (plus the end), each member's extension.
+    def layout(self) -> Layout | None:
+        """Sample keys and boundaries, and the member extensions, split the WebDataset way.
 
-        The WebDataset split, vectorized: the key is the name up to the first dot after the
-        last slash; adjacent members with equal keys form a sample. None for non-ASCII names.
-        Duplicate extensions within a sample are not checked here (the caller does it).
+        The key is the name up to the first dot after the last slash; adjacent members with
+        equal keys form a sample. When every sample has the same extensions in the same order
+        (what a writer of one schema makes), they are found with numpy and named once, not once
+        per member. None for non-ASCII names. Duplicate extensions within a sample are not
+        checked here (the caller does it).
         """
         text = self.ascii()
         if text is None:
@@ -60,19 +62,56 @@ class Plain:
         named, lengths = self.named, self.lengths
         step = named.shape[1]
         cols = _COLS[:step]
-        slash = np.where(named == 47, cols, -1).max(axis=1)
-        dots = (named == 46) & (slash[:, None] < cols)
+        dots = named == 46
+        slashes = named == 47
+        if slashes.any():  # only a dot after the last slash splits the key
+            dots &= np.where(slashes, cols, -1).max(axis=1)[:, None] < cols
         keylen = np.where(dots.any(axis=1), dots.argmax(axis=1), lengths)
         same = np.zeros(len(named), dtype=bool)
         if len(named) > 1:
             inside = keylen[1:, None] > cols
             same[1:] = (keylen[1:] == keylen[:-1]) & ((named[1:] == named[:-1]) | ~inside).all(axis=1)
         firsts = np.flatnonzero(~same)
-        base = range(0, len(text), step)
         keys = [text[b : b + k] for b, k in zip((firsts * step).tolist(), keylen[firsts].tolist(), strict=True)]
-        ext_from = np.minimum(keylen + 1, lengths).tolist()
-        exts = [text[b + e : b + n] for b, e, n in zip(base, ext_from, lengths.tolist(), strict=True)]
-        return keys, [*firsts.tolist(), len(named)], exts
+        ext_from = np.minimum(keylen + 1, lengths)
+        fields = _repeated_fields(named, ext_from, lengths, firsts, text)
+        if fields is not None:
+            return Layout(keys, [*firsts.tolist(), len(named)], None, fields)
+        base = range(0, len(text), step)
+        exts = [text[b + e : b + n] for b, e, n in zip(base, ext_from.tolist(), lengths.tolist(), strict=True)]
+        return Layout(keys, [*firsts.tolist(), len(named)], exts, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How members form samples: ``keys[i]`` owns members ``starts[i]:starts[i + 1]``.
+
+    Either ``exts`` names every member's extension, or ``fields`` says that every sample has
+    exactly these extensions, in this order (then ``exts`` is None).
+    """
+
+    keys: list[str]
+    starts: list[int]
+    exts: list[str] | None
+    fields: tuple[str, ...] | None
+
+
+def _repeated_fields(named: np.ndarray, ext_from: np.ndarray, lengths: np.ndarray, firsts: np.ndarray, text: str) -> tuple[str, ...] | None:
+    """The extensions every sample has in the same order, or None when samples differ."""
+    members, samples = len(named), len(firsts)
+    if samples == 0 or members % samples:
+        return None
+    width = members // samples
+    if not (firsts == np.arange(0, members, width)).all():
+        return None
+    longest = int((lengths - ext_from).max())
+    # each extension left-aligned; positions past a name are its NUL padding (the last column)
+    at = np.minimum(ext_from[:, None] + _COLS[:longest], named.shape[1] - 1)
+    exts = np.take_along_axis(named, at, axis=1).reshape(samples, width, longest)
+    if not (exts == exts[0]).all():
+        return None
+    step = named.shape[1]
+    return tuple(text[j * step + int(ext_from[j]) : j * step + int(lengths[j])] for j in range(width))
 
 
 def plain_archive(buf: bytes, *, checked: bool = False) -> Plain | None:

@@ -30,9 +30,14 @@ class PileData:
     Attributes:
         url: where it was read from (named in every error).
         keys: sample keys in archive order; ``len(pile)`` samples.
+
+    Example:
+        pile = PileData("a.tar", open("a.tar", "rb").read())
+        sample = pile.sample(0)            # {"__key__": ..., "jpg": b"...", ...}
+        get = pile.sampler()               # the same, faster, for many calls
     """
 
-    __slots__ = ("_ends", "_exts", "_offsets", "_starts", "buf", "keys", "url")
+    __slots__ = ("_ends", "_exts", "_fields", "_offsets", "_starts", "buf", "keys", "url")
 
     def __init__(self, url: str, buf: bytes, *, checked: bool = False, plain: Plain | bool | None = True) -> None:
         self.url = url
@@ -44,7 +49,7 @@ class PileData:
         layout = plain.layout() if plain is not None else None
         if plain is not None and layout is not None:
             # the common case, vectorized; duplicate extensions are caught by sample()
-            self.keys, self._starts, self._exts = layout
+            self.keys, self._starts, self._exts, fields = layout.keys, layout.starts, layout.exts, layout.fields
             self._offsets = (plain.heads + _tar.BLOCK).tolist()
             self._ends = (plain.heads + _tar.BLOCK + plain.sizes).tolist()
         else:
@@ -52,6 +57,12 @@ class PileData:
             self.keys, self._starts, self._exts = _tar.index(members, url)
             self._offsets = members.offsets
             self._ends = [o + n for o, n in zip(members.offsets, members.sizes, strict=True)]
+            fields = _repeated(self._exts, len(self.keys))
+        # every sample has these fields in this order, no two alike: sampler() can skip checks
+        valid = fields is not None and len(set(fields)) == len(fields) and "__key__" not in fields
+        self._fields = fields if valid else None
+        if self._exts is None and fields is not None and not valid:
+            self._exts = list(fields) * len(self.keys)  # sample() reports the duplicate
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -60,9 +71,19 @@ class PileData:
     def nbytes(self) -> int:
         return len(self.buf)
 
+    def _member_exts(self) -> list[str]:
+        """Each member's extension (spelled out on first use when all samples share fields)."""
+        if self._exts is None:
+            self._exts = list(self._fields or ()) * len(self.keys)
+        return self._exts
+
     def sample(self, index: int) -> dict[str, Any]:
-        """Sample ``index`` as a WebDataset dict of raw bytes, ``__key__`` included."""
-        buf, exts, offsets, ends = self.buf, self._exts, self._offsets, self._ends
+        """Sample ``index`` as a WebDataset dict of raw bytes, ``__key__`` included.
+
+        Raises:
+            CorruptShardError: the sample has two members of one extension.
+        """
+        buf, exts, offsets, ends = self.buf, self._member_exts(), self._offsets, self._ends
         lo, hi = self._starts[index], self._starts[index + 1]
         out: dict[str, Any] = {"__key__": self.keys[index]}
         for j in range(lo, hi):
@@ -71,38 +92,36 @@ class PileData:
             self._duplicate(index)
         return out
 
+    @property
+    def uniform(self) -> bool:
+        """Every sample has the same fields in the same order, none twice: :meth:`sampler`
+        then returns a function that cannot fail."""
+        return self._fields is not None
+
     def sampler(self) -> Callable[[int], dict[str, Any]]:
-        """A function equal to :meth:`sample`, specialised for speed when every sample has the
-        same fields in the same order (then duplicate fields are ruled out once, here)."""
-        n = len(self.keys)
-        if n == 0 or len(self._exts) % n:
+        """A function equal to :meth:`sample`, specialised for speed when the pile is
+        :attr:`uniform` (the field names and each field's byte spans are laid out once, here)."""
+        if self._fields is None:
             return self.sample
-        width = len(self._exts) // n
-        pattern = tuple(self._exts[:width])
-        if len(set(pattern)) != width or "__key__" in pattern or self._exts != list(pattern) * n:
-            return self.sample
-        keys, buf, offsets, ends = self.keys, self.buf, self._offsets, self._ends
-
-        def sample(index: int) -> dict[str, Any]:
-            out: dict[str, Any] = {"__key__": keys[index]}
-            j = index * width
-            for ext in pattern:
-                out[ext] = buf[offsets[j] : ends[j]]
-                j += 1
-            return out
-
-        return sample
+        width = len(self._fields)
+        spans = [(name, self._offsets[f::width], self._ends[f::width]) for f, name in enumerate(self._fields)]
+        return _sampler(self.keys, self.buf, spans)
 
     def _duplicate(self, index: int) -> None:
+        """Raise for sample ``index``: a repeated extension, else a member named '__key__'."""
         lo, hi = self._starts[index], self._starts[index + 1]
+        exts = self._member_exts()
         seen: set[str] = set()
         for j in range(lo, hi):
-            if self._exts[j] in seen or self._exts[j] == "__key__":
-                key = self.keys[index]
-                raise CorruptShardError(
-                    f"{self.url}: member {j} ('{key}.{self._exts[j]}') at offset {self._offsets[j] - _tar.BLOCK}: sample {key!r} already has a {self._exts[j]!r} member"
-                )
-            seen.add(self._exts[j])
+            if exts[j] in seen:
+                break
+            seen.add(exts[j])
+        else:
+            j = exts.index("__key__", lo, hi)
+        key, head = self.keys[index], self._offsets[j] - _tar.BLOCK
+        # only plain ustar archives get here (the careful walk checks while grouping)
+        name = bytes(self.buf[head : head + 100]).split(b"\0", 1)[0].decode()
+        raise CorruptShardError(f"{self.url}: member {j} ({name!r}) at offset {head}: sample {key!r} already has a {exts[j]!r} member")
 
     def raw_spans(self) -> list[int]:
         """Byte boundaries of each sample's members in ``buf`` (headers included)."""
@@ -112,6 +131,36 @@ class PileData:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for i in range(len(self.keys)):
             yield self.sample(i)
+
+
+def _repeated(exts: list[str], samples: int) -> tuple[str, ...] | None:
+    """The extensions of each sample when every sample has these, in this order."""
+    if samples == 0 or len(exts) % samples:
+        return None
+    pattern = tuple(exts[: len(exts) // samples])
+    return pattern if exts == list(pattern) * samples else None
+
+
+def _sampler(keys: list[str], buf: bytes, spans: list[tuple[str, list[int], list[int]]]) -> Callable[[int], dict[str, Any]]:
+    """``i -> {"__key__": keys[i], name: buf[start[i]:end[i]], ...}``; one, two and three fields
+    (most datasets) build the dict in one expression, which is measurably faster per sample."""
+    if len(spans) == 1:
+        ((f0, a0, b0),) = spans
+        return lambda i: {"__key__": keys[i], f0: buf[a0[i] : b0[i]]}
+    if len(spans) == 2:
+        (f0, a0, b0), (f1, a1, b1) = spans
+        return lambda i: {"__key__": keys[i], f0: buf[a0[i] : b0[i]], f1: buf[a1[i] : b1[i]]}
+    if len(spans) == 3:
+        (f0, a0, b0), (f1, a1, b1), (f2, a2, b2) = spans
+        return lambda i: {"__key__": keys[i], f0: buf[a0[i] : b0[i]], f1: buf[a1[i] : b1[i]], f2: buf[a2[i] : b2[i]]}
+
+    def sample(i: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"__key__": keys[i]}
+        for name, a, b in spans:
+            out[name] = buf[a[i] : b[i]]
+        return out
+
+    return sample
 
 
 def read_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | None = None, verify: bool = True) -> PileData:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from shardkit import _tar
 from shardkit.errors import CorruptShardError
+from shardkit.reader import PileData
 
 names = st.one_of(
     st.from_regex(r"[a-z0-9_]{1,12}(/[a-z0-9]{1,6})?\.(bin|cls|txt|a\.b)", fullmatch=True),
@@ -68,3 +69,37 @@ def test_fast_walk_takes_plain_archives():
     tricky = _tar.member("a.bin", inner + bytes(100)) + _tar.member("b.bin", b"1") + _tar.TRAILER
     assert _tar._walk_plain(tricky) == _tar._walk_members(tricky, "x.tar")
     assert _tar._walk_plain(tricky).names == ["a.bin", "b.bin"]
+
+
+def samples_of(buf: bytes, plain: bool):
+    """Every sample of ``buf`` read through PileData (fast or careful index), or the error text."""
+    try:
+        pile = PileData("x.tar", buf, plain=plain)
+        get = pile.sampler()
+        out = [pile.sample(i) for i in range(len(pile))]
+        assert [get(i) for i in range(len(pile))] == out
+        return pile.keys, out
+    except CorruptShardError as e:
+        return str(e)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    keys=st.lists(st.from_regex(r"[a-z0-9_]{1,6}(/[a-z.]{1,4})?", fullmatch=True), max_size=6),
+    fields=st.lists(st.sampled_from(["bin", "cls", "a.b", "", "__key__", "txt"]), min_size=1, max_size=4),
+    dropped=st.sets(st.integers(0, 23), max_size=3),
+    payload=st.binary(max_size=40),
+)
+def test_fast_layout_agrees_with_the_careful_walk(keys, fields, dropped, payload):
+    """Samples of one schema (the vectorized field pattern) or not (members dropped), any names."""
+    items = []
+    for k, key in enumerate(keys):
+        for f, field in enumerate(fields):
+            if k * len(fields) + f not in dropped:
+                items.append((f"{key}.{field}" if field else key, payload + bytes([k, f])))
+    buf = archive(items, "shardkit")
+    fast, careful = samples_of(buf, True), samples_of(buf, False)
+    if isinstance(careful, str):  # the careful walk refuses the pile, the fast one the sample
+        assert isinstance(fast, str) and "already has a" in fast and "already has a" in careful
+    else:
+        assert fast == careful
