@@ -77,7 +77,9 @@ def _stack(values: list[Any]) -> Any:
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Default batch: ``__key__`` -> list of keys; a field -> numpy array when its values are
     numbers or arrays of one shape and dtype, else a list. A field missing from some samples is
-    a list with None in their places."""
+    a list with None in their places. No samples give ``{"__key__": []}``."""
+    if not samples:
+        return {"__key__": []}
     names: dict[str, None] = {}
     for s in samples:
         names.update(dict.fromkeys(s))
@@ -127,8 +129,7 @@ class Step:
                 failures.append(str(e))
         if not self.batched:
             return Result(done, failures)
-        if not done:
-            return Result([], failures)
+        # a batch keeps its slot even when every sample failed: then it is collate([])
         batch = [item for _, item in done]
         return Result([(task.end, (self.collate or collate)(batch))], failures)
 

@@ -4,7 +4,8 @@ Each epoch reads the piles in the order of :mod:`shardkit.plan`; one background 
 the next pile while the current one is handed out, so at most ``mix + prefetch`` piles are in
 memory per rank. ``num_workers`` processes decode, map and collate while the reader stays in
 the main process. The order does not depend on ``num_workers`` or the world size, every rank
-yields the same count, and ``state_dict()`` resumes mid-epoch exactly. Local piles are
+yields the same count (of batches, even when ``on_error`` skips samples or piles), and
+``state_dict()`` resumes mid-epoch exactly. Local piles are
 memory-mapped while in use: replace pile files (as shardkit does), never truncate one in place
 under a running loader.
 
@@ -18,15 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from shardkit import plan
 from shardkit._prefetch import Failure, PileReader
+from shardkit._skips import LoaderStats, Policy
 from shardkit._stages import Result, Step, Task, Transform, Workers
 from shardkit._state import check_state, make_state
 from shardkit.codecs import Codecs
@@ -39,21 +42,6 @@ log = logging.getLogger(__name__)
 
 # samples per task when unbatched samples go through decode/map
 _CHUNK = 64
-
-
-@dataclass
-class LoaderStats:
-    """What a loader skipped under ``on_error="skip"``/``"warn"`` (since it was created)."""
-
-    skipped_piles: int = 0
-    skipped_samples: int = 0
-    errors: list[str] = field(default_factory=list)
-
-    def note(self, message: str, warn: bool) -> None:
-        if len(self.errors) < 100:
-            self.errors.append(message)
-        if warn:
-            log.warning("skipped: %s", message)
 
 
 class Loader:
@@ -70,6 +58,7 @@ class Loader:
         self.options = replace(options, rank=rank, world_size=world)
         self.source = source if isinstance(source, Source) else resolve(source)
         self.stats = LoaderStats()
+        self._policy = Policy(self.options.on_error, self.stats)
         self._fingerprint = self.source.fingerprint()
         codecs = self.options.codecs()
         self._step = Step(
@@ -80,6 +69,7 @@ class Loader:
         self._start = 0
         self._running: int | None = None  # epoch of the iteration in progress (or abandoned)
         self._position = 0
+        self._cursor: tuple[int, Iterator[int]] | None = None  # (block end, its index iterator) on the hot path
         self._active: weakref.ref[Iterator[Any]] | None = None
         self._workers: Workers | None = None
         self._closed = False
@@ -135,7 +125,7 @@ class Loader:
         return gen
 
     def _run(self, epoch: int, start: int) -> Iterator[Any]:
-        self._running, self._position, self._start = epoch, start, 0
+        self._running, self._position, self._start, self._cursor = epoch, start, 0, None
         sched = self._schedule(epoch)
         uses = sched.uses(start)
         slots = max(1, min(self.options.mix, len(uses))) + self.options.prefetch
@@ -152,7 +142,7 @@ class Loader:
             reader.close()
         if self.stats.skipped_samples > skipped:
             log.warning("epoch %d: skipped %d samples (on_error=%r)", epoch, self.stats.skipped_samples - skipped, self.options.on_error)
-        self._epoch, self._running, self._position = epoch + 1, None, 0
+        self._epoch, self._running, self._position, self._cursor = epoch + 1, None, 0, None
 
     def _reader(self) -> Callable[[int], Fetched]:
         # the thread maps, checksums and scans headers with numpy (all mostly without the GIL);
@@ -200,46 +190,40 @@ class Loader:
             try:
                 return self.source.open(use.pile, item)
             except (ShardkitError, OSError) as e:
-                self._skip_pile(e, use)
+                self._policy.pile(e, self.source.piles[use.pile].url)
                 return None
-        self._skip_pile(item.error, use)
+        self._policy.pile(item.error, self.source.piles[use.pile].url)
         return None
 
-    def _skip_pile(self, error: BaseException, use: plan.PileUse) -> None:
-        """Raise ``error``, or count the pile as skipped when ``on_error`` allows it."""
-        if self.options.on_error == "raise" or not isinstance(error, (ShardkitError, OSError)):
-            raise error
-        self.stats.skipped_piles += 1
-        self.stats.note(f"{self.source.piles[use.pile].url}: {error}", self.options.on_error == "warn")
-
     def _samples(self, blocks: Iterator[tuple[int, Any, list[int]]]) -> Iterator[dict[str, Any]]:
-        """The hot path: raw samples, no decoding, no batching."""
+        """The hot path: raw samples, no decoding, no batching. A skipped sample is not yielded."""
         for start, data, index in blocks:
-            pos = start
-            if type(data) is PileData:
-                sample = data.sampler()
-                for i in index:
-                    pos += 1
-                    self._position = pos
-                    yield sample(i)
-                del sample
-            elif data is None:
-                self.stats.skipped_samples += len(index)
+            if type(data) is PileData and data.uniform:
+                # nothing here can fail: hand the samples straight through; the position is
+                # read off the index iterator (see _where)
+                rest = iter(index)
+                self._cursor = (start + len(index), rest)
+                yield from map(data.sampler(), rest)
             else:
-                for pile, i in zip(data, index, strict=True):
-                    pos += 1
-                    if pile is None:
-                        self.stats.skipped_samples += 1
-                        continue
-                    self._position = pos
-                    yield pile.sample(i)
-                pile = None
+                piles = [data] * len(index) if not isinstance(data, list) else data
+                for n, (pile, i) in enumerate(zip(piles, index, strict=True)):
+                    sample = self._policy.sample(pile, i)
+                    if sample is not None:
+                        self._position = start + n + 1
+                        yield sample
+                piles, pile = [], None
+            self._position, self._cursor = start + len(index), None
             # drop this block's piles before asking for the next: a pile the plan released must
             # not stay alive here while the reader thread fills its slot
             data = None
 
     def _tasks(self, blocks: Iterator[tuple[int, Any, list[int]]], start: int, length: int) -> Iterator[Task]:
-        """Group raw samples into batches (or chunks) by position, so skips never shift batches."""
+        """Group raw samples into batches (or chunks) by position, so skips never shift batches.
+
+        Batched, every batch is a task even when all its samples were skipped: each rank then
+        yields ``len(loader)`` batches whatever fails.
+        """
+        batched = self.options.batch_size is not None
         size = self.options.batch_size or _CHUNK
         boundary = start - start % size + size
         task = Task()
@@ -248,32 +232,28 @@ class Loader:
             for n, (pile, i) in enumerate(zip(piles, index, strict=True)):
                 pos = bstart + n + 1
                 if pos > boundary:
-                    if task.samples:
-                        task.end = boundary
+                    task.end = boundary
+                    if batched or task.samples:
                         yield task
-                        task = Task()
-                    boundary = (pos - 1) // size * size + size
-                if pile is None:
-                    self.stats.skipped_samples += 1
-                    continue
-                task.ends.append(pos)
-                task.urls.append(pile.url)
-                task.samples.append(pile.sample(i))
+                    task = Task()
+                    boundary += size
+                sample = self._policy.sample(pile, i)
+                if sample is not None:
+                    task.ends.append(pos)
+                    task.urls.append(pile.url)
+                    task.samples.append(sample)
             data = pile = None  # see _samples: release before the next block
             piles = []
-        if task.samples:
+        if task.samples or (batched and length > start):
             task.end = min(boundary, length)
             yield task
 
     def _processed(self, blocks: Iterator[tuple[int, Any, list[int]]], start: int, length: int) -> Iterator[Any]:
         tasks = self._tasks(blocks, start, length)
         results: Iterator[Result] = self._workers.run(tasks) if self._workers is not None else map(self._step, tasks)
-        warn = self.options.on_error == "warn"
         try:
             for result in results:
-                for message in result.failures:
-                    self.stats.skipped_samples += 1
-                    self.stats.note(message, warn)
+                self._policy.failed(result.failures)
                 for end, item in result.items:
                     self._position = end
                     yield item
@@ -289,8 +269,15 @@ class Loader:
         Taken between batches, it lets a new loader on the same data and options yield exactly
         the rest of the epoch. Any rank's state resumes every rank (they move in step).
         """
-        epoch, position = (self._running, self._position) if self._running is not None else (self._epoch, self._start)
+        epoch, position = (self._running, self._where()) if self._running is not None else (self._epoch, self._start)
         return make_state(epoch=epoch, position=position, options=self.options, dataset=self._fingerprint, samples=self.source.samples)
+
+    def _where(self) -> int:
+        """The slice position after the last item yielded."""
+        if self._cursor is None:
+            return self._position
+        end, rest = self._cursor
+        return end - operator.length_hint(rest)  # a list iterator knows exactly what is left
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields the rest of that epoch.
@@ -378,9 +365,15 @@ def loader(
             False: the order is padded by wrapping round to its start to a multiple of
             ``world_size``, and the last batch may be partial (the same size on every rank).
         prefetch: piles read ahead in the background (memory: ``mix + prefetch`` piles).
-        on_error: ``"raise"``, or ``"skip"``/``"warn"`` a pile that cannot be read or a sample
-            that fails to decode or map; counts in ``loader.stats``. Batches keep their
-            positions, so a skip makes a batch smaller, never shifts the rest.
+        on_error: ``"raise"``, or ``"skip"``/``"warn"`` (also logs each) a pile that cannot be
+            read, or a sample that is malformed or fails to decode or map; counts in
+            ``loader.stats``. Batched, a skip never changes how many batches a rank yields:
+            each batch keeps its slot, so a failed sample makes its batch smaller, and a batch
+            whose samples all failed is yielded empty: ``collate([])``, by default
+            ``{"__key__": []}`` (check ``len(batch["__key__"])``; under DDP every rank must still
+            take its step, e.g. with a loss weighted zero). Unbatched, a failed sample is not
+            yielded, so a rank may yield fewer than ``len(loader)`` samples: batch here, not
+            after the loader, when ranks must stay in step.
         mix: draw from ``mix`` piles at once, weighted by what is left in each; cuts how often
             pile-mates meet again in later epochs by about ``mix`` (memory ``mix + prefetch``).
         max_pile_bytes: refuse, before reading, a pile larger than this (``"2GiB"``).
