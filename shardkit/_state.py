@@ -18,26 +18,31 @@ VERSION = 1
 ORDER_OPTIONS = ("seed", "shuffle", "mix", "batch_size", "drop_last", "world_size")
 
 
+def identity(options: LoaderOptions, dataset: str, samples: int) -> dict[str, Any]:
+    """What a state must match to resume: the order options and the data's fingerprint and size."""
+    found: dict[str, Any] = {name: getattr(options, name) for name in ORDER_OPTIONS}
+    found.update(dataset=dataset, samples=samples)
+    return found
+
+
 def make_state(*, epoch: int, position: int, options: LoaderOptions, dataset: str, samples: int) -> dict[str, Any]:
     """The state of a rank at ``position`` (samples read) of ``epoch``."""
     state: dict[str, Any] = {"format": FORMAT, "version": VERSION, "epoch": epoch, "position": position}
-    state.update({name: getattr(options, name) for name in ORDER_OPTIONS})
-    state.update(dataset=dataset, samples=samples)
+    state.update(identity(options, dataset, samples))
     return state
 
 
-def check_state(state: Any, *, options: LoaderOptions, dataset: str, samples: int, name: str, length: int) -> tuple[int, int]:
-    """``(epoch, position)`` of a state taken on the same data with the same order options.
+def check_format(state: Any, fmt: str, version: int, what: str) -> dict[str, Any]:
+    """``state`` if it is a dict of format ``fmt`` and version ``version``, else a ConfigError."""
+    if not isinstance(state, dict) or state.get("format") != fmt:
+        raise ConfigError(f"load_state_dict: not a {what} state (expected 'format': {fmt!r})")
+    if state.get("version") != version:
+        raise ConfigError(f"load_state_dict: state version {state.get('version')!r}, this shardkit reads version {version}")
+    return state
 
-    Raises:
-        ConfigError: the state is malformed, was taken on other data (fingerprint or sample
-            count differ), with other order options (each is named), or points off the epoch
-            or off a batch boundary.
-    """
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ConfigError(f"load_state_dict: not a shardkit loader state (expected 'format': {FORMAT!r})")
-    if state.get("version") != VERSION:
-        raise ConfigError(f"load_state_dict: state version {state.get('version')!r}, this shardkit reads version {VERSION}")
+
+def check_identity(state: dict[str, Any], *, options: LoaderOptions, dataset: str, samples: int, name: str) -> None:
+    """Refuse a state taken on other data or with other order options (each difference named)."""
     if state.get("dataset") != dataset or state.get("samples") != samples:
         raise ConfigError(
             f"load_state_dict: the state was taken on a different dataset (fingerprint {state.get('dataset')}, "
@@ -49,6 +54,18 @@ def check_state(state: Any, *, options: LoaderOptions, dataset: str, samples: in
             raise ConfigError(
                 f"load_state_dict: the state was taken with {option}={state.get(option)!r}, this loader has {option}={getattr(options, option)!r}"
             )
+
+
+def check_state(state: Any, *, options: LoaderOptions, dataset: str, samples: int, name: str, length: int) -> tuple[int, int]:
+    """``(epoch, position)`` of a state taken on the same data with the same order options.
+
+    Raises:
+        ConfigError: the state is malformed, was taken on other data (fingerprint or sample
+            count differ), with other order options (each is named), or points off the epoch
+            or off a batch boundary.
+    """
+    state = check_format(state, FORMAT, VERSION, "shardkit loader")
+    check_identity(state, options=options, dataset=dataset, samples=samples, name=name)
     epoch, position = state.get("epoch"), state.get("position")
     if not isinstance(epoch, int) or epoch < 0 or not isinstance(position, int) or not 0 <= position <= length:
         raise ConfigError(f"load_state_dict: epoch {epoch!r} / position {position!r} out of range (0..{length})")

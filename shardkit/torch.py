@@ -3,9 +3,11 @@
 Each DataLoader worker reads its own contiguous share of its rank's slice of the epoch (split on
 batch boundaries), so no sample is read twice and every rank yields the same count. Rank and
 world size come from the options, ``RANK``/``WORLD_SIZE`` or an initialized torch.distributed.
+The epoch and a resume point live in shared memory, so ``set_epoch`` and ``load_state_dict``
+in the main process reach the workers, persistent or not.
 
     ds = ShardkitDataset("data/", batch_size=64, seed=0)
-    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=4)
+    dl = ShardkitDataLoader(ds, num_workers=4)      # a DataLoader that counts for state_dict()
     for epoch in range(10):
         ds.set_epoch(epoch)
         for batch in dl: ...
@@ -13,21 +15,60 @@ world size come from the options, ``RANK``/``WORLD_SIZE`` or an initialized torc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 try:
     import torch
-    from torch.utils.data import IterableDataset, get_worker_info
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("shardkit.torch needs PyTorch: pip install 'shardkit[torch]'") from e
 
+from shardkit import plan
+from shardkit._state import check_format, check_identity, identity, make_state
+from shardkit.errors import ConfigError
 from shardkit.loader import Loader
 from shardkit.options import LoaderOptions, resolve_world
 from shardkit.sources import SourceLike, resolve
 
-__all__ = ["ShardkitDataset"]
+__all__ = ["ShardkitDataLoader", "ShardkitDataset", "round_robin"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "shardkit.torch"
+VERSION = 1
+# slots of the shared array
+_EPOCH, _RESUME_EPOCH, _RESUME_TAKEN, _RESUME_WORKERS, _WORKERS, _DONE = range(6)
+
+
+def round_robin(counts: Sequence[int], taken: int) -> tuple[list[int], int]:
+    """How many items each worker gave after ``taken`` items of a DataLoader, and whose turn is next.
+
+    A ``DataLoader`` (with ``in_order=True``, its default) asks its workers in turn, 0, 1, ...,
+    starting at 0 every epoch, and passes over a worker whose iterator has ended; worker ``w``
+    gives ``counts[w]`` items in all.
+
+    Example:
+        round_robin([3, 1, 3], 5)  # ([2, 1, 2], 0)
+    """
+    if not 0 <= taken <= sum(counts):
+        raise ValueError(f"taken={taken} is not between 0 and {sum(counts)}")
+    lo, hi = 0, max(counts, default=0)
+    while lo < hi:  # the number of whole rounds: the most r with sum(min(c, r)) <= taken
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if sum(min(c, mid) for c in counts) <= taken else (lo, mid - 1)
+    given = [min(c, lo) for c in counts]
+    left, turn = taken - sum(given), 0
+    for w, c in enumerate(counts):
+        if left and c > lo:
+            given[w], left, turn = given[w] + 1, left - 1, w + 1
+    return given, turn % max(1, len(counts))
+
+
+def _workers(count: Any) -> str:
+    return "num_workers=0 or 1" if isinstance(count, int) and count <= 1 else f"num_workers={count}"
 
 
 class ShardkitDataset(IterableDataset):
@@ -39,8 +80,16 @@ class ShardkitDataset(IterableDataset):
         **options: :func:`shardkit.loader` options; ``num_workers`` here means decode processes
             per DataLoader worker and is usually left at 0.
 
-    Call :meth:`set_epoch` before each epoch (as with ``DistributedSampler``); the epoch is
-    shared with persistent DataLoader workers.
+    Epochs: call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``; it reaches
+    the DataLoader's workers whether they are persistent or not. An iteration without it reads
+    the same epoch again (a warning says so).
+
+    Resume: :meth:`state_dict` records the epoch and how many items the DataLoader yielded;
+    :meth:`load_state_dict` makes the next iteration yield exactly the rest of that epoch, in
+    the same order, with ``num_workers=0`` or with as many DataLoader workers as when the state
+    was taken (each worker skips what it had given and they take turns where they left off).
+    With workers, only the DataLoader knows how many items it yielded: use
+    :class:`ShardkitDataLoader`, or pass the count to :meth:`state_dict`.
 
     Example:
         ds = ShardkitDataset("data/", batch_size=32)
@@ -53,29 +102,177 @@ class ShardkitDataset(IterableDataset):
         rank, world = resolve_world(opts.rank, opts.world_size)
         self.options = replace(opts, rank=rank, world_size=world)
         self.source = resolve(source)  # counted once here, not once per worker
-        self._epoch = torch.multiprocessing.Value("q", 0)
+        self._fingerprint = self.source.fingerprint()
+        self._shared = torch.multiprocessing.Array("q", [0, -1, 0, 0, 0, 0])
+        self._yielded = 0  # items this process yielded in its current iteration (num_workers=0)
 
+    # -- epochs --------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` on the next iteration (in every worker)."""
-        self._epoch.value = epoch
+        """Read epoch ``epoch`` on the next iteration, in every worker (a pending resume of
+        that same epoch is kept)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch: expected a non-negative integer, got {epoch!r}")
+        with self._shared.get_lock():
+            s = self._shared
+            if s[_RESUME_EPOCH] != epoch:
+                s[_RESUME_EPOCH] = -1
+            s[_EPOCH], s[_DONE] = epoch, 0
 
     @property
     def epoch(self) -> int:
-        return int(self._epoch.value)
-
-    def _loader(self, worker: tuple[int, int]) -> Loader:
-        loader = Loader(self.source, replace(self.options, worker=worker))
-        loader.set_epoch(self.epoch)
-        return loader
+        return int(self._shared[_EPOCH])
 
     def __len__(self) -> int:
         """Batches (or samples) this rank yields per epoch, all workers together."""
-        return len(self._loader((0, 1)))
+        return sum(self._counts(1))
 
+    def _counts(self, workers: int) -> list[int]:
+        """Items each of ``workers`` DataLoader workers yields per epoch."""
+        o = self.options
+        assert o.rank is not None and o.world_size is not None
+        lo, hi = plan.rank_span(self.source.samples, world=o.world_size, rank=o.rank, drop_last=o.drop_last, batch_size=o.batch_size)
+        unit = o.batch_size or 1
+        spans = [plan.worker_span(lo, hi, workers=workers, worker=w, batch_size=o.batch_size) for w in range(workers)]
+        return [-(-(b - a) // unit) if self.source.samples else 0 for a, b in spans]
+
+    # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
-        loader = self._loader((info.id, info.num_workers) if info is not None else (0, 1))
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        with self._shared.get_lock():  # read once, at the start: the main process may change it later
+            s = self._shared
+            epoch, done = int(s[_EPOCH]), int(s[_DONE])
+            resume = (int(s[_RESUME_TAKEN]), int(s[_RESUME_WORKERS])) if s[_RESUME_EPOCH] == epoch else (0, 1)
+            s[_WORKERS] = info.num_workers if info is not None else 0
+        if worker == 0 and done == epoch + 1:
+            log.warning("epoch %d is read again from its start: call set_epoch() before each epoch (as with DistributedSampler)", epoch)
+        loader = self._resumed_loader(epoch, *resume, worker=worker, workers=workers)
+        return self._iterate(loader, epoch, first=worker == 0, main=info is None)
+
+    def _resumed_loader(self, epoch: int, taken: int, taken_by: int, *, worker: int, workers: int) -> Loader:
+        """The loader of DataLoader worker ``worker``, past what the resume point had taken."""
+        role, position = worker, 0
+        if taken:
+            if taken_by != workers:
+                raise ConfigError(
+                    f"load_state_dict: the state was taken with {_workers(taken_by)}, this DataLoader has {_workers(workers)}"
+                )
+            given, turn = round_robin(self._counts(workers), taken)
+            role = (turn + worker) % workers  # the DataLoader asks worker 0 first: it takes the next turn
+            position = given[role] * (self.options.batch_size or 1)
+        loader = Loader(self.source, replace(self.options, worker=(role, workers)))
+        position = min(position, loader.samples_per_epoch)
+        loader.load_state_dict(
+            make_state(epoch=epoch, position=position, options=loader.options, dataset=self._fingerprint, samples=self.source.samples)
+        )
+        return loader
+
+    def _iterate(self, loader: Loader, epoch: int, *, first: bool, main: bool) -> Iterator[Any]:
+        if main:
+            self._yielded = 0
+        complete = False
         try:
-            yield from loader
+            for item in loader:
+                if main:
+                    self._yielded += 1
+                yield item
+            complete = True
         finally:
             loader.close()
+        if first and complete:
+            with self._shared.get_lock():
+                self._shared[_DONE] = epoch + 1
+
+    # -- resume --------------------------------------------------------------------------------
+    def state_dict(self, yielded: int | None = None) -> dict[str, Any]:
+        """Where the current epoch stands, as a small JSON-able dict.
+
+        Args:
+            yielded: items the DataLoader yielded since its current iteration began. Needed when
+                it has worker processes (:class:`ShardkitDataLoader` passes it); without
+                workers this process counts them itself.
+
+        Raises:
+            RuntimeError: the DataLoader reads in worker processes and ``yielded`` is missing.
+        """
+        s = self._shared
+        epoch, workers = int(s[_EPOCH]), int(s[_WORKERS])
+        if yielded is not None and (isinstance(yielded, bool) or not isinstance(yielded, int) or yielded < 0):
+            raise ConfigError(f"state_dict: yielded must be a count of items, got {yielded!r}")
+        if yielded is None:
+            if workers > 0:
+                raise RuntimeError(
+                    f"the DataLoader reads in {workers} worker processes, which this process cannot follow: "
+                    "use ShardkitDataLoader, or pass state_dict(yielded=...) (items the DataLoader yielded in this iteration)"
+                )
+            yielded = self._yielded
+        resumed = int(s[_RESUME_TAKEN]) if s[_RESUME_EPOCH] == epoch else 0
+        taken, length = resumed + yielded, len(self)
+        if taken > length:
+            raise ConfigError(f"state_dict: yielded={yielded} is more than the {length - resumed} items this iteration has")
+        taken_by = max(1, workers) if yielded else int(s[_RESUME_WORKERS]) if resumed else 1
+        if taken == length:  # the epoch is over: the next one starts from its beginning
+            epoch, taken, taken_by = epoch + 1, 0, 1
+        state: dict[str, Any] = {"format": FORMAT, "version": VERSION, "epoch": epoch, "taken": taken, "workers": taken_by}
+        state.update(identity(self.options, self._fingerprint, self.source.samples))
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next iteration yield exactly the rest of the epoch ``state`` was taken in.
+
+        Raises:
+            ConfigError: the state is malformed, or was taken on other data or with options that
+                change the order (each difference is named). A different number of DataLoader
+                workers is refused when the iteration starts.
+        """
+        state = check_format(state, FORMAT, VERSION, "shardkit.torch dataset")
+        check_identity(state, options=self.options, dataset=self._fingerprint, samples=self.source.samples, name=self.source.name)
+        epoch, taken, workers = state.get("epoch"), state.get("taken"), state.get("workers")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (epoch, taken, workers)):
+            raise ConfigError(f"load_state_dict: epoch, taken and workers must be integers, got {epoch!r}, {taken!r}, {workers!r}")
+        assert isinstance(epoch, int) and isinstance(taken, int) and isinstance(workers, int)
+        if epoch < 0 or workers < 1 or not 0 <= taken < max(1, len(self)):
+            raise ConfigError(f"load_state_dict: epoch {epoch} / taken {taken} / workers {workers} out of range (taken < {len(self)})")
+        with self._shared.get_lock():
+            s = self._shared
+            s[_EPOCH], s[_RESUME_EPOCH], s[_RESUME_TAKEN], s[_RESUME_WORKERS], s[_DONE] = epoch, epoch, taken, workers, 0
+        self._yielded = 0
+
+
+class ShardkitDataLoader(DataLoader):
+    """A ``DataLoader`` over a :class:`ShardkitDataset` that counts the items it yields, so its
+    :meth:`state_dict` is exact with worker processes too. ``batch_size`` defaults to None
+    (the dataset batches); every other argument is the DataLoader's.
+
+    Example:
+        dl = ShardkitDataLoader(ShardkitDataset("data/", batch_size=32), num_workers=2)
+        state = dl.state_dict()            # between batches; JSON-able
+        dl.load_state_dict(state)          # the next iteration yields the rest of that epoch
+    """
+
+    def __init__(self, dataset: ShardkitDataset, **kwargs: Any) -> None:
+        if not isinstance(dataset, ShardkitDataset):
+            raise ConfigError(f"dataset: expected a ShardkitDataset, got {type(dataset).__name__}")
+        kwargs.setdefault("batch_size", None)
+        super().__init__(dataset, **kwargs)
+        self._yielded = 0
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._yielded = 0
+        for item in super().__iter__():
+            self._yielded += 1
+            yield item
+
+    def state_dict(self) -> dict[str, Any]:
+        """The dataset's state after the items this DataLoader yielded (see :meth:`ShardkitDataset.state_dict`)."""
+        return self.dataset.state_dict(yielded=self._yielded)  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the dataset at ``state`` (taken with as many workers as this DataLoader has)."""
+        state = check_format(state, FORMAT, VERSION, "shardkit.torch dataset")
+        taken_by = state.get("workers")
+        if state.get("taken") and taken_by != max(1, self.num_workers):
+            raise ConfigError(
+                f"load_state_dict: the state was taken with {_workers(taken_by)}, this DataLoader has {_workers(self.num_workers)}"
+            )
+        self.dataset.load_state_dict(state)  # type: ignore[attr-defined]

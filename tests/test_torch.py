@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -10,13 +12,15 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import shardkit
 from tests.conftest import make_samples
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'shardkit[torch]')")
 
-from shardkit.torch import ShardkitDataset  # noqa: E402
+from shardkit.torch import ShardkitDataLoader, ShardkitDataset, round_robin  # noqa: E402
 
 N = 203  # odd on purpose: two ranks leave a remainder
 
@@ -51,6 +55,139 @@ def test_workers_share_the_rank_slice(odd_dataset):
     got = flat_keys(dl)
     alone = flat_keys(shardkit.loader(odd_dataset, decode=False, world_size=2, rank=1))
     assert sorted(got) == sorted(alone) and len(got) == N // 2
+
+
+def dataloader_turns(counts: list[int]) -> list[int]:
+    """The worker of each item a DataLoader yields: turns in worker order, ended workers passed."""
+    left, order = list(counts), []
+    for w in itertools.cycle(range(len(counts))):
+        if not any(left):
+            return order
+        if left[w]:
+            left[w] -= 1
+            order.append(w)
+    return order  # pragma: no cover
+
+
+@given(counts=st.lists(st.integers(0, 6), min_size=1, max_size=5))
+def test_round_robin_follows_the_dataloader_turns(counts):
+    order = dataloader_turns(counts)
+    for taken in range(len(order) + 1):
+        given_, turn = round_robin(counts, taken)
+        assert given_ == [order[:taken].count(w) for w in range(len(counts))]
+        if taken < len(order):  # the next item comes from `turn` or the next worker still giving
+            later = [(turn + k) % len(counts) for k in range(len(counts))]
+            assert order[taken] == next(w for w in later if given_[w] < counts[w])
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_set_epoch_reaches_the_workers(odd_dataset, persistent):
+    ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, drop_last=False, world_size=1, rank=0)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
+    everything = sorted(s["__key__"] for s in make_samples(N))
+    orders = []
+    for epoch in (0, 1, 0):
+        ds.set_epoch(epoch)
+        orders.append(flat_keys(dl))
+        assert sorted(orders[-1]) == everything, "each epoch reads every sample once"
+    assert orders[0] != orders[1] and orders[2] == orders[0]
+
+
+def test_reading_an_epoch_again_warns(odd_dataset, caplog):
+    ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0)
+    first = flat_keys(ds)
+    with caplog.at_level(logging.WARNING, logger="shardkit.torch"):
+        assert flat_keys(ds) == first
+    assert "call set_epoch()" in caplog.text
+    caplog.clear()
+    ds.set_epoch(1)
+    with caplog.at_level(logging.WARNING, logger="shardkit.torch"):
+        assert flat_keys(ds) != first
+    assert caplog.text == ""
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True), (3, False)])
+def test_resume_mid_epoch_is_exact(odd_dataset, workers, persistent):
+    options = dict(batch_size=8, decode=False, drop_last=False, world_size=1, rank=0, seed=5)
+    ds = ShardkitDataset(odd_dataset, **options)
+    ds.set_epoch(2)
+    full = [b["__key__"] for b in ShardkitDataLoader(ds, num_workers=workers)]
+    assert len(full) == len(ds) == 26
+    for stop in (1, 4, 13, 25):
+        ds = ShardkitDataset(odd_dataset, **options)
+        dl = ShardkitDataLoader(ds, num_workers=workers, persistent_workers=persistent)
+        ds.set_epoch(2)
+        it = iter(dl)
+        head = [next(it)["__key__"] for _ in range(stop)]
+        state = json.loads(json.dumps(dl.state_dict()))
+        del it
+        assert (state["epoch"], state["taken"]) == (2, stop)
+        again = ShardkitDataset(odd_dataset, **options)
+        resumed = ShardkitDataLoader(again, num_workers=workers, persistent_workers=persistent)
+        resumed.load_state_dict(state)
+        again.set_epoch(2)  # a training loop's usual call keeps the resume point of that epoch
+        rest = [b["__key__"] for b in resumed]
+        assert head + rest == full, f"stop {stop}"
+        assert resumed.state_dict()["epoch"] == 3 and resumed.state_dict()["taken"] == 0
+
+
+def test_resume_twice_in_one_epoch(odd_dataset):
+    """A state taken in a resumed iteration counts what was yielded before the resume too."""
+    options = dict(batch_size=8, decode=False, world_size=1, rank=0)
+    full = [b["__key__"] for b in ShardkitDataLoader(ShardkitDataset(odd_dataset, **options), num_workers=2)]
+    ds = ShardkitDataset(odd_dataset, **options)
+    dl = ShardkitDataLoader(ds, num_workers=2)
+    got = [b["__key__"] for b in itertools.islice(dl, 5)]
+    for _ in range(2):
+        state = dl.state_dict()
+        ds = ShardkitDataset(odd_dataset, **options)
+        dl = ShardkitDataLoader(ds, num_workers=2)
+        dl.load_state_dict(state)
+        got += [b["__key__"] for b in itertools.islice(dl, 3)]
+    ds.load_state_dict(dl.state_dict())
+    got += [b["__key__"] for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)]
+    assert got == full
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+def test_plain_dataloader_states(odd_dataset):
+    ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    it = iter(dl)
+    head = [next(it)["__key__"] for _ in range(3)]
+    with pytest.raises(RuntimeError, match=r"pass state_dict\(yielded=\.\.\.\)"):
+        ds.state_dict()
+    state = ds.state_dict(yielded=3)
+    del it
+    with pytest.raises(shardkit.ConfigError, match="more than"):
+        ds.state_dict(yielded=10**6)
+    again = ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0)
+    again.load_state_dict(state)
+    with pytest.raises(shardkit.ConfigError, match="num_workers=2, this DataLoader has num_workers=0 or 1"):
+        list(torch.utils.data.DataLoader(again, batch_size=None, num_workers=0))
+    with pytest.raises(shardkit.ConfigError, match="num_workers=2, this DataLoader has num_workers=3"):
+        ShardkitDataLoader(again, num_workers=3).load_state_dict(state)
+    rest = [b["__key__"] for b in torch.utils.data.DataLoader(again, batch_size=None, num_workers=2)]
+    assert head + rest == [b["__key__"] for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)]
+    with pytest.raises(shardkit.ConfigError, match="seed"):
+        ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0, seed=1).load_state_dict(state)
+
+
+def test_skips_keep_ranks_and_workers_in_step(odd_dataset):
+    from shardkit import manifest
+
+    bad = manifest.read(odd_dataset).piles[1]
+    path = os.path.join(odd_dataset, bad.name)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 1024)
+    lengths = []
+    for rank in (0, 1):
+        ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=2, rank=rank, on_error="skip")
+        batches = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
+        lengths.append(len(batches))
+        assert len(batches) == len(ds)
+    assert lengths[0] == lengths[1]
 
 
 _RANK_SCRIPT = textwrap.dedent(
