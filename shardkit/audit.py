@@ -20,6 +20,7 @@ from shardkit.manifest import Manifest, PileInfo
 # names a finished dataset never holds: part files, atomic-write temporaries, staging dirs
 _LEFTOVER_MARKERS = (".partial-", ".shardkit-")
 _SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+_MAX_DUPLICATES = 10  # duplicate keys reported one by one per pile; the rest are counted
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,8 +134,9 @@ class Problem:
     """One thing :func:`verify` found wrong.
 
     ``kind`` is one of ``missing``, ``unreadable``, ``size``, ``checksum``, ``structure``,
-    ``count`` (a pile listed in the manifest), ``extra`` (a shard file the manifest does not list) or
-    ``leftover`` (a temporary file or directory an interrupted job left behind).
+    ``count``, ``duplicate`` (two samples of a pile share a key) for a pile listed in the
+    manifest, ``extra`` (a shard file the manifest does not list) or ``leftover`` (a temporary
+    file or directory an interrupted job left behind).
 
         for problem in verify("data/"):
             print(problem)          # "pile-000003.tar: checksum is crc32:..., the manifest says ..."
@@ -164,11 +166,38 @@ def _check_pile(directory: str, pile: PileInfo) -> list[Problem]:
     if crc != pile.checksum:
         found.append(Problem(name=pile.name, kind="checksum", message=f"checksum is {crc}, the manifest says {pile.checksum}"))
     try:
-        keys, _ = _tar.group(_tar.walk(buf, pile.name), pile.name)
+        members = _tar.walk(buf, pile.name)
+        keys, starts = _tar.group(members, pile.name)
     except CorruptShardError as e:
         return [*found, Problem(name=pile.name, kind="structure", message=str(e).removeprefix(f"{pile.name}: "))]
     if len(keys) != pile.samples:
         found.append(Problem(name=pile.name, kind="count", message=f"holds {len(keys)} samples, the manifest says {pile.samples}"))
+    return found + _duplicate_keys(pile.name, keys, [members.offsets[m] - _tar.BLOCK for m in starts[:-1]])
+
+
+def _duplicate_keys(name: str, keys: list[str], offsets: list[int]) -> list[Problem]:
+    """Samples of one pile that share a key (not adjacent, or they would be one sample).
+
+    The loader does not look for these (a set of every key on the hot path); readers that
+    index by key, and joins with labels kept elsewhere, would mix such samples up.
+    """
+    first: dict[str, int] = {}
+    found: list[Problem] = []
+    for i, key in enumerate(keys):
+        j = first.setdefault(key, i)
+        if j == i:
+            continue
+        if len(found) == _MAX_DUPLICATES:
+            more = len(keys) - len(set(keys)) - len(found)
+            found.append(Problem(name=name, kind="duplicate", message=f"{more} more samples repeat a key of an earlier sample"))
+            break
+        found.append(
+            Problem(
+                name=name,
+                kind="duplicate",
+                message=f"sample {i} (offset {offsets[i]}) has the key {key!r} of sample {j} (offset {offsets[j]}): keys must be unique",
+            )
+        )
     return found
 
 
@@ -190,7 +219,8 @@ def verify(directory: str, *, quiet: bool = False) -> list[Problem]:
 
     Each listed pile must exist, have the recorded size and checksum, be a well-formed tar
     (every header checksum, no truncation, no unsafe or non-regular member, no sample with two
-    members of one extension) and hold the recorded number of samples. Shard files the manifest
+    members of one extension), hold the recorded number of samples and no two samples with one
+    key (the first ten per pile are listed with both positions). Shard files the manifest
     does not list and temporaries left by an interrupted job are reported too.
 
     Args:

@@ -146,3 +146,17 @@ def test_a_pile_that_cannot_be_read(dataset):
     os.unlink(path)
     os.mkdir(path)  # a directory where the pile should be
     assert _kinds(dataset) == [(os.path.basename(path), "unreadable")]
+
+
+def test_duplicate_keys_are_listed_with_both_positions(tmp_path):
+    out = str(tmp_path / "dup")
+    with shardkit.PileWriter(out, piles=1, seed=0) as w:
+        for i in range(30):
+            w.write({"__key__": f"k{i % 5}", "cls": i})  # one member of 1024 bytes per sample
+    problems = verify(out, quiet=True)
+    assert [p.kind for p in problems] == ["duplicate"] * 11
+    assert problems[0].name == "pile-000000.tar"
+    assert problems[0].message == "sample 5 (offset 5120) has the key 'k0' of sample 0 (offset 0): keys must be unique"
+    assert problems[9].message.startswith("sample 14 (offset 14336) has the key 'k4' of sample 4 (offset 4096)")
+    assert problems[10].message == "15 more samples repeat a key of an earlier sample"
+    assert main(["verify", out, "--quiet"]) == 1
