@@ -21,6 +21,7 @@ BLOCK = 512
 _USTAR = np.frombuffer(b"ustar\x00", dtype=np.uint8)
 _POWERS = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 _COLS = np.arange(100)
+_READ = 346  # header bytes read: name, size, typeflag, magic, the prefix's first byte
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +126,10 @@ def plain_archive(buf: bytes, *, checked: bool = False) -> Plain | None:
         return None
     blocks = np.frombuffer(buf, dtype=np.uint8).reshape(nblocks, BLOCK)
     cand = np.flatnonzero(blocks[:, 156] == 48)  # typeflag "0"
-    # header fields up to the size; the whole block only when its checksum must be summed
-    rows = blocks[cand] if not checked else blocks[cand, :136]
-    magic = rows[:, 257:263] if not checked else blocks[cand, 257:263]
-    prefix = rows[:, 345] if not checked else blocks[cand, 345]
+    # one gather of the header fields read (up to the prefix), or of whole blocks when their
+    # checksums must be summed: gathering scattered headers costs cache misses, not bytes
+    rows = blocks[cand] if not checked else blocks[cand, :_READ]
+    magic, prefix = rows[:, 257:263], rows[:, 345]
     ok = (magic == _USTAR).all(axis=1) & (prefix == 0) & (rows[:, 99] == 0) & (rows[:, 0] != 0)
     digits = rows[:, 124:135]
     ok &= ((digits >= 48) & (digits <= 55)).all(axis=1) & ((rows[:, 135] == 0) | (rows[:, 135] == 32))
