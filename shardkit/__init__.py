@@ -7,6 +7,7 @@ shuffles each in RAM and prefetches the next.
 
 from __future__ import annotations
 
+from shardkit.cli import add_pile_args, pile_kwargs
 from shardkit.codecs import Codecs
 from shardkit.errors import (
     ConfigError,
@@ -21,6 +22,7 @@ from shardkit.errors import (
     ShardkitError,
 )
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.preprocess import pile, preprocess
 from shardkit.writer import PileOptions, PileWriter
 
 __version__ = "0.1.0"
@@ -42,4 +44,8 @@ __all__ = [
     "SampleError",
     "ShardkitError",
     "__version__",
+    "add_pile_args",
+    "pile",
+    "pile_kwargs",
+    "preprocess",
 ]

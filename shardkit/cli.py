@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -83,6 +84,50 @@ _COMMANDS: list[Callable[[Any], None]] = []
 def command(register: Callable[[Any], None]) -> Callable[[Any], None]:
     _COMMANDS.append(register)
     return register
+
+
+# --- pile: re-pile existing WebDataset shards -------------------------------------------------
+
+
+@command
+def _register_pile(sub: Any) -> None:
+    parser = sub.add_parser(
+        "pile",
+        help="re-pile WebDataset tar shards into M random piles (pass 1 of the shuffle)",
+        description=(
+            "Copy every sample of the input tar shards into M pile shards, each sample to a pile\n"
+            "drawn uniformly at random (seeded, never from the data), and write the shardkit.json\n"
+            "manifest last. The loader then shuffles the piles lazily (pass 2). Fields are copied\n"
+            "byte for byte; the output is identical for any --workers."
+        ),
+        epilog="example:\n  shardkit pile 'src/train-{000000..000099}.tar' -o piles/ --piles 256 --workers 8",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="WebDataset tar shards (.tar, .tar.gz): paths, file:// URLs, globs or brace patterns like "
+        "'src-{000000..000019}.tar' (quote patterns so the shell leaves them alone)",
+    )
+    parser.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory for pile-*.tar and shardkit.json")
+    add_pile_args(parser)
+    parser.set_defaults(handler=_pile)
+
+
+def _pile(args: argparse.Namespace) -> int:
+    from shardkit._sizes import format_size
+    from shardkit.preprocess import pile
+
+    start = time.perf_counter()
+    result = pile(args.inputs, args.out, **pile_kwargs(args))
+    skipped = f", {result.skipped_units} input shards skipped" if result.skipped_units else ""
+    split = f", {result.split_piles} oversized piles split" if result.split_piles else ""
+    print(
+        f"{args.out}: {result.samples} samples in {len(result.piles)} piles, {format_size(result.bytes)}, "
+        f"{time.perf_counter() - start:.1f}s{skipped}{split}"
+    )
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

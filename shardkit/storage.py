@@ -19,7 +19,8 @@ from typing import IO, Any
 from shardkit.errors import ConfigError, DatasetNotFoundError
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
-_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_GROUP = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"(\d+)\.\.(\d+)")
 
 
 def _remote(url: str) -> str | None:
@@ -161,19 +162,25 @@ def is_dir(url: str) -> bool:
 
 
 def brace_expand(pattern: str) -> list[str]:
-    """Expand ``{000..012}`` ranges (zero padding kept) and ``{a,b}`` alternatives."""
-    match = _RANGE.search(pattern)
-    if match:
-        lo, hi = match.group(1), match.group(2)
-        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
-        step = 1 if int(hi) >= int(lo) else -1
+    """Expand ``{000..012}`` ranges (zero padding kept) and ``{a,b}`` alternatives.
+
+    Groups expand left to right, as in the shell: ``{a,b}-{0..1}`` gives a-0, a-1, b-0, b-1.
+    A group that is neither (``{x}``) stays as it is.
+    """
+    for match in _GROUP.finditer(pattern):
+        body = match.group(1)
+        numbers = _RANGE.fullmatch(body)
+        if numbers:
+            lo, hi = numbers.group(1), numbers.group(2)
+            width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+            step = 1 if int(hi) >= int(lo) else -1
+            alternatives = [f"{i:0{width}d}" for i in range(int(lo), int(hi) + step, step)]
+        elif "," in body:
+            alternatives = body.split(",")
+        else:
+            continue
         head, tail = pattern[: match.start()], pattern[match.end() :]
-        return [e for i in range(int(lo), int(hi) + step, step) for e in brace_expand(f"{head}{i:0{width}d}{tail}")]
-    start = pattern.find("{")
-    end = pattern.find("}", start)
-    if start >= 0 and end > start and "," in pattern[start:end]:
-        head, tail = pattern[:start], pattern[end + 1 :]
-        return [e for alt in pattern[start + 1 : end].split(",") for e in brace_expand(head + alt + tail)]
+        return [e for alt in alternatives for e in brace_expand(head + alt + tail)]
     return [pattern]
 
 

@@ -20,7 +20,8 @@ import math
 import os
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,14 +90,15 @@ def _check_key(key: Any) -> str:
     return key
 
 
-def encode_sample(sample: Mapping[str, Any], codecs: Codecs = DEFAULT) -> tuple[bytes, list[str]]:
+def encode_sample(sample: Mapping[str, Any], codecs: Codecs = DEFAULT, *, max_pile_bytes: int | None = None) -> tuple[bytes, list[str]]:
     """Encode a WebDataset sample dict into tar members; returns (bytes, extensions).
 
     Fields are written in sorted order; keys starting with ``__`` other than ``__key__`` are
     metadata and are not written.
 
     Raises:
-        SampleError: a bad key, an empty or duplicate extension, or a value with no encoder.
+        SampleError: a bad key, an empty or duplicate extension, a value with no encoder, or a
+            sample that alone would not fit in a pile of ``max_pile_bytes``.
     """
     if "__key__" not in sample:
         raise SampleError(f"sample has no '__key__' (fields: {sorted(sample)})")
@@ -114,7 +116,9 @@ def encode_sample(sample: Mapping[str, Any], codecs: Codecs = DEFAULT) -> tuple[
     if not fields:
         raise SampleError(f"sample {key!r} has no fields besides its key")
     exts = sorted(fields)
-    data = b"".join(_tar.member(f"{key}.{ext}", encode_field(codecs, key, ext, fields[ext])) for ext in exts)
+    data = b"".join([_tar.member(f"{key}.{ext}", encode_field(codecs, key, ext, fields[ext])) for ext in exts])
+    if max_pile_bytes is not None and len(data) + len(_tar.TRAILER) > max_pile_bytes:
+        raise SampleError(f"sample {key!r} is {len(data)} bytes, larger than max_pile_bytes ({max_pile_bytes}) on its own")
     return data, exts
 
 
@@ -122,7 +126,9 @@ class PileSink:
     """Per-pile append-only part files in one directory, fed through a bounded memory buffer.
 
     Each pile's part file records which input unit wrote which byte range (``segments``), so
-    parts written by several processes can be merged back into input order.
+    parts written by several processes can be merged back into input order. ``segments[p]`` is
+    a flat ``array('q')`` of ``[unit, start, end, samples]`` quads: compact enough to keep one
+    per (unit, pile) pair for millions of units and to send between processes.
     """
 
     def __init__(self, directory: str, piles: int, buffer_size: int) -> None:
@@ -133,7 +139,7 @@ class PileSink:
         self._limit = buffer_size
         self.counts = [0] * piles
         self.sizes = [0] * piles
-        self.segments: list[list[list[int]]] = [[] for _ in range(piles)]
+        self.segments: list[array[int]] = [array("q") for _ in range(piles)]
 
     def part(self, pile: int) -> str:
         return os.path.join(self.directory, f"{pile:06d}.part")
@@ -142,11 +148,12 @@ class PileSink:
         self._chunks[pile].append(data)
         n = len(data)
         start = self.sizes[pile]
-        segments = self.segments[pile]
-        if segments and segments[-1][0] == unit and segments[-1][2] == start:
-            segments[-1][2] = start + n
+        seg = self.segments[pile]
+        if seg and seg[-4] == unit and seg[-2] == start:
+            seg[-2] = start + n
+            seg[-1] += 1
         else:
-            segments.append([unit, start, start + n])
+            seg.extend((unit, start, start + n, 1))
         self.sizes[pile] = start + n
         self.counts[pile] += 1
         self._buffered += n
@@ -157,9 +164,28 @@ class PileSink:
         for pile, chunks in enumerate(self._chunks):
             if chunks:
                 with open(self.part(pile), "ab") as f:
-                    f.write(b"".join(chunks))
+                    _write_joined(f, chunks)
                 chunks.clear()
         self._buffered = 0
+
+
+# join at most this much at once: a join of the whole buffer (one pile takes all of it when M=1)
+# gets fresh pages from the OS on every flush and made M=1 slower than M=64
+_JOIN_BYTES = 4 << 20
+
+
+def _write_joined(f: Any, chunks: list[bytes]) -> None:
+    group: list[bytes] = []
+    size = 0
+    for chunk in chunks:
+        group.append(chunk)
+        size += len(chunk)
+        if size >= _JOIN_BYTES:
+            f.write(b"".join(group))
+            group.clear()
+            size = 0
+    if group:
+        f.write(b"".join(group))
 
 
 @dataclass(frozen=True)
@@ -208,10 +234,7 @@ class PileWriter:
         """Encode ``sample`` and append it to a randomly chosen pile; returns the pile index."""
         if self._closed:
             raise RuntimeError("PileWriter.write() called after close(); open a new writer.")
-        data, exts = encode_sample(sample, self._codecs)
-        limit = self.options.max_bytes
-        if limit is not None and len(data) + len(_tar.TRAILER) > limit:
-            raise SampleError(f"sample {sample['__key__']!r} is {len(data)} bytes, larger than max_pile_bytes ({limit}) on its own")
+        data, exts = encode_sample(sample, self._codecs, max_pile_bytes=self.options.max_bytes)
         self._fields.update(exts)
         pile = self._router.next()
         self._sink.add(pile, data, 0)
@@ -263,7 +286,7 @@ def prepare_output(path: str | os.PathLike[str], *, overwrite: bool) -> str:
     return out
 
 
-def _assemble(runs: Sequence[Run], dst: str) -> None:
+def _assemble(runs: Iterable[Run], dst: str) -> None:
     """Make ``dst`` a finished pile from its runs; a single whole part file is just renamed."""
     runs = [r for r in runs if r.length]
     if len(runs) == 1 and runs[0].offset == 0 and os.path.getsize(runs[0].path) == runs[0].length:
@@ -271,17 +294,51 @@ def _assemble(runs: Sequence[Run], dst: str) -> None:
         with open(dst, "ab") as f:
             f.write(_tar.TRAILER)
         return
-    with open(dst, "wb") as out:
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(open(dst, "wb"))
+        sources: dict[str, Any] = {}  # one handle per part file, however many runs it has
         for run in runs:
-            with open(run.path, "rb") as src:
-                src.seek(run.offset)
-                chunk = src.read(run.length)
-            if len(chunk) != run.length:
+            src = sources.get(run.path)
+            if src is None:
+                src = sources[run.path] = stack.enter_context(open(run.path, "rb"))
+            copied = _copy_range(src, out, run.offset, run.length)
+            if copied != run.length:
                 raise CorruptShardError(
-                    f"{run.path}: part file ends early: expected {run.length} bytes at offset {run.offset}, got {len(chunk)}"
+                    f"{run.path}: part file ends early: expected {run.length} bytes at offset {run.offset}, got {copied}"
                 )
-            out.write(chunk)
         out.write(_tar.TRAILER)
+
+
+_COPY_CHUNK = 8 << 20
+
+
+def _copy_range(src: Any, out: Any, offset: int, length: int) -> int:
+    """Append ``length`` bytes of ``src`` from ``offset`` to ``out``; returns the bytes copied.
+
+    Uses the kernel's ``copy_file_range`` where it exists (no trip through user space, reflinks
+    on file systems that have them); memory stays bounded by ``_COPY_CHUNK`` either way.
+    """
+    done = 0
+    if hasattr(os, "copy_file_range"):
+        out.flush()
+        try:
+            while done < length:
+                n = os.copy_file_range(src.fileno(), out.fileno(), min(length - done, 1 << 30), offset + done)
+                if n == 0:
+                    return done
+                done += n
+            out.seek(0, os.SEEK_END)
+            return done
+        except OSError:  # e.g. EXDEV across file systems on old kernels: fall back to reading
+            out.seek(0, os.SEEK_END)
+    src.seek(offset + done)
+    while done < length:
+        chunk = src.read(min(length - done, _COPY_CHUNK))
+        if not chunk:
+            break
+        out.write(chunk)
+        done += len(chunk)
+    return done
 
 
 def _split(path: str, name: str, *, limit: int, seed: int, trail: tuple[int, ...], staging: str) -> list[tuple[str, str, int]]:
@@ -326,7 +383,7 @@ def _file_crc(path: str) -> int:
 
 def publish(
     out: str,
-    runs: Sequence[Sequence[Run]],
+    runs: Iterable[Iterable[Run]],
     counts: Sequence[int],
     *,
     options: PileOptions,
@@ -337,7 +394,8 @@ def publish(
 ) -> Manifest:
     """Assemble each pile from its runs, split oversized piles, move them in, write the manifest.
 
-    ``runs[p]`` lists pile p's byte ranges in output order; ``counts[p]`` is its sample count.
+    ``runs`` gives, pile by pile, its byte ranges in output order (it may be a lazy iterable);
+    ``counts[p]`` is pile p's sample count.
     """
     staged: list[tuple[str, str, int]] = []
     split = 0

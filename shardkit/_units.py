@@ -1,0 +1,167 @@
+"""Turn input units into pile bytes inside one process: run ``fn``, encode, route, record.
+
+This is the part of :func:`shardkit.preprocess` that runs wherever the units are processed,
+in the calling process or in a worker. A failing unit becomes a :class:`Failure`: plain text
+that crosses process boundaries and turns into the error the caller sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardkit import errors
+from shardkit.codecs import Codecs
+from shardkit.errors import InputError, ShardkitError
+from shardkit.router import PileRouter
+from shardkit.writer import PileSink, encode_sample
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a process needs to turn units into pile bytes; sent to each worker once."""
+
+    fn: Callable[[Any], Iterable[Mapping[str, Any]]]
+    piles: int
+    seed: int
+    max_pile_bytes: int | None
+    codecs: Codecs
+    on_error: str
+
+
+class UnitFailed(Exception):
+    """``fn`` (or encoding what it yielded) raised on one unit; the cause is chained."""
+
+
+def describe(unit: Any) -> str:
+    """``repr(unit)``, cut to a length that fits in an error message."""
+    shown = repr(unit)
+    return shown if len(shown) <= 200 else shown[:197] + "..."
+
+
+class RemoteTraceback(Exception):
+    """The formatted traceback of an exception raised in a worker process."""
+
+    def __str__(self) -> str:
+        return "\n" + str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A unit that failed: its index, repr and error, as text that crosses process boundaries.
+
+    ``own_error`` says the exception was one of shardkit's (``kind`` names its class).
+
+    ``cause`` is the original exception while still in the process that caught it; it is
+    dropped (:meth:`portable`) before the failure is sent to another process.
+    """
+
+    index: int
+    unit: str
+    kind: str
+    message: str
+    traceback: str
+    own_error: bool
+    cause: BaseException | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def capture(cls, index: int, unit: Any, exc: BaseException) -> Failure:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(index, describe(unit), type(exc).__name__, str(exc), text, isinstance(exc, ShardkitError), exc)
+
+    def portable(self) -> Failure:
+        return dataclasses.replace(self, cause=None)
+
+    def error(self) -> ShardkitError:
+        """The exception to raise for this unit, chained to the original (or its traceback).
+
+        Errors shardkit raises itself (a bad sample, a corrupt input shard) keep their class and
+        get the unit named in front; anything else ``fn`` raised becomes an :class:`InputError`.
+        """
+        where = f"input unit {self.index} ({self.unit})"
+        kind = getattr(errors, self.kind, None) if self.own_error else None
+        if isinstance(kind, type) and issubclass(kind, ShardkitError):
+            err: ShardkitError = kind(f"{where}: {self.message}")
+        else:
+            err = InputError(f"{where}: fn raised {self.kind}: {self.message}")
+        err.__cause__ = self.cause if self.cause is not None else RemoteTraceback(self.traceback)
+        return err
+
+    def record(self) -> dict[str, Any]:
+        """The manifest's entry for a skipped unit."""
+        return {"unit": self.index, "input": self.unit, "error": f"{self.kind}: {self.message}"}
+
+
+@dataclass
+class Part:
+    """What one process wrote: per-pile part files and segments, and the field extensions."""
+
+    paths: list[str]
+    segments: list[Any]
+    fields: set[str]
+
+
+def part_directory(staging: str, worker: int) -> str:
+    """Where process ``worker`` keeps its part files inside the staging directory."""
+    return os.path.join(staging, f"part-{worker}")
+
+
+def _encoded(job: Job, unit: Any) -> Iterator[tuple[bytes, list[str]]]:
+    """Encoded samples of one unit; anything raised by ``fn`` or the encoder is a UnitFailed."""
+    try:
+        samples = job.fn(unit)
+        if samples is None or isinstance(samples, (Mapping, str, bytes)):
+            raise TypeError(f"fn must return or yield an iterable of sample dicts, it returned {type(samples).__name__}")
+        for sample in samples:
+            if not isinstance(sample, Mapping):
+                raise TypeError(f"fn yielded a {type(sample).__name__}, expected a sample dict with '__key__'")
+            yield encode_sample(sample, job.codecs, max_pile_bytes=job.max_pile_bytes)
+    except Exception as e:
+        raise UnitFailed(str(e)) from e
+
+
+class UnitWriter:
+    """Runs ``fn`` on units and routes their samples into one :class:`PileSink` (one per process).
+
+    writer = UnitWriter(job, "out/.shardkit-staging-x/part-0", buffer_size=64 << 20)
+    samples, nbytes = writer.run(0, "shard-000.tar")
+    part = writer.finish()
+    """
+
+    def __init__(self, job: Job, directory: str, buffer_size: int) -> None:
+        self.job = job
+        self.sink = PileSink(directory, job.piles, buffer_size)
+        self.fields: set[str] = set()
+
+    def run(self, index: int, unit: Any) -> tuple[int, int]:
+        """Write every sample of ``unit``; returns (samples, bytes). Raises UnitFailed."""
+        route = PileRouter(piles=self.job.piles, seed=self.job.seed, unit=index).next
+        add = self.sink.add
+        seen: set[str] = set()
+        samples = nbytes = 0
+        # errors from the sink (a full disk) are not the unit's fault: they escape UnitFailed
+        for data, exts in _encoded(self.job, unit):
+            add(route(), data, index)
+            seen.update(exts)
+            samples += 1
+            nbytes += len(data)
+        # a unit's fields count once it succeeded: a skipped unit leaves no trace
+        self.fields |= seen
+        return samples, nbytes
+
+    def attempt(self, index: int, unit: Any) -> tuple[int, int] | Failure:
+        """Like :meth:`run`, but a failing unit comes back as a :class:`Failure`."""
+        try:
+            return self.run(index, unit)
+        except UnitFailed as e:
+            cause = e.__cause__ if e.__cause__ is not None else e
+            return Failure.capture(index, unit, cause)
+
+    def finish(self) -> Part:
+        """Flush the buffers; returns what this process wrote."""
+        self.sink.flush()
+        return Part([self.sink.part(p) for p in range(self.job.piles)], self.sink.segments, self.fields)

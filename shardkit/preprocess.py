@@ -1,0 +1,272 @@
+"""Fused pass 1 over many inputs: run the user's function on each input unit, write piles.
+
+Each input unit (a path, a shard URL, any picklable item) goes to ``fn(unit)``, which yields
+sample dicts. Sample k of unit u goes to the pile a :class:`~shardkit.router.PileRouter` seeded
+by ``(seed, u)`` draws k-th, so the output is byte-identical whatever the number of workers.
+With ``workers > 1``, worker processes take units in small chunks as they become free; each
+writes its own part files in a staging directory inside the output, recording which unit wrote
+which bytes. At the end the parent orders every pile's byte ranges by unit and publishes them
+with :func:`shardkit.writer.publish` (manifest last). A failed or interrupted job removes the
+staging directory and writes no manifest.
+
+    manifest = shardkit.preprocess(sorted(glob.glob("raw/*.jsonl")), parse_file, "out/",
+                                   piles=256, workers=8)
+    print(manifest.samples)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardkit import _pool, reader, storage
+from shardkit._progress import bar
+from shardkit._sizes import format_size
+from shardkit._units import Failure, Job, Part, UnitWriter, part_directory
+from shardkit.codecs import DEFAULT, Codecs
+from shardkit.errors import ConfigError
+from shardkit.manifest import Manifest
+from shardkit.writer import STAGING_PREFIX, PileOptions, Run, prepare_output, publish
+
+log = logging.getLogger(__name__)
+
+ON_ERROR = ("raise", "skip")
+# how many skipped units the manifest lists by name (all are counted)
+_MAX_LISTED_SKIPS = 1000
+
+
+class Tally:
+    """Counts, skipped units and the progress bar of a running job (lives in the parent)."""
+
+    def __init__(self, total: int, *, quiet: bool) -> None:
+        self.samples = 0
+        self.bytes = 0
+        self.failures: list[Failure] = []
+        self.start = time.perf_counter()
+        self.quiet = quiet
+        self.bar = bar(total=total, desc="piling", unit="unit", quiet=quiet)
+
+    def add(self, units: int, samples: int, nbytes: int, failures: Sequence[Failure] = ()) -> None:
+        self.samples += samples
+        self.bytes += nbytes
+        for failure in failures:
+            log.warning("skipping input unit %d (%s): %s: %s", failure.index, failure.unit, failure.kind, failure.message)
+            self.failures.append(failure)
+        rate = self.samples / max(time.perf_counter() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"{self.samples} samples, {format_size(self.bytes)}, {rate:.0f} samples/s", refresh=False)
+        self.bar.update(units)
+
+
+_RESERVED_EXTRA = ("units", "skipped")
+
+
+def _validate(inputs: Any, workers: Any, on_error: Any, extra: Mapping[str, Any] | None) -> list[Any]:
+    if extra is not None:
+        taken = [k for k in _RESERVED_EXTRA if k in extra]
+        if taken:
+            raise ConfigError(f"extra: keys {taken} are written by preprocess itself; use other names")
+        try:
+            json.dumps(dict(extra))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"extra: must be JSON-serializable ({e})") from None
+    if isinstance(inputs, (str, bytes, os.PathLike)):
+        raise ConfigError(f"inputs: expected a sequence of input units, got a single {type(inputs).__name__} (wrap it in a list)")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers: expected a positive integer, got {workers!r}")
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"on_error: expected one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
+    units = list(inputs)
+    if not units:
+        raise ConfigError("inputs: no input units given")
+    return units
+
+
+def preprocess(
+    inputs: Iterable[Any],
+    fn: Callable[[Any], Iterable[Mapping[str, Any]]],
+    out: str | os.PathLike[str],
+    *,
+    piles: int,
+    workers: int = 1,
+    seed: int = 0,
+    max_pile_bytes: int | str | None = None,
+    overwrite: bool = False,
+    on_error: str = "raise",
+    quiet: bool = False,
+    buffer_size: int | str = "64MiB",
+    codecs: Codecs | None = None,
+    mp_context: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """Run ``fn`` on every input unit and write its samples into M random piles in ``out``.
+
+    Args:
+        inputs: the input units (paths, URLs, any picklable items); unit i is the i-th item.
+        fn: ``fn(unit)`` returns or yields sample dicts (``__key__`` plus fields by extension).
+            With ``workers > 1`` it runs in worker processes: lambdas and closures work (they
+            are sent with dill), but it must not rely on state changed in the parent later.
+        out: output directory; gets ``pile-000000.tar ...`` and ``shardkit.json`` (last).
+        piles, seed, max_pile_bytes, overwrite, buffer_size: see :class:`~shardkit.PileOptions`.
+            ``buffer_size`` is the total across workers.
+        workers: processes running ``fn``; the output is byte-identical for any number.
+        on_error: ``"raise"`` stops the job at the first failing unit; ``"skip"`` drops every
+            sample of a failing unit (those it yielded before failing too), logs it, counts it
+            in ``manifest.skipped_units`` and lists it in ``manifest.extra["skipped"]``.
+        quiet: no progress bar (it is also off when stderr is not a terminal).
+        codecs: encoders by extension (default :data:`shardkit.codecs.DEFAULT`).
+        mp_context: multiprocessing start method (``"fork"``, ``"spawn"``, ``"forkserver"``);
+            default: the platform's.
+        extra: JSON-serializable metadata kept in ``manifest.extra`` (class names, a source
+            version...). ``preprocess`` adds ``units`` (the number of input units) and, when
+            units were skipped, ``skipped``.
+
+    Returns:
+        The manifest that was written.
+
+    Raises:
+        InputError: ``fn`` raised on a unit (named, with its index), with ``on_error="raise"``;
+            the original exception (or, from a worker, its traceback) is the ``__cause__``.
+        SampleError: a sample could not be encoded. Like every shardkit error raised while
+            processing a unit, it keeps its class and the message names the unit first.
+        DatasetExistsError: ``out`` holds a dataset and ``overwrite`` is false.
+        ConfigError: an option is invalid.
+    """
+    options = PileOptions(piles=piles, seed=seed, max_pile_bytes=max_pile_bytes, buffer_size=buffer_size, overwrite=overwrite)
+    units = _validate(inputs, workers, on_error, extra)
+    job = Job(fn=fn, piles=piles, seed=seed, max_pile_bytes=options.max_bytes, codecs=codecs or DEFAULT, on_error=on_error)
+    path = prepare_output(out, overwrite=overwrite)
+    staging = os.path.join(path, f"{STAGING_PREFIX}{uuid.uuid4().hex}")
+    workers = min(workers, len(units))
+    try:
+        tally = Tally(len(units), quiet=quiet)
+        with tally.bar:
+            buffer = int(options.buffer_size)
+            if workers == 1:
+                parts = [_run_inline(job, units, staging, buffer, tally)]
+            else:
+                parts = _pool.run(job, units, staging, buffer // workers, workers, tally.add, mp_context)
+        return _publish(path, staging, parts, options, {**(extra or {}), "units": len(units)}, tally)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _run_inline(job: Job, units: Sequence[Any], staging: str, buffer_size: int, tally: Tally) -> Part:
+    writer = UnitWriter(job, part_directory(staging, 0), buffer_size)
+    for index, unit in enumerate(units):
+        result = writer.attempt(index, unit)
+        if isinstance(result, Failure):
+            if job.on_error == "raise":
+                raise result.error()
+            tally.add(1, 0, 0, [result])
+        else:
+            tally.add(1, *result)
+    return writer.finish()
+
+
+def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray) -> tuple[np.ndarray, int]:
+    """Pile ``pile``'s byte ranges in output order as rows (part, offset, length), and its count.
+
+    Segments are sorted by unit, then by position (one process writes a whole unit, in order);
+    a skipped unit's segments are left out; ranges that continue each other are joined.
+    """
+    tables = []
+    for k, part in enumerate(parts):
+        seg = np.frombuffer(part.segments[pile], dtype=np.int64).reshape(-1, 4)
+        tables.append(np.column_stack([seg, np.full(len(seg), k, dtype=np.int64)]))
+    rows = np.concatenate(tables) if tables else np.zeros((0, 5), dtype=np.int64)
+    if len(skipped):
+        rows = rows[~np.isin(rows[:, 0], skipped)]
+    if not len(rows):
+        return np.zeros((0, 3), dtype=np.int64), 0
+    rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+    _, start, end, count, part = rows.T
+    # a new run starts where the part changes or the bytes do not continue the previous range
+    new = np.ones(len(rows), dtype=bool)
+    new[1:] = (part[1:] != part[:-1]) | (start[1:] != end[:-1])
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], len(rows)) - 1
+    return np.column_stack([part[first], start[first], end[last] - start[first]]), int(count.sum())
+
+
+def _publish(path: str, staging: str, parts: Sequence[Part], options: PileOptions, extra: dict[str, Any], tally: Tally) -> Manifest:
+    skipped = np.array(sorted(f.index for f in tally.failures), dtype=np.int64)
+    plans, counts = [], []
+    for p in range(options.piles):
+        plan, count = _merge_plan(parts, p, skipped)
+        plans.append(plan)
+        counts.append(count)
+
+    def runs() -> Iterator[list[Run]]:
+        # publish assembles pile by pile as it pulls from here: the bar shows the merge
+        with bar(total=len(plans), desc="merging", unit="pile", quiet=tally.quiet) as merging:
+            for p, plan in enumerate(plans):
+                yield [Run(parts[k].paths[p], offset, length) for k, offset, length in plan.tolist()]
+                merging.update(1)
+
+    if tally.failures:
+        failures = sorted(tally.failures, key=lambda f: f.index)
+        extra["skipped"] = [f.record() for f in failures[:_MAX_LISTED_SKIPS]]
+    fields = set().union(*(part.fields for part in parts))
+    result = publish(path, runs(), counts, options=options, fields=fields, staging=staging, skipped_units=len(tally.failures), extra=extra)
+    elapsed = time.perf_counter() - tally.start
+    log.info(
+        "%s: %d samples from %d units into %d piles (%s) in %.1fs; %d units skipped",
+        path,
+        result.samples,
+        extra["units"],
+        len(result.piles),
+        format_size(result.bytes),
+        elapsed,
+        len(tally.failures),
+    )
+    return result
+
+
+def pile(
+    inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    piles: int,
+    workers: int = 1,
+    seed: int = 0,
+    max_pile_bytes: int | str | None = None,
+    overwrite: bool = False,
+    on_error: str = "raise",
+    quiet: bool = False,
+    buffer_size: int | str = "64MiB",
+    mp_context: str | None = None,
+) -> Manifest:
+    """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.
+
+    ``inputs`` are paths, URLs, globs or brace patterns (``src-{000000..000019}.tar``); each
+    shard is one input unit. Fields are copied byte for byte. Other arguments as in
+    :func:`preprocess`.
+
+    Raises:
+        DatasetNotFoundError: an input is missing or a pattern matches nothing (before any work).
+        CorruptShardError: an input shard is not a valid tar; the message names the unit first
+            (with ``on_error="skip"`` the shard is skipped instead).
+    """
+    urls = storage.expand(inputs)
+    return preprocess(
+        urls,
+        reader.iter_shard,
+        out,
+        piles=piles,
+        workers=workers,
+        seed=seed,
+        max_pile_bytes=max_pile_bytes,
+        overwrite=overwrite,
+        on_error=on_error,
+        quiet=quiet,
+        buffer_size=buffer_size,
+        mp_context=mp_context,
+    )

@@ -1,0 +1,108 @@
+"""`shardkit pile`: brace patterns in, a one-line summary out, clean errors and exit codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardkit import manifest, reader
+from shardkit.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def shards(tmp_path) -> Path:
+    import webdataset as wds
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for k in range(3):
+        with wds.TarWriter(str(src / f"src-{k:06d}.tar")) as w:
+            for i in range(20):
+                w.write({"__key__": f"s{k}_{i:02d}", "txt": f"{k} {i}"})
+    return src
+
+
+def test_pile_with_a_brace_pattern(tmp_path, shards, capsys):
+    out = tmp_path / "out"
+    code = main(["pile", str(shards / "src-{000000..000002}.tar"), "-o", str(out), "--piles", "4", "--workers", "2", "--seed", "3", "-q"])
+    assert code == 0
+    line = capsys.readouterr().out
+    assert line.startswith(f"{out}: 60 samples in 4 piles, ") and line.endswith("s\n") and line.count("\n") == 1
+    m = manifest.read(str(out))
+    assert m.seed == 3 and m.samples == 60
+    keys = sorted(s["__key__"] for p in m.piles for s in reader.read_pile(str(out / p.name), expected=p))
+    assert keys == sorted(f"s{k}_{i:02d}" for k in range(3) for i in range(20))
+
+
+def test_pile_summary_mentions_splits(tmp_path, shards, capsys):
+    code = main(["pile", str(shards / "*.tar"), "-o", str(tmp_path / "out"), "--piles", "1", "--max-pile-bytes", "20KiB"])
+    assert code == 0
+    assert ", 1 oversized piles split" in capsys.readouterr().out
+    assert all(p.bytes <= 20 * 1024 for p in manifest.read(str(tmp_path / "out")).piles)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["{src}/src-{{000000..000005}}.tar"], "src-000003.tar: no such file"),
+        (["{src}/*.tar", "--piles", "0"], "piles: expected a positive integer, got 0"),
+        (["{src}/*.tar", "--workers", "0"], "workers: expected a positive integer, got 0"),
+        (["{src}/*.tar", "--max-pile-bytes", "big"], "max_pile_bytes: expected a size like 2GiB or 500MB, got 'big'"),
+    ],
+)
+def test_errors_exit_1_with_one_error_line(tmp_path, shards, capsys, args, message):
+    argv = ["pile", *[a.format(src=shards) for a in args], "-o", str(tmp_path / "out")]
+    if "--piles" not in args:
+        argv += ["--piles", "2"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_an_existing_dataset_needs_overwrite(tmp_path, shards, capsys):
+    out = str(tmp_path / "out")
+    assert main(["pile", str(shards / "*.tar"), "-o", out, "--piles", "2"]) == 0
+    assert main(["pile", str(shards / "*.tar"), "-o", out, "--piles", "3"]) == 1
+    assert "already holds a shardkit dataset" in capsys.readouterr().err
+    assert main(["pile", str(shards / "*.tar"), "-o", out, "--piles", "3", "--overwrite"]) == 0
+    assert len(manifest.read(out).piles) == 3
+
+
+@pytest.mark.parametrize("argv", [["pile"], ["pile", "x.tar", "--piles", "2"], ["pile", "x.tar", "-o", "o", "--piles", "two"], ["nosuch"]])
+def test_usage_errors_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "usage: shardkit" in capsys.readouterr().err
+
+
+def test_help_says_what_pile_does(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["pile", "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--piles", "--workers", "--seed", "--max-pile-bytes", "--overwrite", "--on-error", "brace patterns"):
+        assert flag in text
+
+
+def test_command_line_error_has_no_traceback(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"x" * 700)  # not a tar
+    done = subprocess.run(
+        [sys.executable, "-m", "shardkit", "pile", str(bad), "-o", str(tmp_path / "out"), "--piles", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"error: input unit 0 ('{bad}'): {bad}: member 0")
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
+    assert not (tmp_path / "out" / "shardkit.json").exists()

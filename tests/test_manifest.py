@@ -1,0 +1,100 @@
+"""shardkit.json: round trip, and every malformed field is named in its error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shardkit import manifest
+from shardkit.errors import DatasetNotFoundError, ManifestError
+from shardkit.manifest import Manifest, PileInfo
+
+
+def example() -> Manifest:
+    piles = tuple(PileInfo(name=f"pile-{i:06d}.tar", samples=10 + i, bytes=10240 * (i + 1), checksum=f"crc32:{i:08x}") for i in range(3))
+    return Manifest(
+        piles=piles, seed=7, fields=("cls", "jpg"), created_by="shardkit test", skipped_units=1, split_piles=0, extra={"classes": ["a"]}
+    )
+
+
+def test_round_trip_through_json_and_disk(tmp_path):
+    m = example()
+    assert manifest.parse(m.to_json(), "x") == m
+    assert not manifest.is_dataset(str(tmp_path))
+    manifest.write(str(tmp_path), m)
+    assert manifest.is_dataset(str(tmp_path))
+    assert manifest.read(str(tmp_path)) == m
+    assert m.samples == 33 and m.bytes == 61440
+    doc = json.loads(m.to_json())
+    assert doc["format"] == "shardkit" and doc["format_version"] == manifest.FORMAT_VERSION and doc["samples"] == 33
+
+
+def test_checksum_runs_on():
+    assert manifest.checksum(b"abcdef") == manifest.checksum(b"def", manifest.checksum(b"abc"))
+    assert manifest.format_checksum(0xABC) == "crc32:00000abc"
+
+
+def mutated(change) -> str:
+    doc = json.loads(example().to_json())
+    change(doc)
+    return json.dumps(doc)
+
+
+def _delete(*path):
+    def change(doc):
+        for key in path[:-1]:
+            doc = doc[key]
+        del doc[path[-1]]
+
+    return change
+
+
+def _set(value, *path):
+    def change(doc):
+        for key in path[:-1]:
+            doc = doc[key]
+        doc[path[-1]] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (_delete("seed"), r"m.json: missing field 'seed'"),
+        (_set("7", "seed"), r"m.json: field 'seed': expected int, got '7'"),
+        (_set(True, "seed"), r"m.json: field 'seed': expected int, got True"),
+        (_delete("piles"), r"m.json: missing field 'piles'"),
+        (_set({}, "piles"), r"m.json: field 'piles': expected list, got \{\}"),
+        (_set("x", "piles", 1), r"m.json: piles\[1\]: expected an object, got 'x'"),
+        (_delete("piles", 0, "name"), r"m.json: piles\[0\]: missing field 'name'"),
+        (_set("../x.tar", "piles", 2, "name"), r"m.json: piles\[2\]: pile name '../x.tar' must be a plain file name"),
+        (_set(-1.5, "piles", 0, "samples"), r"m.json: piles\[0\]: field 'samples': expected int, got -1.5"),
+        (_set("10", "piles", 1, "bytes"), r"m.json: piles\[1\]: field 'bytes': expected int, got '10'"),
+        (_set(5, "piles", 0, "checksum"), r"m.json: piles\[0\]: field 'checksum': expected str, got 5"),
+        (_delete("fields"), r"m.json: missing field 'fields'"),
+        (_set("other", "format"), r'm.json: not a shardkit manifest \(expected "format": "shardkit"\)'),
+        (_set("1", "format_version"), r"m.json: field 'format_version': expected int"),
+        (_set(99, "format_version"), r"m.json: format_version 99 is newer than this shardkit reads \(1\); upgrade shardkit"),
+        (_set(34, "samples"), r"m.json: 'samples' is 34 but the piles add up to 33"),
+    ],
+)
+def test_malformed_fields_are_named(change, message):
+    with pytest.raises(ManifestError, match=message):
+        manifest.parse(mutated(change), "m.json")
+
+
+def test_not_json_at_all():
+    with pytest.raises(ManifestError, match=r"m.json: not valid JSON"):
+        manifest.parse("{not json", "m.json")
+    with pytest.raises(ManifestError, match=r"not a shardkit manifest"):
+        manifest.parse("[1, 2]", "m.json")
+
+
+def test_reading_a_directory_without_a_manifest(tmp_path):
+    with pytest.raises(DatasetNotFoundError, match=r"not a shardkit dataset \(no shardkit.json; a job that did not finish leaves none\)"):
+        manifest.read(str(tmp_path))
+    (tmp_path / "shardkit.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(ManifestError, match=r"shardkit.json: not UTF-8 text"):
+        manifest.read(str(tmp_path))

@@ -1,0 +1,85 @@
+"""The storage layer: brace and glob expansion, missing-file errors, atomic writes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shardkit import storage
+from shardkit.errors import DatasetNotFoundError
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("plain.tar", ["plain.tar"]),
+        ("s-{0..3}.tar", ["s-0.tar", "s-1.tar", "s-2.tar", "s-3.tar"]),
+        ("s-{000..002}.tar", ["s-000.tar", "s-001.tar", "s-002.tar"]),
+        ("s-{08..11}.tar", ["s-08.tar", "s-09.tar", "s-10.tar", "s-11.tar"]),
+        ("s-{000098..000101}", ["s-000098", "s-000099", "s-000100", "s-000101"]),
+        ("{a,b}.tar", ["a.tar", "b.tar"]),
+        ("{train,val}-{0..1}.tar", ["train-0.tar", "train-1.tar", "val-0.tar", "val-1.tar"]),
+        ("s-{2..0}", ["s-2", "s-1", "s-0"]),
+        ("{x}", ["{x}"]),
+        ("{x}-{a,b}", ["{x}-a", "{x}-b"]),
+    ],
+)
+def test_brace_expand(pattern, expected):
+    assert storage.brace_expand(pattern) == expected
+
+
+@pytest.fixture
+def tree(tmp_path):
+    for name in ["a-000.tar", "a-001.tar", "a-002.tar", "b.tar", "notes.txt"]:
+        (tmp_path / name).write_bytes(name.encode())
+    return tmp_path
+
+
+def test_expand_globs_braces_and_lists(tree):
+    t = str(tree)
+    assert storage.expand(f"{t}/a-*.tar") == [f"{t}/a-000.tar", f"{t}/a-001.tar", f"{t}/a-002.tar"]
+    assert storage.expand(f"{t}/a-{{000..001}}.tar") == [f"{t}/a-000.tar", f"{t}/a-001.tar"]
+    assert storage.expand([f"{t}/b.tar", f"{t}/a-00[2].tar"]) == [f"{t}/b.tar", f"{t}/a-002.tar"]
+    assert storage.expand(f"file://{t}/b.tar") == [f"file://{t}/b.tar"]
+
+
+def test_expand_names_what_is_missing(tree):
+    with pytest.raises(DatasetNotFoundError, match=r"a-003.tar: no such file"):
+        storage.expand(f"{tree}/a-{{000..003}}.tar")
+    with pytest.raises(DatasetNotFoundError, match=r"c-\*.tar: pattern matches no file"):
+        storage.expand(f"{tree}/c-*.tar")
+    with pytest.raises(DatasetNotFoundError, match=r"no such file"):
+        storage.expand(str(tree))  # a directory is not a shard
+
+
+def test_read_size_and_missing_files(tree):
+    assert storage.read_bytes(str(tree / "b.tar")) == b"b.tar"
+    assert storage.size(str(tree / "b.tar")) == 5
+    assert storage.exists(str(tree / "b.tar")) and not storage.exists(str(tree / "zz"))
+    for fn in (storage.read_bytes, storage.size):
+        with pytest.raises(DatasetNotFoundError, match=r"zz: no such file"):
+            fn(str(tree / "zz"))
+    with pytest.raises(DatasetNotFoundError), storage.open_read(str(tree / "zz")):
+        pass
+    storage.remove(str(tree / "zz"))  # removing what is not there is fine
+
+
+def test_atomic_write_publishes_whole_files_only(tmp_path):
+    target = str(tmp_path / "f.bin")
+    storage.write_bytes(target, b"old")
+    with pytest.raises(RuntimeError), storage.atomic_write(target) as f:
+        f.write(b"new but unfinished")
+        raise RuntimeError("crash")
+    assert os.listdir(tmp_path) == ["f.bin"]  # no partial file left behind
+    assert storage.read_bytes(target) == b"old"
+    storage.write_bytes(target, b"new")
+    assert storage.read_bytes(target) == b"new" and os.listdir(tmp_path) == ["f.bin"]
+
+
+def test_local_paths_and_join():
+    assert storage.local_path("file:///data/x") == "/data/x"
+    assert storage.local_path("rel/x") == "rel/x"
+    assert storage.local_path("s3://bucket/x") is None
+    assert storage.join("s3://bucket/dir/", "x.tar") == "s3://bucket/dir/x.tar"
+    assert storage.join("/data", "x.tar") == os.path.join("/data", "x.tar")

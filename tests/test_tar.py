@@ -1,0 +1,179 @@
+"""Tar members written by shardkit are read by every reader; the walker refuses bad archives."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+
+import pytest
+
+from shardkit import _tar
+from shardkit.errors import CorruptShardError
+
+NAMES = [
+    "a.txt",
+    "k/sub/b.cls",
+    "d" * 120 + "/long.txt",  # over ustar's 100 bytes: needs a pax path record
+    "données/é.txt",  # non-ASCII: pax too
+    "empty.bin",
+]
+
+
+def _payload(name: str) -> bytes:
+    return b"" if name == "empty.bin" else (name * 3).encode()
+
+
+def _archive(names: list[str] = NAMES) -> bytes:
+    return b"".join(_tar.member(n, _payload(n)) for n in names) + _tar.TRAILER
+
+
+@pytest.fixture
+def archive(tmp_path) -> str:
+    path = os.path.join(tmp_path, "a.tar")
+    with open(path, "wb") as f:
+        f.write(_archive())
+    return path
+
+
+def _walked(buf: bytes) -> dict[str, bytes]:
+    m = _tar.walk(buf, "test.tar")
+    return {n: buf[o : o + s] for n, o, s in zip(m.names, m.offsets, m.sizes, strict=True)}
+
+
+def test_walk_reads_every_member_with_its_bytes():
+    assert _walked(_archive()) == {n: _payload(n) for n in NAMES}
+
+
+def test_python_tarfile_reads_every_member(archive):
+    with tarfile.open(archive) as tf:
+        got = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+        assert all(m.isfile() and m.mtime == 0 and m.uid == 0 and m.mode == 0o644 for m in tf.getmembers())
+    assert got == {n: _payload(n) for n in NAMES}
+
+
+def test_gnu_tar_lists_every_member(archive):
+    if shutil.which("tar") is None:
+        pytest.skip("no tar binary on this machine")
+    out = subprocess.run(["tar", "tf", archive], capture_output=True, check=True, env={**os.environ, "LC_ALL": "C.UTF-8"})
+    assert out.stdout.decode("utf-8").splitlines() == NAMES
+
+
+def test_members_are_512_byte_aligned_and_deterministic():
+    assert len(_archive()) % 512 == 0
+    assert _archive() == _archive()
+
+
+def _corrupt(buf: bytes, offset: int, data: bytes) -> bytes:
+    return buf[:offset] + data + buf[offset + len(data) :]
+
+
+def test_truncated_inside_a_header():
+    buf = _archive(["a.txt", "b.txt"])
+    second = 1024  # header of member 1
+    with pytest.raises(CorruptShardError, match=r"test.tar: member 1 at offset 1024: archive is truncated inside a header"):
+        _tar.walk(buf[: second + 100], "test.tar")
+
+
+def test_truncated_inside_data():
+    buf = _tar.member("big.bin", bytes(5000))
+    with pytest.raises(
+        CorruptShardError, match=r"member 0 \('big.bin'\) at offset 0: data of 5000 bytes runs past the end of the file \(3000 bytes\)"
+    ):
+        _tar.walk(buf[:3000], "test.tar")
+
+
+def test_size_field_past_the_end():
+    buf = _archive(["a.txt"])
+    bad = _tar.member("a.txt", bytes(10_000))[:512] + buf[512:]  # a header claiming 10000 bytes
+    with pytest.raises(CorruptShardError, match="runs past the end of the file"):
+        _tar.walk(bad, "test.tar")
+
+
+def test_bad_header_checksum():
+    buf = _archive(["a.txt", "b.txt"])
+    bad = _corrupt(buf, 1024, b"c")  # rename member 1 without fixing its checksum
+    with pytest.raises(CorruptShardError, match=r"member 1 at offset 1024: header checksum is \d+, expected \d+"):
+        _tar.walk(bad, "test.tar")
+
+
+def _python_tar(entries: list[tuple[str, bytes]]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name, kind in entries:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            if kind == tarfile.SYMTYPE:
+                info.linkname = "a.txt"
+            tf.addfile(info, io.BytesIO(b""))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("name", ["../evil.txt", "a/../../evil.txt", "/etc/evil.txt"])
+def test_unsafe_names_are_refused(name):
+    buf = _python_tar([("ok.txt", tarfile.REGTYPE), (name, tarfile.REGTYPE)])
+    with pytest.raises(CorruptShardError, match=r"member 1 \('.*evil.txt'\) at offset \d+: unsafe member name"):
+        _tar.walk(buf, "test.tar")
+
+
+@pytest.mark.parametrize(("kind", "what"), [(tarfile.SYMTYPE, "symlink"), (tarfile.DIRTYPE, "directory"), (tarfile.LNKTYPE, "hard link")])
+def test_non_regular_members_are_refused(kind, what):
+    buf = _python_tar([("a.txt", tarfile.REGTYPE), ("x", kind)])
+    with pytest.raises(CorruptShardError, match=rf"member 1 \('x/?'\) at offset 512: expected a regular file, found a {what}"):
+        _tar.walk(buf, "test.tar")
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "pax", "ustar"])
+def test_archives_made_by_gnu_tar_are_read_completely(tmp_path, fmt):
+    if shutil.which("tar") is None:
+        pytest.skip("no tar binary on this machine")
+    src = tmp_path / "src"
+    names = ["a.txt", "sub/b.json", ("x" * 60 + "/") + "y" * 80 + ".bin"]  # 141 bytes: long name in gnu/pax
+    if fmt == "ustar":
+        names[2] = "x" * 60 + "/" + "y" * 30 + ".bin"  # ustar splits it into prefix/name
+    for i, name in enumerate(names):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(bytes([i]) * (700 * i + 3))
+    archive = tmp_path / "gnu.tar"
+    subprocess.run(["tar", "cf", str(archive), f"--format={fmt}", "--no-recursion", *names], cwd=src, check=True)
+    walked = _walked(archive.read_bytes())
+    assert walked == {n: (src / n).read_bytes() for n in names}
+
+
+def test_archives_made_by_webdataset_are_read_completely(tmp_path):
+    import webdataset as wds
+
+    path = str(tmp_path / "wds.tar")
+    samples = [{"__key__": f"dir/s{i:03d}", "txt": f"text {i}", "cls": str(i % 3), "bin": bytes([i]) * i} for i in range(30)]
+    with wds.TarWriter(path) as w:
+        for s in samples:
+            w.write(s)
+    with open(path, "rb") as f:
+        buf = f.read()
+    members = _tar.walk(buf, path)
+    keys, _ = _tar.group(members, path)
+    assert keys == [s["__key__"] for s in samples]
+    walked = _walked(buf)
+    for s in samples:
+        for ext in ("txt", "cls", "bin"):
+            value = s[ext]
+            assert walked[f"{s['__key__']}.{ext}"] == (value.encode() if isinstance(value, str) else value)
+
+
+def test_group_refuses_a_duplicate_extension_in_one_sample():
+    buf = _archive(["k.txt", "k.cls", "k.txt"])
+    with pytest.raises(CorruptShardError, match=r"member 2 \('k.txt'\) at offset 2048: sample 'k' already has a 'txt' member"):
+        _tar.group(_tar.walk(buf, "test.tar"), "test.tar")
+
+
+def test_split_name_and_sample_spans():
+    assert _tar.split_name("a/b.c/d.e.jpg") == ("a/b.c/d", "e.jpg")
+    assert _tar.split_name("noext") == ("noext", "")
+    buf = _archive(["a.txt", "a.cls", "b.txt"])
+    members = _tar.walk(buf, "t")
+    keys, starts = _tar.group(members, "t")
+    bounds = _tar.sample_spans(members, starts)
+    assert keys == ["a", "b"]
+    assert bounds == [0, 2048, 3072]

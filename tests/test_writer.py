@@ -1,0 +1,264 @@
+"""PileWriter: what goes in comes out (shardkit and webdataset agree), uniformly piled, safely."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from collections import Counter
+
+import numpy as np
+import pytest
+from conftest import make_samples
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from PIL import Image
+from scipy import stats
+
+import shardkit
+from shardkit import manifest, reader
+from shardkit.writer import STAGING_PREFIX
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def write(out, samples, **kwargs) -> shardkit.Manifest:
+    kwargs.setdefault("piles", 4)
+    with shardkit.PileWriter(out, **kwargs) as w:
+        for s in samples:
+            w.write(s)
+    assert w.manifest is not None
+    return w.manifest
+
+
+def read_raw(out) -> list[dict]:
+    """Every sample of a dataset through shardkit's reader, checked against the manifest."""
+    m = manifest.read(out)
+    return [s for info in m.piles for s in reader.read_pile(os.path.join(out, info.name), expected=info)]
+
+
+def read_wds(out) -> list[dict]:
+    import webdataset as wds
+
+    urls = [os.path.join(out, p.name) for p in manifest.read(out).piles]
+    return [{k: v for k, v in s.items() if k == "__key__" or not k.startswith("__")} for s in wds.WebDataset(urls, shardshuffle=False)]
+
+
+def files(out) -> dict[str, bytes]:
+    return {name: open(os.path.join(out, name), "rb").read() for name in sorted(os.listdir(out))}
+
+
+def canonical(ext: str, value) -> object:
+    """A hashable form of a field value, equal for a value and its decoded bytes."""
+    if isinstance(value, (bytes, memoryview)):
+        value = bytes(value)
+        if ext == "bin":
+            return value
+        value = shardkit.Codecs().decoder(ext)(value) if ext != "txt" else value.decode()
+    if isinstance(value, Image.Image):
+        value = np.asarray(value.convert("RGB"))
+    if isinstance(value, np.ndarray):
+        return (value.dtype.str, value.shape, value.tobytes())
+    if ext == "json":
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def as_multiset(samples) -> Counter:
+    return Counter((s["__key__"], tuple(sorted((k, canonical(k, v)) for k, v in s.items() if k != "__key__"))) for s in samples)
+
+
+# ---- round trip ------------------------------------------------------------------------------
+
+key_part = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters="-_ "), min_size=1, max_size=40)
+keys = st.lists(key_part, min_size=1, max_size=4).map("/".join)  # long and non-ASCII keys too
+small_image = hnp.arrays(np.uint8, st.tuples(st.integers(1, 6), st.integers(1, 6), st.just(3))).map(Image.fromarray)
+FIELDS = {
+    "bin": st.binary(max_size=1500),
+    "txt": st.text(max_size=40),
+    "cls": st.integers(-(10**9), 10**9),
+    "json": st.dictionaries(st.text(max_size=6), st.none() | st.booleans() | st.integers() | st.text(max_size=8), max_size=4),
+    "npy": hnp.arrays(st.sampled_from([np.uint8, np.int16, np.float32, np.float64]), hnp.array_shapes(min_dims=0, max_dims=3, max_side=4)),
+    "png": small_image,
+}
+
+
+@st.composite
+def sample_lists(draw):
+    names = draw(st.lists(keys, min_size=1, max_size=12, unique=True))
+    samples = []
+    for name in names:
+        exts = draw(st.lists(st.sampled_from(sorted(FIELDS)), min_size=1, max_size=len(FIELDS), unique=True))
+        samples.append({"__key__": name, **{ext: draw(FIELDS[ext]) for ext in exts}})
+    return samples
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(samples=sample_lists(), piles=st.integers(1, 5), seed=st.integers(0, 2**32))
+def test_round_trip_shardkit_and_webdataset_read_back_what_was_written(samples, piles, seed):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "ds")
+        m = write(out, samples, piles=piles, seed=seed)
+        assert m.samples == len(samples)
+        assert len(m.piles) == piles
+        assert set(m.fields) == {ext for s in samples for ext in s if ext != "__key__"}
+        ours = read_raw(out)
+        assert as_multiset(ours) == as_multiset(samples)
+        theirs = read_wds(out)
+        assert Counter(_raw_items(s) for s in theirs) == Counter(_raw_items(s) for s in ours)
+
+
+def _raw_items(sample: dict) -> tuple:
+    return tuple(sorted((k, bytes(v) if k != "__key__" else v) for k, v in sample.items()))
+
+
+def test_piles_are_plain_tars_with_fixed_metadata(tmp_path):
+    import tarfile
+
+    out = str(tmp_path / "ds")
+    write(out, make_samples(20), piles=2)
+    for info in manifest.read(out).piles:
+        with tarfile.open(os.path.join(out, info.name)) as tf:
+            members = tf.getmembers()
+        assert len(members) == 2 * info.samples
+        assert {(m.mtime, m.uid, m.gid, m.mode, m.uname, m.type) for m in members} == {(0, 0, 0, 0o644, "", tarfile.REGTYPE)}
+
+
+# ---- determinism and uniformity --------------------------------------------------------------
+
+
+def test_same_seed_gives_byte_identical_piles(tmp_path):
+    samples = make_samples(300)
+    write(tmp_path / "a", samples, piles=7, seed=11)
+    write(tmp_path / "b", samples, piles=7, seed=11)
+    assert files(tmp_path / "a") == files(tmp_path / "b")
+
+
+def test_different_seeds_give_different_piles(tmp_path):
+    samples = make_samples(300)
+    a = write(tmp_path / "a", samples, piles=7, seed=1)
+    b = write(tmp_path / "b", samples, piles=7, seed=2)
+    assert [p.checksum for p in a.piles] != [p.checksum for p in b.piles]
+    assert a.samples == b.samples == 300
+
+
+def test_pile_assignment_is_uniform_and_blind_to_the_data(tmp_path):
+    n, piles, classes = 16_000, 16, 8
+    samples = [{"__key__": f"s{i:06d}", "cls": i * classes // n} for i in range(n)]  # class-sorted input
+    m = write(tmp_path / "ds", samples, piles=piles, seed=20240601, buffer_size="1MiB")
+    counts = [p.samples for p in m.piles]
+    assert stats.chisquare(counts).pvalue > 1e-4
+    # the same holds within every class: the pile does not depend on the sample
+    table = np.zeros((piles, classes), dtype=np.int64)
+    for p, info in enumerate(m.piles):
+        pile = reader.read_pile(os.path.join(tmp_path, "ds", info.name))
+        for i in range(len(pile)):
+            table[p, int(pile.sample(i)["cls"])] += 1
+    assert stats.chi2_contingency(table).pvalue > 1e-4
+
+
+# ---- oversized piles -------------------------------------------------------------------------
+
+
+def test_oversized_piles_are_split_into_random_sub_piles(tmp_path):
+    samples = make_samples(400, size=300)  # ~1.5 KiB per sample in the tar
+    limit = 40_000
+    m = write(tmp_path / "a", samples, piles=4, seed=5, max_pile_bytes=limit)
+    assert m.split_piles == 4  # each pile holds ~150 KB: all four split
+    assert len(m.piles) > 4
+    for info in m.piles:
+        assert info.bytes == os.path.getsize(tmp_path / "a" / info.name) <= limit
+        assert info.name.startswith("pile-") and info.name.count("-") >= 2
+    assert sorted(s["__key__"] for s in read_raw(tmp_path / "a")) == [s["__key__"] for s in samples]
+    assert m.samples == 400
+    again = write(tmp_path / "b", samples, piles=4, seed=5, max_pile_bytes=limit)
+    assert again == m and files(tmp_path / "a") == files(tmp_path / "b")
+
+
+def test_a_sample_larger_than_max_pile_bytes_is_refused(tmp_path):
+    with pytest.raises(shardkit.SampleError, match=r"sample 'big' is \d+ bytes, larger than max_pile_bytes \(4096\) on its own"):
+        write(tmp_path / "ds", [{"__key__": "big", "bin": bytes(5000)}], max_pile_bytes="4KiB")
+    assert not os.path.exists(tmp_path / "ds" / "shardkit.json")
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sample", "message"),
+    [
+        ({"__key__": "a.b", "txt": "x"}, r"sample key 'a.b' has a dot in its file name"),
+        ({"__key__": "a/../b", "txt": "x"}, r"sample key 'a/../b': no leading '/', empty or '..' path components"),
+        ({"__key__": "/abs", "txt": "x"}, r"sample key '/abs': no leading '/'"),
+        ({"__key__": "", "txt": "x"}, r"sample key must be a non-empty str, got ''"),
+        ({"__key__": 7, "txt": "x"}, r"sample key must be a non-empty str, got 7"),
+        ({"txt": "x"}, r"sample has no '__key__' \(fields: \['txt'\]\)"),
+        ({"__key__": "k", "jpg": b"1", ".jpg": b"2"}, r"sample 'k': two fields with extension 'jpg'"),
+        ({"__key__": "k", "foo": {1, 2}}, r"sample 'k': field 'foo': no encoder for set values in a .foo field"),
+        ({"__key__": "k", "cls": 1.5}, r"sample 'k': field 'cls': expected an int"),
+        ({"__key__": "k"}, r"sample 'k' has no fields besides its key"),
+    ],
+)
+def test_bad_samples_are_refused_with_a_clear_message(tmp_path, sample, message):
+    with shardkit.PileWriter(tmp_path / "ds", piles=2) as w:
+        w.write({"__key__": "good", "txt": "ok"})
+        with pytest.raises(shardkit.SampleError, match=message):
+            w.write(sample)
+        w.write({"__key__": "good2", "txt": "ok"})  # the writer is still usable
+    assert sorted(s["__key__"] for s in read_raw(tmp_path / "ds")) == ["good", "good2"]
+
+
+def test_an_existing_dataset_is_refused_unless_overwrite(tmp_path):
+    out = tmp_path / "ds"
+    write(out, make_samples(50), piles=4)
+    before = files(out)
+    with pytest.raises(shardkit.DatasetExistsError, match=r"ds: already holds a shardkit dataset \(shardkit.json\); pass overwrite=True"):
+        shardkit.PileWriter(out, piles=2)
+    assert files(out) == before
+    m = write(out, make_samples(10, seed=1), piles=2, overwrite=True)
+    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "shardkit.json"]
+    assert manifest.read(out) == m and m.samples == 10
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [({"piles": 0}, "piles: expected a positive integer"), ({"piles": 2, "seed": -1}, "seed")])
+def test_bad_options(tmp_path, kwargs, message):
+    with pytest.raises(shardkit.ConfigError, match=message):
+        shardkit.PileWriter(tmp_path / "ds", **kwargs)
+
+
+def test_an_exception_in_the_with_block_leaves_no_dataset(tmp_path):
+    out = tmp_path / "ds"
+    with pytest.raises(KeyError), shardkit.PileWriter(out, piles=3, buffer_size=1000) as w:
+        for s in make_samples(100):  # enough to flush part files to disk
+            w.write(s)
+        raise KeyError("boom")
+    assert os.listdir(out) == []
+
+
+def test_an_interrupted_overwrite_keeps_the_old_dataset(tmp_path):
+    out = tmp_path / "ds"
+    old = write(out, make_samples(30), piles=3)
+    with pytest.raises(KeyboardInterrupt), shardkit.PileWriter(out, piles=5, overwrite=True) as w:
+        w.write({"__key__": "new", "txt": "x"})
+        raise KeyboardInterrupt
+    assert manifest.read(out) == old
+    assert not [e for e in os.listdir(out) if e.startswith(STAGING_PREFIX)]
+
+
+def test_use_after_close_raises(tmp_path):
+    w = shardkit.PileWriter(tmp_path / "ds", piles=2)
+    w.write({"__key__": "a", "txt": "x"})
+    m = w.close()
+    assert w.close() == m  # idempotent
+    with pytest.raises(RuntimeError, match=r"PileWriter.write\(\) called after close\(\); open a new writer"):
+        w.write({"__key__": "b", "txt": "x"})
+
+
+def test_numpy_images_and_pil_images_encode_to_the_same_png(tmp_path):
+    array = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
+    write(tmp_path / "ds", [{"__key__": "a", "png": array}, {"__key__": "b", "png": Image.fromarray(array)}], piles=1)
+    got = {s["__key__"]: s["png"] for s in read_raw(tmp_path / "ds")}
+    assert got["a"] == got["b"]
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(got["a"]))), array)
