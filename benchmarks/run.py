@@ -48,7 +48,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         help="drop the page cache before each run of case d (auto: for --size full)",
     )
-    parser.add_argument("--profile", default=None, metavar="DIR", help="cProfile shardkit's contenders into DIR")
+    parser.add_argument(
+        "--profile", default=None, metavar="DIR", help="after the timed runs, one cProfile run of each shardkit contender into DIR"
+    )
     args = parser.parse_args(argv)
     args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     bad = [c for c in args.cases if c not in CASES]
@@ -132,7 +134,7 @@ def plan(args: argparse.Namespace, preset: cases.Preset, data: dict[str, datagen
     return entries
 
 
-def _run_once(entry: cases.Entry, timeout: float, profile: str | None) -> dict[str, Any]:
+def _run_once(entry: cases.Entry, timeout: float, profile: str | None = None) -> dict[str, Any]:
     if entry.cold and not harness.drop_page_cache():
         raise harness.ContenderError("cannot drop the page cache (needs root)")
     if entry.command is not None:
@@ -180,7 +182,7 @@ def execute(entries: list[cases.Entry], repeats: int, timeout: float, profile: s
                 if row["status"] != "ok":
                     continue
                 try:
-                    result = _run_once(entry, timeout, profile)
+                    result = _run_once(entry, timeout)
                 except harness.ContenderError as e:
                     row.update(status="failed", reason=str(e))
                     log(f"[{group}] {entry.contender}: FAILED: {e}")
@@ -188,7 +190,20 @@ def execute(entries: list[cases.Entry], repeats: int, timeout: float, profile: s
                 row["runs"].append(result)
                 rate = result["samples"] / result["seconds"] if result["seconds"] else 0
                 log(f"[{group}] {entry.contender} run {r + 1}/{repeats}: {rate:,.0f} samples/s, peak RSS {result['peak_rss'] / 1e6:.0f} MB")
+        if profile:
+            _profile_group(group, members, timeout, profile)
     return rows
+
+
+def _profile_group(group: str, members: list[tuple[cases.Entry, dict[str, Any]]], timeout: float, profile: str) -> None:
+    """One extra run of each shardkit contender under cProfile; its figures are not reported."""
+    for entry, row in members:
+        if entry.role == "shardkit" and row["status"] == "ok":
+            try:
+                _run_once(entry, timeout, profile)
+                log(f"[{group}] {entry.contender}: profile written to {profile}")
+            except harness.ContenderError as e:
+                log(f"[{group}] {entry.contender}: profiled run failed: {e}")
 
 
 def notes(rows: list[dict[str, Any]], machine: dict[str, Any], cold: bool, cold_ok: bool) -> list[str]:
