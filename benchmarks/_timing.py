@@ -11,6 +11,7 @@ reading indexes, filling shuffle buffers, loading the first pile.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -18,11 +19,25 @@ from typing import Any
 CLASS_WINDOW = 256
 
 
+def cpu_seconds() -> float:
+    """User + system time of this process and of its children that have been waited for."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 class Clock:
-    """A started stopwatch; ``elapsed()`` is seconds since it was made."""
+    """A started stopwatch; ``elapsed()`` is seconds since it was made.
+
+    The last clock made is kept in ``Clock.last`` with the CPU time at its start, so the
+    process entry point can report the CPU spent from then on, workers included.
+    """
+
+    last: Clock | None = None
 
     def __init__(self) -> None:
+        self.cpu_start = cpu_seconds()
         self.start = time.perf_counter()
+        Clock.last = self
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start

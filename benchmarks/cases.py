@@ -110,6 +110,13 @@ def _shardkit_missing(name: str, issue: str) -> str | None:
     return None if hasattr(shardkit, name) else f"shardkit.{name} does not exist in this checkout yet ({issue})"
 
 
+def _tag(entries: list[Entry], samples: int) -> list[Entry]:
+    """Record the data set's sample count on each entry (a loader may drop a last batch)."""
+    for entry in entries:
+        entry.meta.setdefault("samples", samples)
+    return entries
+
+
 def pile_files(path: str) -> list[str]:
     return [os.path.join(path, p.name) for p in shardkit.manifest.read(path).piles]
 
@@ -143,27 +150,27 @@ def case_a(preset: Preset, data: Dataset, label: str, run: Any) -> list[Entry]:
     hf = _missing("datasets", "pip install datasets, or the bench extra")
     mosaic = _missing("streaming", MOSAIC_INSTALL)
     mds, failed = (None, mosaic) if mosaic else _mds(data, preset, run)
-    return [
+    return _tag([
         Entry("a", group, desc, RAW_READ, "raw", "bench_read:raw_read", {"files": pile_files(piles), "samples": data.samples}, raw_ref=None),
         Entry("a", group, desc, LOADER, "shardkit", "bench_read:shardkit_loader", {"source": piles}, skip=_shardkit_missing("loader", "issue 3"),
               meta={"max_pile_bytes": data.max_pile_bytes[main]}),
         Entry("a", group, desc, WEBDATASET, "peer", "bench_read:wds_read", {"files": data.shards}),
         Entry("a", group, desc, HF, "peer", "bench_read:hf_read", {"files": data.shards}, skip=hf),
         Entry("a", group, desc, MOSAIC, "peer", "bench_read:mosaic_read", {"mds": mds}, skip=failed),
-    ]  # fmt: skip
+    ], data.samples)  # fmt: skip
 
 
 def case_b(preset: Preset, data: Dataset) -> list[Entry]:
     desc = _describe(data, f"JPEG {data.spec.images}px, decode to HWC uint8, 2 workers, batch 64")
     piles = data.piles[data.spec.piles[0]]
     torch = _missing("torch", "pip install torch==2.13.0")
-    return [
+    return _tag([
         Entry("b", "b", desc, RAW_READ, "raw", "bench_read:raw_read", {"files": pile_files(piles), "samples": data.samples}, raw_ref=None),
         Entry("b", "b", desc, LOADER, "shardkit", "bench_read:shardkit_loader",
               {"source": piles, "decode": True, "num_workers": 2, "batch_size": 64}, skip=_shardkit_missing("loader", "issue 3")),
         Entry("b", "b", desc, WDS_DATALOADER, "peer", "bench_read:wds_dataloader",
               {"files": data.shards, "num_workers": 2, "batch_size": 64}, skip=torch),
-    ]  # fmt: skip
+    ], data.samples)  # fmt: skip
 
 
 def case_c(preset: Preset, work: str) -> list[Entry]:
@@ -181,7 +188,7 @@ def case_c(preset: Preset, work: str) -> list[Entry]:
         entries.append(
             Entry("c", "c", desc, pile_writer_name(m), "shardkit", "bench_write:pile_writer", {**common, "piles": m}, raw_ref=RAW_WRITE)
         )
-    return entries
+    return _tag(entries, n)
 
 
 def case_d(preset: Preset, data: Dataset, work: str, cold: bool, text: tuple[str, int] | None) -> list[Entry]:
@@ -211,7 +218,7 @@ def case_d(preset: Preset, data: Dataset, work: str, cold: bool, text: tuple[str
                 cold=cold,
             )
         )
-    return entries
+    return _tag(entries, data.samples)
 
 
 def case_e(preset: Preset, data: Dataset) -> list[Entry]:
@@ -223,4 +230,4 @@ def case_e(preset: Preset, data: Dataset) -> list[Entry]:
             Entry("e", "e", desc, f"{LOADER} M={m}", "shardkit", "bench_read:shardkit_loader", {"source": data.piles[m]}, raw_ref=None,
                   skip=skip, meta={"max_pile_bytes": data.max_pile_bytes[m]})
         )  # fmt: skip
-    return entries
+    return _tag(entries, data.samples)

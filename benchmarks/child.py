@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from _timing import Clock, cpu_seconds
+
 
 def _profiled(fn: Callable[[dict[str, Any]], dict[str, Any]], params: dict[str, Any], stem: str) -> dict[str, Any]:
     import cProfile
@@ -54,6 +56,8 @@ def main(argv: list[str]) -> int:
     stem = params.pop("_profile", None)
     result = _profiled(fn, params, stem) if stem else fn(params)
     result["import_s"] = import_s
+    if Clock.last is not None:  # workers are reaped by now, so their CPU time is counted
+        result["cpu_s"] = cpu_seconds() - Clock.last.cpu_start
     result["self_hwm"] = _self_hwm()
     with open(out_path, "w") as f:
         json.dump(result, f)

@@ -81,7 +81,7 @@ def run_measured(argv: Sequence[str], *, timeout: float, env: dict[str, str] | N
         polled = hwm = 0
         while True:
             hwm = max(hwm, _hwm(proc.pid))
-            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
             if handle is not None:
@@ -98,6 +98,8 @@ def run_measured(argv: Sequence[str], *, timeout: float, env: dict[str, str] | N
     return {
         "wall_s": wall,
         "peak_rss": max(polled, hwm),
+        # user + system time of the process and every descendant it reaped (its workers)
+        "cpu_s": usage.ru_utime + usage.ru_stime,
         "rss_method": "max of the process tree's summed RSS (polled every 5 ms) and the main process's VmHWM"
         if handle is not None
         else "VmHWM of the main process (psutil absent: worker processes not counted)",
@@ -133,6 +135,8 @@ def measure_python(target: str, params: dict[str, Any], *, python: str | None = 
         with open(out_path) as f:
             result: dict[str, Any] = json.load(f)
     peak = max(run["peak_rss"], result.pop("self_hwm", 0))
+    # the contender's own count covers only its timed work; the process's covers imports too
+    result.setdefault("cpu_s", run["cpu_s"])
     result.update(peak_rss=peak, wall_s=run["wall_s"], rss_method=run["rss_method"])
     return result
 
@@ -146,7 +150,13 @@ def measure_command(argv: Sequence[str], *, timeout: float = 3600) -> dict[str, 
     run = run_measured(argv, timeout=timeout, env=child_env())
     if run["returncode"] != 0:
         raise _failure(argv[0], run)
-    return {"seconds": run["wall_s"], "peak_rss": run["peak_rss"], "wall_s": run["wall_s"], "rss_method": run["rss_method"]}
+    return {
+        "seconds": run["wall_s"],
+        "peak_rss": run["peak_rss"],
+        "wall_s": run["wall_s"],
+        "cpu_s": run["cpu_s"],
+        "rss_method": run["rss_method"],
+    }
 
 
 def drop_page_cache() -> bool:

@@ -187,6 +187,7 @@ def execute(entries: list[cases.Entry], repeats: int, timeout: float, profile: s
                     row.update(status="failed", reason=str(e))
                     log(f"[{group}] {entry.contender}: FAILED: {e}")
                     continue
+                result.setdefault("dataset_samples", entry.meta.get("samples"))
                 row["runs"].append(result)
                 rate = result["samples"] / result["seconds"] if result["seconds"] else 0
                 log(f"[{group}] {entry.contender} run {r + 1}/{repeats}: {rate:,.0f} samples/s, peak RSS {result['peak_rss'] / 1e6:.0f} MB")
@@ -212,6 +213,10 @@ def notes(rows: list[dict[str, Any]], machine: dict[str, Any], cold: bool, cold_
         "to the last sample; MB/s counts the bytes of the files the contender reads or writes (tar for shardkit, webdataset "
         "and HF; MDS for MosaicML); bytes/sample is that size per sample.",
         "first sample: seconds from building the loader or dataset (imports done) to the first sample or batch.",
+        "CPU µs/sample: user + system CPU time of the contender's process and its worker processes over the timed part, "
+        "per sample; unlike samples/s it hardly depends on what else the machine is running.",
+        "Goals: 'raw I/O would score' is the goal's ratio for a reader as fast as the raw sequential read of the same "
+        "files in the same run; a target above it cannot be met on this machine by any reader.",
         "peak RSS: " + next((r["runs"][0]["rss_method"] for r in rows if r["runs"]), "—") + "; worker processes count in full "
         "(shared pages once per process).",
         "Data: class-sorted samples (10 classes, in order). shardkit reads the piles PileWriter made from them; the peers "
