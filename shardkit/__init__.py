@@ -21,7 +21,9 @@ from shardkit.errors import (
     SampleError,
     ShardkitError,
 )
+from shardkit.loader import Loader, loader
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.options import LoaderOptions
 from shardkit.preprocess import pile, preprocess
 from shardkit.writer import PileOptions, PileWriter
 
@@ -35,6 +37,8 @@ __all__ = [
     "DatasetNotFoundError",
     "DecodeError",
     "InputError",
+    "Loader",
+    "LoaderOptions",
     "Manifest",
     "ManifestError",
     "PileInfo",
@@ -45,6 +49,7 @@ __all__ = [
     "ShardkitError",
     "__version__",
     "add_pile_args",
+    "loader",
     "pile",
     "pile_kwargs",
     "preprocess",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardkit._fastwalk import plain_archive
 from shardkit.errors import CorruptShardError
 
 BLOCK = 512
@@ -133,10 +134,27 @@ def _check_name(source: str, index: int, name: str, offset: int) -> None:
 def walk(buf: bytes, source: str) -> Members:
     """Index every regular-file member of the tar archive held in ``buf``.
 
+    Archives of plain ustar members (what shardkit, GNU tar and webdataset write for short
+    names) take a vectorized path; anything else, and every error, goes member by member.
+
     Raises:
         CorruptShardError: a truncated archive, a header that fails its checksum, a size that
             runs past the end, an unsafe name, or a member that is not a regular file.
     """
+    fast = _walk_plain(buf)
+    return fast if fast is not None else _walk_members(buf, source)
+
+
+def _walk_plain(buf: bytes) -> Members | None:
+    """The members of a plain ustar archive, found with numpy (see :mod:`shardkit._fastwalk`)."""
+    plain = plain_archive(buf)
+    if plain is None:
+        return None
+    return Members(plain.names(buf), (plain.heads + BLOCK).tolist(), plain.sizes.tolist(), plain.end)
+
+
+def _walk_members(buf: bytes, source: str) -> Members:
+    """Walk header by header: every kind of member, and the precise error for a bad one."""
     names: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
@@ -315,13 +333,21 @@ def group(members: Members, source: str) -> tuple[list[str], list[int]]:
     Raises:
         CorruptShardError: two members of one sample have the same extension.
     """
+    keys, starts, _ = index(members, source)
+    return keys, starts
+
+
+def index(members: Members, source: str) -> tuple[list[str], list[int], list[str]]:
+    """:func:`group`, plus the extension of every member (what a sample's fields are named)."""
     keys: list[str] = []
     starts: list[int] = []
+    all_exts: list[str] = []
     previous = None
     exts: set[str] = set()
     for i, name in enumerate(members.names):
         dot = name.find(".", name.rfind("/") + 1)
         key, ext = (name, "") if dot < 0 else (name[:dot], name[dot + 1 :])
+        all_exts.append(ext)
         if key != previous:
             keys.append(key)
             starts.append(i)
@@ -332,7 +358,7 @@ def group(members: Members, source: str) -> tuple[list[str], list[int]]:
         else:
             exts.add(ext)
     starts.append(len(members.names))
-    return keys, starts
+    return keys, starts, all_exts
 
 
 def sample_spans(members: Members, starts: list[int]) -> list[int]:

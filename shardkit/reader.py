@@ -9,10 +9,11 @@ sequential read, one walk over the headers, then any sample by index in any orde
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shardkit import _tar, manifest, storage
+from shardkit._fastwalk import Plain, plain_archive
 from shardkit.errors import CorruptShardError, ManifestError, PileTooLargeError
 from shardkit.manifest import PileInfo
 
@@ -20,32 +21,37 @@ from shardkit.manifest import PileInfo
 class PileData:
     """An in-memory tar shard with its samples indexed.
 
+    Args:
+        plain: the :func:`~shardkit._fastwalk.plain_archive` index of ``buf`` when it was
+            already computed (None: not a plain archive); True computes it here.
+        checked: ``buf`` matched the checksum recorded for the whole file, so per-header
+            checksums need not be summed again.
+
     Attributes:
         url: where it was read from (named in every error).
         keys: sample keys in archive order; ``len(pile)`` samples.
     """
 
-    __slots__ = ("_fields", "_members", "_starts", "buf", "keys", "url")
+    __slots__ = ("_ends", "_exts", "_offsets", "_starts", "buf", "keys", "url")
 
-    def __init__(self, url: str, buf: bytes) -> None:
+    def __init__(self, url: str, buf: bytes, *, checked: bool = False, plain: Plain | bool | None = True) -> None:
         self.url = url
         self.buf = buf
-        members = _tar.walk(buf, url)
-        self.keys, starts = _tar.group(members, url)
-        # per sample: ((ext, start, end), ...), precomputed so handing a sample out is cheap
-        fields: list[tuple[tuple[str, int, int], ...]] = []
-        names, offsets, sizes = members.names, members.offsets, members.sizes
-        for i in range(len(self.keys)):
-            lo, hi = starts[i], starts[i + 1]
-            entry = []
-            for j in range(lo, hi):
-                name = names[j]
-                dot = name.find(".", name.rfind("/") + 1)
-                entry.append((name[dot + 1 :] if dot >= 0 else "", offsets[j], offsets[j] + sizes[j]))
-            fields.append(tuple(entry))
-        self._fields = fields
-        self._members = members
-        self._starts = starts
+        if plain is True:
+            plain = plain_archive(buf, checked=checked)
+        elif plain is False:
+            plain = None
+        layout = plain.layout() if plain is not None else None
+        if plain is not None and layout is not None:
+            # the common case, vectorized; duplicate extensions are caught by sample()
+            self.keys, self._starts, self._exts = layout
+            self._offsets = (plain.heads + _tar.BLOCK).tolist()
+            self._ends = (plain.heads + _tar.BLOCK + plain.sizes).tolist()
+        else:
+            members = _tar.walk(buf, url)
+            self.keys, self._starts, self._exts = _tar.index(members, url)
+            self._offsets = members.offsets
+            self._ends = [o + n for o, n in zip(members.offsets, members.sizes, strict=True)]
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -56,15 +62,52 @@ class PileData:
 
     def sample(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as a WebDataset dict of raw bytes, ``__key__`` included."""
-        buf = self.buf
+        buf, exts, offsets, ends = self.buf, self._exts, self._offsets, self._ends
+        lo, hi = self._starts[index], self._starts[index + 1]
         out: dict[str, Any] = {"__key__": self.keys[index]}
-        for ext, lo, hi in self._fields[index]:
-            out[ext] = buf[lo:hi]
+        for j in range(lo, hi):
+            out[exts[j]] = buf[offsets[j] : ends[j]]
+        if len(out) != hi - lo + 1:
+            self._duplicate(index)
         return out
+
+    def sampler(self) -> Callable[[int], dict[str, Any]]:
+        """A function equal to :meth:`sample`, specialised for speed when every sample has the
+        same fields in the same order (then duplicate fields are ruled out once, here)."""
+        n = len(self.keys)
+        if n == 0 or len(self._exts) % n:
+            return self.sample
+        width = len(self._exts) // n
+        pattern = tuple(self._exts[:width])
+        if len(set(pattern)) != width or "__key__" in pattern or self._exts != list(pattern) * n:
+            return self.sample
+        keys, buf, offsets, ends = self.keys, self.buf, self._offsets, self._ends
+
+        def sample(index: int) -> dict[str, Any]:
+            out: dict[str, Any] = {"__key__": keys[index]}
+            j = index * width
+            for ext in pattern:
+                out[ext] = buf[offsets[j] : ends[j]]
+                j += 1
+            return out
+
+        return sample
+
+    def _duplicate(self, index: int) -> None:
+        lo, hi = self._starts[index], self._starts[index + 1]
+        seen: set[str] = set()
+        for j in range(lo, hi):
+            if self._exts[j] in seen or self._exts[j] == "__key__":
+                key = self.keys[index]
+                raise CorruptShardError(
+                    f"{self.url}: member {j} ('{key}.{self._exts[j]}') at offset {self._offsets[j] - _tar.BLOCK}: sample {key!r} already has a {self._exts[j]!r} member"
+                )
+            seen.add(self._exts[j])
 
     def raw_spans(self) -> list[int]:
         """Byte boundaries of each sample's members in ``buf`` (headers included)."""
-        return _tar.sample_spans(self._members, self._starts)
+        sizes = [e - o for o, e in zip(self._offsets, self._ends, strict=True)]
+        return _tar.sample_spans(_tar.Members([], self._offsets, sizes, 0), self._starts)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for i in range(len(self.keys)):
@@ -82,6 +125,19 @@ def read_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | No
     Raises:
         PileTooLargeError, CorruptShardError, ManifestError, DatasetNotFoundError.
     """
+    buf = fetch_pile(url, expected=expected, max_bytes=max_bytes, verify=verify)
+    return index_pile(url, buf, expected=expected, checked=verify)
+
+
+def fetch_pile(
+    url: str, *, expected: PileInfo | None = None, max_bytes: int | None = None, verify: bool = True, mapped: bool = False
+) -> bytes:
+    """The first half of :func:`read_pile`: the checked bytes (size, limit, checksum), not indexed.
+
+    Reading and checksumming release the GIL, so a background thread can do this half while
+    another thread indexes the previous pile. ``mapped``: return a read-only memory map of a
+    local file (:func:`shardkit.storage.map_bytes`: one copy fewer; slices are ``bytes``).
+    """
     if max_bytes is not None or expected is not None:
         nbytes = storage.size(url)
         if max_bytes is not None and nbytes > max_bytes:
@@ -90,7 +146,7 @@ def read_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | No
             )
         if expected is not None and nbytes != expected.bytes:
             raise CorruptShardError(f"{url}: file is {nbytes} bytes, the manifest says {expected.bytes} (truncated or replaced?)")
-    buf = storage.read_bytes(url)
+    buf = storage.map_bytes(url) if mapped else storage.read_bytes(url)
     if expected is not None:
         if len(buf) != expected.bytes:
             raise CorruptShardError(f"{url}: file is {len(buf)} bytes, the manifest says {expected.bytes}")
@@ -100,7 +156,18 @@ def read_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | No
                 raise CorruptShardError(
                     f"{url}: checksum is {found}, the manifest says {expected.checksum}: the bytes changed after writing"
                 )
-    pile = PileData(url, buf)
+    return buf
+
+
+def index_pile(
+    url: str, buf: bytes, *, expected: PileInfo | None = None, checked: bool = False, plain: Plain | bool | None = True
+) -> PileData:
+    """The second half of :func:`read_pile`: index the bytes and check the sample count.
+
+    ``checked``: :func:`fetch_pile` verified the bytes against ``expected``'s checksum.
+    ``plain``: see :class:`PileData`.
+    """
+    pile = PileData(url, buf, checked=checked and expected is not None, plain=plain)
     if expected is not None and len(pile) != expected.samples:
         raise ManifestError(f"{url}: holds {len(pile)} samples, the manifest says {expected.samples}")
     return pile

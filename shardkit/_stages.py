@@ -1,0 +1,234 @@
+"""Turn raw samples into what a loader yields: decode, map, collate, optionally in worker processes.
+
+Work arrives as :class:`Task` chunks (one batch, or a run of samples) so that the same function
+produces the same output in the main process and in a worker. :class:`Workers` keeps one task in
+flight per worker process and returns results in submission order; it never reads ahead of the
+consumer by more than one task per worker.
+
+    step = Step(transform=Transform(codecs=DEFAULT, fn=None), collate=collate, batched=True, on_error="raise")
+    with Workers(2, step) as workers:
+        for result in workers.run(tasks): ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardkit.codecs import Codecs
+from shardkit.errors import DecodeError
+
+Collate = Callable[[list[dict[str, Any]]], Any]
+
+
+@dataclass(frozen=True)
+class Transform:
+    """Decode a raw sample's fields (naming pile and key on failure), then apply ``fn``."""
+
+    codecs: Codecs | None
+    fn: Callable[[dict[str, Any]], Any] | None
+
+    def __call__(self, sample: dict[str, Any], url: str) -> Any:
+        if self.codecs is not None:
+            decoder = self.codecs.decoder
+            for ext, value in sample.items():
+                if ext[:2] == "__":
+                    continue
+                fn = decoder(ext)
+                if fn is None:
+                    continue
+                try:
+                    sample[ext] = fn(value)
+                except Exception as e:
+                    key = sample.get("__key__")
+                    raise DecodeError(f"{url}: sample {key!r}: field {ext!r} cannot be decoded ({type(e).__name__}: {e})") from e
+        if self.fn is not None:
+            try:
+                return self.fn(sample)
+            except Exception as e:
+                if hasattr(e, "add_note"):  # Python 3.11+
+                    e.add_note(f"shardkit: in map() on sample {sample.get('__key__')!r} of {url}")
+                raise
+        return sample
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.number, np.bool_))
+
+
+def _stack(values: list[Any]) -> Any:
+    first = values[0]
+    if all(_is_number(v) for v in values):
+        return np.asarray(values)
+    if isinstance(first, np.ndarray) and all(
+        isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values
+    ):
+        return np.stack(values)
+    return values
+
+
+def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Default batch: ``__key__`` -> list of keys; a field -> numpy array when its values are
+    numbers or arrays of one shape and dtype, else a list. A field missing from some samples is
+    a list with None in their places."""
+    names: dict[str, None] = {}
+    for s in samples:
+        names.update(dict.fromkeys(s))
+    out: dict[str, Any] = {}
+    for name in names:
+        values = [s.get(name) for s in samples]
+        out[name] = values if name.startswith("__") else _stack(values)
+    return out
+
+
+@dataclass
+class Task:
+    """Raw samples to process: ``ends[i]`` is the slice position after sample i (or after the batch)."""
+
+    ends: list[int] = field(default_factory=list)
+    urls: list[str] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    end: int = 0
+
+
+@dataclass
+class Result:
+    """``items`` as ``(position after it, item)``; ``failures`` are messages of skipped samples."""
+
+    items: list[tuple[int, Any]]
+    failures: list[str]
+
+
+@dataclass(frozen=True)
+class Step:
+    """What is done to a task: transform each sample, skip failures if allowed, collate."""
+
+    transform: Transform
+    collate: Collate | None
+    batched: bool
+    on_error: str
+
+    def __call__(self, task: Task) -> Result:
+        done: list[tuple[int, Any]] = []
+        failures: list[str] = []
+        for end, url, sample in zip(task.ends, task.urls, task.samples, strict=True):
+            try:
+                done.append((end, self.transform(sample, url)))
+            except Exception as e:
+                if self.on_error == "raise":
+                    raise
+                failures.append(str(e))
+        if not self.batched:
+            return Result(done, failures)
+        if not done:
+            return Result([], failures)
+        batch = [item for _, item in done]
+        return Result([(task.end, (self.collate or collate)(batch))], failures)
+
+
+class _Raised:
+    """An exception from a worker, with a text fallback when it cannot be pickled."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error: BaseException | None = error
+        self.text = "".join(traceback.format_exception(error))
+
+
+def _worker_main(conn: Any, step: Step) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops us
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        try:
+            reply: Any = step(task)
+        except BaseException as e:
+            reply = _Raised(e)
+        try:
+            conn.send(reply)
+        except Exception:  # the exception itself would not pickle: send its text
+            assert isinstance(reply, _Raised)
+            reply.error = None
+            conn.send(reply)
+
+
+class Workers:
+    """``count`` worker processes applying ``step`` to tasks, results in order.
+
+    Each worker holds at most one task, and gets its next one only after its result was taken,
+    so nothing reads ahead without bound and no pipe can deadlock.
+
+    Example:
+        with Workers(2, step) as w:
+            results = list(w.run(tasks))
+    """
+
+    def __init__(self, count: int, step: Step) -> None:
+        import multiprocess
+
+        self._conns: list[Any] = []
+        self._procs: list[Any] = []
+        for i in range(count):
+            ours, theirs = multiprocess.Pipe()
+            proc = multiprocess.Process(target=_worker_main, args=(theirs, step), name=f"shardkit-worker-{i}", daemon=True)
+            proc.start()
+            theirs.close()
+            self._conns.append(ours)
+            self._procs.append(proc)
+
+    def run(self, tasks: Iterable[Task]) -> Iterator[Result]:
+        """Results of ``tasks``, in order. Abandoning the iterator collects what is in flight."""
+        it = iter(tasks)
+        pending: deque[int] = deque()
+        try:
+            for w in range(len(self._conns)):
+                task = next(it, None)
+                if task is None:
+                    break
+                self._conns[w].send(task)
+                pending.append(w)
+            while pending:
+                w = pending.popleft()
+                reply = self._conns[w].recv()
+                if isinstance(reply, _Raised):
+                    if reply.error is not None:
+                        raise reply.error
+                    raise RuntimeError(f"a shardkit worker process failed:\n{reply.text}")
+                task = next(it, None)
+                if task is not None:
+                    self._conns[w].send(task)
+                    pending.append(w)
+                yield reply
+        finally:
+            for w in pending:  # leave the workers idle for the next epoch
+                with contextlib.suppress(EOFError, OSError):
+                    self._conns[w].recv()
+
+    def close(self) -> None:
+        for conn in self._conns:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(None)
+        for proc in self._procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._procs = [], []
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,57 @@
+"""Loader state dicts: small and JSON-able, and refused with the reason when they do not fit.
+
+state = make_state(epoch=2, position=512, options=opts, dataset="3539d8ee", samples=10_000)
+epoch, position = check_state(state, options=opts, dataset="3539d8ee", samples=10_000,
+                              name="data/", length=5_000)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardkit.errors import ConfigError
+from shardkit.options import LoaderOptions
+
+FORMAT = "shardkit.loader"
+VERSION = 1
+# options that change the order or the slicing: a state taken with other values cannot resume
+ORDER_OPTIONS = ("seed", "shuffle", "mix", "batch_size", "drop_last", "world_size")
+
+
+def make_state(*, epoch: int, position: int, options: LoaderOptions, dataset: str, samples: int) -> dict[str, Any]:
+    """The state of a rank at ``position`` (samples read) of ``epoch``."""
+    state: dict[str, Any] = {"format": FORMAT, "version": VERSION, "epoch": epoch, "position": position}
+    state.update({name: getattr(options, name) for name in ORDER_OPTIONS})
+    state.update(dataset=dataset, samples=samples)
+    return state
+
+
+def check_state(state: Any, *, options: LoaderOptions, dataset: str, samples: int, name: str, length: int) -> tuple[int, int]:
+    """``(epoch, position)`` of a state taken on the same data with the same order options.
+
+    Raises:
+        ConfigError: the state is malformed, was taken on other data (fingerprint or sample
+            count differ), with other order options (each is named), or points off the epoch
+            or off a batch boundary.
+    """
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ConfigError(f"load_state_dict: not a shardkit loader state (expected 'format': {FORMAT!r})")
+    if state.get("version") != VERSION:
+        raise ConfigError(f"load_state_dict: state version {state.get('version')!r}, this shardkit reads version {VERSION}")
+    if state.get("dataset") != dataset or state.get("samples") != samples:
+        raise ConfigError(
+            f"load_state_dict: the state was taken on a different dataset (fingerprint {state.get('dataset')}, "
+            f"{state.get('samples')} samples); this loader reads {name} (fingerprint {dataset}, {samples} samples). "
+            "Resuming would not continue the same order."
+        )
+    for option in ORDER_OPTIONS:
+        if state.get(option) != getattr(options, option):
+            raise ConfigError(
+                f"load_state_dict: the state was taken with {option}={state.get(option)!r}, this loader has {option}={getattr(options, option)!r}"
+            )
+    epoch, position = state.get("epoch"), state.get("position")
+    if not isinstance(epoch, int) or epoch < 0 or not isinstance(position, int) or not 0 <= position <= length:
+        raise ConfigError(f"load_state_dict: epoch {epoch!r} / position {position!r} out of range (0..{length})")
+    if options.batch_size and position % options.batch_size and position != length:
+        raise ConfigError(f"load_state_dict: position {position} is not on a batch boundary (batch_size={options.batch_size})")
+    return epoch, position

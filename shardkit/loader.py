@@ -1,0 +1,412 @@
+"""The loader: epoch plan -> pile prefetch -> in-pile order -> decode -> map -> batch, resumable.
+
+Each epoch reads the piles in the order of :mod:`shardkit.plan`; one background thread reads
+the next pile while the current one is handed out, so at most ``mix + prefetch`` piles are in
+memory per rank. ``num_workers`` processes decode, map and collate while the reader stays in
+the main process. The order does not depend on ``num_workers`` or the world size, every rank
+yields the same count, and ``state_dict()`` resumes mid-epoch exactly. Local piles are
+memory-mapped while in use: replace pile files (as shardkit does), never truncate one in place
+under a running loader.
+
+    with shardkit.loader("data/", batch_size=256, seed=0) as loader:
+        for epoch in range(10):
+            loader.set_epoch(epoch)
+            for batch in loader: ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from shardkit import plan
+from shardkit._prefetch import Failure, PileReader
+from shardkit._stages import Result, Step, Task, Transform, Workers
+from shardkit._state import check_state, make_state
+from shardkit.codecs import Codecs
+from shardkit.errors import ConfigError, ShardkitError
+from shardkit.options import LoaderOptions, resolve_world
+from shardkit.reader import PileData
+from shardkit.sources import Fetched, Source, SourceLike, resolve
+
+log = logging.getLogger(__name__)
+
+# samples per task when unbatched samples go through decode/map
+_CHUNK = 64
+
+
+@dataclass
+class LoaderStats:
+    """What a loader skipped under ``on_error="skip"``/``"warn"`` (since it was created)."""
+
+    skipped_piles: int = 0
+    skipped_samples: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def note(self, message: str, warn: bool) -> None:
+        if len(self.errors) < 100:
+            self.errors.append(message)
+        if warn:
+            log.warning("skipped: %s", message)
+
+
+class Loader:
+    """Iterate a pile dataset (or any WebDataset shards) epoch by epoch; see :func:`loader`.
+
+    Example:
+        loader = shardkit.loader("data/", batch_size=32)
+        state = loader.state_dict()       # between batches; JSON-able
+        shardkit.loader("data/", batch_size=32).load_state_dict(state)
+    """
+
+    def __init__(self, source: SourceLike | Source, options: LoaderOptions) -> None:
+        rank, world = resolve_world(options.rank, options.world_size)
+        self.options = replace(options, rank=rank, world_size=world)
+        self.source = source if isinstance(source, Source) else resolve(source)
+        self.stats = LoaderStats()
+        self._fingerprint = self.source.fingerprint()
+        codecs = self.options.codecs()
+        self._step = Step(
+            Transform(codecs, self.options.map), self.options.collate, self.options.batch_size is not None, self.options.on_error
+        )
+        self._plain = codecs is None and self.options.map is None and self.options.batch_size is None
+        self._epoch = 0
+        self._start = 0
+        self._running: int | None = None  # epoch of the iteration in progress (or abandoned)
+        self._position = 0
+        self._active: weakref.ref[Iterator[Any]] | None = None
+        self._workers: Workers | None = None
+        self._closed = False
+
+    # -- sizes and order ---------------------------------------------------------------------
+    def _span(self) -> tuple[int, int]:
+        o = self.options
+        assert o.rank is not None and o.world_size is not None
+        lo, hi = plan.rank_span(self.source.samples, world=o.world_size, rank=o.rank, drop_last=o.drop_last, batch_size=o.batch_size)
+        return plan.worker_span(lo, hi, workers=o.worker[1], worker=o.worker[0], batch_size=o.batch_size)
+
+    def _schedule(self, epoch: int) -> plan.Schedule:
+        o = self.options
+        order = plan.EpochOrder(self.source.counts, seed=o.seed, epoch=epoch, shuffle=o.shuffle, mix=o.mix)
+        return plan.Schedule(order, *self._span())
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples (positions) this rank reads per epoch, padding included."""
+        lo, hi = self._span()
+        return hi - lo if self.source.samples else 0
+
+    def __len__(self) -> int:
+        """Batches (or samples, unbatched) this rank yields per epoch; equal on every rank."""
+        n, b = self.samples_per_epoch, self.options.batch_size
+        return n if b is None else -(-n // b)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next, from its start (as ``DistributedSampler.set_epoch``).
+
+        Without it, each completed epoch moves on to the next, so orders never repeat by accident.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch: expected a non-negative integer, got {epoch!r}")
+        self._epoch, self._start, self._running = epoch, 0, None
+
+    # -- iteration -----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        if self._closed:
+            raise RuntimeError("this Loader was closed; create a new one with shardkit.loader(...)")
+        self._stop_active()
+        if self.options.num_workers and self._workers is None:
+            # start the processes before the reader thread exists: forking copies no thread state
+            self._workers = Workers(self.options.num_workers, self._step)
+        epoch, start = self._epoch, self._start
+        gen = self._run(epoch, start)
+        self._active = weakref.ref(gen)
+        return gen
+
+    def _run(self, epoch: int, start: int) -> Iterator[Any]:
+        self._running, self._position, self._start = epoch, start, 0
+        sched = self._schedule(epoch)
+        uses = sched.uses(start)
+        slots = max(1, min(self.options.mix, len(uses))) + self.options.prefetch
+        read = self._reader()
+        reader: PileReader[int, Fetched] = PileReader([u.pile for u in uses], read, slots=slots, name=f"shardkit-reader-e{epoch}")
+        skipped = self.stats.skipped_samples
+        try:
+            blocks = self._blocks(sched, start, uses, reader)
+            if self._plain:
+                yield from self._samples(blocks)
+            else:
+                yield from self._processed(blocks, start, len(sched))
+        finally:
+            reader.close()
+        if self.stats.skipped_samples > skipped:
+            log.warning("epoch %d: skipped %d samples (on_error=%r)", epoch, self.stats.skipped_samples - skipped, self.options.on_error)
+        self._epoch, self._running, self._position = epoch + 1, None, 0
+
+    def _reader(self) -> Callable[[int], Fetched]:
+        # the thread maps, checksums and scans headers with numpy (all mostly without the GIL);
+        # the consumer finishes the index
+        source, limit, verify = self.source, self.options.max_pile_bytes, self.options.verify
+        return lambda index: source.fetch(index, max_bytes=limit, verify=verify)  # type: ignore[arg-type]
+
+    def _blocks(
+        self, sched: plan.Schedule, start: int, uses: list[plan.PileUse], reader: PileReader[int, Fetched]
+    ) -> Iterator[tuple[int, Any, list[int]]]:
+        """``(start, pile or per-position piles, in-pile indices)``; a pile is None when skipped."""
+        resident: dict[int, PileData | None] = {}
+        active: list[plan.PileUse] = []
+        pulled = 0
+
+        def need(pile: int) -> PileData | None:
+            nonlocal pulled
+            while pile not in resident:
+                item = reader.get()
+                if item is None:
+                    raise RuntimeError(f"internal error: the pile reader ended before pile {pile}")
+                use = uses[pulled]
+                pulled += 1
+                active.append(use)
+                resident[use.pile] = self._accept(item, use)
+            return resident[pile]
+
+        for block in sched.blocks(start):
+            piles = block.piles
+            first = int(piles[0])
+            if piles[-1] == first and (piles == first).all():
+                yield block.start, need(first), block.index.tolist()
+            else:
+                for p in np.unique(piles).tolist():
+                    need(p)
+                yield block.start, [resident[p] for p in piles.tolist()], block.index.tolist()
+            end = block.start + len(piles)
+            for use in [u for u in active if u.last < end]:
+                active.remove(use)
+                del resident[use.pile]
+                reader.release()
+
+    def _accept(self, item: Fetched | Failure, use: plan.PileUse) -> PileData | None:
+        if not isinstance(item, Failure):
+            try:
+                return self.source.open(use.pile, item)
+            except (ShardkitError, OSError) as e:
+                self._skip_pile(e, use)
+                return None
+        self._skip_pile(item.error, use)
+        return None
+
+    def _skip_pile(self, error: BaseException, use: plan.PileUse) -> None:
+        """Raise ``error``, or count the pile as skipped when ``on_error`` allows it."""
+        if self.options.on_error == "raise" or not isinstance(error, (ShardkitError, OSError)):
+            raise error
+        self.stats.skipped_piles += 1
+        self.stats.note(f"{self.source.piles[use.pile].url}: {error}", self.options.on_error == "warn")
+
+    def _samples(self, blocks: Iterator[tuple[int, Any, list[int]]]) -> Iterator[dict[str, Any]]:
+        """The hot path: raw samples, no decoding, no batching."""
+        for start, data, index in blocks:
+            pos = start
+            if type(data) is PileData:
+                sample = data.sampler()
+                for i in index:
+                    pos += 1
+                    self._position = pos
+                    yield sample(i)
+                del sample
+            elif data is None:
+                self.stats.skipped_samples += len(index)
+            else:
+                for pile, i in zip(data, index, strict=True):
+                    pos += 1
+                    if pile is None:
+                        self.stats.skipped_samples += 1
+                        continue
+                    self._position = pos
+                    yield pile.sample(i)
+                pile = None
+            # drop this block's piles before asking for the next: a pile the plan released must
+            # not stay alive here while the reader thread fills its slot
+            data = None
+
+    def _tasks(self, blocks: Iterator[tuple[int, Any, list[int]]], start: int, length: int) -> Iterator[Task]:
+        """Group raw samples into batches (or chunks) by position, so skips never shift batches."""
+        size = self.options.batch_size or _CHUNK
+        boundary = start - start % size + size
+        task = Task()
+        for bstart, data, index in blocks:
+            piles = [data] * len(index) if not isinstance(data, list) else data
+            for n, (pile, i) in enumerate(zip(piles, index, strict=True)):
+                pos = bstart + n + 1
+                if pos > boundary:
+                    if task.samples:
+                        task.end = boundary
+                        yield task
+                        task = Task()
+                    boundary = (pos - 1) // size * size + size
+                if pile is None:
+                    self.stats.skipped_samples += 1
+                    continue
+                task.ends.append(pos)
+                task.urls.append(pile.url)
+                task.samples.append(pile.sample(i))
+            data = pile = None  # see _samples: release before the next block
+            piles = []
+        if task.samples:
+            task.end = min(boundary, length)
+            yield task
+
+    def _processed(self, blocks: Iterator[tuple[int, Any, list[int]]], start: int, length: int) -> Iterator[Any]:
+        tasks = self._tasks(blocks, start, length)
+        results: Iterator[Result] = self._workers.run(tasks) if self._workers is not None else map(self._step, tasks)
+        warn = self.options.on_error == "warn"
+        try:
+            for result in results:
+                for message in result.failures:
+                    self.stats.skipped_samples += 1
+                    self.stats.note(message, warn)
+                for end, item in result.items:
+                    self._position = end
+                    yield item
+        finally:
+            close = getattr(results, "close", None)
+            if close is not None:
+                close()  # collects the tasks still in the workers
+
+    # -- resume ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is: the position after the last item yielded, as a small JSON-able dict.
+
+        Taken between batches, it lets a new loader on the same data and options yield exactly
+        the rest of the epoch. Any rank's state resumes every rank (they move in step).
+        """
+        epoch, position = (self._running, self._position) if self._running is not None else (self._epoch, self._start)
+        return make_state(epoch=epoch, position=position, options=self.options, dataset=self._fingerprint, samples=self.source.samples)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next iteration yields the rest of that epoch.
+
+        Raises:
+            ConfigError: the state is malformed, or was taken on other data or with options that
+                change the order (each difference is named).
+        """
+        src = self.source
+        epoch, position = check_state(
+            state, options=self.options, dataset=self._fingerprint, samples=src.samples, name=src.name, length=self.samples_per_epoch
+        )
+        self._stop_active()
+        self._epoch, self._start, self._running = epoch, position, None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _stop_active(self) -> None:
+        gen = self._active() if self._active is not None else None
+        self._active = None
+        if gen is not None:
+            gen.close()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        """Stop the reader thread and worker processes. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_active()
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter shutdown there is nothing left to stop
+            self.close()
+
+    def __repr__(self) -> str:
+        o = self.options
+        return f"<Loader {self.source.name}: {self.source.samples} samples in {len(self.source.piles)} piles, rank {o.rank}/{o.world_size}, epoch {self._epoch}>"
+
+
+def loader(
+    source: SourceLike,
+    *,
+    batch_size: int | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    decode: bool | str | Codecs = True,
+    map: Callable[[dict[str, Any]], Any] | None = None,
+    num_workers: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+    drop_last: bool = True,
+    prefetch: int = 1,
+    on_error: str = "raise",
+    mix: int = 1,
+    max_pile_bytes: int | str | None = None,
+    verify: bool = True,
+    allow_pickle: bool = False,
+    collate: Callable[[list[dict[str, Any]]], Any] | None = None,
+) -> Loader:
+    """Read a pile dataset (or WebDataset shards) shuffled, one epoch per iteration.
+
+    Args:
+        source: a shardkit dataset directory (``shardkit.json``), or tar shard URLs: a list, a
+            glob or a brace pattern (``"shards/train-{000..099}.tar"``); their sample counts are
+            found by walking each once (cached per process).
+        batch_size: yield batches of this many samples (per rank) instead of single samples:
+            ``{"__key__": [keys], field: numpy array or list}``.
+        shuffle: permute pile order and in-pile order every epoch; False reads manifest order.
+        seed: the order is a pure function of (seed, epoch, dataset).
+        decode: True (images -> HWC uint8 numpy), ``"pil"``, False (raw bytes), or a
+            :class:`~shardkit.Codecs` registry.
+        map: a function applied to each decoded sample.
+        num_workers: worker processes for decode, map and collation (0 = in this process);
+            the output is identical, in order, whatever the count.
+        rank, world_size: default to ``RANK``/``WORLD_SIZE``, else torch.distributed, else 0/1.
+        drop_last: True: each rank reads ``N // world_size`` samples and only full batches.
+            False: the order is padded by wrapping round to its start to a multiple of
+            ``world_size``, and the last batch may be partial (the same size on every rank).
+        prefetch: piles read ahead in the background (memory: ``mix + prefetch`` piles).
+        on_error: ``"raise"``, or ``"skip"``/``"warn"`` a pile that cannot be read or a sample
+            that fails to decode or map; counts in ``loader.stats``. Batches keep their
+            positions, so a skip makes a batch smaller, never shifts the rest.
+        mix: draw from ``mix`` piles at once, weighted by what is left in each; cuts how often
+            pile-mates meet again in later epochs by about ``mix`` (memory ``mix + prefetch``).
+        max_pile_bytes: refuse, before reading, a pile larger than this (``"2GiB"``).
+        verify: check each pile's checksum against the manifest.
+        allow_pickle: decode ``.pyd``/``.pickle`` fields (runs code from the data).
+        collate: ``fn(list of samples) -> batch`` instead of the default.
+
+    Raises:
+        ConfigError: an option is invalid (the message names it).
+    """
+    options = LoaderOptions(
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        decode=decode,
+        map=map,
+        num_workers=num_workers,
+        rank=rank,
+        world_size=world_size,
+        drop_last=drop_last,
+        prefetch=prefetch,
+        on_error=on_error,
+        mix=mix,
+        max_pile_bytes=max_pile_bytes,
+        verify=verify,
+        allow_pickle=allow_pickle,
+        collate=collate,
+    )
+    return Loader(source, options)

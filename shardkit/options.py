@@ -1,0 +1,141 @@
+"""Loader options: one frozen value, validated once, naming the option in every error.
+
+opts = LoaderOptions(batch_size=64, mix=2, max_pile_bytes="2GiB")
+opts.codecs()            # the decoder registry the options ask for
+resolve_world(None, None)  # (rank, world_size) from RANK/WORLD_SIZE or torch.distributed
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from shardkit._sizes import parse_size
+from shardkit.codecs import Codecs
+from shardkit.errors import ConfigError
+
+ON_ERROR = ("raise", "skip", "warn")
+
+
+def _int(name: str, value: Any, *, low: int, none: bool = False) -> None:
+    if value is None and none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        what = f"an integer >= {low}" + (" or None" if none else "")
+        raise ConfigError(f"{name}: expected {what}, got {value!r}")
+
+
+def _bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}: expected True or False, got {value!r}")
+
+
+def _callable(name: str, value: Any) -> None:
+    if value is not None and not callable(value):
+        raise ConfigError(f"{name}: expected a function or None, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderOptions:
+    """How a :class:`shardkit.Loader` reads; see :func:`shardkit.loader` for each option.
+
+    ``worker`` is ``(index, count)``: the share of the rank this loader reads when it runs
+    inside a ``torch.utils.data.DataLoader`` worker (set by :mod:`shardkit.torch`).
+
+    Example:
+        opts = LoaderOptions(batch_size=32, seed=1)
+        loader = Loader("data/", opts)
+        assert loader.options.batch_size == 32
+    """
+
+    batch_size: int | None = None
+    shuffle: bool = True
+    seed: int = 0
+    decode: bool | str | Codecs = True
+    map: Callable[[dict[str, Any]], Any] | None = None
+    num_workers: int = 0
+    rank: int | None = None
+    world_size: int | None = None
+    drop_last: bool = True
+    prefetch: int = 1
+    on_error: str = "raise"
+    mix: int = 1
+    max_pile_bytes: int | str | None = None
+    verify: bool = True
+    allow_pickle: bool = False
+    collate: Callable[[list[dict[str, Any]]], Any] | None = None
+    worker: tuple[int, int] = (0, 1)
+
+    def __post_init__(self) -> None:
+        _int("batch_size", self.batch_size, low=1, none=True)
+        _int("seed", self.seed, low=0)
+        _int("num_workers", self.num_workers, low=0)
+        _int("prefetch", self.prefetch, low=0)
+        _int("mix", self.mix, low=1)
+        _int("world_size", self.world_size, low=1, none=True)
+        _int("rank", self.rank, low=0, none=True)
+        for name in ("shuffle", "drop_last", "verify", "allow_pickle"):
+            _bool(name, getattr(self, name))
+        _callable("map", self.map)
+        _callable("collate", self.collate)
+        if not (isinstance(self.decode, (bool, Codecs)) or self.decode in ("numpy", "pil")):
+            raise ConfigError(f"decode: expected True, False, 'numpy', 'pil' or a Codecs object, got {self.decode!r}")
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(f"on_error: expected one of {', '.join(map(repr, ON_ERROR))}, got {self.on_error!r}")
+        if self.mix > 1 and not self.shuffle:
+            raise ConfigError(f"mix: mixing {self.mix} piles draws at random; it needs shuffle=True")
+        if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
+            raise ConfigError(f"rank: {self.rank} is not below world_size={self.world_size}")
+        if self.max_pile_bytes is not None:
+            object.__setattr__(self, "max_pile_bytes", parse_size(self.max_pile_bytes, what="max_pile_bytes"))
+        index, count = self.worker
+        if not 0 <= index < count:
+            raise ConfigError(f"worker: expected (index, count) with 0 <= index < count, got {self.worker!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> LoaderOptions:
+        """Options from a mapping (a YAML job, a CLI); an unknown key is a ConfigError."""
+        known = {f.name for f in fields(cls)}
+        for name in values:
+            if name not in known:
+                raise ConfigError(f"{name}: not a loader option (expected one of {', '.join(sorted(known))})")
+        return cls(**values)
+
+    def codecs(self) -> Codecs | None:
+        """The decoder registry to use, or None when fields stay bytes."""
+        if isinstance(self.decode, Codecs):
+            return self.decode
+        if self.decode is False:
+            return None
+        return Codecs(images="pil" if self.decode == "pil" else "numpy", allow_pickle=self.allow_pickle)
+
+
+def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and world size: the arguments, else ``RANK``/``WORLD_SIZE``, else torch.distributed."""
+    dist = None
+    torch = sys.modules.get("torch")  # never import torch just to ask
+    if torch is not None and getattr(torch, "distributed", None) is not None:
+        d = torch.distributed
+        if d.is_available() and d.is_initialized():
+            dist = d
+    if world_size is None:
+        world_size = _env("WORLD_SIZE") or (dist.get_world_size() if dist else 1)
+    if rank is None:
+        env_rank = _env("RANK")
+        rank = env_rank if env_rank is not None else (dist.get_rank() if dist else 0)
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"rank: {rank} is not in a world of size {world_size}")
+    return rank, world_size
+
+
+def _env(name: str) -> int | None:
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{name}: the environment variable is {text!r}, expected an integer") from None

@@ -1,0 +1,152 @@
+"""Resolve what a loader reads into piles: a shardkit dataset directory or any WebDataset tars.
+
+A dataset directory is described by its manifest (names, counts, sizes, checksums). Plain tar
+shards (a list, a glob or a brace pattern) are walked once to count their samples; the counts
+are cached per process by (URL, size, modification time), so a second loader starts at once.
+
+    src = resolve("data/")                       # or resolve("shards/train-{000..099}.tar")
+    src.counts                                    # samples per pile, in order
+    pile = src.read(3, max_bytes=2**31, verify=True)
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shardkit import manifest, reader, storage
+from shardkit._fastwalk import Plain, plain_archive
+from shardkit.errors import CorruptShardError, PileTooLargeError
+from shardkit.manifest import PileInfo
+from shardkit.reader import PileData
+
+SourceLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+_counts_cache: dict[tuple[str, int, int], int] = {}
+_cache_lock = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class Pile:
+    """One pile (or tar shard): where it is, how many samples it holds, its manifest entry."""
+
+    url: str
+    samples: int
+    info: PileInfo | None = None
+
+
+@dataclass(frozen=True)
+class Source:
+    """The piles a loader reads, in manifest (or listing) order, and a fingerprint of them."""
+
+    name: str
+    piles: tuple[Pile, ...]
+
+    @property
+    def counts(self) -> list[int]:
+        return [p.samples for p in self.piles]
+
+    @property
+    def samples(self) -> int:
+        return sum(p.samples for p in self.piles)
+
+    def fingerprint(self) -> str:
+        """Changes whenever a pile is added, removed, renamed, resized or rewritten."""
+        doc = [
+            [os.path.basename(p.url), p.samples, p.info.bytes if p.info else None, p.info.checksum if p.info else None] for p in self.piles
+        ]
+        return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
+
+    def read(self, index: int, *, max_bytes: int | None = None, verify: bool = True) -> PileData:
+        """Read and index pile ``index``, checked against what is known about it."""
+        return self.open(index, self.fetch(index, max_bytes=max_bytes, verify=verify))
+
+    def fetch(self, index: int, *, max_bytes: int | None = None, verify: bool = True) -> Fetched:
+        """Pile ``index``'s bytes (size limit, manifest size and checksum checked) and the
+        vectorized part of its index: the work a background thread can do without the GIL."""
+        pile = self.piles[index]
+        if pile.info is not None:
+            buf = reader.fetch_pile(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify, mapped=True)
+        else:
+            buf = _load_shard(pile.url, max_bytes)
+        checked = verify and pile.info is not None
+        return Fetched(buf, plain_archive(buf, checked=checked), checked)
+
+    def open(self, index: int, fetched: Fetched) -> PileData:
+        """Finish indexing what :meth:`fetch` returned and check the sample count."""
+        pile = self.piles[index]
+        if pile.info is not None:
+            return reader.index_pile(pile.url, fetched.buf, expected=pile.info, checked=fetched.checked, plain=fetched.plain)
+        data = PileData(pile.url, fetched.buf, plain=fetched.plain)
+        if len(data) != pile.samples:
+            raise CorruptShardError(f"{pile.url}: holds {len(data)} samples, {pile.samples} when it was first counted (the file changed)")
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A pile's bytes, its plain-archive index (None: walk it member by member), and whether
+    the bytes matched the manifest checksum."""
+
+    buf: bytes
+    plain: Plain | None
+    checked: bool
+
+
+def resolve(source: SourceLike) -> Source:
+    """A dataset directory (with ``shardkit.json``) or tar shard URLs/patterns -> :class:`Source`.
+
+    Raises:
+        DatasetNotFoundError: nothing matches; ManifestError: the manifest is invalid;
+        CorruptShardError: a plain shard cannot be walked to count its samples.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        root = os.fspath(source)
+        if manifest.is_dataset(root):
+            m = manifest.read(root)
+            return Source(root, tuple(Pile(storage.join(root, p.name), p.samples, p) for p in m.piles))
+    urls = storage.expand(source)
+    name = urls[0] if len(urls) == 1 else f"{urls[0]} (+{len(urls) - 1} shards)"
+    return Source(name, tuple(Pile(u, count_samples(u)) for u in urls))
+
+
+def count_samples(url: str) -> int:
+    """Samples in a WebDataset tar, walked once and then remembered for this process."""
+    path = storage.local_path(url)
+    if path is not None:
+        st = os.stat(path)
+        key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    else:
+        key = (url, storage.size(url), 0)
+    with _cache_lock:
+        if key in _counts_cache:
+            return _counts_cache[key]
+    count = len(PileData(url, _load_shard(url, None)))
+    with _cache_lock:
+        _counts_cache[key] = count
+    return count
+
+
+def _load_shard(url: str, max_bytes: int | None) -> bytes:
+    """The bytes of any WebDataset tar (``.tar.gz``/``.tgz`` decompressed in memory)."""
+    if max_bytes is not None:
+        size = storage.size(url)
+        if size > max_bytes:
+            raise PileTooLargeError(
+                f"{url}: {size} bytes is over the memory limit max_pile_bytes={max_bytes}; raise the limit or re-pile smaller"
+            )
+    if not url.endswith((".gz", ".tgz")):
+        return storage.map_bytes(url)
+    buf = storage.read_bytes(url)
+    try:
+        buf = gzip.decompress(buf)
+    except (OSError, EOFError) as e:
+        raise CorruptShardError(f"{url}: not valid gzip ({e})") from None
+    if max_bytes is not None and len(buf) > max_bytes:
+        raise PileTooLargeError(f"{url}: decompresses to {len(buf)} bytes, over the memory limit max_pile_bytes={max_bytes}")
+    return buf
