@@ -159,3 +159,17 @@ def wds_dataloader(p: dict[str, Any]) -> dict[str, Any]:
     figures = consume(loader, clock, batch_len=lambda b: len(b[1]), batch_labels=lambda b: list(b[1]))
     figures["bytes"] = _file_bytes(p["files"])
     return figures
+
+
+def shardkit_torch(p: dict[str, Any]) -> dict[str, Any]:
+    """``shardkit.torch.ShardkitDataset`` (batched, decoded) in ``DataLoader(num_workers=k)``."""
+    import torch
+
+    from shardkit.torch import ShardkitDataset
+
+    clock = Clock()
+    dataset = ShardkitDataset(p["source"], batch_size=p["batch_size"], decode=True, seed=p.get("seed", 0))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=p["num_workers"])
+    figures = consume(loader, clock, batch_len=lambda b: len(b["__key__"]), batch_labels=lambda b: list(b["cls"]))
+    figures["bytes"] = _file_bytes([p["source"]])
+    return figures

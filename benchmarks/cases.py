@@ -35,6 +35,7 @@ MiB = 1 << 20
 HF = "HF datasets streaming"
 MOSAIC = "MosaicML streaming"
 SHARD_WRITER = "webdataset.ShardWriter"
+TORCH_DATALOADER = "shardkit.torch + DataLoader"
 RANDOM_ACCESS = "random access (offset index + pread)"
 MOSAIC_INSTALL = "pip install 'torch==2.13.0' mosaicml-streaming (see BENCHMARKS.md)"
 
@@ -168,6 +169,8 @@ def case_b(preset: Preset, data: Dataset) -> list[Entry]:
         Entry("b", "b", desc, RAW_READ, "raw", "bench_read:raw_read", {"files": pile_files(piles), "samples": data.samples}, raw_ref=None),
         Entry("b", "b", desc, LOADER, "shardkit", "bench_read:shardkit_loader",
               {"source": piles, "decode": True, "num_workers": 2, "batch_size": 64}, skip=_shardkit_missing("loader", "issue 3")),
+        Entry("b", "b", desc, TORCH_DATALOADER, "shardkit", "bench_read:shardkit_torch",
+              {"source": piles, "num_workers": 2, "batch_size": 64}, skip=torch or _shardkit_missing("loader", "issue 3")),
         Entry("b", "b", desc, WDS_DATALOADER, "peer", "bench_read:wds_dataloader",
               {"files": data.shards, "num_workers": 2, "batch_size": 64}, skip=torch),
     ], data.samples)  # fmt: skip

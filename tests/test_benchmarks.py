@@ -47,6 +47,7 @@ PEERS = [
     ("a-50KB", "HF datasets streaming", "datasets"),
     ("a-5KB", "MosaicML streaming", "streaming"),
     ("b", "webdataset + DataLoader", "torch"),
+    ("b", "shardkit.torch + DataLoader", "torch"),
 ]
 
 
