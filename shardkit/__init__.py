@@ -7,8 +7,10 @@ shuffles each in RAM and prefetches the next.
 
 from __future__ import annotations
 
+from shardkit.audit import DatasetInfo, Problem, info, verify
 from shardkit.cli import add_pile_args, pile_kwargs
 from shardkit.codecs import Codecs
+from shardkit.compare import compare_shuffles
 from shardkit.errors import (
     ConfigError,
     CorruptShardError,
@@ -21,10 +23,14 @@ from shardkit.errors import (
     SampleError,
     ShardkitError,
 )
+from shardkit.jobs import load_job, run_job
 from shardkit.loader import Loader, loader
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.options import LoaderOptions
 from shardkit.preprocess import pile, preprocess
+from shardkit.quality import QualityReport
+from shardkit.repile import repile
+from shardkit.shuffle import ShuffleOptions, shuffle
 from shardkit.writer import PileOptions, PileWriter
 
 __version__ = "0.1.0"
@@ -34,6 +40,7 @@ __all__ = [
     "ConfigError",
     "CorruptShardError",
     "DatasetExistsError",
+    "DatasetInfo",
     "DatasetNotFoundError",
     "DecodeError",
     "InputError",
@@ -45,12 +52,22 @@ __all__ = [
     "PileOptions",
     "PileTooLargeError",
     "PileWriter",
+    "Problem",
+    "QualityReport",
     "SampleError",
     "ShardkitError",
+    "ShuffleOptions",
     "__version__",
     "add_pile_args",
+    "compare_shuffles",
+    "info",
+    "load_job",
     "loader",
     "pile",
     "pile_kwargs",
     "preprocess",
+    "repile",
+    "run_job",
+    "shuffle",
+    "verify",
 ]

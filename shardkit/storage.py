@@ -183,6 +183,18 @@ def is_dir(url: str) -> bool:
     return bool(fs.isdir(p))
 
 
+def listdir(url: str) -> list[str]:
+    """Sorted names of the entries directly inside the directory ``url``."""
+    path = local_path(url)
+    try:
+        if path is not None:
+            return sorted(os.listdir(path))
+        fs, p = _fs(url)
+        return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(p, detail=False))
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"{url}: no such directory") from None
+
+
 def brace_expand(pattern: str) -> list[str]:
     """Expand ``{000..012}`` ranges (zero padding kept) and ``{a,b}`` alternatives.
 

@@ -87,6 +87,9 @@ def _check_key(key: Any) -> str:
         raise SampleError(f"sample key {key!r}: no leading '/', empty or '..' path components allowed")
     if "." in parts[-1]:
         raise SampleError(f"sample key {key!r} has a dot in its file name: readers would split the key at it (use '_' instead)")
+    if any(len(part) >= 4 and part.startswith("__") and part.endswith("__") for part in parts):
+        # WebDataset treats such names as metadata and silently skips the member
+        raise SampleError(f"sample key {key!r}: a path component like '__name__' is reserved (WebDataset readers skip it)")
     return key
 
 

@@ -1,0 +1,210 @@
+"""Describe a dataset directory (:func:`info`) and check every byte of it against its manifest (:func:`verify`).
+
+``info`` reads only ``shardkit.json``; ``verify`` reads every pile once, so it costs one full
+sequential read of the dataset and holds one pile in memory at a time.
+
+    summary = shardkit.info("data/")
+    print(summary.samples, summary.pile_samples, summary.loader_ram())
+    problems = shardkit.verify("data/")   # [] when every pile is intact
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shardkit import _progress, _tar, manifest, storage
+from shardkit.errors import CorruptShardError
+from shardkit.manifest import Manifest, PileInfo
+
+# names a finished dataset never holds: part files, atomic-write temporaries, staging dirs
+_LEFTOVER_MARKERS = (".partial-", ".shardkit-")
+_SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spread:
+    """Minimum, mean and maximum of a per-pile quantity."""
+
+    min: int
+    mean: float
+    max: int
+
+    @classmethod
+    def of(cls, values: list[int]) -> Spread:
+        if not values:
+            return cls(min=0, mean=0.0, max=0)
+        return cls(min=min(values), mean=sum(values) / len(values), max=max(values))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetInfo:
+    """What :func:`info` reports about a dataset, from its manifest alone.
+
+    ``expected_mean`` and ``expected_sd`` are the Binomial(n, 1/M) pile size a uniform router
+    gives: n/M and sqrt(n/M * (1 - 1/M)). They describe piles written by pass 1; the fixed-size
+    shards of :func:`shardkit.shuffle` (``kind == "shuffled"``) are not random in size.
+
+        summary = info("data/")
+        print(f"{summary.samples} samples in {summary.piles} piles")
+        print(summary.loader_ram(mix=2))   # bytes of RAM a loader mixing 2 piles needs
+    """
+
+    path: str
+    kind: str
+    samples: int
+    bytes: int
+    piles: int
+    fields: tuple[str, ...]
+    seed: int
+    created_by: str
+    skipped_units: int
+    split_piles: int
+    pile_samples: Spread
+    pile_bytes: Spread
+    expected_mean: float
+    expected_sd: float
+    largest_piles: tuple[int, ...]
+
+    def loader_ram(self, *, mix: int = 1, prefetch: int = 1) -> int:
+        """Bytes of pile data a loader holds at its peak: the ``mix + prefetch`` largest piles.
+
+        A loader keeps ``mix`` piles in memory while it reads ahead ``prefetch`` more, so with the
+        defaults this is the two largest piles.
+        """
+        return sum(self.largest_piles[: mix + prefetch])
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-able view (what ``shardkit info --json`` prints)."""
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "piles": self.piles,
+            "fields": list(self.fields),
+            "seed": self.seed,
+            "created_by": self.created_by,
+            "skipped_units": self.skipped_units,
+            "split_piles": self.split_piles,
+            "pile_samples": vars(self.pile_samples) | {"expected_mean": self.expected_mean, "expected_sd": self.expected_sd},
+            "pile_bytes": vars(self.pile_bytes),
+            "loader_ram": {f"mix={k}": self.loader_ram(mix=k) for k in (1, 2, 4)},
+        }
+
+
+def _kind(m: Manifest) -> str:
+    kind = m.extra.get("kind")
+    return kind if isinstance(kind, str) else "piles"
+
+
+def info(directory: str) -> DatasetInfo:
+    """Summarise the dataset in ``directory`` from its manifest (no pile is read).
+
+    Raises:
+        DatasetNotFoundError: ``directory`` holds no ``shardkit.json``.
+        ManifestError: the manifest is malformed.
+    """
+    m = manifest.read(directory)
+    n, piles = m.samples, len(m.piles)
+    mean = n / piles if piles else 0.0
+    sd = math.sqrt(mean * (1 - 1 / piles)) if piles else 0.0
+    return DatasetInfo(
+        path=directory,
+        kind=_kind(m),
+        samples=n,
+        bytes=m.bytes,
+        piles=piles,
+        fields=m.fields,
+        seed=m.seed,
+        created_by=m.created_by,
+        skipped_units=m.skipped_units,
+        split_piles=m.split_piles,
+        pile_samples=Spread.of([p.samples for p in m.piles]),
+        pile_bytes=Spread.of([p.bytes for p in m.piles]),
+        expected_mean=mean,
+        expected_sd=sd,
+        largest_piles=tuple(sorted((p.bytes for p in m.piles), reverse=True)[:8]),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Problem:
+    """One thing :func:`verify` found wrong.
+
+    ``kind`` is one of ``missing``, ``unreadable``, ``size``, ``checksum``, ``structure``,
+    ``count`` (a pile listed in the manifest), ``extra`` (a shard file the manifest does not list) or
+    ``leftover`` (a temporary file or directory an interrupted job left behind).
+
+        for problem in verify("data/"):
+            print(problem)          # "pile-000003.tar: checksum is crc32:..., the manifest says ..."
+    """
+
+    name: str
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.message}"
+
+
+def _check_pile(directory: str, pile: PileInfo) -> list[Problem]:
+    url = storage.join(directory, pile.name)
+    if not storage.exists(url):
+        return [Problem(name=pile.name, kind="missing", message="listed in the manifest but the file does not exist")]
+    try:
+        buf = storage.read_bytes(url)
+    except OSError as e:
+        return [Problem(name=pile.name, kind="unreadable", message=f"cannot be read ({e.strerror or e})")]
+    found: list[Problem] = []
+    if len(buf) != pile.bytes:
+        what = "truncated" if len(buf) < pile.bytes else "longer than written"
+        found.append(Problem(name=pile.name, kind="size", message=f"file is {len(buf)} bytes, the manifest says {pile.bytes} ({what})"))
+    crc = manifest.format_checksum(manifest.checksum(buf))
+    if crc != pile.checksum:
+        found.append(Problem(name=pile.name, kind="checksum", message=f"checksum is {crc}, the manifest says {pile.checksum}"))
+    try:
+        keys, _ = _tar.group(_tar.walk(buf, pile.name), pile.name)
+    except CorruptShardError as e:
+        return [*found, Problem(name=pile.name, kind="structure", message=str(e).removeprefix(f"{pile.name}: "))]
+    if len(keys) != pile.samples:
+        found.append(Problem(name=pile.name, kind="count", message=f"holds {len(keys)} samples, the manifest says {pile.samples}"))
+    return found
+
+
+def _unlisted(directory: str, m: Manifest) -> list[Problem]:
+    listed = {p.name for p in m.piles} | {manifest.MANIFEST}
+    found = []
+    for name in storage.listdir(directory):
+        if name in listed:
+            continue
+        if any(marker in name for marker in _LEFTOVER_MARKERS):
+            found.append(Problem(name=name, kind="leftover", message="temporary file of an interrupted job; safe to delete"))
+        elif name.endswith(_SHARD_SUFFIXES):
+            found.append(Problem(name=name, kind="extra", message="shard file not listed in the manifest (readers ignore it)"))
+    return found
+
+
+def verify(directory: str, *, quiet: bool = False) -> list[Problem]:
+    """Check every pile of a dataset against its manifest; returns what is wrong (``[]`` if nothing).
+
+    Each listed pile must exist, have the recorded size and checksum, be a well-formed tar
+    (every header checksum, no truncation, no unsafe or non-regular member, no sample with two
+    members of one extension) and hold the recorded number of samples. Shard files the manifest
+    does not list and temporaries left by an interrupted job are reported too.
+
+    Args:
+        quiet: no progress bar (there is none anyway when stderr is not a terminal).
+
+    Raises:
+        DatasetNotFoundError: ``directory`` holds no ``shardkit.json``.
+        ManifestError: the manifest itself is malformed.
+    """
+    m = manifest.read(directory)
+    problems: list[Problem] = []
+    with _progress.bar(total=m.bytes, desc="verify", unit="B", quiet=quiet, unit_scale=True, unit_divisor=1024) as progress:
+        for pile in m.piles:
+            problems.extend(_check_pile(directory, pile))
+            progress.update(pile.bytes)
+    problems.extend(_unlisted(directory, m))
+    return problems

@@ -1,0 +1,313 @@
+"""``shardkit demo``: a class-sorted image dataset written naively and as piles, read back, compared.
+
+Everything is made in memory: ``samples`` tiny synthetic JPEG images in ``classes`` classes,
+stored sorted by class (all of class 0, then all of class 1, ...: how datasets often arrive).
+The same samples are written twice:
+
+1. sequentially into shards with ``webdataset.ShardWriter`` (the naive baseline), then read
+   back with WebDataset's usual shuffle: shard order shuffled plus a 1000-sample buffer;
+2. into M random piles with :class:`shardkit.PileWriter`, then read back with
+   :func:`shardkit.loader` (pile order permuted, each pile shuffled in memory).
+
+It prints samples/s of writing and reading (one process, raw bytes, no decoding), the mean
+number of distinct classes in a batch of 256 for the order as written, for WebDataset's shuffle
+and for shardkit (a uniform shuffle gets about 10 of 10), and the peak memory each reader added.
+
+    result = demo(samples=20_000, quiet=True)
+    print(result.table())
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import math
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardkit import _progress
+from shardkit._sizes import format_size
+from shardkit.audit import info
+from shardkit.errors import ConfigError
+
+IMAGE_SIDE = 32
+# distinct images encoded per class; samples reuse them (encoding is not what is measured)
+_VARIANTS = 200
+
+
+def make_images(samples: int, classes: int, seed: int) -> tuple[list[bytes], np.ndarray]:
+    """Class-sorted JPEG images: sample i has class ``i * classes // samples``.
+
+    Each class has its own colour; each variant its own noise, so images differ in bytes too.
+    """
+    from PIL import Image
+
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0xDE30])))
+    colours = rng.integers(40, 216, size=(classes, 3))
+    encoded: list[list[bytes]] = []
+    for colour in colours:
+        variants = []
+        for _ in range(min(_VARIANTS, samples)):
+            noise = rng.integers(-40, 40, size=(IMAGE_SIDE, IMAGE_SIDE, 3))
+            pixels = np.clip(colour + noise, 0, 255).astype(np.uint8)
+            out = io.BytesIO()
+            Image.fromarray(pixels).save(out, format="JPEG", quality=85)
+            variants.append(out.getvalue())
+        encoded.append(variants)
+    labels = np.arange(samples) * classes // samples
+    variant = rng.integers(0, len(encoded[0]), size=samples)
+    return [encoded[c][v] for c, v in zip(labels.tolist(), variant.tolist(), strict=True)], labels
+
+
+def classes_per_batch(labels: np.ndarray, batch_size: int) -> float:
+    """Mean number of distinct labels in the full batches of an order."""
+    # the seam for shardkit.quality: its classes-per-window metric also gives the null spread
+    full = len(labels) // batch_size
+    if full == 0:
+        return float("nan")
+    batches = np.asarray(labels[: full * batch_size]).reshape(full, batch_size)
+    return float(np.mean([len(np.unique(b)) for b in batches]))
+
+
+def expected_classes(labels: np.ndarray, batch_size: int) -> float:
+    """Distinct classes a batch holds on average under a uniform shuffle (hypergeometric)."""
+    n = len(labels)
+    if batch_size > n:
+        return float("nan")
+    total = 0.0
+    for count in np.unique(labels, return_counts=True)[1]:
+        # P(class absent) = C(n - count, b) / C(n, b), in logs to stay finite
+        if n - count >= batch_size:
+            log_absent = (
+                math.lgamma(n - count + 1) - math.lgamma(n - count - batch_size + 1) - math.lgamma(n + 1) + math.lgamma(n - batch_size + 1)
+            )
+            total += 1 - math.exp(log_absent)
+        else:
+            total += 1
+    return total
+
+
+def _resident() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class PeakMemory:
+    """Peak resident memory above the level at entry, sampled every 2 ms (Linux; else None).
+
+    One daemon thread samples until the block exits; ``added`` is then the peak increase.
+
+        with PeakMemory() as memory:
+            work()
+        print(memory.added)
+    """
+
+    def __init__(self) -> None:
+        self.added: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="shardkit-demo-memory", daemon=True)
+        self._base = _resident()
+        self._peak = self._base or 0
+
+    def _sample(self) -> None:
+        # invariant: only this thread writes _peak until _stop is set and the thread is joined
+        while not self._stop.wait(0.002):
+            self._peak = max(self._peak, _resident() or 0)
+
+    def __enter__(self) -> PeakMemory:
+        if self._base is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._base is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._peak = max(self._peak, _resident() or 0)
+        self.added = self._peak - self._base
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """One line of the demo's table; None where a figure does not apply."""
+
+    name: str
+    write_per_s: float | None
+    read_per_s: float | None
+    classes_per_batch: float
+    read_memory: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoResult:
+    """What :func:`demo` measured.
+
+    result = demo(samples=20_000, quiet=True)
+    sequential, webdataset, piles = result.rows
+    print(piles.classes_per_batch, result.uniform_classes)
+    """
+
+    samples: int
+    classes: int
+    piles: int
+    batch_size: int
+    rows: tuple[Row, ...]
+    uniform_classes: float
+    loader_ram: int
+    out: str | None
+
+    def table(self) -> str:
+        """The side-by-side comparison printed by ``shardkit demo``."""
+        head = (
+            f"shardkit demo: {self.samples:,} synthetic {IMAGE_SIDE}x{IMAGE_SIDE} JPEG images in {self.classes} classes, "
+            f"stored sorted by class\n(one process, raw bytes; a uniform shuffle puts {self.uniform_classes:.1f} classes "
+            f"in a batch of {self.batch_size})\n"
+        )
+        header = f"{'':<40} {'write/s':>9} {'read/s':>9} {'classes/batch':>14} {'read memory':>12}"
+        lines = [head, header]
+        for row in self.rows:
+            write = f"{row.write_per_s:,.0f}" if row.write_per_s else "-"
+            read = f"{row.read_per_s:,.0f}" if row.read_per_s else "-"
+            memory = f"+{format_size(row.read_memory)}" if row.read_memory is not None else "-"
+            lines.append(f"{row.name:<40} {write:>9} {read:>9} {row.classes_per_batch:>14.1f} {memory:>12}")
+        lines.append(f"\nshardkit's loader holds at most two piles: {format_size(self.loader_ram)} here (shardkit info DIR shows it)")
+        if self.out:
+            lines.append(f"data kept in {self.out} (sequential/, piles/)")
+        return "\n".join(lines)
+
+
+def _samples(images: list[bytes], labels: np.ndarray) -> Iterator[dict]:
+    for i, (jpg, label) in enumerate(zip(images, labels.tolist(), strict=True)):
+        yield {"__key__": f"{i:08d}", "jpg": jpg, "cls": label}
+
+
+def _write_sequential(directory: str, images: list[bytes], labels: np.ndarray, maxcount: int) -> tuple[list[str], float]:
+    import webdataset as wds
+
+    os.makedirs(directory, exist_ok=True)
+    for old in glob.glob(os.path.join(directory, "shard-*.tar")):
+        os.unlink(old)
+    start = time.perf_counter()
+    with wds.ShardWriter(os.path.join(directory, "shard-%06d.tar"), maxcount=maxcount, verbose=0) as sink:
+        for sample in _samples(images, labels):
+            sink.write(sample)
+    return sorted(glob.glob(os.path.join(directory, "shard-*.tar"))), time.perf_counter() - start
+
+
+def _write_piles(directory: str, images: list[bytes], labels: np.ndarray, piles: int, seed: int) -> float:
+    from shardkit.writer import PileWriter
+
+    start = time.perf_counter()
+    with PileWriter(directory, piles=piles, seed=seed, overwrite=True) as sink:
+        for sample in _samples(images, labels):
+            sink.write(sample)
+    return time.perf_counter() - start
+
+
+def _timed_labels(samples: Iterator[dict]) -> tuple[np.ndarray, float, int | None]:
+    """Drain a sample stream: its labels in order, the seconds it took, the memory it added."""
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        labels = np.array([int(s["cls"]) for s in samples])
+        seconds = time.perf_counter() - start
+    return labels, seconds, memory.added
+
+
+def _read_webdataset(urls: list[str], buffer: int, seed: int) -> tuple[np.ndarray, float, int | None]:
+    import webdataset as wds
+
+    dataset = wds.WebDataset(urls, shardshuffle=len(urls), seed=seed, empty_check=False).shuffle(buffer, seed=seed)
+    return _timed_labels(iter(dataset))
+
+
+def _read_shardkit(directory: str, seed: int) -> tuple[np.ndarray, float, int | None]:
+    import shardkit
+
+    with shardkit.loader(directory, seed=seed, decode=False) as loader:
+        return _timed_labels(iter(loader))
+
+
+def demo(
+    out: str | os.PathLike[str] | None = None,
+    *,
+    samples: int = 50_000,
+    classes: int = 10,
+    piles: int = 16,
+    batch_size: int = 256,
+    buffer: int = 1000,
+    seed: int = 0,
+    quiet: bool = False,
+) -> DemoResult:
+    """Make the class-sorted dataset, write and read it both ways, and measure.
+
+    Args:
+        out: keep the data here (``OUT/sequential/shard-*.tar``, ``OUT/piles/``; both replaced
+            if present); None works in a temporary directory removed afterwards.
+        samples, classes: size of the synthetic dataset.
+        piles: M for the pile writer.
+        batch_size: batch size of the classes-per-batch figure.
+        buffer: WebDataset's shuffle buffer.
+        quiet: no progress bar.
+    """
+    for name, value in (("samples", samples), ("classes", classes), ("piles", piles), ("batch_size", batch_size), ("buffer", buffer)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+    with contextlib.ExitStack() as stack:
+        root = os.fspath(out) if out is not None else stack.enter_context(tempfile.TemporaryDirectory(prefix="shardkit-demo-"))
+        progress = stack.enter_context(_progress.bar(total=5, desc="demo", unit="step", quiet=quiet))
+
+        def step(what: str) -> None:
+            progress.set_postfix_str(what)
+            progress.update(1)
+
+        labels, rows = _measure(
+            root, samples=samples, classes=classes, piles=piles, batch_size=batch_size, buffer=buffer, seed=seed, step=step
+        )
+        loader_ram = info(os.path.join(root, "piles")).loader_ram()
+    return DemoResult(
+        samples=samples,
+        classes=classes,
+        piles=piles,
+        batch_size=batch_size,
+        rows=rows,
+        uniform_classes=expected_classes(labels, batch_size),
+        loader_ram=loader_ram,
+        out=os.fspath(out) if out is not None else None,
+    )
+
+
+def _measure(
+    root: str, *, samples: int, classes: int, piles: int, batch_size: int, buffer: int, seed: int, step: Callable[[str], None]
+) -> tuple[np.ndarray, tuple[Row, ...]]:
+    """Make, write and read the data in ``root``; the labels as written and one row per order."""
+    images, labels = make_images(samples, classes, seed)
+    step("images made")
+    urls, seq_write = _write_sequential(os.path.join(root, "sequential"), images, labels, max(1, samples // 10))
+    step("sequential shards written")
+    pile_write = _write_piles(os.path.join(root, "piles"), images, labels, piles, seed)
+    del images
+    step("piles written")
+    wds_labels, wds_read, wds_memory = _read_webdataset(urls, buffer, seed)
+    step("read with webdataset")
+    sk_labels, sk_read, sk_memory = _read_shardkit(os.path.join(root, "piles"), seed)
+    step("read with shardkit")
+    rows = (
+        Row(name="sequential shards, in written order", write_per_s=samples / seq_write, read_per_s=None,
+            classes_per_batch=classes_per_batch(labels, batch_size), read_memory=None),
+        Row(name=f"webdataset: shard shuffle + buffer {buffer}", write_per_s=None, read_per_s=len(wds_labels) / wds_read,
+            classes_per_batch=classes_per_batch(wds_labels, batch_size), read_memory=wds_memory),
+        Row(name=f"shardkit: {piles} piles, loader", write_per_s=samples / pile_write, read_per_s=len(sk_labels) / sk_read,
+            classes_per_batch=classes_per_batch(sk_labels, batch_size), read_memory=sk_memory),
+    )  # fmt: skip
+    return labels, rows

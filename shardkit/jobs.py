@@ -1,0 +1,343 @@
+"""YAML batch jobs: validate a whole job file into option objects, then run it.
+
+A job file holds exactly the options a Python user passes to :func:`shardkit.preprocess`,
+:func:`shardkit.pile`, :func:`shardkit.shuffle` or the demo. Everything is checked before any
+work starts (unknown keys, types, sizes, that inputs exist, that ``fn`` imports) and each
+problem is reported as ``FILE: FIELD.PATH: what was expected, what was found``::
+
+    job: preprocess              # preprocess | pile | shuffle | demo
+    inputs: raw/train            # a path, glob or brace pattern, or a list of them
+    transform: images            # a built-in (images | jsonl | shards) ...
+    # fn: mypackage.mymodule:make_samples   # ... or your own fn(unit, **args) yielding samples
+    args: {size: 224}            # keyword arguments of the transform or fn
+    output: {path: piles/train, piles: 256, seed: 0, max_pile_bytes: 2GiB, overwrite: false}
+    workers: 8
+    on_error: raise              # or skip
+
+Relative paths (``inputs``, ``output.path``) are relative to the job file's directory, not to
+the working directory, so a job runs the same from anywhere. An ``fn`` module is imported
+normally; if Python cannot find it, it is also looked for in the job file's directory. The file
+is read with ``yaml.safe_load``: tags that construct Python objects are refused.
+
+    job = load_job("configs/images.yaml")   # raises ConfigError naming file and field
+    run_job(job)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from shardkit import _schema, storage, transforms
+from shardkit._schema import Fields
+from shardkit.errors import ConfigError, DatasetNotFoundError
+from shardkit.manifest import Manifest
+from shardkit.shuffle import ShuffleOptions
+from shardkit.writer import PileOptions
+
+JOBS = ("preprocess", "pile", "shuffle", "demo")
+ON_ERROR = ("raise", "skip")
+
+
+@dataclass(frozen=True)
+class ImportedFn:
+    """A user's ``module:function`` with its keyword arguments, imported where it is called.
+
+    Picklable by name, so worker processes import the function themselves.
+
+        fn = ImportedFn("mypkg.parse:records", {"lang": "en"}, search="configs")
+        samples = fn("raw/part-0.jsonl")   # mypkg.parse.records("raw/part-0.jsonl", lang="en")
+    """
+
+    spec: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    search: str | None = None
+
+    def resolve(self) -> Callable[..., Iterable[Mapping[str, Any]]]:
+        return _import(self.spec, self.search)
+
+    def __call__(self, unit: Any) -> Iterable[Mapping[str, Any]]:
+        return self.resolve()(unit, **self.args)
+
+
+@functools.lru_cache(maxsize=32)
+def _import(spec: str, search: str | None) -> Callable[..., Any]:
+    """Import ``module:function``; ConfigError (unprefixed) naming the module or the name."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name or not all(part.isidentifier() for part in (*module_name.split("."), *name.split("."))):
+        raise ConfigError(f"expected 'module:function' (e.g. mypackage.prep:make_samples), got {spec!r}")
+    try:
+        module = _import_module(module_name, search)
+    except ImportError as e:
+        raise ConfigError(f"cannot import module {module_name!r} for {spec!r}: {e}") from None
+    except Exception as e:  # the module's own code failed: say so instead of a bare traceback
+        raise ConfigError(f"importing module {module_name!r} for {spec!r} failed: {type(e).__name__}: {e}") from None
+    target: Any = module
+    for part in name.split("."):
+        if not hasattr(target, part):
+            raise ConfigError(f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no attribute {name!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ConfigError(f"{spec!r} is a {type(target).__name__}, not a function")
+    return target
+
+
+def _import_module(module_name: str, search: str | None) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        top = module_name.split(".")[0]
+        if search is None or e.name != top or not any(os.path.exists(os.path.join(search, top + s)) for s in (".py", "")):
+            raise
+    # appended, not prepended: a module next to the job never shadows an installed one
+    if search not in sys.path:
+        sys.path.append(search)
+    return importlib.import_module(module_name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PileJob:
+    """``job: pile``: re-pile existing WebDataset shards.
+
+    job = load_job("configs/repile.yaml")
+    print(job.inputs, job.output, job.options.piles)
+    manifest = run_job(job)
+    """
+
+    source: str
+    inputs: tuple[str, ...]
+    output: str
+    options: PileOptions
+    workers: int = 1
+    on_error: str = "raise"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreprocessJob(PileJob):
+    """``job: preprocess``: a pile job whose samples come from a transform or ``fn`` per unit."""
+
+    fn: transforms.Images | transforms.JsonLines | transforms.Shards | ImportedFn
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShuffleJob:
+    """``job: shuffle``: the eager shuffle of existing shards into fixed-size shards."""
+
+    source: str
+    inputs: tuple[str, ...]
+    output: str
+    options: ShuffleOptions
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoJob:
+    """``job: demo``: the built-in demonstration; ``output`` None uses a temporary directory."""
+
+    source: str
+    output: str | None
+    samples: int
+
+
+Job = PreprocessJob | PileJob | ShuffleJob | DemoJob
+
+
+def load_job(path: str | os.PathLike[str]) -> Job:
+    """Read and validate a job file completely (inputs must exist, ``fn`` must import).
+
+    Raises:
+        ConfigError: anything wrong, as ``FILE: FIELD: expected ..., got ...``.
+        DatasetNotFoundError: the job file itself does not exist.
+    """
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"{source}: no such job file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{source}: cannot read the job file ({e})") from None
+    return parse_job(_load_yaml(text, source), source)
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.constructor.ConstructorError as e:
+        mark = e.problem_mark
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        raise ConfigError(
+            f"{source}: {where}YAML tags that build Python objects are not allowed ({e.problem}); use plain mappings, lists, strings and numbers"
+        ) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise ConfigError(f"{source}: {where}not valid YAML ({getattr(e, 'problem', None) or e})") from None
+
+
+_PILE_OUTPUT = ("path", "piles", "seed", "max_pile_bytes", "buffer_size", "overwrite")
+_ALLOWED = {
+    "preprocess": ("job", "inputs", "transform", "fn", "args", "output", "workers", "on_error"),
+    "pile": ("job", "inputs", "output", "workers", "on_error"),
+    "shuffle": ("job", "inputs", "output", "workers"),
+    "demo": ("job", "output", "samples"),
+}
+
+
+def parse_job(doc: Any, source: str) -> Job:
+    """Validate a loaded YAML document into a job; ``source`` is the file it came from."""
+    top = Fields(doc, source=source, path="", allowed=sorted({k for keys in _ALLOWED.values() for k in keys}))
+    kind = top.take("job", _schema.choice(*JOBS), required=True)
+    top = Fields(doc, source=source, path="", allowed=_ALLOWED[kind])
+    base = os.path.dirname(os.path.abspath(source))
+    if kind == "demo":
+        out = top.sub("output", ("path",), required=False).take("path", _schema.string)
+        samples = top.take("samples", _schema.positive_int, default=50_000)
+        return DemoJob(source=source, output=_resolve(base, out) if out else None, samples=samples)
+    inputs = tuple(_resolve(base, p) for p in top.take("inputs", _schema.strings, required=True))
+    if kind == "shuffle":
+        return _shuffle_job(top, inputs, base)
+    return _piling_job(top, kind, inputs, base)
+
+
+def _shuffle_job(top: Fields, inputs: tuple[str, ...], base: str) -> ShuffleJob:
+    output = top.sub("output", ("path", "piles", "memory", "maxcount", "maxsize", "seed", "overwrite"))
+    workers = top.take("workers", _schema.positive_int, default=1)
+    values = _option_values(output)
+    with output.errors():
+        options = ShuffleOptions(**values, workers=workers)
+    _check_inputs(top, inputs, folders=False)
+    return ShuffleJob(source=top.source, inputs=inputs, output=_output_path(output, base), options=options)
+
+
+def _piling_job(top: Fields, kind: str, inputs: tuple[str, ...], base: str) -> PileJob | PreprocessJob:
+    output = top.sub("output", _PILE_OUTPUT)
+    output.take("piles", _schema.anything, required=True)
+    values = _option_values(output)
+    with output.errors():
+        options = PileOptions(**values)
+    out = _output_path(output, base)
+    workers = top.take("workers", _schema.positive_int, default=1)
+    on_error = top.take("on_error", _schema.choice(*ON_ERROR), default="raise")
+    if kind == "pile":
+        _check_inputs(top, inputs, folders=False)
+        return PileJob(source=top.source, inputs=inputs, output=out, options=options, workers=workers, on_error=on_error)
+    fn = _parse_fn(top, base)
+    _check_inputs(top, inputs, folders=isinstance(fn, transforms.Images))
+    return PreprocessJob(source=top.source, inputs=inputs, fn=fn, output=out, options=options, workers=workers, on_error=on_error)
+
+
+def _option_values(output: Fields) -> dict[str, Any]:
+    """The output fields other than ``path``, for an options class to validate."""
+    values = {name: output.take(name, _schema.anything) for name in output.names() if name != "path"}
+    if "overwrite" in values:
+        values["overwrite"] = output.take("overwrite", _schema.boolean)
+    return values
+
+
+def _output_path(output: Fields, base: str) -> str:
+    return _resolve(base, output.take("path", _schema.string, required=True))
+
+
+def _parse_fn(top: Fields, base: str) -> transforms.Images | transforms.JsonLines | transforms.Shards | ImportedFn:
+    args = top.take("args", _schema.mapping, default={})
+    if top.has("fn") and top.has("transform"):
+        raise ConfigError(f"{top.source}: fn: give either fn (your own function) or transform (a built-in), not both")
+    if top.has("fn"):
+        spec = top.take("fn", _schema.string)
+        with top.errors("fn"):
+            _import(spec, base)
+        return ImportedFn(spec, args, search=base)
+    if not top.has("transform"):
+        raise ConfigError(
+            f"{top.source}: transform: missing: name a built-in ({', '.join(transforms.TRANSFORMS)}) or give fn: module:function"
+        )
+    name = top.take("transform", _schema.string)
+    with top.errors("transform"):
+        transforms.get(name)  # an unknown name is named as the transform's fault, not the args'
+    with top.errors("args"):
+        return transforms.get(name, **args)
+
+
+def _check_inputs(top: Fields, inputs: tuple[str, ...], *, folders: bool) -> None:
+    """Every input names something that exists: a folder (image transforms) or files."""
+    for i, item in enumerate(inputs):
+        with top.errors(f"inputs[{i}]"):
+            if folders:
+                if not os.path.isdir(item):
+                    raise ConfigError(f"{item}: no such folder")
+            else:
+                try:
+                    storage.expand(item)
+                except DatasetNotFoundError as e:
+                    raise ConfigError(str(e)) from None
+
+
+def _resolve(base: str, path: str) -> str:
+    """A job path made absolute against the job file's directory (URLs are left alone)."""
+    local = storage.local_path(path)
+    if local is None or path.startswith("file://"):
+        return path
+    return os.path.normpath(os.path.join(base, os.path.expanduser(local)))
+
+
+def _units(job: PreprocessJob) -> tuple[list[Any], dict[str, Any] | None]:
+    """The job's input units, and what the transform says about them for the manifest."""
+    if isinstance(job.fn, ImportedFn):
+        return storage.expand(list(job.inputs)), None
+    units, extra = job.fn.prepare(list(job.inputs))
+    return list(units), extra or None
+
+
+def run_job(job: Job, *, quiet: bool = False) -> Any:
+    """Run a validated job; returns what the underlying function returns (a Manifest for all but the demo)."""
+    import shardkit
+
+    if isinstance(job, PreprocessJob):
+        units, extra = _units(job)
+        return shardkit.preprocess(
+            units, job.fn, job.output, **_pile_kwargs(job.options), workers=job.workers, on_error=job.on_error, quiet=quiet, extra=extra
+        )
+    if isinstance(job, PileJob):
+        return shardkit.pile(
+            list(job.inputs), job.output, **_pile_kwargs(job.options), workers=job.workers, on_error=job.on_error, quiet=quiet
+        )
+    if isinstance(job, ShuffleJob):
+        return shardkit.shuffle(list(job.inputs), job.output, **vars(job.options), quiet=quiet)
+    from shardkit.demo import demo
+
+    return demo(out=job.output, samples=job.samples, quiet=quiet)
+
+
+def _pile_kwargs(options: PileOptions) -> dict[str, Any]:
+    return {
+        "piles": options.piles,
+        "seed": options.seed,
+        "max_pile_bytes": options.max_pile_bytes,
+        "buffer_size": options.buffer_size,
+        "overwrite": options.overwrite,
+    }
+
+
+def describe(job: Job) -> str:
+    """One line saying what a job will do (``shardkit run --check`` prints it)."""
+    if isinstance(job, DemoJob):
+        return f"demo job: {job.samples:,} samples into {job.output or 'a temporary directory'}"
+    what = {PreprocessJob: "preprocess", PileJob: "pile", ShuffleJob: "shuffle"}[type(job)]
+    piles = job.options.piles if job.options.piles is not None else "auto"
+    return f"{what} job: {len(job.inputs)} input pattern(s) -> {job.output} ({piles} piles)"
+
+
+def summary(result: Any) -> str:
+    """What a finished job made, in one line."""
+    if isinstance(result, Manifest):
+        return f"{result.samples:,} samples in {len(result.piles)} files" + (
+            f", {result.skipped_units} input units skipped" if result.skipped_units else ""
+        )
+    return str(result)

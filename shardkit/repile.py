@@ -1,0 +1,77 @@
+"""Re-pile a shardkit dataset with a new seed: fresh pile membership for later epochs.
+
+Epochs after the first reuse pile membership (pile-mates meet in a batch about M times more
+often than under fresh shuffles). :func:`repile` runs pass 1 again over the dataset's own piles
+with a new seed, in one read and one write, so the new dataset's piles share no more than chance
+with the old ones. Train on the old dataset while the new one is written, then switch.
+
+    shardkit.repile("data/", "data-2/", seed=1)   # same M, new membership
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from shardkit import manifest, storage
+from shardkit.errors import ConfigError
+from shardkit.manifest import Manifest
+
+__all__ = ["original_piles", "repile"]
+
+_PILE = re.compile(r"^pile-(\d+)(?:-\d+)*\.tar$")
+
+
+def original_piles(m: Manifest) -> int:
+    """The M a dataset was written with: split sub-piles (``pile-000012-001.tar``) count once."""
+    bases = [int(match.group(1)) for p in m.piles if (match := _PILE.match(p.name))]
+    if len(bases) != len(m.piles):
+        return len(m.piles)
+    return max(bases) + 1 if bases else 0
+
+
+def _same_place(a: str, b: str) -> bool:
+    pa, pb = storage.local_path(a), storage.local_path(b)
+    if pa is None or pb is None:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(pa) == os.path.realpath(pb)
+
+
+def repile(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    seed: int,
+    piles: int | None = None,
+    workers: int = 1,
+    max_pile_bytes: int | str | None = None,
+    overwrite: bool = False,
+    quiet: bool = False,
+) -> Manifest:
+    """Pass 1 again over a dataset's piles, with a new seed, into a new dataset.
+
+    Args:
+        src: a shardkit dataset directory (its manifest is read first).
+        dst: the new dataset's directory; must not be ``src``.
+        seed: the new router seed; must differ from the one ``src`` was written with.
+        piles: M of the new dataset (default: the M of ``src``).
+        workers, max_pile_bytes, overwrite, quiet: as in :func:`shardkit.pile`.
+
+    Returns:
+        The new dataset's manifest.
+
+    Raises:
+        DatasetNotFoundError: ``src`` is not a dataset.
+        ConfigError: ``dst`` is ``src``, or ``seed`` is the source's seed.
+    """
+    from shardkit.preprocess import pile
+
+    src, dst = os.fspath(src), os.fspath(dst)
+    m = manifest.read(src)
+    if _same_place(src, dst):
+        raise ConfigError(f"{dst}: repile writes a new dataset and cannot replace its source in place; write elsewhere, then swap")
+    if seed == m.seed:
+        raise ConfigError(f"seed: {src} was written with seed {seed}; repile needs a different seed for new pile membership")
+    count = original_piles(m) if piles is None else piles
+    inputs = [storage.join(src, p.name) for p in m.piles]
+    return pile(inputs, dst, piles=count, seed=seed, workers=workers, max_pile_bytes=max_pile_bytes, overwrite=overwrite, quiet=quiet)

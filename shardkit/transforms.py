@@ -1,0 +1,280 @@
+"""Built-in preprocessing transforms: image folders, JSON lines, existing shards.
+
+A transform turns the paths a user names into input units (``units``; ``prepare`` also gives
+metadata for the manifest's ``extra``) and each unit into samples (calling it), so it plugs
+straight into :func:`shardkit.preprocess`; YAML jobs name
+them (``transform: images``) and the preprocessing scripts use the same code. Transforms are
+frozen dataclasses: picklable, so they run in worker processes, and validated on creation.
+
+    images = Images(size=224, quality=90)
+    units = images.units(["raw/train"])
+    shardkit.preprocess(units, images, "piles/train", piles=256, workers=8)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from shardkit import storage
+from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
+from shardkit.reader import iter_shard
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        bound = f"between {lo} and {hi}" if hi is not None else ("a positive integer" if lo == 1 else f"an integer >= {lo}")
+        raise ConfigError(f"{name}: expected {'an integer ' if hi is not None else ''}{bound}, got {value!r}")
+
+
+def sample_key(relative: str) -> str:
+    """A WebDataset key from a relative path: ``cat/img.01.png`` -> ``cat/img_01``.
+
+    The extension goes and the remaining dots become ``_``: readers end a key at the first dot.
+    """
+    stem = os.path.splitext(relative.replace(os.sep, "/"))[0]
+    return "/".join(part.replace(".", "_") for part in stem.split("/"))
+
+
+def _unique_keys(pairs: Sequence[tuple[str, str]], where: str) -> None:
+    """Refuse two sources that map to one key: ``pairs`` holds (key, source)."""
+    seen: dict[str, str] = {}
+    for key, source in pairs:
+        if key in seen:
+            raise ConfigError(f"{where}: {seen[key]!r} and {source!r} would both get the sample key {key!r}; rename one")
+        seen[key] = source
+
+
+# one image: (folder it was found in, path relative to it, class name, class index)
+ImageItem = tuple[str, str, str, int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Images:
+    """Image folders with one subfolder per class -> ``jpg``, ``cls`` and ``json`` fields.
+
+    Each image is decoded, turned upright (EXIF), converted to RGB, its short side resized to
+    ``size`` pixels (0 keeps the size) and re-encoded as JPEG at ``quality``. ``cls`` is the
+    class index by sorted class name over all input folders; ``json`` holds the source path
+    (relative to its folder) and the class name. Keys are ``CLASS/STEM`` (see :func:`sample_key`).
+
+    Args:
+        size: short side in pixels after resizing; 0 keeps the original size.
+        quality: JPEG quality, 1-100.
+        images_per_unit: images per input unit; a unit is what a worker takes at a time and,
+            with ``on_error="skip"``, what a broken image drops (use 1 to drop only it).
+
+        images = Images(size=64)
+        for sample in images(images.units(["raw/train"])[0]):
+            print(sample["__key__"], sample["cls"])
+    """
+
+    size: int = 256
+    quality: int = 90
+    images_per_unit: int = 64
+
+    def __post_init__(self) -> None:
+        _check_int("size", self.size, 0)
+        _check_int("quality", self.quality, 1, 100)
+        _check_int("images_per_unit", self.images_per_unit, 1)
+
+    def prepare(self, inputs: Sequence[str]) -> tuple[list[list[ImageItem]], dict[str, Any]]:
+        """Scan the folders; the units (images in a deterministic order) and ``{"classes": names}``.
+
+        The class names, in index order, are meant for the manifest's ``extra``.
+        """
+        classes, items = scan_images(inputs)
+        step = self.images_per_unit
+        return [items[i : i + step] for i in range(0, len(items), step)], {"classes": classes}
+
+    def units(self, inputs: Sequence[str]) -> list[list[ImageItem]]:
+        return self.prepare(inputs)[0]
+
+    def __call__(self, unit: Sequence[ImageItem]) -> Iterator[dict[str, Any]]:
+        for root, relative, name, index in unit:
+            path = os.path.join(root, relative)
+            try:
+                jpg = encode_image(path, size=self.size, quality=self.quality)
+            except (OSError, ValueError, SyntaxError) as e:  # Pillow reports broken files as any of these
+                raise SampleError(f"{path}: cannot read image ({e})") from e
+            yield {"__key__": sample_key(relative), "jpg": jpg, "cls": index, "json": {"path": relative, "class": name}}
+
+
+def _class_folders(root: str) -> list[str]:
+    if not os.path.isdir(root):
+        raise DatasetNotFoundError(f"{root}: no such folder")
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    if not classes:
+        raise DatasetNotFoundError(f"{root}: expected one subfolder per class, found none")
+    return classes
+
+
+def _images_in(root: str, folder: str) -> Iterator[str]:
+    """Image paths under ``root/folder``, relative to ``root`` and '/'-separated, sorted."""
+    for here, dirs, files in os.walk(os.path.join(root, folder)):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for file in sorted(files):
+            if not file.startswith(".") and os.path.splitext(file)[1].lower() in IMAGE_EXTENSIONS:
+                yield os.path.relpath(os.path.join(here, file), root).replace(os.sep, "/")
+
+
+def scan_images(roots: Sequence[str]) -> tuple[list[str], list[ImageItem]]:
+    """The class names (sorted) and every image under the class folders of ``roots``, in order.
+
+    Raises:
+        DatasetNotFoundError: a root is missing, has no class folder, or no image is found.
+        ConfigError: two images would get the same sample key.
+    """
+    per_root = {root: _class_folders(root) for root in roots}
+    classes = sorted({name for names in per_root.values() for name in names})
+    index = {name: i for i, name in enumerate(classes)}
+    items = [(root, rel, name, index[name]) for root, names in per_root.items() for name in names for rel in _images_in(root, name)]
+    if not items:
+        raise DatasetNotFoundError(f"{', '.join(roots)}: no images found in {len(classes)} class folders")
+    _unique_keys([(sample_key(rel), os.path.join(root, rel)) for root, rel, _, _ in items], "images")
+    return classes, items
+
+
+def encode_image(path: str, *, size: int, quality: int) -> bytes:
+    """Decode, orient, convert to RGB, resize the short side to ``size`` (0 keeps it), encode JPEG."""
+    from PIL import Image, ImageOps
+
+    with Image.open(path) as img:
+        if size and img.format == "JPEG":
+            # let libjpeg decode at a reduced scale: much faster for large photos
+            scale = size / min(img.size)
+            img.draft("RGB", (max(1, round(img.size[0] * scale)), max(1, round(img.size[1] * scale))))
+        rgb = ImageOps.exif_transpose(img).convert("RGB")
+    if size:
+        w, h = rgb.size
+        scale = size / min(w, h)
+        target = (max(1, round(w * scale)), max(1, round(h * scale)))
+        if target != rgb.size:
+            rgb = rgb.resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
+    out = io.BytesIO()
+    rgb.save(out, format="JPEG", quality=quality)
+    return out.getvalue()
+
+
+@dataclass(frozen=True, kw_only=True)
+class JsonLines:
+    """JSON-lines files, one record a sample whose ``json`` field is the line exactly as written.
+
+    Each file (``.jsonl``, ``.ndjson``, ``.gz`` decompressed) is one input unit; every non-blank
+    line must be a JSON object. The key is the record's ``key`` field when ``key`` is given,
+    else its ``"__key__"``, else its ``"id"``, else ``STEM-LINE``: the file name without its
+    extensions, dots replaced by ``_``, and the 1-based line number (``part_1-000000042``).
+    A line that is not a JSON object, or a key used twice in one file, is an error naming the
+    file and the line.
+
+    Args:
+        key: a record field every record has, used as the sample key.
+
+        jsonl = JsonLines()
+        shardkit.preprocess(jsonl.units(["raw/*.jsonl"]), jsonl, "out/", piles=64)
+    """
+
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.key is not None and (not isinstance(self.key, str) or not self.key):
+            raise ConfigError(f"key: expected a record field name, got {self.key!r}")
+
+    def prepare(self, inputs: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+        """The files the paths, globs and brace patterns name (DatasetNotFoundError if none)."""
+        return storage.expand(list(inputs)), {}
+
+    def units(self, inputs: Sequence[str]) -> list[str]:
+        return self.prepare(inputs)[0]
+
+    def __call__(self, unit: str) -> Iterator[dict[str, Any]]:
+        stem = file_stem(unit)
+        seen: dict[str, int] = {}
+        for number, raw in enumerate(_lines(unit), start=1):
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise SampleError(f"{unit}: line {number}: not valid JSON ({e})") from None
+            if not isinstance(record, dict):
+                raise SampleError(f"{unit}: line {number}: expected a JSON object, got {type(record).__name__}")
+            key = self._key(record, stem, unit, number)
+            if key in seen:
+                raise SampleError(f"{unit}: line {number}: key {key!r} was already used on line {seen[key]}")
+            seen[key] = number
+            yield {"__key__": key, "json": line}
+
+    def _key(self, record: dict[str, Any], stem: str, unit: str, number: int) -> str:
+        if self.key is not None:
+            if record.get(self.key) in (None, ""):
+                raise SampleError(f"{unit}: line {number}: record has no {self.key!r} field to use as its key")
+            return str(record[self.key])
+        for name in ("__key__", "id"):
+            if record.get(name) not in (None, ""):
+                return str(record[name])
+        return f"{stem}-{number:09d}"
+
+
+def file_stem(path: str) -> str:
+    """``data/part.1.jsonl.gz`` -> ``part_1``: a key prefix without dots."""
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    for ext in (".gz", ".jsonl", ".ndjson", ".json"):
+        name = name.removesuffix(ext)
+    return name.replace(".", "_")
+
+
+def _lines(url: str) -> Iterator[bytes]:
+    with storage.open_read(url) as raw:
+        if url.endswith(".gz"):
+            import gzip
+
+            with gzip.GzipFile(fileobj=raw) as unzipped:
+                yield from unzipped
+        else:
+            yield from raw
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shards:
+    """Existing WebDataset tar shards, one unit per shard, samples passed on as raw bytes.
+
+    shards = Shards()
+    shardkit.preprocess(shards.units(["old/shard-{000..099}.tar"]), shards, "new/", piles=64)
+    """
+
+    def prepare(self, inputs: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+        return storage.expand(list(inputs)), {}
+
+    def units(self, inputs: Sequence[str]) -> list[str]:
+        return self.prepare(inputs)[0]
+
+    def __call__(self, unit: str) -> Iterator[dict[str, Any]]:
+        return iter_shard(unit)
+
+
+TRANSFORMS: dict[str, type[Images] | type[JsonLines] | type[Shards]] = {"images": Images, "jsonl": JsonLines, "shards": Shards}
+
+
+def get(name: str, **args: Any) -> Images | JsonLines | Shards:
+    """The built-in transform ``name`` made with ``args``.
+
+    Raises:
+        ConfigError: an unknown transform, an unknown argument or a bad value (named).
+    """
+    if name not in TRANSFORMS:
+        raise ConfigError(f"expected one of {', '.join(TRANSFORMS)}, got {name!r}")
+    cls = TRANSFORMS[name]
+    allowed = [f.name for f in fields(cls)]
+    for arg in args:
+        if arg not in allowed:
+            expected = f"expected one of: {', '.join(allowed)}" if allowed else "it takes none"
+            raise ConfigError(f"{arg}: unknown argument for transform {name!r} ({expected})")
+    return cls(**args)

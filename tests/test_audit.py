@@ -1,0 +1,148 @@
+"""shardkit info / verify: the summary, and each kind of damage verify must find."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+import shardkit
+from shardkit import manifest
+from shardkit.audit import info, verify
+from shardkit.cli import main
+
+
+def _pile(dataset: str, i: int = 2) -> str:
+    return os.path.join(dataset, manifest.read(dataset).piles[i].name)
+
+
+def _flip(path: str, offset: int, mask: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ mask]))
+
+
+def _kinds(dataset: str) -> list[tuple[str, str]]:
+    return [(p.name, p.kind) for p in verify(dataset, quiet=True)]
+
+
+def test_info_summarises_the_manifest(dataset):
+    m = manifest.read(dataset)
+    summary = info(dataset)
+    assert (summary.samples, summary.piles, summary.fields, summary.seed) == (200, 8, ("bin", "cls"), 3)
+    assert summary.bytes == sum(p.bytes for p in m.piles)
+    counts = [p.samples for p in m.piles]
+    assert (summary.pile_samples.min, summary.pile_samples.max) == (min(counts), max(counts))
+    assert summary.pile_samples.mean == 25.0 == summary.expected_mean
+    assert summary.expected_sd == pytest.approx(math.sqrt(25 * (1 - 1 / 8)))
+    largest = sorted((p.bytes for p in m.piles), reverse=True)
+    assert summary.loader_ram() == largest[0] + largest[1]
+    assert summary.loader_ram(mix=4) == sum(largest[:5])
+
+
+def test_verify_clean_dataset(dataset):
+    assert verify(dataset, quiet=True) == []
+
+
+def test_flipped_data_byte_is_a_checksum_problem(dataset):
+    path = _pile(dataset)
+    _flip(path, 512 + 10, 0xFF)  # inside the first member's payload: the tar is still well formed
+    assert _kinds(dataset) == [(os.path.basename(path), "checksum")]
+
+
+def test_flipped_header_byte_is_found_by_the_tar_walk(dataset):
+    path = _pile(dataset)
+    _flip(path, 3, 0x01)  # a letter of the first member's name: the header checksum no longer holds
+    problems = verify(dataset, quiet=True)
+    assert [p.kind for p in problems] == ["checksum", "structure"]
+    assert "header checksum" in problems[1].message and "offset 0" in problems[1].message
+
+
+def test_truncated_pile(dataset):
+    path = _pile(dataset)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - 1000)
+    problems = verify(dataset, quiet=True)
+    assert [p.kind for p in problems][:2] == ["size", "checksum"]
+    assert f"the manifest says {size} (truncated)" in problems[0].message
+
+
+def test_truncated_inside_a_member_is_a_structure_problem(dataset):
+    path = _pile(dataset)
+    with open(path, "r+b") as f:
+        f.truncate(512 + 20)  # the first member's header promises 64 bytes, 20 are left
+    kinds = [p.kind for p in verify(dataset, quiet=True)]
+    assert kinds == ["size", "checksum", "structure"]
+
+
+def test_missing_extra_and_leftover_files(dataset):
+    os.unlink(_pile(dataset, 5))
+    open(os.path.join(dataset, "pile-000099.tar"), "wb").close()
+    os.makedirs(os.path.join(dataset, ".shardkit-staging-abc"))
+    open(os.path.join(dataset, "notes.txt"), "w").close()  # not a shard: ignored
+    assert sorted(_kinds(dataset)) == [
+        (".shardkit-staging-abc", "leftover"),
+        ("pile-000005.tar", "missing"),
+        ("pile-000099.tar", "extra"),
+    ]
+
+
+def test_sample_count_disagreeing_with_the_manifest(dataset):
+    m = manifest.read(dataset)
+    first = m.piles[0]
+    wrong = shardkit.PileInfo(name=first.name, samples=first.samples + 1, bytes=first.bytes, checksum=first.checksum)
+    manifest.write(dataset, shardkit.Manifest(piles=(wrong, *m.piles[1:]), seed=m.seed, fields=m.fields, created_by=m.created_by))
+    problems = verify(dataset, quiet=True)
+    assert [(p.name, p.kind) for p in problems] == [(first.name, "count")]
+    assert f"holds {first.samples} samples, the manifest says {first.samples + 1}" in problems[0].message
+
+
+def test_cli_verify_exit_codes(dataset, capsys):
+    assert main(["verify", "-q", dataset]) == 0
+    os.unlink(_pile(dataset, 1))
+    assert main(["verify", "-q", dataset]) == 1
+    out, err = capsys.readouterr()
+    assert "pile-000001.tar: listed in the manifest but the file does not exist" in out
+    assert err.strip() == f"error: 1 problem(s) found in {dataset}"
+
+
+def test_cli_info_table_and_json(dataset, capsys):
+    assert main(["info", dataset]) == 0
+    table = capsys.readouterr().out
+    assert "samples       200" in table and "binomial    mean 25.0" in table and "loader RAM" in table
+    assert main(["info", "--json", dataset]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["samples"] == 200 and doc["pile_samples"]["expected_mean"] == 25.0
+    assert doc["loader_ram"]["mix=1"] == info(dataset).loader_ram()
+
+
+def test_cli_on_a_directory_without_a_dataset(tmp_path, capsys):
+    assert main(["verify", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "not a shardkit dataset" in err and "Traceback" not in err
+    with pytest.raises(shardkit.DatasetNotFoundError):
+        main(["info", str(tmp_path), "-v"])  # -v shows the traceback: the error propagates
+
+
+@pytest.mark.parametrize("argv", [["-v", "verify"], ["verify", "-v"], ["-v", "info"], ["info", "-vv"]])
+def test_verbose_before_or_after_the_command_shows_the_traceback(tmp_path, argv):
+    with pytest.raises(shardkit.DatasetNotFoundError):
+        main([*argv, str(tmp_path)])
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(dataset, capsys):
+    assert main(["verify", dataset]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{dataset}: ok\n" and captured.err == ""
+
+
+def test_a_pile_that_cannot_be_read(dataset):
+    path = _pile(dataset, 3)
+    os.unlink(path)
+    os.mkdir(path)  # a directory where the pile should be
+    assert _kinds(dataset) == [(os.path.basename(path), "unreadable")]

@@ -1,0 +1,197 @@
+"""Measuring a dataset: the scan, the loader's plan as an order, the comparison and the CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+from conftest import make_samples
+
+import shardkit
+from shardkit import quality, router
+from shardkit.cli import main
+from shardkit.compare import DatasetIndex, _natural, compare_shuffles, natural_order, order_from_plan, scan_dataset
+from shardkit.errors import ConfigError
+
+
+def test_scan_reads_source_positions_and_labels(dataset):
+    index = scan_dataset(dataset, label_field="cls")
+    m = shardkit.manifest.read(dataset)
+    assert index.samples == 200 and list(index.counts) == [p.samples for p in m.piles]
+    assert sorted(index.source.tolist()) == list(range(200))
+    assert index.by_source(index.labels).tolist() == [i * 10 // 200 for i in range(200)]
+    # the first sample of each pile was written first among its pile-mates: keys are in source order
+    offsets = np.concatenate(([0], np.cumsum(index.counts)))
+    for lo, hi in itertools.pairwise(offsets):
+        assert np.all(np.diff(index.source[lo:hi]) > 0)
+
+
+def test_scan_uses_natural_key_order_and_source_field(tmp_path):
+    keys = ["img9", "img10", "img100", "img2"]  # natural order: img2 img9 img10 img100
+    out = str(tmp_path / "ds")
+    with shardkit.PileWriter(out, piles=2, seed=0) as w:
+        for k in keys:
+            w.write({"__key__": k, "txt": "x", "id": 100 - int(k[3:])})
+    index = scan_dataset(out)
+    by_key = dict(zip(_keys_in_manifest_order(out), index.source.tolist(), strict=True))
+    assert by_key == {"img2": 0, "img9": 1, "img10": 2, "img100": 3}
+    by_field = dict(zip(_keys_in_manifest_order(out), scan_dataset(out, source_field="id").source.tolist(), strict=True))
+    assert by_field == {"img100": 0, "img10": 1, "img9": 2, "img2": 3}
+    with pytest.raises(ConfigError, match="must hold integers"):
+        scan_dataset(out, source_field="txt")
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        ["img9", "img10", "img100", "img2"],
+        ["a1b22", "a12b2"],  # same length, digits elsewhere: string order would be wrong
+        ["b09", "a10", "a09"],
+        ["x", "y10", "y9", ""],
+        [f"s{i:07d}" for i in np.random.default_rng(0).permutation(3000)],
+        [f"dir/{i}/k{j}" for i in range(12) for j in range(12)][::-1],
+    ],
+)
+def test_natural_order(keys):
+    assert [keys[i] for i in natural_order(keys)] == sorted(keys, key=_natural)
+
+
+def _keys_in_manifest_order(directory: str) -> list[str]:
+    m = shardkit.manifest.read(directory)
+    return [k for p in m.piles for k in shardkit.reader.read_pile(os.path.join(directory, p.name)).keys]
+
+
+def test_scan_errors_name_the_field_and_the_pile(tmp_path, dataset):
+    with pytest.raises(ConfigError, match=r"label_field 'label' is not a field of this dataset \(fields: bin, cls\)"):
+        scan_dataset(dataset, label_field="label")
+    out = str(tmp_path / "partial")
+    with shardkit.PileWriter(out, piles=1, seed=0) as w:
+        w.write({"__key__": "a", "bin": b"1", "cls": 1})
+        w.write({"__key__": "b", "bin": b"2"})
+    with pytest.raises(ConfigError, match=r"pile-000000.tar: sample 'b' has no 'cls' field"):
+        scan_dataset(out, label_field="cls")
+
+
+def test_order_from_plan_is_the_loaders_permutation():
+    counts = [5, 0, 7, 3]
+    ids = order_from_plan(counts, seed=1, epoch=0)
+    assert sorted(ids.tolist()) == list(range(15))
+    assert not np.array_equal(ids, order_from_plan(counts, seed=1, epoch=1))
+    assert np.array_equal(order_from_plan(counts, shuffle=False), np.arange(15))
+    # each pile is read as one contiguous run with mix=1
+    pile_of = np.repeat(np.arange(4), counts)[ids]
+    assert np.count_nonzero(np.diff(pile_of)) == 2
+    index = DatasetIndex(counts=np.array(counts), source=np.arange(15)[::-1].copy())
+    assert np.array_equal(order_from_plan(index, seed=1, epoch=0), 14 - ids)
+
+
+def _piled_index(n: int, piles: int, seed: int = 1) -> DatasetIndex:
+    """What a pass-1 dataset of n samples in source order looks like, without writing it.
+
+    The pile of each sample is drawn by the writer's own router; inside a pile samples keep source
+    order, as the writer appends them. So sample j in manifest order has source position ids[j].
+    """
+    pile = router.route(piles=piles, seed=seed, unit=0, count=n)
+    return DatasetIndex(counts=np.bincount(pile, minlength=piles), source=np.argsort(pile, kind="stable"))
+
+
+@pytest.mark.parametrize("mix", [1, 4])
+def test_plan_moments_are_uniform_for_large_n(mix):
+    n = 1_000_000
+    index = _piled_index(n, 100)
+    labels = np.arange(n) * 10 // n
+    for seed in (0, 1):
+        report = quality.measure(order_from_plan(index, seed=seed, epoch=seed, mix=mix), labels=labels, batch_size=256)
+        for key in ("spearman_rho", "kendall_tau", "displacement_mean", "classes_per_batch", "dispersion"):
+            assert abs(report[key].z) < 4, (seed, report[key])
+        assert abs(report["displacement_median"].value - quality.MEDIAN_UNIFORM) < 0.002
+
+
+def test_plan_on_class_sorted_data_has_dispersion_within_10_percent_of_1():
+    # 100 classes in source order, batches of 64: ~310 batches put the ratio's sd near 0.008
+    n = 20_000
+    index = _piled_index(n, 16, seed=2)
+    labels = np.arange(n) * 100 // n
+    for seed in range(3):
+        value = quality.measure(order_from_plan(index, seed=seed), labels=labels, batch_size=64)["dispersion"].value
+        assert abs(value - 1) < 0.1
+
+
+def _recurrence(index: DatasetIndex, mix: int, seeds=(0, 1), epochs: int = 4, batch: int = 64) -> float:
+    ratios = []
+    for seed in seeds:
+        orders = [order_from_plan(index, seed=seed, epoch=e, mix=mix) for e in range(epochs)]
+        ratios.append(quality.measure(orders, batch_size=batch)["recurrence"].value)
+    return float(np.mean(ratios))
+
+
+def test_recurrence_is_about_m_and_mix_cuts_it():
+    piles = 20
+    index = _piled_index(200_000, piles)
+    fixed = _recurrence(index, 1)
+    # pile-mates meet again: about M times the pairs of fresh shuffles (batches at pile seams take a bit off)
+    assert 0.9 * piles < fixed < 1.05 * piles
+    mixed = _recurrence(index, 4)
+    # mixing 4 piles cuts it by about 4 (measured 2.9-3.6x here, depending on the pile order)
+    assert 2.0 < fixed / mixed < 8.0
+
+
+def test_compare_shuffles_reports_three_orders(dataset, tmp_path):
+    result = compare_shuffles(dataset, batch_size=16, epochs=3, seed=4)
+    names = [r.name for r in result.reports]
+    assert names == ["shardkit", "sequential", "webdataset"]
+    shard, seq, wds = result.reports
+    assert seq["kendall_tau"].value == 1.0 and seq["dispersion"].value > 5
+    assert abs(shard["kendall_tau"].z) < 4
+    # sequential epochs are identical: every co-batched pair meets again
+    assert seq["recurrence"].value == pytest.approx(200 * 199 / (12 * 16 * 15), rel=1e-9)
+    assert "shards_per_window" in wds
+    text = result.table()
+    assert "shardkit" in text and "webdataset" in text and "co-batch recurrence" in text
+    png = tmp_path / "q.png"
+    result.plot(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_rejects_bad_options(dataset):
+    with pytest.raises(ConfigError, match="epochs"):
+        compare_shuffles(dataset, epochs=0)
+    with pytest.raises(ConfigError, match="fewer than one batch"):
+        compare_shuffles(dataset, batch_size=1000)
+    with pytest.raises(ConfigError, match="source_shards"):
+        compare_shuffles(dataset, batch_size=8, source_shards=10_000)
+
+
+def test_cli_quality_prints_the_table(dataset, capsys):
+    assert main(["quality", dataset, "--batch-size", "16", "--epochs", "2", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "classes per batch" in out and "sequential" in out
+    assert main(["quality", dataset, "--batch-size", "16", "--json", "--mix", "2", "-q"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"shardkit mix=2", "sequential", "webdataset"}
+    assert doc["sequential"]["metrics"]["spearman_rho"]["value"] == 1.0
+
+
+def test_cli_quality_errors(dataset, tmp_path, capsys, monkeypatch):
+    assert main(["quality", str(tmp_path / "nothing")]) == 1
+    assert "not a shardkit dataset" in capsys.readouterr().err
+    assert main(["quality", dataset, "--label-field", "nope", "--batch-size", "8"]) == 1
+    assert "'nope' is not a field" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the plot extra were not installed
+    assert main(["quality", dataset, "--batch-size", "8", "--plot", str(tmp_path / "x.png")]) == 1
+    assert "pip install 'shardkit[plot]'" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_cli_quality_without_labels(tmp_path, capsys):
+    out = str(tmp_path / "nolabels")
+    with shardkit.PileWriter(out, piles=4, seed=0) as w:
+        for s in make_samples(64):
+            w.write({"__key__": s["__key__"], "bin": s["bin"]})
+    assert main(["quality", out, "--batch-size", "8", "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "no label field" in text and "dispersion / hypergeom" not in text

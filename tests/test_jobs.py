@@ -1,0 +1,201 @@
+"""YAML jobs: every mistake is named by file and field before any work starts; valid jobs run."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+import shardkit
+from shardkit.cli import main
+from shardkit.jobs import ImportedFn, PileJob, PreprocessJob, ShuffleJob, load_job, run_job
+from shardkit.transforms import Images, JsonLines
+
+IMAGES = """
+job: preprocess
+inputs: images
+transform: images
+output: {path: out, piles: 4}
+"""
+VALID = """
+job: preprocess
+inputs: data/*.jsonl
+transform: jsonl
+output: {path: out, piles: 4}
+"""
+
+
+@pytest.fixture
+def job_dir(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_text('{"x": 1}\n{"x": 2}\n')
+    (tmp_path / "images" / "cat").mkdir(parents=True)
+    (tmp_path / "broken.py").write_text("x = 1 +\n")
+    (tmp_path / "myprep.py").write_text("def make(unit, scale=1):\n    yield {'__key__': 'k', 'txt': str(scale)}\n\nvalue = 3\n")
+    return tmp_path
+
+
+def _write(job_dir, text: str) -> str:
+    path = job_dir / "job.yaml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def _error(job_dir, text: str) -> str:
+    path = _write(job_dir, text)
+    with pytest.raises(shardkit.ConfigError) as info:
+        load_job(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ")
+    return message.removeprefix(f"{path}: ")
+
+
+def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_dir, monkeypatch):
+    monkeypatch.chdir("/")
+    job = load_job(_write(job_dir, VALID + "workers: 2\n"))
+    assert isinstance(job, PreprocessJob) and isinstance(job.fn, JsonLines)
+    assert job.inputs == (str(job_dir / "data" / "*.jsonl"),) and job.output == str(job_dir / "out")
+    assert job.options == shardkit.PileOptions(piles=4) and (job.workers, job.on_error) == (2, "raise")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (VALID.replace("piles: 4", "piles: sixty"), "output.piles: expected a positive integer, got 'sixty'"),
+        (VALID.replace("piles: 4", "piles: 0"), "output.piles: expected a positive integer, got 0"),
+        (
+            VALID.replace("piles: 4", "pilez: 4"),
+            "output.pilez: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite)",
+        ),
+        (VALID.replace("piles: 4", "seed: 1"), "output.piles: missing (required)"),
+        (
+            VALID.replace("piles: 4", "piles: 4, max_pile_bytes: lots"),
+            "output.max_pile_bytes: expected a size like 2GiB or 500MB, got 'lots'",
+        ),
+        (VALID.replace("piles: 4", "piles: 4, overwrite: 'yes'"), "output.overwrite: expected true or false, got 'yes'"),
+        (VALID.replace("path: out, ", ""), "output.path: missing (required)"),
+        (VALID + "workers: two\n", "workers: expected a positive integer, got 'two'"),
+        (VALID + "on_error: ignore\n", "on_error: expected one of raise, skip, got 'ignore'"),
+        (
+            VALID + "colour: blue\n",
+            "colour: unknown field (expected one of: args, fn, inputs, job, on_error, output, samples, transform, workers)",
+        ),
+        (VALID + "samples: 3\n", "samples: unknown field (expected one of: job, inputs, transform, fn, args, output, workers, on_error)"),
+        (VALID.replace("inputs: data/*.jsonl", "inputs: []"), "inputs: expected a path or a non-empty list of paths, got a list"),
+        (VALID.replace("inputs: data/*.jsonl", "inputs: [data/a.jsonl, 3]"), "inputs[1]: expected a path, got 3"),
+        (VALID.replace("data/*.jsonl", "data/*.csv"), "inputs[0]: {dir}/data/*.csv: pattern matches no file"),
+        (VALID.replace("job: preprocess", "job: train"), "job: expected one of preprocess, pile, shuffle, demo, got 'train'"),
+        (VALID.replace("job: preprocess", ""), "job: missing (required)"),
+        (VALID.replace("transform: jsonl", "transform: audio"), "transform: expected one of images, jsonl, shards, got 'audio'"),
+        (VALID.replace("transform: jsonl", ""), "transform: missing: name a built-in (images, jsonl, shards) or give fn: module:function"),
+        (VALID + "fn: myprep:make\n", "fn: give either fn (your own function) or transform (a built-in), not both"),
+        (VALID + "args: {colour: 1}\n", "args.colour: unknown argument for transform 'jsonl' (expected one of: key)"),
+        (IMAGES + "args: {size: big}\n", "args.size: expected an integer >= 0, got 'big'"),
+        (IMAGES.replace("inputs: images", "inputs: imagez"), "inputs[0]: {dir}/imagez: no such folder"),
+        ("- job: preprocess\n", "expected a mapping of options, got a list"),
+        ("", "expected a mapping of options, got nothing"),
+        ("job: demo\nsamples: -5\n", "samples: expected a positive integer, got -5"),
+        (
+            "job: shuffle\ninputs: data/a.jsonl\noutput: {path: o, maxcount: ten}\n",
+            "output.maxcount: expected a positive integer, got 'ten'",
+        ),
+        (
+            "job: shuffle\ninputs: data/a.jsonl\noutput: {path: o, maxsize: 1 GB}\nworkers: 0\n",
+            "workers: expected a positive integer, got 0",
+        ),
+        (
+            "job: pile\ninputs: data/a.jsonl\noutput: {path: o, piles: 2, memory: 1MiB}\n",
+            "output.memory: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite)",
+        ),
+    ],
+)
+def test_each_mistake_is_named_by_field(job_dir, text, message):
+    assert _error(job_dir, text) == message.format(dir=job_dir)
+
+
+def test_object_tags_are_refused(job_dir):
+    message = _error(job_dir, VALID + "args: !!python/object/apply:os.system ['echo hacked']\n")
+    assert message.startswith("line 6: YAML tags that build Python objects are not allowed")
+
+
+def test_bad_yaml_names_line_and_column(job_dir):
+    assert _error(job_dir, "job: preprocess\noutput: {path: out\n").startswith("line 3, column 1: not valid YAML")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            "nosuchmodule_xyz:make",
+            "fn: cannot import module 'nosuchmodule_xyz' for 'nosuchmodule_xyz:make': No module named 'nosuchmodule_xyz'",
+        ),
+        ("myprep:nothing", "fn: module 'myprep' ({dir}/myprep.py) has no attribute 'nothing'"),
+        ("myprep:value", "fn: 'myprep:value' is a int, not a function"),
+        ("broken:make", "fn: importing module 'broken' for 'broken:make' failed: SyntaxError: invalid syntax (broken.py, line 1)"),
+        ("myprep.make", "fn: expected 'module:function' (e.g. mypackage.prep:make_samples), got 'myprep.make'"),
+    ],
+)
+def test_fn_that_cannot_be_imported(job_dir, spec, message):
+    text = VALID.replace("transform: jsonl", f"fn: {spec}")
+    assert _error(job_dir, text) == message.format(dir=job_dir)
+
+
+def test_fn_next_to_the_job_file_is_imported_with_its_args(job_dir):
+    job = load_job(_write(job_dir, VALID.replace("transform: jsonl", "fn: myprep:make\nargs: {scale: 5}")))
+    assert isinstance(job, PreprocessJob) and job.fn == ImportedFn("myprep:make", {"scale": 5}, search=str(job_dir))
+    assert list(job.fn("unit")) == [{"__key__": "k", "txt": "5"}]
+
+
+def test_other_job_kinds_parse(job_dir):
+    job = load_job(_write(job_dir, "job: shuffle\ninputs: [data/a.jsonl]\noutput: {path: o, maxsize: 1GB}\nworkers: 2\n"))
+    assert isinstance(job, ShuffleJob) and job.options == shardkit.ShuffleOptions(maxsize=10**9, workers=2)
+    job = load_job(_write(job_dir, "job: pile\ninputs: data/a.jsonl\noutput: {path: o, piles: 3, seed: 7}\non_error: skip\n"))
+    assert isinstance(job, PileJob) and job.options == shardkit.PileOptions(piles=3, seed=7) and job.on_error == "skip"
+    job = load_job(_write(job_dir, "job: preprocess\ninputs: images\ntransform: images\nargs: {size: 32}\noutput: {path: o, piles: 3}\n"))
+    assert isinstance(job, PreprocessJob) and job.fn == Images(size=32)
+
+
+def test_cli_check_and_errors(job_dir, capsys):
+    path = _write(job_dir, VALID)
+    assert main(["run", "--check", path]) == 0
+    assert capsys.readouterr().out.strip() == f"{path}: ok: preprocess job: 1 input pattern(s) -> {job_dir}/out (4 piles)"
+    assert not os.path.exists(job_dir / "out")
+    _write(job_dir, VALID.replace("piles: 4", "piles: sixty"))
+    assert main(["run", path]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {path}: output.piles: expected a positive integer, got 'sixty'\n" and captured.out == ""
+    assert main(["run", "--check", str(job_dir / "nope.yaml")]) == 1
+    assert "no such job file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run"])
+    assert exit_info.value.code == 2
+
+
+def test_shuffle_job_runs(job_dir, dataset, capsys):
+    text = f"job: shuffle\ninputs: {dataset}/pile-*.tar\noutput: {{path: shuffled, piles: 3, maxcount: 64}}\n"
+    path = _write(job_dir, text)
+    assert main(["run", "-q", path]) == 0
+    m = shardkit.manifest.read(str(job_dir / "shuffled"))
+    assert m.samples == 200 and [p.samples for p in m.piles] == [64, 64, 64, 8]
+    with pytest.raises(shardkit.DatasetExistsError):
+        run_job(load_job(path), quiet=True)
+
+
+def test_fn_job_runs_in_worker_processes(job_dir):
+    (job_dir / "data" / "b.jsonl").write_text('{"x": 3}\n')
+    (job_dir / "gen_in_workers.py").write_text(
+        "import os\n\ndef make(unit, scale=1):\n    yield {'__key__': os.path.basename(unit)[0], 'txt': str(scale)}\n"
+    )
+    text = VALID.replace("transform: jsonl", "fn: gen_in_workers:make\nargs: {scale: 2}") + "workers: 2\n"
+    m = run_job(load_job(_write(job_dir, text)), quiet=True)
+    assert (m.samples, len(m.piles), m.fields) == (2, 4, ("txt",))
+    out = str(job_dir / "out")
+    got = sorted((s["__key__"], s["txt"]) for p in m.piles for s in shardkit.reader.iter_shard(os.path.join(out, p.name)))
+    assert got == [("a", b"2"), ("b", b"2")]
+
+
+def test_skip_policy_counts_failing_units(job_dir):
+    (job_dir / "data" / "b.jsonl").write_text("not json\n")
+    m = run_job(load_job(_write(job_dir, VALID + "on_error: skip\n")), quiet=True)
+    assert (m.samples, m.skipped_units) == (2, 1)

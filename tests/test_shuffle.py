@@ -1,0 +1,199 @@
+"""The eager shuffle: a permutation of the input, readable by webdataset, uniform, and clean on failure."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import os
+import tarfile
+
+import numpy as np
+import pytest
+import webdataset as wds
+from conftest import make_samples
+from scipy import stats
+
+import shardkit
+from shardkit import manifest
+from shardkit.cli import main
+from shardkit.shuffle import ShuffleOptions, shuffle
+
+# the facade's shardkit.shuffle is the function; monkeypatching needs the module
+shuffle_mod = importlib.import_module("shardkit.shuffle")
+
+
+def _write_inputs(directory, samples, shards: int) -> str:
+    """Write samples in order into ``shards`` webdataset shards; returns a brace pattern."""
+    os.makedirs(directory, exist_ok=True)
+    per = -(-len(samples) // shards)
+    for k in range(shards):
+        with wds.TarWriter(os.path.join(directory, f"in-{k:03d}.tar")) as w:
+            for s in samples[k * per : (k + 1) * per]:
+                w.write(s)
+    return os.path.join(directory, f"in-{{000..{shards - 1:03d}}}.tar")
+
+
+def _read_wds(out: str) -> list[dict]:
+    urls = [os.path.join(out, p.name) for p in manifest.read(out).piles]
+    return list(wds.WebDataset(urls, shardshuffle=False, empty_check=False))
+
+
+def _as_set(samples) -> set:
+    return {(s["__key__"], bytes(s["bin"]), int(s["cls"])) for s in samples}
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    return _write_inputs(tmp_path / "in", make_samples(300), shards=4)
+
+
+def test_output_is_a_permutation_readable_by_webdataset(tmp_path, inputs):
+    out = str(tmp_path / "out")
+    m = shuffle(inputs, out, piles=5, maxcount=64, quiet=True)
+    got = _read_wds(out)
+    assert len(got) == 300 == m.samples
+    assert _as_set(got) == _as_set(make_samples(300))
+    assert [s["__key__"] for s in got] != sorted(s["__key__"] for s in got)
+    assert m.extra["kind"] == "shuffled" and m.extra["piles"] == 5
+    assert sorted(os.listdir(out)) == sorted([p.name for p in m.piles] + ["shardkit.json"])
+    assert shardkit.verify(out, quiet=True) == []
+    summary = shardkit.info(out)
+    assert (summary.kind, summary.samples, summary.piles) == ("shuffled", 300, len(m.piles))
+
+
+def test_maxcount_rolls_over_across_pile_boundaries(tmp_path, inputs):
+    m = shuffle(inputs, tmp_path / "out", piles=7, maxcount=64, quiet=True)
+    assert [p.samples for p in m.piles] == [64, 64, 64, 64, 44]
+    assert [p.name for p in m.piles] == [f"shard-{i:06d}.tar" for i in range(5)]
+
+
+def test_maxsize_bounds_every_shard_and_each_ends_with_a_trailer(tmp_path, inputs):
+    out = tmp_path / "out"
+    m = shuffle(inputs, out, piles=3, maxsize="20KiB", quiet=True)
+    assert len(m.piles) > 3
+    for p in m.piles:
+        path = out / p.name
+        assert os.path.getsize(path) == p.bytes <= 20 * 1024
+        assert path.read_bytes()[-1024:] == bytes(1024)
+        with tarfile.open(path) as t:
+            assert len(t.getnames()) == 2 * p.samples
+
+
+def test_a_sample_over_maxsize_gets_a_shard_of_its_own(tmp_path):
+    samples = make_samples(6, size=100)
+    samples[2]["bin"] = bytes(10_000)
+    m = shuffle(_write_inputs(tmp_path / "in", samples, 1), tmp_path / "out", piles=1, maxsize=8192, quiet=True)
+    big = [p for p in m.piles if p.bytes > 8192]
+    assert len(big) == 1 and big[0].samples == 1
+    assert sum(p.samples for p in m.piles) == 6
+
+
+def test_deterministic_for_a_seed(tmp_path, inputs):
+    def run(name: str, seed: int, workers: int = 1) -> list[bytes]:
+        m = shuffle(inputs, tmp_path / name, piles=4, maxcount=50, seed=seed, workers=workers, quiet=True)
+        return [(tmp_path / name / p.name).read_bytes() for p in m.piles]
+
+    first = run("a", 1)
+    assert run("b", 1, workers=2) == first  # pass 1 routes by (seed, input, ordinal): workers do not matter
+    assert run("c", 2) != first
+
+
+def test_relative_orders_are_uniform(tmp_path):
+    """Chi-square over the 120 orders of 5 samples.
+
+    In a uniform permutation the relative orders of disjoint groups are independent and each
+    uniform over 5! orders; groups of 5 *adjacent* input samples are the hardest case for a
+    shuffle that leaks input order. 3 seeds x 400 groups = 1200 draws, 10 per order expected.
+    """
+    n, size = 2000, 5
+    samples = [{"__key__": f"k{i:05d}", "txt": ""} for i in range(n)]
+    inputs = _write_inputs(tmp_path / "in", samples, 3)
+    index = {order: i for i, order in enumerate(itertools.permutations(range(size)))}
+    counts = np.zeros(len(index), dtype=int)
+    for seed in range(3):
+        shuffle(inputs, tmp_path / "out", piles=6, maxcount=300, seed=seed, overwrite=True, quiet=True)
+        position = {s["__key__"]: pos for pos, s in enumerate(_read_wds(str(tmp_path / "out")))}
+        ranks = np.array([position[f"k{i:05d}"] for i in range(n)]).reshape(-1, size)
+        for group in np.argsort(ranks, axis=1):
+            counts[index[tuple(group.tolist())]] += 1
+    assert counts.sum() == 3 * n // size
+    assert stats.chisquare(counts).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("interrupt", [RuntimeError("disk on fire"), KeyboardInterrupt()])
+def test_failure_in_pass_2_leaves_the_old_dataset_and_no_temp_dir(tmp_path, inputs, monkeypatch, interrupt):
+    out = tmp_path / "out"
+    before = shuffle(inputs, out, piles=3, maxcount=100, quiet=True)
+    calls = []
+
+    def failing(url, **kwargs):
+        calls.append(url)
+        if len(calls) == 2:
+            raise interrupt
+        return shardkit.reader.read_pile(url, **kwargs)
+
+    monkeypatch.setattr(shuffle_mod, "read_pile", failing)
+    with pytest.raises(type(interrupt)):
+        shuffle(inputs, out, piles=3, maxcount=64, seed=9, overwrite=True, quiet=True)
+    assert manifest.read(str(out)) == before
+    assert sorted(os.listdir(out)) == sorted([p.name for p in before.piles] + ["shardkit.json"])
+    assert shardkit.verify(str(out), quiet=True) == []
+
+
+def test_corrupt_input_in_pass_1_leaves_nothing(tmp_path, inputs):
+    bad = tmp_path / "in" / "in-002.tar"
+    bad.write_bytes(bad.read_bytes()[:3000])
+    out = tmp_path / "out"
+    with pytest.raises(shardkit.ShardkitError, match=r"in-002\.tar.*truncated"):
+        shuffle(inputs, out, piles=3, quiet=True)
+    assert os.listdir(out) == []
+
+
+def test_refuses_to_replace_a_dataset_or_stray_shards(tmp_path, inputs):
+    out = tmp_path / "out"
+    shuffle(inputs, out, piles=2, quiet=True)
+    with pytest.raises(shardkit.DatasetExistsError, match="overwrite"):
+        shuffle(inputs, out, piles=2, quiet=True)
+    os.unlink(out / "shardkit.json")
+    with pytest.raises(shardkit.DatasetExistsError, match=r"shard-000000\.tar"):
+        shuffle(inputs, out, piles=2, quiet=True)
+    m = shuffle(inputs, out, piles=2, maxcount=1000, overwrite=True, quiet=True)
+    assert sorted(os.listdir(out)) == ["shard-000000.tar", "shardkit.json"] and m.samples == 300
+
+
+def test_piles_default_from_the_memory_budget(tmp_path, inputs):
+    total = sum(os.path.getsize(tmp_path / "in" / f"in-{k:03d}.tar") for k in range(4))
+    m = shuffle(inputs, tmp_path / "out", memory="40KiB", quiet=True)
+    assert m.extra["piles"] == -(-2 * total // (40 * 1024))
+    # a budget smaller than the piles it asks for splits them: memory stays bounded
+    m = shuffle(inputs, tmp_path / "out2", piles=2, memory="40KiB", quiet=True)
+    assert m.extra["split_piles"] == 2 and m.samples == 300
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"piles": 0}, "piles: expected a positive integer, got 0"),
+        ({"piles": 2, "maxcount": "ten"}, "maxcount: expected a positive integer, got 'ten'"),
+        ({"piles": 2, "maxsize": "lots"}, "maxsize: expected a size like 2GiB or 500MB, got 'lots'"),
+        ({"piles": 2, "maxsize": 1000}, "maxsize: expected at least 1536 bytes"),
+        ({"piles": 2, "seed": -1}, "seed: expected a non-negative integer, got -1"),
+    ],
+)
+def test_bad_options(kwargs, message):
+    with pytest.raises(shardkit.ConfigError, match=message):
+        ShuffleOptions(**kwargs)
+
+
+def test_cli_shuffle(tmp_path, inputs, capsys):
+    out = str(tmp_path / "out")
+    assert main(["shuffle", inputs, "-o", out, "--piles", "3", "--maxcount", "100", "--seed", "4"]) == 0
+    assert "300 samples in 3 shards" in capsys.readouterr().out
+    assert main(["shuffle", inputs, "-o", out, "--piles", "3", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "already holds a shardkit dataset" in err and "Traceback" not in err
+    assert main(["shuffle", str(tmp_path / "missing-*.tar"), "-o", out, "--overwrite", "-q"]) == 1
+    assert "pattern matches no file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["shuffle", inputs])  # -o is required: a usage error
+    assert exit_info.value.code == 2

@@ -1,0 +1,90 @@
+"""Exact first-epoch uniformity through the real writer with oversized piles split.
+
+Most seeds are read through the loader's pure epoch plan (fast); a few through the real threaded
+loader, which must yield exactly the plan's order, so the chi-square speaks for the loader too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import shardkit
+from shardkit import quality
+from shardkit.compare import order_from_plan, scan_dataset
+from shardkit.reader import read_pile
+
+N = 5
+SAMPLE_BYTES = 2048  # two members of one 512-byte header and one 512-byte data block each
+# piles of 3+ samples (3 * 2048 + 1024 trailer bytes) are over the limit: every dataset of 5
+# samples in 2 piles has at least one pile split into random sub-piles, some split twice
+LIMIT = 2 * SAMPLE_BYTES + 1024
+LOADER_SEED = 100_000  # loader seeds kept apart from writer seeds
+
+
+def _write(out: str, seed: int) -> shardkit.Manifest:
+    with shardkit.PileWriter(out, piles=2, seed=seed, max_pile_bytes=LIMIT, overwrite=True) as w:
+        for i in range(N):
+            w.write({"__key__": f"s{i}", "bin": b"x", "cls": i})
+    assert w.manifest is not None
+    return w.manifest
+
+
+@pytest.mark.slow
+def test_first_epoch_is_uniform_with_oversized_piles_split(tmp_path):
+    out = os.path.join(tmp_path, "ds")
+    seen: Counter[tuple[int, ...]] = Counter()
+    seeds = 1200  # 10 per permutation: catches a split that sorts samples by position (p ~ 1e-10)
+    split_twice = 0
+    for seed in range(seeds):
+        m = _write(out, seed)
+        assert m.split_piles >= 1
+        split_twice += any(p.name.count("-") > 2 for p in m.piles)
+        index = scan_dataset(out)
+        seen[tuple(order_from_plan(index, seed=LOADER_SEED + seed, epoch=0).tolist())] += 1
+    assert split_twice > 0  # the recursive split ran too
+    perms = list(itertools.permutations(range(N)))
+    observed = np.array([seen[p] for p in perms])
+    assert observed.sum() == seeds
+    chi2 = stats.chisquare(observed)
+    assert chi2.pvalue > 1e-4, (chi2, seen.most_common(3))
+
+
+def _plan_keys(directory: str, seed: int, epoch: int = 0, mix: int = 1) -> list[str]:
+    m = shardkit.manifest.read(directory)
+    keys = [k for p in m.piles for k in read_pile(os.path.join(directory, p.name)).keys]
+    return [keys[i] for i in order_from_plan([p.samples for p in m.piles], seed=seed, epoch=epoch, mix=mix)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("mix", [1, 3])
+def test_threaded_loader_yields_the_plans_order_on_split_piles(tmp_path, seed, mix):
+    out = os.path.join(tmp_path, "ds")
+    _write(out, seed)
+    with shardkit.loader(out, seed=LOADER_SEED + seed, decode=False, shuffle=True, mix=mix) as loader:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            assert [s["__key__"] for s in loader] == _plan_keys(out, LOADER_SEED + seed, epoch, mix)
+
+
+def test_threaded_loader_on_class_sorted_data_has_dispersion_within_10_percent_of_1(tmp_path):
+    # 100 classes in source order, batches of 64: ~310 batches put the ratio's sd near 0.008
+    n, classes, batch = 20_000, 100, 64
+    out = os.path.join(tmp_path, "sorted")
+    with shardkit.PileWriter(out, piles=16, seed=7) as w:
+        for i in range(n):
+            w.write({"__key__": f"s{i:06d}", "cls": i * classes // n})
+    for seed, mix in ((0, 1), (1, 1), (2, 3)):
+        labels = []
+        with shardkit.loader(out, seed=seed, mix=mix, batch_size=batch, decode=True, shuffle=True) as loader:
+            for b in loader:
+                labels.append(np.asarray(b["cls"]))
+        cats = np.concatenate(labels)
+        assert len(cats) == n // batch * batch
+        value = quality.dispersion(cats, batch).value
+        assert abs(value - 1) < 0.1, (seed, mix, value)
