@@ -84,7 +84,10 @@ def _measured(row):
 def test_prints_and_writes_the_same_table(smoke):
     stdout, table, _ = smoke
     assert stdout.strip() == table.strip()
-    assert "| case | data | contender | samples/s | MB/s | peak RSS MB | first sample s | bytes/sample | classes/256 | CPU µs/sample |" in table
+    assert (
+        "| case | data | contender | samples/s | MB/s | peak RSS MB | first sample s | bytes/sample | classes/256 | CPU µs/sample |"
+        in table
+    )
     assert "| goal | met? |" in table
 
 
