@@ -2,8 +2,9 @@
 
 The global order of an epoch is a function of ``(seed, epoch, pile counts, shuffle, mix)`` only:
 
-* the pile order is a permutation drawn from ``SeedSequence((PILE_ORDER, seed, epoch))``;
-* pile ``p`` is read in the order of a permutation drawn from ``(IN_PILE, seed, epoch, p)``;
+* the pile order is a permutation drawn from the stream ``(PILE_ORDER, seed, epoch)``;
+* pile ``p`` is read in the order of a permutation drawn from ``(IN_PILE, seed, epoch, p)``
+  (streams: :mod:`shardkit._seeds`);
 * with ``mix=1`` the piles follow each other; with ``mix=k`` a window holds ``k`` piles, the next
   sample comes from a window pile chosen with probability proportional to what is left in it, and
   when a pile runs out the next pile in pile order enters. Given the pile sizes, the pile contents
@@ -29,16 +30,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# first entry of every entropy tuple: keeps the streams apart (SeedSequence treats (a, b) and
-# (a, b, 0) alike, so each tag always comes with the same number of entries)
-PILE_ORDER, IN_PILE, MIX, CHUNK = 1, 2, 3, 4
+from shardkit._seeds import Stream, stream
+
+PILE_ORDER, IN_PILE, MIX, CHUNK = Stream.PILE_ORDER, Stream.IN_PILE, Stream.MIX, Stream.CHUNK
 # longest block handed out at once, so a huge pile never costs a huge index array
 MAX_BLOCK = 1 << 16
 
 
-def generator(*entropy: int) -> np.random.Generator:
-    """A generator seeded from an entropy tuple such as ``(IN_PILE, seed, epoch, pile)``."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(entropy))))
+def generator(tag: Stream, *values: int) -> np.random.Generator:
+    """A generator for one of the plan's streams, such as ``(IN_PILE, seed, epoch, pile)``."""
+    return stream(tag, *values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from shardkit._report import Metric, QualityReport, side_by_side
+from shardkit._seeds import Stream, stream
 from shardkit.errors import ConfigError
 
 __all__ = [
@@ -121,7 +122,7 @@ def kendall(order: np.ndarray, *, limit: int = KENDALL_LIMIT, seed: int = 0) -> 
     n = len(order)
     note = ""
     if n > limit:
-        picked = np.sort(np.random.default_rng(np.random.SeedSequence((seed, 0x6B74))).choice(n, size=limit, replace=False))
+        picked = np.sort(stream(Stream.SUBSAMPLE, seed).choice(n, size=limit, replace=False))
         values = order[picked]
         order = np.empty(limit, dtype=np.int64)
         order[np.argsort(values)] = np.arange(limit)  # ranks: a permutation of 0..limit-1

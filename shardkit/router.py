@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardkit._seeds import Stream, stream
+
 _BLOCK = 4096
-
-
-def _generator(*entropy: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(entropy))))
 
 
 class PileRouter:
@@ -26,7 +24,7 @@ class PileRouter:
 
     def __init__(self, *, piles: int, seed: int, unit: int = 0) -> None:
         self.piles = piles
-        self._rng = _generator(seed, unit)
+        self._rng = stream(Stream.ROUTE, seed, unit)
         self._block: list[int] = []
         self._pos = 0
 
@@ -41,7 +39,7 @@ class PileRouter:
 
 def route(*, piles: int, seed: int, unit: int, count: int) -> np.ndarray:
     """The piles of samples ``0..count-1`` of ``unit``: the same values ``PileRouter`` yields."""
-    rng = _generator(seed, unit)
+    rng = stream(Stream.ROUTE, seed, unit)
     blocks = [rng.integers(0, piles, size=_BLOCK) for _ in range(-(-count // _BLOCK))]
     return np.concatenate(blocks)[:count] if blocks else np.zeros(0, dtype=np.int64)
 
@@ -52,5 +50,4 @@ def split_assignment(*, parts: int, seed: int, path: tuple[int, ...], count: int
     ``path`` names the pile being split: ``(pile,)``, or ``(pile, part, ...)`` for a sub-pile
     that is split again.
     """
-    # 0x5111 tags the stream so it never coincides with a unit's routing stream
-    return _generator(seed, 0x5111, *path).integers(0, parts, size=count)
+    return stream(Stream.SPLIT, seed, len(path), *path).integers(0, parts, size=count)

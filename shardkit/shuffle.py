@@ -27,9 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO
 
-import numpy as np
-
-from shardkit import _progress, _tar, manifest, storage
+from shardkit import _progress, _tar, manifest, plan, storage
 from shardkit._sizes import format_size, parse_size
 from shardkit.errors import ConfigError, DatasetExistsError
 from shardkit.manifest import Manifest, PileInfo
@@ -43,8 +41,6 @@ DEFAULT_MEMORY = "1GiB"
 DEFAULT_MAXCOUNT = 100_000
 DEFAULT_MAXSIZE = 3_000_000_000
 _SHARD = re.compile(r"^shard-\d{6,}\.tar$")
-# tags the pass-2 random streams apart from the router's (seed, unit) streams
-_ORDER_TAG = 0x5F0E
 
 
 def shard_name(index: int) -> str:
@@ -184,20 +180,6 @@ class ShardRoller:
             self._file = None
 
 
-def _generator(seed: int, *path: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, _ORDER_TAG, *path])))
-
-
-def pile_order(seed: int, piles: int) -> list[int]:
-    """The seeded order in which pass 2 visits the piles (never looks at their contents)."""
-    return _generator(seed).permutation(piles).tolist()
-
-
-def pile_permutation(seed: int, pile: int, count: int) -> list[int]:
-    """The seeded in-memory order of pile ``pile``'s ``count`` samples."""
-    return _generator(seed, pile + 1).permutation(count).tolist()
-
-
 def _check_output(out: str, overwrite: bool) -> str:
     if storage.local_path(out) is None:
         raise ConfigError(f"{out}: shuffling into remote storage is not supported yet; write locally and upload")
@@ -230,13 +212,15 @@ def _pass2(piles_dir: str, piles: Manifest, staging: str, opts: ShuffleOptions, 
     roller = ShardRoller(staging, maxcount=maxcount, maxsize=maxsize)
     try:
         with _progress.bar(total=piles.samples, desc="pass 2", unit="sample", quiet=quiet) as progress:
-            for index in pile_order(opts.seed, len(piles.piles)):
+            # the order is the loader's epoch 0 over these piles: one definition of "shuffled"
+            order = plan.EpochOrder([p.samples for p in piles.piles], seed=opts.seed, epoch=0)
+            for index in order.pile_order.tolist():
                 info = piles.piles[index]
                 url = os.path.join(piles_dir, info.name)
                 pile = read_pile(url, expected=info)
                 spans = pile.raw_spans()
                 view = memoryview(pile.buf)
-                for i in pile_permutation(opts.seed, index, len(pile)):
+                for i in order.in_pile(index).tolist():
                     roller.add(view[spans[i] : spans[i + 1]])
                 del view, pile
                 os.unlink(url)  # disk stays at about one copy of the data
