@@ -435,6 +435,24 @@ def _repile(args: argparse.Namespace) -> int:
     return 0
 
 
+def guarded(run: Callable[[], int], *, traceback: bool = False) -> int:
+    """Run a command body with the CLI's error conventions; returns the exit code.
+
+    A :class:`ShardkitError` prints one ``error: ...`` line and gives 1 (re-raised with
+    ``traceback``, for ``-v``); Ctrl-C prints ``interrupted`` and gives 130. Scripts use it too.
+    """
+    try:
+        return run()
+    except ShardkitError as e:
+        if traceback:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     parser = build_parser()
@@ -446,16 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 2
-    try:
-        return handler(args)
-    except ShardkitError as e:
-        if args.verbose:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return guarded(lambda: handler(args), traceback=bool(args.verbose))
 
 
 if __name__ == "__main__":
