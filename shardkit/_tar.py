@@ -84,6 +84,46 @@ def member(name: str, data: bytes | bytearray | memoryview) -> bytes:
     )
 
 
+NAME_BYTES = 100
+_BLANK = np.frombuffer(_header(b"", 0, b"0"), dtype=np.uint8)
+_SIZE_SHIFTS = np.arange(30, -1, -3, dtype=np.int64)  # the eleven octal digits, most significant first
+
+
+def headers(names: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The headers :func:`member` writes, for many members at once: an (n, 512) uint8 array.
+
+    ``names`` is (n, w) uint8 with w <= 100: each ASCII name NUL-padded, as the header stores
+    it; ``sizes`` are below 8 GiB. Row i equals the first 512 bytes of ``member(name_i, data_i)``.
+    """
+    out = np.broadcast_to(_BLANK, (len(sizes), BLOCK)).copy()
+    out[:, : names.shape[1]] = names
+    digits = ((np.asarray(sizes, dtype=np.int64)[:, None] >> _SIZE_SHIFTS) & 7) + 48
+    out[:, 124:135] = digits
+    chksum = _CONST_SUM + ord("0") + names.sum(axis=1, dtype=np.int64) + digits.sum(axis=1)
+    out[:, 148:154] = ((chksum[:, None] >> np.arange(15, -1, -3, dtype=np.int64)) & 7) + 48
+    return out
+
+
+# 64-bit words of a header holding only constant bytes (mode, uid, gid, mtime, linkname on),
+# and the constant bytes of the words shared with a variable field
+_CONST_WORDS = np.r_[13, 14, 17, 20 : BLOCK // 8]
+_CONST_BYTES = np.r_[100:104, 120:124, 135, 144:148, 154:160]
+
+
+def canonical(blocks: np.ndarray, names: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per row of ``blocks`` (n, 512): is it exactly the header :func:`headers` makes from
+    ``names`` (n, w) and ``sizes``? Cheaper than building those headers to compare."""
+    words = np.ascontiguousarray(blocks).view("<u8")
+    ok = (words[:, _CONST_WORDS] == _BLANK.view("<u8")[_CONST_WORDS]).all(axis=1)
+    ok &= (blocks[:, _CONST_BYTES] == _BLANK[_CONST_BYTES]).all(axis=1)
+    width = names.shape[1]
+    ok &= (blocks[:, :width] == names).all(axis=1) & ~blocks[:, width:NAME_BYTES].any(axis=1)
+    digits = ((np.asarray(sizes, dtype=np.int64)[:, None] >> _SIZE_SHIFTS) & 7) + 48
+    ok &= (blocks[:, 124:135] == digits).all(axis=1)
+    chksum = _CONST_SUM + ord("0") + names.sum(axis=1, dtype=np.int64) + digits.sum(axis=1)
+    return ok & (blocks[:, 148:154] == ((chksum[:, None] >> np.arange(15, -1, -3, dtype=np.int64)) & 7) + 48).all(axis=1)
+
+
 @dataclass(frozen=True, slots=True)
 class Members:
     """The regular-file members of an in-memory tar, as parallel lists.

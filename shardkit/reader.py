@@ -106,12 +106,13 @@ def read_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | No
     return pile
 
 
-def iter_shard(url: str) -> Iterator[dict[str, Any]]:
-    """Every sample of a WebDataset tar shard, raw bytes, in archive order.
+def read_shard(url: str, *, mapped: bool = False) -> bytes:
+    """The bytes of a tar shard; ``.tar.gz``/``.tgz`` shards are decompressed in memory.
 
-    ``.tar.gz``/``.tgz`` shards are decompressed in memory.
+    ``mapped``: a local shard may come back as a read-only memory map (see
+    :func:`shardkit.storage.map_bytes`); it reads like bytes.
     """
-    buf = storage.read_bytes(url)
+    buf: Any = storage.map_bytes(url) if mapped else storage.read_bytes(url)
     if url.endswith((".gz", ".tgz")):
         import gzip
 
@@ -119,4 +120,12 @@ def iter_shard(url: str) -> Iterator[dict[str, Any]]:
             buf = gzip.decompress(buf)
         except (OSError, EOFError) as e:
             raise CorruptShardError(f"{url}: not valid gzip ({e})") from None
-    yield from PileData(url, buf)
+    return buf
+
+
+def iter_shard(url: str) -> Iterator[dict[str, Any]]:
+    """Every sample of a WebDataset tar shard, raw bytes, in archive order.
+
+    ``.tar.gz``/``.tgz`` shards are decompressed in memory.
+    """
+    yield from PileData(url, read_shard(url))

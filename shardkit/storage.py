@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import glob as _glob
+import mmap
 import os
 import re
 import uuid
@@ -87,6 +88,29 @@ def read_bytes(url: str) -> bytes:
         return bytes(fs.cat_file(p))
     except FileNotFoundError:
         raise DatasetNotFoundError(f"{url}: no such file") from None
+
+
+def map_bytes(url: str) -> bytes | mmap.mmap:
+    """The whole file as a read-only buffer, without copying it where that is possible.
+
+    A local file is memory-mapped: its pages are the page cache's, so reading a shard costs no
+    copy and no fresh memory. The file must not shrink while the map is in use (reading past
+    its new end kills the process with SIGBUS); shardkit only maps inputs it reads once. Remote
+    and empty files come back as ``bytes``.
+    """
+    path = local_path(url)
+    if path is None:
+        return read_bytes(url)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return b""
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            return mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"{url}: no such file") from None
+    except (OSError, ValueError, AttributeError):  # no mmap here (a pipe, a platform without it)
+        return read_bytes(url)
 
 
 @contextlib.contextmanager
