@@ -32,23 +32,16 @@ _PAX_NAME = b"././@PaxHeader"
 def _header(name: bytes, size: int, typeflag: bytes) -> bytes:
     size_field = b"%011o\x00" % size
     chksum = _CONST_SUM + sum(name) + sum(size_field) + typeflag[0]
-    return b"".join(
-        (
-            name.ljust(100, b"\x00"),
-            _MODE_UID_GID,
-            size_field,
-            _MTIME,
-            b"%06o\x00 " % chksum,
-            typeflag,
-            _LINKNAME,
-            _MAGIC,
-            _TAIL,
-        )
-    )
+    return b"".join((name.ljust(100, b"\x00"), _MODE_UID_GID, size_field, _MTIME, b"%06o\x00 " % chksum, typeflag, _AFTER_TYPEFLAG))
+
+
+_AFTER_TYPEFLAG = _LINKNAME + _MAGIC + _TAIL
+# zero padding by length, shared instead of allocated for every member
+_PADDING = [bytes(n) for n in range(BLOCK)]
 
 
 def _padding(size: int) -> bytes:
-    return bytes(-size % BLOCK)
+    return _PADDING[-size % BLOCK]
 
 
 def _pax_record(keyword: str, value: str) -> bytes:
@@ -64,23 +57,26 @@ def member(name: str, data: bytes | bytearray | memoryview) -> bytes:
 
     Names that do not fit ustar's 100 ASCII bytes, and data past 8 GiB, get a pax header first.
     """
+    return b"".join(member_parts(name, data))
+
+
+def member_parts(name: str, data: bytes | bytearray | memoryview) -> tuple[bytes | bytearray | memoryview, ...]:
+    """The pieces of :func:`member` in order, for a caller that joins many members at once."""
     size = len(data)
     raw = name.encode("utf-8")
     if len(raw) <= 100 and raw.isascii() and size <= _MAX_OCTAL_SIZE:
-        return b"".join((_header(raw, size, b"0"), data, _padding(size)))
+        return _header(raw, size, b"0"), data, _PADDING[-size % BLOCK]
     records = _pax_record("path", name)
     if size > _MAX_OCTAL_SIZE:
         records += _pax_record("size", str(size))
     short = raw[:100].decode("utf-8", "ignore").encode("ascii", "replace")
-    return b"".join(
-        (
-            _header(_PAX_NAME, len(records), b"x"),
-            records,
-            _padding(len(records)),
-            _header(short, min(size, _MAX_OCTAL_SIZE), b"0"),
-            data,
-            _padding(size),
-        )
+    return (
+        _header(_PAX_NAME, len(records), b"x"),
+        records,
+        _padding(len(records)),
+        _header(short, min(size, _MAX_OCTAL_SIZE), b"0"),
+        data,
+        _padding(size),
     )
 
 

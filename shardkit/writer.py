@@ -14,12 +14,13 @@ dataset for a whole one.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from shardkit import _tar, router
 from shardkit._publish import STAGING_PREFIX, Run, pile_name, prepare_output, publish
@@ -99,23 +100,48 @@ def encode_sample(sample: Mapping[str, Any], codecs: Codecs = DEFAULT, *, max_pi
     if "__key__" not in sample:
         raise SampleError(f"sample has no '__key__' (fields: {sorted(sample)})")
     key = _check_key(sample["__key__"])
-    fields: dict[str, Any] = {}
-    for name, value in sample.items():
+    order = _field_order(tuple(sample))
+    if order is None:  # something is wrong with the field names: say what
+        _refuse_fields(key, sample)
+    parts: list[bytes | bytearray | memoryview] = []
+    for name, ext in order:
+        parts.extend(_tar.member_parts(f"{key}.{ext}", encode_field(codecs, key, ext, sample[name])))
+    data = b"".join(parts)  # one copy of the payload, not one per member and one per sample
+    if max_pile_bytes is not None and len(data) + len(_tar.TRAILER) > max_pile_bytes:
+        raise SampleError(f"sample {key!r} is {len(data)} bytes, larger than max_pile_bytes ({max_pile_bytes}) on its own")
+    return data, [ext for _, ext in order]
+
+
+@functools.lru_cache(maxsize=1024)
+def _field_order(names: tuple[str, ...]) -> tuple[tuple[str, str], ...] | None:
+    """(field name, extension) of the fields a sample with these names writes, by extension.
+
+    Samples of one dataset share their field names, so this runs once per kind of sample.
+    None when the names are not valid (:func:`_refuse_fields` says why).
+    """
+    fields: dict[str, str] = {}
+    for name in names:
+        if name.startswith("__"):
+            continue
+        ext = name[1:] if name.startswith(".") else name
+        if not ext or "/" in ext or ext in fields:
+            return None
+        fields[ext] = name
+    return tuple((fields[ext], ext) for ext in sorted(fields)) or None
+
+
+def _refuse_fields(key: str, sample: Mapping[str, Any]) -> NoReturn:
+    seen: set[str] = set()
+    for name in sample:
         if name.startswith("__"):
             continue
         ext = name[1:] if name.startswith(".") else name
         if not ext or "/" in ext:
             raise SampleError(f"sample {key!r}: field name {name!r} is not a valid extension")
-        if ext in fields:
+        if ext in seen:
             raise SampleError(f"sample {key!r}: two fields with extension {ext!r}")
-        fields[ext] = value
-    if not fields:
-        raise SampleError(f"sample {key!r} has no fields besides its key")
-    exts = sorted(fields)
-    data = b"".join([_tar.member(f"{key}.{ext}", encode_field(codecs, key, ext, fields[ext])) for ext in exts])
-    if max_pile_bytes is not None and len(data) + len(_tar.TRAILER) > max_pile_bytes:
-        raise SampleError(f"sample {key!r} is {len(data)} bytes, larger than max_pile_bytes ({max_pile_bytes}) on its own")
-    return data, exts
+        seen.add(ext)
+    raise SampleError(f"sample {key!r} has no fields besides its key")
 
 
 class PileWriter:
