@@ -97,14 +97,18 @@ def _canonical_already(layout: _layout.Layout, padded: np.ndarray) -> bool:
     tail = layout.sizes % BLOCK
     partial = np.flatnonzero(tail)
     blocks = np.frombuffer(layout.buf, dtype=np.uint8, count=len(layout.buf) // BLOCK * BLOCK).reshape(-1, BLOCK)
-    words = blocks[(layout.heads[partial] + padded[partial]) // BLOCK].view("<u8")
+    words = np.take(blocks, (layout.heads[partial] + padded[partial]) // BLOCK, axis=0).view("<u8")
     tail = tail[partial]
-    # padding starts at byte tail: whole words from ceil(tail / 8) on, the high bytes of the one before
-    if np.where(np.arange(_WORDS) >= (tail[:, None] + 7) // 8, words, 0).any():
+    # the last non-zero word of each last block must end before the padding starts
+    nonzero = words != 0
+    last = _WORDS - 1 - nonzero[:, ::-1].argmax(axis=1)
+    last = np.where(nonzero.any(axis=1), last, -1)
+    if (last > tail // 8).any():
         return False
-    shift = (tail % 8).astype(np.uint64) * np.uint64(8)
-    split = words[np.arange(len(partial)), tail // 8]
-    return not np.where(shift > 0, split >> shift, 0).any()
+    split = last == tail // 8  # the word holding the end of the data: its high bytes are padding
+    shift = (tail[split] % 8).astype(np.uint64) * np.uint64(8)
+    rows = np.flatnonzero(split)
+    return not ((shift == 0) | (words[rows, last[rows]] >> shift != 0)).any()
 
 
 def _rebuilt(

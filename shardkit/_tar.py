@@ -100,24 +100,12 @@ def headers(names: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return out
 
 
-# 64-bit words of a header holding only constant bytes (mode, uid, gid, mtime, linkname on),
-# and the constant bytes of the words shared with a variable field
-_CONST_WORDS = np.r_[13, 14, 17, 20 : BLOCK // 8]
-_CONST_BYTES = np.r_[100:104, 120:124, 135, 144:148, 154:160]
-
-
 def canonical(blocks: np.ndarray, names: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """Per row of ``blocks`` (n, 512): is it exactly the header :func:`headers` makes from
-    ``names`` (n, w) and ``sizes``? Cheaper than building those headers to compare."""
-    words = np.ascontiguousarray(blocks).view("<u8")
-    ok = (words[:, _CONST_WORDS] == _BLANK.view("<u8")[_CONST_WORDS]).all(axis=1)
-    ok &= (blocks[:, _CONST_BYTES] == _BLANK[_CONST_BYTES]).all(axis=1)
-    width = names.shape[1]
-    ok &= (blocks[:, :width] == names).all(axis=1) & ~blocks[:, width:NAME_BYTES].any(axis=1)
-    digits = ((np.asarray(sizes, dtype=np.int64)[:, None] >> _SIZE_SHIFTS) & 7) + 48
-    ok &= (blocks[:, 124:135] == digits).all(axis=1)
-    chksum = _CONST_SUM + ord("0") + names.sum(axis=1, dtype=np.int64) + digits.sum(axis=1)
-    return ok & (blocks[:, 148:154] == ((chksum[:, None] >> np.arange(15, -1, -3, dtype=np.int64)) & 7) + 48).all(axis=1)
+    ``names`` (n, w) and ``sizes``?"""
+    # one pass over 64-bit words beats checking the fields one by one (measured)
+    expected = headers(names, sizes).view("<u8")
+    return (np.ascontiguousarray(blocks).view("<u8") == expected).all(axis=1)
 
 
 @dataclass(frozen=True, slots=True)

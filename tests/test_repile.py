@@ -108,6 +108,19 @@ def test_a_canonical_shard_is_sliced_not_copied(canonical_shards):
     assert found.sizes.tolist() == [len(c) for c in found.chunks]
 
 
+def test_garbage_in_padding_is_not_copied(tmp_path, canonical_shards):
+    """A shard in shardkit's form except for one padding byte is rewritten, not sliced."""
+    buf = bytearray(read(canonical_shards[0]))
+    buf[512 + 700 + 5] = 0x7F  # in the padding after the first member's 700 data bytes
+    dirty = str(tmp_path / "dirty.tar")
+    with open(dirty, "wb") as f:
+        f.write(buf)
+    found = _raw.canonical_samples(bytes(buf), dirty)
+    assert bytes(found.chunks[0]) == encode_sample(next(iter(reader.iter_shard(dirty))))[0]
+    shardkit.pile([dirty], tmp_path / "fast", piles=2, quiet=True)
+    assert files(tmp_path / "fast") == re_encoded(tmp_path, [dirty], piles=2, quiet=True)
+
+
 def test_foreign_samples_get_shardkit_headers(tmp_path, foreign):
     buf = reader.read_shard(foreign[0])
     found = _raw.canonical_samples(buf, foreign[0])
