@@ -120,12 +120,17 @@ _OCTAL_WEIGHTS = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 
 
 def _plain(buf: bytes, source: str) -> Layout | None:
-    """The vectorized index, or None when the archive is not plain (the careful walk decides)."""
+    """The vectorized index, or None when the archive is not plain (the careful walk decides).
+
+    A pax header in front of a member (webdataset and Python's tarfile write one per member
+    for a float mtime) is accepted when its records cannot change the member's name or size.
+    """
     nblocks = len(buf) // BLOCK
     if nblocks == 0:
         return None
     blocks = np.frombuffer(buf, dtype=np.uint8, count=nblocks * BLOCK).reshape(nblocks, BLOCK)
-    cand = np.flatnonzero(blocks[:, 156] == ord("0"))
+    flags = blocks[:, 156]
+    cand = np.flatnonzero((flags == _REGULAR) | (flags == _PAX))
     rows = np.take(blocks, cand, axis=0)
     digits = rows[:, 124:135].astype(np.int64) - ord("0")
     ok = ((digits >= 0) & (digits <= 7)).all(axis=1) & (rows[:, 257:262] == _USTAR).all(axis=1) & (rows[:, 345] == 0) & (rows[:, 0] != 0)
@@ -134,8 +139,16 @@ def _plain(buf: bytes, source: str) -> Layout | None:
     if end > nblocks or (end < nblocks and blocks[end].any()) or (end == nblocks and len(buf) % BLOCK):
         return None  # truncated, or a block that is not a plain header
     picked = np.flatnonzero(ok)[chain]
-    heads, sizes = cand[picked], sizes[picked]
     headers = rows if len(picked) == len(rows) else rows[picked]
+    pax = headers[:, 156] == _PAX
+    if pax.any():
+        # each pax header describes the member right after it, and changes neither name nor size
+        if pax[-1] or (pax[:-1] & pax[1:]).any() or not _pax_harmless(buf, cand[picked[pax]], sizes[picked[pax]]):
+            return None
+        if not _checksums_hold(headers[pax]):
+            return None
+        picked, headers = picked[~pax], headers[~pax]
+    heads, sizes = cand[picked], sizes[picked]
     nul = headers[:, :NAME] == 0
     lengths = np.where(nul.any(axis=1), nul.argmax(axis=1), NAME)
     width = max(int(lengths.max(initial=0)), 1)
@@ -145,7 +158,31 @@ def _plain(buf: bytes, source: str) -> Layout | None:
     canonical = _canonical_headers(headers, names, sizes)
     if not _checksums_hold(headers[~canonical]):
         return None  # the careful walk accepts the old signed form, or names the bad header
-    return Layout(buf, source, heads * BLOCK, sizes, names, lengths, None, True, canonical)
+    return Layout(buf, source, heads * BLOCK, sizes, names, lengths, None, not pax.any(), canonical)
+
+
+_REGULAR, _PAX = ord("0"), ord("x")
+
+
+def _pax_harmless(buf: bytes, blocks: np.ndarray, sizes: np.ndarray) -> bool:
+    """The pax records at these header blocks parse, and none sets ``path`` or ``size``."""
+    starts = ((blocks + 1) * BLOCK).tolist()
+    for start, size in zip(starts, sizes.tolist(), strict=True):
+        data = bytes(buf[start : start + size])
+        space = data.find(b" ")
+        # the common case, one record ("30 mtime=1700000000.123456789\n"), checked without parsing
+        if 0 < space < 8 and data[:space].isdigit() and int(data[:space]) == size and data.endswith(b"\n"):
+            keyword = data[space + 1 : data.find(b"=")]
+            if keyword in (b"path", b"size") or not keyword.isascii():
+                return False
+            continue
+        try:
+            records = _tar._parse_pax(data)
+        except (ValueError, UnicodeDecodeError):
+            return False  # the careful walk names it
+        if "path" in records or "size" in records:
+            return False
+    return True
 
 
 def _canonical_headers(headers: np.ndarray, names: np.ndarray, sizes: np.ndarray) -> np.ndarray:

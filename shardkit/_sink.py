@@ -38,6 +38,7 @@ class PileSink:
         os.makedirs(directory, exist_ok=True)
         self._chunks: list[list[Buffer]] = [[] for _ in range(piles)]
         self._buffered = 0
+        self._maps = 0
         self._limit = buffer_size
         self.counts = [0] * piles
         self.sizes = [0] * piles
@@ -67,10 +68,12 @@ class PileSink:
         if self._buffered >= self._limit:
             self.flush()
 
-    def extend(self, unit: int, piles: np.ndarray, chunks: Sequence[Buffer], sizes: np.ndarray) -> None:
+    def extend(self, unit: int, piles: np.ndarray, chunks: Sequence[Buffer], sizes: np.ndarray, *, mapped: bool = False) -> None:
         """Add every sample of one unit at once: ``chunks[i]`` (``sizes[i]`` bytes) goes to ``piles[i]``.
 
         The chunks may be views into a larger buffer; it stays alive until the next flush.
+        ``mapped``: that buffer is a memory map, which holds a file descriptor while it lives;
+        the sink flushes after ``_MAX_MAPS`` of them, whatever ``buffer_size`` is.
         """
         queues, crcs, checksum = self._chunks, self.crcs, manifest.checksum
         # in input order the source is read front to back: the checksum streams through memory
@@ -82,7 +85,8 @@ class PileSink:
         for pile in np.flatnonzero(counts).tolist():
             self._record(pile, unit, int(totals[pile]), int(counts[pile]))
         self._buffered += int(sizes.sum())
-        if self._buffered >= self._limit:
+        self._maps += mapped
+        if self._buffered >= self._limit or self._maps >= _MAX_MAPS:
             self.flush()
 
     def flush(self) -> None:
@@ -95,9 +99,12 @@ class PileSink:
                     os.close(fd)
                 chunks.clear()
         self._buffered = 0
+        self._maps = 0
 
 
 _O_BINARY = getattr(os, "O_BINARY", 0)
+# memory maps extend() may keep alive at once, each with an open file descriptor
+_MAX_MAPS = 64
 # writev takes at most IOV_MAX buffers a call (1024 on Linux)
 _IOV_MAX = 1024
 

@@ -8,6 +8,7 @@ that crosses process boundaries and turns into the error the caller sees.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -164,15 +165,14 @@ class UnitWriter:
     def _copy_shard(self, index: int, url: str) -> tuple[int, int]:
         """Route the samples of the shard ``url`` as whole byte ranges (see :mod:`shardkit._raw`)."""
         try:
-            found = _raw.canonical_samples(
-                reader.read_shard(url, mapped=True), url, max_pile_bytes=self.job.max_pile_bytes, codecs=self.job.codecs
-            )
+            buf = reader.read_shard(url, mapped=True)
+            found = _raw.canonical_samples(buf, url, max_pile_bytes=self.job.max_pile_bytes, codecs=self.job.codecs)
         except Exception as e:
             raise UnitFailed(str(e)) from e
         count = len(found.chunks)
         if count:
             piles = router.route(piles=self.job.piles, seed=self.job.seed, unit=index, count=count)
-            self.sink.extend(index, piles, found.chunks, found.sizes)
+            self.sink.extend(index, piles, found.chunks, found.sizes, mapped=isinstance(buf, mmap.mmap))
         self.fields |= found.fields
         return count, int(found.sizes.sum())
 

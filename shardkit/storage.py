@@ -90,21 +90,25 @@ def read_bytes(url: str) -> bytes:
         raise DatasetNotFoundError(f"{url}: no such file") from None
 
 
+_MAP_MIN = 1 << 20
+
+
 def map_bytes(url: str) -> bytes | mmap.mmap:
     """The whole file as a read-only buffer, without copying it where that is possible.
 
     A local file is memory-mapped: its pages are the page cache's, so reading a shard costs no
     copy and no fresh memory. The file must not shrink while the map is in use (reading past
     its new end kills the process with SIGBUS); shardkit only maps inputs it reads once. Remote
-    and empty files come back as ``bytes``.
+    files, and files under 1 MiB (a map holds a file descriptor while it lives), come back as
+    ``bytes``.
     """
     path = local_path(url)
     if path is None:
         return read_bytes(url)
     try:
         with open(path, "rb", buffering=0) as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return b""
+            if os.fstat(f.fileno()).st_size < _MAP_MIN:
+                return f.readall()
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             return mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
     except FileNotFoundError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 
 import numpy as np
@@ -116,3 +117,65 @@ def test_vectorized_headers_equal_the_member_writer():
         changed[i, j] ^= 1 + int(rng.integers(255))
         found = _tar.canonical(changed, rows, sizes)
         assert not found[i] and found.sum() == 49
+
+
+def pax_member(records: bytes, name: str, data: bytes) -> bytes:
+    """A pax header carrying ``records``, then a plain member (what tarfile writes for a float mtime)."""
+    return _tar._header(_tar._PAX_NAME, len(records), b"x") + records + _tar._padding(len(records)) + _tar.member(name, data)
+
+
+def test_webdataset_shards_are_indexed_without_the_walk(tmp_path):
+    from conftest import write_wds_shards
+
+    [path] = write_wds_shards(tmp_path, "w{}.tar", 1, lambda k, i: {"__key__": f"k{i}", "txt": "x" * i, "cls": b"1"} if i < 40 else None)
+    with open(path, "rb") as f:
+        buf = f.read()
+    layout = _layout.index(buf, "x")
+    assert layout.names is None and not layout.plain  # vectorized, but not copyable as it is
+    assert as_tuples(layout) == walked(buf)
+
+
+rec = _tar._pax_record
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        rec("path", "other.txt"),  # renames the member: only the walk knows
+        rec("size", "99"),  # resizes it
+        rec("mtime", "1.5") + rec("path", "other.txt"),  # two records, one of them a path
+    ],
+)
+def test_pax_records_that_rename_or_resize_go_to_the_walk(records):
+    buf = pax_member(records, "a.txt", b"abc") + _tar.member("b.txt", b"d") + _tar.TRAILER
+    assert _layout._plain(buf, "x") is None
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        rec("path", "other.txt"),
+        rec("size", "3"),
+        b"30 mtime=1.5\n",  # a wrong length the walk's parser tolerates
+        b"x mtime=1.5\n",  # a length that is not a number
+        b"5 mtime=1.5\n",  # a length that cuts the record
+        rec("mtime", "1.5")[:-1],  # no newline at the end
+        rec("mtï", "1"),  # a non-ASCII keyword
+    ],
+)
+def test_any_pax_header_gives_what_the_walk_gives(records):
+    buf = pax_member(records, "a.txt", b"abc") + _tar.member("b.txt", b"d") + _tar.TRAILER
+    try:
+        expected = walked(buf)
+    except shardkit.CorruptShardError as e:
+        with pytest.raises(shardkit.CorruptShardError, match=re.escape(str(e).split(": ", 1)[1])):
+            _layout.index(buf, "x")
+    else:
+        assert as_tuples(_layout.index(buf, "x")) == expected
+
+
+def test_harmless_pax_records_are_skipped_like_the_walk_skips_them():
+    first = rec("mtime", "1.5") + rec("uname", "someone")
+    buf = pax_member(first, "a.txt", b"abc") + pax_member(rec("mtime", "2.5"), "a.cls", b"1") + _tar.TRAILER
+    layout = _layout._plain(buf, "x")
+    assert layout is not None and as_tuples(layout) == walked(buf)

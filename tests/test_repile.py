@@ -230,3 +230,33 @@ def test_short_writes_are_finished(tmp_path, monkeypatch):
         data = read(sink.part(p))
         assert data == b"".join(chunks[p::2])
         assert sink.crcs[p] == manifest.checksum(data)
+
+
+def test_memory_maps_are_released_in_bounded_numbers(tmp_path, canonical_shards, monkeypatch):
+    """Each pending map holds a file descriptor: the sink flushes after a few, whatever the buffer."""
+    import mmap
+
+    from shardkit import _sink, storage
+
+    monkeypatch.setattr(storage, "_MAP_MIN", 0)  # map even these small shards
+    monkeypatch.setattr(_sink, "_MAX_MAPS", 3)
+    flushes = []
+    real = _sink.PileSink.flush
+    monkeypatch.setattr(_sink.PileSink, "flush", lambda self: (flushes.append(self._maps), real(self)))
+    assert isinstance(storage.map_bytes(canonical_shards[0]), mmap.mmap)
+    urls = canonical_shards * 3
+    shardkit.pile(urls, tmp_path / "fast", piles=3, buffer_size="1GiB", quiet=True)
+    assert flushes[:4] == [3, 3, 3, 3] and max(flushes) <= 3
+    assert files(tmp_path / "fast") == re_encoded(tmp_path, urls, piles=3, quiet=True)
+
+
+def test_map_bytes_reads_small_empty_and_missing_files(tmp_path):
+    from shardkit import storage
+
+    small, empty = tmp_path / "small.tar", tmp_path / "empty.tar"
+    small.write_bytes(b"x" * 100)
+    empty.write_bytes(b"")
+    assert storage.map_bytes(str(small)) == b"x" * 100 and isinstance(storage.map_bytes(str(small)), bytes)
+    assert storage.map_bytes(str(empty)) == b""
+    with pytest.raises(shardkit.DatasetNotFoundError, match=r"missing.tar: no such file"):
+        storage.map_bytes(str(tmp_path / "missing.tar"))
