@@ -1,12 +1,13 @@
 """Index a tar shard as arrays: each member's header, data and name, and the samples they form.
 
 Re-piling copies samples without decoding them, so it needs positions, not Python objects. A
-plain archive (every member a single ustar header, as shardkit and most tools write short names)
-is indexed with numpy: every block that can be a regular-file header is checked at once
-(magic, octal size, checksum, a safe name without prefix), then the chain of headers is followed
-from block 0, so data that happens to look like a header is never taken for one. Anything else
-(pax or GNU extended headers, old formats, damage) goes through :func:`shardkit._tar.walk`,
-which also raises the errors; both give the same :class:`Layout`.
+plain archive (every member a single ustar header, as shardkit and most tools write short names,
+optionally with a pax header per member that changes neither name nor size, as webdataset
+writes) is indexed with numpy: every block that can be a header is checked at once (magic, octal
+size, a safe name without prefix), the chain of headers is followed from block 0, so data that
+happens to look like a header is never taken for one, and checksums are verified on the chain.
+Anything else (pax paths, GNU long names, old formats, damage) goes through
+:func:`shardkit._tar.walk`, which also raises the errors; both give the same :class:`Layout`.
 
     layout = index(buf, "src-000000.tar")
     starts = layout.samples()   # sample i has members starts[i]:starts[i + 1]
@@ -39,7 +40,8 @@ class Layout:
             proportional to the names, not to the header field.
         lengths: name length in bytes, or -1 when it does not fit in 100 bytes.
         names: the names as str when the careful walk made them, else None.
-        plain: every member is one header with nothing between members (pax-free).
+        plain: every member is one header with nothing before or between members (no pax),
+            so a sample's bytes run from its first header to its last member's padded end.
         canonical: per member, its header is exactly the one shardkit writes for it.
     """
 
@@ -94,6 +96,16 @@ class Layout:
             _tar.group(_tar.Members(self.all_names(), offsets, self.sizes.tolist(), 0), self.source)
         return starts
 
+    def sample_bounds(self, starts: np.ndarray) -> np.ndarray:
+        """Byte bounds of the samples: sample i is ``buf[b[i]:b[i + 1]]``, headers included.
+
+        As :func:`shardkit._tar.sample_spans`: a sample runs from the end of the one before
+        (any pax header in front of its first member included) to its last member's padded end.
+        """
+        last = starts[1:] - 1
+        ends = self.heads[last] + BLOCK + self.sizes[last] + (-self.sizes[last] % BLOCK)
+        return np.concatenate([[0], ends]).astype(np.int64)
+
     @functools.cached_property
     def _increasing(self) -> np.ndarray:
         rows, at = self.rows, np.arange(1, len(self))
@@ -142,10 +154,7 @@ def _plain(buf: bytes, source: str) -> Layout | None:
     headers = rows if len(picked) == len(rows) else rows[picked]
     pax = headers[:, 156] == _PAX
     if pax.any():
-        # each pax header describes the member right after it, and changes neither name nor size
-        if pax[-1] or (pax[:-1] & pax[1:]).any() or not _pax_harmless(buf, cand[picked[pax]], sizes[picked[pax]]):
-            return None
-        if not _checksums_hold(headers[pax]):
+        if not _pax_harmless(buf, pax, cand[picked[pax]], sizes[picked[pax]]) or not _checksums_hold(headers[pax]):
             return None
         picked, headers = picked[~pax], headers[~pax]
     heads, sizes = cand[picked], sizes[picked]
@@ -164,8 +173,11 @@ def _plain(buf: bytes, source: str) -> Layout | None:
 _REGULAR, _PAX = ord("0"), ord("x")
 
 
-def _pax_harmless(buf: bytes, blocks: np.ndarray, sizes: np.ndarray) -> bool:
-    """The pax records at these header blocks parse, and none sets ``path`` or ``size``."""
+def _pax_harmless(buf: bytes, pax: np.ndarray, blocks: np.ndarray, sizes: np.ndarray) -> bool:
+    """Each pax header (``pax`` marks them on the chain) comes right before a member, its
+    records (at ``blocks``) parse, and none sets ``path`` or ``size``."""
+    if pax[-1] or (pax[:-1] & pax[1:]).any():
+        return False
     starts = ((blocks + 1) * BLOCK).tolist()
     for start, size in zip(starts, sizes.tolist(), strict=True):
         data = bytes(buf[start : start + size])

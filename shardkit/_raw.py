@@ -62,7 +62,7 @@ def canonical_samples(buf: bytes, source: str, *, max_pile_bytes: int | None = N
         fast &= nbytes + len(_tar.TRAILER) <= max_pile_bytes
     if fast.all() and layout.plain and _canonical_already(layout, padded):
         view = memoryview(buf)
-        bounds = np.append(layout.heads[firsts], layout.heads[-1] + BLOCK + padded[-1]).tolist()
+        bounds = layout.sample_bounds(starts).tolist()
         chunks: list[memoryview | bytes] = [view[a:b] for a, b in itertools.pairwise(bounds)]
         return Samples(chunks, nbytes, _extensions(layout, keylen, np.ones(len(layout), dtype=bool)))
     return _rebuilt(layout, keylen, starts, fast, nbytes, max_pile_bytes, codecs)

@@ -95,6 +95,8 @@ def test_grouping_matches_webdataset_rules_and_refuses_duplicates():
     buf = archive([("a/k1.jpg", b"1"), ("a/k1.cls", b"2"), ("k1.x.y", b"3"), ("k2", b"4"), ("k2.txt", b"5")])
     layout = _layout.index(buf, "x")
     assert layout.samples().tolist() == [0, 2, 3, 5]
+    members = _tar.walk(buf, "x")
+    assert layout.sample_bounds(layout.samples()).tolist() == _tar.sample_spans(members, _tar.group(members, "x")[1])
     duplicate = archive([("k.txt", b"1"), ("k.txt", b"2")])
     with pytest.raises(shardkit.CorruptShardError, match=r"sample 'k' already has a 'txt' member"):
         _layout.index(duplicate, "x").samples()
@@ -179,3 +181,14 @@ def test_harmless_pax_records_are_skipped_like_the_walk_skips_them():
     buf = pax_member(first, "a.txt", b"abc") + pax_member(rec("mtime", "2.5"), "a.cls", b"1") + _tar.TRAILER
     layout = _layout._plain(buf, "x")
     assert layout is not None and as_tuples(layout) == walked(buf)
+
+
+def test_sample_bounds_of_pax_shards_match_the_walk(tmp_path):
+    from conftest import write_wds_shards
+
+    [path] = write_wds_shards(tmp_path, "w{}.tar", 1, lambda k, i: {"__key__": f"k{i}", "txt": "x" * i, "cls": b"1"} if i < 9 else None)
+    with open(path, "rb") as f:
+        buf = f.read()
+    layout = _layout.index(buf, "x")
+    members = _tar.walk(buf, "x")
+    assert layout.sample_bounds(layout.samples()).tolist() == _tar.sample_spans(members, _tar.group(members, "x")[1])
