@@ -260,3 +260,26 @@ def test_map_bytes_reads_small_empty_and_missing_files(tmp_path):
     assert storage.map_bytes(str(empty)) == b""
     with pytest.raises(shardkit.DatasetNotFoundError, match=r"missing.tar: no such file"):
         storage.map_bytes(str(tmp_path / "missing.tar"))
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, OSError])
+def test_a_failure_while_merging_in_threads_leaves_no_dataset(tmp_path, canonical_shards, monkeypatch, error):
+    import threading
+
+    from shardkit import _publish
+    from shardkit.writer import STAGING_PREFIX
+
+    real = _publish._assemble
+
+    def failing(runs, dst):
+        if dst.endswith("pile-000003.tar"):
+            raise error("disk gone")
+        return real(runs, dst)
+
+    monkeypatch.setattr(_publish, "_assemble", failing)
+    out = tmp_path / "out"
+    with pytest.raises(error):
+        shardkit.pile(canonical_shards * 2, out, piles=6, workers=2, quiet=True)
+    assert not manifest.is_dataset(str(out))
+    assert not [e for e in os.listdir(out) if e.startswith(STAGING_PREFIX) or e.endswith(".tar")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("shardkit-merge")]
