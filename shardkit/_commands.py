@@ -27,8 +27,10 @@ def _register_pile(sub: Any) -> None:
         description=(
             "Copy every sample of the input tar shards into M pile shards, each sample to a pile\n"
             "drawn uniformly at random (seeded, never from the data), and write the shardkit.json\n"
-            "manifest last. The loader then shuffles the piles lazily (pass 2). Fields are copied\n"
-            "byte for byte; the output is identical for any --workers."
+            "manifest last. The loader then shuffles the piles lazily (pass 2). Samples are copied\n"
+            "without decoding, field bytes unchanged; the piles are in shardkit's canonical tar form\n"
+            "(plain ustar, fixed metadata, fields sorted) whatever wrote the inputs, and identical\n"
+            "for any --workers."
         ),
         epilog="example:\n  shardkit pile 'src/train-{000000..000099}.tar' -o piles/ --piles 256 --workers 8",
         formatter_class=argparse.RawDescriptionHelpFormatter,

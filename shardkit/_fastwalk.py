@@ -14,8 +14,12 @@ GNU, links, damage) returns None and the member-by-member walk in :mod:`shardkit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from shardkit.storage import Buffer
 
 BLOCK = 512
 _USTAR = np.frombuffer(b"ustar\x00", dtype=np.uint8)
@@ -34,7 +38,7 @@ class Plain:
     lengths: np.ndarray
     end: int
 
-    def names(self, buf: bytes) -> list[str]:
+    def names(self, buf: Buffer) -> list[str]:
         text = self.ascii()
         if text is not None:
             step = self.named.shape[1]
@@ -75,7 +79,7 @@ class Plain:
         return keys, [*firsts.tolist(), len(named)], exts
 
 
-def plain_archive(buf: bytes, *, checked: bool = False) -> Plain | None:
+def plain_archive(buf: Buffer, *, checked: bool = False) -> Plain | None:
     """The :class:`Plain` index of ``buf``, or None when it is not a valid plain archive.
 
     ``checked``: the bytes already matched the checksum the writer recorded for the whole
