@@ -14,8 +14,12 @@ GNU, links, damage) returns None and the member-by-member walk in :mod:`shardkit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from shardkit.storage import Buffer
 
 BLOCK = 512
 _USTAR = np.frombuffer(b"ustar\x00", dtype=np.uint8)
@@ -35,7 +39,7 @@ class Plain:
     lengths: np.ndarray
     end: int
 
-    def names(self, buf: bytes) -> list[str]:
+    def names(self, buf: Buffer) -> list[str]:
         text = self.ascii()
         if text is not None:
             step = self.named.shape[1]
@@ -115,7 +119,7 @@ def _repeated_fields(named: np.ndarray, ext_from: np.ndarray, lengths: np.ndarra
     return tuple(text[j * step + int(ext_from[j]) : j * step + int(lengths[j])] for j in range(width))
 
 
-def plain_archive(buf: bytes, *, checked: bool = False) -> Plain | None:
+def plain_archive(buf: Buffer, *, checked: bool = False) -> Plain | None:
     """The :class:`Plain` index of ``buf``, or None when it is not a valid plain archive.
 
     ``checked``: the bytes already matched the checksum the writer recorded for the whole

@@ -8,22 +8,27 @@ that crosses process boundaries and turns into the error the caller sees.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardkit import errors
+from shardkit import _raw, errors, reader, router
+from shardkit._sink import PileSink
 from shardkit.codecs import Codecs
 from shardkit.errors import InputError, ShardkitError
-from shardkit.router import PileRouter
-from shardkit.writer import PileSink, encode_sample
+from shardkit.writer import encode_sample
 
 
 @dataclass(frozen=True)
 class Job:
-    """Everything a process needs to turn units into pile bytes; sent to each worker once."""
+    """Everything a process needs to turn units into pile bytes; sent to each worker once.
+
+    With ``shards``, units are tar shard URLs and their samples are copied without decoding
+    (``fn`` is not called); the bytes are the same as ``fn=reader.iter_shard`` gives.
+    """
 
     fn: Callable[[Any], Iterable[Mapping[str, Any]]]
     piles: int
@@ -31,6 +36,7 @@ class Job:
     max_pile_bytes: int | None
     codecs: Codecs
     on_error: str
+    shards: bool = False
 
 
 class UnitFailed(Exception):
@@ -98,11 +104,12 @@ class Failure:
 
 @dataclass
 class Part:
-    """What one process wrote: per-pile part files and segments, and the field extensions."""
+    """What one process wrote: per-pile part files, their segments and CRC-32s, the field extensions."""
 
     paths: list[str]
     segments: list[Any]
     fields: set[str]
+    crcs: list[int]
 
 
 def part_directory(staging: str, worker: int) -> str:
@@ -139,7 +146,9 @@ class UnitWriter:
 
     def run(self, index: int, unit: Any) -> tuple[int, int]:
         """Write every sample of ``unit``; returns (samples, bytes). Raises UnitFailed."""
-        route = PileRouter(piles=self.job.piles, seed=self.job.seed, unit=index).next
+        if self.job.shards:
+            return self._copy_shard(index, unit)
+        route = router.PileRouter(piles=self.job.piles, seed=self.job.seed, unit=index).next
         add = self.sink.add
         seen: set[str] = set()
         samples = nbytes = 0
@@ -153,6 +162,20 @@ class UnitWriter:
         self.fields |= seen
         return samples, nbytes
 
+    def _copy_shard(self, index: int, url: str) -> tuple[int, int]:
+        """Route the samples of the shard ``url`` as whole byte ranges (see :mod:`shardkit._raw`)."""
+        try:
+            buf = reader.read_shard(url, mapped=True)
+            found = _raw.canonical_samples(buf, url, max_pile_bytes=self.job.max_pile_bytes, codecs=self.job.codecs)
+        except Exception as e:
+            raise UnitFailed(str(e)) from e
+        count = len(found.chunks)
+        if count:
+            piles = router.route(piles=self.job.piles, seed=self.job.seed, unit=index, count=count)
+            self.sink.extend(index, piles, found.chunks, found.sizes, mapped=isinstance(buf, mmap.mmap))
+        self.fields |= found.fields
+        return count, int(found.sizes.sum())
+
     def attempt(self, index: int, unit: Any) -> tuple[int, int] | Failure:
         """Like :meth:`run`, but a failing unit comes back as a :class:`Failure`."""
         try:
@@ -164,4 +187,4 @@ class UnitWriter:
     def finish(self) -> Part:
         """Flush the buffers; returns what this process wrote."""
         self.sink.flush()
-        return Part([self.sink.part(p) for p in range(self.job.piles)], self.sink.segments, self.fields)
+        return Part([self.sink.part(p) for p in range(self.job.piles)], self.sink.segments, self.fields, self.sink.crcs)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import io
-import math
 import os
 import tempfile
 import threading
@@ -32,11 +31,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardkit import _progress
+from shardkit import _progress, quality
 from shardkit._seeds import Stream, stream
 from shardkit._sizes import format_size
 from shardkit.audit import info
 from shardkit.errors import ConfigError
+from shardkit.orders import webdataset_order
 
 IMAGE_SIDE = 32
 # distinct images encoded per class; samples reuse them (encoding is not what is measured)
@@ -65,34 +65,6 @@ def make_images(samples: int, classes: int, seed: int) -> tuple[list[bytes], np.
     labels = np.arange(samples) * classes // samples
     variant = rng.integers(0, len(encoded[0]), size=samples)
     return [encoded[c][v] for c, v in zip(labels.tolist(), variant.tolist(), strict=True)], labels
-
-
-def classes_per_batch(labels: np.ndarray, batch_size: int) -> float:
-    """Mean number of distinct labels in the full batches of an order."""
-    # the seam for shardkit.quality: its classes-per-window metric also gives the null spread
-    full = len(labels) // batch_size
-    if full == 0:
-        return float("nan")
-    batches = np.asarray(labels[: full * batch_size]).reshape(full, batch_size)
-    return float(np.mean([len(np.unique(b)) for b in batches]))
-
-
-def expected_classes(labels: np.ndarray, batch_size: int) -> float:
-    """Distinct classes a batch holds on average under a uniform shuffle (hypergeometric)."""
-    n = len(labels)
-    if batch_size > n:
-        return float("nan")
-    total = 0.0
-    for count in np.unique(labels, return_counts=True)[1]:
-        # P(class absent) = C(n - count, b) / C(n, b), in logs to stay finite
-        if n - count >= batch_size:
-            log_absent = (
-                math.lgamma(n - count + 1) - math.lgamma(n - count - batch_size + 1) - math.lgamma(n + 1) + math.lgamma(n - batch_size + 1)
-            )
-            total += 1 - math.exp(log_absent)
-        else:
-            total += 1
-    return total
 
 
 def _resident() -> int | None:
@@ -147,6 +119,7 @@ class Row:
     write_per_s: float | None
     read_per_s: float | None
     classes_per_batch: float
+    recurrence: float
     read_memory: int | None
 
 
@@ -175,14 +148,18 @@ class DemoResult:
             f"stored sorted by class\n(one process, raw bytes; a uniform shuffle puts {self.uniform_classes:.1f} classes "
             f"in a batch of {self.batch_size})\n"
         )
-        header = f"{'':<40} {'write/s':>9} {'read/s':>9} {'classes/batch':>14} {'read memory':>12}"
+        header = f"{'':<40} {'write/s':>9} {'read/s':>9} {'classes/batch':>14} {'recurrence':>11} {'read memory':>12}"
         lines = [head, header]
         for row in self.rows:
             write = f"{row.write_per_s:,.0f}" if row.write_per_s else "-"
             read = f"{row.read_per_s:,.0f}" if row.read_per_s else "-"
             memory = f"+{format_size(row.read_memory)}" if row.read_memory is not None else "-"
-            lines.append(f"{row.name:<40} {write:>9} {read:>9} {row.classes_per_batch:>14.1f} {memory:>12}")
-        lines.append(f"\nshardkit's loader holds at most two piles: {format_size(self.loader_ram)} here (shardkit info DIR shows it)")
+            lines.append(f"{row.name:<40} {write:>9} {read:>9} {row.classes_per_batch:>14.1f} {row.recurrence:>11.1f} {memory:>12}")
+        lines.append(
+            f"\nrecurrence: pairs batched together in epoch 0 and again in epoch 1, over what two independent shuffles give (1.0).\n"
+            f"Later epochs reuse pile membership; loader(mix=k) and shardkit repile lower it (shardkit quality DIR measures it).\n"
+            f"shardkit's loader holds at most two piles: {format_size(self.loader_ram)} here (shardkit info DIR shows it)"
+        )
         if self.out:
             lines.append(f"data kept in {self.out} (sequential/, piles/)")
         return "\n".join(lines)
@@ -216,27 +193,30 @@ def _write_piles(directory: str, images: list[bytes], labels: np.ndarray, piles:
     return time.perf_counter() - start
 
 
-def _timed_labels(samples: Iterator[dict]) -> tuple[np.ndarray, float, int | None]:
-    """Drain a sample stream: its labels in order, the seconds it took, the memory it added."""
+def _timed_order(samples: Iterator[dict]) -> tuple[np.ndarray, float, int | None]:
+    """Drain a sample stream: source indices in read order, the seconds it took, the memory it added."""
     with PeakMemory() as memory:
         start = time.perf_counter()
-        labels = np.array([int(s["cls"]) for s in samples])
+        order = np.array([int(s["__key__"]) for s in samples], dtype=np.int64)
         seconds = time.perf_counter() - start
-    return labels, seconds, memory.added
+    return order, seconds, memory.added
 
 
 def _read_webdataset(urls: list[str], buffer: int, seed: int) -> tuple[np.ndarray, float, int | None]:
     import webdataset as wds
 
     dataset = wds.WebDataset(urls, shardshuffle=len(urls), seed=seed, empty_check=False).shuffle(buffer, seed=seed)
-    return _timed_labels(iter(dataset))
+    return _timed_order(iter(dataset))
 
 
-def _read_shardkit(directory: str, seed: int) -> tuple[np.ndarray, float, int | None]:
+def _read_shardkit(directory: str, seed: int) -> tuple[np.ndarray, float, int | None, np.ndarray]:
+    """Epoch 0 timed, then epoch 1's order (for the recurrence between them)."""
     import shardkit
 
     with shardkit.loader(directory, seed=seed, decode=False) as loader:
-        return _timed_labels(iter(loader))
+        order, seconds, memory = _timed_order(iter(loader))
+        second = np.array([int(s["__key__"]) for s in loader], dtype=np.int64)
+    return order, seconds, memory, second
 
 
 def demo(
@@ -282,7 +262,7 @@ def demo(
         piles=piles,
         batch_size=batch_size,
         rows=rows,
-        uniform_classes=expected_classes(labels, batch_size),
+        uniform_classes=quality.classes_per_window(labels, batch_size).expected,
         loader_ram=loader_ram,
         out=os.fspath(out) if out is not None else None,
     )
@@ -299,16 +279,27 @@ def _measure(
     pile_write = _write_piles(os.path.join(root, "piles"), images, labels, piles, seed)
     del images
     step("piles written")
-    wds_labels, wds_read, wds_memory = _read_webdataset(urls, buffer, seed)
+    wds_order, wds_read, wds_memory = _read_webdataset(urls, buffer, seed)
     step("read with webdataset")
-    sk_labels, sk_read, sk_memory = _read_shardkit(os.path.join(root, "piles"), seed)
+    sk_order, sk_read, sk_memory, sk_next = _read_shardkit(os.path.join(root, "piles"), seed)
     step("read with shardkit")
+    # webdataset's next epoch, pick for pick as its reader would make it, without a second slow read
+    counts = [samples // len(urls) + (i < samples % len(urls)) for i in range(len(urls))]
+    wds_next = webdataset_order(counts, seed=seed, epoch=1, bufsize=buffer, initial=min(100, buffer), shardshuffle=len(urls))
+    sequential = np.arange(samples)
+
+    def mixing(order: np.ndarray, following: np.ndarray) -> dict[str, float]:
+        return {
+            "classes_per_batch": quality.classes_per_window(labels[order], batch_size).value,
+            "recurrence": quality.recurrence(order, following, batch_size).value,
+        }
+
     rows = (
-        Row(name="sequential shards, in written order", write_per_s=samples / seq_write, read_per_s=None,
-            classes_per_batch=classes_per_batch(labels, batch_size), read_memory=None),
-        Row(name=f"webdataset: shard shuffle + buffer {buffer}", write_per_s=None, read_per_s=len(wds_labels) / wds_read,
-            classes_per_batch=classes_per_batch(wds_labels, batch_size), read_memory=wds_memory),
-        Row(name=f"shardkit: {piles} piles, loader", write_per_s=samples / pile_write, read_per_s=len(sk_labels) / sk_read,
-            classes_per_batch=classes_per_batch(sk_labels, batch_size), read_memory=sk_memory),
+        Row(name="sequential shards, in written order", write_per_s=samples / seq_write, read_per_s=None, read_memory=None,
+            **mixing(sequential, sequential)),
+        Row(name=f"webdataset: shard shuffle + buffer {buffer}", write_per_s=None, read_per_s=len(wds_order) / wds_read,
+            read_memory=wds_memory, **mixing(wds_order, wds_next)),
+        Row(name=f"shardkit: {piles} piles, loader", write_per_s=samples / pile_write, read_per_s=len(sk_order) / sk_read,
+            read_memory=sk_memory, **mixing(sk_order, sk_next)),
     )  # fmt: skip
     return labels, rows

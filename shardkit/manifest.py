@@ -7,7 +7,7 @@ the end never leaves something that looks like a whole dataset.
 from __future__ import annotations
 
 import json
-import zlib
+import mmap
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,9 +19,15 @@ FORMAT = "shardkit"
 FORMAT_VERSION = 1
 
 
-def checksum(data: bytes | bytearray | memoryview, previous: int = 0) -> int:
-    """Running CRC-32 (3+ GB/s here, against 1.6 for sha256); pass the last value to continue."""
-    return zlib.crc32(data, previous)
+try:  # zlib-ng computes the same CRC-32 with carry-less multiplication: ~12 GB/s here, zlib ~3.6
+    from zlib_ng.zlib_ng import crc32 as _crc32
+except ImportError:  # pragma: no cover - a platform without zlib-ng wheels
+    from zlib import crc32 as _crc32
+
+
+def checksum(data: bytes | bytearray | memoryview | mmap.mmap, previous: int = 0) -> int:
+    """Running CRC-32 (zlib's); pass the last value to continue over more bytes."""
+    return _crc32(data, previous)
 
 
 def format_checksum(crc: int) -> str:

@@ -16,13 +16,14 @@ staging directory and writes no manifest.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -142,7 +143,22 @@ def preprocess(
     options = PileOptions(piles=piles, seed=seed, max_pile_bytes=max_pile_bytes, buffer_size=buffer_size, overwrite=overwrite)
     units = _validate(inputs, workers, on_error, extra)
     job = Job(fn=fn, piles=piles, seed=seed, max_pile_bytes=options.max_bytes, codecs=codecs or DEFAULT, on_error=on_error)
-    path = prepare_output(out, overwrite=overwrite)
+    return _run(job, units, out, options, workers=workers, quiet=quiet, mp_context=mp_context, extra=extra)
+
+
+def _run(
+    job: Job,
+    units: list[Any],
+    out: str | os.PathLike[str],
+    options: PileOptions,
+    *,
+    workers: int,
+    quiet: bool,
+    mp_context: str | None,
+    extra: Mapping[str, Any] | None,
+) -> Manifest:
+    """Run ``job`` over ``units`` and publish the piles (the body of :func:`preprocess` and :func:`pile`)."""
+    path = prepare_output(out, overwrite=options.overwrite)
     staging = os.path.join(path, f"{STAGING_PREFIX}{uuid.uuid4().hex}")
     workers = min(workers, len(units))
     try:
@@ -153,7 +169,7 @@ def preprocess(
                 parts = [_run_inline(job, units, staging, buffer, tally)]
             else:
                 parts = _pool.run(job, units, staging, buffer // workers, workers, tally.add, mp_context)
-        return _publish(path, staging, parts, options, {**(extra or {}), "units": len(units)}, tally)
+        return _publish(path, staging, parts, options, {**(extra or {}), "units": len(units)}, tally, workers)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -196,26 +212,36 @@ def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray) -> tuple[
     return np.column_stack([part[first], start[first], end[last] - start[first]]), int(count.sum())
 
 
-def _publish(path: str, staging: str, parts: Sequence[Part], options: PileOptions, extra: dict[str, Any], tally: Tally) -> Manifest:
+def _publish(
+    path: str, staging: str, parts: Sequence[Part], options: PileOptions, extra: dict[str, Any], tally: Tally, workers: int
+) -> Manifest:
     skipped = np.array(sorted(f.index for f in tally.failures), dtype=np.int64)
-    plans, counts = [], []
+    runs, counts = [], []
     for p in range(options.piles):
         plan, count = _merge_plan(parts, p, skipped)
-        plans.append(plan)
+        pile_runs = [Run(parts[k].paths[p], offset, length) for k, offset, length in plan.tolist()]
+        if len(pile_runs) == 1 and pile_runs[0].offset == 0:  # maybe a whole part file: its CRC is known
+            pile_runs[0] = dataclasses.replace(pile_runs[0], crc=parts[int(plan[0, 0])].crcs[p])
+        runs.append(pile_runs)
         counts.append(count)
-
-    def runs() -> Iterator[list[Run]]:
-        # publish assembles pile by pile as it pulls from here: the bar shows the merge
-        with bar(total=len(plans), desc="merging", unit="pile", quiet=tally.quiet) as merging:
-            for p, plan in enumerate(plans):
-                yield [Run(parts[k].paths[p], offset, length) for k, offset, length in plan.tolist()]
-                merging.update(1)
-
     if tally.failures:
         failures = sorted(tally.failures, key=lambda f: f.index)
         extra["skipped"] = [f.record() for f in failures[:_MAX_LISTED_SKIPS]]
     fields = set().union(*(part.fields for part in parts))
-    result = publish(path, runs(), counts, options=options, fields=fields, staging=staging, skipped_units=len(tally.failures), extra=extra)
+    # piles are assembled in parallel: merging is copying and checksumming, which release the GIL
+    with bar(total=len(runs), desc="merging", unit="pile", quiet=tally.quiet) as merging:
+        result = publish(
+            path,
+            runs,
+            counts,
+            options=options,
+            fields=fields,
+            staging=staging,
+            skipped_units=len(tally.failures),
+            extra=extra,
+            threads=workers,
+            progress=merging.update,
+        )
     elapsed = time.perf_counter() - tally.start
     log.info(
         "%s: %d samples from %d units into %d piles (%s) in %.1fs; %d units skipped",
@@ -247,26 +273,23 @@ def pile(
     """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.
 
     ``inputs`` are paths, URLs, globs or brace patterns (``src-{000000..000019}.tar``); each
-    shard is one input unit. Fields are copied byte for byte. Other arguments as in
-    :func:`preprocess`.
+    shard is one input unit. Samples are copied without being decoded, field bytes unchanged.
+    The piles are in shardkit's canonical form whatever wrote the inputs: byte-identical to
+    re-encoding every sample with ``preprocess(urls, reader.iter_shard, ...)``, i.e. plain
+    ustar headers with fixed metadata and fields in sorted order (webdataset's pax headers
+    and mtimes are dropped). Input already in that form, such as shardkit's own piles, is
+    copied as whole byte ranges. Other arguments as in :func:`preprocess`.
 
     Raises:
         DatasetNotFoundError: an input is missing or a pattern matches nothing (before any work).
         CorruptShardError: an input shard is not a valid tar; the message names the unit first
             (with ``on_error="skip"`` the shard is skipped instead).
+        SampleError: a sample shardkit cannot write (a key with an empty path component, a
+            member without extension, a sample over ``max_pile_bytes``).
     """
-    urls = storage.expand(inputs)
-    return preprocess(
-        urls,
-        reader.iter_shard,
-        out,
-        piles=piles,
-        workers=workers,
-        seed=seed,
-        max_pile_bytes=max_pile_bytes,
-        overwrite=overwrite,
-        on_error=on_error,
-        quiet=quiet,
-        buffer_size=buffer_size,
-        mp_context=mp_context,
+    options = PileOptions(piles=piles, seed=seed, max_pile_bytes=max_pile_bytes, buffer_size=buffer_size, overwrite=overwrite)
+    units = _validate(storage.expand(inputs), workers, on_error, None)
+    job = Job(
+        fn=reader.iter_shard, piles=piles, seed=seed, max_pile_bytes=options.max_bytes, codecs=DEFAULT, on_error=on_error, shards=True
     )
+    return _run(job, units, out, options, workers=workers, quiet=quiet, mp_context=mp_context, extra=None)

@@ -39,7 +39,7 @@ class PileData:
 
     __slots__ = ("_ends", "_exts", "_fields", "_offsets", "_starts", "buf", "keys", "url")
 
-    def __init__(self, url: str, buf: bytes, *, checked: bool = False, plain: Plain | bool | None = True) -> None:
+    def __init__(self, url: str, buf: storage.Buffer, *, checked: bool = False, plain: Plain | bool | None = True) -> None:
         self.url = url
         self.buf = buf
         if plain is True:
@@ -180,7 +180,7 @@ def read_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | No
 
 def fetch_pile(
     url: str, *, expected: PileInfo | None = None, max_bytes: int | None = None, verify: bool = True, mapped: bool = False
-) -> bytes:
+) -> storage.Buffer:
     """The first half of :func:`read_pile`: the checked bytes (size, limit, checksum), not indexed.
 
     Reading and checksumming release the GIL, so a background thread can do this half while
@@ -209,7 +209,7 @@ def fetch_pile(
 
 
 def index_pile(
-    url: str, buf: bytes, *, expected: PileInfo | None = None, checked: bool = False, plain: Plain | bool | None = True
+    url: str, buf: storage.Buffer, *, expected: PileInfo | None = None, checked: bool = False, plain: Plain | bool | None = True
 ) -> PileData:
     """The second half of :func:`read_pile`: index the bytes and check the sample count.
 
@@ -222,12 +222,13 @@ def index_pile(
     return pile
 
 
-def iter_shard(url: str) -> Iterator[dict[str, Any]]:
-    """Every sample of a WebDataset tar shard, raw bytes, in archive order.
+def read_shard(url: str, *, mapped: bool = False) -> storage.Buffer:
+    """The bytes of a tar shard; ``.tar.gz``/``.tgz`` shards are decompressed in memory.
 
-    ``.tar.gz``/``.tgz`` shards are decompressed in memory.
+    ``mapped``: a local shard may come back as a read-only memory map (see
+    :func:`shardkit.storage.map_bytes`); it reads like bytes.
     """
-    buf = storage.read_bytes(url)
+    buf: Any = storage.map_bytes(url) if mapped else storage.read_bytes(url)
     if url.endswith((".gz", ".tgz")):
         import gzip
 
@@ -235,4 +236,12 @@ def iter_shard(url: str) -> Iterator[dict[str, Any]]:
             buf = gzip.decompress(buf)
         except (OSError, EOFError) as e:
             raise CorruptShardError(f"{url}: not valid gzip ({e})") from None
-    yield from PileData(url, buf)
+    return buf
+
+
+def iter_shard(url: str) -> Iterator[dict[str, Any]]:
+    """Every sample of a WebDataset tar shard, raw bytes, in archive order.
+
+    ``.tar.gz``/``.tgz`` shards are decompressed in memory.
+    """
+    yield from PileData(url, read_shard(url))

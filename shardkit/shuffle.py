@@ -203,7 +203,11 @@ def _pass1(urls: list[str], directory: str, *, piles: int, max_pile_bytes: int |
     """Re-pile the inputs into ``directory`` (a throwaway shardkit dataset)."""
     from shardkit.preprocess import pile
 
-    return pile(urls, directory, piles=piles, workers=opts.workers, seed=opts.seed, max_pile_bytes=max_pile_bytes, quiet=quiet)
+    # the write buffer counts against the memory budget too: a quarter of it, 1-64 MiB
+    buffer = 64 << 20 if max_pile_bytes is None else min(64 << 20, max(1 << 20, max_pile_bytes // 4))
+    return pile(
+        urls, directory, piles=piles, workers=opts.workers, seed=opts.seed, max_pile_bytes=max_pile_bytes, buffer_size=buffer, quiet=quiet
+    )
 
 
 def _pass2(piles_dir: str, piles: Manifest, staging: str, opts: ShuffleOptions, quiet: bool) -> list[PileInfo]:

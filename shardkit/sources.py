@@ -93,7 +93,7 @@ class Fetched:
     """A pile's bytes, its plain-archive index (None: walk it member by member), and whether
     the bytes matched the manifest checksum."""
 
-    buf: bytes
+    buf: storage.Buffer
     plain: Plain | None
     checked: bool
 
@@ -132,7 +132,7 @@ def count_samples(url: str) -> int:
     return count
 
 
-def _load_shard(url: str, max_bytes: int | None) -> bytes:
+def _load_shard(url: str, max_bytes: int | None) -> storage.Buffer:
     """The bytes of any WebDataset tar (``.tar.gz``/``.tgz`` decompressed in memory)."""
     if max_bytes is not None:
         size = storage.size(url)

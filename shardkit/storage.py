@@ -90,25 +90,33 @@ def read_bytes(url: str) -> bytes:
         raise DatasetNotFoundError(f"{url}: no such file") from None
 
 
-def map_bytes(url: str) -> bytes:
-    """The whole file as a read-only bytes-like object: a populated memory map when local.
+_MAP_MIN = 1 << 20
+# what map_bytes gives: bytes, or a read-only memory map (slicing either gives bytes)
+Buffer = bytes | mmap.mmap
 
-    Mapping saves a copy of every byte compared with :func:`read_bytes` (the page cache is
-    read in place) and the pages are faulted in at once, in the calling thread. Slicing it
-    gives ``bytes``. Files are never truncated in place by shardkit (it replaces them
-    atomically), which is what keeps a mapping valid. Remote URLs are read whole.
+
+def map_bytes(url: str) -> Buffer:
+    """The whole file as a read-only buffer, without copying it where that is possible.
+
+    A local file is memory-mapped: its pages are the page cache's, so reading a shard costs no
+    copy and no fresh memory. The file must not shrink while the map is in use (reading past
+    its new end kills the process with SIGBUS); shardkit only maps inputs it reads once. Remote
+    files, and files under 1 MiB (a map holds a file descriptor while it lives), come back as
+    ``bytes``.
     """
     path = local_path(url)
-    if path is None or not hasattr(mmap, "MAP_POPULATE"):
+    if path is None:
         return read_bytes(url)
     try:
         with open(path, "rb", buffering=0) as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return b""
-            flags = mmap.MAP_SHARED | mmap.MAP_POPULATE
-            return mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)  # type: ignore[return-value]
+            if os.fstat(f.fileno()).st_size < _MAP_MIN:
+                return f.readall()
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            return mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
     except FileNotFoundError:
         raise DatasetNotFoundError(f"{url}: no such file") from None
+    except (OSError, ValueError, AttributeError):  # no mmap here (a pipe, a platform without it)
+        return read_bytes(url)
 
 
 @contextlib.contextmanager

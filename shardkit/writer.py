@@ -14,36 +14,33 @@ dataset for a whole one.
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import math
+import functools
 import os
 import shutil
 import uuid
-from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
-from shardkit import _tar, manifest, router, storage
+from shardkit import _tar, router
+from shardkit._publish import STAGING_PREFIX, Run, pile_name, prepare_output, publish
+from shardkit._sink import PileSink
 from shardkit._sizes import parse_size
 from shardkit.codecs import DEFAULT, Codecs, encode_field
-from shardkit.errors import ConfigError, CorruptShardError, DatasetExistsError, SampleError
-from shardkit.manifest import Manifest, PileInfo
+from shardkit.errors import ConfigError, SampleError
+from shardkit.manifest import Manifest
 
-log = logging.getLogger(__name__)
-
-STAGING_PREFIX = ".shardkit-staging-"
-
-
-def pile_name(index: int) -> str:
-    return f"pile-{index:06d}.tar"
-
-
-def _version() -> str:
-    from shardkit import __version__
-
-    return f"shardkit {__version__}"
+__all__ = [
+    "STAGING_PREFIX",
+    "PileOptions",
+    "PileSink",
+    "PileWriter",
+    "Run",
+    "encode_sample",
+    "pile_name",
+    "prepare_output",
+    "publish",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,98 +103,48 @@ def encode_sample(sample: Mapping[str, Any], codecs: Codecs = DEFAULT, *, max_pi
     if "__key__" not in sample:
         raise SampleError(f"sample has no '__key__' (fields: {sorted(sample)})")
     key = _check_key(sample["__key__"])
-    fields: dict[str, Any] = {}
-    for name, value in sample.items():
+    order = _field_order(tuple(sample))
+    if order is None:  # something is wrong with the field names: say what
+        _refuse_fields(key, sample)
+    parts: list[bytes | bytearray | memoryview] = []
+    for name, ext in order:
+        parts.extend(_tar.member_parts(f"{key}.{ext}", encode_field(codecs, key, ext, sample[name])))
+    data = b"".join(parts)  # one copy of the payload, not one per member and one per sample
+    if max_pile_bytes is not None and len(data) + len(_tar.TRAILER) > max_pile_bytes:
+        raise SampleError(f"sample {key!r} is {len(data)} bytes, larger than max_pile_bytes ({max_pile_bytes}) on its own")
+    return data, [ext for _, ext in order]
+
+
+@functools.lru_cache(maxsize=1024)
+def _field_order(names: tuple[str, ...]) -> tuple[tuple[str, str], ...] | None:
+    """(field name, extension) of the fields a sample with these names writes, by extension.
+
+    Samples of one dataset share their field names, so this runs once per kind of sample.
+    None when the names are not valid (:func:`_refuse_fields` says why).
+    """
+    fields: dict[str, str] = {}
+    for name in names:
+        if name.startswith("__"):
+            continue
+        ext = name[1:] if name.startswith(".") else name
+        if not ext or "/" in ext or ext in fields:
+            return None
+        fields[ext] = name
+    return tuple((fields[ext], ext) for ext in sorted(fields)) or None
+
+
+def _refuse_fields(key: str, sample: Mapping[str, Any]) -> NoReturn:
+    seen: set[str] = set()
+    for name in sample:
         if name.startswith("__"):
             continue
         ext = name[1:] if name.startswith(".") else name
         if not ext or "/" in ext:
             raise SampleError(f"sample {key!r}: field name {name!r} is not a valid extension")
-        if ext in fields:
+        if ext in seen:
             raise SampleError(f"sample {key!r}: two fields with extension {ext!r}")
-        fields[ext] = value
-    if not fields:
-        raise SampleError(f"sample {key!r} has no fields besides its key")
-    exts = sorted(fields)
-    data = b"".join([_tar.member(f"{key}.{ext}", encode_field(codecs, key, ext, fields[ext])) for ext in exts])
-    if max_pile_bytes is not None and len(data) + len(_tar.TRAILER) > max_pile_bytes:
-        raise SampleError(f"sample {key!r} is {len(data)} bytes, larger than max_pile_bytes ({max_pile_bytes}) on its own")
-    return data, exts
-
-
-class PileSink:
-    """Per-pile append-only part files in one directory, fed through a bounded memory buffer.
-
-    Each pile's part file records which input unit wrote which byte range (``segments``), so
-    parts written by several processes can be merged back into input order. ``segments[p]`` is
-    a flat ``array('q')`` of ``[unit, start, end, samples]`` quads: compact enough to keep one
-    per (unit, pile) pair for millions of units and to send between processes.
-    """
-
-    def __init__(self, directory: str, piles: int, buffer_size: int) -> None:
-        self.directory = directory
-        os.makedirs(directory, exist_ok=True)
-        self._chunks: list[list[bytes]] = [[] for _ in range(piles)]
-        self._buffered = 0
-        self._limit = buffer_size
-        self.counts = [0] * piles
-        self.sizes = [0] * piles
-        self.segments: list[array[int]] = [array("q") for _ in range(piles)]
-
-    def part(self, pile: int) -> str:
-        return os.path.join(self.directory, f"{pile:06d}.part")
-
-    def add(self, pile: int, data: bytes, unit: int) -> None:
-        self._chunks[pile].append(data)
-        n = len(data)
-        start = self.sizes[pile]
-        seg = self.segments[pile]
-        if seg and seg[-4] == unit and seg[-2] == start:
-            seg[-2] = start + n
-            seg[-1] += 1
-        else:
-            seg.extend((unit, start, start + n, 1))
-        self.sizes[pile] = start + n
-        self.counts[pile] += 1
-        self._buffered += n
-        if self._buffered >= self._limit:
-            self.flush()
-
-    def flush(self) -> None:
-        for pile, chunks in enumerate(self._chunks):
-            if chunks:
-                with open(self.part(pile), "ab") as f:
-                    _write_joined(f, chunks)
-                chunks.clear()
-        self._buffered = 0
-
-
-# join at most this much at once: a join of the whole buffer (one pile takes all of it when M=1)
-# gets fresh pages from the OS on every flush and made M=1 slower than M=64
-_JOIN_BYTES = 4 << 20
-
-
-def _write_joined(f: Any, chunks: list[bytes]) -> None:
-    group: list[bytes] = []
-    size = 0
-    for chunk in chunks:
-        group.append(chunk)
-        size += len(chunk)
-        if size >= _JOIN_BYTES:
-            f.write(b"".join(group))
-            group.clear()
-            size = 0
-    if group:
-        f.write(b"".join(group))
-
-
-@dataclass(frozen=True)
-class Run:
-    """A byte range of a part file that belongs to a pile, in output order."""
-
-    path: str
-    offset: int
-    length: int
+        seen.add(ext)
+    raise SampleError(f"sample {key!r} has no fields besides its key")
 
 
 class PileWriter:
@@ -249,7 +196,8 @@ class PileWriter:
             self._closed = True
             try:
                 self._sink.flush()
-                runs = [[Run(self._sink.part(p), 0, self._sink.sizes[p])] for p in range(self.options.piles)]
+                sink = self._sink
+                runs = [[Run(sink.part(p), 0, sink.sizes[p], sink.crcs[p])] for p in range(self.options.piles)]
                 self.manifest = publish(
                     self.path, runs, self._sink.counts, options=self.options, fields=self._fields, staging=self._staging
                 )
@@ -271,170 +219,3 @@ class PileWriter:
             self.close()
         else:
             self.abort()
-
-
-def prepare_output(path: str | os.PathLike[str], *, overwrite: bool) -> str:
-    """Check and create an output directory; refuse one holding a dataset unless ``overwrite``."""
-    out = os.fspath(path)
-    if storage.local_path(out) is None:
-        raise ConfigError(f"{out}: writing piles to remote storage is not supported yet; write locally and upload")
-    out = storage.local_path(out) or out
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"{out}: output exists and is not a directory")
-    if manifest.is_dataset(out) and not overwrite:
-        raise DatasetExistsError(
-            f"{out}: already holds a shardkit dataset ({manifest.MANIFEST}); pass overwrite=True (--overwrite) to replace it"
-        )
-    os.makedirs(out, exist_ok=True)
-    return out
-
-
-def _assemble(runs: Iterable[Run], dst: str) -> None:
-    """Make ``dst`` a finished pile from its runs; a single whole part file is just renamed."""
-    runs = [r for r in runs if r.length]
-    if len(runs) == 1 and runs[0].offset == 0 and os.path.getsize(runs[0].path) == runs[0].length:
-        os.replace(runs[0].path, dst)
-        with open(dst, "ab") as f:
-            f.write(_tar.TRAILER)
-        return
-    with contextlib.ExitStack() as stack:
-        out = stack.enter_context(open(dst, "wb"))
-        sources: dict[str, Any] = {}  # one handle per part file, however many runs it has
-        for run in runs:
-            src = sources.get(run.path)
-            if src is None:
-                src = sources[run.path] = stack.enter_context(open(run.path, "rb"))
-            copied = _copy_range(src, out, run.offset, run.length)
-            if copied != run.length:
-                raise CorruptShardError(
-                    f"{run.path}: part file ends early: expected {run.length} bytes at offset {run.offset}, got {copied}"
-                )
-        out.write(_tar.TRAILER)
-
-
-_COPY_CHUNK = 8 << 20
-
-
-def _copy_range(src: Any, out: Any, offset: int, length: int) -> int:
-    """Append ``length`` bytes of ``src`` from ``offset`` to ``out``; returns the bytes copied.
-
-    Uses the kernel's ``copy_file_range`` where it exists (no trip through user space, reflinks
-    on file systems that have them); memory stays bounded by ``_COPY_CHUNK`` either way.
-    """
-    done = 0
-    if hasattr(os, "copy_file_range"):
-        out.flush()
-        try:
-            while done < length:
-                n = os.copy_file_range(src.fileno(), out.fileno(), min(length - done, 1 << 30), offset + done)
-                if n == 0:
-                    return done
-                done += n
-            out.seek(0, os.SEEK_END)
-            return done
-        except OSError:  # e.g. EXDEV across file systems on old kernels: fall back to reading
-            out.seek(0, os.SEEK_END)
-    src.seek(offset + done)
-    while done < length:
-        chunk = src.read(min(length - done, _COPY_CHUNK))
-        if not chunk:
-            break
-        out.write(chunk)
-        done += len(chunk)
-    return done
-
-
-def _split(path: str, name: str, *, limit: int, seed: int, trail: tuple[int, ...], staging: str) -> list[tuple[str, str, int]]:
-    """Split the finished pile at ``path`` into random sub-piles of at most ``limit`` bytes.
-
-    Returns (staged file, pile name, sample count) for each piece, splitting again as needed.
-    """
-    data = storage.read_bytes(path)
-    members = _tar.walk(data, name)
-    keys, starts = _tar.group(members, name)
-    if len(data) <= limit:
-        return [(path, name, len(keys))]
-    if len(keys) <= 1:
-        raise SampleError(f"{name}: sample {keys[0]!r} alone is larger than max_pile_bytes ({limit})")
-    bounds = _tar.sample_spans(members, starts)
-    parts = max(2, math.ceil(len(data) / (0.9 * limit)))
-    assignment = router.split_assignment(parts=parts, seed=seed, path=trail, count=len(keys))
-    stem = name[: -len(".tar")]
-    pieces = []
-    for part in range(parts):
-        chosen = [i for i in range(len(keys)) if assignment[i] == part]
-        if not chosen:
-            continue
-        sub_name = f"{stem}-{part:03d}.tar"
-        sub_path = os.path.join(staging, sub_name)
-        with open(sub_path, "wb") as f:
-            for i in chosen:
-                f.write(data[bounds[i] : bounds[i + 1]])
-            f.write(_tar.TRAILER)
-        pieces.extend(_split(sub_path, sub_name, limit=limit, seed=seed, trail=(*trail, part), staging=staging))
-    os.unlink(path)
-    return pieces
-
-
-def _file_crc(path: str) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            crc = manifest.checksum(chunk, crc)
-    return crc
-
-
-def publish(
-    out: str,
-    runs: Iterable[Iterable[Run]],
-    counts: Sequence[int],
-    *,
-    options: PileOptions,
-    fields: set[str],
-    staging: str,
-    skipped_units: int = 0,
-    extra: dict[str, Any] | None = None,
-) -> Manifest:
-    """Assemble each pile from its runs, split oversized piles, move them in, write the manifest.
-
-    ``runs`` gives, pile by pile, its byte ranges in output order (it may be a lazy iterable);
-    ``counts[p]`` is pile p's sample count.
-    """
-    staged: list[tuple[str, str, int]] = []
-    split = 0
-    for p, pile_runs in enumerate(runs):
-        name = pile_name(p)
-        path = os.path.join(staging, name)
-        _assemble(pile_runs, path)
-        limit = options.max_bytes
-        if limit is not None and os.path.getsize(path) > limit:
-            pieces = _split(path, name, limit=limit, seed=options.seed, trail=(p,), staging=staging)
-            log.info("%s is over max_pile_bytes=%d: split into %d random sub-piles", name, limit, len(pieces))
-            split += 1
-            staged.extend(pieces)
-        else:
-            staged.append((path, name, counts[p]))
-    # the old dataset stops being one before any of its files change
-    storage.remove(os.path.join(out, manifest.MANIFEST))
-    for entry in os.listdir(out):
-        if entry.startswith("pile-") and entry.endswith(".tar"):
-            os.unlink(os.path.join(out, entry))
-    infos = []
-    for path, name, count in staged:
-        size = os.path.getsize(path)
-        crc = _file_crc(path)
-        os.replace(path, os.path.join(out, name))
-        infos.append(PileInfo(name=name, samples=count, bytes=size, checksum=manifest.format_checksum(crc)))
-    result = Manifest(
-        piles=tuple(infos),
-        seed=options.seed,
-        fields=tuple(sorted(fields)),
-        created_by=_version(),
-        skipped_units=skipped_units,
-        split_piles=split,
-        extra=extra or {},
-    )
-    manifest.write(out, result)
-    with contextlib.suppress(OSError):
-        shutil.rmtree(staging)
-    return result

@@ -16,6 +16,22 @@ def make_samples(n: int, *, size: int = 64, classes: int = 10, seed: int = 0) ->
     return [{"__key__": f"s{i:07d}", "bin": rng.bytes(size), "cls": i * classes // max(n, 1)} for i in range(n)]
 
 
+def write_wds_shards(directory, name: str, count: int, sample) -> list[str]:
+    """``count`` shards written by webdataset's TarWriter; ``sample(k, i)`` is sample i of shard k or None."""
+    import webdataset as wds
+
+    paths = []
+    for k in range(count):
+        path = os.path.join(directory, name.format(k))
+        with wds.TarWriter(path) as w:
+            i = 0
+            while (s := sample(k, i)) is not None:
+                w.write(s)
+                i += 1
+        paths.append(path)
+    return paths
+
+
 @pytest.fixture
 def samples() -> list[dict]:
     return make_samples(200)

@@ -8,6 +8,7 @@ import threading
 
 import multiprocess
 import pytest
+from conftest import write_wds_shards
 
 import shardkit
 from shardkit import manifest, reader
@@ -212,16 +213,9 @@ def test_extra_metadata_lands_in_the_manifest(tmp_path):
 
 @pytest.fixture
 def shards(tmp_path) -> list[str]:
-    import webdataset as wds
-
-    paths = []
-    for k in range(4):
-        path = str(tmp_path / f"src-{k:06d}.tar")
-        with wds.TarWriter(path) as w:
-            for i in range(25):
-                w.write({"__key__": f"k{k}/{i:03d}", "txt": f"{k}-{i}", "cls": str(i % 3)})
-        paths.append(path)
-    return paths
+    return write_wds_shards(
+        tmp_path, "src-{:06d}.tar", 4, lambda k, i: {"__key__": f"k{k}/{i:03d}", "txt": f"{k}-{i}", "cls": str(i % 3)} if i < 25 else None
+    )
 
 
 def test_pile_re_piles_every_sample_byte_for_byte(tmp_path, shards):

@@ -88,7 +88,8 @@ def test_images_script_errors(tmp_path, image_dir, capsys):
     Image.new("RGB", (8, 8)).save(image_dir / "cat" / "img.0.png")  # same key as img.0.jpg
     assert script.main([str(image_dir), "--out", str(tmp_path / "o"), "--piles", "2"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "images 'cat/img.0.jpg' and 'cat/img.0.png' would both get the sample key 'cat/img_0'" in err
+    cat = image_dir / "cat"
+    assert err == f"error: images: '{cat / 'img.0.jpg'}' and '{cat / 'img.0.png'}' would both get the sample key 'cat/img_0'; rename one\n"
     assert script.main([str(tmp_path / "missing"), "--out", str(tmp_path / "o"), "--piles", "2"]) == 1
     assert "missing: no such folder" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:

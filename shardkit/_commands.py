@@ -1,0 +1,367 @@
+"""The subcommands of ``shardkit``: each adds its parser and calls the public Python API.
+
+Registered with :func:`shardkit.cli.command` in ``--help`` order; handlers return an exit code
+and raise :class:`~shardkit.ShardkitError` for :func:`shardkit.cli.guarded` to report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Any
+
+from shardkit.cli import add_pile_args, command, pile_kwargs
+
+log = logging.getLogger(__name__)
+
+# --- pile: re-pile existing WebDataset shards -------------------------------------------------
+
+
+@command
+def _register_pile(sub: Any) -> None:
+    parser = sub.add_parser(
+        "pile",
+        help="re-pile WebDataset tar shards into M random piles (pass 1 of the shuffle)",
+        description=(
+            "Copy every sample of the input tar shards into M pile shards, each sample to a pile\n"
+            "drawn uniformly at random (seeded, never from the data), and write the shardkit.json\n"
+            "manifest last. The loader then shuffles the piles lazily (pass 2). Samples are copied\n"
+            "without decoding, field bytes unchanged; the piles are in shardkit's canonical tar form\n"
+            "(plain ustar, fixed metadata, fields sorted) whatever wrote the inputs, and identical\n"
+            "for any --workers."
+        ),
+        epilog="example:\n  shardkit pile 'src/train-{000000..000099}.tar' -o piles/ --piles 256 --workers 8",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="WebDataset tar shards (.tar, .tar.gz): paths, file:// URLs, globs or brace patterns like "
+        "'src-{000000..000019}.tar' (quote patterns so the shell leaves them alone)",
+    )
+    parser.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory for pile-*.tar and shardkit.json")
+    add_pile_args(parser)
+    parser.set_defaults(handler=_pile)
+
+
+def _pile(args: argparse.Namespace) -> int:
+    from shardkit._sizes import format_size
+    from shardkit.preprocess import pile
+
+    start = time.perf_counter()
+    result = pile(args.inputs, args.out, **pile_kwargs(args))
+    skipped = f", {result.skipped_units} input shards skipped" if result.skipped_units else ""
+    split = f", {result.split_piles} oversized piles split" if result.split_piles else ""
+    print(
+        f"{args.out}: {result.samples} samples in {len(result.piles)} piles, {format_size(result.bytes)}, "
+        f"{time.perf_counter() - start:.1f}s{skipped}{split}"
+    )
+    return 0
+
+
+# --- inspection, eager shuffle, YAML jobs, demo ----------------------------------------------
+
+
+def _verbose_flag(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a subcommand default must not overwrite a -v given before the subcommand
+    parser.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more and show tracebacks")
+
+
+def _info_table(summary: Any) -> str:
+    from shardkit._sizes import format_size
+
+    s, b = summary.pile_samples, summary.pile_bytes
+    rows = [
+        ("dataset", f"{summary.path}  ({summary.kind}, seed {summary.seed}, {summary.created_by})"),
+        ("samples", f"{summary.samples:,}"),
+        ("fields", ", ".join(summary.fields) or "-"),
+        ("bytes", format_size(summary.bytes)),
+        ("piles", f"{summary.piles:,}" + (f"  ({summary.split_piles} oversized piles were split)" if summary.split_piles else "")),
+        ("samples/pile", f"min {s.min:,}  mean {s.mean:,.1f}  max {s.max:,}"),
+    ]
+    if summary.kind == "piles":
+        rows.append(("  binomial", f"mean {summary.expected_mean:,.1f}  sd {summary.expected_sd:,.1f}  (uniform router, n/M)"))
+    rows.append(("bytes/pile", f"min {format_size(b.min)}  mean {format_size(b.mean)}  max {format_size(b.max)}"))
+    ram = "  ".join(f"mix={k}: {format_size(summary.loader_ram(mix=k))}" for k in (2, 4))
+    rows.append(("loader RAM", f"{format_size(summary.loader_ram())} (two largest piles; {ram})"))
+    if summary.skipped_units:
+        rows.append(("skipped", f"{summary.skipped_units} input units failed and were skipped"))
+    return "\n".join(f"{k:<13} {v}" for k, v in rows)
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    import json
+
+    from shardkit.audit import info
+
+    summary = info(args.directory)
+    print(json.dumps(summary.to_dict(), indent=1) if args.json else _info_table(summary))
+    return 0
+
+
+@command
+def _register_info(sub: Any) -> None:
+    p = sub.add_parser(
+        "info",
+        help="summarise a dataset: samples, fields, pile sizes, loader RAM",
+        description="Summarise a dataset from its manifest (no pile is read).",
+    )
+    p.add_argument("directory", metavar="DIR", help="a shardkit dataset directory (holds shardkit.json)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _verbose_flag(p)
+    p.set_defaults(handler=_run_info)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from shardkit.audit import verify
+
+    problems = verify(args.directory, quiet=args.quiet)
+    for problem in problems:
+        print(f"{args.directory}: {problem}")
+    if problems:
+        print(f"error: {len(problems)} problem(s) found in {args.directory}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(f"{args.directory}: ok")
+    return 0
+
+
+@command
+def _register_verify(sub: Any) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="check every pile's size, checksum, tar structure and sample count against the manifest",
+        description="Read every pile and compare it with shardkit.json. Exit 0 when all is well, 1 listing each problem.",
+    )
+    p.add_argument("directory", metavar="DIR", help="a shardkit dataset directory")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no 'ok' line")
+    _verbose_flag(p)
+    p.set_defaults(handler=_run_verify)
+
+
+def _run_shuffle(args: argparse.Namespace) -> int:
+    from shardkit.shuffle import shuffle
+
+    m = shuffle(
+        args.inputs,
+        args.out,
+        piles=args.piles,
+        memory=args.memory,
+        maxcount=args.maxcount,
+        maxsize=args.maxsize,
+        seed=args.seed,
+        workers=args.workers,
+        overwrite=args.overwrite,
+        quiet=args.quiet,
+    )
+    if not args.quiet:
+        print(
+            f"{args.out}: {m.samples:,} samples in {len(m.piles)} shards (shard-000000.tar ... {m.piles[-1].name}), via {m.extra['piles']} piles"
+        )
+    return 0
+
+
+@command
+def _register_shuffle(sub: Any) -> None:
+    p = sub.add_parser(
+        "shuffle",
+        help="shuffle existing WebDataset shards into new shards in uniformly random order",
+        description="The eager pass 2: re-pile INPUT shards into temporary piles, shuffle each pile in memory and write "
+        "fixed-size shards OUT/shard-000000.tar ... that any WebDataset reader reads in uniformly random order.",
+    )
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="input shards: paths, globs or brace patterns (src-{000000..000099}.tar)")
+    p.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory")
+    p.add_argument("--piles", type=int, default=None, metavar="M", help="temporary piles (default: input bytes / (MEMORY / 2))")
+    p.add_argument(
+        "--memory",
+        default=None,
+        metavar="SIZE",
+        help="most bytes of one pile in RAM; larger piles are split (default 1GiB without --piles)",
+    )
+    p.add_argument("--maxcount", type=int, default=None, metavar="N", help="samples per output shard at most")
+    p.add_argument(
+        "--maxsize",
+        default=None,
+        metavar="SIZE",
+        help="bytes per output shard at most, e.g. 1GB (default, with neither: 100000 samples, 3 GB)",
+    )
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="same inputs and seed give byte-identical output (default 0)")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="processes for the re-piling pass (default 1)")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset already in OUT")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no summary line")
+    _verbose_flag(p)
+    p.set_defaults(handler=_run_shuffle)
+
+
+def _run_job(args: argparse.Namespace) -> int:
+    from shardkit.jobs import describe, load_job, run_job, summary
+
+    job = load_job(args.config)
+    if args.check:
+        print(f"{args.config}: ok: {describe(job)}")
+        return 0
+    log.info("%s: %s", args.config, describe(job))
+    result = run_job(job, quiet=args.quiet)
+    if not args.quiet:
+        print(f"{args.config}: done: {summary(result)}")
+    return 0
+
+
+@command
+def _register_run(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a YAML batch job (preprocess, pile, shuffle or demo)",
+        description="Run the batch job described in CONFIG. The whole file is validated before any work starts; "
+        "relative paths in it are relative to the file's directory.",
+    )
+    p.add_argument("config", metavar="CONFIG.yaml", help="the job file")
+    p.add_argument("--check", action="store_true", help="only validate the job (fields, inputs, fn import) and say what it would do")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no summary line")
+    _verbose_flag(p)
+    p.set_defaults(handler=_run_job)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from shardkit.demo import demo
+
+    print(demo(args.out, samples=args.samples, piles=args.piles, seed=args.seed, quiet=args.quiet).table())
+    return 0
+
+
+@command
+def _register_demo(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="see the point in a minute: class-sorted images written naively and as piles, read back, compared",
+        description="Make a class-sorted synthetic image dataset in memory (nothing is downloaded), write it as sequential "
+        "shards with webdataset.ShardWriter and as piles with shardkit, read both back, and compare speed, classes per "
+        "batch and memory.",
+    )
+    p.add_argument("--out", default=None, metavar="DIR", help="keep the data in DIR (default: a temporary directory, removed)")
+    p.add_argument("--samples", type=int, default=50_000, metavar="N", help="images in the dataset (default 50000)")
+    p.add_argument("--piles", type=int, default=16, metavar="M", help="piles for shardkit (default 16)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the data, the piles and both shuffles (default 0)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _verbose_flag(p)
+    p.set_defaults(handler=_run_demo)
+
+
+# --- quality and repile: measure the shuffle, fresh pile membership ---------------------------
+
+
+@command
+def _register_quality(sub: Any) -> None:
+    parser = sub.add_parser(
+        "quality",
+        help="measure the loader's shuffle of a dataset against sequential and WebDataset-style orders",
+        description=(
+            "Compute the loader's own epoch order from the manifest (nothing is decoded) and print\n"
+            "shuffle-quality metrics next to their values under a uniform permutation, for shardkit,\n"
+            "for sequential reading, and for a WebDataset-style shard shuffle + buffer of 1000 over the\n"
+            "same data in source order. The source position of a sample is its key's natural order\n"
+            "(or --source-field); labels come from --label-field (default: cls, when present)."
+        ),
+        epilog="example:\n  shardkit quality piles/ --batch-size 256 --epochs 3 --plot quality.png",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("source", metavar="SOURCE", help="a shardkit dataset directory")
+    parser.add_argument("--batch-size", type=int, default=256, metavar="B", help="batch size for label mixing and recurrence (default 256)")
+    parser.add_argument("--epochs", type=int, default=2, metavar="E", help="epochs to plan; 2+ reports co-batch recurrence (default 2)")
+    parser.add_argument("--label-field", default=None, metavar="FIELD", help="field holding the class (default: cls if the dataset has it)")
+    parser.add_argument(
+        "--source-field", default=None, metavar="FIELD", help="integer field holding the source position (default: key order)"
+    )
+    parser.add_argument(
+        "--source-shards", type=int, default=None, metavar="N", help="shards the reference orders read (default: number of piles)"
+    )
+    parser.add_argument("--seed", type=int, default=0, metavar="S", help="the loader's seed (default 0)")
+    parser.add_argument("--mix", type=int, default=1, metavar="K", help="the loader's mix: piles drawn from at once (default 1)")
+    parser.add_argument("--plot", default=None, metavar="FILE.png", help="also write a PNG (needs shardkit[plot])")
+    parser.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=_quality)
+
+
+def _quality(args: argparse.Namespace) -> int:
+    import json
+
+    from shardkit import manifest
+    from shardkit.compare import compare_shuffles
+
+    label = args.label_field
+    if label is None and "cls" in manifest.read(args.source).fields:
+        label = "cls"
+    if args.plot:
+        from shardkit._plot import _pyplot
+
+        _pyplot()  # fail before the work when matplotlib is missing
+    result = compare_shuffles(
+        args.source,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        seed=args.seed,
+        mix=args.mix,
+        label_field=label,
+        source_field=args.source_field,
+        source_shards=args.source_shards,
+        quiet=args.quiet,
+    )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+    else:
+        print(result.table())
+        if label is None:
+            print("(no label field: classes per batch and dispersion not measured; pass --label-field)")
+    if args.plot:
+        result.plot(args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+@command
+def _register_repile(sub: Any) -> None:
+    parser = sub.add_parser(
+        "repile",
+        help="write a dataset's samples into new piles with a new seed (fresh membership for later epochs)",
+        description=(
+            "Run pass 1 again over an existing shardkit dataset: every sample of SRC's piles goes to a\n"
+            "pile of DST drawn with a new seed, in one read and one write. Epochs after the first reuse\n"
+            "pile membership (pile-mates share batches about M times more often than fresh shuffles);\n"
+            "training on DST next cuts that back to chance. `shardkit quality` measures it."
+        ),
+        epilog="example:\n  shardkit repile piles/ -o piles-2/ --seed 1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("src", metavar="SRC", help="a shardkit dataset directory")
+    parser.add_argument("-o", "--out", required=True, metavar="DST", help="the new dataset's directory (not SRC)")
+    parser.add_argument("--piles", type=int, default=None, metavar="M", help="piles of the new dataset (default: the M of SRC)")
+    parser.add_argument("--seed", type=int, default=None, metavar="S", help="the new router seed (default: SRC's seed + 1)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (default 1)")
+    parser.add_argument("--max-pile-bytes", default=None, metavar="SIZE", help="split piles larger than SIZE into random sub-piles")
+    parser.add_argument("--overwrite", action="store_true", help="replace a dataset already in DST")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=_repile)
+
+
+def _repile(args: argparse.Namespace) -> int:
+    from shardkit import manifest
+    from shardkit._sizes import format_size
+    from shardkit.repile import repile
+
+    seed = args.seed if args.seed is not None else manifest.read(args.src).seed + 1
+    result = repile(
+        args.src,
+        args.out,
+        seed=seed,
+        piles=args.piles,
+        workers=args.workers,
+        max_pile_bytes=args.max_pile_bytes,
+        overwrite=args.overwrite,
+        quiet=args.quiet,
+    )
+    print(f"{args.out}: {result.samples} samples in {len(result.piles)} piles, {format_size(result.bytes)}, seed {seed}")
+    return 0

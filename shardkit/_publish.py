@@ -1,0 +1,245 @@
+"""Turn part files into a dataset: assemble each pile, split oversized ones, write the manifest last.
+
+:func:`publish` is the one place piles are made. A pile is the concatenation of its runs (byte
+ranges of part files, in input order) plus the end-of-archive trailer. A pile that is one whole
+part file with a known checksum is renamed into place; any other is copied, with its CRC-32
+computed on the bytes as they pass, so no pile is ever read twice. Piles are independent, so
+several are assembled at once in threads (the copies and checksums release the GIL).
+
+    runs = [[Run("staging/part-0/000000.part", 0, 4096, crc)], ...]
+    manifest = publish("out/", runs, counts, options=options, fields={"jpg"}, staging="staging/")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import shutil
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+
+from shardkit import _tar, manifest, router, storage
+from shardkit._sink import _write_fully
+from shardkit.errors import ConfigError, CorruptShardError, DatasetExistsError, SampleError
+from shardkit.manifest import Manifest, PileInfo
+
+if TYPE_CHECKING:
+    from shardkit.writer import PileOptions
+
+log = logging.getLogger(__name__)
+
+STAGING_PREFIX = ".shardkit-staging-"
+# bytes copied per read: small enough that the checksum runs on bytes still in the CPU cache
+_COPY_CHUNK = 1 << 20
+# splitting holds a whole pile in memory: one at a time, however many threads merge
+_SPLITTING = threading.Lock()
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def pile_name(index: int) -> str:
+    return f"pile-{index:06d}.tar"
+
+
+def _version() -> str:
+    from shardkit import __version__
+
+    return f"shardkit {__version__}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A byte range of a part file that belongs to a pile, in output order.
+
+    ``crc`` is the CRC-32 of those bytes when the writer already knows it (a whole part file).
+    """
+
+    path: str
+    offset: int
+    length: int
+    crc: int | None = None
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A finished pile file in the staging directory, waiting to be moved into place."""
+
+    path: str
+    name: str
+    samples: int
+    size: int
+    crc: int
+
+
+def prepare_output(path: str | os.PathLike[str], *, overwrite: bool) -> str:
+    """Check and create an output directory; refuse one holding a dataset unless ``overwrite``."""
+    out = os.fspath(path)
+    if storage.local_path(out) is None:
+        raise ConfigError(f"{out}: writing piles to remote storage is not supported yet; write locally and upload")
+    out = storage.local_path(out) or out
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"{out}: output exists and is not a directory")
+    if manifest.is_dataset(out) and not overwrite:
+        raise DatasetExistsError(
+            f"{out}: already holds a shardkit dataset ({manifest.MANIFEST}); pass overwrite=True (--overwrite) to replace it"
+        )
+    os.makedirs(out, exist_ok=True)
+    return out
+
+
+def _assemble(runs: Sequence[Run], dst: str) -> int:
+    """Make ``dst`` a finished pile from its runs; returns its CRC-32."""
+    runs = [r for r in runs if r.length]
+    only = runs[0] if len(runs) == 1 else None
+    if only is not None and only.crc is not None and only.offset == 0 and os.path.getsize(only.path) == only.length:
+        os.replace(only.path, dst)
+        with open(dst, "ab") as f:
+            f.write(_tar.TRAILER)
+        return manifest.checksum(_tar.TRAILER, only.crc)
+    crc = 0
+    buffer = memoryview(bytearray(_COPY_CHUNK))
+    with contextlib.ExitStack() as stack:
+        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o644)
+        stack.callback(os.close, out)
+        sources: dict[str, BinaryIO] = {}  # one handle per part file, however many runs it has
+        for run in runs:
+            src = sources.get(run.path)
+            if src is None:
+                src = sources[run.path] = stack.enter_context(open(run.path, "rb", buffering=0))
+            crc = _copy_range(src, out, run, crc, buffer)
+        _write_fully(out, _tar.TRAILER)
+    return manifest.checksum(_tar.TRAILER, crc)
+
+
+def _copy_range(src: BinaryIO, out: int, run: Run, crc: int, buffer: memoryview) -> int:
+    """Append ``run``'s bytes of ``src`` to the file ``out``; returns ``crc`` continued over them."""
+    src.seek(run.offset)
+    done = 0
+    while done < run.length:
+        n = src.readinto(buffer[: min(run.length - done, len(buffer))])  # type: ignore[attr-defined]
+        if not n:
+            raise CorruptShardError(f"{run.path}: part file ends early: expected {run.length} bytes at offset {run.offset}, got {done}")
+        chunk = buffer[:n]
+        crc = manifest.checksum(chunk, crc)
+        _write_fully(out, chunk)
+        done += n
+    return crc
+
+
+def _split(data: bytes, name: str, *, limit: int, seed: int, trail: tuple[int, ...], staging: str) -> list[_Staged]:
+    """Write the pile ``data`` as random sub-piles of at most ``limit`` bytes, splitting again as needed."""
+    members = _tar.walk(data, name)
+    keys, starts = _tar.group(members, name)
+    if len(data) <= limit:
+        path = os.path.join(staging, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        return [_Staged(path, name, len(keys), len(data), manifest.checksum(data))]
+    if len(keys) <= 1:
+        raise SampleError(f"{name}: sample {keys[0]!r} alone is larger than max_pile_bytes ({limit})")
+    bounds = _tar.sample_spans(members, starts)
+    parts = max(2, math.ceil(len(data) / (0.9 * limit)))
+    assignment = router.split_assignment(parts=parts, seed=seed, path=trail, count=len(keys)).tolist()
+    chosen: list[list[int]] = [[] for _ in range(parts)]
+    for i, part in enumerate(assignment):
+        chosen[part].append(i)
+    stem = name[: -len(".tar")]
+    pieces = []
+    for part, samples in enumerate(chosen):
+        if samples:
+            sub = b"".join([*(data[bounds[i] : bounds[i + 1]] for i in samples), _tar.TRAILER])
+            pieces.extend(_split(sub, f"{stem}-{part:03d}.tar", limit=limit, seed=seed, trail=(*trail, part), staging=staging))
+    return pieces
+
+
+def _finish_pile(p: int, runs: Sequence[Run], count: int, options: PileOptions, staging: str) -> tuple[list[_Staged], bool]:
+    """Assemble pile ``p`` in the staging directory; split it if it is over the size limit."""
+    name = pile_name(p)
+    path = os.path.join(staging, name)
+    crc = _assemble(runs, path)
+    size = os.path.getsize(path)
+    limit = options.max_bytes
+    if limit is None or size <= limit:
+        return [_Staged(path, name, count, size, crc)], False
+    with _SPLITTING:
+        data = storage.read_bytes(path)
+        os.unlink(path)
+        pieces = _split(data, name, limit=limit, seed=options.seed, trail=(p,), staging=staging)
+    log.info("%s is over max_pile_bytes=%d: split into %d random sub-piles", name, limit, len(pieces))
+    return pieces, True
+
+
+def _map(fn: Callable[[T], R], items: Sequence[T], threads: int, progress: Callable[[int], Any] | None) -> list[R]:
+    """``[fn(x) for x in items]`` on up to ``threads`` threads; the first error cancels the rest."""
+    if threads <= 1 or len(items) <= 1:
+        results = []
+        for item in items:
+            results.append(fn(item))
+            if progress is not None:
+                progress(1)
+        return results
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shardkit-merge") as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        try:
+            for future in as_completed(futures):
+                future.result()
+                if progress is not None:
+                    progress(1)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+        return [f.result() for f in futures]
+
+
+def publish(
+    out: str,
+    runs: Sequence[Sequence[Run]],
+    counts: Sequence[int],
+    *,
+    options: PileOptions,
+    fields: set[str],
+    staging: str,
+    skipped_units: int = 0,
+    extra: dict[str, Any] | None = None,
+    threads: int = 1,
+    progress: Callable[[int], Any] | None = None,
+) -> Manifest:
+    """Assemble each pile from its runs, split oversized piles, move them in, write the manifest.
+
+    Args:
+        runs: pile by pile, its byte ranges in output order.
+        counts: ``counts[p]`` is pile p's sample count.
+        threads: piles assembled at once; the result is the same for any number.
+        progress: called with 1 as each pile is finished.
+    """
+    finished = _map(lambda p: _finish_pile(p, runs[p], counts[p], options, staging), range(len(runs)), threads, progress)
+    split = sum(was_split for _, was_split in finished)
+    # the old dataset stops being one before any of its files change
+    storage.remove(os.path.join(out, manifest.MANIFEST))
+    for entry in os.listdir(out):
+        if entry.startswith("pile-") and entry.endswith(".tar"):
+            os.unlink(os.path.join(out, entry))
+    infos = []
+    for piece in (piece for pieces, _ in finished for piece in pieces):
+        os.replace(piece.path, os.path.join(out, piece.name))
+        infos.append(PileInfo(name=piece.name, samples=piece.samples, bytes=piece.size, checksum=manifest.format_checksum(piece.crc)))
+    result = Manifest(
+        piles=tuple(infos),
+        seed=options.seed,
+        fields=tuple(sorted(fields)),
+        created_by=_version(),
+        skipped_units=skipped_units,
+        split_piles=split,
+        extra=extra or {},
+    )
+    manifest.write(out, result)
+    with contextlib.suppress(OSError):
+        shutil.rmtree(staging)
+    return result
