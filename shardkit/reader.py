@@ -141,7 +141,7 @@ def _repeated(exts: list[str], samples: int) -> tuple[str, ...] | None:
     return pattern if exts == list(pattern) * samples else None
 
 
-def _sampler(keys: list[str], buf: bytes, spans: list[tuple[str, list[int], list[int]]]) -> Callable[[int], dict[str, Any]]:
+def _sampler(keys: list[str], buf: storage.Buffer, spans: list[tuple[str, list[int], list[int]]]) -> Callable[[int], dict[str, Any]]:
     """``i -> {"__key__": keys[i], name: buf[start[i]:end[i]], ...}``; one, two and three fields
     (most datasets) build the dict in one expression, which is measurably faster per sample."""
     if len(spans) == 1:
