@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
 try:
-    import torch
     from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("shardkit.torch needs PyTorch: pip install 'shardkit[torch]'") from e
@@ -103,7 +103,10 @@ class ShardkitDataset(IterableDataset):
         self.options = replace(opts, rank=rank, world_size=world)
         self.source = resolve(source)  # counted once here, not once per worker
         self._fingerprint = self.source.fingerprint()
-        self._shared = torch.multiprocessing.Array("q", [0, -1, 0, 0, 0, 0])
+        # shared with the workers, fork, spawn or forkserver. No lock: the main process writes
+        # between iterations, each worker reads once as its iteration starts, and a slot written
+        # by workers (_WORKERS, _DONE) is one aligned 64-bit word
+        self._shared = RawArray("q", [0, -1, 0, 0, 0, 0])
         self._yielded = 0  # items this process yielded in its current iteration (num_workers=0)
 
     # -- epochs --------------------------------------------------------------------------------
@@ -112,11 +115,10 @@ class ShardkitDataset(IterableDataset):
         that same epoch is kept)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch: expected a non-negative integer, got {epoch!r}")
-        with self._shared.get_lock():
-            s = self._shared
-            if s[_RESUME_EPOCH] != epoch:
-                s[_RESUME_EPOCH] = -1
-            s[_EPOCH], s[_DONE] = epoch, 0
+        s = self._shared
+        if s[_RESUME_EPOCH] != epoch:
+            s[_RESUME_EPOCH] = -1
+        s[_EPOCH], s[_DONE] = epoch, 0
 
     @property
     def epoch(self) -> int:
@@ -139,11 +141,10 @@ class ShardkitDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        with self._shared.get_lock():  # read once, at the start: the main process may change it later
-            s = self._shared
-            epoch, done = int(s[_EPOCH]), int(s[_DONE])
-            resume = (int(s[_RESUME_TAKEN]), int(s[_RESUME_WORKERS])) if s[_RESUME_EPOCH] == epoch else (0, 1)
-            s[_WORKERS] = info.num_workers if info is not None else 0
+        s = self._shared  # read once, at the start: the main process may change it later
+        epoch, done = int(s[_EPOCH]), int(s[_DONE])
+        resume = (int(s[_RESUME_TAKEN]), int(s[_RESUME_WORKERS])) if s[_RESUME_EPOCH] == epoch else (0, 1)
+        s[_WORKERS] = info.num_workers if info is not None else 0
         if worker == 0 and done == epoch + 1:
             log.warning("epoch %d is read again from its start: call set_epoch() before each epoch (as with DistributedSampler)", epoch)
         loader = self._resumed_loader(epoch, *resume, worker=worker, workers=workers)
@@ -180,8 +181,7 @@ class ShardkitDataset(IterableDataset):
         finally:
             loader.close()
         if first and complete:
-            with self._shared.get_lock():
-                self._shared[_DONE] = epoch + 1
+            self._shared[_DONE] = epoch + 1
 
     # -- resume --------------------------------------------------------------------------------
     def state_dict(self, yielded: int | None = None) -> dict[str, Any]:
@@ -233,9 +233,8 @@ class ShardkitDataset(IterableDataset):
         assert isinstance(epoch, int) and isinstance(taken, int) and isinstance(workers, int)
         if epoch < 0 or workers < 1 or not 0 <= taken < max(1, len(self)):
             raise ConfigError(f"load_state_dict: epoch {epoch} / taken {taken} / workers {workers} out of range (taken < {len(self)})")
-        with self._shared.get_lock():
-            s = self._shared
-            s[_EPOCH], s[_RESUME_EPOCH], s[_RESUME_TAKEN], s[_RESUME_WORKERS], s[_DONE] = epoch, epoch, taken, workers, 0
+        s = self._shared
+        s[_EPOCH], s[_RESUME_EPOCH], s[_RESUME_TAKEN], s[_RESUME_WORKERS], s[_DONE] = epoch, epoch, taken, workers, 0
         self._yielded = 0
 
 

@@ -234,3 +234,21 @@ def test_two_process_gloo_run(odd_dataset, tmp_path):
     assert not set(a) & set(b)
     everything = {s["__key__"] for s in make_samples(N)}
     assert set(a) | set(b) <= everything and len(everything - set(a) - set(b)) == N - 2 * per_rank
+
+
+def test_spawned_persistent_workers_follow_set_epoch_and_resume(odd_dataset):
+    """set_epoch and load_state_dict reach workers that were spawned (not forked) before them."""
+    options = dict(batch_size=16, decode=False, drop_last=False, world_size=1, rank=0)
+    reference_ds = ShardkitDataset(odd_dataset, **options)
+    reference_ds.set_epoch(3)
+    reference = [b["__key__"] for b in ShardkitDataLoader(reference_ds, num_workers=2)]
+    ds = ShardkitDataset(odd_dataset, **options)
+    dl = ShardkitDataLoader(ds, num_workers=2, multiprocessing_context="spawn", persistent_workers=True)
+    first = [b["__key__"] for b in dl]  # epoch 0; the workers start here
+    ds.set_epoch(3)
+    it = iter(dl)
+    head = [next(it)["__key__"] for _ in range(5)]
+    state = dl.state_dict()
+    assert head + [b["__key__"] for b in it] == reference != first
+    dl.load_state_dict(state)
+    assert head + [b["__key__"] for b in dl] == reference
