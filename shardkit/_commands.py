@@ -44,6 +44,7 @@ def _register_pile(sub: Any) -> None:
     )
     parser.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory for pile-*.tar and shardkit.json")
     add_pile_args(parser)
+    _verbose_flag(parser)
     parser.set_defaults(handler=_pile)
 
 
@@ -283,6 +284,7 @@ def _register_quality(sub: Any) -> None:
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="also write a PNG (needs shardkit[plot])")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _verbose_flag(parser)
     parser.set_defaults(handler=_quality)
 
 
@@ -344,6 +346,7 @@ def _register_repile(sub: Any) -> None:
     parser.add_argument("--max-pile-bytes", default=None, metavar="SIZE", help="split piles larger than SIZE into random sub-piles")
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already in DST")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _verbose_flag(parser)
     parser.set_defaults(handler=_repile)
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shardkit import quality
+from shardkit._seeds import Stream, stream
 from shardkit.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -38,8 +39,7 @@ def plot_comparison(result: Comparison, path: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), layout="constrained")
     firsts = {name: epochs[0] for name, epochs in result.orders.items()}
     n = len(next(iter(firsts.values())))
-    rng = np.random.default_rng(0)
-    picked = np.sort(rng.choice(n, size=min(n, _POINTS), replace=False))
+    picked = np.sort(stream(Stream.SUBSAMPLE, 0).choice(n, size=min(n, _POINTS), replace=False))
     ax = axes[0]
     for (name, order), color in zip(firsts.items(), _COLORS, strict=False):
         ax.scatter(order[picked], picked, s=2, alpha=0.5, color=color, label=name, rasterized=True)

@@ -108,8 +108,10 @@ def info(directory: str) -> DatasetInfo:
     """
     m = manifest.read(directory)
     n, piles = m.samples, len(m.piles)
-    mean = n / piles if piles else 0.0
-    sd = math.sqrt(mean * (1 - 1 / piles)) if piles else 0.0
+    # the binomial is over the M pass 1 drew from: split sub-piles count once
+    drawn = manifest.original_piles(m)
+    mean = n / drawn if drawn else 0.0
+    sd = math.sqrt(mean * (1 - 1 / drawn)) if drawn else 0.0
     return DatasetInfo(
         path=directory,
         kind=_kind(m),

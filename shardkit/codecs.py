@@ -6,7 +6,7 @@ reader says ``allow_pickle=True``: unpickling runs code found in the data.
 
     codecs = Codecs()
     codecs.register_decoder("flac", lambda b: soundfile.read(io.BytesIO(b)))
-    loader(path, decoders=codecs)
+    loader(path, decode=codecs)
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -130,6 +131,17 @@ def parse(text: str, where: str) -> Manifest:
     if "samples" in doc and doc["samples"] != manifest.samples:
         raise ManifestError(f"{where}: 'samples' is {doc['samples']} but the piles add up to {manifest.samples}")
     return manifest
+
+
+_PILE = re.compile(r"^pile-(\d+)(?:-\d+)*\.tar$")
+
+
+def original_piles(m: Manifest) -> int:
+    """The M a dataset was written with: split sub-piles (``pile-000012-001.tar``) count once."""
+    bases = [int(match.group(1)) for p in m.piles if (match := _PILE.match(p.name))]
+    if len(bases) != len(m.piles):
+        return len(m.piles)
+    return max(bases) + 1 if bases else 0
 
 
 def is_dataset(directory: str) -> bool:

@@ -11,23 +11,12 @@ with the old ones. Train on the old dataset while the new one is written, then s
 from __future__ import annotations
 
 import os
-import re
 
 from shardkit import manifest, storage
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
 
-__all__ = ["original_piles", "repile"]
-
-_PILE = re.compile(r"^pile-(\d+)(?:-\d+)*\.tar$")
-
-
-def original_piles(m: Manifest) -> int:
-    """The M a dataset was written with: split sub-piles (``pile-000012-001.tar``) count once."""
-    bases = [int(match.group(1)) for p in m.piles if (match := _PILE.match(p.name))]
-    if len(bases) != len(m.piles):
-        return len(m.piles)
-    return max(bases) + 1 if bases else 0
+__all__ = ["repile"]
 
 
 def _same_place(a: str, b: str) -> bool:
@@ -72,6 +61,6 @@ def repile(
         raise ConfigError(f"{dst}: repile writes a new dataset and cannot replace its source in place; write elsewhere, then swap")
     if seed == m.seed:
         raise ConfigError(f"seed: {src} was written with seed {seed}; repile needs a different seed for new pile membership")
-    count = original_piles(m) if piles is None else piles
+    count = manifest.original_piles(m) if piles is None else piles
     inputs = [storage.join(src, p.name) for p in m.piles]
     return pile(inputs, dst, piles=count, seed=seed, workers=workers, max_pile_bytes=max_pile_bytes, overwrite=overwrite, quiet=quiet)

@@ -13,9 +13,9 @@ from shardkit import quality
 from shardkit.cli import main
 from shardkit.compare import order_from_plan, scan_dataset
 from shardkit.errors import ConfigError, DatasetNotFoundError
-from shardkit.manifest import Manifest, PileInfo
+from shardkit.manifest import Manifest, PileInfo, original_piles
 from shardkit.reader import read_pile
-from shardkit.repile import original_piles, repile
+from shardkit.repile import repile
 
 
 def _contents(directory: str) -> dict[str, dict]:
