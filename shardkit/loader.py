@@ -103,13 +103,17 @@ class Loader:
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` next, from its start (as ``DistributedSampler.set_epoch``).
+        """Read epoch ``epoch`` next (as ``DistributedSampler.set_epoch``).
 
-        Without it, each completed epoch moves on to the next, so orders never repeat by accident.
+        It starts from the beginning of the epoch, except right after :meth:`load_state_dict` for
+        that same epoch: then the next iteration resumes where the state was taken, so the usual
+        ``for epoch in range(start, n): loader.set_epoch(epoch)`` loop resumes instead of silently
+        restarting. Without ``set_epoch``, each completed epoch moves on to the next.
         """
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch: expected a non-negative integer, got {epoch!r}")
-        self._epoch, self._start, self._running = epoch, 0, None
+        resuming = self._running is None and epoch == self._epoch
+        self._epoch, self._start, self._running = epoch, self._start if resuming else 0, None
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:

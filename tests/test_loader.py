@@ -625,3 +625,27 @@ def test_rank_from_torch_distributed(dataset, monkeypatch):
     loader = shardkit.loader(dataset, decode=False)
     assert (loader.options.rank, loader.options.world_size) == (2, 3)
     assert shardkit.loader(dataset, rank=0, world_size=1).options.rank == 0, "arguments win"
+
+
+def test_set_epoch_after_load_state_dict_resumes_the_readme_loop(dataset):
+    """The usual loop calls set_epoch(e) right after loading a state for e: it must not restart."""
+    full = shardkit.loader(dataset, batch_size=16, seed=5)
+    full.set_epoch(1)
+    expected = [b["__key__"] for b in full]
+    first = shardkit.loader(dataset, batch_size=16, seed=5)
+    first.set_epoch(1)
+    it = iter(first)
+    head = [next(it)["__key__"] for _ in range(3)]
+    state = first.state_dict()
+    first.close()
+    resumed = shardkit.loader(dataset, batch_size=16, seed=5)
+    resumed.load_state_dict(state)
+    for epoch in range(state["epoch"], 2):
+        resumed.set_epoch(epoch)
+        tail = [b["__key__"] for b in resumed]
+    assert head + tail == expected
+    # an abandoned iteration is different: set_epoch then starts the epoch from the top
+    it = iter(resumed)
+    next(it)
+    resumed.set_epoch(1)
+    assert [b["__key__"] for b in resumed] == expected
