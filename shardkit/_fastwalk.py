@@ -143,8 +143,10 @@ def plain_archive(buf: Buffer, *, checked: bool = False) -> Plain | None:
         total = np.add.reduce(rows, axis=1, dtype=np.uint32).astype(np.int64)
         ok &= _checksum_field(field) == total - field.sum(axis=1, dtype=np.int64) + 8 * 32
     chain, b = _follow(cand[ok], sizes[ok], nblocks)
-    if b > nblocks or (b < nblocks and blocks[b].any()):
-        return None  # truncated, or a block that is not a plain header: the careful walk decides
+    if b > nblocks or not zeros_from(buf, b * BLOCK):
+        # truncated, a block that is not a plain header, or data after the end-of-archive
+        # marker (a concatenated tar): the careful walk decides, and names the error
+        return None
     picked = np.flatnonzero(ok)[np.asarray(chain, dtype=np.int64)]
     named = rows[picked, :100]
     lengths = (named == 0).argmax(axis=1)
@@ -155,8 +157,19 @@ def plain_archive(buf: Buffer, *, checked: bool = False) -> Plain | None:
     return Plain(cand[picked] * BLOCK, sizes[picked], np.ascontiguousarray(named[:, :width]), lengths, b * BLOCK)
 
 
+def zeros_from(buf: Buffer, offset: int) -> bool:
+    """Whether every byte of ``buf`` from ``offset`` on is zero (true past the end)."""
+    if offset >= len(buf):
+        return True
+    return not np.frombuffer(buf, dtype=np.uint8, offset=offset).any()
+
+
 def _follow(blocks: np.ndarray, sizes: np.ndarray, nblocks: int) -> tuple[list[int], int]:
-    """Follow the header chain from block 0; returns the candidates on it and where it stopped."""
+    """Follow the header chain from block 0; returns the candidates on it and where it stopped.
+
+    Sizes are parsed from octal digits only, so they are never negative and every step of the
+    chain moves forward by at least one block.
+    """
     steps = 1 + (sizes + BLOCK - 1) // BLOCK
     nxt = blocks + steps
     if len(blocks) and blocks[0] == 0 and (nxt[:-1] == blocks[1:]).all():

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardkit import _tar
+from shardkit._fastwalk import zeros_from
 
 if TYPE_CHECKING:
     from shardkit.storage import Buffer
@@ -151,8 +152,8 @@ def _plain(buf: Buffer, source: str) -> Layout | None:
     ok = ((digits >= 0) & (digits <= 7)).all(axis=1) & (rows[:, 257:262] == _USTAR).all(axis=1) & (rows[:, 345] == 0) & (rows[:, 0] != 0)
     sizes = digits @ _OCTAL_WEIGHTS
     chain, end = _follow(cand[ok], sizes[ok], nblocks)
-    if end > nblocks or (end < nblocks and blocks[end].any()) or (end == nblocks and len(buf) % BLOCK):
-        return None  # truncated, or a block that is not a plain header
+    if end > nblocks or (end == nblocks and len(buf) % BLOCK) or not zeros_from(buf, end * BLOCK):
+        return None  # truncated, a block that is not a plain header, or data after the end marker
     picked = np.flatnonzero(ok)[chain]
     headers = rows if len(picked) == len(rows) else rows[picked]
     pax = headers[:, 156] == _PAX
@@ -212,7 +213,10 @@ def _checksums_hold(headers: np.ndarray) -> bool:
 
 
 def _follow(cands: np.ndarray, sizes: np.ndarray, nblocks: int) -> tuple[np.ndarray, int]:
-    """Candidates on the header chain from block 0, and the block where the chain stops."""
+    """Candidates on the header chain from block 0, and the block where the chain stops.
+
+    Sizes come from octal digits only (never negative), so each step moves at least one block.
+    """
     nxt = cands + 1 + (sizes + BLOCK - 1) // BLOCK
     if not len(cands) or cands[0] != 0:
         return np.zeros(0, dtype=np.int64), 0

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable, Sequence
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from shardkit import _tar, manifest, router, storage
 from shardkit._sink import _write_fully
-from shardkit.errors import ConfigError, CorruptShardError, DatasetExistsError, SampleError
+from shardkit.errors import ConfigError, CorruptShardError, DatasetExistsError, SampleError, ShardkitError
 from shardkit.manifest import Manifest, PileInfo
 
 if TYPE_CHECKING:
@@ -77,11 +78,21 @@ class _Staged:
     crc: int
 
 
-def prepare_output(path: str | os.PathLike[str], *, overwrite: bool) -> str:
-    """Check and create an output directory; refuse one holding a dataset unless ``overwrite``."""
+PILE_FILE = re.compile(r"pile-.*\.tar")
+
+
+def prepare_output(
+    path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[str] = PILE_FILE, job: str = "writing piles to"
+) -> str:
+    """Check and create an output directory before any work is done.
+
+    Unless ``overwrite``, refuse a directory holding a dataset, or holding files named like the
+    ones this job writes (``files``) without a manifest: they would be mixed with the new
+    dataset or replaced by it. ``job`` words the error for remote outputs.
+    """
     out = os.fspath(path)
     if storage.local_path(out) is None:
-        raise ConfigError(f"{out}: writing piles to remote storage is not supported yet; write locally and upload")
+        raise ConfigError(f"{out}: {job} remote storage is not supported yet; write locally and upload")
     out = storage.local_path(out) or out
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"{out}: output exists and is not a directory")
@@ -89,8 +100,25 @@ def prepare_output(path: str | os.PathLike[str], *, overwrite: bool) -> str:
         raise DatasetExistsError(
             f"{out}: already holds a shardkit dataset ({manifest.MANIFEST}); pass overwrite=True (--overwrite) to replace it"
         )
+    stray = sorted(n for n in (os.listdir(out) if os.path.isdir(out) else []) if files.fullmatch(n))
+    if stray and not overwrite:
+        raise DatasetExistsError(
+            f"{out}: holds {stray[0]} but no {manifest.MANIFEST}, so it is not a shardkit dataset; "
+            "use an empty directory or pass overwrite=True (--overwrite) to replace such files"
+        )
     os.makedirs(out, exist_ok=True)
     return out
+
+
+def _old_files(out: str) -> list[str]:
+    """The files of the dataset ``out`` holds now (none when there is none): all a new one deletes."""
+    if not manifest.is_dataset(out):
+        return []
+    try:
+        return [p.name for p in manifest.read(out).piles]
+    except ShardkitError as e:
+        log.warning("%s: the old manifest is unreadable, its files are left in place: %s", out, e)
+        return []
 
 
 def _assemble(runs: Sequence[Run], dst: str) -> int:
@@ -165,7 +193,7 @@ def _finish_pile(p: int, runs: Sequence[Run], count: int, options: PileOptions, 
     crc = _assemble(runs, path)
     size = os.path.getsize(path)
     limit = options.max_bytes
-    if limit is None or size <= limit:
+    if limit is None or size <= limit or not count:  # an empty pile has nothing to split
         return [_Staged(path, name, count, size, crc)], False
     with _SPLITTING:
         data = storage.read_bytes(path)
@@ -221,11 +249,11 @@ def publish(
     """
     finished = _map(lambda p: _finish_pile(p, runs[p], counts[p], options, staging), range(len(runs)), threads, progress)
     split = sum(was_split for _, was_split in finished)
+    old = _old_files(out)
     # the old dataset stops being one before any of its files change
     storage.remove(os.path.join(out, manifest.MANIFEST))
-    for entry in os.listdir(out):
-        if entry.startswith("pile-") and entry.endswith(".tar"):
-            os.unlink(os.path.join(out, entry))
+    for name in old:  # only its own files: the directory may hold others
+        storage.remove(os.path.join(out, name))
     infos = []
     for piece in (piece for pieces, _ in finished for piece in pieces):
         os.replace(piece.path, os.path.join(out, piece.name))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardkit._fastwalk import plain_archive
+from shardkit._fastwalk import plain_archive, zeros_from
 from shardkit.errors import CorruptShardError
 
 if TYPE_CHECKING:
@@ -133,10 +133,15 @@ def _fail(source: str, index: int, name: str | None, offset: int, what: str) -> 
 
 
 def _parse_octal(field: bytes) -> int:
-    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256 for huge sizes
-        value = int.from_bytes(field[1:], "big")
-        return -value if field[0] == 0xFF else value
-    text = field.rstrip(b"\x00 ").lstrip(b" ")
+    """A size field: octal digits (spaces around, NUL-ended) or GNU base-256; ValueError if not.
+
+    ``int(text, 8)`` alone would take a sign: a size of ``-1000`` sends a walk backwards forever.
+    """
+    if field[:1] == b"\x80":  # GNU base-256 for huge sizes; 0xff starts a negative one
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\x00", 1)[0].strip(b" ")
+    if text.translate(None, b"01234567") or field[:1] == b"\xff":
+        raise ValueError(f"not an unsigned octal number: {bytes(field)!r}")
     return int(text, 8) if text else 0
 
 
@@ -145,7 +150,8 @@ def _parse_pax(data: bytes) -> dict[str, str]:
     pos = 0
     while pos < len(data):
         space = data.index(b" ", pos)
-        length = int(data[pos:space])
+        digits = data[pos:space]
+        length = int(digits) if digits.isdigit() else 0
         if length <= 0:
             raise ValueError("bad pax record length")
         keyword, _, value = data[space + 1 : pos + length - 1].partition(b"=")
@@ -198,8 +204,11 @@ def _walk_members(buf: Buffer, source: str) -> Members:
         typeflag = buf[pos + 156]
         if typeflag == 48 or (typeflag == 0 and buf[pos : pos + BLOCK] != zero):  # b"0" or old-style regular
             # the hot path: a plain ustar regular member
+            field = buf[pos + 124 : pos + 135]
             try:
-                size = int(buf[pos + 124 : pos + 135], 8)
+                if not field.isdigit():  # int() would also take a sign, spaces and underscores
+                    raise ValueError
+                size = int(field, 8)
             except ValueError:
                 size = _size_field(buf, pos, source, len(names))
             raw = buf[pos : pos + 100]
@@ -210,6 +219,7 @@ def _walk_members(buf: Buffer, source: str) -> Members:
                 if buf[pos + 345] and buf[pos + 257 : pos + 262] == b"ustar":
                     name = _ustar_name(buf, pos)
         elif typeflag == 0:
+            _check_end(buf, pos, source)
             break
         else:
             pos = _special(buf, pos, source, names, offsets, sizes, headers)
@@ -217,6 +227,8 @@ def _walk_members(buf: Buffer, source: str) -> Members:
         headers.append(pos)
         start = pos + BLOCK
         pos = start + size + (-size % BLOCK)
+        if size < 0:  # sizes are checked unsigned; this keeps every step of the walk forward
+            raise _fail(source, len(names), name, start - BLOCK, f"negative size {size}")
         if start + size > total:
             raise _fail(source, len(names), name, start - BLOCK, f"data of {size} bytes runs past the end of the file ({total} bytes)")
         if not name or name[0] == "/" or (".." in name and ".." in name.split("/")):
@@ -229,10 +241,25 @@ def _walk_members(buf: Buffer, source: str) -> Members:
 
 
 def _size_field(buf: Buffer, pos: int, source: str, index: int) -> int:
+    field = buf[pos + 124 : pos + 136]
     try:
-        return _parse_octal(buf[pos + 124 : pos + 136])
+        return _parse_octal(field)
     except ValueError:
-        raise _fail(source, index, None, pos, "size field is not an octal number") from None
+        raise _fail(source, index, None, pos, f"size field {bytes(field)!r} is not an unsigned octal number") from None
+
+
+def _pax_size(value: str, source: str, index: int, name: str | None, pos: int) -> int:
+    if not (value.isascii() and value.isdigit()):
+        raise _fail(source, index, name, pos, f"pax size record {value!r} is not an unsigned decimal number")
+    return int(value)
+
+
+def _check_end(buf: Buffer, end: int, source: str) -> None:
+    """Only zeros may follow the end-of-archive marker (GNU tar pads to 10240 bytes)."""
+    if not zeros_from(buf, end):
+        raise CorruptShardError(
+            f"{source}: data follows the end-of-archive marker at offset {end}: a concatenated tar? strip each part's trailer"
+        )
 
 
 def _special(buf: Buffer, pos: int, source: str, names: list[str], offsets: list[int], sizes: list[int], headers: list[int]) -> int:
@@ -251,7 +278,7 @@ def _special(buf: Buffer, pos: int, source: str, names: list[str], offsets: list
         size = _size_field(buf, pos, source, len(names))
         start = pos + BLOCK
         if "size" in pending and typeflag in (b"0", b"\x00", b"7"):
-            size = int(pending["size"])
+            size = _pax_size(pending["size"], source, len(names), pending.get("path") or longname, pos)
         if start + size > total:
             raise _fail(
                 source,
@@ -261,6 +288,8 @@ def _special(buf: Buffer, pos: int, source: str, names: list[str], offsets: list
                 f"data of {size} bytes runs past the end of the file ({total} bytes)",
             )
         nxt = start + size + (-size % BLOCK)
+        if nxt <= pos:  # cannot happen with unsigned sizes; a walk must never step back
+            raise _fail(source, len(names), None, pos, f"negative size {size}")
         if typeflag == b"x":
             try:
                 pending = _parse_pax(buf[start : start + size])

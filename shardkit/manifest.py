@@ -82,6 +82,9 @@ class Manifest:
         return json.dumps(doc, indent=1, sort_keys=False) + "\n"
 
 
+_CHECKSUM = re.compile(r"crc32:[0-9a-f]{8}")
+
+
 def _expect(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
     if key not in doc:
         raise ManifestError(f"{where}: missing field {key!r}")
@@ -92,8 +95,53 @@ def _expect(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where:
     return value
 
 
+def _count(doc: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    """A non-negative int field; ``default`` when the field may be absent."""
+    if default is not None and key not in doc:
+        return default
+    value: int = _expect(doc, key, int, where)
+    if value < 0:
+        raise ManifestError(f"{where}: field {key!r}: expected a non-negative int, got {value}")
+    return value
+
+
+def _pile(p: Any, at: str) -> PileInfo:
+    if not isinstance(p, dict):
+        raise ManifestError(f"{at}: expected an object, got {p!r}")
+    name = _expect(p, "name", str, at)
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        raise ManifestError(f"{at}: pile name {name!r} must be a plain file name")
+    checksum = _expect(p, "checksum", str, at)
+    if not _CHECKSUM.fullmatch(checksum):
+        raise ManifestError(f"{at}: field 'checksum': expected 'crc32:' and 8 lowercase hex digits, got {checksum!r}")
+    return PileInfo(name=name, samples=_count(p, "samples", at), bytes=_count(p, "bytes", at), checksum=checksum)
+
+
+def _piles(doc: dict[str, Any], where: str) -> tuple[PileInfo, ...]:
+    piles = tuple(_pile(p, f"{where}: piles[{i}]") for i, p in enumerate(_expect(doc, "piles", list, where)))
+    seen: dict[str, int] = {}
+    for i, pile in enumerate(piles):
+        if pile.name in seen:
+            raise ManifestError(f"{where}: piles[{i}]: pile name {pile.name!r} is already used by piles[{seen[pile.name]}]")
+        seen[pile.name] = i
+    return piles
+
+
+def _fields(doc: dict[str, Any], where: str) -> tuple[str, ...]:
+    fields = _expect(doc, "fields", list, where)
+    for i, name in enumerate(fields):
+        if not isinstance(name, str):
+            raise ManifestError(f"{where}: fields[{i}]: expected str, got {name!r}")
+    return tuple(fields)
+
+
 def parse(text: str, where: str) -> Manifest:
-    """Validate a manifest's JSON text; ``where`` names it in errors."""
+    """Validate a manifest's JSON text; ``where`` names it in errors.
+
+    Raises:
+        ManifestError: not JSON, not a shardkit manifest, or a field of the wrong type or value
+            (the error names the file and the field).
+    """
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -103,33 +151,18 @@ def parse(text: str, where: str) -> Manifest:
     version = _expect(doc, "format_version", int, where)
     if version > FORMAT_VERSION:
         raise ManifestError(f"{where}: format_version {version} is newer than this shardkit reads ({FORMAT_VERSION}); upgrade shardkit")
-    piles = []
-    for i, p in enumerate(_expect(doc, "piles", list, where)):
-        at = f"{where}: piles[{i}]"
-        if not isinstance(p, dict):
-            raise ManifestError(f"{at}: expected an object, got {p!r}")
-        name = _expect(p, "name", str, at)
-        if "/" in name or name.startswith("."):
-            raise ManifestError(f"{at}: pile name {name!r} must be a plain file name")
-        piles.append(
-            PileInfo(
-                name=name,
-                samples=_expect(p, "samples", int, at),
-                bytes=_expect(p, "bytes", int, at),
-                checksum=_expect(p, "checksum", str, at),
-            )
-        )
     manifest = Manifest(
-        piles=tuple(piles),
-        seed=_expect(doc, "seed", int, where),
-        fields=tuple(_expect(doc, "fields", list, where)),
-        created_by=str(doc.get("created_by", "")),
-        skipped_units=int(doc.get("skipped_units", 0)),
-        split_piles=int(doc.get("split_piles", 0)),
-        extra=dict(doc.get("extra") or {}),
+        piles=_piles(doc, where),
+        seed=_count(doc, "seed", where),
+        fields=_fields(doc, where),
+        created_by=_expect(doc, "created_by", str, where) if "created_by" in doc else "",
+        skipped_units=_count(doc, "skipped_units", where, default=0),
+        split_piles=_count(doc, "split_piles", where, default=0),
+        extra=_expect(doc, "extra", dict, where) if "extra" in doc else {},
     )
-    if "samples" in doc and doc["samples"] != manifest.samples:
-        raise ManifestError(f"{where}: 'samples' is {doc['samples']} but the piles add up to {manifest.samples}")
+    for total in ("samples", "bytes"):  # optional summaries: when present they must add up
+        if total in doc and _count(doc, total, where) != getattr(manifest, total):
+            raise ManifestError(f"{where}: {total!r} is {doc[total]} but the piles add up to {getattr(manifest, total)}")
     return manifest
 
 

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import IO
 
 from shardkit import _progress, _tar, manifest, plan, storage
+from shardkit._publish import prepare_output
 from shardkit._sizes import format_size, parse_size
-from shardkit.errors import ConfigError, DatasetExistsError
+from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.reader import read_pile
 
@@ -181,22 +182,7 @@ class ShardRoller:
 
 
 def _check_output(out: str, overwrite: bool) -> str:
-    if storage.local_path(out) is None:
-        raise ConfigError(f"{out}: shuffling into remote storage is not supported yet; write locally and upload")
-    out = storage.local_path(out) or out
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"{out}: output exists and is not a directory")
-    stale = [n for n in (os.listdir(out) if os.path.isdir(out) else []) if _SHARD.match(n)]
-    if manifest.is_dataset(out) and not overwrite:
-        raise DatasetExistsError(
-            f"{out}: already holds a shardkit dataset ({manifest.MANIFEST}); pass overwrite=True (--overwrite) to replace it"
-        )
-    if stale and not overwrite:
-        raise DatasetExistsError(
-            f"{out}: holds {stale[0]} and other shard files; use an empty directory or pass overwrite=True (--overwrite)"
-        )
-    os.makedirs(out, exist_ok=True)
-    return out
+    return prepare_output(out, overwrite=overwrite, files=_SHARD, job="shuffling into")
 
 
 def _pass1(urls: list[str], directory: str, *, piles: int, max_pile_bytes: int | None, opts: ShuffleOptions, quiet: bool) -> Manifest:

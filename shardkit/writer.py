@@ -43,6 +43,10 @@ __all__ = [
 ]
 
 
+# the smallest pile that holds a sample: one 512-byte header (empty data) and the trailer
+MIN_PILE_BYTES = 3 * _tar.BLOCK
+
+
 @dataclass(frozen=True, kw_only=True)
 class PileOptions:
     """How pass 1 writes piles; shared by :class:`PileWriter`, :func:`preprocess` and YAML jobs.
@@ -51,7 +55,7 @@ class PileOptions:
         piles: number of piles M (expected pile size n/M; see the README on choosing M).
         seed: seeds the router; the same inputs and seed give byte-identical piles.
         max_pile_bytes: piles larger than this (int or ``"2GiB"``) are split into random
-            sub-piles at the end, so every pile fits the loader's memory.
+            sub-piles at the end, so every pile fits the loader's memory. At least 1536.
         buffer_size: bytes buffered in memory before part files are appended to.
         overwrite: replace a dataset already in the output directory.
     """
@@ -68,7 +72,12 @@ class PileOptions:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed: expected a non-negative integer, got {self.seed!r}")
         if self.max_pile_bytes is not None:
-            object.__setattr__(self, "max_pile_bytes", parse_size(self.max_pile_bytes, what="max_pile_bytes"))
+            limit = parse_size(self.max_pile_bytes, what="max_pile_bytes")
+            if limit < MIN_PILE_BYTES:
+                raise ConfigError(
+                    f"max_pile_bytes: expected at least {MIN_PILE_BYTES} bytes (a member header and the end-of-archive marker), got {limit}"
+                )
+            object.__setattr__(self, "max_pile_bytes", limit)
         object.__setattr__(self, "buffer_size", parse_size(self.buffer_size, what="buffer_size"))
 
     @property
@@ -191,7 +200,12 @@ class PileWriter:
         return pile
 
     def close(self) -> Manifest:
-        """Publish the piles and the manifest. Idempotent; returns the manifest."""
+        """Publish the piles and the manifest. Idempotent; returns the manifest.
+
+        Raises:
+            RuntimeError: an earlier ``close()`` failed, or ``abort()`` was called: nothing was
+                published.
+        """
         if not self._closed:
             self._closed = True
             try:
@@ -203,7 +217,11 @@ class PileWriter:
                 )
             finally:
                 shutil.rmtree(self._staging, ignore_errors=True)
-        assert self.manifest is not None
+        if self.manifest is None:
+            raise RuntimeError(
+                "PileWriter.close(): nothing was published (an earlier close() failed or abort() was called); "
+                "open a new writer and write the samples again."
+            )
         return self.manifest
 
     def abort(self) -> None:

@@ -192,3 +192,18 @@ def test_sample_bounds_of_pax_shards_match_the_walk(tmp_path):
     layout = _layout.index(buf, "x")
     members = _tar.walk(buf, "x")
     assert layout.sample_bounds(layout.samples()).tolist() == _tar.sample_spans(members, _tar.group(members, "x")[1])
+
+
+@pytest.mark.parametrize(
+    ("buf", "message"),
+    [
+        (_tar.member("a.txt", b"1") + _tar.TRAILER + _tar.member("b.txt", b"2") + _tar.TRAILER, "data follows the end-of-archive marker"),
+        (_tar.member("a.txt", b"1") + _tar.TRAILER + bytes(100) + b"z", "data follows the end-of-archive marker"),
+        (_tar._header(b"a.txt", 0, b"0")[:124] + b"-0000001000" + bytes(512 - 135) + _tar.TRAILER, "size field .* unsigned octal"),
+    ],
+)
+def test_concatenated_archives_and_signed_sizes_are_refused(buf, message):
+    with pytest.raises(shardkit.CorruptShardError, match=message):
+        _layout.index(buf, "x")
+    padded = archive([("a.txt", b"1")]) + bytes(9216)
+    assert _layout.index(padded, "x").all_names() == ["a.txt"]

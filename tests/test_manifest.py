@@ -78,6 +78,20 @@ def _set(value, *path):
         (_set("1", "format_version"), r"m.json: field 'format_version': expected int"),
         (_set(99, "format_version"), r"m.json: format_version 99 is newer than this shardkit reads \(1\); upgrade shardkit"),
         (_set(34, "samples"), r"m.json: 'samples' is 34 but the piles add up to 33"),
+        (_set("abc", "skipped_units"), r"m.json: field 'skipped_units': expected int, got 'abc'"),
+        (_set(-1, "split_piles"), r"m.json: field 'split_piles': expected a non-negative int, got -1"),
+        (_set([1, 2], "extra"), r"m.json: field 'extra': expected dict, got \[1, 2\]"),
+        (_set(-5, "seed"), r"m.json: field 'seed': expected a non-negative int, got -5"),
+        (_set(3, "created_by"), r"m.json: field 'created_by': expected str, got 3"),
+        (_set([1, None], "fields"), r"m.json: fields\[0\]: expected str, got 1"),
+        (_set(-1, "piles", 0, "samples"), r"m.json: piles\[0\]: field 'samples': expected a non-negative int, got -1"),
+        (_set(-10, "piles", 2, "bytes"), r"m.json: piles\[2\]: field 'bytes': expected a non-negative int, got -10"),
+        (_set("pile-000000.tar", "piles", 2, "name"), r"m.json: piles\[2\]: pile name 'pile-000000.tar' is already used by piles\[0\]"),
+        (_set("", "piles", 1, "name"), r"m.json: piles\[1\]: pile name '' must be a plain file name"),
+        (_set("md5:00000000", "piles", 0, "checksum"), r"m.json: piles\[0\]: field 'checksum': expected 'crc32:' and 8 lowercase hex"),
+        (_set("crc32:0000000g", "piles", 1, "checksum"), r"m.json: piles\[1\]: field 'checksum': expected 'crc32:'"),
+        (_set("9", "bytes"), r"m.json: field 'bytes': expected int, got '9'"),
+        (_set(1, "bytes"), r"m.json: 'bytes' is 1 but the piles add up to 61440"),
     ],
 )
 def test_malformed_fields_are_named(change, message):
@@ -98,3 +112,12 @@ def test_reading_a_directory_without_a_manifest(tmp_path):
     (tmp_path / "shardkit.json").write_bytes(b"\xff\xfe")
     with pytest.raises(ManifestError, match=r"shardkit.json: not UTF-8 text"):
         manifest.read(str(tmp_path))
+
+
+def test_a_bad_manifest_is_an_error_from_the_cli_naming_the_file(tmp_path, capsys):
+    from shardkit.cli import main
+
+    (tmp_path / "shardkit.json").write_text(mutated(_set("abc", "skipped_units")))
+    assert main(["info", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "shardkit.json: field 'skipped_units'" in err and "Traceback" not in err

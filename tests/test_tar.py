@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -177,3 +178,62 @@ def test_split_name_and_sample_spans():
     bounds = _tar.sample_spans(members, starts)
     assert keys == ["a", "b"]
     assert bounds == [0, 2048, 3072]
+
+
+def _with_size_field(header: bytes, field: bytes) -> bytes:
+    """``header`` with its 12-byte size field replaced and its checksum recomputed to match."""
+    block = bytearray(header[:124] + field.ljust(12, b"\0")[:12] + header[136:512])
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+_SIGNED_SIZES = [b"-0000001000", b"+0000001000", b"0000_001000", b" -000001000", b"00000001 00", b"\xff" + bytes(10) + b"\x01"]
+
+
+@pytest.mark.parametrize("field", _SIGNED_SIZES)
+def test_a_size_that_is_not_unsigned_octal_is_refused_not_looped_on(field):
+    good = _archive(["a.txt", "b.txt"])
+    bad = _with_size_field(good, field) + good[512:]  # the checksum holds: only the size is wrong
+    with pytest.raises(CorruptShardError, match=r"test.tar: member 0 at offset 0: size field .* is not an unsigned octal number"):
+        _tar.walk(bad, "test.tar")
+
+
+def test_gnu_base256_sizes_are_read():
+    data = b"hello"
+    good = _tar.member("a.txt", data) + _tar.TRAILER
+    gnu = _with_size_field(good, b"\x80" + len(data).to_bytes(11, "big")) + good[512:]
+    assert _walked(gnu) == {"a.txt": data}
+
+
+@pytest.mark.parametrize("value", ["-1000", "+5", "1_0", "x"])
+def test_a_pax_size_record_that_is_not_unsigned_decimal_is_refused(value):
+    records = _tar._pax_record("size", value)
+    pax = _tar._header(_tar._PAX_NAME, len(records), b"x") + records + _tar._padding(len(records))
+    buf = pax + _tar.member("a.txt", b"x" * 600) + _tar.TRAILER
+    with pytest.raises(
+        CorruptShardError, match=rf"member 0 at offset 1024: pax size record '{re.escape(value)}' is not an unsigned decimal"
+    ):
+        _tar.walk(buf, "test.tar")
+
+
+_CONCATENATED = {
+    "zero block between members": _tar.member("a.txt", b"1") + bytes(512) + _tar.member("b.txt", b"2") + _tar.TRAILER,
+    "two whole archives": _archive(["a.txt"]) + _archive(["b.txt"]),
+    "garbage after the trailer": _archive(["a.txt"]) + b"garbage",
+}
+
+
+@pytest.mark.parametrize("buf", _CONCATENATED.values(), ids=_CONCATENATED.keys())
+def test_data_after_the_end_of_archive_marker_is_refused(buf):
+    end = len(_tar.member("a.txt", _payload("a.txt")))
+    with pytest.raises(CorruptShardError, match=rf"test.tar: data follows the end-of-archive marker at offset {end}: a concatenated tar"):
+        _tar.walk(buf, "test.tar")
+    with pytest.raises(CorruptShardError, match="data follows the end-of-archive marker"):
+        _tar._walk_members(buf, "test.tar")
+
+
+@pytest.mark.parametrize("tail", [b"", bytes(512), bytes(10240 - 1024 - 1024), bytes(100)])
+def test_zero_padding_after_the_end_of_archive_marker_is_fine(tail):
+    buf = _archive(["a.txt"]) + tail  # GNU tar pads archives to 10240 bytes with zeros
+    assert _walked(buf) == {"a.txt": _payload("a.txt")}

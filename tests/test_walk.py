@@ -103,3 +103,14 @@ def test_fast_layout_agrees_with_the_careful_walk(keys, fields, dropped, payload
         assert isinstance(fast, str) and "already has a" in fast and "already has a" in careful
     else:
         assert fast == careful
+
+
+def test_fast_walk_leaves_signed_sizes_and_concatenated_archives_to_the_careful_walk():
+    from shardkit._fastwalk import plain_archive
+
+    good = _tar.member("a.txt", b"x" * 600) + _tar.member("b.txt", b"y") + _tar.TRAILER
+    signed = good[:124] + b"-0000001000" + good[135:]
+    joined = _tar.member("a.txt", b"1") + bytes(512) + _tar.member("b.txt", b"2") + _tar.TRAILER
+    for buf in (signed, joined):
+        assert plain_archive(buf) is None and plain_archive(buf, checked=True) is None
+    assert plain_archive(good + bytes(8192)) is not None  # zero padding after the trailer is fine

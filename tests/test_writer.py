@@ -225,10 +225,71 @@ def test_an_existing_dataset_is_refused_unless_overwrite(tmp_path):
     assert manifest.read(out) == m and m.samples == 10
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [({"piles": 0}, "piles: expected a positive integer"), ({"piles": 2, "seed": -1}, "seed")])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"piles": 0}, "piles: expected a positive integer"),
+        ({"piles": 2, "seed": -1}, "seed"),
+        (
+            {"piles": 2, "max_pile_bytes": 512},
+            r"max_pile_bytes: expected at least 1536 bytes \(a member header and the end-of-archive marker\), got 512",
+        ),
+        ({"piles": 2, "max_pile_bytes": "1KiB"}, r"max_pile_bytes: expected at least 1536 bytes .*, got 1024"),
+    ],
+)
 def test_bad_options(tmp_path, kwargs, message):
     with pytest.raises(shardkit.ConfigError, match=message):
         shardkit.PileWriter(tmp_path / "ds", **kwargs)
+
+
+def test_an_empty_dataset_with_the_smallest_max_pile_bytes_is_published(tmp_path):
+    with shardkit.PileWriter(tmp_path / "ds", piles=2, max_pile_bytes=1536) as w:
+        pass
+    m = w.manifest
+    assert m is not None and m.samples == 0 and m.split_piles == 0 and [p.bytes for p in m.piles] == [1024, 1024]
+
+
+def test_stray_pile_files_without_a_manifest_are_refused_and_kept(tmp_path):
+    out = tmp_path / "u"
+    out.mkdir()
+    (out / "pile-000009.tar").write_bytes(b"not ours")
+    with pytest.raises(shardkit.DatasetExistsError, match=r"u: holds pile-000009.tar but no shardkit.json.*overwrite=True"):
+        shardkit.PileWriter(out, piles=2)
+    assert os.listdir(out) == ["pile-000009.tar"]  # refused before any work: no staging either
+    write(out, [{"__key__": "a", "txt": "x"}], piles=2, overwrite=True)
+    assert (out / "pile-000009.tar").read_bytes() == b"not ours"  # no manifest listed it
+    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "pile-000009.tar", "shardkit.json"]
+
+
+def test_overwrite_deletes_only_the_files_of_the_old_manifest(tmp_path):
+    out = tmp_path / "ds"
+    write(out, make_samples(20), piles=4)
+    (out / "pile-notes.tar").write_bytes(b"kept")
+    (out / "readme.txt").write_bytes(b"kept")
+    m = write(out, make_samples(5, seed=1), piles=2, overwrite=True)
+    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "pile-notes.tar", "readme.txt", "shardkit.json"]
+    assert manifest.read(out) == m
+    (out / "shardkit.json").write_text("{broken")  # an unreadable old manifest: its files stay, the new dataset is whole
+    m = write(out, make_samples(5, seed=2), piles=1, overwrite=True)
+    assert manifest.read(out) == m and (out / "pile-000001.tar").exists()
+
+
+def test_close_after_a_failed_close_raises_a_clear_error(tmp_path, monkeypatch):
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("shardkit.writer.publish", fail)
+    w = shardkit.PileWriter(tmp_path / "ds", piles=2)
+    w.write({"__key__": "a", "txt": "x"})
+    with pytest.raises(OSError, match="disk full"):
+        w.close()
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match=r"PileWriter.close\(\): nothing was published \(an earlier close\(\) failed"):
+            w.close()
+    aborted = shardkit.PileWriter(tmp_path / "ds2", piles=2)
+    aborted.abort()
+    with pytest.raises(RuntimeError, match="abort"):
+        aborted.close()
 
 
 def test_an_exception_in_the_with_block_leaves_no_dataset(tmp_path):
