@@ -46,7 +46,8 @@ class Layout:
         names: the names as str when the careful walk made them, else None.
         plain: every member is one header with nothing before or between members (no pax),
             so a sample's bytes run from its first header to its last member's padded end.
-        canonical: per member, its header is exactly the one shardkit writes for it.
+        canonical: per member, its header is exactly the one shardkit writes for it (all False
+            when :func:`index` was told the bytes were ``checked`` and did not compare them).
     """
 
     buf: Buffer | memoryview | Any = field(repr=False)
@@ -121,13 +122,17 @@ class Layout:
         return self._increasing if len(self) else np.zeros(0, dtype=bool)
 
 
-def index(buf: Buffer, source: str) -> Layout:
+def index(buf: Buffer, source: str, *, checked: bool = False) -> Layout:
     """The :class:`Layout` of the tar held in ``buf``; ``source`` names it in errors.
+
+    ``checked``: the bytes already matched a checksum recorded for the whole file (a pile
+    against its manifest), so the plain index neither sums header checksums nor compares
+    headers with shardkit's (``canonical`` is then all False: not known).
 
     Raises:
         CorruptShardError: as :func:`shardkit._tar.walk`.
     """
-    layout = _plain(buf, source)
+    layout = _plain(buf, source, checked)
     return layout if layout is not None else _careful(buf, source)
 
 
@@ -135,7 +140,7 @@ _USTAR = np.frombuffer(b"ustar", dtype=np.uint8)
 _OCTAL_WEIGHTS = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 
 
-def _plain(buf: Buffer, source: str) -> Layout | None:
+def _plain(buf: Buffer, source: str, checked: bool = False) -> Layout | None:
     """The vectorized index, or None when the archive is not plain (the careful walk decides).
 
     A pax header in front of a member (webdataset and Python's tarfile write one per member
@@ -168,9 +173,12 @@ def _plain(buf: Buffer, source: str) -> Layout | None:
     names = np.where(lengths[:, None] > np.arange(width), headers[:, :width], 0).astype(np.uint8)
     if not _safe(names, lengths):
         return None
-    canonical = _canonical_headers(headers, names, sizes)
-    if not _checksums_hold(headers[~canonical]):
-        return None  # the careful walk accepts the old signed form, or names the bad header
+    if checked:
+        canonical = np.zeros(len(heads), dtype=bool)
+    else:
+        canonical = _canonical_headers(headers, names, sizes)
+        if not _checksums_hold(headers[~canonical]):
+            return None  # the careful walk accepts the old signed form, or names the bad header
     return Layout(buf, source, heads * BLOCK, sizes, names, lengths, None, not pax.any(), canonical)
 
 

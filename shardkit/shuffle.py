@@ -1,9 +1,10 @@
 """The eager pass 2: turn existing WebDataset shards into shards in uniformly random order.
 
 Pass 1 re-piles the inputs into M temporary piles with :func:`shardkit.pile` (uniform,
-data-blind routing, ``workers`` processes) in a hidden directory inside the output. Pass 2 visits the piles in a seeded random order, loads one pile
-at a time into memory, permutes its samples and appends their raw tar bytes (nothing is decoded
-or re-encoded) to fixed-size output shards ``shard-000000.tar ...``. Reading the output shards
+data-blind routing, ``workers`` processes) in a hidden directory inside the output. Pass 2
+visits the piles in a seeded random order (the loader's epoch 0), maps one pile at a time into
+memory, permutes its samples and appends their raw tar bytes (nothing is decoded or re-encoded)
+to fixed-size output shards ``shard-000000.tar ...`` with ``os.writev``. Reading the output shards
 in order with any WebDataset reader gives a uniformly random permutation of the input.
 
 Memory is about one pile. Disk is about one copy of the data plus one pile: each temporary pile
@@ -17,22 +18,26 @@ the hidden directory and leaves any dataset already in the output untouched.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import mmap
 import os
 import re
 import shutil
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO
 
-from shardkit import _progress, _tar, manifest, plan, storage
+import numpy as np
+
+from shardkit import _layout, _progress, _tar, manifest, plan, storage
 from shardkit._publish import prepare_output
+from shardkit._sink import _IOV_MAX, _O_BINARY, Buffer, _write_all
 from shardkit._sizes import format_size, parse_size
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, ManifestError
 from shardkit.manifest import Manifest, PileInfo
-from shardkit.reader import read_pile
+from shardkit.reader import fetch_pile
 
 log = logging.getLogger(__name__)
 
@@ -112,13 +117,14 @@ class ShuffleOptions:
 
 
 class ShardRoller:
-    """Append raw sample bytes to ``shard-000000.tar, ...``, starting a new shard at the limits.
+    """Append samples' raw tar bytes to ``shard-000000.tar, ...``, starting a new shard at the limits.
 
-    Each shard is closed with an end-of-archive trailer; its size, sample count and checksum
-    are recorded as it is written.
+    Samples are taken many at a time as byte ranges of one buffer (a memory-mapped pile) and
+    written with ``os.writev``, so no sample is copied in Python. Each shard is closed with an
+    end-of-archive trailer; its size, sample count and CRC-32 are recorded as it is written.
 
         roller = ShardRoller("staging/", maxcount=1000, maxsize=None)
-        roller.add(sample_bytes)
+        roller.extend(pile_bytes, starts, ends)
         infos = roller.close()
     """
 
@@ -127,39 +133,64 @@ class ShardRoller:
         self.maxcount = maxcount
         self.maxsize = maxsize
         self.shards: list[PileInfo] = []
-        self._file: IO[bytes] | None = None
+        self._fd: int | None = None
         self._count = 0
         self._bytes = 0
         self._crc = 0
 
-    def _full(self, size: int) -> bool:
-        if self.maxcount is not None and self._count >= self.maxcount:
-            return True
-        return self.maxsize is not None and self._bytes + size + len(_tar.TRAILER) > self.maxsize
+    def extend(self, buf: storage.Buffer, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Write samples ``buf[starts[i]:ends[i]]`` (members with their headers), in order."""
+        sizes = ends - starts
+        reach = np.concatenate([[0], np.cumsum(sizes)])  # bytes of samples [0, i) = reach[i]
+        done, n = 0, len(sizes)
+        while done < n:
+            take = self._fitting(reach, done)
+            if take == 0:
+                self._finish()  # the open shard is full
+                continue
+            if self._fd is None:
+                self._open(int(sizes[done]))
+            self._write(buf, starts[done : done + take], ends[done : done + take])
+            done += take
 
-    def add(self, data: bytes | memoryview) -> None:
-        """Write one sample's members (headers included) to the current shard."""
-        if self._file is not None and self._full(len(data)):
-            self._finish()
-        if self._file is None:
-            self._file = open(os.path.join(self.directory, shard_name(len(self.shards))), "wb")  # noqa: SIM115
-            if self.maxsize is not None and len(data) + len(_tar.TRAILER) > self.maxsize:
-                log.warning(
-                    "%s: one sample of %d bytes is over maxsize=%d: it gets a shard of its own",
-                    shard_name(len(self.shards)),
-                    len(data),
-                    self.maxsize,
-                )
-        self._file.write(data)
-        self._crc = manifest.checksum(data, self._crc)
-        self._count += 1
-        self._bytes += len(data)
+    def _fitting(self, reach: np.ndarray, done: int) -> int:
+        """How many of the samples from ``done`` on the open (or a new) shard takes."""
+        take = len(reach) - 1 - done
+        if self.maxcount is not None:
+            take = min(take, self.maxcount - self._count)
+        if self.maxsize is not None:
+            room = self.maxsize - len(_tar.TRAILER) - self._bytes
+            take = min(take, int(np.searchsorted(reach, reach[done] + room, side="right")) - 1 - done)
+        # a new shard takes at least one sample, however large
+        return max(take, 0) if self._fd is not None else max(take, 1)
+
+    def _open(self, first: int) -> None:
+        name = shard_name(len(self.shards))
+        self._fd = os.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_BINARY, 0o644)
+        if self.maxsize is not None and first + len(_tar.TRAILER) > self.maxsize:
+            log.warning("%s: one sample of %d bytes is over maxsize=%d: it gets a shard of its own", name, first, self.maxsize)
+
+    def _write(self, buf: storage.Buffer, starts: np.ndarray, ends: np.ndarray) -> None:
+        assert self._fd is not None
+        view = memoryview(buf)
+        crc, checksum = self._crc, manifest.checksum
+        # a batch of views per writev call: no sample is copied in Python
+        for lo in range(0, len(starts), _IOV_MAX):
+            chunks: list[Buffer] = [
+                view[a:b] for a, b in zip(starts[lo : lo + _IOV_MAX].tolist(), ends[lo : lo + _IOV_MAX].tolist(), strict=True)
+            ]
+            for chunk in chunks:  # in output order, as a reader of the shard sums them
+                crc = checksum(chunk, crc)
+            _write_all(self._fd, chunks)
+        self._crc = crc
+        self._count += len(starts)
+        self._bytes += int((ends - starts).sum())
 
     def _finish(self) -> None:
-        assert self._file is not None
-        self._file.write(_tar.TRAILER)
-        self._file.close()
-        self._file = None
+        assert self._fd is not None
+        _write_all(self._fd, [_tar.TRAILER])
+        os.close(self._fd)
+        self._fd = None
         crc = manifest.checksum(_tar.TRAILER, self._crc)
         name = shard_name(len(self.shards))
         self.shards.append(
@@ -169,16 +200,16 @@ class ShardRoller:
 
     def close(self) -> list[PileInfo]:
         """Finish the last shard (an empty input still gives one valid, empty shard)."""
-        if self._file is None and not self.shards:
-            self._file = open(os.path.join(self.directory, shard_name(0)), "wb")  # noqa: SIM115
-        if self._file is not None:
+        if self._fd is None and not self.shards:
+            self._open(0)
+        if self._fd is not None:
             self._finish()
         return self.shards
 
     def abort(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _check_output(out: str, overwrite: bool) -> str:
@@ -207,17 +238,36 @@ def _pass2(piles_dir: str, piles: Manifest, staging: str, opts: ShuffleOptions, 
             for index in order.pile_order.tolist():
                 info = piles.piles[index]
                 url = os.path.join(piles_dir, info.name)
-                pile = read_pile(url, expected=info)
-                spans = pile.raw_spans()
-                view = memoryview(pile.buf)
-                for i in order.in_pile(index).tolist():
-                    roller.add(view[spans[i] : spans[i + 1]])
-                del view, pile
+                _copy_pile(url, info, order.in_pile(index), roller)
                 os.unlink(url)  # disk stays at about one copy of the data
                 progress.update(info.samples)
         return roller.close()
     finally:
         roller.abort()
+
+
+def _copy_pile(url: str, info: PileInfo, permutation: np.ndarray, roller: ShardRoller) -> None:
+    """Append the samples of one pile to ``roller`` in ``permutation``'s order.
+
+    The pile is memory-mapped (checked against its manifest entry first) and unmapped as soon
+    as it is written out, so its pages leave this process's memory before the next pile's come in.
+    """
+    buf = fetch_pile(url, expected=info, mapped=True)
+    try:
+        layout = _layout.index(buf, url, checked=True)  # fetch_pile checked its checksum
+        bounds = layout.sample_bounds(layout.samples())
+        if len(bounds) - 1 != info.samples:
+            raise ManifestError(f"{url}: holds {len(bounds) - 1} samples, the manifest says {info.samples}")
+        roller.extend(buf, bounds[:-1][permutation], bounds[1:][permutation])
+    finally:
+        _unmap(buf)
+
+
+def _unmap(buf: storage.Buffer) -> None:
+    if isinstance(buf, mmap.mmap):
+        # views still held by a traceback in flight keep the map alive: it goes with them
+        with contextlib.suppress(BufferError):
+            buf.close()
 
 
 def _publish(out: str, staging: str, shards: list[PileInfo], result: Manifest) -> None:

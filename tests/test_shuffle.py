@@ -14,9 +14,10 @@ from conftest import make_samples
 from scipy import stats
 
 import shardkit
-from shardkit import manifest
+from shardkit import _tar, manifest, plan
 from shardkit.cli import main
-from shardkit.shuffle import ShuffleOptions, shuffle
+from shardkit.reader import read_pile
+from shardkit.shuffle import ShardRoller, ShuffleOptions, shuffle
 
 # the facade's shardkit.shuffle is the function; monkeypatching needs the module
 shuffle_mod = importlib.import_module("shardkit.shuffle")
@@ -88,6 +89,26 @@ def test_a_sample_over_maxsize_gets_a_shard_of_its_own(tmp_path):
     assert sum(p.samples for p in m.piles) == 6
 
 
+@pytest.mark.parametrize(
+    ("maxsize", "counts", "sizes"),
+    [
+        (4096, [2, 2, 1, 1, 1], [4096, 3072, 3072, 5120, 2048]),  # shards 0, 1 and 2 end exactly at maxsize
+        (4095, [1, 1, 2, 1, 1, 1], [2048, 3072, 3072, 3072, 5120, 2048]),  # one byte less: each fills up earlier
+    ],
+)
+def test_roller_cuts_at_maxsize_to_the_byte_across_piles(tmp_path, caplog, maxsize, counts, sizes):
+    data = [512, 1536, 512, 512, 1536, 3584, 512]  # members of 1, 2, 1, 1, 2, 4 and 1 KiB
+    buf = b"".join(_tar.member(f"k{i}.bin", bytes([i]) * n) for i, n in enumerate(data))
+    bounds = np.cumsum([0] + [n + 512 for n in data])
+    roller = ShardRoller(str(tmp_path), maxcount=None, maxsize=maxsize)
+    roller.extend(buf, bounds[:3], bounds[1:4])  # one pile's samples, then the next pile's
+    roller.extend(buf, bounds[3:-1], bounds[4:])
+    shards = roller.close()
+    assert [s.samples for s in shards] == counts and [s.bytes for s in shards] == sizes
+    assert b"".join((tmp_path / s.name).read_bytes()[:-1024] for s in shards) == buf
+    assert "one sample of 4096 bytes is over maxsize" in caplog.text
+
+
 def test_deterministic_for_a_seed(tmp_path, inputs):
     def run(name: str, seed: int, workers: int = 1) -> list[bytes]:
         m = shuffle(inputs, tmp_path / name, piles=4, maxcount=50, seed=seed, workers=workers, quiet=True)
@@ -96,6 +117,53 @@ def test_deterministic_for_a_seed(tmp_path, inputs):
     first = run("a", 1)
     assert run("b", 1, workers=2) == first  # pass 1 routes by (seed, input, ordinal): workers do not matter
     assert run("c", 2) != first
+
+
+def _reference_shards(piles_dir: str, seed: int, maxcount: int | None, maxsize: int | None) -> list[bytes]:
+    """What shuffle must write, made the plain way: the loader's epoch-0 order over the piles,
+    each sample's bytes copied one at a time into shards cut at the limits."""
+    m = manifest.read(piles_dir)
+    order = plan.EpochOrder([p.samples for p in m.piles], seed=seed, epoch=0)
+    shards, current, count = [], b"", 0
+    for index in order.pile_order.tolist():
+        pile = read_pile(os.path.join(piles_dir, m.piles[index].name))
+        spans = pile.raw_spans()
+        for i in order.in_pile(index).tolist():
+            data = bytes(pile.buf[spans[i] : spans[i + 1]])
+            full = (maxcount is not None and count >= maxcount) or (maxsize is not None and len(current) + len(data) + 1024 > maxsize)
+            if count and full:
+                shards.append(current + bytes(1024))
+                current, count = b"", 0
+            current, count = current + data, count + 1
+    return [*shards, current + bytes(1024)]
+
+
+def _mixed_samples(n: int) -> list[dict]:
+    """Samples of 0-3000 bytes, some with names too long for a ustar header, one of 12 KB."""
+    rng = np.random.default_rng(5)
+    samples = []
+    for i in range(n):
+        key = f"deep/{'x' * 110}{i:04d}" if i in (4, 50) else f"k{i:04d}"
+        samples.append({"__key__": key, "bin": rng.bytes(12_000 if i == 17 else int(rng.integers(0, 3000))), "cls": i % 3})
+    return samples
+
+
+@pytest.mark.parametrize(
+    ("n", "piles", "maxcount", "maxsize"),
+    [(120, 5, 7, None), (120, 4, None, 6144), (120, 3, 5, 9000), (120, 1, None, None), (3, 6, 2, None), (0, 2, None, None)],
+)
+def test_output_is_byte_identical_to_copying_sample_by_sample(tmp_path, monkeypatch, n, piles, maxcount, maxsize):
+    monkeypatch.setattr(shardkit.storage, "_MAP_MIN", 0)  # piles memory-mapped, as real ones are
+    inputs = _write_inputs(tmp_path / "in", _mixed_samples(n), shards=2)
+    m = shuffle(inputs, tmp_path / "out", piles=piles, maxcount=maxcount, maxsize=maxsize, seed=11, quiet=True)
+    shardkit.pile(inputs, str(tmp_path / "piles"), piles=piles, seed=11, quiet=True)  # pass 1 alone, as shuffle runs it
+    limits = ShuffleOptions(maxcount=maxcount, maxsize=maxsize).limits()
+    expected = _reference_shards(str(tmp_path / "piles"), 11, *limits)
+    assert [(tmp_path / "out" / p.name).read_bytes() for p in m.piles] == expected
+    assert [p.samples for p in m.piles] == [
+        len(list(wds.WebDataset(str(tmp_path / "out" / p.name), shardshuffle=False, empty_check=False))) for p in m.piles
+    ]
+    assert shardkit.verify(str(tmp_path / "out"), quiet=True) == []
 
 
 def test_relative_orders_are_uniform(tmp_path):
@@ -130,14 +198,30 @@ def test_failure_in_pass_2_leaves_the_old_dataset_and_no_temp_dir(tmp_path, inpu
         calls.append(url)
         if len(calls) == 2:
             raise interrupt
-        return shardkit.reader.read_pile(url, **kwargs)
+        return shardkit.reader.fetch_pile(url, **kwargs)
 
-    monkeypatch.setattr(shuffle_mod, "read_pile", failing)
+    monkeypatch.setattr(shuffle_mod, "fetch_pile", failing)
     with pytest.raises(type(interrupt)):
         shuffle(inputs, out, piles=3, maxcount=64, seed=9, overwrite=True, quiet=True)
     assert manifest.read(str(out)) == before
     assert sorted(os.listdir(out)) == sorted([p.name for p in before.piles] + ["shardkit.json"])
     assert shardkit.verify(str(out), quiet=True) == []
+
+
+def test_a_write_error_while_a_pile_is_mapped_surfaces_as_itself(tmp_path, inputs, monkeypatch):
+    real, calls = shuffle_mod._write_all, []
+
+    def failing(fd, chunks):
+        calls.append(len(chunks))
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(fd, chunks)
+
+    monkeypatch.setattr(shuffle_mod, "_write_all", failing)
+    monkeypatch.setattr(shardkit.storage, "_MAP_MIN", 0)  # the pile is mapped while writing fails
+    with pytest.raises(OSError, match="No space left"):
+        shuffle(inputs, tmp_path / "out", piles=3, maxcount=40, quiet=True)
+    assert os.listdir(tmp_path / "out") == []
 
 
 def test_corrupt_input_in_pass_1_leaves_nothing(tmp_path, inputs):
