@@ -94,6 +94,9 @@ class _Spread:
         self.piles, self.total = len(bounds) - 1, int(bounds[-1])
         self.cells = _cells_per_pile(self.total / self.piles)
         self.end = (self.piles + k) * self.cells  # the last cut: every t is below it
+        self._inverse = 1.0 / np.diff(bounds)
+        # below j + k + 1: rounding must never carry a sample past its pile's span
+        self._limit = np.nextafter(np.arange(self.piles) + float(k + 1), -np.inf)
         self._recent: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _run(self, run: int) -> tuple[np.ndarray, np.ndarray]:
@@ -108,13 +111,9 @@ class _Spread:
         a, b = run * JITTER_RUN, min(self.total, (run + 1) * JITTER_RUN)
         jitter = stream(MIX, self.seed, self.epoch, run).random(b - a)
         j0, j1 = (np.searchsorted(self.bounds, [a, b - 1], side="right") - 1).tolist()
-        starts = self.bounds[j0 : j1 + 2]
-        lengths = np.diff(np.clip(starts, a, b))
-        j = np.repeat(np.arange(j0, j1 + 1), lengths)
-        r = np.arange(a, b) - np.repeat(starts[:-1], lengths)
-        t = j + r * np.repeat(1.0 / np.diff(starts), lengths) + self.k * jitter
-        # rounding must never carry a sample past its pile's span
-        return np.minimum(t, np.nextafter(j + float(self.k + 1), -np.inf)), j
+        j = np.repeat(np.arange(j0, j1 + 1), np.diff(np.clip(self.bounds[j0 : j1 + 2], a, b)))
+        t = j + (np.arange(a, b) - self.bounds[j]) * self._inverse[j] + self.k * jitter
+        return np.minimum(t, self._limit[j], out=t), j
 
     def times(self, lo: int, hi: int) -> np.ndarray:
         """``t`` of positions ``lo .. hi - 1`` of the ``mix=1`` order."""
@@ -254,12 +253,13 @@ class EpochOrder:
         slots, width = self.mix + 2, int(self.counts.max())
         perms = np.empty(slots * width, dtype=np.int64)
         held = [-1] * slots
-        for q, j in spread.cells_from(first):
+        for m, (q, j) in enumerate(spread.cells_from(first), start=first):
             start, pos = pos, pos + len(q)
             a, z = max(lo, start), min(hi, pos)
             if a < z:
                 q, j = q[a - start : z - start], j[a - start : z - start]
-                for r in range(int(j.min()), int(j.max()) + 1):
+                top = m // spread.cells  # the cell lies in [top, top + 1): piles top - k .. top
+                for r in range(max(0, top - self.mix), min(top + 1, len(self._read))):
                     if held[r % slots] != r:
                         held[r % slots] = r
                         at = r % slots * width
