@@ -5,6 +5,11 @@ independent uniform shuffles give) for the loader's own epoch plan, on a model o
 dataset: each of n samples gets a pile from the writer's router, pile contents keep source order.
 Nothing is written to disk; a repiled dataset is the same model with a new router seed.
 
+Next to each mix=k figure, "model" is 1 + (R1 - 1) * ((k - 1/3) / k^2)^2, with R1 the figure for
+mix=1: mix=k spreads a pile over k + 1 piles' worth of positions (a trapezoid), which shrinks
+both the chance that two batch-mates are pile-mates and the chance that pile-mates share a batch
+by (k - 1/3) / k^2, so the pairs beyond those of fresh shuffles shrink by its square.
+
     python benchmarks/recurrence.py --samples 1000000 --piles 100 --batch-size 256
 """
 
@@ -49,17 +54,19 @@ def main() -> None:
     # batch-mates of a sample that were its batch-mates the epoch before, under fresh shuffles
     again = 2 * quality.expected_recurring_pairs(n, b) / n
     print(f"a sample meets {again:.3f} of its {b - 1} batch-mates again under fresh shuffles; x recurrence below")
-    print(f"{'remedy':<24}{'recurrence':>12}{'sd':>8}{'cut':>8}{'met again':>11}   resident piles")
+    print(f"{'remedy':<24}{'recurrence':>12}{'sd':>8}{'model':>8}{'cut':>8}{'met again':>11}   resident piles")
     base, sd = mean_recurrence(data, data, mix=1, batch=b, pairs=args.pairs)
-    print(f"{'none (mix=1)':<24}{base:>12.2f}{sd:>8.2f}{1.0:>8.2f}{base * again:>11.2f}   2 (1 + prefetch)")
+    print(f"{'none (mix=1)':<24}{base:>12.2f}{sd:>8.2f}{'':>8}{1.0:>8.2f}{base * again:>11.2f}   2 (1 + prefetch)")
     for k in args.mix:
         if k == 1:
             continue
         value, sd = mean_recurrence(data, data, mix=k, batch=b, pairs=args.pairs)
-        print(f"{f'mix={k}':<24}{value:>12.2f}{sd:>8.2f}{base / value:>8.2f}{value * again:>11.2f}   {k + 1} ({k} + prefetch)")
+        model = 1 + (base - 1) * ((k - 1 / 3) / k**2) ** 2
+        resident = f"{k + 2} ({k + 1} + prefetch)"
+        print(f"{f'mix={k}':<24}{value:>12.2f}{sd:>8.2f}{model:>8.2f}{base / value:>8.2f}{value * again:>11.2f}   {resident}")
     fresh = piled(n, m, seed=2)
     value, sd = mean_recurrence(data, fresh, mix=1, batch=b, pairs=args.pairs)
-    print(f"{'repile (new seed)':<24}{value:>12.2f}{sd:>8.2f}{base / value:>8.2f}{value * again:>11.2f}   2; one read + one write")
+    print(f"{'repile (new seed)':<24}{value:>12.2f}{sd:>8.2f}{'':>8}{base / value:>8.2f}{value * again:>11.2f}   2; one read + one write")
     print(f"({time.perf_counter() - start:.1f}s)")
 
 

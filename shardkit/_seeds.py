@@ -20,8 +20,7 @@ class Stream(enum.IntEnum):
     SPLIT = 0x53_50_4C_54  # (seed, depth, *path): sub-piles of an oversized pile
     PILE_ORDER = 0x50_4F_52_44  # (seed, epoch): the order piles are read in
     IN_PILE = 0x49_4E_50_4C  # (seed, epoch, pile): the order within one pile
-    MIX = 0x4D_49_58_30  # (seed, epoch, event): the mix=k window schedule
-    CHUNK = 0x43_48_4B_30  # (seed, epoch, event, chunk): labels within a mix chunk
+    MIX = 0x4D_49_58_30  # (seed, epoch, run): jitters of one run of positions in a mix=k order
     WDS_SHARDS = 0x57_44_53_30  # (seed, epoch): reference WebDataset-style shard order
     WDS_BUFFER = 0x57_44_53_31  # (seed, epoch): reference WebDataset-style buffer picks
     DEMO = 0x44_45_4D_4F  # (seed,): the demo's synthetic images
@@ -33,7 +32,6 @@ _ARITY = {
     Stream.PILE_ORDER: 2,
     Stream.IN_PILE: 3,
     Stream.MIX: 3,
-    Stream.CHUNK: 4,
     Stream.WDS_SHARDS: 2,
     Stream.WDS_BUFFER: 2,
     Stream.DEMO: 1,

@@ -68,12 +68,13 @@ class DatasetInfo:
     largest_piles: tuple[int, ...]
 
     def loader_ram(self, *, mix: int = 1, prefetch: int = 1) -> int:
-        """Bytes of pile data a loader holds at its peak: the ``mix + prefetch`` largest piles.
+        """Bytes of pile data a loader holds at its peak: its resident piles, the largest ones.
 
-        A loader keeps ``mix`` piles in memory while it reads ahead ``prefetch`` more, so with the
-        defaults this is the two largest piles.
+        A loader reads from one pile (``mix + 1`` with ``mix > 1``) while it reads ahead
+        ``prefetch`` more, so with the defaults this is the two largest piles.
         """
-        return sum(self.largest_piles[: mix + prefetch])
+        reading = 1 if mix <= 1 else mix + 1
+        return sum(self.largest_piles[: reading + prefetch])
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-able view (what ``shardkit info --json`` prints)."""
@@ -127,7 +128,7 @@ def info(directory: str) -> DatasetInfo:
         pile_bytes=Spread.of([p.bytes for p in m.piles]),
         expected_mean=mean,
         expected_sd=sd,
-        largest_piles=tuple(sorted((p.bytes for p in m.piles), reverse=True)[:8]),
+        largest_piles=tuple(sorted((p.bytes for p in m.piles), reverse=True)[:64]),
     )
 
 

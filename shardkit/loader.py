@@ -1,13 +1,13 @@
 """The loader: epoch plan -> pile prefetch -> in-pile order -> decode -> map -> batch, resumable.
 
 Each epoch reads the piles in the order of :mod:`shardkit.plan`; one background thread reads
-the next pile while the current one is handed out, so at most ``mix + prefetch`` piles are in
-memory per rank. ``num_workers`` processes decode, map and collate while the reader stays in
-the main process. The order does not depend on ``num_workers`` or the world size, every rank
-yields the same count (of batches, even when ``on_error`` skips samples or piles), and
-``state_dict()`` resumes mid-epoch exactly. Local piles are
-memory-mapped while in use: replace pile files (as shardkit does), never truncate one in place
-under a running loader.
+the next pile while the current one is handed out, so at most ``1 + prefetch`` piles (``mix + 1
++ prefetch`` with ``mix > 1``) are in memory per rank. ``num_workers`` processes decode, map
+and collate while the reader stays in the main process. The order does not depend on
+``num_workers`` or the world size, every rank yields the same count (of batches, even when
+``on_error`` skips samples or piles), and ``state_dict()`` resumes mid-epoch exactly. Local
+piles are memory-mapped while in use: replace pile files (as shardkit does), never truncate one
+in place under a running loader.
 
     with shardkit.loader("data/", batch_size=256, seed=0) as loader:
         for epoch in range(10):
@@ -132,7 +132,7 @@ class Loader:
         self._running, self._position, self._start, self._cursor = epoch, start, 0, None
         sched = self._schedule(epoch)
         uses = sched.uses(start)
-        slots = max(1, min(self.options.mix, len(uses))) + self.options.prefetch
+        slots = max(1, plan.peak(uses)) + self.options.prefetch
         read = self._reader()
         reader: PileReader[int, Fetched] = PileReader([u.pile for u in uses], read, slots=slots, name=f"shardkit-reader-e{epoch}")
         skipped = self.stats.skipped_samples
@@ -368,7 +368,8 @@ def loader(
         drop_last: True: each rank reads ``N // world_size`` samples and only full batches.
             False: the order is padded by wrapping round to its start to a multiple of
             ``world_size``, and the last batch may be partial (the same size on every rank).
-        prefetch: piles read ahead in the background (memory: ``mix + prefetch`` piles).
+        prefetch: piles read ahead in the background (memory: ``1 + prefetch`` piles, or
+            ``mix + 1 + prefetch``).
         on_error: ``"raise"``, or ``"skip"``/``"warn"`` (also logs each) a pile that cannot be
             read, or a sample that is malformed or fails to decode or map; counts in
             ``loader.stats``. Batched, a skip never changes how many batches a rank yields:
@@ -378,8 +379,10 @@ def loader(
             take its step, e.g. with a loss weighted zero). Unbatched, a failed sample is not
             yielded, so a rank may yield fewer than ``len(loader)`` samples: batch here, not
             after the loader, when ranks must stay in step.
-        mix: draw from ``mix`` piles at once, weighted by what is left in each; cuts how often
-            pile-mates meet again in later epochs by about ``mix`` (memory ``mix + prefetch``).
+        mix: spread each pile over ``mix + 1`` piles' worth of positions, reading from ``mix +
+            1`` piles at once (memory ``mix + 1 + prefetch`` piles). The first epoch stays
+            exactly uniform; in later epochs pile-mates share a batch again about ``mix ** 2``
+            times less often (while that stays well below the number of piles).
         max_pile_bytes: refuse, before reading, a pile larger than this (``"2GiB"``).
         verify: check each pile's checksum against the manifest.
         allow_pickle: decode ``.pyd``/``.pickle`` fields (runs code from the data).

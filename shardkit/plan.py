@@ -5,12 +5,17 @@ The global order of an epoch is a function of ``(seed, epoch, pile counts, shuff
 * the pile order is a permutation drawn from the stream ``(PILE_ORDER, seed, epoch)``;
 * pile ``p`` is read in the order of a permutation drawn from ``(IN_PILE, seed, epoch, p)``
   (streams: :mod:`shardkit._seeds`);
-* with ``mix=1`` the piles follow each other; with ``mix=k`` a window holds ``k`` piles, the next
-  sample comes from a window pile chosen with probability proportional to what is left in it, and
-  when a pile runs out the next pile in pile order enters. Given the pile sizes, the pile contents
-  of a pass-1 dataset are a uniformly random partition, and neither schedule looks at the samples,
-  so the first epoch is an exactly uniform permutation either way.
+* with ``mix=1`` the piles follow each other. With ``mix=k`` the sample read ``r``-th of the
+  ``j``-th pile (of ``s``) in that order sits at ``u = j + r / s``, moves to ``t = u + k * J``
+  with ``J`` uniform in ``[0, 1)``, and the epoch reads in order of ``t`` (:class:`_Spread`).
+  A pile then spreads over ``k + 1`` piles' worth of positions, at most about one sample in
+  ``k`` of any stretch is its own, and exactly ``k + 1`` piles are in use at any time.
 * ``shuffle=False`` reads piles and samples in manifest order.
+
+The first epoch is an exactly uniform permutation for any ``mix``: given the pile sizes, the
+``mix=1`` order of a pass-1 dataset is one (the pile contents are a uniformly random partition,
+each pile is read in a uniformly random order), and moving its positions by jitters drawn from
+the pile counts and the seed alone keeps it one.
 
 The order has ``N = sum(counts)`` positions and is never materialized: ranks take contiguous
 slices (:func:`rank_span`), workers contiguous sub-slices of those (:func:`worker_span`), and a
@@ -27,14 +32,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from shardkit._seeds import Stream, stream
 
-PILE_ORDER, IN_PILE, MIX, CHUNK = Stream.PILE_ORDER, Stream.IN_PILE, Stream.MIX, Stream.CHUNK
+PILE_ORDER, IN_PILE, MIX = Stream.PILE_ORDER, Stream.IN_PILE, Stream.MIX
 # longest block handed out at once, so a huge pile never costs a huge index array
 MAX_BLOCK = 1 << 16
+# jitters are drawn for runs of this many positions, one stream (MIX, seed, epoch, run) each, so
+# any stretch of the order is rebuilt from the runs it touches alone
+JITTER_RUN = 1 << 16
+# about how many samples a mix=k block holds (the t axis is cut this finely)
+CELL = 8192
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 def generator(tag: Stream, *values: int) -> np.random.Generator:
@@ -60,29 +72,123 @@ class Block:
     index: np.ndarray
 
 
-@dataclass(slots=True)
-class _Segment:
-    """A run of the global order drawn from the piles of one window.
+def _cells_per_pile(mean: float) -> int:
+    # a power of two, so t * cells is exact: blocks of a few thousand samples, whatever the piles
+    return 1 << max(0, math.ceil(math.log2(max(mean, 1.0) / CELL)))
 
-    ``comp[j]`` samples come from ``piles[j]``, continuing after the ``used[j]`` it gave before;
-    ``labels`` (window slot per position) is drawn lazily from ``(CHUNK, seed, epoch, event,
-    chunk)`` so that skipping a segment costs nothing.
+
+class _Spread:
+    """The ``mix=k`` order: each sample of the ``mix=1`` order moves on by up to ``k`` piles.
+
+    Time is counted in piles: the sample read ``r``-th of the ``j``-th pile (of ``s``) sits at
+    ``u = j + r / s`` in the ``mix=1`` order and moves to ``t = u + k * J``, ``J`` uniform in
+    ``[0, 1)``; the epoch reads by ``t``, ties (rare) going to the earlier position. Pile ``j``
+    spans ``t`` in ``[j, j + k + 1)``, so exactly ``k + 1`` piles share any ``t`` whatever their
+    sizes. ``J`` is drawn per run of :data:`JITTER_RUN` positions. The ``t`` axis is cut into
+    ``cells`` cells per pile, cut ``m`` at ``t = m / cells``; :meth:`offset` (the position of the
+    first sample at or after a cut) needs the jitters of the ``k + 1`` piles before the cut alone.
     """
 
-    pos: int
-    length: int
-    piles: np.ndarray
-    used: np.ndarray
-    comp: np.ndarray
-    event: int
-    chunk: int
-    labels: np.ndarray | None = None
+    def __init__(self, bounds: np.ndarray, k: int, seed: int, epoch: int) -> None:
+        self.bounds, self.k, self.seed, self.epoch = bounds, k, seed, epoch
+        self.piles, self.total = len(bounds) - 1, int(bounds[-1])
+        self.cells = _cells_per_pile(self.total / self.piles)
+        self.end = (self.piles + k) * self.cells  # the last cut: every t is below it
+        self._inverse = 1.0 / np.diff(bounds)
+        # below j + k + 1: rounding must never carry a sample past its pile's span
+        self._limit = np.nextafter(np.arange(self.piles) + float(k + 1), -np.inf)
+        self._recent: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _run(self, run: int) -> tuple[np.ndarray, np.ndarray]:
+        """``t`` and pile rank ``j`` of the positions of jitter run ``run`` (the last few are kept)."""
+        if run not in self._recent:
+            if len(self._recent) >= 4:
+                del self._recent[next(iter(self._recent))]
+            self._recent[run] = self._draw(run)
+        return self._recent[run]
+
+    def _draw(self, run: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b = run * JITTER_RUN, min(self.total, (run + 1) * JITTER_RUN)
+        jitter = stream(MIX, self.seed, self.epoch, run).random(b - a)
+        j0, j1 = (np.searchsorted(self.bounds, [a, b - 1], side="right") - 1).tolist()
+        j = np.repeat(np.arange(j0, j1 + 1), np.diff(np.clip(self.bounds[j0 : j1 + 2], a, b)))
+        t = j + (np.arange(a, b) - self.bounds[j]) * self._inverse[j] + self.k * jitter
+        return np.minimum(t, self._limit[j], out=t), j
+
+    def times(self, lo: int, hi: int) -> np.ndarray:
+        """``t`` of positions ``lo .. hi - 1`` of the ``mix=1`` order."""
+        parts = []
+        for run in range(lo // JITTER_RUN, -(-hi // JITTER_RUN)):
+            base = run * JITTER_RUN
+            parts.append(self._run(run)[0][max(0, lo - base) : hi - base])
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def _span(self, m0: int, m1: int) -> tuple[int, int]:
+        """Positions ``q`` whose ``t`` may fall between cuts ``m0`` and ``m1``: piles ``t - k - 1 < j < t``."""
+        low = min(self.piles, max(0, m0 // self.cells - self.k))
+        high = min(self.piles, max(low, -(-m1 // self.cells)))
+        return int(self.bounds[low]), int(self.bounds[high])
+
+    def offset(self, m: int) -> int:
+        """How many ``t`` lie below cut ``m``."""
+        lo, hi = self._span(m, m)
+        return lo + (int(np.count_nonzero(self.times(lo, hi) < m / self.cells)) if lo < hi else 0)
+
+    def tally(self, m0: int, m1: int) -> np.ndarray:
+        """``offset(m)`` for each cut ``m0 .. m1``."""
+        counts = np.zeros(m1 - m0, dtype=np.int64)
+        lo, hi = self._span(m0, m1)
+        for a in range(lo, hi, JITTER_RUN):
+            cell = (self.times(a, min(hi, a + JITTER_RUN)) * self.cells).astype(np.int64)
+            cell = cell[(cell >= m0) & (cell < m1)]
+            counts += np.bincount(cell - m0, minlength=m1 - m0)
+        return self.offset(m0) + np.concatenate(([0], np.cumsum(counts)))
+
+    def locate(self, pos: int) -> tuple[int, int]:
+        """The last cut ``m`` with ``offset(m) <= pos`` (``0 <= pos < total``) and that offset."""
+        # with pos in pile P of the mix=1 order, offset(P * cells) <= pos < offset((P + k + 1) * cells)
+        pile = int(np.searchsorted(self.bounds, pos, side="right")) - 1
+        m0 = pile * self.cells
+        offsets = self.tally(m0, (pile + self.k + 1) * self.cells)
+        i = int(np.searchsorted(offsets, pos, side="right")) - 1
+        return m0 + i, int(offsets[i])
+
+    def cells_from(self, first: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Positions ``q`` and pile ranks of cells ``first, first + 1, ..`` in the order they are read."""
+        live: list[list[Any]] = []  # [t, q, j sorted by t, next unread] of each jitter run in use
+        run = self._span(first, first)[0] // JITTER_RUN
+        for m in range(first, self.end):
+            while run * JITTER_RUN < self._span(m + 1, m + 1)[1]:
+                t, j = self._run(run)
+                order = _by_time(t)
+                t = t[order]
+                live.append([t, order + run * JITTER_RUN, j[order], int(np.searchsorted(t, m / self.cells))])
+                run += 1
+            parts = []
+            for item in live:
+                t, q, j, at = item
+                stop = at + int(np.searchsorted(t[at:], (m + 1) / self.cells))
+                if stop > at:
+                    parts.append((t[at:stop], q[at:stop], j[at:stop]))
+                item[3] = stop
+            live = [item for item in live if item[3] < len(item[0])]
+            if len(parts) == 1:
+                yield parts[0][1], parts[0][2]
+            elif parts:
+                t, q, j = (np.concatenate(x) for x in zip(*parts, strict=True))
+                order = np.argsort(t, kind="stable")  # merges sorted runs; ties keep the earlier run first
+                yield q[order], j[order]
+            elif run * JITTER_RUN >= self.total and not live:
+                return  # every run was read to its end
+            else:
+                yield _EMPTY, _EMPTY
 
 
-def _chunk_size(remaining: int) -> int:
-    # balances the per-chunk draw (a few microseconds) against the labels drawn for the chunk
-    # in which a pile runs out
-    return min(remaining, max(1024, 32 * math.isqrt(remaining)))
+def _by_time(t: np.ndarray) -> np.ndarray:
+    """The order of ``t``, ties (rare, but not impossible in billions of samples) broken by position."""
+    order = np.argsort(t)
+    s = t[order]
+    return order if not (s[1:] == s[:-1]).any() else np.argsort(t, kind="stable")
 
 
 class EpochOrder:
@@ -92,7 +198,7 @@ class EpochOrder:
         counts: samples in each pile, in manifest order.
         seed, epoch: what the order is drawn from.
         shuffle: False reads piles and samples in manifest order.
-        mix: number of piles drawn from at once (see the module docstring).
+        mix: how many piles' worth of positions each sample may move by (see the module docstring).
 
     Example:
         order = EpochOrder([3, 2], seed=1, epoch=0)
@@ -111,6 +217,10 @@ class EpochOrder:
         self.total = int(self.counts.sum())
         n = len(self.counts)
         self.pile_order = generator(PILE_ORDER, seed, epoch).permutation(n) if shuffle else np.arange(n)
+        # the piles read, in order, and where each starts and ends in the mix=1 order
+        self._read = self.pile_order[self.counts[self.pile_order] > 0]
+        self._bounds = np.concatenate(([0], np.cumsum(self.counts[self._read])))
+        self._spread = _Spread(self._bounds, mix, seed, epoch) if mix > 1 and self.total else None
 
     def in_pile(self, pile: int) -> np.ndarray:
         """The order in which pile ``pile`` is read this epoch (a permutation of its indices)."""
@@ -119,127 +229,68 @@ class EpochOrder:
             return np.arange(count)
         return generator(IN_PILE, self.seed, self.epoch, pile).permutation(count)
 
-    def _segments(self) -> Iterator[_Segment]:
-        order = [p for p in self.pile_order.tolist() if self.counts[p] > 0]
-        window: list[int] = []
-        used: list[int] = []
-        nxt = pos = event = 0
-        while True:
-            while len(window) < self.mix and nxt < len(order):
-                window.append(order[nxt])
-                used.append(0)
-                nxt += 1
-            if not window:
-                return
-            left = [int(self.counts[p]) - u for p, u in zip(window, used, strict=True)]
-            for seg in self._event(window, used, left, pos, event):
-                yield seg
-                pos += seg.length
-                used = [u + int(c) for u, c in zip(used, seg.comp, strict=True)]
-            done = [j for j, p in enumerate(window) if used[j] == self.counts[p]]
-            assert len(done) == 1, "each event ends with exactly one pile running out"
-            del window[done[0]], used[done[0]]
-            event += 1
-
-    def _event(self, window: list[int], used: list[int], left: list[int], pos: int, event: int) -> Iterator[_Segment]:
-        """Segments until the first window pile runs out (the last one ends exactly there)."""
-        piles, start = np.array(window), np.array(used, dtype=np.int64)
-        if len(window) == 1:
-            yield _Segment(pos, left[0], piles, start, np.array(left, dtype=np.int64), event, 0)
-            return
-        rng: np.random.Generator | None = None
-        remaining = np.array(left, dtype=np.int64)
-        chunk = 0
-        while True:
-            total = int(remaining.sum())
-            size = _chunk_size(total)
-            if size == total:
-                comp = remaining.copy()  # the whole rest: nothing to draw
-            else:
-                rng = rng or generator(MIX, self.seed, self.epoch, event)
-                comp = rng.multivariate_hypergeometric(remaining, size)
-            seg = _Segment(pos, size, piles, start.copy(), comp, event, chunk)
-            if (comp == remaining).any():
-                # a pile runs out inside this chunk: cut just after its last sample
-                labels = self._labels(seg)
-                cut = 1 + min(int(np.flatnonzero(labels == j)[-1]) for j in np.flatnonzero(comp == remaining))
-                seg.labels = labels[:cut]
-                seg.length = cut
-                seg.comp = np.bincount(seg.labels, minlength=len(window)).astype(np.int64)
-                yield seg
-                return
-            yield seg
-            remaining -= comp
-            start += comp
-            pos += size
-            chunk += 1
-
-    def _labels(self, seg: _Segment) -> np.ndarray:
-        if seg.labels is None and len(seg.piles) == 1:
-            return np.zeros(seg.length, dtype=np.int64)
-        if seg.labels is None:
-            slots = np.repeat(np.arange(len(seg.piles)), seg.comp)
-            seg.labels = generator(CHUNK, self.seed, self.epoch, seg.event, seg.chunk).permutation(slots)
-        return seg.labels
-
     def blocks(self, lo: int, hi: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """``(position, piles, index)`` runs covering global positions ``lo .. hi - 1`` in order."""
         if lo >= hi:
             return
-        cache: dict[int, np.ndarray] = {}
-        for seg in self._segments():
-            end = seg.pos + seg.length
-            if end <= lo:
-                continue
-            if seg.pos >= hi:
-                return
-            a, b = max(lo, seg.pos), min(hi, end)
-            for p in seg.piles.tolist():
-                if p not in cache:
-                    cache[p] = self.in_pile(p)
-            if len(seg.piles) == 1:
-                p, base = int(seg.piles[0]), int(seg.used[0]) - seg.pos
-                for x in range(a, b, MAX_BLOCK):
-                    y = min(b, x + MAX_BLOCK)
-                    yield x, np.full(y - x, p, dtype=np.int64), cache[p][base + x : base + y]
-            else:
-                yield a, *self._resolve(seg, cache, a - seg.pos, b - seg.pos)
-            for j, p in enumerate(seg.piles.tolist()):
-                if seg.used[j] + seg.comp[j] == self.counts[p]:
-                    cache.pop(p, None)
+        yield from (self._sequential(lo, hi) if self._spread is None else self._spread_blocks(self._spread, lo, hi))
 
-    def _resolve(self, seg: _Segment, cache: dict[int, np.ndarray], a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-        labels = self._labels(seg)
-        index = np.empty(seg.length, dtype=np.int64)
-        for j, p in enumerate(seg.piles.tolist()):
-            at = np.flatnonzero(labels == j)
-            index[at] = cache[p][seg.used[j] : seg.used[j] + len(at)]
-        return seg.piles[labels[a:b]], index[a:b]
+    def _sequential(self, lo: int, hi: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        bounds = self._bounds
+        for j in range(int(np.searchsorted(bounds, lo, side="right")) - 1, len(self._read)):
+            if bounds[j] >= hi:
+                return
+            pile, a, b = int(self._read[j]), max(lo, int(bounds[j])), min(hi, int(bounds[j + 1]))
+            perm = self.in_pile(pile)
+            for x in range(a, b, MAX_BLOCK):
+                y = min(b, x + MAX_BLOCK)
+                yield x, np.full(y - x, pile, dtype=np.int64), perm[x - bounds[j] : y - bounds[j]]
+
+    def _spread_blocks(self, spread: _Spread, lo: int, hi: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        first, pos = spread.locate(lo) if lo else (0, 0)
+        # the in-pile orders of the piles in use, pile rank r in slot r % slots: a cell holds
+        # k + 1 consecutive ranks, and a rank k + 2 back is done before the next one is needed
+        slots, width = self.mix + 2, int(self.counts.max())
+        perms = np.empty(slots * width, dtype=np.int64)
+        held = [-1] * slots
+        for m, (q, j) in enumerate(spread.cells_from(first), start=first):
+            start, pos = pos, pos + len(q)
+            a, z = max(lo, start), min(hi, pos)
+            if a < z:
+                q, j = q[a - start : z - start], j[a - start : z - start]
+                top = m // spread.cells  # the cell lies in [top, top + 1): piles top - k .. top
+                for r in range(max(0, top - self.mix), min(top + 1, len(self._read))):
+                    if held[r % slots] != r:
+                        held[r % slots] = r
+                        at = r % slots * width
+                        perms[at : at + self.counts[self._read[r]]] = self.in_pile(int(self._read[r]))
+                piles, index = self._read[j], perms[j % slots * width + (q - self._bounds[j])]
+                for x in range(0, z - a, MAX_BLOCK):
+                    yield a + x, piles[x : x + MAX_BLOCK], index[x : x + MAX_BLOCK]
+            if pos >= hi:
+                return
 
     def uses(self, lo: int, hi: int) -> list[PileUse]:
         """Piles read at global positions ``lo .. hi - 1``, in load order (by first position).
 
-        ``first``/``last`` are exact for ``mix=1``; with ``mix > 1`` they may widen to the
-        chunk that holds the first or last sample of a pile (never more than ``mix`` at once).
+        Exact for ``mix=1``. With ``mix=k`` the ``j``-th pile read is in use from the cut at
+        ``t = j`` to the cut at ``t = j + k + 1`` (see :class:`_Spread`): never more than ``k + 1``
+        piles at once, each from about ``sqrt(2 k s)`` positions before its first sample (of
+        ``s``) to as many after its last.
         """
-        spans: dict[int, list[int]] = {}
-        for seg in self._segments() if lo < hi else ():
-            end = seg.pos + seg.length
-            if end <= lo:
-                continue
-            if seg.pos >= hi:
-                break
-            a, b = max(lo, seg.pos), min(hi, end)
-            partial = (a, b) != (seg.pos, end)
-            if partial and len(seg.piles) > 1:
-                present = np.unique(seg.piles[self._labels(seg)[a - seg.pos : b - seg.pos]])
-            else:
-                present = seg.piles[seg.comp > 0]
-            for p in present.tolist():
-                span = spans.setdefault(p, [a, b - 1])
-                span[1] = b - 1
-        uses = [PileUse(p, first, last) for p, (first, last) in spans.items()]
-        return sorted(uses, key=lambda u: (u.first, u.last))
+        if lo >= hi:
+            return []
+        bounds, read = self._bounds, self._read
+        if self._spread is None:
+            j = np.flatnonzero((bounds[:-1] < hi) & (bounds[1:] > lo))
+            return [PileUse(int(read[r]), max(lo, int(bounds[r])), min(hi, int(bounds[r + 1])) - 1) for r in j]
+        spread, cells = self._spread, self._spread.cells
+        m0, m1 = spread.locate(lo)[0], spread.locate(hi - 1)[0] + 1
+        offsets = spread.tally(m0, m1)  # cuts outside m0 .. m1 only matter clipped to lo .. hi
+        j = np.arange(max(0, m0 // cells - self.mix), min(len(read), -(-m1 // cells)))
+        first = np.maximum(offsets[np.clip(j * cells, m0, m1) - m0], lo)
+        last = np.minimum(offsets[np.clip((j + self.mix + 1) * cells, m0, m1) - m0], hi) - 1
+        return [PileUse(int(read[r]), int(a), int(b)) for r, a, b in zip(j, first, last, strict=True) if a <= b]
 
     def take(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Piles and in-pile indices of global positions ``lo .. hi - 1`` (materialized)."""
@@ -247,6 +298,16 @@ class EpochOrder:
         if not parts:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate([p for p, _ in parts]), np.concatenate([i for _, i in parts])
+
+
+def peak(uses: Sequence[PileUse]) -> int:
+    """The most uses that share a position: how many piles a reader of ``uses`` holds at once."""
+    if not uses:
+        return 0
+    firsts = np.sort([u.first for u in uses])
+    lasts = np.sort([u.last for u in uses])
+    # at the first position of each use: uses begun by then minus uses ended before it
+    return int((np.searchsorted(firsts, firsts, side="right") - np.searchsorted(lasts, firsts, side="left")).max())
 
 
 def rank_span(total: int, *, world: int, rank: int, drop_last: bool, batch_size: int | None = None) -> tuple[int, int]:

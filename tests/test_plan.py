@@ -24,6 +24,24 @@ def reference(counts: list[int], seed: int, epoch: int, shuffle: bool = True) ->
     return out
 
 
+def spread_reference(counts: list[int], seed: int, epoch: int, mix: int) -> list[tuple[int, int]]:
+    """The mix=k order written the obvious way: the plain order, sorted by jittered pile time."""
+    plain = reference(counts, seed, epoch)
+    order = plan.generator(plan.PILE_ORDER, seed, epoch).permutation(len(counts))
+    sizes = [counts[p] for p in order if counts[p]]
+    # u: rank of the pile in the read order plus the fraction of it read before the sample
+    rank = np.repeat(np.arange(len(sizes)), sizes)
+    size = np.repeat(np.array(sizes, dtype=np.float64), sizes)
+    frac = np.concatenate([np.arange(s) for s in sizes]) * (1.0 / size) if sizes else np.zeros(0)
+    runs = -(-len(plain) // plan.JITTER_RUN)
+    jitter = np.concatenate(
+        [plan.generator(plan.MIX, seed, epoch, r).random(min(plan.JITTER_RUN, len(plain) - r * plan.JITTER_RUN)) for r in range(runs)]
+        or [np.zeros(0)]
+    )
+    t = rank + frac + mix * jitter
+    return [plain[q] for q in sorted(range(len(plain)), key=lambda q: (t[q], q))]
+
+
 def pairs(piles: np.ndarray, index: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(piles.tolist(), index.tolist(), strict=True))
 
@@ -36,11 +54,12 @@ def read_slice(sched: Schedule, start: int = 0) -> list[tuple[int, int]]:
     return out
 
 
-@pytest.fixture(params=[None, 1, 3], ids=["chunk-default", "chunk-1", "chunk-3"])
-def chunks(request, monkeypatch):
-    """Force tiny mix chunks so the multi-chunk and cut paths run on tiny piles."""
+@pytest.fixture(params=[None, (1, 2), (2, 3)], ids=["default", "cell-1-run-2", "cell-2-run-3"])
+def tiny(request, monkeypatch):
+    """Force tiny mix cells and jitter runs so multi-cell, multi-run and resume paths run on tiny piles."""
     if request.param is not None:
-        monkeypatch.setattr(plan, "_chunk_size", lambda remaining, c=request.param: min(remaining, c))
+        monkeypatch.setattr(plan, "CELL", request.param[0])
+        monkeypatch.setattr(plan, "JITTER_RUN", request.param[1])
     return request.param
 
 
@@ -57,19 +76,19 @@ def test_shuffle_false_is_manifest_order():
     assert pairs(*order.take(0, 5)) == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
 
 
-@pytest.mark.parametrize("mix", [1, 2, 3, 5])
-def test_mix_is_a_permutation(mix, chunks):
-    counts = [6, 0, 9, 1, 4, 7]
-    for seed in range(5):
+@pytest.mark.parametrize("mix", [2, 3, 5])
+@pytest.mark.parametrize("counts", [[6, 0, 9, 1, 4, 7], [1] * 9, [40, 3, 25, 60]])
+def test_mix_matches_reference(counts, mix, tiny):
+    for seed in range(4):
         order = EpochOrder(counts, seed=seed, epoch=seed, mix=mix)
         got = pairs(*order.take(0, order.total))
         assert sorted(got) == [(p, i) for p, c in enumerate(counts) for i in range(c)]
-        # each pile is still read in its own in-pile order
-        for p in range(len(counts)):
-            assert [i for q, i in got if q == p] == order.in_pile(p).tolist()
+        assert got == spread_reference(counts, seed, seed, mix)
+        for lo, hi in [(1, order.total), (order.total // 3, order.total // 2 + 1), (order.total - 1, order.total)]:
+            assert pairs(*order.take(lo, hi)) == got[lo:hi], "any stretch equals the same stretch of the whole"
 
 
-def test_mix_one_equals_plain_schedule(chunks):
+def test_mix_one_equals_plain_schedule(tiny):
     counts = [4, 9, 2, 6]
     assert pairs(*EpochOrder(counts, seed=3, epoch=2, mix=1).take(0, 21)) == reference(counts, 3, 2)
 
@@ -132,8 +151,17 @@ def test_bad_arguments(bad):
     batch=st.sampled_from([None, 1, 2, 3]),
     drop_last=st.booleans(),
     start=st.integers(0, 40),
+    tiny=st.sampled_from([None, (1, 2), (2, 3)]),
 )
-def test_slices_cover_the_global_order(counts, seed, epoch, mix, world, workers, batch, drop_last, start):
+def test_slices_cover_the_global_order(counts, seed, epoch, mix, world, workers, batch, drop_last, start, tiny):
+    with pytest.MonkeyPatch.context() as mp:
+        if tiny:
+            mp.setattr(plan, "CELL", tiny[0])
+            mp.setattr(plan, "JITTER_RUN", tiny[1])
+        _check_slices(counts, seed, epoch, mix, world, workers, batch, drop_last, start)
+
+
+def _check_slices(counts, seed, epoch, mix, world, workers, batch, drop_last, start):
     order = EpochOrder(counts, seed=seed, epoch=epoch, mix=mix)
     n = order.total
     full = pairs(*order.take(0, n))
@@ -169,8 +197,26 @@ def _check_uses(sched: Schedule, items: list[tuple[int, int]], mix: int) -> None
     assert [u.first for u in uses] == sorted(u.first for u in uses), "uses come in load order"
     for t, (p, _) in enumerate(items):
         assert any(u.pile == p and u.first <= t <= u.last for u in uses), f"position {t} of pile {p} has no use"
-    for t in range(len(items)):
-        assert sum(u.first <= t <= u.last for u in uses) <= mix, "never more than mix piles resident"
+    held = [sum(u.first <= t <= u.last for u in uses) for t in range(len(items))]
+    assert plan.peak(uses) == max(held, default=0)
+    assert plan.peak(uses) <= (mix + 1 if mix > 1 else 1), "never more than mix + 1 piles resident"
+    # a loader holds the piles of a whole block at once: blocks must not straddle a use's ends
+    for block in sched.blocks():
+        end = block.start + len(block.piles) - 1
+        assert all((u.first <= block.start) == (u.first <= end) and (u.last < block.start) == (u.last < end) for u in uses)
+
+
+@pytest.mark.parametrize("mix", [1, 2, 3])
+def test_every_window_reads_its_stretch_with_its_uses(mix, tiny):
+    counts = [1, 3, 0, 2, 1, 1]
+    for seed in range(3):
+        order = EpochOrder(counts, seed=seed, epoch=0, mix=mix)
+        full = pairs(*order.take(0, order.total))
+        for lo, hi in itertools.combinations(range(order.total + 1), 2):
+            sched = Schedule(order, lo, hi)
+            items = read_slice(sched)
+            assert items == full[lo:hi]
+            _check_uses(sched, items, mix)
 
 
 @settings(max_examples=60, deadline=None)
@@ -184,6 +230,55 @@ def test_uses_from_start_cover_the_tail(counts, start, mix):
     for t in range(start, len(items)):
         assert any(u.pile == items[t][0] and u.first <= t <= u.last for u in uses)
     assert all(u.first >= start for u in uses)
+
+
+@pytest.mark.parametrize(("cell", "run"), [(8192, 1 << 16), (2, 3), (4, 2)])
+def test_offsets_and_locate_equal_brute_force(monkeypatch, cell, run):
+    monkeypatch.setattr(plan, "CELL", cell)
+    monkeypatch.setattr(plan, "JITTER_RUN", run)
+    counts = [31, 0, 17, 45, 2, 28, 19]
+    for mix in (2, 5):
+        order = EpochOrder(counts, seed=mix, epoch=1, mix=mix)
+        spread = order._spread
+        t = np.sort(spread.times(0, order.total))
+        cuts = np.arange(spread.end + spread.cells + 1)
+        brute = np.searchsorted(t, cuts / spread.cells, side="left")  # samples below each cut
+        assert [spread.offset(int(m)) for m in cuts] == brute.tolist()
+        assert spread.tally(3, len(cuts) - 1).tolist() == brute[3:].tolist()
+        for pos in range(order.total):
+            m, at = spread.locate(pos)
+            assert at == brute[m] <= pos < brute[m + 1]
+
+
+def test_ties_go_to_the_earlier_position(monkeypatch):
+    # jitters chosen so that samples of different piles land on the same t
+    real = plan.stream
+
+    class Fixed:
+        def random(self, n):
+            return np.resize([0.5, 0.0, 0.25, 0.0, 0.5, 0.75], n)
+
+    monkeypatch.setattr(plan, "stream", lambda tag, *v: Fixed() if tag == plan.MIX else real(tag, *v))
+    counts = [2, 2, 2]
+    order = EpochOrder(counts, seed=0, epoch=0, mix=2)
+    t = order._spread.times(0, order.total)
+    assert len(np.unique(t)) < len(t)
+    assert pairs(*order.take(0, order.total)) == spread_reference(counts, 0, 0, 2)
+
+
+@pytest.mark.parametrize("mix", [2, 4, 8])
+def test_mix_holds_exactly_mix_plus_one_piles(mix):
+    counts = np.random.default_rng(mix).binomial(20_000, 1 / 40, size=40)
+    order = EpochOrder(counts, seed=1, epoch=2, mix=mix)
+    uses = Schedule(order, 0, order.total).uses()
+    assert plan.peak(uses) == mix + 1
+    # each pile is held from about its first sample to about its last: its extreme samples sit
+    # about sqrt(2 k s) positions inside the span of k + 1 piles
+    piles, _ = order.take(0, order.total)
+    slack = 5 * np.sqrt(2 * mix * counts.mean())
+    for u in uses:
+        at = np.flatnonzero(piles == u.pile)
+        assert u.first <= at[0] < u.first + slack and u.last - slack < at[-1] <= u.last
 
 
 def plan_permutation(seed: int, mix: int, n: int = 5, piles: int = 3) -> tuple[int, ...]:
@@ -211,9 +306,10 @@ def chi_square_p(hits: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("mix", [2, 3])
-def test_first_epoch_is_uniform_with_tiny_chunks(mix, monkeypatch):
-    # chunks of one draw run the cut logic at every step; uniformity must not depend on it
-    monkeypatch.setattr(plan, "_chunk_size", lambda remaining: min(remaining, 1))
+def test_first_epoch_is_uniform_with_tiny_cells(mix, monkeypatch):
+    # one jitter run per sample and many cells per pile; uniformity must not depend on them
+    monkeypatch.setattr(plan, "CELL", 1)
+    monkeypatch.setattr(plan, "JITTER_RUN", 1)
     hits = permutation_counts(4000, mix)
     assert hits.min() > 0
     assert chi_square_p(hits) > 1e-4, hits
