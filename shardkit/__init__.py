@@ -22,6 +22,7 @@ from shardkit.errors import (
     PileTooLargeError,
     SampleError,
     ShardkitError,
+    WorkerError,
 )
 from shardkit.jobs import load_job, run_job
 from shardkit.loader import Loader, loader
@@ -57,6 +58,7 @@ __all__ = [
     "SampleError",
     "ShardkitError",
     "ShuffleOptions",
+    "WorkerError",
     "__version__",
     "add_pile_args",
     "compare_shuffles",

@@ -13,6 +13,7 @@ consumer by more than one task per worker.
 from __future__ import annotations
 
 import contextlib
+import pickle
 import signal
 import traceback
 from collections import deque
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from shardkit.codecs import Codecs
-from shardkit.errors import DecodeError
+from shardkit.errors import DecodeError, WorkerError
 
 Collate = Callable[[list[dict[str, Any]]], Any]
 
@@ -142,11 +143,34 @@ class _Raised:
         self.text = "".join(traceback.format_exception(error))
 
 
+def _send(conn: Any, obj: Any) -> None:
+    """Send with the C pickler (dill, which the pipes use by default, is several times slower).
+
+    Objects the C pickler refuses (a lambda in a mapped sample, say) go through dill instead.
+    """
+    try:
+        data = b"p" + pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        import dill
+
+        data = b"d" + dill.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    conn.send_bytes(data)
+
+
+def _recv(conn: Any) -> Any:
+    data = conn.recv_bytes()
+    if data[:1] == b"d":
+        import dill
+
+        return dill.loads(data[1:])
+    return pickle.loads(data[1:])
+
+
 def _worker_main(conn: Any, step: Step) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops us
     while True:
         try:
-            task = conn.recv()
+            task = _recv(conn)
         except EOFError:
             return
         if task is None:
@@ -156,11 +180,12 @@ def _worker_main(conn: Any, step: Step) -> None:
         except BaseException as e:
             reply = _Raised(e)
         try:
-            conn.send(reply)
+            _send(conn, reply)
         except Exception:  # the exception itself would not pickle: send its text
-            assert isinstance(reply, _Raised)
+            if not isinstance(reply, _Raised):
+                raise
             reply.error = None
-            conn.send(reply)
+            _send(conn, reply)
 
 
 class Workers:
@@ -179,6 +204,7 @@ class Workers:
 
         self._conns: list[Any] = []
         self._procs: list[Any] = []
+        self.broken = False  # a worker died: the loader starts a fresh set for the next epoch
         for i in range(count):
             ours, theirs = multiprocess.Pipe()
             proc = multiprocess.Process(target=_worker_main, args=(theirs, step), name=f"shardkit-worker-{i}", daemon=True)
@@ -196,29 +222,43 @@ class Workers:
                 task = next(it, None)
                 if task is None:
                     break
-                self._conns[w].send(task)
+                _send(self._conns[w], task)
                 pending.append(w)
             while pending:
-                w = pending.popleft()
-                reply = self._conns[w].recv()
+                w = pending[0]
+                reply = self._receive(w)
+                pending.popleft()  # only now: an interrupted receive leaves its reply to drain below
                 if isinstance(reply, _Raised):
                     if reply.error is not None:
                         raise reply.error
                     raise RuntimeError(f"a shardkit worker process failed:\n{reply.text}")
                 task = next(it, None)
                 if task is not None:
-                    self._conns[w].send(task)
+                    _send(self._conns[w], task)
                     pending.append(w)
                 yield reply
         finally:
             for w in pending:  # leave the workers idle for the next epoch
-                with contextlib.suppress(EOFError, OSError):
-                    self._conns[w].recv()
+                with contextlib.suppress(EOFError, OSError, WorkerError):
+                    self._receive(w)
+
+    def _receive(self, w: int) -> Any:
+        try:
+            return _recv(self._conns[w])
+        except (EOFError, OSError):
+            self.broken = True
+            proc = self._procs[w]
+            proc.join(timeout=1)
+            code = proc.exitcode
+            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            raise WorkerError(
+                f"shardkit worker process {w} ({proc.name}, pid {proc.pid}) died with a task in hand ({how}); out of memory?"
+            ) from None
 
     def close(self) -> None:
         for conn in self._conns:
             with contextlib.suppress(OSError, ValueError):
-                conn.send(None)
+                _send(conn, None)
         for proc in self._procs:
             proc.join(timeout=5)
             if proc.is_alive():

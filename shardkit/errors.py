@@ -11,7 +11,8 @@
     ├── ManifestError(ValueError)                  shardkit.json is unreadable or inconsistent
     ├── CorruptShardError(ValueError)              a tar's bytes are not what they should be
     ├── PileTooLargeError(ValueError)              a pile exceeds a memory limit (refused unread)
-    └── DecodeError(ValueError)                    a field could not be decoded (names pile and key)
+    ├── DecodeError(ValueError)                    a field could not be decoded (names pile and key)
+    └── WorkerError(RuntimeError)                  a loader worker process died (names it and its exit code)
 
 Messages say where, what was expected and what was found, e.g.
 ``pile-000012.tar: member 4711 ('abc.jpg') at offset 1048576: size runs past the end of the file``.
@@ -30,6 +31,7 @@ __all__ = [
     "PileTooLargeError",
     "SampleError",
     "ShardkitError",
+    "WorkerError",
 ]
 
 
@@ -71,3 +73,7 @@ class PileTooLargeError(ShardkitError, ValueError):
 
 class DecodeError(ShardkitError, ValueError):
     """A field's bytes could not be decoded; the message names the pile and the key."""
+
+
+class WorkerError(ShardkitError, RuntimeError):
+    """A worker process died (killed, out of memory, a crash in native code) with work in hand."""

@@ -120,6 +120,9 @@ class Loader:
         if self._closed:
             raise RuntimeError("this Loader was closed; create a new one with shardkit.loader(...)")
         self._stop_active()
+        if self._workers is not None and self._workers.broken:
+            self._workers.close()
+            self._workers = None
         if self.options.num_workers and self._workers is None:
             # start the processes before the reader thread exists: forking copies no thread state
             self._workers = Workers(self.options.num_workers, self._step)

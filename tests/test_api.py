@@ -10,7 +10,7 @@ import shardkit
 PUBLIC = {
     "Codecs", "ConfigError", "CorruptShardError", "DatasetExistsError", "DatasetInfo", "DatasetNotFoundError",
     "DecodeError", "InputError", "Loader", "LoaderOptions", "Manifest", "ManifestError", "PileInfo", "PileOptions",
-    "PileTooLargeError", "PileWriter", "Problem", "QualityReport", "SampleError", "ShardkitError", "ShuffleOptions",
+    "PileTooLargeError", "PileWriter", "Problem", "QualityReport", "SampleError", "ShardkitError", "ShuffleOptions", "WorkerError",
     "__version__", "add_pile_args", "compare_shuffles", "info", "load_job", "loader", "pile", "pile_kwargs",
     "preprocess", "repile", "run_job", "shuffle", "verify",
 }  # fmt: skip

@@ -650,3 +650,33 @@ def test_set_epoch_after_load_state_dict_resumes_the_readme_loop(dataset):
     next(it)
     resumed.set_epoch(1)
     assert [b["__key__"] for b in resumed] == expected
+
+
+class _DieWhileMarked:
+    """A map that kills its worker process while a marker file exists (OOM killer, native crash)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __call__(self, sample):
+        if os.path.exists(self.marker):
+            os._exit(3)
+        return sample
+
+
+def test_a_dead_worker_is_named_and_the_next_epoch_starts_fresh_workers(dataset, tmp_path):
+    marker = tmp_path / "die"
+    marker.touch()
+    loader = shardkit.loader(dataset, batch_size=8, num_workers=2, decode=False, map=_DieWhileMarked(str(marker)))
+    with pytest.raises(shardkit.WorkerError, match=r"shardkit worker process \d .* died with a task in hand \(exit code 3\)"):
+        list(loader)
+    marker.unlink()
+    loader.set_epoch(0)
+    assert sum(len(b["__key__"]) for b in loader) == len(loader) * 8
+    loader.close()
+
+
+def test_mapped_samples_that_only_dill_can_pickle_cross_the_worker_pipe(dataset):
+    with shardkit.loader(dataset, batch_size=None, num_workers=1, decode=False, map=lambda s: (s["__key__"], lambda: 1)) as loader:
+        items = list(loader)
+    assert len(items) == len(loader) and callable(items[0][1])
