@@ -13,6 +13,7 @@ several are assembled at once in threads (the copies and checksums release the G
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import os
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from shardkit import _tar, manifest, router, storage
-from shardkit._sink import _write_fully
+from shardkit._sink import _write_fully, duplicate_key
 from shardkit.errors import ConfigError, CorruptShardError, DatasetExistsError
 from shardkit.manifest import Manifest, PileInfo
 
@@ -162,6 +163,10 @@ def _split(data: bytes, name: str, *, capacity: int, seed: int, trail: tuple[int
     stem = name[: -len(".tar")]
     pieces = []
     for part, samples in enumerate(chosen):
+        # samples apart in the pile can meet in a sub-pile: equal keys there would merge on reading
+        for i, j in itertools.pairwise(samples):
+            if keys[i] == keys[j]:
+                raise duplicate_key(keys[i], trail[0], f"samples {i} and {j} of {name}, apart until it was split")
         if samples:
             sub = b"".join([*(data[bounds[i] : bounds[i + 1]] for i in samples), _tar.TRAILER])
             pieces.extend(_split(sub, f"{stem}-{part:03d}.tar", capacity=capacity, seed=seed, trail=(*trail, part), staging=staging))
