@@ -44,8 +44,19 @@ def _register_pile(sub: Any) -> None:
     )
     parser.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory for pile-*.tar and shardkit.json")
     add_pile_args(parser)
+    _key_prefix_flag(parser)
     _verbose_flag(parser)
     parser.set_defaults(handler=_pile)
+
+
+def _key_prefix_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--key-prefix",
+        choices=("none", "unit"),
+        default="none",
+        help="'unit': prefix each key with its input shard's name (train-000003/000017), for shards whose keys "
+        "restart at 000000; keys must be unique across inputs (default none)",
+    )
 
 
 def _pile(args: argparse.Namespace) -> int:
@@ -53,7 +64,7 @@ def _pile(args: argparse.Namespace) -> int:
     from shardkit.preprocess import pile
 
     start = time.perf_counter()
-    result = pile(args.inputs, args.out, **pile_kwargs(args))
+    result = pile(args.inputs, args.out, key_prefix=args.key_prefix, **pile_kwargs(args))
     skipped = f", {result.skipped_units} input shards skipped" if result.skipped_units else ""
     split = f", {result.split_piles} oversized piles split" if result.split_piles else ""
     print(
@@ -157,6 +168,7 @@ def _run_shuffle(args: argparse.Namespace) -> int:
         workers=args.workers,
         overwrite=args.overwrite,
         quiet=args.quiet,
+        key_prefix=args.key_prefix,
     )
     if not args.quiet:
         print(
@@ -192,6 +204,7 @@ def _register_shuffle(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="S", help="same inputs and seed give byte-identical output (default 0)")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="processes for the re-piling pass (default 1)")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset already in OUT")
+    _key_prefix_flag(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no summary line")
     _verbose_flag(p)
     p.set_defaults(handler=_run_shuffle)

@@ -13,6 +13,7 @@ several are assembled at once in threads (the copies and checksums release the G
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import os
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from shardkit import _tar, manifest, router, storage
-from shardkit._sink import _write_fully
-from shardkit.errors import ConfigError, CorruptShardError, DatasetExistsError, SampleError, ShardkitError
+from shardkit._sink import _write_fully, duplicate_key
+from shardkit.errors import ConfigError, CorruptShardError, DatasetExistsError, ShardkitError
 from shardkit.manifest import Manifest, PileInfo
 
 if TYPE_CHECKING:
@@ -160,19 +161,29 @@ def _copy_range(src: BinaryIO, out: int, run: Run, crc: int, buffer: memoryview)
     return crc
 
 
-def _split(data: bytes, name: str, *, limit: int, seed: int, trail: tuple[int, ...], staging: str) -> list[_Staged]:
-    """Write the pile ``data`` as random sub-piles of at most ``limit`` bytes, splitting again as needed."""
+def capacity(limit: int | None, samples: int, nbytes: int) -> int | None:
+    """Samples a pile may hold before it is split: 90% of ``limit`` at the dataset's mean sample size.
+
+    It depends only on dataset-wide totals (``samples`` and their ``nbytes``), never on which
+    samples are in which pile: deciding splits by count alone keeps the first epoch exactly
+    uniform. None when there is no limit.
+    """
+    if limit is None or samples == 0:
+        return None
+    return max(1, math.floor(0.9 * limit * samples / max(nbytes, 1)))
+
+
+def _split(data: bytes, name: str, *, capacity: int, seed: int, trail: tuple[int, ...], staging: str) -> list[_Staged]:
+    """Write the pile ``data`` as random sub-piles of at most ``capacity`` samples, splitting again as needed."""
     members = _tar.walk(data, name)
     keys, starts = _tar.group(members, name)
-    if len(data) <= limit:
+    if len(keys) <= capacity:
         path = os.path.join(staging, name)
         with open(path, "wb") as f:
             f.write(data)
         return [_Staged(path, name, len(keys), len(data), manifest.checksum(data))]
-    if len(keys) <= 1:
-        raise SampleError(f"{name}: sample {keys[0]!r} alone is larger than max_pile_bytes ({limit})")
     bounds = _tar.sample_spans(members, starts)
-    parts = max(2, math.ceil(len(data) / (0.9 * limit)))
+    parts = math.ceil(len(keys) / capacity)  # at least 2; chosen from the count alone, never the bytes
     assignment = router.split_assignment(parts=parts, seed=seed, path=trail, count=len(keys)).tolist()
     chosen: list[list[int]] = [[] for _ in range(parts)]
     for i, part in enumerate(assignment):
@@ -180,27 +191,52 @@ def _split(data: bytes, name: str, *, limit: int, seed: int, trail: tuple[int, .
     stem = name[: -len(".tar")]
     pieces = []
     for part, samples in enumerate(chosen):
+        # samples apart in the pile can meet in a sub-pile: equal keys there would merge on reading
+        for i, j in itertools.pairwise(samples):
+            if keys[i] == keys[j]:
+                raise duplicate_key(keys[i], trail[0], f"samples {i} and {j} of {name}, apart until it was split")
         if samples:
             sub = b"".join([*(data[bounds[i] : bounds[i + 1]] for i in samples), _tar.TRAILER])
-            pieces.extend(_split(sub, f"{stem}-{part:03d}.tar", limit=limit, seed=seed, trail=(*trail, part), staging=staging))
+            pieces.extend(_split(sub, f"{stem}-{part:03d}.tar", capacity=capacity, seed=seed, trail=(*trail, part), staging=staging))
     return pieces
 
 
-def _finish_pile(p: int, runs: Sequence[Run], count: int, options: PileOptions, staging: str) -> tuple[list[_Staged], bool]:
-    """Assemble pile ``p`` in the staging directory; split it if it is over the size limit."""
+def _finish_pile(p: int, runs: Sequence[Run], count: int, seed: int, most: int | None, staging: str) -> tuple[list[_Staged], bool]:
+    """Assemble pile ``p`` in the staging directory; split it if it holds over ``most`` samples."""
     name = pile_name(p)
     path = os.path.join(staging, name)
     crc = _assemble(runs, path)
     size = os.path.getsize(path)
-    limit = options.max_bytes
-    if limit is None or size <= limit or not count:  # an empty pile has nothing to split
+    if most is None or count <= most:  # an empty pile is never split
         return [_Staged(path, name, count, size, crc)], False
     with _SPLITTING:
         data = storage.read_bytes(path)
         os.unlink(path)
-        pieces = _split(data, name, limit=limit, seed=options.seed, trail=(p,), staging=staging)
-    log.info("%s is over max_pile_bytes=%d: split into %d random sub-piles", name, limit, len(pieces))
+        pieces = _split(data, name, capacity=most, seed=seed, trail=(p,), staging=staging)
+    log.info(
+        "%s holds %d samples, over the %d that fit max_pile_bytes on average: split into %d random sub-piles",
+        name,
+        count,
+        most,
+        len(pieces),
+    )
     return pieces, True
+
+
+def _over_limit(pieces: Sequence[_Staged], limit: int | None) -> list[dict[str, Any]]:
+    """The piles still larger than ``limit`` (samples of very uneven size), each logged."""
+    over = []
+    for piece in pieces:
+        if limit is not None and piece.size > limit:
+            log.warning(
+                "%s is %d bytes, over max_pile_bytes=%d: splits go by sample count to keep the shuffle uniform, "
+                "and its samples are larger than average",
+                piece.name,
+                piece.size,
+                limit,
+            )
+            over.append({"name": piece.name, "bytes": piece.size})
+    return over
 
 
 def _map(fn: Callable[[T], R], items: Sequence[T], threads: int, progress: Callable[[int], Any] | None) -> list[R]:
@@ -241,14 +277,24 @@ def publish(
 ) -> Manifest:
     """Assemble each pile from its runs, split oversized piles, move them in, write the manifest.
 
+    A pile is split when it holds more samples than fit ``options.max_pile_bytes`` at the
+    dataset's mean sample size (see :func:`capacity`), into random sub-piles. The decision looks
+    at counts only, which keeps the first epoch exactly uniform; a pile that is still larger
+    than the limit (very uneven sample sizes) is logged and listed in
+    ``extra["over_max_pile_bytes"]`` as ``{"name", "bytes"}`` entries.
+
     Args:
         runs: pile by pile, its byte ranges in output order.
         counts: ``counts[p]`` is pile p's sample count.
         threads: piles assembled at once; the result is the same for any number.
         progress: called with 1 as each pile is finished.
     """
-    finished = _map(lambda p: _finish_pile(p, runs[p], counts[p], options, staging), range(len(runs)), threads, progress)
+    total = sum(run.length for pile_runs in runs for run in pile_runs)
+    most = capacity(options.max_bytes, sum(counts), total)
+    finished = _map(lambda p: _finish_pile(p, runs[p], counts[p], options.seed, most, staging), range(len(runs)), threads, progress)
     split = sum(was_split for _, was_split in finished)
+    over = _over_limit([piece for pieces, _ in finished for piece in pieces], options.max_bytes)
+    extra = {**(extra or {}), "over_max_pile_bytes": over} if over else extra
     old = _old_files(out)
     # the old dataset stops being one before any of its files change
     storage.remove(os.path.join(out, manifest.MANIFEST))

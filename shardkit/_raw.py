@@ -14,10 +14,14 @@ sample afresh, whatever wrote the input, and is made by copying:
 
     samples = canonical_samples(read_shard(url), url)
     samples.chunks[i]   # sample i's tar bytes, in input order
+
+``prefix`` (from :func:`unit_prefix`) puts the shard's stem in front of every key, so shards
+whose keys restart at ``000000`` can be merged: the headers are then rebuilt with the new names.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,7 +30,7 @@ import numpy as np
 
 from shardkit import _layout, _tar
 from shardkit.codecs import DEFAULT, Codecs
-from shardkit.writer import encode_sample
+from shardkit.writer import _check_key, encode_sample
 
 if TYPE_CHECKING:
     from shardkit.storage import Buffer
@@ -38,15 +42,36 @@ _SLASH, _DOT, _UNDERSCORE = ord("/"), ord("."), ord("_")
 
 @dataclass
 class Samples:
-    """The samples of one shard as canonical tar bytes, in input order."""
+    """The samples of one shard as canonical tar bytes, in input order, with their UTF-8 keys."""
 
     chunks: list[memoryview | bytes] = field(default_factory=list)
     sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     fields: set[str] = field(default_factory=set)
+    keys: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype="S1"))
 
 
-def canonical_samples(buf: Buffer, source: str, *, max_pile_bytes: int | None = None, codecs: Codecs = DEFAULT) -> Samples:
+def unit_prefix(url: str) -> str:
+    """The key prefix for a shard's samples: its file name without ``.tar``/``.tar.gz``, then ``/``.
+
+    Raises:
+        SampleError: the stem cannot start a key (a ``..`` or ``__name__`` stem, a control character).
+    """
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    for suffix in (".tar.gz", ".tgz", ".tar"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+            break
+    _check_key(f"{name}/x")  # a valid directory component: dots are fine there
+    return f"{name}/"
+
+
+def canonical_samples(
+    buf: Buffer, source: str, *, max_pile_bytes: int | None = None, codecs: Codecs = DEFAULT, prefix: str = ""
+) -> Samples:
     """Every sample of the tar in ``buf`` as the bytes ``encode_sample`` gives for it.
+
+    With ``prefix``, every key (member name) starts with it, as if the sample had been read
+    and written again with ``__key__ = prefix + key``.
 
     Raises:
         CorruptShardError: the shard is not a valid tar (as :func:`shardkit._tar.walk`) or a
@@ -56,9 +81,12 @@ def canonical_samples(buf: Buffer, source: str, *, max_pile_bytes: int | None = 
     layout = _layout.index(buf, source)
     if not len(layout):
         return Samples()
+    if prefix:
+        layout = _prefixed(layout, prefix)
     keylen = layout.key_lengths()
     starts = layout.samples(keylen)
     firsts = starts[:-1]
+    keys = _keys(layout, keylen, firsts)
     padded = layout.sizes + (-layout.sizes % BLOCK)
     nbytes = np.add.reduceat(BLOCK + padded, firsts)
     fast = np.logical_and.reduceat(_expressible(layout, keylen, starts), firsts)
@@ -68,8 +96,30 @@ def canonical_samples(buf: Buffer, source: str, *, max_pile_bytes: int | None = 
         view = memoryview(buf)
         bounds = layout.sample_bounds(starts).tolist()
         chunks: list[memoryview | bytes] = [view[a:b] for a, b in itertools.pairwise(bounds)]
-        return Samples(chunks, nbytes, _extensions(layout, keylen, np.ones(len(layout), dtype=bool)))
-    return _rebuilt(layout, keylen, starts, fast, nbytes, max_pile_bytes, codecs)
+        return Samples(chunks, nbytes, _extensions(layout, keylen, np.ones(len(layout), dtype=bool)), keys)
+    return dataclasses.replace(_rebuilt(layout, keylen, starts, fast, nbytes, max_pile_bytes, codecs), keys=keys)
+
+
+def _prefixed(layout: _layout.Layout, prefix: str) -> _layout.Layout:
+    """``layout`` with ``prefix`` in front of every name; no header is canonical any more."""
+    pre = np.frombuffer(prefix.encode("utf-8"), dtype=np.uint8)
+    lengths = np.where(layout.lengths >= 0, layout.lengths + len(pre), -1)
+    lengths[lengths > _layout.NAME] = -1  # too long for a ustar name: encode_sample adds a pax header
+    rows = np.concatenate([np.broadcast_to(pre, (len(layout), len(pre))), layout.rows], axis=1)[:, : _layout.NAME]
+    rows[lengths < 0] = 0
+    names = [prefix + name for name in layout.all_names()] if (lengths < 0).any() else None
+    canonical = np.zeros(len(layout), dtype=bool)
+    return dataclasses.replace(layout, rows=np.ascontiguousarray(rows), lengths=lengths, names=names, canonical=canonical)
+
+
+def _keys(layout: _layout.Layout, keylen: np.ndarray, firsts: np.ndarray) -> np.ndarray:
+    """The UTF-8 key of each sample (numpy bytes), from the name of its first member."""
+    if layout.lengths.min() >= 0:
+        rows = layout.rows[firsts]
+        masked = np.where(keylen[firsts, None] > np.arange(rows.shape[1]), rows, 0).astype(np.uint8)
+        return np.ascontiguousarray(masked).view(f"S{rows.shape[1]}").ravel()
+    names = layout.all_names()
+    return np.array([_tar.split_name(names[i])[0].encode("utf-8", "surrogateescape") for i in firsts.tolist()], dtype=bytes)
 
 
 def _expressible(layout: _layout.Layout, keylen: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -83,8 +133,9 @@ def _expressible(layout: _layout.Layout, keylen: np.ndarray, starts: np.ndarray)
     ext1 = rows[at, np.clip(keylen + 2, 0, last)]
     # encode_sample strips a leading '.' from a field name and leaves out '__' fields
     ok &= (extlen > 0) & (ext0 != _DOT) & ~((ext0 == _UNDERSCORE) & (ext1 == _UNDERSCORE) & (extlen > 1))
-    # the key must pass encode_sample's check: not empty, no empty path component
+    # the key must pass encode_sample's check: not empty, no empty path component, no control character
     ok &= (keylen > 0) & (rows[at, np.clip(keylen - 1, 0, last)] != _SLASH)
+    ok &= ~(((rows < 32) | (rows == 127)) & (keylen[:, None] > np.arange(last + 1))).any(axis=1)
     doubled = (rows[:, :-1] == _SLASH) & (rows[:, 1:] == _SLASH)
     if doubled.any():
         ok &= ~(doubled & (keylen[:, None] > np.arange(1, last + 1))).any(axis=1)

@@ -18,7 +18,7 @@ from typing import Any
 from shardkit import _raw, errors, reader, router
 from shardkit._sink import PileSink
 from shardkit.codecs import Codecs
-from shardkit.errors import InputError, ShardkitError
+from shardkit.errors import InputError, SampleError, ShardkitError
 from shardkit.writer import encode_sample
 
 
@@ -28,6 +28,7 @@ class Job:
 
     With ``shards``, units are tar shard URLs and their samples are copied without decoding
     (``fn`` is not called); the bytes are the same as ``fn=reader.iter_shard`` gives.
+    ``key_prefix="unit"`` (shards only) puts each shard's stem in front of its keys.
     """
 
     fn: Callable[[Any], Iterable[Mapping[str, Any]]]
@@ -37,6 +38,7 @@ class Job:
     codecs: Codecs
     on_error: str
     shards: bool = False
+    key_prefix: str = "none"
 
 
 class UnitFailed(Exception):
@@ -117,8 +119,8 @@ def part_directory(staging: str, worker: int) -> str:
     return os.path.join(staging, f"part-{worker}")
 
 
-def _encoded(job: Job, unit: Any) -> Iterator[tuple[bytes, list[str]]]:
-    """Encoded samples of one unit; anything raised by ``fn`` or the encoder is a UnitFailed."""
+def _encoded(job: Job, unit: Any) -> Iterator[tuple[str, bytes, list[str]]]:
+    """(key, bytes, extensions) of each sample of one unit; anything raised by ``fn`` or the encoder is a UnitFailed."""
     try:
         samples = job.fn(unit)
         if samples is None or isinstance(samples, (Mapping, str, bytes)):
@@ -126,7 +128,8 @@ def _encoded(job: Job, unit: Any) -> Iterator[tuple[bytes, list[str]]]:
         for sample in samples:
             if not isinstance(sample, Mapping):
                 raise TypeError(f"fn yielded a {type(sample).__name__}, expected a sample dict with '__key__'")
-            yield encode_sample(sample, job.codecs, max_pile_bytes=job.max_pile_bytes)
+            data, exts = encode_sample(sample, job.codecs, max_pile_bytes=job.max_pile_bytes)
+            yield sample["__key__"], data, exts
     except Exception as e:
         raise UnitFailed(str(e)) from e
 
@@ -152,9 +155,13 @@ class UnitWriter:
         add = self.sink.add
         seen: set[str] = set()
         samples = nbytes = 0
-        # errors from the sink (a full disk) are not the unit's fault: they escape UnitFailed
-        for data, exts in _encoded(self.job, unit):
-            add(route(), data, index)
+        # errors from the sink (a full disk) are not the unit's fault: they escape UnitFailed,
+        # except a key repeated next to itself, which is the unit's data
+        for key, data, exts in _encoded(self.job, unit):
+            try:
+                add(route(), data, index, key)
+            except SampleError as e:
+                raise UnitFailed(str(e)) from e
             seen.update(exts)
             samples += 1
             nbytes += len(data)
@@ -166,13 +173,17 @@ class UnitWriter:
         """Route the samples of the shard ``url`` as whole byte ranges (see :mod:`shardkit._raw`)."""
         try:
             buf = reader.read_shard(url, mapped=True)
-            found = _raw.canonical_samples(buf, url, max_pile_bytes=self.job.max_pile_bytes, codecs=self.job.codecs)
+            prefix = _raw.unit_prefix(url) if self.job.key_prefix == "unit" else ""
+            found = _raw.canonical_samples(buf, url, max_pile_bytes=self.job.max_pile_bytes, codecs=self.job.codecs, prefix=prefix)
         except Exception as e:
             raise UnitFailed(str(e)) from e
         count = len(found.chunks)
         if count:
             piles = router.route(piles=self.job.piles, seed=self.job.seed, unit=index, count=count)
-            self.sink.extend(index, piles, found.chunks, found.sizes, mapped=isinstance(buf, mmap.mmap))
+            try:  # the sink refuses a repeated key before it writes anything
+                self.sink.extend(index, piles, found.chunks, found.sizes, found.keys, mapped=isinstance(buf, mmap.mmap))
+            except SampleError as e:
+                raise UnitFailed(str(e)) from e
         self.fields |= found.fields
         return count, int(found.sizes.sum())
 

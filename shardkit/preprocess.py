@@ -28,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from shardkit import _pool, reader, storage
+from shardkit import _pool, _tar, reader, storage
 from shardkit._progress import bar
+from shardkit._sink import SEGMENT, duplicate_key
 from shardkit._sizes import format_size
-from shardkit._units import Failure, Job, Part, UnitWriter, part_directory
+from shardkit._units import Failure, Job, Part, UnitWriter, describe, part_directory
 from shardkit.codecs import DEFAULT, Codecs
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
@@ -40,6 +41,7 @@ from shardkit.writer import STAGING_PREFIX, PileOptions, Run, prepare_output, pu
 log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip")
+KEY_PREFIX = ("none", "unit")
 # how many skipped units the manifest lists by name (all are counted)
 _MAX_LISTED_SKIPS = 1000
 
@@ -66,7 +68,7 @@ class Tally:
         self.bar.update(units)
 
 
-_RESERVED_EXTRA = ("units", "skipped")
+_RESERVED_EXTRA = ("units", "skipped", "over_max_pile_bytes")
 
 
 def _validate(inputs: Any, workers: Any, on_error: Any, extra: Mapping[str, Any] | None) -> list[Any]:
@@ -116,7 +118,10 @@ def preprocess(
             are sent with dill), but it must not rely on state changed in the parent later.
         out: output directory; gets ``pile-000000.tar ...`` and ``shardkit.json`` (last).
         piles, seed, max_pile_bytes, overwrite, buffer_size: see :class:`~shardkit.PileOptions`.
-            ``buffer_size`` is the total across workers.
+            ``buffer_size`` is the total across workers. ``max_pile_bytes`` is enforced through
+            sample counts, which keeps the first epoch exactly uniform; with very uneven sample
+            sizes a pile can end up above it (listed in ``manifest.extra["over_max_pile_bytes"]``;
+            ``shardkit info`` shows the largest pile).
         workers: processes running ``fn``; the output is byte-identical for any number.
         on_error: ``"raise"`` stops the job at the first failing unit; ``"skip"`` drops every
             sample of a failing unit (those it yielded before failing too), logs it, counts it
@@ -128,6 +133,9 @@ def preprocess(
         extra: JSON-serializable metadata kept in ``manifest.extra`` (class names, a source
             version...). ``preprocess`` adds ``units`` (the number of input units) and, when
             units were skipped, ``skipped``.
+
+    Sample keys must be unique across all inputs: two samples with one key that land next to
+    each other in a pile would be read back as one sample, so that is refused.
 
     Returns:
         The manifest that was written.
@@ -169,7 +177,7 @@ def _run(
                 parts = [_run_inline(job, units, staging, buffer, tally)]
             else:
                 parts = _pool.run(job, units, staging, buffer // workers, workers, tally.add, mp_context)
-        return _publish(path, staging, parts, options, {**(extra or {}), "units": len(units)}, tally, workers)
+        return _publish(path, staging, parts, options, {**(extra or {}), "units": len(units)}, tally, workers, units)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -187,23 +195,27 @@ def _run_inline(job: Job, units: Sequence[Any], staging: str, buffer_size: int, 
     return writer.finish()
 
 
-def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray) -> tuple[np.ndarray, int]:
+def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray, units: Sequence[Any]) -> tuple[np.ndarray, int]:
     """Pile ``pile``'s byte ranges in output order as rows (part, offset, length), and its count.
 
     Segments are sorted by unit, then by position (one process writes a whole unit, in order);
     a skipped unit's segments are left out; ranges that continue each other are joined.
+
+    Raises:
+        SampleError: where one unit's samples meet the next unit's, both samples have one key.
     """
     tables = []
     for k, part in enumerate(parts):
-        seg = np.frombuffer(part.segments[pile], dtype=np.int64).reshape(-1, 4)
+        seg = np.frombuffer(part.segments[pile], dtype=np.int64).reshape(-1, SEGMENT)
         tables.append(np.column_stack([seg, np.full(len(seg), k, dtype=np.int64)]))
-    rows = np.concatenate(tables) if tables else np.zeros((0, 5), dtype=np.int64)
+    rows = np.concatenate(tables) if tables else np.zeros((0, SEGMENT + 1), dtype=np.int64)
     if len(skipped):
         rows = rows[~np.isin(rows[:, 0], skipped)]
     if not len(rows):
         return np.zeros((0, 3), dtype=np.int64), 0
     rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
-    _, start, end, count, part = rows.T
+    _check_joins(rows, parts, pile, units)
+    _, start, end, count, _, _, part = rows.T
     # a new run starts where the part changes or the bytes do not continue the previous range
     new = np.ones(len(rows), dtype=bool)
     new[1:] = (part[1:] != part[:-1]) | (start[1:] != end[:-1])
@@ -212,13 +224,43 @@ def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray) -> tuple[
     return np.column_stack([part[first], start[first], end[last] - start[first]]), int(count.sum())
 
 
+def _check_joins(rows: np.ndarray, parts: Sequence[Part], pile: int, units: Sequence[Any]) -> None:
+    """Refuse two equal keys where one unit's range of a pile meets the next unit's.
+
+    ``rows`` are segments in output order, with the part index last. The key hashes find the
+    candidates; the keys themselves are read from the part files to confirm them.
+    """
+    unit, start, end, _, first, last, part = rows.T
+    for i in np.flatnonzero((unit[1:] != unit[:-1]) & (last[:-1] == first[1:])).tolist():
+        before = _segment_keys(parts[part[i]].paths[pile], int(start[i]), int(end[i]))[-1]
+        after = _segment_keys(parts[part[i + 1]].paths[pile], int(start[i + 1]), int(end[i + 1]))[0]
+        if before == after:
+            a, b = int(unit[i]), int(unit[i + 1])
+            raise duplicate_key(before, pile, f"from input units {a} ({describe(units[a])}) and {b} ({describe(units[b])})")
+
+
+def _segment_keys(path: str, start: int, end: int) -> list[str]:
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start) + _tar.TRAILER
+    keys, _ = _tar.group(_tar.walk(data, path), path)
+    return keys
+
+
 def _publish(
-    path: str, staging: str, parts: Sequence[Part], options: PileOptions, extra: dict[str, Any], tally: Tally, workers: int
+    path: str,
+    staging: str,
+    parts: Sequence[Part],
+    options: PileOptions,
+    extra: dict[str, Any],
+    tally: Tally,
+    workers: int,
+    units: Sequence[Any],
 ) -> Manifest:
     skipped = np.array(sorted(f.index for f in tally.failures), dtype=np.int64)
     runs, counts = [], []
     for p in range(options.piles):
-        plan, count = _merge_plan(parts, p, skipped)
+        plan, count = _merge_plan(parts, p, skipped, units)
         pile_runs = [Run(parts[k].paths[p], offset, length) for k, offset, length in plan.tolist()]
         if len(pile_runs) == 1 and pile_runs[0].offset == 0:  # maybe a whole part file: its CRC is known
             pile_runs[0] = dataclasses.replace(pile_runs[0], crc=parts[int(plan[0, 0])].crcs[p])
@@ -269,6 +311,7 @@ def pile(
     quiet: bool = False,
     buffer_size: int | str = "64MiB",
     mp_context: str | None = None,
+    key_prefix: str = "none",
 ) -> Manifest:
     """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.
 
@@ -280,16 +323,34 @@ def pile(
     and mtimes are dropped). Input already in that form, such as shardkit's own piles, is
     copied as whole byte ranges. Other arguments as in :func:`preprocess`.
 
+    Keys must be unique across the inputs: two samples with one key that land next to each
+    other in a pile would be read back as one sample, so that is refused (``SampleError``).
+    Shards whose keys restart at ``000000`` (as most writers number them) need
+    ``key_prefix="unit"``: each key is then prefixed with its shard's file name without
+    ``.tar``/``.tar.gz`` and a slash, ``train-000003/000017`` for sample ``000017`` of
+    ``train-000003.tar``, and the headers are rebuilt. Two inputs with the same file name in
+    different directories still share a prefix. ``"none"`` (default) keeps the keys.
+
     Raises:
         DatasetNotFoundError: an input is missing or a pattern matches nothing (before any work).
         CorruptShardError: an input shard is not a valid tar; the message names the unit first
             (with ``on_error="skip"`` the shard is skipped instead).
-        SampleError: a sample shardkit cannot write (a key with an empty path component, a
-            member without extension, a sample over ``max_pile_bytes``).
+        SampleError: a sample shardkit cannot write (a key with an empty path component or a
+            control character, a member without extension, a sample over ``max_pile_bytes``, a
+            key repeated next to itself in a pile).
     """
     options = PileOptions(piles=piles, seed=seed, max_pile_bytes=max_pile_bytes, buffer_size=buffer_size, overwrite=overwrite)
+    if key_prefix not in KEY_PREFIX:
+        raise ConfigError(f"key_prefix: expected one of {', '.join(map(repr, KEY_PREFIX))}, got {key_prefix!r}")
     units = _validate(storage.expand(inputs), workers, on_error, None)
     job = Job(
-        fn=reader.iter_shard, piles=piles, seed=seed, max_pile_bytes=options.max_bytes, codecs=DEFAULT, on_error=on_error, shards=True
+        fn=reader.iter_shard,
+        piles=piles,
+        seed=seed,
+        max_pile_bytes=options.max_bytes,
+        codecs=DEFAULT,
+        on_error=on_error,
+        shards=True,
+        key_prefix=key_prefix,
     )
     return _run(job, units, out, options, workers=workers, quiet=quiet, mp_context=mp_context, extra=None)

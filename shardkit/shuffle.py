@@ -75,6 +75,8 @@ class ShuffleOptions:
         seed: seeds pass 1's router, the pile order and each pile's permutation.
         workers: processes for pass 1 (the output is identical for any number).
         overwrite: replace a dataset already in the output directory.
+        key_prefix: ``"unit"`` prefixes each key with its input shard's name, for shards whose
+            keys restart at ``000000`` (see :func:`shardkit.pile`); keys must be unique.
 
         opts = ShuffleOptions(piles=64, maxcount=10_000, seed=1)
         shuffle(urls, "out/", **vars(opts))
@@ -87,6 +89,7 @@ class ShuffleOptions:
     seed: int = 0
     workers: int = 1
     overwrite: bool = False
+    key_prefix: str = "none"
 
     def __post_init__(self) -> None:
         if self.piles is not None:
@@ -96,6 +99,8 @@ class ShuffleOptions:
             raise ConfigError(f"seed: expected a non-negative integer, got {self.seed!r}")
         if self.maxcount is not None:
             _positive_int("maxcount", self.maxcount)
+        if self.key_prefix not in ("none", "unit"):
+            raise ConfigError(f"key_prefix: expected 'none' or 'unit', got {self.key_prefix!r}")
         for name in ("memory", "maxsize"):
             value = getattr(self, name)
             if value is not None:
@@ -223,7 +228,15 @@ def _pass1(urls: list[str], directory: str, *, piles: int, max_pile_bytes: int |
     # the write buffer counts against the memory budget too: a quarter of it, 1-64 MiB
     buffer = 64 << 20 if max_pile_bytes is None else min(64 << 20, max(1 << 20, max_pile_bytes // 4))
     return pile(
-        urls, directory, piles=piles, workers=opts.workers, seed=opts.seed, max_pile_bytes=max_pile_bytes, buffer_size=buffer, quiet=quiet
+        urls,
+        directory,
+        piles=piles,
+        workers=opts.workers,
+        seed=opts.seed,
+        max_pile_bytes=max_pile_bytes,
+        buffer_size=buffer,
+        quiet=quiet,
+        key_prefix=opts.key_prefix,
     )
 
 
@@ -293,6 +306,7 @@ def shuffle(
     workers: int = 1,
     overwrite: bool = False,
     quiet: bool = False,
+    key_prefix: str = "none",
 ) -> Manifest:
     """Shuffle existing WebDataset shards into ``out/shard-000000.tar ...`` plus ``shardkit.json``.
 
@@ -300,7 +314,7 @@ def shuffle(
         inputs: shard URLs, globs or brace patterns (``raw/shard-{000000..000099}.tar``); read in
             order, ``.tar.gz`` accepted.
         out: output directory; it holds only the shards and the manifest when done.
-        piles, memory, maxcount, maxsize, seed, workers, overwrite: see :class:`ShuffleOptions`.
+        piles, memory, maxcount, maxsize, seed, workers, overwrite, key_prefix: see :class:`ShuffleOptions`.
         quiet: no progress bars.
 
     Returns:
@@ -310,7 +324,16 @@ def shuffle(
     Raises:
         ConfigError, DatasetExistsError, DatasetNotFoundError, CorruptShardError, SampleError.
     """
-    opts = ShuffleOptions(piles=piles, memory=memory, maxcount=maxcount, maxsize=maxsize, seed=seed, workers=workers, overwrite=overwrite)
+    opts = ShuffleOptions(
+        piles=piles,
+        memory=memory,
+        maxcount=maxcount,
+        maxsize=maxsize,
+        seed=seed,
+        workers=workers,
+        overwrite=overwrite,
+        key_prefix=key_prefix,
+    )
     urls = storage.expand(inputs)
     out = _check_output(os.fspath(out), overwrite)
     m, limit = opts.pass1(sum(storage.size(u) for u in urls))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -54,8 +55,13 @@ class PileOptions:
     Args:
         piles: number of piles M (expected pile size n/M; see the README on choosing M).
         seed: seeds the router; the same inputs and seed give byte-identical piles.
-        max_pile_bytes: piles larger than this (int or ``"2GiB"``) are split into random
-            sub-piles at the end, so every pile fits the loader's memory. At least 1536.
+        max_pile_bytes: the pile size to stay under (int or ``"2GiB"``), so piles fit the
+            loader's memory. It is enforced through sample counts, which keeps the first epoch
+            exactly uniform: a pile holding more samples than 90% of it fits at the dataset's
+            mean sample size is split into random sub-piles. With very uneven sample sizes a
+            pile can end up above it: it is logged and listed in the manifest's
+            ``extra["over_max_pile_bytes"]``, and ``shardkit info`` shows the largest pile. A
+            single sample larger than it is a ``SampleError`` when written. At least 1536.
         buffer_size: bytes buffered in memory before part files are appended to.
         overwrite: replace a dataset already in the output directory.
     """
@@ -85,9 +91,15 @@ class PileOptions:
         return self.max_pile_bytes  # type: ignore[return-value]
 
 
+# C0 and C1 control characters, DEL: tar cuts a name at NUL, and none belongs in a file name
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def _check_key(key: Any) -> str:
     if not isinstance(key, str) or not key:
         raise SampleError(f"sample key must be a non-empty str, got {key!r}")
+    if _CONTROL.search(key):
+        raise SampleError(f"sample key {key!r} contains a control character (NUL, newline, tab...): keys must be printable")
     parts = key.split("/")
     if key.startswith("/") or ".." in parts or "" in parts:
         raise SampleError(f"sample key {key!r}: no leading '/', empty or '..' path components allowed")
@@ -190,13 +202,18 @@ class PileWriter:
         self.manifest: Manifest | None = None
 
     def write(self, sample: Mapping[str, Any]) -> int:
-        """Encode ``sample`` and append it to a randomly chosen pile; returns the pile index."""
+        """Encode ``sample`` and append it to a randomly chosen pile; returns the pile index.
+
+        Raises:
+            SampleError: a sample :func:`encode_sample` refuses, or one whose key is the key of
+                the sample just appended to the same pile (readers would merge the two).
+        """
         if self._closed:
             raise RuntimeError("PileWriter.write() called after close(); open a new writer.")
         data, exts = encode_sample(sample, self._codecs, max_pile_bytes=self.options.max_bytes)
         self._fields.update(exts)
         pile = self._router.next()
-        self._sink.add(pile, data, 0)
+        self._sink.add(pile, data, -1, sample["__key__"])
         return pile
 
     def close(self) -> Manifest:

@@ -15,17 +15,21 @@ from shardkit.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def shards(tmp_path) -> Path:
+def write_shards(src: Path, name: str, count: int, per_shard: int, key: str) -> Path:
+    """``count`` webdataset shards ``name.format(k)`` of ``per_shard`` samples keyed ``key.format(k=, i=)``."""
     import webdataset as wds
 
-    src = tmp_path / "src"
     src.mkdir()
-    for k in range(3):
-        with wds.TarWriter(str(src / f"src-{k:06d}.tar")) as w:
-            for i in range(20):
-                w.write({"__key__": f"s{k}_{i:02d}", "txt": f"{k} {i}"})
+    for k in range(count):
+        with wds.TarWriter(str(src / name.format(k))) as w:
+            for i in range(per_shard):
+                w.write({"__key__": key.format(k=k, i=i), "txt": f"{k} {i}"})
     return src
+
+
+@pytest.fixture
+def shards(tmp_path) -> Path:
+    return write_shards(tmp_path / "src", "src-{:06d}.tar", 3, 20, "s{k}_{i:02d}")
 
 
 def test_pile_with_a_brace_pattern(tmp_path, shards, capsys):
@@ -38,6 +42,17 @@ def test_pile_with_a_brace_pattern(tmp_path, shards, capsys):
     assert m.seed == 3 and m.samples == 60
     keys = sorted(s["__key__"] for p in m.piles for s in reader.read_pile(str(out / p.name), expected=p))
     assert keys == sorted(f"s{k}_{i:02d}" for k in range(3) for i in range(20))
+
+
+@pytest.mark.parametrize("command", ["pile", "shuffle"])
+def test_key_prefix_unit_merges_shards_whose_keys_restart(tmp_path, command, capsys):
+    src = write_shards(tmp_path / "restart", "part-{}.tar", 2, 30, "{i:06d}")  # keys restart in each shard
+    out = tmp_path / "out"
+    assert main([command, str(src / "*.tar"), "-o", str(out), "--piles", "2", "--key-prefix", "unit", "-q"]) == 0
+    assert main(["verify", str(out), "-q"]) == 0
+    m = manifest.read(str(out))
+    keys = sorted(s["__key__"] for p in m.piles for s in reader.read_pile(str(out / p.name), expected=p))
+    assert keys == sorted(f"part-{k}/{i:06d}" for k in range(2) for i in range(30))
 
 
 def test_pile_summary_mentions_splits(tmp_path, shards, capsys):

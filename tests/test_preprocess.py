@@ -261,3 +261,23 @@ def test_an_fn_that_cannot_reach_spawned_workers_is_a_config_error(tmp_path):
             [1, 2], lambda u: [{"__key__": f"k{next(stream)}", "txt": "x"}], tmp_path / "ds", piles=2, workers=2, mp_context="spawn"
         )
     assert_no_dataset(tmp_path / "ds")
+
+
+def _numbered(unit):
+    # every unit numbers its samples from 0: unit u's last key meets unit u+1's first in a pile
+    return ({"__key__": f"{i:03d}", "txt": f"{unit}"} for i in (range(2) if unit % 2 else range(1, -1, -1)))
+
+
+def test_equal_keys_where_two_units_meet_in_a_pile_are_refused(tmp_path):
+    with pytest.raises(shardkit.SampleError, match=r"pile 0: two samples with key '000' \(from input units 0 \(0\) and 1 \(1\)\)"):
+        shardkit.preprocess([0, 1], _numbered, tmp_path / "out", piles=1, quiet=True)
+    assert not shardkit.manifest.is_dataset(tmp_path / "out")
+
+
+def test_a_key_hash_collision_where_units_meet_is_not_an_error(tmp_path, monkeypatch):
+    from shardkit import _sink
+
+    monkeypatch.setattr(_sink, "key_hash", lambda key: 0)  # every join is a candidate: the keys decide
+    m = shardkit.preprocess([1, 3, 5], _numbered, tmp_path / "out", piles=1, quiet=True)
+    keys = [s["__key__"] for s in shardkit.reader.read_pile(str(tmp_path / "out" / m.piles[0].name))]
+    assert keys == ["000", "001"] * 3

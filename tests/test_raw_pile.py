@@ -224,7 +224,8 @@ def test_short_writes_are_finished(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "writev", lambda fd, bufs: real(fd, [memoryview(bufs[0])[: max(1, len(bufs[0]) // 2)]]))
     sink = _sink.PileSink(str(tmp_path / "parts"), 2, 1 << 20)
     chunks = [bytes([i]) * (100 + i) for i in range(40)]
-    sink.extend(0, np.array([i % 2 for i in range(40)]), chunks, np.array([len(c) for c in chunks]))
+    keys = np.array([f"{i:03d}".encode() for i in range(40)])
+    sink.extend(0, np.array([i % 2 for i in range(40)]), chunks, np.array([len(c) for c in chunks]), keys)
     sink.flush()
     for p in range(2):
         data = read(sink.part(p))
@@ -283,3 +284,75 @@ def test_a_failure_while_merging_in_threads_leaves_no_dataset(tmp_path, canonica
     assert not manifest.is_dataset(str(out))
     assert not [e for e in os.listdir(out) if e.startswith(STAGING_PREFIX) or e.endswith(".tar")]
     assert not [t for t in threading.enumerate() if t.name.startswith("shardkit-merge")]
+
+
+# ---- keys that repeat across or inside shards ---------------------------------------------------
+
+
+def write_keys(path, keys) -> str:
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for key in keys:
+            info = tarfile.TarInfo(f"{key}.txt")
+            info.size = 2
+            tf.addfile(info, io.BytesIO(b"hi"))
+    return str(path)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_shards_whose_keys_restart_are_refused_where_they_meet(tmp_path, workers):
+    # the last sample of one shard and the first of the next share a key, next to each other in the pile
+    urls = [write_keys(tmp_path / "a.tar", ["000000"]), write_keys(tmp_path / "b.tar", ["000000", "000001"])]
+    out = tmp_path / "out"
+    with pytest.raises(
+        shardkit.SampleError, match=r"pile 0: two samples with key '000000' \(from input units 0 .*a\.tar.* and 1 .*b\.tar.*unique"
+    ):
+        shardkit.pile(urls, out, piles=1, workers=workers, quiet=True)
+    assert not manifest.is_dataset(out)
+    m = shardkit.pile(urls, out, piles=1, workers=workers, quiet=True, key_prefix="unit")
+    assert m.samples == 3
+    assert list(reader.read_pile(os.path.join(out, m.piles[0].name), expected=m.piles[0]).keys) == ["a/000000", "b/000000", "b/000001"]
+    with shardkit.loader(out, decode=False, shuffle=False) as loader:
+        assert [s["__key__"] for s in loader] == ["a/000000", "b/000000", "b/000001"]
+
+
+def test_key_prefix_output_equals_re_encoding_with_prefixed_keys(tmp_path):
+    # keys restart at 000000 in every shard, as most writers number them
+    urls = write_wds_shards(str(tmp_path), "src-{:06d}.tar", 3, lambda k, i: {"__key__": f"{i:06d}", "txt": f"{k}-{i}"} if i < 10 else None)
+    m = shardkit.pile(urls, tmp_path / "fast", piles=3, seed=2, quiet=True, key_prefix="unit")
+
+    def prefixed(url):
+        stem = os.path.basename(url)[: -len(".tar")]
+        return ({**s, "__key__": f"{stem}/{s['__key__']}"} for s in reader.iter_shard(url))
+
+    slow = shardkit.preprocess(urls, prefixed, tmp_path / "slow", piles=3, seed=2, quiet=True)
+    assert m.samples == slow.samples == 30
+    assert {k: v for k, v in files(tmp_path / "fast").items() if k.endswith(".tar")} == {
+        k: v for k, v in files(tmp_path / "slow").items() if k.endswith(".tar")
+    }
+
+
+def test_a_key_repeated_inside_a_shard_is_refused_when_it_lands_next_to_itself(tmp_path):
+    from shardkit import router
+
+    url = write_keys(tmp_path / "s.tar", ["z", "q", "z"])
+    # a seed that routes both "z" to one pile and "q" to the other
+    seed = next(s for s in range(100) if (lambda p: p[0] == p[2] != p[1])(router.route(piles=2, seed=s, unit=0, count=3).tolist()))
+    with pytest.raises(shardkit.SampleError, match=r"input unit 0 .*two samples with key 'z' \(both from input unit 0\)"):
+        shardkit.pile([url], tmp_path / "out", piles=2, seed=seed, quiet=True)
+    m = shardkit.pile([url], tmp_path / "out", piles=2, seed=seed, quiet=True, on_error="skip")
+    assert m.skipped_units == 1 and m.samples == 0
+
+
+def test_a_key_with_a_control_character_in_a_shard_is_refused(tmp_path):
+    url = write_keys(tmp_path / "s.tar", ["ok", "bad\x01key"])
+    with pytest.raises(shardkit.SampleError, match="control character"):
+        shardkit.pile([url], tmp_path / "out", piles=1, quiet=True)
+
+
+def test_unit_prefix_is_the_file_stem():
+    assert _raw.unit_prefix("/data/train-000003.tar") == "train-000003/"
+    assert _raw.unit_prefix("s3://b/x/v1.2-shard.tar.gz") == "v1.2-shard/"
+    with pytest.raises(shardkit.SampleError):
+        _raw.unit_prefix("/data/__init__.tar")
+    with pytest.raises(shardkit.ConfigError, match="key_prefix"):
+        shardkit.pile(["x.tar"], "out", piles=1, key_prefix="shard")

@@ -7,6 +7,7 @@ loader, which must yield exactly the plan's order, so the chi-square speaks for 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections import Counter
 
@@ -15,7 +16,7 @@ import pytest
 from scipy import stats
 
 import shardkit
-from shardkit import quality
+from shardkit import manifest, quality
 from shardkit.compare import order_from_plan, scan_dataset
 from shardkit.reader import read_pile
 
@@ -88,3 +89,57 @@ def test_threaded_loader_on_class_sorted_data_has_dispersion_within_10_percent_o
         assert len(cats) == n // batch * batch
         value = quality.dispersion(cats, batch).value
         assert abs(value - 1) < 0.1, (seed, mix, value)
+
+
+def _write_uneven(out: str, seed: int) -> shardkit.Manifest:
+    # one 5 KB record and two tiny ones: a byte-based split decision would put the big one in
+    # smaller sub-piles more often, and the first epoch would favour its middle position
+    with shardkit.PileWriter(out, piles=2, seed=seed, max_pile_bytes=7000, overwrite=True) as w:
+        w.write({"__key__": "big", "bin": b"x" * 5000})
+        w.write({"__key__": "a", "bin": b"y"})
+        w.write({"__key__": "b", "bin": b"z"})
+    assert w.manifest is not None
+    return w.manifest
+
+
+@pytest.mark.slow
+def test_first_epoch_is_uniform_with_uneven_sample_sizes(tmp_path, caplog):
+    caplog.set_level(logging.ERROR, logger="shardkit._publish")  # one warning per pile over the limit
+    out = os.path.join(tmp_path, "ds")
+    seeds = 1200  # splitting by bytes put "big" in the middle 21.7% of the time: ~8 sd off 1/3
+    position: Counter[int] = Counter()
+    over = 0
+    for seed in range(seeds):
+        m = _write_uneven(out, seed)
+        listed = m.extra.get("over_max_pile_bytes", [])
+        assert all(entry["bytes"] > 7000 and entry["name"] in {p.name for p in m.piles} for entry in listed)
+        over += bool(listed)
+        keys = [k for p in m.piles for k in read_pile(os.path.join(out, p.name)).keys]
+        order = order_from_plan([p.samples for p in m.piles], seed=LOADER_SEED + seed, epoch=0)
+        position[[keys[i] for i in order].index("big")] += 1
+    chi2 = stats.chisquare([position[i] for i in range(3)])
+    assert chi2.pvalue > 1e-4, (chi2, position)
+    assert over > 0  # "big" with a small one is 7680 bytes: kept whole, recorded, not split by bytes
+
+
+def test_a_pile_left_over_the_limit_is_logged_and_listed(tmp_path, caplog):
+    out = os.path.join(tmp_path, "ds")
+    with shardkit.PileWriter(out, piles=1, max_pile_bytes=7000) as w:
+        w.write({"__key__": "big", "bin": b"x" * 5000})
+        w.write({"__key__": "a", "bin": b"y"})
+    # capacity = floor(0.9 * 7000 * 2 / 6656) = 1 sample: the pile is split by count, and "big"
+    # alone (6656 bytes with its trailer) fits; nothing is over
+    assert w.manifest is not None and w.manifest.split_piles == 1
+    assert "over_max_pile_bytes" not in w.manifest.extra
+    with shardkit.PileWriter(out, piles=1, max_pile_bytes=7000, overwrite=True) as w:
+        w.write({"__key__": "big", "bin": b"x" * 5000})
+        for i in range(3):
+            w.write({"__key__": f"s{i}", "bin": b"y"})
+    # 4 samples, 8704 bytes: capacity 2, so 2 sub-piles by count; the one holding "big" and a
+    # small sample is 7680 bytes
+    m = manifest.read(out)
+    assert m.split_piles == 1 and sum(p.samples for p in m.piles) == 4
+    big = [p for p in m.piles if p.bytes > 7000]
+    assert big  # with seed 0, "big" shares its sub-pile
+    assert m.extra.get("over_max_pile_bytes", []) == [{"name": p.name, "bytes": p.bytes} for p in big]
+    assert all(f"{p.name} is {p.bytes} bytes, over max_pile_bytes=7000" in caplog.text for p in big)
