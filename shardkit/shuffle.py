@@ -35,7 +35,7 @@ from shardkit import _layout, _progress, _tar, manifest, plan, storage
 from shardkit._publish import prepare_output
 from shardkit._sink import _IOV_MAX, _O_BINARY, Buffer, _write_all
 from shardkit._sizes import format_size, parse_size
-from shardkit.errors import ConfigError, ManifestError
+from shardkit.errors import ConfigError, ManifestError, SampleError
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.reader import fetch_pile
 
@@ -248,10 +248,11 @@ def _pass2(piles_dir: str, piles: Manifest, staging: str, opts: ShuffleOptions, 
         with _progress.bar(total=piles.samples, desc="pass 2", unit="sample", quiet=quiet) as progress:
             # the order is the loader's epoch 0 over these piles: one definition of "shuffled"
             order = plan.EpochOrder([p.samples for p in piles.piles], seed=opts.seed, epoch=0)
+            last: bytes | None = None
             for index in order.pile_order.tolist():
                 info = piles.piles[index]
                 url = os.path.join(piles_dir, info.name)
-                _copy_pile(url, info, order.in_pile(index), roller)
+                last = _copy_pile(url, info, order.in_pile(index), roller, last)
                 os.unlink(url)  # disk stays at about one copy of the data
                 progress.update(info.samples)
         return roller.close()
@@ -259,21 +260,51 @@ def _pass2(piles_dir: str, piles: Manifest, staging: str, opts: ShuffleOptions, 
         roller.abort()
 
 
-def _copy_pile(url: str, info: PileInfo, permutation: np.ndarray, roller: ShardRoller) -> None:
+def _copy_pile(url: str, info: PileInfo, permutation: np.ndarray, roller: ShardRoller, last: bytes | None) -> bytes | None:
     """Append the samples of one pile to ``roller`` in ``permutation``'s order.
 
     The pile is memory-mapped (checked against its manifest entry first) and unmapped as soon
     as it is written out, so its pages leave this process's memory before the next pile's come in.
+    ``last`` is the key written just before; returns the last key this pile writes.
     """
     buf = fetch_pile(url, expected=info, mapped=True)
     try:
         layout = _layout.index(buf, url, checked=True)  # fetch_pile checked its checksum
-        bounds = layout.sample_bounds(layout.samples())
+        starts = layout.samples()
+        bounds = layout.sample_bounds(starts)
         if len(bounds) - 1 != info.samples:
             raise ManifestError(f"{url}: holds {len(bounds) - 1} samples, the manifest says {info.samples}")
+        keys = _keys(layout, starts)[permutation]
+        _refuse_adjacent(keys, last)
         roller.extend(buf, bounds[:-1][permutation], bounds[1:][permutation])
+        return bytes(keys[-1]) if len(keys) else last
     finally:
         _unmap(buf)
+
+
+def _keys(layout: _layout.Layout, starts: np.ndarray) -> np.ndarray:
+    """Each sample's key as fixed-width bytes (from its first member's name), vectorized."""
+    first = starts[:-1]
+    if len(first) and layout.lengths.min() < 0:  # names longer than the rows: take them one by one
+        return np.array([_tar.split_name(layout.name(i))[0].encode("utf-8", "surrogateescape") for i in first.tolist()])
+    keylen = layout.key_lengths()[first]
+    rows = layout.rows[first].copy()
+    rows[np.arange(rows.shape[1]) >= keylen[:, None]] = 0
+    return rows.view(f"S{rows.shape[1]}").ravel() if rows.size else np.zeros(0, dtype="S1")
+
+
+def _refuse_adjacent(keys: np.ndarray, last: bytes | None) -> None:
+    """Two equal keys side by side would be merged into one sample by every reader."""
+    same = np.flatnonzero(keys[1:] == keys[:-1])
+    if len(keys) and last is not None and bytes(keys[0]) == last:
+        same = np.concatenate([[-1], same])
+    if len(same):
+        key = bytes(keys[same[0] + 1])
+        raise SampleError(
+            f"shuffle: two samples with key {key.decode('utf-8', 'surrogateescape')!r} would be adjacent in the shuffled "
+            "output, and readers would merge them into one sample: keys must be unique across the inputs. "
+            "Shards whose keys restart (000000, 000001, ... in every shard) need --key-prefix unit (key_prefix='unit')"
+        )
 
 
 def _unmap(buf: storage.Buffer) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import io
 import os
 import tarfile
 
@@ -281,3 +282,37 @@ def test_cli_shuffle(tmp_path, inputs, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["shuffle", inputs])  # -o is required: a usage error
     assert exit_info.value.code == 2
+
+
+def test_equal_keys_that_would_meet_in_the_output_are_refused_unless_prefixed(tmp_path):
+    """Two inputs repeating a key (a, b) and (a): pass 1 keeps them apart, pass 2's order may not."""
+    import tarfile
+
+    def shard(name: str, keys: list[str]) -> str:
+        path = tmp_path / name
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for key in keys:
+                info = tarfile.TarInfo(f"{key}.txt")
+                info.size = 1
+                tar.addfile(info, io.BytesIO(b"x"))
+        return str(path)
+
+    inputs = [shard("s0.tar", ["a", "b"]), shard("s1.tar", ["a"])]
+    outcomes = {}
+    for seed in range(12):
+        out = tmp_path / f"out{seed}"
+        try:
+            shardkit.shuffle(inputs, out, piles=1, seed=seed, quiet=True)
+            # apart, the repeats read back as separate samples; verify still notes the repeated key
+            assert sum(1 for _ in shardkit.loader(str(out), decode=False)) == 3
+            outcomes[seed] = sorted({p.kind for p in shardkit.verify(str(out), quiet=True)})
+        except shardkit.SampleError as e:
+            assert "two samples with key 'a' would be adjacent" in str(e) and "--key-prefix unit" in str(e)
+            assert not os.path.exists(out / "shardkit.json") and os.listdir(out) == []
+            outcomes[seed] = "refused"
+    assert "refused" in outcomes.values() and ["duplicate"] in outcomes.values()  # some orders meet, some do not
+    for seed, outcome in outcomes.items():
+        if outcome == "refused":
+            out = tmp_path / f"prefixed{seed}"
+            shardkit.shuffle(inputs, out, piles=1, seed=seed, key_prefix="unit", quiet=True)
+            assert shardkit.verify(str(out), quiet=True) == []
