@@ -174,30 +174,24 @@ def capacity(limit: int | None, samples: int, nbytes: int) -> int | None:
 
 
 def _split(data: bytes, name: str, *, capacity: int, seed: int, trail: tuple[int, ...], staging: str) -> list[_Staged]:
-    """Write the pile ``data`` as random sub-piles of at most ``capacity`` samples, splitting again as needed."""
+    """Write the pile ``data`` as the random sub-piles :func:`shardkit.router.sub_piles` draws."""
     members = _tar.walk(data, name)
     keys, starts = _tar.group(members, name)
-    if len(keys) <= capacity:
-        path = os.path.join(staging, name)
-        with open(path, "wb") as f:
-            f.write(data)
-        return [_Staged(path, name, len(keys), len(data), manifest.checksum(data))]
     bounds = _tar.sample_spans(members, starts)
-    parts = math.ceil(len(keys) / capacity)  # at least 2; chosen from the count alone, never the bytes
-    assignment = router.split_assignment(parts=parts, seed=seed, path=trail, count=len(keys)).tolist()
-    chosen: list[list[int]] = [[] for _ in range(parts)]
-    for i, part in enumerate(assignment):
-        chosen[part].append(i)
     stem = name[: -len(".tar")]
     pieces = []
-    for part, samples in enumerate(chosen):
+    for leaf, chosen in router.sub_piles(len(keys), capacity=capacity, seed=seed, trail=trail):
+        samples = chosen.tolist()
         # samples apart in the pile can meet in a sub-pile: equal keys there would merge on reading
         for i, j in itertools.pairwise(samples):
             if keys[i] == keys[j]:
                 raise duplicate_key(keys[i], trail[0], f"samples {i} and {j} of {name}, apart until it was split")
-        if samples:
-            sub = b"".join([*(data[bounds[i] : bounds[i + 1]] for i in samples), _tar.TRAILER])
-            pieces.extend(_split(sub, f"{stem}-{part:03d}.tar", capacity=capacity, seed=seed, trail=(*trail, part), staging=staging))
+        sub_name = stem + "".join(f"-{part:03d}" for part in leaf[len(trail) :]) + ".tar"
+        sub = b"".join([*(data[bounds[i] : bounds[i + 1]] for i in samples), _tar.TRAILER])
+        path = os.path.join(staging, sub_name)
+        with open(path, "wb") as f:
+            f.write(sub)
+        pieces.append(_Staged(path, sub_name, len(samples), len(sub), manifest.checksum(sub)))
     return pieces
 
 

@@ -10,6 +10,8 @@ of unit u is the same whichever process handles u, and output does not depend on
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from shardkit._seeds import Stream, stream
@@ -51,3 +53,23 @@ def split_assignment(*, parts: int, seed: int, path: tuple[int, ...], count: int
     that is split again.
     """
     return stream(Stream.SPLIT, seed, len(path), *path).integers(0, parts, size=count)
+
+
+def sub_piles(count: int, *, capacity: int, seed: int, trail: tuple[int, ...]) -> list[tuple[tuple[int, ...], np.ndarray]]:
+    """How an oversized pile of ``count`` samples is split: random sub-piles of at most ``capacity``.
+
+    A pile over ``capacity`` goes into ``ceil(count / capacity)`` parts drawn by
+    :func:`split_assignment`, each part split again the same way if still over. Returns the final
+    sub-piles in name order, each as its trail (``(pile, part, ...)``) and the indices of its
+    samples in the pile, in pile order. Depends on counts and seeds only, never on the samples.
+    """
+    if count <= capacity:
+        return [(trail, np.arange(count))]
+    parts = math.ceil(count / capacity)
+    assignment = split_assignment(parts=parts, seed=seed, path=trail, count=count)
+    leaves = []
+    for part in range(parts):
+        chosen = np.flatnonzero(assignment == part)
+        if len(chosen):
+            leaves += [(leaf, chosen[inner]) for leaf, inner in sub_piles(len(chosen), capacity=capacity, seed=seed, trail=(*trail, part))]
+    return leaves

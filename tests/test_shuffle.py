@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import importlib
-import itertools
 import io
+import itertools
 import os
 import tarfile
 

@@ -143,3 +143,54 @@ def test_a_pile_left_over_the_limit_is_logged_and_listed(tmp_path, caplog):
     assert big  # with seed 0, "big" shares its sub-pile
     assert m.extra.get("over_max_pile_bytes", []) == [{"name": p.name, "bytes": p.bytes} for p in big]
     assert all(f"{p.name} is {p.bytes} bytes, over max_pile_bytes=7000" in caplog.text for p in big)
+
+
+def _split_piles(seed: int, capacity: int) -> list[np.ndarray]:
+    """Pass 1 with splitting from the writer's own pure pieces: the sample ids of each final pile."""
+    from shardkit import router
+
+    routed = router.route(piles=2, seed=seed, unit=0, count=N)
+    finals = []
+    for p in range(2):
+        members = np.flatnonzero(routed == p)
+        if len(members) <= capacity:
+            finals.append(members)
+        else:
+            finals += [members[chosen] for _, chosen in router.sub_piles(len(members), capacity=capacity, seed=seed, trail=(p,))]
+    return finals
+
+
+def _first_epoch(finals: list[np.ndarray], seed: int) -> tuple[int, ...]:
+    from shardkit.plan import EpochOrder
+
+    piles, index = EpochOrder([len(f) for f in finals], seed=seed, epoch=0).take(0, N)
+    return tuple(int(finals[p][i]) for p, i in zip(piles.tolist(), index.tolist(), strict=True))
+
+
+def test_the_pure_split_composition_is_what_the_writer_writes(tmp_path):
+    """The 50,000-seed test below stands for the writer only if it is the writer's split."""
+    from shardkit._publish import capacity
+
+    out = os.path.join(tmp_path, "ds")
+    most = capacity(LIMIT, N, N * SAMPLE_BYTES)
+    assert most == 2
+    for seed in range(40):
+        m = _write(out, seed)
+        written = [sorted(int(s["cls"]) for s in read_pile(os.path.join(out, p.name))) for p in m.piles]
+        assert written == [sorted(f.tolist()) for f in _split_piles(seed, most)]
+
+
+@pytest.mark.slow
+def test_first_epoch_is_exactly_uniform_over_50000_seeds_with_splits_forced_on():
+    """The issue's exact test: all 120 orders of 5 samples, 50,000 seeds, every dataset split."""
+    from shardkit._publish import capacity
+
+    most = capacity(LIMIT, N, N * SAMPLE_BYTES)
+    rank = {p: i for i, p in enumerate(itertools.permutations(range(N)))}
+    hits = np.zeros(len(rank), dtype=np.int64)
+    for seed in range(50_000):
+        finals = _split_piles(seed, most)
+        assert len(finals) > 2  # at least one pile was split
+        hits[rank[_first_epoch(finals, LOADER_SEED + seed)]] += 1
+    assert hits.min() > 0
+    assert stats.chisquare(hits).pvalue > 1e-4, hits

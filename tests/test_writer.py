@@ -372,11 +372,11 @@ def test_numpy_images_and_pil_images_encode_to_the_same_png(tmp_path):
 def test_a_repeated_key_that_a_split_would_make_adjacent_is_refused(tmp_path):
     out = str(tmp_path / "ds")
     samples = [{"__key__": k, "bin": b"x" * 1000} for k in ("a", "b", "a", "c")]
-    # one pile of 4 samples of 2048 bytes, capacity floor(0.9 * 5000 * 4 / 8192) = 2: split in
-    # two at random; find a seed putting both "a" in one sub-pile without the "b" between them
+    # one pile of 4 samples of 2048 bytes, capacity floor(0.9 * 5000 * 4 / 8192) = 2: split at
+    # random; find a seed whose final sub-piles hold both "a" side by side (the "b" elsewhere)
     for seed in range(200):
-        assignment = router.split_assignment(parts=2, seed=seed, path=(0,), count=4).tolist()
-        if assignment[0] == assignment[2] != assignment[1]:
+        leaves = [chosen.tolist() for _, chosen in router.sub_piles(4, capacity=2, seed=seed, trail=(0,))]
+        if [0, 2] in leaves:
             break
     with pytest.raises(SampleError, match=r"pile 0: two samples with key 'a' \(samples 0 and 2 of pile-000000.tar"):
         write(out, samples, piles=1, seed=seed, max_pile_bytes=5000)
