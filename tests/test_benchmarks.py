@@ -134,6 +134,8 @@ def test_ratios_and_goals(smoke):
     assert ("a-50KB", "shardkit.loader", "≥ 50% of raw read MB/s") in goals
     assert ("d", "shardkit.shuffle", "peak RSS ≤ 1/8 of the data") in goals
     for g in doc["goals"]:
+        if g["group"] == "b" and importlib.util.find_spec("torch") is None:
+            continue  # its peer runs in torch's DataLoader: unmeasured (and said so) without torch
         writer = g["row"].startswith("shardkit.PileWriter")
         if writer or (g["row"].startswith("shardkit.loader") and hasattr(shardkit, "loader")):
             assert g["measured"] is not None and g["met"] in (True, False), g

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -157,6 +158,10 @@ def test_compare_shuffles_reports_three_orders(dataset, tmp_path):
     text = result.table()
     assert "shardkit" in text and "webdataset" in text and "co-batch recurrence" in text
     png = tmp_path / "q.png"
+    if importlib.util.find_spec("matplotlib") is None:  # the plot extra is optional: say so clearly
+        with pytest.raises(ConfigError, match=r"shardkit\[plot\]"):
+            result.plot(png)
+        return
     result.plot(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
