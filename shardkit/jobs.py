@@ -39,11 +39,11 @@ from shardkit import _schema, storage, transforms
 from shardkit._schema import Fields
 from shardkit.errors import ConfigError, DatasetNotFoundError
 from shardkit.manifest import Manifest
+from shardkit.preprocess import ON_ERROR
 from shardkit.shuffle import ShuffleOptions
 from shardkit.writer import PileOptions
 
 JOBS = ("preprocess", "pile", "shuffle", "demo")
-ON_ERROR = ("raise", "skip")
 
 
 @dataclass(frozen=True)

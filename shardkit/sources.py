@@ -11,7 +11,6 @@ are cached per process by (URL, size, modification time), so a second loader sta
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -140,13 +139,7 @@ def _load_shard(url: str, max_bytes: int | None) -> storage.Buffer:
             raise PileTooLargeError(
                 f"{url}: {size} bytes is over the memory limit max_pile_bytes={max_bytes}; raise the limit or re-pile smaller"
             )
-    if not url.endswith((".gz", ".tgz")):
-        return storage.map_bytes(url)
-    buf = storage.read_bytes(url)
-    try:
-        buf = gzip.decompress(buf)
-    except (OSError, EOFError) as e:
-        raise CorruptShardError(f"{url}: not valid gzip ({e})") from None
+    buf = reader.read_shard(url, mapped=True)
     if max_bytes is not None and len(buf) > max_bytes:
         raise PileTooLargeError(f"{url}: decompresses to {len(buf)} bytes, over the memory limit max_pile_bytes={max_bytes}")
     return buf
