@@ -32,7 +32,7 @@ import report
 from _timing import classes_per_window
 
 CASES = ("a", "b", "c", "d", "e")
-PACKAGES = ("webdataset", "numpy", "pillow", "torch", "datasets", "mosaicml-streaming", "psutil")
+PACKAGES = ("webdataset", "numpy", "pillow", "zlib-ng", "torch", "datasets", "mosaicml-streaming", "psutil")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -87,6 +87,11 @@ def machine_info() -> dict[str, Any]:
     import shardkit
 
     versions = {"shardkit": f"{shardkit.__version__} ({_git_commit()})"} | {p: _version(p) for p in PACKAGES}
+    if versions["zlib-ng"] == "not installed":  # shardkit runs without it, ~4x slower at checksums
+        print(
+            "warning: zlib-ng is missing, so shardkit checksums with zlib's slower CRC-32; install shardkit's dependencies (pip install -e .)",
+            file=sys.stderr,
+        )
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),

@@ -237,8 +237,8 @@ def expand(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -
     for item in items:
         for url in brace_expand(os.fspath(item)):
             path = local_path(url)
-            if path is not None and _glob.has_magic(path):
-                found = sorted(_glob.glob(path))
+            if _glob.has_magic(url):
+                found = _glob_files(url)
                 if not found:
                     raise DatasetNotFoundError(f"{url}: pattern matches no file")
                 urls.extend(found)
@@ -247,3 +247,13 @@ def expand(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -
             else:
                 urls.append(url)
     return urls
+
+
+def _glob_files(pattern: str) -> list[str]:
+    """Sorted URLs of the files matching a glob, local or remote (remote ones keep their scheme)."""
+    path = local_path(pattern)
+    if path is not None:
+        return sorted(p for p in _glob.glob(path) if os.path.isfile(p))
+    fs, p = _fs(pattern)
+    found = fs.glob(p, detail=True)  # types come with the listing: no request per file
+    return sorted(fs.unstrip_protocol(m) for m, info in found.items() if info.get("type") == "file")
