@@ -28,12 +28,13 @@ from typing import Any
 import numpy as np
 
 from shardkit import plan
+from shardkit._checks import check_int
 from shardkit._prefetch import Failure, PileReader
 from shardkit._skips import LoaderStats, Policy
 from shardkit._stages import Result, Step, Task, Transform, Workers
 from shardkit._state import check_state, make_state
 from shardkit.codecs import Codecs
-from shardkit.errors import ConfigError, ShardkitError
+from shardkit.errors import ShardkitError
 from shardkit.options import LoaderOptions, resolve_world
 from shardkit.reader import PileData
 from shardkit.sources import Fetched, Source, SourceLike, resolve
@@ -110,8 +111,7 @@ class Loader:
         ``for epoch in range(start, n): loader.set_epoch(epoch)`` loop resumes instead of silently
         restarting. Without ``set_epoch``, each completed epoch moves on to the next.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"epoch: expected a non-negative integer, got {epoch!r}")
+        check_int("epoch", epoch, low=0)
         resuming = self._running is None and epoch == self._epoch
         self._epoch, self._start, self._running = epoch, self._start if resuming else 0, None
 
