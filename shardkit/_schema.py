@@ -2,7 +2,7 @@
 
 fields = Fields(doc, source="job.yaml", path="output", allowed=("path", "piles"))
 piles = fields.take("piles", positive_int, required=True)
-# ConfigError: job.yaml: output.piles: expected a positive integer, got 'sixty'
+# ConfigError: job.yaml: output.piles: expected an integer >= 1, got 'sixty'
 """
 
 from __future__ import annotations
@@ -11,34 +11,25 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from shardkit._checks import check_int, shown
 from shardkit.errors import ConfigError
 
 T = TypeVar("T")
 
 
-def found(value: Any) -> str:
-    """How a wrong value is shown in a message: a short repr, or the type of a container."""
-    if isinstance(value, (dict, list)):
-        return f"a {'mapping' if isinstance(value, dict) else 'list'}"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def positive_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"expected a positive integer, got {found(value)}")
-    return value
+    return check_int(None, value, low=1)
 
 
 def boolean(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(f"expected true or false, got {found(value)}")
+        raise ConfigError(f"expected true or false, got {shown(value)}")
     return value
 
 
 def string(value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"expected a non-empty string, got {found(value)}")
+        raise ConfigError(f"expected a non-empty string, got {shown(value)}")
     return value
 
 
@@ -48,14 +39,14 @@ def anything(value: T) -> T:
 
 def mapping(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise ConfigError(f"expected a mapping of names to values, got {found(value)}")
+        raise ConfigError(f"expected a mapping of names to values, got {shown(value)}")
     return value
 
 
 def choice(*options: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in options:
-            raise ConfigError(f"expected one of {', '.join(options)}, got {found(value)}")
+            raise ConfigError(f"expected one of {', '.join(options)}, got {shown(value)}")
         return value
 
     return check
@@ -65,10 +56,10 @@ def strings(value: Any) -> tuple[str, ...]:
     """One string or a non-empty list of them."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items:
-        raise ConfigError(f"expected a path or a non-empty list of paths, got {found(value)}")
+        raise ConfigError(f"expected a path or a non-empty list of paths, got {shown(value)}")
     for i, item in enumerate(items):
         if not isinstance(item, str) or not item:
-            raise ConfigError(f"[{i}]: expected a path, got {found(item)}")
+            raise ConfigError(f"[{i}]: expected a path, got {shown(item)}")
     return tuple(items)
 
 
@@ -84,7 +75,7 @@ class Fields:
         self.path = path
         if not isinstance(value, dict):
             where = f"{path}: " if path else ""
-            raise ConfigError(f"{source}: {where}expected a mapping of options, got {found(value) if value is not None else 'nothing'}")
+            raise ConfigError(f"{source}: {where}expected a mapping of options, got {shown(value) if value is not None else 'nothing'}")
         self._data = value
         for name in value:
             if name not in allowed:

@@ -1,13 +1,14 @@
 """Turn raw samples into what a loader yields: decode, map, collate, optionally in worker processes.
 
-Work arrives as :class:`Task` chunks (one batch, or a run of samples) so that the same function
-produces the same output in the main process and in a worker. :class:`Workers` keeps one task in
-flight per worker process and returns results in submission order; it never reads ahead of the
-consumer by more than one task per worker.
+The loader's raw samples are cut into :class:`Task` chunks by slice position (one batch, or a
+run of samples: :func:`cut_tasks`) so that the same function produces the same output in the
+main process and in a worker. :class:`Workers` keeps one task in flight per worker process and
+returns results in submission order; it never reads ahead of the consumer by more than one task
+per worker.
 
     step = Step(transform=Transform(codecs=DEFAULT, fn=None), collate=collate, batched=True, on_error="raise")
     with Workers(2, step) as workers:
-        for result in workers.run(tasks): ...
+        for result in workers.run(cut_tasks(blocks, policy.sample, start=0, length=n, batch_size=32)): ...
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ from shardkit.codecs import Codecs
 from shardkit.errors import DecodeError, WorkerError
 
 Collate = Callable[[list[dict[str, Any]]], Any]
+# what the loader reads, block by block: (slice position of the first sample, the pile or one
+# pile per position (None where a pile was skipped), the samples' indices in their piles)
+SampleBlock = tuple[int, Any, list[int]]
+
+# samples per task when unbatched samples go through decode/map
+CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,55 @@ class Task:
     urls: list[str] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
     end: int = 0
+
+
+def cut_tasks(
+    blocks: Iterable[SampleBlock],
+    take: Callable[[Any, int], dict[str, Any] | None],
+    *,
+    start: int,
+    length: int,
+    batch_size: int | None,
+) -> Iterator[Task]:
+    """Cut the raw samples of slice positions ``start .. length - 1`` into tasks by position.
+
+    Task boundaries are multiples of ``batch_size`` (else of :data:`CHUNK`), so a skipped
+    sample never shifts a batch. Batched, every batch is a task even when all its samples were
+    skipped: each rank then yields ``len(loader)`` batches whatever fails. Unbatched, a chunk
+    with no sample left is dropped.
+
+    Args:
+        blocks: the loader's blocks from slice position ``start`` on.
+        take: ``take(pile, i)`` is sample ``i`` of ``pile``, or None when it is skipped.
+        start, length: the first slice position read, and the slice length.
+        batch_size: the loader's ``batch_size``, or None.
+    """
+    batched = batch_size is not None
+    size = batch_size or CHUNK
+    boundary = start - start % size + size
+    task = Task()
+    for bstart, data, index in blocks:
+        piles = [data] * len(index) if not isinstance(data, list) else data
+        for n, (pile, i) in enumerate(zip(piles, index, strict=True)):
+            pos = bstart + n + 1
+            if pos > boundary:
+                task.end = boundary
+                if batched or task.samples:
+                    yield task
+                task = Task()
+                boundary += size
+            sample = take(pile, i)
+            if sample is not None:
+                task.ends.append(pos)
+                task.urls.append(pile.url)
+                task.samples.append(sample)
+        # let this block's piles go before the next is read: the loader frees a pile the
+        # schedule is done with, and no reference may stay here while the reader refills its slot
+        data = pile = None
+        piles = []
+    if task.samples or (batched and length > start):
+        task.end = min(boundary, length)
+        yield task
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardkit._checks import check_int
 from shardkit.errors import ConfigError
 from shardkit.options import LoaderOptions
 
@@ -66,9 +67,8 @@ def check_state(state: Any, *, options: LoaderOptions, dataset: str, samples: in
     """
     state = check_format(state, FORMAT, VERSION, "shardkit loader")
     check_identity(state, options=options, dataset=dataset, samples=samples, name=name)
-    epoch, position = state.get("epoch"), state.get("position")
-    if not isinstance(epoch, int) or epoch < 0 or not isinstance(position, int) or not 0 <= position <= length:
-        raise ConfigError(f"load_state_dict: epoch {epoch!r} / position {position!r} out of range (0..{length})")
+    epoch = check_int("load_state_dict: epoch", state.get("epoch"), low=0)
+    position = check_int("load_state_dict: position", state.get("position"), low=0, high=length)
     if options.batch_size and position % options.batch_size and position != length:
         raise ConfigError(f"load_state_dict: position {position} is not on a batch boundary (batch_size={options.batch_size})")
     return epoch, position

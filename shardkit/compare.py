@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from shardkit import _progress, manifest, orders, quality, storage
+from shardkit._checks import check_int
 from shardkit.errors import ConfigError
 from shardkit.reader import read_pile
 
@@ -227,15 +228,14 @@ def compare_shuffles(
             number of piles).
     """
     for name, value in (("batch_size", batch_size), ("epochs", epochs), ("mix", mix)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+        check_int(name, value, low=1)
+    check_int("source_shards", source_shards, low=1, none=True)
     index = scan_dataset(os.fspath(source), label_field=label_field, source_field=source_field, quiet=quiet)
     n = index.samples
     if n < batch_size:
         raise ConfigError(f"{source}: {n} samples is fewer than one batch of {batch_size}")
     shards = source_shards or len(index.counts)
-    if shards < 1 or shards > n:
-        raise ConfigError(f"source_shards: expected 1..{n}, got {shards}")
+    check_int("source_shards", shards, low=1, high=n)
     shard_of = np.arange(n, dtype=np.int64) * shards // n
     shard_counts = np.bincount(shard_of, minlength=shards)
     labels = index.by_source(index.labels) if index.labels is not None else None

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit import _progress, quality
+from shardkit._checks import check_int
 from shardkit._seeds import Stream, stream
 from shardkit._sizes import format_size
 from shardkit.audit import info
-from shardkit.errors import ConfigError
 from shardkit.orders import webdataset_order
 
 IMAGE_SIDE = 32
@@ -242,8 +242,7 @@ def demo(
         quiet: no progress bar.
     """
     for name, value in (("samples", samples), ("classes", classes), ("piles", piles), ("batch_size", batch_size), ("buffer", buffer)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+        check_int(name, value, low=1)
     with contextlib.ExitStack() as stack:
         root = os.fspath(out) if out is not None else stack.enter_context(tempfile.TemporaryDirectory(prefix="shardkit-demo-"))
         progress = stack.enter_context(_progress.bar(total=5, desc="demo", unit="step", quiet=quiet))

@@ -28,20 +28,18 @@ from typing import Any
 import numpy as np
 
 from shardkit import plan
+from shardkit._checks import check_int
 from shardkit._prefetch import Failure, PileReader
 from shardkit._skips import LoaderStats, Policy
-from shardkit._stages import Result, Step, Task, Transform, Workers
+from shardkit._stages import Result, SampleBlock, Step, Transform, Workers, cut_tasks
 from shardkit._state import check_state, make_state
 from shardkit.codecs import Codecs
-from shardkit.errors import ConfigError, ShardkitError
+from shardkit.errors import ShardkitError
 from shardkit.options import LoaderOptions, resolve_world
 from shardkit.reader import PileData
 from shardkit.sources import Fetched, Source, SourceLike, resolve
 
 log = logging.getLogger(__name__)
-
-# samples per task when unbatched samples go through decode/map
-_CHUNK = 64
 
 
 class Loader:
@@ -110,8 +108,7 @@ class Loader:
         ``for epoch in range(start, n): loader.set_epoch(epoch)`` loop resumes instead of silently
         restarting. Without ``set_epoch``, each completed epoch moves on to the next.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"epoch: expected a non-negative integer, got {epoch!r}")
+        check_int("epoch", epoch, low=0)
         resuming = self._running is None and epoch == self._epoch
         self._epoch, self._start, self._running = epoch, self._start if resuming else 0, None
 
@@ -159,7 +156,7 @@ class Loader:
 
     def _blocks(
         self, sched: plan.Schedule, start: int, uses: list[plan.PileUse], reader: PileReader[int, Fetched]
-    ) -> Iterator[tuple[int, Any, list[int]]]:
+    ) -> Iterator[SampleBlock]:
         """``(start, pile or per-position piles, in-pile indices)``; a pile is None when skipped."""
         resident: dict[int, PileData | None] = {}
         active: list[plan.PileUse] = []
@@ -202,7 +199,7 @@ class Loader:
         self._policy.pile(item.error, self.source.piles[use.pile].url)
         return None
 
-    def _samples(self, blocks: Iterator[tuple[int, Any, list[int]]]) -> Iterator[dict[str, Any]]:
+    def _samples(self, blocks: Iterator[SampleBlock]) -> Iterator[dict[str, Any]]:
         """The hot path: raw samples, no decoding, no batching. A skipped sample is not yielded."""
         for start, data, index in blocks:
             if type(data) is PileData and data.uniform:
@@ -224,39 +221,9 @@ class Loader:
             # not stay alive here while the reader thread fills its slot
             data = None
 
-    def _tasks(self, blocks: Iterator[tuple[int, Any, list[int]]], start: int, length: int) -> Iterator[Task]:
-        """Group raw samples into batches (or chunks) by position, so skips never shift batches.
-
-        Batched, every batch is a task even when all its samples were skipped: each rank then
-        yields ``len(loader)`` batches whatever fails.
-        """
-        batched = self.options.batch_size is not None
-        size = self.options.batch_size or _CHUNK
-        boundary = start - start % size + size
-        task = Task()
-        for bstart, data, index in blocks:
-            piles = [data] * len(index) if not isinstance(data, list) else data
-            for n, (pile, i) in enumerate(zip(piles, index, strict=True)):
-                pos = bstart + n + 1
-                if pos > boundary:
-                    task.end = boundary
-                    if batched or task.samples:
-                        yield task
-                    task = Task()
-                    boundary += size
-                sample = self._policy.sample(pile, i)
-                if sample is not None:
-                    task.ends.append(pos)
-                    task.urls.append(pile.url)
-                    task.samples.append(sample)
-            data = pile = None  # see _samples: release before the next block
-            piles = []
-        if task.samples or (batched and length > start):
-            task.end = min(boundary, length)
-            yield task
-
-    def _processed(self, blocks: Iterator[tuple[int, Any, list[int]]], start: int, length: int) -> Iterator[Any]:
-        tasks = self._tasks(blocks, start, length)
+    def _processed(self, blocks: Iterator[SampleBlock], start: int, length: int) -> Iterator[Any]:
+        """What the step makes of the raw samples (decoded, mapped, batched), in order, here or in the workers."""
+        tasks = cut_tasks(blocks, self._policy.sample, start=start, length=length, batch_size=self.options.batch_size)
         results: Iterator[Result] = self._workers.run(tasks) if self._workers is not None else map(self._step, tasks)
         try:
             for result in results:

@@ -13,19 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from shardkit._checks import check_int
 from shardkit._sizes import parse_size
 from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError
 
 ON_ERROR = ("raise", "skip", "warn")
-
-
-def _int(name: str, value: Any, *, low: int, none: bool = False) -> None:
-    if value is None and none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        what = f"an integer >= {low}" + (" or None" if none else "")
-        raise ConfigError(f"{name}: expected {what}, got {value!r}")
 
 
 def _bool(name: str, value: Any) -> None:
@@ -70,13 +63,13 @@ class LoaderOptions:
     worker: tuple[int, int] = (0, 1)
 
     def __post_init__(self) -> None:
-        _int("batch_size", self.batch_size, low=1, none=True)
-        _int("seed", self.seed, low=0)
-        _int("num_workers", self.num_workers, low=0)
-        _int("prefetch", self.prefetch, low=0)
-        _int("mix", self.mix, low=1)
-        _int("world_size", self.world_size, low=1, none=True)
-        _int("rank", self.rank, low=0, none=True)
+        check_int("batch_size", self.batch_size, low=1, none=True)
+        check_int("seed", self.seed, low=0)
+        check_int("num_workers", self.num_workers, low=0)
+        check_int("prefetch", self.prefetch, low=0)
+        check_int("mix", self.mix, low=1)
+        check_int("world_size", self.world_size, low=1, none=True)
+        check_int("rank", self.rank, low=0, none=True)
         for name in ("shuffle", "drop_last", "verify", "allow_pickle"):
             _bool(name, getattr(self, name))
         _callable("map", self.map)

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkit._checks import check_int
 from shardkit._seeds import Stream, stream
 
 PILE_ORDER, IN_PILE, MIX = Stream.PILE_ORDER, Stream.IN_PILE, Stream.MIX
@@ -206,8 +207,7 @@ class EpochOrder:
     """
 
     def __init__(self, counts: Sequence[int], *, seed: int, epoch: int, shuffle: bool = True, mix: int = 1) -> None:
-        if mix < 1:
-            raise ValueError(f"mix must be at least 1, got {mix}")
+        check_int("mix", mix, low=1, error=ValueError)
         if not shuffle and mix != 1:
             raise ValueError("mix > 1 draws piles at random and needs shuffle=True")
         self.counts = np.asarray(counts, dtype=np.int64).reshape(-1)

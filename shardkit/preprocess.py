@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from shardkit import _pool, _tar, reader, storage
+from shardkit._checks import check_int
 from shardkit._progress import bar
 from shardkit._sink import SEGMENT, duplicate_key
 from shardkit._sizes import format_size
@@ -82,8 +83,7 @@ def _validate(inputs: Any, workers: Any, on_error: Any, extra: Mapping[str, Any]
             raise ConfigError(f"extra: must be JSON-serializable ({e})") from None
     if isinstance(inputs, (str, bytes, os.PathLike)):
         raise ConfigError(f"inputs: expected a sequence of input units, got a single {type(inputs).__name__} (wrap it in a list)")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"workers: expected a positive integer, got {workers!r}")
+    check_int("workers", workers, low=1)
     if on_error not in ON_ERROR:
         raise ConfigError(f"on_error: expected one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
     units = list(inputs)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkit._checks import check_int
 from shardkit._report import Metric, QualityReport, side_by_side
 from shardkit._seeds import Stream, stream
 from shardkit.errors import ConfigError
@@ -341,8 +342,8 @@ def measure(
     n = len(order)
     if any(len(o) != n for o in epochs):
         raise ConfigError(f"{name}: epochs have different lengths {[len(o) for o in epochs]}")
-    if batch_size < 1:
-        raise ConfigError(f"batch_size: expected a positive integer, got {batch_size}")
+    check_int("batch_size", batch_size, low=1)
+    check_int("window", window, low=1, none=True)
     metrics = [spearman(order), kendall(order, limit=kendall_limit, seed=seed), *displacement(order)]
     if labels is not None and n >= batch_size:
         cats = _categories(labels, n, "labels")[order]

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit import _layout, _progress, _tar, manifest, plan, storage
+from shardkit._checks import check_int
 from shardkit._publish import prepare_output
 from shardkit._sink import _IOV_MAX, _O_BINARY, Buffer, _write_all
 from shardkit._sizes import format_size, parse_size
@@ -51,11 +52,6 @@ _SHARD = re.compile(r"^shard-\d{6,}\.tar$")
 
 def shard_name(index: int) -> str:
     return f"shard-{index:06d}.tar"
-
-
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,13 +88,10 @@ class ShuffleOptions:
     key_prefix: str = "none"
 
     def __post_init__(self) -> None:
-        if self.piles is not None:
-            _positive_int("piles", self.piles)
-        _positive_int("workers", self.workers)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed: expected a non-negative integer, got {self.seed!r}")
-        if self.maxcount is not None:
-            _positive_int("maxcount", self.maxcount)
+        check_int("piles", self.piles, low=1, none=True)
+        check_int("workers", self.workers, low=1)
+        check_int("seed", self.seed, low=0)
+        check_int("maxcount", self.maxcount, low=1, none=True)
         if self.key_prefix not in ("none", "unit"):
             raise ConfigError(f"key_prefix: expected 'none' or 'unit', got {self.key_prefix!r}")
         for name in ("memory", "maxsize"):

@@ -27,6 +27,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("shardkit.torch needs PyTorch: pip install 'shardkit[torch]'") from e
 
 from shardkit import plan
+from shardkit._checks import check_int
 from shardkit._state import check_format, check_identity, identity, make_state
 from shardkit.errors import ConfigError
 from shardkit.loader import Loader
@@ -113,8 +114,7 @@ class ShardkitDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` on the next iteration, in every worker (a pending resume of
         that same epoch is kept)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"epoch: expected a non-negative integer, got {epoch!r}")
+        check_int("epoch", epoch, low=0)
         s = self._shared
         if s[_RESUME_EPOCH] != epoch:
             s[_RESUME_EPOCH] = -1
@@ -197,8 +197,7 @@ class ShardkitDataset(IterableDataset):
         """
         s = self._shared
         epoch, workers = int(s[_EPOCH]), int(s[_WORKERS])
-        if yielded is not None and (isinstance(yielded, bool) or not isinstance(yielded, int) or yielded < 0):
-            raise ConfigError(f"state_dict: yielded must be a count of items, got {yielded!r}")
+        check_int("state_dict: yielded", yielded, low=0, none=True)
         if yielded is None:
             if workers > 0:
                 raise RuntimeError(
@@ -227,12 +226,9 @@ class ShardkitDataset(IterableDataset):
         """
         state = check_format(state, FORMAT, VERSION, "shardkit.torch dataset")
         check_identity(state, options=self.options, dataset=self._fingerprint, samples=self.source.samples, name=self.source.name)
-        epoch, taken, workers = state.get("epoch"), state.get("taken"), state.get("workers")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (epoch, taken, workers)):
-            raise ConfigError(f"load_state_dict: epoch, taken and workers must be integers, got {epoch!r}, {taken!r}, {workers!r}")
-        assert isinstance(epoch, int) and isinstance(taken, int) and isinstance(workers, int)
-        if epoch < 0 or workers < 1 or not 0 <= taken < max(1, len(self)):
-            raise ConfigError(f"load_state_dict: epoch {epoch} / taken {taken} / workers {workers} out of range (taken < {len(self)})")
+        epoch = check_int("load_state_dict: epoch", state.get("epoch"), low=0)
+        taken = check_int("load_state_dict: taken", state.get("taken"), low=0, high=max(1, len(self)) - 1)
+        workers = check_int("load_state_dict: workers", state.get("workers"), low=1)
         s = self._shared
         s[_EPOCH], s[_RESUME_EPOCH], s[_RESUME_TAKEN], s[_RESUME_WORKERS], s[_DONE] = epoch, epoch, taken, workers, 0
         self._yielded = 0

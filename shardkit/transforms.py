@@ -21,16 +21,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from shardkit import storage
+from shardkit._checks import check_int
 from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
 from shardkit.reader import iter_shard
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
-
-
-def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-        bound = f"between {lo} and {hi}" if hi is not None else ("a positive integer" if lo == 1 else f"an integer >= {lo}")
-        raise ConfigError(f"{name}: expected {'an integer ' if hi is not None else ''}{bound}, got {value!r}")
 
 
 def sample_key(relative: str) -> str:
@@ -80,9 +75,9 @@ class Images:
     images_per_unit: int = 64
 
     def __post_init__(self) -> None:
-        _check_int("size", self.size, 0)
-        _check_int("quality", self.quality, 1, 100)
-        _check_int("images_per_unit", self.images_per_unit, 1)
+        check_int("size", self.size, low=0)
+        check_int("quality", self.quality, low=1, high=100)
+        check_int("images_per_unit", self.images_per_unit, low=1)
 
     def prepare(self, inputs: Sequence[str]) -> tuple[list[list[ImageItem]], dict[str, Any]]:
         """Scan the folders; the units (images in a deterministic order) and ``{"classes": names}``.

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from shardkit import _tar, router
+from shardkit._checks import check_int
 from shardkit._publish import STAGING_PREFIX, Run, pile_name, prepare_output, publish
 from shardkit._sink import PileSink
 from shardkit._sizes import parse_size
@@ -73,10 +74,8 @@ class PileOptions:
     overwrite: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.piles, bool) or not isinstance(self.piles, int) or self.piles < 1:
-            raise ConfigError(f"piles: expected a positive integer, got {self.piles!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed: expected a non-negative integer, got {self.seed!r}")
+        check_int("piles", self.piles, low=1)
+        check_int("seed", self.seed, low=0)
         if self.max_pile_bytes is not None:
             limit = parse_size(self.max_pile_bytes, what="max_pile_bytes")
             if limit < MIN_PILE_BYTES:

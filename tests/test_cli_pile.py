@@ -66,8 +66,8 @@ def test_pile_summary_mentions_splits(tmp_path, shards, capsys):
     ("args", "message"),
     [
         (["{src}/src-{{000000..000005}}.tar"], "src-000003.tar: no such file"),
-        (["{src}/*.tar", "--piles", "0"], "piles: expected a positive integer, got 0"),
-        (["{src}/*.tar", "--workers", "0"], "workers: expected a positive integer, got 0"),
+        (["{src}/*.tar", "--piles", "0"], "piles: expected an integer >= 1, got 0"),
+        (["{src}/*.tar", "--workers", "0"], "workers: expected an integer >= 1, got 0"),
         (["{src}/*.tar", "--max-pile-bytes", "big"], "max_pile_bytes: expected a size like 2GiB or 500MB, got 'big'"),
     ],
 )

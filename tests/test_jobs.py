@@ -62,8 +62,8 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (VALID.replace("piles: 4", "piles: sixty"), "output.piles: expected a positive integer, got 'sixty'"),
-        (VALID.replace("piles: 4", "piles: 0"), "output.piles: expected a positive integer, got 0"),
+        (VALID.replace("piles: 4", "piles: sixty"), "output.piles: expected an integer >= 1, got 'sixty'"),
+        (VALID.replace("piles: 4", "piles: 0"), "output.piles: expected an integer >= 1, got 0"),
         (
             VALID.replace("piles: 4", "pilez: 4"),
             "output.pilez: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite)",
@@ -75,7 +75,7 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         ),
         (VALID.replace("piles: 4", "piles: 4, overwrite: 'yes'"), "output.overwrite: expected true or false, got 'yes'"),
         (VALID.replace("path: out, ", ""), "output.path: missing (required)"),
-        (VALID + "workers: two\n", "workers: expected a positive integer, got 'two'"),
+        (VALID + "workers: two\n", "workers: expected an integer >= 1, got 'two'"),
         (VALID + "on_error: ignore\n", "on_error: expected one of raise, skip, got 'ignore'"),
         (
             VALID + "colour: blue\n",
@@ -95,14 +95,14 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         (IMAGES.replace("inputs: images", "inputs: imagez"), "inputs[0]: {dir}/imagez: no such folder"),
         ("- job: preprocess\n", "expected a mapping of options, got a list"),
         ("", "expected a mapping of options, got nothing"),
-        ("job: demo\nsamples: -5\n", "samples: expected a positive integer, got -5"),
+        ("job: demo\nsamples: -5\n", "samples: expected an integer >= 1, got -5"),
         (
             "job: shuffle\ninputs: data/a.jsonl\noutput: {path: o, maxcount: ten}\n",
-            "output.maxcount: expected a positive integer, got 'ten'",
+            "output.maxcount: expected an integer >= 1 or None, got 'ten'",
         ),
         (
             "job: shuffle\ninputs: data/a.jsonl\noutput: {path: o, maxsize: 1 GB}\nworkers: 0\n",
-            "workers: expected a positive integer, got 0",
+            "workers: expected an integer >= 1, got 0",
         ),
         (
             "job: pile\ninputs: data/a.jsonl\noutput: {path: o, piles: 2, memory: 1MiB}\n",
@@ -164,7 +164,7 @@ def test_cli_check_and_errors(job_dir, capsys):
     _write(job_dir, VALID.replace("piles: 4", "piles: sixty"))
     assert main(["run", path]) == 1
     captured = capsys.readouterr()
-    assert captured.err == f"error: {path}: output.piles: expected a positive integer, got 'sixty'\n" and captured.out == ""
+    assert captured.err == f"error: {path}: output.piles: expected an integer >= 1, got 'sixty'\n" and captured.out == ""
     assert main(["run", "--check", str(job_dir / "nope.yaml")]) == 1
     assert "no such job file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:

@@ -178,6 +178,20 @@ def test_resume_on_another_dataset_is_refused(dataset, tmp_path):
         shardkit.loader(dataset, batch_size=4).load_state_dict(dict(shardkit.loader(dataset, batch_size=4).state_dict(), position=5))
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("epoch", True, "load_state_dict: epoch: expected an integer >= 0, got True"),
+        ("position", -1, f"load_state_dict: position: expected an integer between 0 and {N}, got -1"),
+        ("position", N + 1, f"load_state_dict: position: expected an integer between 0 and {N}, got {N + 1}"),
+    ],
+)
+def test_resume_state_numbers_are_checked(dataset, field, value, message):
+    state = dict(shardkit.loader(dataset, decode=False).state_dict(), **{field: value})
+    with pytest.raises(ConfigError, match=message):
+        shardkit.loader(dataset, decode=False).load_state_dict(state)
+
+
 def _threads() -> set[threading.Thread]:
     return set(threading.enumerate())
 

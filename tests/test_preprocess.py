@@ -189,7 +189,7 @@ def test_an_existing_dataset_is_refused_before_any_work(tmp_path):
     [
         ({"inputs": "a.jsonl"}, r"inputs: expected a sequence of input units, got a single str \(wrap it in a list\)"),
         ({"inputs": []}, r"inputs: no input units given"),
-        ({"workers": 0}, r"workers: expected a positive integer, got 0"),
+        ({"workers": 0}, r"workers: expected an integer >= 1, got 0"),
         ({"on_error": "ignore"}, r"on_error: expected one of 'raise', 'skip', got 'ignore'"),
         ({"extra": {"units": 1}}, r"extra: keys \['units'\] are written by preprocess itself"),
         ({"extra": {"x": object()}}, r"extra: must be JSON-serializable"),

@@ -258,11 +258,11 @@ def test_piles_default_from_the_memory_budget(tmp_path, inputs):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"piles": 0}, "piles: expected a positive integer, got 0"),
-        ({"piles": 2, "maxcount": "ten"}, "maxcount: expected a positive integer, got 'ten'"),
+        ({"piles": 0}, "piles: expected an integer >= 1 or None, got 0"),
+        ({"piles": 2, "maxcount": "ten"}, "maxcount: expected an integer >= 1 or None, got 'ten'"),
         ({"piles": 2, "maxsize": "lots"}, "maxsize: expected a size like 2GiB or 500MB, got 'lots'"),
         ({"piles": 2, "maxsize": 1000}, "maxsize: expected at least 1536 bytes"),
-        ({"piles": 2, "seed": -1}, "seed: expected a non-negative integer, got -1"),
+        ({"piles": 2, "seed": -1}, "seed: expected an integer >= 0, got -1"),
     ],
 )
 def test_bad_options(kwargs, message):

@@ -174,6 +174,22 @@ def test_plain_dataloader_states(odd_dataset):
         ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0, seed=1).load_state_dict(state)
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"epoch": -1}, "load_state_dict: epoch: expected an integer >= 0, got -1"),
+        ({"taken": N}, f"load_state_dict: taken: expected an integer between 0 and {N - 1}, got {N}"),
+        ({"workers": True}, "load_state_dict: workers: expected an integer >= 1, got True"),
+    ],
+)
+def test_state_numbers_are_checked(odd_dataset, change, message):
+    ds = ShardkitDataset(odd_dataset, decode=False, world_size=1, rank=0)
+    with pytest.raises(shardkit.ConfigError, match=message):
+        ds.load_state_dict(dict(ds.state_dict(), **change))
+    with pytest.raises(shardkit.ConfigError, match=r"state_dict: yielded: expected an integer >= 0 or None, got 1\.5"):
+        ds.state_dict(yielded=1.5)
+
+
 def test_skips_keep_ranks_and_workers_in_step(odd_dataset):
     from shardkit import manifest
 

@@ -269,7 +269,7 @@ def test_an_existing_dataset_is_refused_unless_overwrite(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"piles": 0}, "piles: expected a positive integer"),
+        ({"piles": 0}, "piles: expected an integer >= 1, got 0"),
         ({"piles": 2, "seed": -1}, "seed"),
         (
             {"piles": 2, "max_pile_bytes": 512},
