@@ -7,6 +7,7 @@ quality = check_int("quality", 90, low=1, high=100)
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Literal, overload
 
 from shardkit.errors import ConfigError
@@ -69,7 +70,8 @@ def check_int(
     """Return ``value`` if it is an int in ``[low, high]`` (or None, when ``none``); else raise.
 
     ``True``/``False`` are refused although bool subclasses int (``piles=True`` is a mistake,
-    not 1), and so are floats (even ``2.0``) and numeric strings: options are used as given.
+    not 1), and so are floats (even ``2.0``) and numeric strings. Numpy integers are accepted
+    and returned as ``int`` (sizes often come out of array arithmetic).
 
     Args:
         name: the argument, as the caller knows it; None when the caller prefixes the place
@@ -84,7 +86,18 @@ def check_int(
     """
     if value is None and none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low) or (high is not None and value > high):
+    number = _integer(value)
+    if number is None or (low is not None and number < low) or (high is not None and number > high):
         prefix = f"{name}: " if name else ""
         raise error(f"{prefix}expected {expected_int(low, high, none=none)}, got {shown(value)}")
-    return value
+    return number
+
+
+def _integer(value: Any) -> int | None:
+    """``value`` as a plain int when it is an integer (numpy's included), not a bool; else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # numpy's bool refuses this, floats and strings too
+    except TypeError:
+        return None

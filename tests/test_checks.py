@@ -28,7 +28,8 @@ def test_accepts_ints_in_bounds_and_returns_them(kwargs, value):
         (2.0, {"low": 1}, "piles: expected an integer >= 1, got 2.0"),
         ("3", {"low": 1}, "piles: expected an integer >= 1, got '3'"),
         (None, {"low": 1}, "piles: expected an integer >= 1, got None"),
-        (np.int64(3), {"low": 1}, "piles: expected an integer >= 1, got "),
+        (np.True_, {"low": 0}, "piles: expected an integer >= 0, got "),
+        (np.int64(0), {"low": 1}, "piles: expected an integer >= 1, got "),
         (0, {"low": 1}, "piles: expected an integer >= 1, got 0"),
         (-1, {"low": 0}, "piles: expected an integer >= 0, got -1"),
         (101, {"low": 1, "high": 100}, "piles: expected an integer between 1 and 100, got 101"),
@@ -42,6 +43,11 @@ def test_refusals_name_argument_expectation_and_value(value, kwargs, message):
     with pytest.raises(shardkit.ConfigError) as info:
         check_int("piles", value, **kwargs)
     assert str(info.value).startswith(message)
+
+
+def test_numpy_integers_come_back_as_int():
+    value = check_int("piles", np.int64(3), low=1)
+    assert value == 3 and type(value) is int
 
 
 def test_none_only_when_allowed():
