@@ -216,6 +216,15 @@ class Layout:
             _tar.group(_tar.Members(self.all_names(), offsets, self.sizes.tolist(), 0), self.source)
         return starts
 
+    def sample_keys(self, firsts: np.ndarray, keylen: np.ndarray | None = None) -> np.ndarray:
+        """The UTF-8 key of each sample whose first member is ``firsts[i]``, as numpy bytes."""
+        if len(firsts) and self.lengths.min() < 0:  # a name too long for the rows: split the str names
+            names = self.all_names()
+            return np.array([_tar.split_name(names[i])[0].encode("utf-8", "surrogateescape") for i in firsts.tolist()], dtype=bytes)
+        keylen = self.key_lengths() if keylen is None else keylen
+        keys = np.ascontiguousarray(key_rows(self.rows[firsts], keylen[firsts]))
+        return keys.view(f"S{keys.shape[1]}").ravel() if keys.shape[1] else np.zeros(len(firsts), dtype="S1")
+
     def sample_bounds(self, starts: np.ndarray) -> np.ndarray:
         """Byte bounds of the samples: sample i is ``buf[b[i]:b[i + 1]]``, headers included.
 

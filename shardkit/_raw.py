@@ -86,7 +86,7 @@ def canonical_samples(
     keylen = layout.key_lengths()
     starts = layout.samples(keylen)
     firsts = starts[:-1]
-    keys = _keys(layout, keylen, firsts)
+    keys = layout.sample_keys(firsts, keylen)
     padded = layout.sizes + (-layout.sizes % BLOCK)
     nbytes = np.add.reduceat(BLOCK + padded, firsts)
     fast = np.logical_and.reduceat(_expressible(layout, keylen, starts), firsts)
@@ -110,16 +110,6 @@ def _prefixed(layout: _layout.Layout, prefix: str) -> _layout.Layout:
     names = [prefix + name for name in layout.all_names()] if (lengths < 0).any() else None
     canonical = np.zeros(len(layout), dtype=bool)
     return dataclasses.replace(layout, rows=np.ascontiguousarray(rows), lengths=lengths, names=names, canonical=canonical)
-
-
-def _keys(layout: _layout.Layout, keylen: np.ndarray, firsts: np.ndarray) -> np.ndarray:
-    """The UTF-8 key of each sample (numpy bytes), from the name of its first member."""
-    if layout.lengths.min() >= 0:
-        rows = layout.rows[firsts]
-        masked = np.where(keylen[firsts, None] > np.arange(rows.shape[1]), rows, 0).astype(np.uint8)
-        return np.ascontiguousarray(masked).view(f"S{rows.shape[1]}").ravel()
-    names = layout.all_names()
-    return np.array([_tar.split_name(names[i])[0].encode("utf-8", "surrogateescape") for i in firsts.tolist()], dtype=bytes)
 
 
 def _expressible(layout: _layout.Layout, keylen: np.ndarray, starts: np.ndarray) -> np.ndarray:
