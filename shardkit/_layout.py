@@ -271,7 +271,7 @@ def _plain(buf: Buffer, source: str, checked: bool = False) -> Layout | None:
         return None
     canonical = np.zeros(len(chain.heads), dtype=bool)
     if not checked:
-        headers = chain.headers()
+        headers = np.take(_chain.blocks_of(buf), chain.heads // BLOCK, axis=0)
         canonical = _canonical_headers(headers, chain.rows, chain.sizes)
         if len(_chain.bad_checksums(headers[~canonical])):
             return None  # the careful walk names the bad header
@@ -293,8 +293,7 @@ def _careful(buf: Buffer, source: str) -> Layout:
     plain = bool(len(heads) == 0 or (heads[0] == 0 and (heads[1:] == heads[:-1] + BLOCK + padded[:-1]).all()))
     canonical = np.zeros(len(heads), dtype=bool)
     if plain and len(heads) and lengths.min() >= 0:
-        blocks = np.frombuffer(buf, dtype=np.uint8, count=len(buf) // BLOCK * BLOCK).reshape(-1, BLOCK)
-        canonical = _canonical_headers(blocks[heads // BLOCK], rows, sizes)
+        canonical = _canonical_headers(np.take(_chain.blocks_of(buf), heads // BLOCK, axis=0), rows, sizes)
     return Layout(buf, source, heads, sizes, rows, lengths, names, plain, canonical)
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardkit import _layout, _tar
+from shardkit import _chain, _layout, _tar
 from shardkit.codecs import DEFAULT, Codecs
 from shardkit.writer import _check_key, encode_sample
 
@@ -141,7 +141,7 @@ def _canonical_already(layout: _layout.Layout, padded: np.ndarray) -> bool:
         return False
     tail = layout.sizes % BLOCK
     partial = np.flatnonzero(tail)
-    blocks = np.frombuffer(layout.buf, dtype=np.uint8, count=len(layout.buf) // BLOCK * BLOCK).reshape(-1, BLOCK)
+    blocks = _chain.blocks_of(layout.buf)
     words = np.take(blocks, (layout.heads[partial] + padded[partial]) // BLOCK, axis=0).view("<u8")
     tail = tail[partial]
     # the last non-zero word of each last block must end before the padding starts
@@ -193,7 +193,7 @@ def _copy_with_headers(layout: _layout.Layout, idx: np.ndarray) -> np.ndarray:
     out[head] = _tar.headers(layout.rows[idx], sizes)
     total = int(data_blocks.sum())
     if total:
-        src = np.frombuffer(layout.buf, dtype=np.uint8, count=len(layout.buf) // BLOCK * BLOCK).reshape(-1, BLOCK)
+        src = _chain.blocks_of(layout.buf)
         before = np.cumsum(data_blocks) - data_blocks
         step = np.arange(total) - np.repeat(before, data_blocks)
         out[np.repeat(head + 1, data_blocks) + step] = src[np.repeat(layout.heads[idx] // BLOCK + 1, data_blocks) + step]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardkit._chain import BLOCK, bad_checksums, checksums, parse_pax, scan, zeros_from
+from shardkit._chain import BLOCK, bad_checksums, blocks_of, checksums, parse_pax, scan, zeros_from
 from shardkit.errors import CorruptShardError
 
 if TYPE_CHECKING:
@@ -311,7 +311,7 @@ def _ustar_name(buf: Buffer, pos: int) -> str:
 
 def _verify_checksums(buf: Buffer, headers: list[int], source: str, chunk: int = 4096) -> None:
     """Check every header's checksum, vectorized over ``chunk`` headers at a time."""
-    blocks = np.frombuffer(buf, dtype=np.uint8, count=len(buf) // BLOCK * BLOCK).reshape(-1, BLOCK)
+    blocks = blocks_of(buf)
     for lo in range(0, len(headers), chunk):
         starts = np.asarray(headers[lo : lo + chunk], dtype=np.int64)
         block = np.take(blocks, starts // BLOCK, axis=0)  # headers start on block boundaries
