@@ -1,13 +1,16 @@
 """Index a tar shard as arrays: each member's header, data and name, and the samples they form.
 
-Re-piling copies samples without decoding them, so it needs positions, not Python objects. A
-plain archive (every member a single ustar header, as shardkit and most tools write short names,
-optionally with a pax header per member that changes neither name nor size, as webdataset
-writes) is indexed with numpy: every block that can be a header is checked at once (magic, octal
-size, a safe name without prefix), the chain of headers is followed from block 0, so data that
-happens to look like a header is never taken for one, and checksums are verified on the chain.
-Anything else (pax paths, GNU long names, old formats, damage) goes through
-:func:`shardkit._tar.walk`, which also raises the errors; both give the same :class:`Layout`.
+Built on :func:`shardkit._chain.scan`, which finds and checks the headers of an archive of plain
+headers with numpy; anything else goes through :func:`shardkit._tar.walk`, which also raises the
+errors. Two views of the result:
+
+- :func:`groups` for the loader: sample keys, where each sample starts, and its fields (named
+  once when every sample has the same ones, as a writer of one schema makes them);
+- :func:`index` for re-piling, which copies samples without decoding them: a :class:`Layout` of
+  header offsets, sizes, name rows and whether each header is already the one shardkit writes.
+
+Both split names the WebDataset way: the key is the name up to the first dot after the last
+slash, and adjacent members with equal keys form a sample.
 
     layout = index(buf, "src-000000.tar")
     starts = layout.samples()   # sample i has members starts[i]:starts[i + 1]
@@ -21,15 +24,128 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardkit import _tar
-from shardkit._fastwalk import zeros_from
+from shardkit import _chain, _tar
+from shardkit._chain import BLOCK, NAME, Chain, split_rows
 
 if TYPE_CHECKING:
     from shardkit.storage import Buffer
 
-BLOCK = _tar.BLOCK
-NAME = _tar.NAME_BYTES
 _SLASH, _DOT = ord("/"), ord(".")
+
+
+@dataclass(frozen=True, slots=True)
+class Groups:
+    """How members form samples: ``keys[i]`` owns members ``starts[i]:starts[i + 1]``.
+
+    Either ``exts`` names every member's extension, or ``fields`` says that every sample has
+    exactly these extensions, in this order (then ``exts`` is None). Duplicate extensions within
+    a sample are not checked here (the loader does it when it hands the sample out).
+
+    Example:
+        chain = _chain.scan(buf)
+        found = groups(chain)
+        found.keys[0], found.starts[:2]   # the first sample's key and members
+    """
+
+    keys: list[str]
+    starts: list[int]
+    exts: list[str] | None
+    fields: tuple[str, ...] | None
+
+
+def groups(chain: Chain) -> Groups:
+    """The samples of ``chain``'s members (see :class:`Groups`)."""
+    rows, lengths = chain.rows, chain.lengths
+    keylen = key_lengths(rows, lengths)
+    starts = sample_starts(rows, keylen)
+    firsts = starts[:-1]
+    keys = split_rows(key_rows(rows[firsts], keylen[firsts]), keylen[firsts])
+    fields = _repeated_fields(rows, keylen, lengths, firsts)
+    exts = None if fields is not None else _extensions(rows, keylen, lengths)
+    return Groups(keys, starts.tolist(), exts, fields)
+
+
+def key_lengths(rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Bytes of each name before its extension: up to the first dot after the last slash, the
+    whole name when there is none. ``rows`` are names zero-padded (as :class:`Chain` has them)."""
+    width = rows.shape[1]
+    flat = rows.ravel()
+    if (flat == _SLASH).any():
+        cols = np.arange(width)
+        slash = np.where(rows == _SLASH, cols, -1).max(axis=1, initial=-1)
+        dots = (rows == _DOT) & (slash[:, None] < cols)
+        return np.where(dots.any(axis=1), dots.argmax(axis=1), lengths)
+    # no slashes (most shards): the first dot of each row, from one pass over all of them
+    dots = np.flatnonzero(flat == _DOT)
+    row = dots // width
+    first = np.ones(len(dots), dtype=bool)
+    first[1:] = row[1:] != row[:-1]
+    keylen = lengths.copy()
+    keylen[row[first]] = dots[first] - row[first] * width
+    return keylen
+
+
+def key_rows(rows: np.ndarray, keylen: np.ndarray) -> np.ndarray:
+    """The keys as zero-padded rows, as narrow as the longest key allows."""
+    width = max(int(keylen.max(initial=0)), 0)
+    if len(rows) and (keylen == width).all():  # keys of one length (numbered samples): a slice
+        return rows[:, :width]
+    return np.where(keylen[:, None] > np.arange(width), rows[:, :width], 0).astype(np.uint8, copy=False)
+
+
+def sample_starts(rows: np.ndarray, keylen: np.ndarray) -> np.ndarray:
+    """Member index where each sample starts (where the key changes), then the number of members."""
+    n = len(rows)
+    width = max(int(keylen.max(initial=0)), 0)
+    new = np.zeros(n, dtype=bool)
+    new[:1] = True
+    if width and n > 1:
+        # trailing NULs are padding to numpy's strings, so keys of different lengths differ
+        text = _strings(rows if keylen.min() == width else key_rows(rows, keylen), 0, width)
+        new[1:] = text[1:] != text[:-1]
+    return np.append(np.flatnonzero(new), n)
+
+
+def _strings(rows: np.ndarray, start: int, width: int) -> np.ndarray:
+    """Columns ``start:start + width`` of each row as one fixed-width numpy string, without a
+    copy: numpy compares them in C, faster than row by row."""
+    rows = np.ascontiguousarray(rows)
+    return np.ndarray((len(rows),), dtype=f"S{width}", buffer=rows, offset=start, strides=(rows.shape[1],))
+
+
+def _repeated_fields(rows: np.ndarray, keylen: np.ndarray, lengths: np.ndarray, firsts: np.ndarray) -> tuple[str, ...] | None:
+    """The extensions every sample has in the same order, or None when samples differ."""
+    members, samples = len(rows), len(firsts)
+    if samples == 0 or members % samples:
+        return None
+    width = members // samples
+    if not (firsts == np.arange(0, members, width)).all():
+        return None
+    if (keylen == keylen[0]).all():  # the dot (or its absence) and the extension, in place
+        start = max(int(keylen[0]), 0)
+        tails = _strings(rows, start, rows.shape[1] - start) if start < rows.shape[1] else None
+    else:
+        ext = _ext_rows(rows, keylen, lengths)
+        tails = _strings(ext, 0, ext.shape[1]) if ext.shape[1] else None
+    if tails is not None and not (tails.reshape(samples, width) == tails[:width]).all():
+        return None
+    begin, end = np.minimum(keylen[:width] + 1, lengths[:width]).tolist(), lengths[:width].tolist()
+    return tuple(bytes(rows[j, begin[j] : end[j]]).decode("utf-8", "surrogateescape") for j in range(width))
+
+
+def _ext_rows(rows: np.ndarray, keylen: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Each name's extension, left-aligned and zero-padded."""
+    begin = np.minimum(keylen + 1, lengths)
+    longest = int((lengths - begin).max(initial=0))
+    cols = np.arange(longest)
+    at = np.minimum(begin[:, None] + cols, rows.shape[1] - 1)
+    picked = np.take_along_axis(rows, at, axis=1)
+    return np.where(begin[:, None] + cols < lengths[:, None], picked, 0).astype(np.uint8)
+
+
+def _extensions(rows: np.ndarray, keylen: np.ndarray, lengths: np.ndarray) -> list[str]:
+    """Each name's extension as str ("" for a name without one)."""
+    return split_rows(_ext_rows(rows, keylen, lengths), lengths - np.minimum(keylen + 1, lengths))
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,8 +155,8 @@ class Layout:
     Attributes:
         heads: offset of each member's ustar header; its data starts 512 bytes later.
         sizes: data size of each member.
-        rows: (n, w) uint8, each name's UTF-8 bytes NUL-padded to w, the longest name that fits
-            in 100 bytes (a longer name gets a row of zeros). Narrow rows keep the array work
+        rows: (n, w) uint8, each name's UTF-8 bytes zero-padded to w <= 100 bytes (a name too
+            long for 100 bytes gets a row of zeros). Narrow rows keep the array work
             proportional to the names, not to the header field.
         lengths: name length in bytes, or -1 when it does not fit in 100 bytes.
         names: the names as str when the careful walk made them, else None.
@@ -48,6 +164,11 @@ class Layout:
             so a sample's bytes run from its first header to its last member's padded end.
         canonical: per member, its header is exactly the one shardkit writes for it (all False
             when :func:`index` was told the bytes were ``checked`` and did not compare them).
+
+    Example:
+        layout = index(buf, "src-000000.tar")
+        starts = layout.samples()
+        bounds = layout.sample_bounds(starts)   # sample i is buf[bounds[i]:bounds[i + 1]]
     """
 
     buf: Buffer | memoryview | Any = field(repr=False)
@@ -69,15 +190,11 @@ class Layout:
         return self.rows[i, : self.lengths[i]].tobytes().decode("utf-8", "surrogateescape")
 
     def all_names(self) -> list[str]:
-        return self.names if self.names is not None else [self.name(i) for i in range(len(self))]
+        return self.names if self.names is not None else split_rows(self.rows, self.lengths)
 
     def key_lengths(self) -> np.ndarray:
         """Bytes of each name before its WebDataset extension (the first dot after the last slash)."""
-        cols = np.arange(self.rows.shape[1])
-        inside = self.lengths[:, None] > cols
-        slash = np.where((self.rows == _SLASH) & inside, cols, -1).max(axis=1, initial=-1)
-        dots = (self.rows == _DOT) & inside & (slash[:, None] < cols)
-        return np.where(dots.any(axis=1), dots.argmax(axis=1), self.lengths)
+        return key_lengths(self.rows, self.lengths)
 
     def samples(self, keylen: np.ndarray | None = None) -> np.ndarray:
         """Member index where each sample starts, plus ``len(self)`` at the end (WebDataset grouping).
@@ -90,16 +207,23 @@ class Layout:
             _, grouped = _tar.group(_tar.Members(self.all_names(), [], [], 0), self.source)
             return np.asarray(grouped, dtype=np.int64)
         keylen = self.key_lengths() if keylen is None else keylen
-        new = np.ones(n, dtype=bool)
-        if n > 1:
-            differ = (self.rows[1:] != self.rows[:-1]) & (keylen[1:, None] > np.arange(self.rows.shape[1]))
-            new[1:] = (keylen[1:] != keylen[:-1]) | differ.any(axis=1)
-        starts = np.append(np.flatnonzero(new), n)
+        starts = sample_starts(self.rows, keylen)
         # names that do not increase inside a sample may repeat an extension: group() decides
-        if n > 1 and (~new[1:] & ~self.increasing()[1:]).any():
+        inside = np.ones(n, dtype=bool)
+        inside[starts[:-1]] = False
+        if (inside & ~self.increasing()).any():
             offsets = (self.heads + BLOCK).tolist()
             _tar.group(_tar.Members(self.all_names(), offsets, self.sizes.tolist(), 0), self.source)
         return starts
+
+    def sample_keys(self, firsts: np.ndarray, keylen: np.ndarray | None = None) -> np.ndarray:
+        """The UTF-8 key of each sample whose first member is ``firsts[i]``, as numpy bytes."""
+        if len(firsts) and self.lengths.min() < 0:  # a name too long for the rows: split the str names
+            names = self.all_names()
+            return np.array([_tar.split_name(names[i])[0].encode("utf-8", "surrogateescape") for i in firsts.tolist()], dtype=bytes)
+        keylen = self.key_lengths() if keylen is None else keylen
+        keys = np.ascontiguousarray(key_rows(self.rows[firsts], keylen[firsts]))
+        return keys.view(f"S{keys.shape[1]}").ravel() if keys.shape[1] else np.zeros(len(firsts), dtype="S1")
 
     def sample_bounds(self, starts: np.ndarray) -> np.ndarray:
         """Byte bounds of the samples: sample i is ``buf[b[i]:b[i + 1]]``, headers included.
@@ -136,123 +260,27 @@ def index(buf: Buffer, source: str, *, checked: bool = False) -> Layout:
     return layout if layout is not None else _careful(buf, source)
 
 
-_USTAR = np.frombuffer(b"ustar", dtype=np.uint8)
-_OCTAL_WEIGHTS = 8 ** np.arange(10, -1, -1, dtype=np.int64)
-
-
 def _plain(buf: Buffer, source: str, checked: bool = False) -> Layout | None:
     """The vectorized index, or None when the archive is not plain (the careful walk decides).
 
     A pax header in front of a member (webdataset and Python's tarfile write one per member
     for a float mtime) is accepted when its records cannot change the member's name or size.
     """
-    nblocks = len(buf) // BLOCK
-    if nblocks == 0:
+    chain = _chain.scan(buf, checksums=False)
+    if chain is None:
         return None
-    blocks = np.frombuffer(buf, dtype=np.uint8, count=nblocks * BLOCK).reshape(nblocks, BLOCK)
-    flags = blocks[:, 156]
-    cand = np.flatnonzero((flags == _REGULAR) | (flags == _PAX))
-    rows = np.take(blocks, cand, axis=0)
-    digits = rows[:, 124:135].astype(np.int64) - ord("0")
-    ok = ((digits >= 0) & (digits <= 7)).all(axis=1) & (rows[:, 257:262] == _USTAR).all(axis=1) & (rows[:, 345] == 0) & (rows[:, 0] != 0)
-    sizes = digits @ _OCTAL_WEIGHTS
-    chain, end = _follow(cand[ok], sizes[ok], nblocks)
-    if end > nblocks or (end == nblocks and len(buf) % BLOCK) or not zeros_from(buf, end * BLOCK):
-        return None  # truncated, a block that is not a plain header, or data after the end marker
-    picked = np.flatnonzero(ok)[chain]
-    headers = rows if len(picked) == len(rows) else rows[picked]
-    pax = headers[:, 156] == _PAX
-    if pax.any():
-        if not _pax_harmless(buf, pax, cand[picked[pax]], sizes[picked[pax]]) or not _checksums_hold(headers[pax]):
-            return None
-        picked, headers = picked[~pax], headers[~pax]
-    heads, sizes = cand[picked], sizes[picked]
-    nul = headers[:, :NAME] == 0
-    lengths = np.where(nul.any(axis=1), nul.argmax(axis=1), NAME)
-    width = max(int(lengths.max(initial=0)), 1)
-    names = np.where(lengths[:, None] > np.arange(width), headers[:, :width], 0).astype(np.uint8)
-    if not _safe(names, lengths):
-        return None
-    if checked:
-        canonical = np.zeros(len(heads), dtype=bool)
-    else:
-        canonical = _canonical_headers(headers, names, sizes)
-        if not _checksums_hold(headers[~canonical]):
-            return None  # the careful walk accepts the old signed form, or names the bad header
-    return Layout(buf, source, heads * BLOCK, sizes, names, lengths, None, not pax.any(), canonical)
-
-
-_REGULAR, _PAX = ord("0"), ord("x")
-
-
-def _pax_harmless(buf: Buffer, pax: np.ndarray, blocks: np.ndarray, sizes: np.ndarray) -> bool:
-    """Each pax header (``pax`` marks them on the chain) comes right before a member, its
-    records (at ``blocks``) parse, and none sets ``path`` or ``size``."""
-    if pax[-1] or (pax[:-1] & pax[1:]).any():
-        return False
-    starts = ((blocks + 1) * BLOCK).tolist()
-    for start, size in zip(starts, sizes.tolist(), strict=True):
-        data = bytes(buf[start : start + size])
-        space = data.find(b" ")
-        # the common case, one record ("30 mtime=1700000000.123456789\n"), checked without parsing
-        if 0 < space < 8 and data[:space].isdigit() and int(data[:space]) == size and data.endswith(b"\n"):
-            keyword = data[space + 1 : data.find(b"=")]
-            if keyword in (b"path", b"size") or not keyword.isascii():
-                return False
-            continue
-        try:
-            records = _tar._parse_pax(data)
-        except (ValueError, UnicodeDecodeError):
-            return False  # the careful walk names it
-        if "path" in records or "size" in records:
-            return False
-    return True
+    canonical = np.zeros(len(chain.heads), dtype=bool)
+    if not checked:
+        headers = np.take(_chain.blocks_of(buf), chain.heads // BLOCK, axis=0)
+        canonical = _canonical_headers(headers, chain.rows, chain.sizes)
+        if len(_chain.bad_checksums(headers[~canonical])):
+            return None  # the careful walk names the bad header
+    return Layout(buf, source, chain.heads, chain.sizes, chain.rows, chain.lengths, None, not chain.pax, canonical)
 
 
 def _canonical_headers(headers: np.ndarray, names: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """Per member: its header is byte for byte the one shardkit writes (so its checksum holds)."""
     return _tar.canonical(headers, names, sizes) & (names < 128).all(axis=1)  # other names get a pax header
-
-
-def _checksums_hold(headers: np.ndarray) -> bool:
-    field = headers[:, 148:156].astype(np.int64)
-    computed = headers.sum(axis=1, dtype=np.int64) - field.sum(axis=1) + 8 * ord(" ")
-    return bool((_tar._octal_columns(field) == computed).all())
-
-
-def _follow(cands: np.ndarray, sizes: np.ndarray, nblocks: int) -> tuple[np.ndarray, int]:
-    """Candidates on the header chain from block 0, and the block where the chain stops.
-
-    Sizes come from octal digits only (never negative), so each step moves at least one block.
-    """
-    nxt = cands + 1 + (sizes + BLOCK - 1) // BLOCK
-    if not len(cands) or cands[0] != 0:
-        return np.zeros(0, dtype=np.int64), 0
-    if (nxt[:-1] == cands[1:]).all():
-        return np.arange(len(cands)), int(nxt[-1])
-    # data blocks that look like headers: walk the chain through a lookup
-    where = dict(zip(cands.tolist(), range(len(cands)), strict=True))
-    steps = nxt.tolist()
-    chain: list[int] = []
-    block = 0
-    while block < nblocks and (c := where.get(block)) is not None:
-        chain.append(c)
-        block = steps[c]
-    return np.asarray(chain, dtype=np.int64), block
-
-
-def _safe(names: np.ndarray, lengths: np.ndarray) -> bool:
-    """No name is empty, starts with '/' or has a '..' component (the walk's rule)."""
-    if (lengths == 0).any() or (names[:, 0] == _SLASH).any():
-        return False
-    dotdot = (names[:, :-1] == _DOT) & (names[:, 1:] == _DOT)
-    if not dotdot.any():
-        return True
-    bounded = np.pad(names, ((0, 0), (1, 1)), constant_values=_SLASH)  # name edges count as '/'
-    cols = np.arange(names.shape[1] - 1)
-    before = bounded[:, :-3] == _SLASH
-    after = (bounded[:, 3:] == _SLASH) | (cols + 2 >= lengths[:, None])
-    return not (dotdot & before & after).any()
 
 
 def _careful(buf: Buffer, source: str) -> Layout:
@@ -265,13 +293,12 @@ def _careful(buf: Buffer, source: str) -> Layout:
     plain = bool(len(heads) == 0 or (heads[0] == 0 and (heads[1:] == heads[:-1] + BLOCK + padded[:-1]).all()))
     canonical = np.zeros(len(heads), dtype=bool)
     if plain and len(heads) and lengths.min() >= 0:
-        blocks = np.frombuffer(buf, dtype=np.uint8, count=len(buf) // BLOCK * BLOCK).reshape(-1, BLOCK)
-        canonical = _canonical_headers(blocks[heads // BLOCK], rows, sizes)
+        canonical = _canonical_headers(np.take(_chain.blocks_of(buf), heads // BLOCK, axis=0), rows, sizes)
     return Layout(buf, source, heads, sizes, rows, lengths, names, plain, canonical)
 
 
 def _rows(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Names as NUL-padded rows; a name over 100 bytes gets length -1 and a zero row."""
+    """Names as zero-padded rows; a name over 100 bytes gets length -1 and a zero row."""
     encoded = [n.encode("utf-8", "surrogateescape") for n in names]
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     fits = lengths <= NAME

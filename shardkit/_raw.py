@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardkit import _layout, _tar
+from shardkit import _chain, _layout, _tar
 from shardkit.codecs import DEFAULT, Codecs
 from shardkit.writer import _check_key, encode_sample
 
@@ -86,7 +86,7 @@ def canonical_samples(
     keylen = layout.key_lengths()
     starts = layout.samples(keylen)
     firsts = starts[:-1]
-    keys = _keys(layout, keylen, firsts)
+    keys = layout.sample_keys(firsts, keylen)
     padded = layout.sizes + (-layout.sizes % BLOCK)
     nbytes = np.add.reduceat(BLOCK + padded, firsts)
     fast = np.logical_and.reduceat(_expressible(layout, keylen, starts), firsts)
@@ -110,16 +110,6 @@ def _prefixed(layout: _layout.Layout, prefix: str) -> _layout.Layout:
     names = [prefix + name for name in layout.all_names()] if (lengths < 0).any() else None
     canonical = np.zeros(len(layout), dtype=bool)
     return dataclasses.replace(layout, rows=np.ascontiguousarray(rows), lengths=lengths, names=names, canonical=canonical)
-
-
-def _keys(layout: _layout.Layout, keylen: np.ndarray, firsts: np.ndarray) -> np.ndarray:
-    """The UTF-8 key of each sample (numpy bytes), from the name of its first member."""
-    if layout.lengths.min() >= 0:
-        rows = layout.rows[firsts]
-        masked = np.where(keylen[firsts, None] > np.arange(rows.shape[1]), rows, 0).astype(np.uint8)
-        return np.ascontiguousarray(masked).view(f"S{rows.shape[1]}").ravel()
-    names = layout.all_names()
-    return np.array([_tar.split_name(names[i])[0].encode("utf-8", "surrogateescape") for i in firsts.tolist()], dtype=bytes)
 
 
 def _expressible(layout: _layout.Layout, keylen: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -151,7 +141,7 @@ def _canonical_already(layout: _layout.Layout, padded: np.ndarray) -> bool:
         return False
     tail = layout.sizes % BLOCK
     partial = np.flatnonzero(tail)
-    blocks = np.frombuffer(layout.buf, dtype=np.uint8, count=len(layout.buf) // BLOCK * BLOCK).reshape(-1, BLOCK)
+    blocks = _chain.blocks_of(layout.buf)
     words = np.take(blocks, (layout.heads[partial] + padded[partial]) // BLOCK, axis=0).view("<u8")
     tail = tail[partial]
     # the last non-zero word of each last block must end before the padding starts
@@ -203,7 +193,7 @@ def _copy_with_headers(layout: _layout.Layout, idx: np.ndarray) -> np.ndarray:
     out[head] = _tar.headers(layout.rows[idx], sizes)
     total = int(data_blocks.sum())
     if total:
-        src = np.frombuffer(layout.buf, dtype=np.uint8, count=len(layout.buf) // BLOCK * BLOCK).reshape(-1, BLOCK)
+        src = _chain.blocks_of(layout.buf)
         before = np.cumsum(data_blocks) - data_blocks
         step = np.arange(total) - np.repeat(before, data_blocks)
         out[np.repeat(head + 1, data_blocks) + step] = src[np.repeat(layout.heads[idx] // BLOCK + 1, data_blocks) + step]

@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardkit._fastwalk import plain_archive, zeros_from
+from shardkit._chain import BLOCK, bad_checksums, blocks_of, checksums, parse_pax, scan, zeros_from
 from shardkit.errors import CorruptShardError
 
 if TYPE_CHECKING:
     from shardkit.storage import Buffer
 
-BLOCK = 512
 # two zero blocks end an archive; stream readers stop at the first pair they meet
 TRAILER = bytes(2 * BLOCK)
 
@@ -85,7 +84,6 @@ def member_parts(name: str, data: bytes | bytearray | memoryview) -> tuple[bytes
     )
 
 
-NAME_BYTES = 100
 _BLANK = np.frombuffer(_header(b"", 0, b"0"), dtype=np.uint8)
 _SIZE_SHIFTS = np.arange(30, -1, -3, dtype=np.int64)  # the eleven octal digits, most significant first
 
@@ -145,21 +143,6 @@ def _parse_octal(field: bytes) -> int:
     return int(text, 8) if text else 0
 
 
-def _parse_pax(data: bytes) -> dict[str, str]:
-    records: dict[str, str] = {}
-    pos = 0
-    while pos < len(data):
-        space = data.index(b" ", pos)
-        digits = data[pos:space]
-        length = int(digits) if digits.isdigit() else 0
-        if length <= 0:
-            raise ValueError("bad pax record length")
-        keyword, _, value = data[space + 1 : pos + length - 1].partition(b"=")
-        records[keyword.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
-        pos += length
-    return records
-
-
 def _check_name(source: str, index: int, name: str, offset: int) -> None:
     if not name or name.startswith("/") or ".." in name.split("/"):
         raise _fail(source, index, name, offset, "unsafe member name (leading '/' or '..')")
@@ -180,11 +163,11 @@ def walk(buf: Buffer, source: str) -> Members:
 
 
 def _walk_plain(buf: Buffer) -> Members | None:
-    """The members of a plain ustar archive, found with numpy (see :mod:`shardkit._fastwalk`)."""
-    plain = plain_archive(buf)
-    if plain is None:
+    """The members of an archive of plain headers, found with numpy (see :mod:`shardkit._chain`)."""
+    chain = scan(buf)
+    if chain is None:
         return None
-    return Members(plain.names(buf), (plain.heads + BLOCK).tolist(), plain.sizes.tolist(), plain.end)
+    return Members(chain.names(), (chain.heads + BLOCK).tolist(), chain.sizes.tolist(), chain.end)
 
 
 def _walk_members(buf: Buffer, source: str) -> Members:
@@ -292,7 +275,7 @@ def _special(buf: Buffer, pos: int, source: str, names: list[str], offsets: list
             raise _fail(source, len(names), None, pos, f"negative size {size}")
         if typeflag == b"x":
             try:
-                pending = _parse_pax(buf[start : start + size])
+                pending = parse_pax(buf[start : start + size])
             except (ValueError, UnicodeDecodeError):
                 raise _fail(source, len(names), None, pos, "malformed pax header") from None
         elif typeflag == b"L":
@@ -326,47 +309,17 @@ def _ustar_name(buf: Buffer, pos: int) -> str:
     return name.decode("utf-8", "surrogateescape")
 
 
-_DIGIT_VALUE = np.full(256, -1, dtype=np.int64)
-_DIGIT_VALUE[ord("0") : ord("8")] = np.arange(8)
-
-
 def _verify_checksums(buf: Buffer, headers: list[int], source: str, chunk: int = 4096) -> None:
     """Check every header's checksum, vectorized over ``chunk`` headers at a time."""
-    if not headers:
-        return
-    data = np.frombuffer(buf, dtype=np.uint8)
-    cols = np.arange(BLOCK)
+    blocks = blocks_of(buf)
     for lo in range(0, len(headers), chunk):
         starts = np.asarray(headers[lo : lo + chunk], dtype=np.int64)
-        block = data[starts[:, None] + cols]
-        field = block[:, 148:156].astype(np.int64)
-        computed = block.sum(axis=1, dtype=np.int64) - field.sum(axis=1) + 8 * 32
-        stored = _octal_columns(field)
-        bad = np.flatnonzero(stored != computed)
-        for i in bad:  # some old writers summed signed bytes; accept that form too
-            signed = int(block[i].view(np.int8).sum(dtype=np.int64)) - _signed(field[i]) + 8 * 32
-            if signed != stored[i]:
-                pos = int(starts[i])
-                raise _fail(source, lo + int(i), None, pos, f"header checksum is {int(stored[i])}, expected {int(computed[i])}")
-
-
-def _signed(field: np.ndarray) -> int:
-    return int(field.astype(np.uint8).view(np.int8).sum(dtype=np.int64))
-
-
-def _octal_columns(field: np.ndarray) -> np.ndarray:
-    """Parse an (n, 8) array of octal text fields with optional leading spaces; -1 if invalid."""
-    value = np.zeros(len(field), dtype=np.int64)
-    started = np.zeros(len(field), dtype=bool)
-    done = np.zeros(len(field), dtype=bool)
-    for col in range(field.shape[1]):
-        byte = field[:, col]
-        digit = _DIGIT_VALUE[byte]
-        is_digit = (digit >= 0) & ~done
-        value = np.where(is_digit, value * 8 + np.maximum(digit, 0), value)
-        started |= is_digit
-        done |= started & (digit < 0)
-    return np.where(started, value, -1)
+        block = np.take(blocks, starts // BLOCK, axis=0)  # headers start on block boundaries
+        bad = bad_checksums(block)
+        if len(bad):
+            i = int(bad[0])
+            stored, computed = checksums(block[i : i + 1])
+            raise _fail(source, lo + i, None, int(starts[i]), f"header checksum is {int(stored[0])}, expected {int(computed[0])}")
 
 
 def split_name(name: str) -> tuple[str, str]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from shardkit import _tar, manifest, storage
-from shardkit._fastwalk import Plain, plain_archive
+from shardkit import _chain, _layout, _tar, manifest, storage
+from shardkit._chain import Chain
 from shardkit.errors import CorruptShardError, ManifestError, PileTooLargeError
 from shardkit.manifest import PileInfo
 
@@ -22,8 +22,8 @@ class PileData:
     """An in-memory tar shard with its samples indexed.
 
     Args:
-        plain: the :func:`~shardkit._fastwalk.plain_archive` index of ``buf`` when it was
-            already computed (None: not a plain archive); True computes it here.
+        plain: the :func:`~shardkit._chain.scan` of ``buf`` when it was already computed
+            (None: not an archive of plain headers); True scans it here.
         checked: ``buf`` matched the checksum recorded for the whole file, so per-header
             checksums need not be summed again.
 
@@ -39,19 +39,19 @@ class PileData:
 
     __slots__ = ("_ends", "_exts", "_fields", "_offsets", "_starts", "buf", "keys", "url")
 
-    def __init__(self, url: str, buf: storage.Buffer, *, checked: bool = False, plain: Plain | bool | None = True) -> None:
+    def __init__(self, url: str, buf: storage.Buffer, *, checked: bool = False, plain: Chain | bool | None = True) -> None:
         self.url = url
         self.buf = buf
         if plain is True:
-            plain = plain_archive(buf, checked=checked)
+            plain = _chain.scan(buf, checksums=not checked)
         elif plain is False:
             plain = None
-        layout = plain.layout() if plain is not None else None
-        if plain is not None and layout is not None:
+        if plain is not None:
             # the common case, vectorized; duplicate extensions are caught by sample()
-            self.keys, self._starts, self._exts, fields = layout.keys, layout.starts, layout.exts, layout.fields
-            self._offsets = (plain.heads + _tar.BLOCK).tolist()
-            self._ends = (plain.heads + _tar.BLOCK + plain.sizes).tolist()
+            found = _layout.groups(plain)
+            self.keys, self._starts, self._exts, fields = found.keys, found.starts, found.exts, found.fields
+            offsets = plain.heads + _tar.BLOCK
+            self._offsets, self._ends = offsets.tolist(), (offsets + plain.sizes).tolist()
         else:
             members = _tar.walk(buf, url)
             self.keys, self._starts, self._exts = _tar.index(members, url)
@@ -119,8 +119,8 @@ class PileData:
         else:
             j = exts.index("__key__", lo, hi)
         key, head = self.keys[index], self._offsets[j] - _tar.BLOCK
-        # only plain ustar archives get here (the careful walk checks while grouping)
-        name = bytes(self.buf[head : head + 100]).split(b"\0", 1)[0].decode()
+        # only archives of plain headers get here (the careful walk checks while grouping)
+        name = bytes(self.buf[head : head + 100]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         raise CorruptShardError(f"{self.url}: member {j} ({name!r}) at offset {head}: sample {key!r} already has a {exts[j]!r} member")
 
     def raw_spans(self) -> list[int]:
@@ -209,7 +209,7 @@ def fetch_pile(
 
 
 def index_pile(
-    url: str, buf: storage.Buffer, *, expected: PileInfo | None = None, checked: bool = False, plain: Plain | bool | None = True
+    url: str, buf: storage.Buffer, *, expected: PileInfo | None = None, checked: bool = False, plain: Chain | bool | None = True
 ) -> PileData:
     """The second half of :func:`read_pile`: index the bytes and check the sample count.
 

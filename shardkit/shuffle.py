@@ -267,23 +267,12 @@ def _copy_pile(url: str, info: PileInfo, permutation: np.ndarray, roller: ShardR
         bounds = layout.sample_bounds(starts)
         if len(bounds) - 1 != info.samples:
             raise ManifestError(f"{url}: holds {len(bounds) - 1} samples, the manifest says {info.samples}")
-        keys = _keys(layout, starts)[permutation]
+        keys = layout.sample_keys(starts[:-1])[permutation]
         _refuse_adjacent(keys, last)
         roller.extend(buf, bounds[:-1][permutation], bounds[1:][permutation])
         return bytes(keys[-1]) if len(keys) else last
     finally:
         _unmap(buf)
-
-
-def _keys(layout: _layout.Layout, starts: np.ndarray) -> np.ndarray:
-    """Each sample's key as fixed-width bytes (from its first member's name), vectorized."""
-    first = starts[:-1]
-    if len(first) and layout.lengths.min() < 0:  # names longer than the rows: take them one by one
-        return np.array([_tar.split_name(layout.name(i))[0].encode("utf-8", "surrogateescape") for i in first.tolist()])
-    keylen = layout.key_lengths()[first]
-    rows = layout.rows[first].copy()
-    rows[np.arange(rows.shape[1]) >= keylen[:, None]] = 0
-    return rows.view(f"S{rows.shape[1]}").ravel() if rows.size else np.zeros(0, dtype="S1")
 
 
 def _refuse_adjacent(keys: np.ndarray, last: bytes | None) -> None:

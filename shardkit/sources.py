@@ -18,8 +18,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardkit import manifest, reader, storage
-from shardkit._fastwalk import Plain, plain_archive
+from shardkit import _chain, manifest, reader, storage
 from shardkit.errors import CorruptShardError, PileTooLargeError
 from shardkit.manifest import PileInfo
 from shardkit.reader import PileData
@@ -74,7 +73,7 @@ class Source:
         else:
             buf = _load_shard(pile.url, max_bytes)
         checked = verify and pile.info is not None
-        return Fetched(buf, plain_archive(buf, checked=checked), checked)
+        return Fetched(buf, _chain.scan(buf, checksums=not checked), checked)
 
     def open(self, index: int, fetched: Fetched) -> PileData:
         """Finish indexing what :meth:`fetch` returned and check the sample count."""
@@ -89,11 +88,11 @@ class Source:
 
 @dataclass(frozen=True, slots=True)
 class Fetched:
-    """A pile's bytes, its plain-archive index (None: walk it member by member), and whether
-    the bytes matched the manifest checksum."""
+    """A pile's bytes, its :func:`~shardkit._chain.scan` (None: walk it member by member), and
+    whether the bytes matched the manifest checksum."""
 
     buf: storage.Buffer
-    plain: Plain | None
+    plain: _chain.Chain | None
     checked: bool
 
 

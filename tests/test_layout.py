@@ -207,3 +207,24 @@ def test_concatenated_archives_and_signed_sizes_are_refused(buf, message):
         _layout.index(buf, "x")
     padded = archive([("a.txt", b"1")]) + bytes(9216)
     assert _layout.index(padded, "x").all_names() == ["a.txt"]
+
+
+long_names = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters="-_./"), min_size=1, max_size=130).filter(
+    lambda n: not n.startswith("/") and ".." not in n.split("/")
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.one_of(names, long_names), st.binary(max_size=50)), max_size=12))
+def test_sample_keys_are_the_walks_keys(members):
+    buf = archive(members)
+    try:
+        keys, starts = _tar.group(_tar.walk(buf, "x"), "x")
+    except shardkit.CorruptShardError:  # a repeated extension: samples() refuses it too
+        with pytest.raises(shardkit.CorruptShardError):
+            _layout.index(buf, "x").samples()
+        return
+    layout = _layout.index(buf, "x")
+    assert layout.samples().tolist() == starts
+    found = layout.sample_keys(np.asarray(starts[:-1], dtype=np.int64))
+    assert [bytes(k).decode("utf-8", "surrogateescape") for k in found] == keys
