@@ -148,7 +148,16 @@ def interrupt_parent_then_hang(unit: int):
     return unit_samples(unit)
 
 
-def test_ctrl_c_in_the_parent_stops_the_workers_and_leaves_no_dataset(tmp_path):
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt, as in a terminal: a process started in the background by
+    a shell (``cmd &``, as CI runners may do) inherits SIGINT ignored, and Python keeps that."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_in_the_parent_stops_the_workers_and_leaves_no_dataset(tmp_path, ctrl_c_raises):
     out = tmp_path / "ds"
     with pytest.raises(KeyboardInterrupt):
         shardkit.preprocess(range(8), interrupt_parent_then_hang, out, piles=3, workers=2)
