@@ -210,6 +210,11 @@ class Loader:
                 rest = iter(index)
                 self._cursor = (start + len(index), rest)
                 yield from map(data.sampler(), rest)
+            elif type(data) is list and all(type(p) is PileData and p.uniform for p in set(data)):
+                # mix > 1: positions alternate between piles; the same, one sampler per position
+                rest = iter(index)
+                self._cursor = (start + len(index), rest)
+                yield from (get(i) for get, i in zip([p.sampler() for p in data], rest, strict=True))
             else:
                 piles = [data] * len(index) if not isinstance(data, list) else data
                 for n, (pile, i) in enumerate(zip(piles, index, strict=True)):

@@ -37,11 +37,12 @@ class PileData:
         get = pile.sampler()               # the same, faster, for many calls
     """
 
-    __slots__ = ("_ends", "_exts", "_fields", "_offsets", "_starts", "buf", "keys", "url")
+    __slots__ = ("_ends", "_exts", "_fields", "_offsets", "_sampler", "_starts", "buf", "keys", "url")
 
     def __init__(self, url: str, buf: storage.Buffer, *, checked: bool = False, plain: Chain | bool | None = True) -> None:
         self.url = url
         self.buf = buf
+        self._sampler: Callable[[int], dict[str, Any]] | None = None
         if plain is True:
             plain = _chain.scan(buf, checksums=not checked)
         elif plain is False:
@@ -103,9 +104,11 @@ class PileData:
         :attr:`uniform` (the field names and each field's byte spans are laid out once, here)."""
         if self._fields is None:
             return self.sample
-        width = len(self._fields)
-        spans = [(name, self._offsets[f::width], self._ends[f::width]) for f, name in enumerate(self._fields)]
-        return _sampler(self.keys, self.buf, spans)
+        if self._sampler is None:  # made once: mix > 1 asks for it in every short block
+            width = len(self._fields)
+            spans = [(name, self._offsets[f::width], self._ends[f::width]) for f, name in enumerate(self._fields)]
+            self._sampler = _sampler(self.keys, self.buf, spans)
+        return self._sampler
 
     def _duplicate(self, index: int) -> None:
         """Raise for sample ``index``: a repeated extension, else a member named '__key__'."""
