@@ -117,13 +117,16 @@ def scan(buf: Buffer, *, checksums: bool = True) -> Chain | None:
 
 
 def _plausible(rows: np.ndarray) -> np.ndarray:
-    """Per candidate block: ustar magic, eleven octal size digits, no prefix, a name."""
+    """Per candidate block: ustar magic, eleven octal size digits ended by NUL or space, no
+    prefix, a name."""
     words = rows.view("<u8")
     ok = ((words[:, 32] >> _U64(8)) & _U64(0xFF_FFFF_FFFF)) == _USTAR  # bytes 257..261
     ok &= (words[:, 43] & _U64(0xFF00)) == 0  # byte 345: the first byte of the name prefix
     ok &= (words[:, 0] & _U64(0xFF)) != 0
     ok &= (words[:, 15] & _SIZE_HIGH) == _DIGITS_HIGH
     ok &= (words[:, 16] & _SIZE_LOW) == _DIGITS_LOW
+    end = words[:, 16] >> _U64(56)  # byte 135 ends the size field; 12 digits go to the walk
+    ok &= (end == 0) | (end == 32)
     return ok
 
 
@@ -270,9 +273,9 @@ def parse_pax(data: bytes) -> dict[str, str]:
     while pos < len(data):
         space = data.index(b" ", pos)
         digits = data[pos:space]
-        length = int(digits) if digits.isdigit() else 0
-        if length <= 0:
-            raise ValueError("bad pax record length")
+        length = int(digits) if digits.isdigit() and len(digits) < 20 else 0
+        if length < len(digits) + 3 or pos + length > len(data) or data[pos + length - 1] != 10:
+            raise ValueError("bad pax record length")  # each record: "LEN KEYWORD=VALUE\n"
         keyword, _, value = data[space + 1 : pos + length - 1].partition(b"=")
         records[keyword.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
         pos += length

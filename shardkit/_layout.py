@@ -204,17 +204,20 @@ class Layout:
         """
         n = len(self)
         if n and self.lengths.min() < 0:  # a name too long for the rows: group the str names
-            _, grouped = _tar.group(_tar.Members(self.all_names(), [], [], 0), self.source)
+            _, grouped = _tar.group(self._members(), self.source)
             return np.asarray(grouped, dtype=np.int64)
         keylen = self.key_lengths() if keylen is None else keylen
         starts = sample_starts(self.rows, keylen)
-        # names that do not increase inside a sample may repeat an extension: group() decides
+        # inside a sample, names that do not increase may repeat an extension, and so may "k"
+        # and "k." (both have the empty one): group() decides, and names the member
         inside = np.ones(n, dtype=bool)
         inside[starts[:-1]] = False
-        if (inside & ~self.increasing()).any():
-            offsets = (self.heads + BLOCK).tolist()
-            _tar.group(_tar.Members(self.all_names(), offsets, self.sizes.tolist(), 0), self.source)
+        if (inside & (~self.increasing() | (self.lengths <= keylen + 1))).any():
+            _tar.group(self._members(), self.source)
         return starts
+
+    def _members(self) -> _tar.Members:
+        return _tar.Members(self.all_names(), (self.heads + BLOCK).tolist(), self.sizes.tolist(), 0)
 
     def sample_keys(self, firsts: np.ndarray, keylen: np.ndarray | None = None) -> np.ndarray:
         """The UTF-8 key of each sample whose first member is ``firsts[i]``, as numpy bytes."""

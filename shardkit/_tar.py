@@ -144,8 +144,8 @@ def _parse_octal(field: bytes) -> int:
 
 
 def _check_name(source: str, index: int, name: str, offset: int) -> None:
-    if not name or name.startswith("/") or ".." in name.split("/"):
-        raise _fail(source, index, name, offset, "unsafe member name (leading '/' or '..')")
+    if not name or name.startswith("/") or ".." in name.split("/") or "\x00" in name:
+        raise _fail(source, index, name, offset, "unsafe member name (empty, leading '/', '..' or a NUL)")
 
 
 def walk(buf: Buffer, source: str) -> Members:
@@ -189,7 +189,8 @@ def _walk_members(buf: Buffer, source: str) -> Members:
             # the hot path: a plain ustar regular member
             field = buf[pos + 124 : pos + 135]
             try:
-                if not field.isdigit():  # int() would also take a sign, spaces and underscores
+                # int() would also take a sign, spaces and underscores; a 12th digit is legal
+                if not field.isdigit() or buf[pos + 135] not in (0, 32):
                     raise ValueError
                 size = int(field, 8)
             except ValueError:
@@ -232,8 +233,8 @@ def _size_field(buf: Buffer, pos: int, source: str, index: int) -> int:
 
 
 def _pax_size(value: str, source: str, index: int, name: str | None, pos: int) -> int:
-    if not (value.isascii() and value.isdigit()):
-        raise _fail(source, index, name, pos, f"pax size record {value!r} is not an unsigned decimal number")
+    if not (value.isascii() and value.isdigit()) or len(value) > 20:
+        raise _fail(source, index, name, pos, f"pax size record {value[:40]!r} is not an unsigned decimal number below 10**20")
     return int(value)
 
 

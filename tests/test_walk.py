@@ -8,10 +8,12 @@ import re
 import tarfile
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardkit import _tar
+from shardkit import _layout, _tar
+from shardkit._chain import parse_pax
 from shardkit.errors import CorruptShardError
 from shardkit.reader import PileData
 
@@ -211,3 +213,79 @@ def test_pax_data_taken_without_parsing_is_harmless(batch):
             assert len(records) == 1 and "path" not in records and "size" not in records
     mtime = _tar._pax_record("mtime", "1795338852.4349883")  # what webdataset writes
     assert _one_record(np.frombuffer(mtime.ljust(512, b"\0"), dtype=np.uint8)[None], np.array([0]), np.array([len(mtime)])).all()
+
+
+# -- regressions: inputs on which the fast and careful readers once disagreed ----------------
+
+
+def _with_checksum(buf: bytearray, head: int) -> bytes:
+    """``buf`` with the checksum of the header at ``head`` recomputed."""
+    buf[head + 148 : head + 156] = b" " * 8
+    buf[head + 148 : head + 156] = b"%06o\x00 " % sum(buf[head : head + 512])
+    return bytes(buf)
+
+
+def _pax_member(records: bytes, then: bytes) -> bytes:
+    return _tar._header(b"././@PaxHeader", len(records), b"x") + records + bytes(-len(records) % 512) + then
+
+
+def _float_mtime_tar() -> bytes:
+    bio = io.BytesIO()
+    with tarfile.open(fileobj=bio, mode="w", format=tarfile.PAX_FORMAT) as t:
+        info = tarfile.TarInfo("a.jpg")
+        info.size, info.mtime = 600, 1.5  # a float mtime: tarfile writes a pax header first
+        t.addfile(info, io.BytesIO(b"A" * 600))
+    return bio.getvalue()
+
+
+@pytest.mark.parametrize(("byte", "expected"), [(b"7", 0o11307), (b"x", "size field b'00000001130x' is not an unsigned octal number")])
+def test_a_twelfth_size_digit_is_read_by_both_walks(byte, expected):
+    """Size fields are 12 bytes: the fast scan used to read 11 and ignore the 12th."""
+    buf = bytearray(_float_mtime_tar())
+    buf[1024 + 135] = byte[0]
+    buf = _with_checksum(buf, 1024)
+    fast, careful = samples_of(buf, True), samples_of(buf, False)
+    assert fast == careful
+    if isinstance(expected, int):
+        with tarfile.open(fileobj=io.BytesIO(buf)) as t:
+            assert t.getmember("a.jpg").size == expected  # what Python's tarfile reads
+        assert len(fast[1][0]["jpg"]) == expected
+    else:
+        assert expected in fast
+
+
+def test_a_key_with_and_without_a_trailing_dot_repeats_the_empty_extension():
+    buf = _tar.member("k", b"1") + _tar.member("k.", b"2") + _tar.TRAILER
+    for read in (lambda: _layout.index(buf, "x.tar").samples(), lambda: _tar.group(_tar.walk(buf, "x.tar"), "x.tar")):
+        with pytest.raises(CorruptShardError, match=r"member 1 \('k\.'\) at offset 1024: sample 'k' already has a '' member"):
+            read()
+
+
+def test_a_huge_pax_size_is_a_corrupt_shard_not_a_value_error():
+    body = b" size=" + b"1" * 5000 + b"\n"
+    record = str(len(body) + 4).encode() + body
+    buf = _pax_member(record, _tar.member("a.txt", b"x") + _tar.TRAILER)
+    with pytest.raises(CorruptShardError, match=r"pax size record '1+' is not an unsigned decimal number below 10\*\*20"):
+        PileData("x.tar", buf)
+
+
+def test_long_names_and_a_repeated_extension_name_the_member():
+    buf = _tar.member("d/" + "x" * 120 + ".jpg", b"1") + _tar.member("a.jpg", b"1") + _tar.member("a.jpg", b"2") + _tar.TRAILER
+    with pytest.raises(CorruptShardError, match=r"member 2 \('a\.jpg'\) at offset 3072: sample 'a' already has a 'jpg' member"):
+        _layout.index(buf, "x.tar").samples()
+
+
+def test_a_nul_in_a_pax_path_is_refused():
+    buf = _pax_member(_tar._pax_record("path", "a\x00.jpg"), _tar.member("a.jpg", b"1") + _tar.member("a.txt", b"2") + _tar.TRAILER)
+    for read in (lambda: _layout.index(buf, "x.tar").samples(), lambda: PileData("x.tar", buf)):
+        with pytest.raises(CorruptShardError, match=r"member 0 \('a\\x00\.jpg'\) at offset 1024: unsafe member name"):
+            read()
+
+
+@pytest.mark.parametrize("records", [b"2 2 2 2 2 2 ", b"0002 ", b"9 a=b\n", b"6 a=bc"])
+def test_pax_records_must_hold_their_own_length_and_end_in_a_newline(records):
+    with pytest.raises(ValueError, match="bad pax record length"):
+        parse_pax(records)
+    buf = _pax_member(records, _tar.member("a.txt", b"x") + _tar.TRAILER)
+    with pytest.raises(CorruptShardError, match="at offset 0: malformed pax header"):
+        PileData("x.tar", buf)
