@@ -1,8 +1,8 @@
 """The loader: epoch plan -> pile prefetch -> in-pile order -> decode -> map -> batch, resumable.
 
-Each epoch reads the piles in the order of :mod:`shardkit.plan`; background threads (one per
-pile read ahead) read the next piles while the current one is handed out, so at most ``1 +
-prefetch`` piles (``mix + 1 + prefetch`` with ``mix > 1``) are in memory per rank. ``num_workers`` processes decode, map
+Each epoch reads the piles in the order of :mod:`shardkit.plan`; one background thread reads
+the next pile while the current one is handed out, so at most ``1 + prefetch`` piles (``mix + 1
++ prefetch`` with ``mix > 1``) are in memory per rank. ``num_workers`` processes decode, map
 and collate while the reader stays in the main process. The order does not depend on
 ``num_workers`` or the world size, every rank yields the same count (of batches, even when
 ``on_error`` skips samples or piles), and ``state_dict()`` resumes mid-epoch exactly. Local
@@ -134,9 +134,7 @@ class Loader:
         uses = sched.uses(start)
         slots = max(1, plan.peak(uses)) + self.options.prefetch
         read = self._reader()
-        reader: PileReader[int, Fetched] = PileReader(
-            [u.pile for u in uses], read, slots=slots, threads=max(1, self.options.prefetch), name=f"shardkit-reader-e{epoch}"
-        )
+        reader: PileReader[int, Fetched] = PileReader([u.pile for u in uses], read, slots=slots, name=f"shardkit-reader-e{epoch}")
         skipped = self.stats.skipped_samples
         try:
             blocks = self._blocks(sched, start, uses, reader)
@@ -345,9 +343,8 @@ def loader(
         drop_last: True: each rank reads ``N // world_size`` samples and only full batches.
             False: the order is padded by wrapping round to its start to a multiple of
             ``world_size``, and the last batch may be partial (the same size on every rank).
-        prefetch: piles read ahead in the background, each by its own thread, so ``prefetch >=
-            2`` reads piles in parallel (memory: ``1 + prefetch`` piles, or ``mix + 1 +
-            prefetch``).
+        prefetch: piles read ahead in the background (memory: ``1 + prefetch`` piles, or
+            ``mix + 1 + prefetch``).
         on_error: ``"raise"``, or ``"skip"``/``"warn"`` (also logs each) a pile that cannot be
             read, or a sample that is malformed or fails to decode or map; counts in
             ``loader.stats``. Batched, a skip never changes how many batches a rank yields:

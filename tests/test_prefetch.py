@@ -1,4 +1,4 @@
-"""PileReader: results in order, reads in parallel, never more than ``slots`` alive, clean close."""
+"""PileReader: results in order, never more than ``slots`` alive, errors in place, clean close."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import pytest
 import shardkit
 from shardkit._prefetch import Failure, PileReader
 
-WAIT = 10  # seconds before a synchronisation that should happen at once is declared broken
-
 
 def _drain(reader: PileReader) -> list:
     out = []
@@ -20,42 +18,8 @@ def _drain(reader: PileReader) -> list:
     return out
 
 
-def test_results_come_in_order_when_reads_finish_out_of_order():
-    later_done = threading.Event()
-    finished: list[int] = []
-
-    def read(i: int) -> int:
-        if i == 0:
-            assert later_done.wait(WAIT)  # item 0 finishes only after items 1 and 2
-        finished.append(i)
-        if len(finished) == 2:
-            later_done.set()
-        return i * 10
-
-    reader = PileReader(range(5), read, slots=3, threads=3)
-    try:
-        assert _drain(reader) == [0, 10, 20, 30, 40]
-    finally:
-        reader.close()
-    assert finished[:2] == [1, 2]
-
-
-def test_threads_read_at_the_same_time():
-    barrier = threading.Barrier(2, timeout=WAIT)  # breaks unless two reads are in flight together
-
-    def read(i: int) -> int:
-        barrier.wait()
-        return i
-
-    reader = PileReader(range(4), read, slots=2, threads=2)
-    try:
-        assert _drain(reader) == [0, 1, 2, 3]
-    finally:
-        reader.close()
-
-
-@pytest.mark.parametrize(("slots", "threads"), [(1, 1), (2, 1), (2, 2), (3, 2), (4, 4)])
-def test_alive_results_never_exceed_slots(slots, threads):
+@pytest.mark.parametrize("slots", [1, 2, 3, 4])
+def test_alive_results_never_exceed_slots(slots):
     lock = threading.Lock()
     alive = [0]
     peak = [0]
@@ -66,7 +30,7 @@ def test_alive_results_never_exceed_slots(slots, threads):
             peak[0] = max(peak[0], alive[0])
         return i
 
-    reader = PileReader(range(20), read, slots=slots, threads=threads)
+    reader = PileReader(range(20), read, slots=slots)
     got = []
     try:
         while (item := reader.get()) is not None:
@@ -86,7 +50,7 @@ def test_errors_arrive_in_their_place():
             raise KeyError("pile 1 is gone")
         return i
 
-    reader = PileReader(range(3), read, slots=2, threads=2)
+    reader = PileReader(range(3), read, slots=2)
     try:
         first, second, third = _drain(reader)
     finally:
@@ -95,10 +59,10 @@ def test_errors_arrive_in_their_place():
     assert isinstance(second, Failure) and second.index == 1 and isinstance(second.error, KeyError)
 
 
-def test_close_stops_threads_waiting_for_a_slot():
+def test_close_stops_a_thread_waiting_for_a_slot():
     baseline = set(threading.enumerate())
-    reader = PileReader(range(10), lambda i: i, slots=2, threads=2, name="test-reader")
-    assert reader.get() == 0  # not released: the threads fill the other slot, then wait
+    reader = PileReader(range(10), lambda i: i, slots=2, name="test-reader")
+    assert reader.get() == 0  # not released: the thread fills the other slot, then waits
     reader.close()
     reader.close()  # idempotent
     assert set(threading.enumerate()) == baseline
@@ -107,8 +71,6 @@ def test_close_stops_threads_waiting_for_a_slot():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="at least 1"):
         PileReader([1], lambda i: i, slots=0)
-    with pytest.raises(ValueError, match="at least 1"):
-        PileReader([1], lambda i: i, slots=1, threads=0)
 
 
 def test_loader_order_does_not_depend_on_prefetch(dataset):
