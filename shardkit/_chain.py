@@ -274,7 +274,7 @@ def parse_pax(data: bytes) -> dict[str, str]:
         space = data.index(b" ", pos)
         digits = data[pos:space]
         length = int(digits) if digits.isdigit() and len(digits) < 20 else 0
-        if length < len(digits) + 3 or pos + length > len(data) or data[pos + length - 1] != 10:
+        if length < len(digits) + 2 or pos + length > len(data) or data[pos + length - 1] != 10:
             raise ValueError("bad pax record length")  # each record: "LEN KEYWORD=VALUE\n"
         keyword, _, value = data[space + 1 : pos + length - 1].partition(b"=")
         records[keyword.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
