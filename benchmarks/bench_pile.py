@@ -25,8 +25,8 @@ from collections.abc import Callable
 import numpy as np
 
 import shardkit
-from shardkit import reader
-from shardkit.writer import encode_sample
+from shardkit.piles.encode import encode_sample
+from shardkit.tar.shard import iter_shard
 
 CLASSES = 10
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         for workers in args.workers:
             wall, cpu = measure(lambda w=workers: shardkit.pile(own, out, piles=args.piles, workers=w, quiet=True), clean, args.repeat)
             rows.append((f"shardkit.pile, workers={workers}", nbytes, wall, cpu))
-        wall, cpu = measure(lambda: shardkit.preprocess(own, reader.iter_shard, out, piles=args.piles, quiet=True), clean, args.repeat)
+        wall, cpu = measure(lambda: shardkit.preprocess(own, iter_shard, out, piles=args.piles, quiet=True), clean, args.repeat)
         rows.append(("re-encode every sample (preprocess(iter_shard))", nbytes, wall, cpu))
         wall, cpu = measure(lambda: shardkit.pile(foreign, out, piles=args.piles, quiet=True), clean, args.repeat)
         rows.append(("shardkit.pile of webdataset shards (pax), workers=1", foreign_bytes, wall, cpu))

@@ -112,7 +112,7 @@ def _import_streaming() -> tuple[Any, str | None]:
 
 def mds_convert(p: dict[str, Any]) -> dict[str, Any]:
     """Write the class-sorted shards' samples, in order, as MosaicML MDS (not timed as a case)."""
-    from shardkit.reader import iter_shard
+    from shardkit.tar.shard import iter_shard
 
     streaming, note = _import_streaming()
     clock = Clock()

@@ -24,7 +24,7 @@ TRAILER = bytes(2 * BLOCK)
 
 
 def _output_classes(out: str) -> float | None:
-    from shardkit.reader import iter_shard
+    from shardkit.tar.shard import iter_shard
 
     labels = [int(s["cls"]) for shard in sorted(glob.glob(os.path.join(out, "shard-*.tar"))) for s in iter_shard(shard)]
     return classes_per_window(labels)

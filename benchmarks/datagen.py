@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 import shardkit
-from shardkit import _tar
+from shardkit.tar import write as tarwrite
 
 CLASSES = 10
 SEED = 20240917
@@ -105,7 +105,7 @@ def samples(spec: DataSpec) -> Iterator[dict]:
 def encode_sample_bytes(sample: dict) -> bytes:
     """One sample as plain ustar members, fields in sorted order (as PileWriter writes them)."""
     return b"".join(
-        _tar.member(f"{sample['__key__']}.{ext}", value if isinstance(value, bytes) else b"%d" % value)
+        tarwrite.member(f"{sample['__key__']}.{ext}", value if isinstance(value, bytes) else b"%d" % value)
         for ext, value in sorted(sample.items())
         if ext != "__key__"
     )
@@ -122,7 +122,7 @@ def _write(spec: DataSpec, root: str) -> None:
         for i, sample in enumerate(samples(spec)):
             if i * shard_count // spec.samples != shard:
                 if out is not None:
-                    out.write(_tar.TRAILER)
+                    out.write(tarwrite.TRAILER)
                     out.close()
                 shard = i * shard_count // spec.samples
                 out = open(os.path.join(shard_dir, f"shard-{shard:06d}.tar"), "wb")  # noqa: SIM115
@@ -130,7 +130,7 @@ def _write(spec: DataSpec, root: str) -> None:
             for w in writers.values():
                 w.write(sample)
         if out is not None:
-            out.write(_tar.TRAILER)
+            out.write(tarwrite.TRAILER)
             out.close()
         for w in writers.values():
             w.close()
@@ -185,7 +185,7 @@ def text_file(data: Dataset) -> tuple[str, int]:
     if os.path.exists(path) and os.path.getsize(path) == data.shard_bytes:
         return path, data.samples
     rng = np.random.default_rng(SEED)
-    trailers = len(data.shards) * len(_tar.TRAILER)
+    trailers = len(data.shards) * len(tarwrite.TRAILER)
     with open(path + ".partial", "wb") as f:
         for i, sample in enumerate(samples(data.spec)):
             size = len(encode_sample_bytes(sample)) + (trailers if i == data.samples - 1 else 0)

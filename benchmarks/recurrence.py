@@ -20,8 +20,9 @@ import time
 
 import numpy as np
 
-from shardkit import quality, router
-from shardkit.compare import DatasetIndex, order_from_plan
+from shardkit.piles import router
+from shardkit.tools import quality
+from shardkit.tools.compare import DatasetIndex, order_from_plan
 
 
 def piled(n: int, piles: int, seed: int) -> DatasetIndex:

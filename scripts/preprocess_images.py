@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import shardkit
 from shardkit.cli import guarded
-from shardkit.transforms import Images
+from shardkit.piles.transforms import Images
 
 
 def build_parser() -> argparse.ArgumentParser:

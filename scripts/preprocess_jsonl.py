@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import shardkit
 from shardkit.cli import guarded
-from shardkit.transforms import JsonLines
+from shardkit.piles.transforms import JsonLines
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,14 +3,16 @@
 Pass 1 (:class:`PileWriter`, :func:`preprocess`) writes each sample into one of M pile tar
 shards chosen uniformly at random. Pass 2 (:func:`loader`) permutes the piles every epoch,
 shuffles each in RAM and prefetches the next.
+
+This module is the public surface: everything in ``__all__`` keeps working across versions;
+the folders below it (``tar``, ``piles``, ``loading``, ``tools``, ``cli``) may change.
 """
 
 from __future__ import annotations
 
-from shardkit.audit import DatasetInfo, Problem, info, verify
-from shardkit.cli import add_pile_args, pile_kwargs
+from shardkit._util import VERSION as __version__
+from shardkit.cli import add_pile_args, load_job, pile_kwargs, run_job
 from shardkit.codecs import Codecs
-from shardkit.compare import compare_shuffles
 from shardkit.errors import (
     ConfigError,
     CorruptShardError,
@@ -24,17 +26,11 @@ from shardkit.errors import (
     ShardkitError,
     WorkerError,
 )
-from shardkit.jobs import load_job, run_job
-from shardkit.loader import Loader, loader
+from shardkit.loading import Loader, LoaderOptions, loader
 from shardkit.manifest import Manifest, PileInfo
-from shardkit.options import LoaderOptions
-from shardkit.preprocess import pile, preprocess
-from shardkit.quality import QualityReport
-from shardkit.repile import repile
+from shardkit.piles import PileOptions, PileWriter, pile, preprocess, repile
 from shardkit.shuffle import ShuffleOptions, shuffle
-from shardkit.writer import PileOptions, PileWriter
-
-__version__ = "0.1.0"
+from shardkit.tools import DatasetInfo, Problem, QualityReport, compare_shuffles, info, verify
 
 __all__ = [
     "Codecs",

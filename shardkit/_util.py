@@ -1,16 +1,24 @@
-"""Check integer arguments, with one message style for every option, job field and call.
+"""Small helpers every layer shares: checked option values, human byte sizes, progress bars.
 
 check_int("piles", 0, low=1)
 # ConfigError: piles: expected an integer >= 1, got 0
-quality = check_int("quality", 90, low=1, high=100)
+parse_size("2GiB")        # 2147483648
+format_size(1536)         # "1.5 KiB"
 """
 
 from __future__ import annotations
 
 import operator
+import re
+import sys
 from typing import Any, Literal, overload
 
+from tqdm import tqdm
+
 from shardkit.errors import ConfigError
+
+# the version shardkit reports (the facade's __version__, the manifest's created_by)
+VERSION = "0.1.0"
 
 
 def shown(value: Any) -> str:
@@ -101,3 +109,62 @@ def _integer(value: Any) -> int | None:
         return operator.index(value)  # numpy's bool refuses this, floats and strings too
     except TypeError:
         return None
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: int | float | str, *, what: str = "size") -> int:
+    """Return ``value`` as a whole number of bytes.
+
+    Accepts ints, floats (``3e9``) and strings like ``"64MiB"``, ``"2 GB"``, ``"1.5g"``.
+
+    Raises:
+        ConfigError: the value is not a positive size; the message names ``what``.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a size like 2GiB, got {value!r}")
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        match = _SIZE.match(value)
+        unit = match.group(2).lower() if match else ""
+        if match is None or unit not in _UNITS:
+            raise ConfigError(f"{what}: expected a size like 2GiB or 500MB, got {value!r}")
+        number = float(match.group(1)) * _UNITS[unit]
+    else:
+        raise ConfigError(f"{what}: expected a size like 2GiB, got {type(value).__name__}")
+    if not number >= 1:
+        raise ConfigError(f"{what}: expected a positive size, got {value!r}")
+    return int(number)
+
+
+def format_size(n: float) -> str:
+    """Format a byte count for people: ``1536`` -> ``"1.5 KiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def bar(*, total: int | None, desc: str, unit: str, quiet: bool = False, **kwargs: Any) -> tqdm:
+    """A tqdm bar that is silent when ``quiet`` or when stderr is not a terminal."""
+    disable = quiet or not sys.stderr.isatty()
+    return tqdm(total=total, desc=desc, unit=unit, disable=disable, dynamic_ncols=True, file=sys.stderr, **kwargs)

@@ -31,14 +31,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardkit import _layout, _progress, _tar, manifest, plan, storage
-from shardkit._checks import check_int
-from shardkit._publish import prepare_output
-from shardkit._sink import _IOV_MAX, _O_BINARY, Buffer, _write_all
-from shardkit._sizes import format_size, parse_size
+from shardkit import _util, manifest, storage
+from shardkit._util import check_int, format_size, parse_size
 from shardkit.errors import ConfigError, ManifestError, SampleError
+from shardkit.loading import plan
+from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
-from shardkit.reader import fetch_pile
+from shardkit.piles.publish import prepare_output
+from shardkit.storage import write_chunks
+from shardkit.tar import index, scan, write
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,8 @@ class ShuffleOptions:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, parse_size(value, what=name))
-        if self.maxsize is not None and self.maxsize < 3 * _tar.BLOCK:  # type: ignore[operator]
-            raise ConfigError(f"maxsize: expected at least {3 * _tar.BLOCK} bytes (one header, one block, the trailer), got {self.maxsize}")
+        if self.maxsize is not None and self.maxsize < 3 * scan.BLOCK:  # type: ignore[operator]
+            raise ConfigError(f"maxsize: expected at least {3 * scan.BLOCK} bytes (one header, one block, the trailer), got {self.maxsize}")
 
     def limits(self) -> tuple[int | None, int | None]:
         """(maxcount, maxsize) in effect."""
@@ -157,15 +158,15 @@ class ShardRoller:
         if self.maxcount is not None:
             take = min(take, self.maxcount - self._count)
         if self.maxsize is not None:
-            room = self.maxsize - len(_tar.TRAILER) - self._bytes
+            room = self.maxsize - len(write.TRAILER) - self._bytes
             take = min(take, int(np.searchsorted(reach, reach[done] + room, side="right")) - 1 - done)
         # a new shard takes at least one sample, however large
         return max(take, 0) if self._fd is not None else max(take, 1)
 
     def _open(self, first: int) -> None:
         name = shard_name(len(self.shards))
-        self._fd = os.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_BINARY, 0o644)
-        if self.maxsize is not None and first + len(_tar.TRAILER) > self.maxsize:
+        self._fd = os.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | storage.O_BINARY, 0o644)
+        if self.maxsize is not None and first + len(write.TRAILER) > self.maxsize:
             log.warning("%s: one sample of %d bytes is over maxsize=%d: it gets a shard of its own", name, first, self.maxsize)
 
     def _write(self, buf: storage.Buffer, starts: np.ndarray, ends: np.ndarray) -> None:
@@ -173,26 +174,26 @@ class ShardRoller:
         view = memoryview(buf)
         crc, checksum = self._crc, manifest.checksum
         # a batch of views per writev call: no sample is copied in Python
-        for lo in range(0, len(starts), _IOV_MAX):
-            chunks: list[Buffer] = [
-                view[a:b] for a, b in zip(starts[lo : lo + _IOV_MAX].tolist(), ends[lo : lo + _IOV_MAX].tolist(), strict=True)
+        for lo in range(0, len(starts), storage.IOV_MAX):
+            chunks: list[storage.Chunk] = [
+                view[a:b] for a, b in zip(starts[lo : lo + storage.IOV_MAX].tolist(), ends[lo : lo + storage.IOV_MAX].tolist(), strict=True)
             ]
             for chunk in chunks:  # in output order, as a reader of the shard sums them
                 crc = checksum(chunk, crc)
-            _write_all(self._fd, chunks)
+            write_chunks(self._fd, chunks)
         self._crc = crc
         self._count += len(starts)
         self._bytes += int((ends - starts).sum())
 
     def _finish(self) -> None:
         assert self._fd is not None
-        _write_all(self._fd, [_tar.TRAILER])
+        write_chunks(self._fd, [write.TRAILER])
         os.close(self._fd)
         self._fd = None
-        crc = manifest.checksum(_tar.TRAILER, self._crc)
+        crc = manifest.checksum(write.TRAILER, self._crc)
         name = shard_name(len(self.shards))
         self.shards.append(
-            PileInfo(name=name, samples=self._count, bytes=self._bytes + len(_tar.TRAILER), checksum=manifest.format_checksum(crc))
+            PileInfo(name=name, samples=self._count, bytes=self._bytes + len(write.TRAILER), checksum=manifest.format_checksum(crc))
         )
         self._count = self._bytes = self._crc = 0
 
@@ -216,7 +217,7 @@ def _check_output(out: str, overwrite: bool) -> str:
 
 def _pass1(urls: list[str], directory: str, *, piles: int, max_pile_bytes: int | None, opts: ShuffleOptions, quiet: bool) -> Manifest:
     """Re-pile the inputs into ``directory`` (a throwaway shardkit dataset)."""
-    from shardkit.preprocess import pile
+    from shardkit.piles.preprocess import pile
 
     # the write buffer counts against the memory budget too: a quarter of it, 1-64 MiB
     buffer = 64 << 20 if max_pile_bytes is None else min(64 << 20, max(1 << 20, max_pile_bytes // 4))
@@ -238,7 +239,7 @@ def _pass2(piles_dir: str, piles: Manifest, staging: str, opts: ShuffleOptions, 
     maxcount, maxsize = opts.limits()
     roller = ShardRoller(staging, maxcount=maxcount, maxsize=maxsize)
     try:
-        with _progress.bar(total=piles.samples, desc="pass 2", unit="sample", quiet=quiet) as progress:
+        with _util.bar(total=piles.samples, desc="pass 2", unit="sample", quiet=quiet) as progress:
             # the order is the loader's epoch 0 over these piles: one definition of "shuffled"
             order = plan.EpochOrder([p.samples for p in piles.piles], seed=opts.seed, epoch=0)
             last: bytes | None = None
@@ -260,9 +261,9 @@ def _copy_pile(url: str, info: PileInfo, permutation: np.ndarray, roller: ShardR
     as it is written out, so its pages leave this process's memory before the next pile's come in.
     ``last`` is the key written just before; returns the last key this pile writes.
     """
-    buf = fetch_pile(url, expected=info, mapped=True)
+    buf = fetch(url, expected=info).buf
     try:
-        layout = _layout.index(buf, url, checked=True)  # fetch_pile checked its checksum
+        layout = index.index(buf, url, checked=True)  # fetch checked its checksum
         starts = layout.samples()
         bounds = layout.sample_bounds(starts)
         if len(bounds) - 1 != info.samples:

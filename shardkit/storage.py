@@ -162,6 +162,41 @@ def write_bytes(url: str, data: bytes) -> None:
         f.write(data)
 
 
+# what a writer hands over to be written: any buffer of bytes, views into a larger one included
+Chunk = bytes | bytearray | memoryview
+O_BINARY = getattr(os, "O_BINARY", 0)
+# writev takes at most IOV_MAX buffers a call (1024 on Linux)
+IOV_MAX = 1024
+
+
+def write_chunks(fd: int, chunks: Sequence[Chunk]) -> None:
+    """Append ``chunks`` in order to the open file ``fd``, up to IOV_MAX of them a ``writev``."""
+    for lo in range(0, len(chunks), IOV_MAX):
+        batch = chunks[lo : lo + IOV_MAX]
+        _write_batch(fd, batch, sum(map(len, batch)))
+
+
+def _write_batch(fd: int, batch: Sequence[Chunk], size: int) -> None:
+    if not hasattr(os, "writev"):
+        write_fully(fd, b"".join(batch))
+        return
+    done = os.writev(fd, batch)
+    if done < size:  # a short write (signal, nearly full disk): finish one buffer at a time
+        for chunk in batch:
+            if done >= len(chunk):
+                done -= len(chunk)
+                continue
+            write_fully(fd, memoryview(chunk)[done:])
+            done = 0
+
+
+def write_fully(fd: int, data: Chunk) -> None:
+    """Write all of ``data`` to the open file ``fd`` (``os.write`` may write less)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def remove(url: str) -> None:
     """Delete a file if it exists."""
     path = local_path(url)
@@ -181,14 +216,6 @@ def makedirs(url: str) -> None:
     else:
         fs, p = _fs(url)
         fs.makedirs(p, exist_ok=True)
-
-
-def is_dir(url: str) -> bool:
-    path = local_path(url)
-    if path is not None:
-        return os.path.isdir(path)
-    fs, p = _fs(url)
-    return bool(fs.isdir(p))
 
 
 def listdir(url: str) -> list[str]:

@@ -26,8 +26,8 @@ from typing import Any
 import dill
 import multiprocess
 
-from shardkit._units import Failure, Job, Part, RemoteTraceback, UnitWriter, describe, part_directory
 from shardkit.errors import ConfigError, InputError
+from shardkit.piles.units import Failure, Job, Part, RemoteTraceback, UnitWriter, describe, part_directory
 
 Chunk = list[tuple[int, Any]]
 # called in the parent after each chunk: (units, samples, bytes, skipped failures)

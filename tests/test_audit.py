@@ -10,8 +10,8 @@ import pytest
 
 import shardkit
 from shardkit import manifest
-from shardkit.audit import info, verify
 from shardkit.cli import main
+from shardkit.tools.audit import info, verify
 
 
 def _pile(dataset: str, i: int = 2) -> str:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import shardkit
-from shardkit._checks import check_int, expected_int, shown
-from shardkit._schema import Fields, positive_int
+from shardkit._util import check_int, expected_int, shown
+from shardkit.cli.schema import Fields, positive_int
 
 
 @pytest.mark.parametrize(

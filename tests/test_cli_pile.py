@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from shardkit import manifest, reader
+from shardkit import manifest
 from shardkit.cli import main
+from shardkit.loading.pile import read_pile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +41,7 @@ def test_pile_with_a_brace_pattern(tmp_path, shards, capsys):
     assert line.startswith(f"{out}: 60 samples in 4 piles, ") and line.endswith("s\n") and line.count("\n") == 1
     m = manifest.read(str(out))
     assert m.seed == 3 and m.samples == 60
-    keys = sorted(s["__key__"] for p in m.piles for s in reader.read_pile(str(out / p.name), expected=p))
+    keys = sorted(s["__key__"] for p in m.piles for s in read_pile(str(out / p.name), expected=p))
     assert keys == sorted(f"s{k}_{i:02d}" for k in range(3) for i in range(20))
 
 
@@ -51,7 +52,7 @@ def test_key_prefix_unit_merges_shards_whose_keys_restart(tmp_path, command, cap
     assert main([command, str(src / "*.tar"), "-o", str(out), "--piles", "2", "--key-prefix", "unit", "-q"]) == 0
     assert main(["verify", str(out), "-q"]) == 0
     m = manifest.read(str(out))
-    keys = sorted(s["__key__"] for p in m.piles for s in reader.read_pile(str(out / p.name), expected=p))
+    keys = sorted(s["__key__"] for p in m.piles for s in read_pile(str(out / p.name), expected=p))
     assert keys == sorted(f"part-{k}/{i:06d}" for k in range(2) for i in range(30))
 
 

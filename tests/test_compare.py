@@ -13,10 +13,12 @@ import pytest
 from conftest import make_samples
 
 import shardkit
-from shardkit import quality, router
 from shardkit.cli import main
-from shardkit.compare import DatasetIndex, _natural, compare_shuffles, natural_order, order_from_plan, scan_dataset
 from shardkit.errors import ConfigError
+from shardkit.loading.pile import read_pile
+from shardkit.piles import router
+from shardkit.tools import quality
+from shardkit.tools.compare import DatasetIndex, _natural, compare_shuffles, natural_order, order_from_plan, scan_dataset
 
 
 def test_scan_reads_source_positions_and_labels(dataset):
@@ -63,7 +65,7 @@ def test_natural_order(keys):
 
 def _keys_in_manifest_order(directory: str) -> list[str]:
     m = shardkit.manifest.read(directory)
-    return [k for p in m.piles for k in shardkit.reader.read_pile(os.path.join(directory, p.name)).keys]
+    return [k for p in m.piles for k in read_pile(os.path.join(directory, p.name)).keys]
 
 
 def test_scan_errors_name_the_field_and_the_pile(tmp_path, dataset):

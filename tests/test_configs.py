@@ -15,7 +15,8 @@ from PIL import Image
 
 import shardkit
 from shardkit.cli import main
-from shardkit.jobs import DemoJob, load_job, run_job
+from shardkit.cli.jobs import DemoJob, load_job, run_job
+from shardkit.tar.shard import iter_shard
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -57,7 +58,7 @@ def test_images_yaml(tmp_path):
     m = shardkit.manifest.read(out)
     assert (m.samples, len(m.piles), m.fields) == (10, 256, ("cls", "jpg", "json"))
     assert m.extra["classes"] == ["cat", "dog"]
-    samples = [s for p in m.piles for s in shardkit.reader.iter_shard(os.path.join(out, p.name))]
+    samples = [s for p in m.piles for s in iter_shard(os.path.join(out, p.name))]
     assert sorted((s["__key__"], int(s["cls"])) for s in samples) == [
         (f"{c}/{i}", k) for k, c in enumerate(("cat", "dog")) for i in range(5)
     ]

@@ -7,7 +7,7 @@ import tempfile
 
 import shardkit
 from shardkit.cli import main
-from shardkit.demo import demo, make_images
+from shardkit.tools.demo import demo, make_images
 
 
 def test_demo_measures_all_three_orders(tmp_path):

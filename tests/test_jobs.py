@@ -9,8 +9,9 @@ import pytest
 
 import shardkit
 from shardkit.cli import main
-from shardkit.jobs import ImportedFn, PileJob, PreprocessJob, ShuffleJob, load_job, run_job
-from shardkit.transforms import Images, JsonLines
+from shardkit.cli.jobs import ImportedFn, PileJob, PreprocessJob, ShuffleJob, load_job, run_job
+from shardkit.piles.transforms import Images, JsonLines
+from shardkit.tar.shard import iter_shard
 
 IMAGES = """
 job: preprocess
@@ -191,7 +192,7 @@ def test_fn_job_runs_in_worker_processes(job_dir):
     m = run_job(load_job(_write(job_dir, text)), quiet=True)
     assert (m.samples, len(m.piles), m.fields) == (2, 4, ("txt",))
     out = str(job_dir / "out")
-    got = sorted((s["__key__"], s["txt"]) for p in m.piles for s in shardkit.reader.iter_shard(os.path.join(out, p.name)))
+    got = sorted((s["__key__"], s["txt"]) for p in m.piles for s in iter_shard(os.path.join(out, p.name)))
     assert got == [("a", b"2"), ("b", b"2")]
 
 

@@ -8,23 +8,26 @@ import tarfile
 
 import numpy as np
 import pytest
+import reference_tar
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardkit
-from shardkit import _layout, _tar
+from shardkit.tar import index as tarindex
+from shardkit.tar import walk as tarwalk
+from shardkit.tar import write as tarwrite
 
 
 def archive(members: list[tuple[str, bytes]]) -> bytes:
-    return b"".join(_tar.member(name, data) for name, data in members) + _tar.TRAILER
+    return b"".join(tarwrite.member(name, data) for name, data in members) + tarwrite.TRAILER
 
 
-def as_tuples(layout: _layout.Layout) -> list[tuple[str, int, int]]:
+def as_tuples(layout: tarindex.Layout) -> list[tuple[str, int, int]]:
     return list(zip(layout.all_names(), layout.heads.tolist(), layout.sizes.tolist(), strict=True))
 
 
 def walked(buf: bytes) -> list[tuple[str, int, int]]:
-    m = _tar.walk(buf, "x")
+    m = tarwalk.walk(buf, "x")
     return [(n, o - 512, s) for n, o, s in zip(m.names, m.offsets, m.sizes, strict=True)]
 
 
@@ -37,7 +40,7 @@ names = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_charact
 @given(st.lists(st.tuples(names, st.binary(max_size=1500)), max_size=12))
 def test_vectorized_index_agrees_with_the_walk(members):
     buf = archive(members)
-    layout = _layout.index(buf, "x")
+    layout = tarindex.index(buf, "x")
     assert as_tuples(layout) == walked(buf)
     plain = all(n.isascii() and len(n) <= 100 for n, _ in members)  # else member() adds pax headers
     assert layout.plain == plain
@@ -49,7 +52,7 @@ def test_vectorized_index_agrees_with_the_walk(members):
 def test_data_that_looks_like_headers_is_not_taken_for_them():
     inner = archive([("fake.txt", b"x" * 700), ("fake.bin", b"y")])  # a tar inside a member
     buf = archive([("a.tar", inner), ("b.txt", b"after")])
-    layout = _layout.index(buf, "x")
+    layout = tarindex.index(buf, "x")
     assert layout.names is None and as_tuples(layout) == walked(buf)
 
 
@@ -62,7 +65,7 @@ def test_archives_of_other_writers_index_like_the_walk(fmt):
             info.size, info.mtime, info.uname = 3, 1234.5, "someone"
             tf.addfile(info, io.BytesIO(b"abc"))
     buf = out.getvalue()
-    layout = _layout.index(buf, "x")
+    layout = tarindex.index(buf, "x")
     assert as_tuples(layout) == walked(buf)
     assert not layout.canonical.any()  # owners, modes and mtimes differ from shardkit's
 
@@ -79,27 +82,27 @@ def test_archives_of_other_writers_index_like_the_walk(fmt):
 def test_damage_raises_what_the_walk_raises(damage, message):
     buf = damage(archive([("a.txt", b"x" * 600), ("b.txt", b"y")]))
     with pytest.raises(shardkit.CorruptShardError, match=message):
-        _tar.walk(buf, "x")
+        tarwalk.walk(buf, "x")
     with pytest.raises(shardkit.CorruptShardError, match=message):
-        _layout.index(buf, "x")
+        tarindex.index(buf, "x")
 
 
 def test_unsafe_names_are_refused_as_the_walk_refuses_them():
     for name in ["../evil.txt", "a/../../b.txt", "/abs.txt"]:
-        buf = _tar._header(name.encode(), 1, b"0") + b"x".ljust(512, b"\0") + _tar.TRAILER
+        buf = tarwrite._header(name.encode(), 1, b"0") + b"x".ljust(512, b"\0") + tarwrite.TRAILER
         with pytest.raises(shardkit.CorruptShardError, match="unsafe member name"):
-            _layout.index(buf, "x")
+            tarindex.index(buf, "x")
 
 
 def test_grouping_matches_webdataset_rules_and_refuses_duplicates():
     buf = archive([("a/k1.jpg", b"1"), ("a/k1.cls", b"2"), ("k1.x.y", b"3"), ("k2", b"4"), ("k2.txt", b"5")])
-    layout = _layout.index(buf, "x")
+    layout = tarindex.index(buf, "x")
     assert layout.samples().tolist() == [0, 2, 3, 5]
-    members = _tar.walk(buf, "x")
-    assert layout.sample_bounds(layout.samples()).tolist() == _tar.sample_spans(members, _tar.group(members, "x")[1])
+    members = tarwalk.walk(buf, "x")
+    assert layout.sample_bounds(layout.samples()).tolist() == reference_tar.sample_spans(members, reference_tar.group(members, "x")[1])
     duplicate = archive([("k.txt", b"1"), ("k.txt", b"2")])
     with pytest.raises(shardkit.CorruptShardError, match=r"sample 'k' already has a 'txt' member"):
-        _layout.index(duplicate, "x").samples()
+        tarindex.index(duplicate, "x").samples()
 
 
 def test_vectorized_headers_equal_the_member_writer():
@@ -110,20 +113,22 @@ def test_vectorized_headers_equal_the_member_writer():
         name = bytes(rng.integers(33, 127, size=int(rng.integers(1, 101))).tolist())
         rows[i, : len(name)] = np.frombuffer(name, dtype=np.uint8)
         names.append(name)
-    built = _tar.headers(rows, sizes)
-    assert [built[i].tobytes() for i in range(50)] == [_tar._header(n, int(s), b"0") for n, s in zip(names, sizes, strict=True)]
-    assert _tar.canonical(built, rows, sizes).all()
+    built = tarwrite.headers(rows, sizes)
+    assert [built[i].tobytes() for i in range(50)] == [tarwrite._header(n, int(s), b"0") for n, s in zip(names, sizes, strict=True)]
+    assert tarwrite.canonical(built, rows, sizes).all()
     for _ in range(300):  # any single changed byte makes a header non-canonical
         i, j = int(rng.integers(50)), int(rng.integers(512))
         changed = built.copy()
         changed[i, j] ^= 1 + int(rng.integers(255))
-        found = _tar.canonical(changed, rows, sizes)
+        found = tarwrite.canonical(changed, rows, sizes)
         assert not found[i] and found.sum() == 49
 
 
 def pax_member(records: bytes, name: str, data: bytes) -> bytes:
     """A pax header carrying ``records``, then a plain member (what tarfile writes for a float mtime)."""
-    return _tar._header(_tar._PAX_NAME, len(records), b"x") + records + _tar._padding(len(records)) + _tar.member(name, data)
+    return (
+        tarwrite._header(tarwrite._PAX_NAME, len(records), b"x") + records + tarwrite._padding(len(records)) + tarwrite.member(name, data)
+    )
 
 
 def test_webdataset_shards_are_indexed_without_the_walk(tmp_path):
@@ -132,12 +137,12 @@ def test_webdataset_shards_are_indexed_without_the_walk(tmp_path):
     [path] = write_wds_shards(tmp_path, "w{}.tar", 1, lambda k, i: {"__key__": f"k{i}", "txt": "x" * i, "cls": b"1"} if i < 40 else None)
     with open(path, "rb") as f:
         buf = f.read()
-    layout = _layout.index(buf, "x")
+    layout = tarindex.index(buf, "x")
     assert layout.names is None and not layout.plain  # vectorized, but not copyable as it is
     assert as_tuples(layout) == walked(buf)
 
 
-rec = _tar._pax_record
+rec = tarwrite._pax_record
 
 
 @pytest.mark.parametrize(
@@ -149,8 +154,8 @@ rec = _tar._pax_record
     ],
 )
 def test_pax_records_that_rename_or_resize_go_to_the_walk(records):
-    buf = pax_member(records, "a.txt", b"abc") + _tar.member("b.txt", b"d") + _tar.TRAILER
-    assert _layout._plain(buf, "x") is None
+    buf = pax_member(records, "a.txt", b"abc") + tarwrite.member("b.txt", b"d") + tarwrite.TRAILER
+    assert tarindex._plain(buf, "x") is None
 
 
 @pytest.mark.parametrize(
@@ -166,20 +171,20 @@ def test_pax_records_that_rename_or_resize_go_to_the_walk(records):
     ],
 )
 def test_any_pax_header_gives_what_the_walk_gives(records):
-    buf = pax_member(records, "a.txt", b"abc") + _tar.member("b.txt", b"d") + _tar.TRAILER
+    buf = pax_member(records, "a.txt", b"abc") + tarwrite.member("b.txt", b"d") + tarwrite.TRAILER
     try:
         expected = walked(buf)
     except shardkit.CorruptShardError as e:
         with pytest.raises(shardkit.CorruptShardError, match=re.escape(str(e).split(": ", 1)[1])):
-            _layout.index(buf, "x")
+            tarindex.index(buf, "x")
     else:
-        assert as_tuples(_layout.index(buf, "x")) == expected
+        assert as_tuples(tarindex.index(buf, "x")) == expected
 
 
 def test_harmless_pax_records_are_skipped_like_the_walk_skips_them():
     first = rec("mtime", "1.5") + rec("uname", "someone")
-    buf = pax_member(first, "a.txt", b"abc") + pax_member(rec("mtime", "2.5"), "a.cls", b"1") + _tar.TRAILER
-    layout = _layout._plain(buf, "x")
+    buf = pax_member(first, "a.txt", b"abc") + pax_member(rec("mtime", "2.5"), "a.cls", b"1") + tarwrite.TRAILER
+    layout = tarindex._plain(buf, "x")
     assert layout is not None and as_tuples(layout) == walked(buf)
 
 
@@ -189,24 +194,27 @@ def test_sample_bounds_of_pax_shards_match_the_walk(tmp_path):
     [path] = write_wds_shards(tmp_path, "w{}.tar", 1, lambda k, i: {"__key__": f"k{i}", "txt": "x" * i, "cls": b"1"} if i < 9 else None)
     with open(path, "rb") as f:
         buf = f.read()
-    layout = _layout.index(buf, "x")
-    members = _tar.walk(buf, "x")
-    assert layout.sample_bounds(layout.samples()).tolist() == _tar.sample_spans(members, _tar.group(members, "x")[1])
+    layout = tarindex.index(buf, "x")
+    members = tarwalk.walk(buf, "x")
+    assert layout.sample_bounds(layout.samples()).tolist() == reference_tar.sample_spans(members, reference_tar.group(members, "x")[1])
 
 
 @pytest.mark.parametrize(
     ("buf", "message"),
     [
-        (_tar.member("a.txt", b"1") + _tar.TRAILER + _tar.member("b.txt", b"2") + _tar.TRAILER, "data follows the end-of-archive marker"),
-        (_tar.member("a.txt", b"1") + _tar.TRAILER + bytes(100) + b"z", "data follows the end-of-archive marker"),
-        (_tar._header(b"a.txt", 0, b"0")[:124] + b"-0000001000" + bytes(512 - 135) + _tar.TRAILER, "size field .* unsigned octal"),
+        (
+            tarwrite.member("a.txt", b"1") + tarwrite.TRAILER + tarwrite.member("b.txt", b"2") + tarwrite.TRAILER,
+            "data follows the end-of-archive marker",
+        ),
+        (tarwrite.member("a.txt", b"1") + tarwrite.TRAILER + bytes(100) + b"z", "data follows the end-of-archive marker"),
+        (tarwrite._header(b"a.txt", 0, b"0")[:124] + b"-0000001000" + bytes(512 - 135) + tarwrite.TRAILER, "size field .* unsigned octal"),
     ],
 )
 def test_concatenated_archives_and_signed_sizes_are_refused(buf, message):
     with pytest.raises(shardkit.CorruptShardError, match=message):
-        _layout.index(buf, "x")
+        tarindex.index(buf, "x")
     padded = archive([("a.txt", b"1")]) + bytes(9216)
-    assert _layout.index(padded, "x").all_names() == ["a.txt"]
+    assert tarindex.index(padded, "x").all_names() == ["a.txt"]
 
 
 long_names = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters="-_./"), min_size=1, max_size=130).filter(
@@ -219,12 +227,12 @@ long_names = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_ch
 def test_sample_keys_are_the_walks_keys(members):
     buf = archive(members)
     try:
-        keys, starts = _tar.group(_tar.walk(buf, "x"), "x")
+        keys, starts = reference_tar.group(tarwalk.walk(buf, "x"), "x")
     except shardkit.CorruptShardError:  # a repeated extension: samples() refuses it too
         with pytest.raises(shardkit.CorruptShardError):
-            _layout.index(buf, "x").samples()
+            tarindex.index(buf, "x").samples()
         return
-    layout = _layout.index(buf, "x")
+    layout = tarindex.index(buf, "x")
     assert layout.samples().tolist() == starts
     found = layout.sample_keys(np.asarray(starts[:-1], dtype=np.int64))
     assert [bytes(k).decode("utf-8", "surrogateescape") for k in found] == keys

@@ -8,6 +8,8 @@ import pytest
 
 import shardkit
 from shardkit import manifest
+from shardkit.loading.pile import read_pile
+from shardkit.tar import write as tarwrite
 
 N = 160
 PILES = 6
@@ -36,7 +38,7 @@ def damaged(tmp_path) -> tuple[str, dict, set[str]]:
     piles = manifest.read(out).piles
     bad = max(piles, key=lambda p: p.samples)  # the largest pile: some batches lie wholly inside it
     path = os.path.join(out, bad.name)
-    lost = set(shardkit.reader.read_pile(path).keys)
+    lost = set(read_pile(path).keys)
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) // 2)
     return out, clean, lost
@@ -106,13 +108,13 @@ def test_unbatched_skips_are_not_yielded_and_counted(damaged):
 
 def test_a_malformed_sample_is_skipped_alone(tmp_path):
     """Two members of one extension spoil their sample, not the pile (fast index only)."""
-    from shardkit import _tar
+    pass
 
     url = str(tmp_path / "dup.tar")
-    members = [_tar.member(f"k{i}.cls", b"%d" % i) for i in range(4)]
-    members.insert(2, _tar.member("k1.cls", b"9"))  # sample k1 now has two .cls members
+    members = [tarwrite.member(f"k{i}.cls", b"%d" % i) for i in range(4)]
+    members.insert(2, tarwrite.member("k1.cls", b"9"))  # sample k1 now has two .cls members
     with open(url, "wb") as f:
-        f.write(b"".join(members) + _tar.TRAILER)
+        f.write(b"".join(members) + tarwrite.TRAILER)
     for batch_size in (None, 2):
         loader = shardkit.loader(url, shuffle=False, on_error="skip", batch_size=batch_size, drop_last=False)
         got = list(loader)

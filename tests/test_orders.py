@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from webdataset.filters import _shuffle
 
-from shardkit.orders import buffer_shuffle, sequential_order, webdataset_order
-from shardkit.quality import measure
+from shardkit.tools.orders import buffer_shuffle, sequential_order, webdataset_order
+from shardkit.tools.quality import measure
 
 
 class _FixedPicks:

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardkit import plan, router
-from shardkit.plan import EpochOrder, Schedule, rank_span, worker_span
+from shardkit.loading import plan
+from shardkit.loading.plan import EpochOrder, Schedule, rank_span, worker_span
+from shardkit.piles import router
 
 
 def reference(counts: list[int], seed: int, epoch: int, shuffle: bool = True) -> list[tuple[int, int]]:

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 import shardkit
-from shardkit._prefetch import Failure, PileReader
+from shardkit.loading.prefetch import Failure, PileReader
 
 
 def _drain(reader: PileReader) -> list:

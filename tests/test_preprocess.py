@@ -11,8 +11,11 @@ import pytest
 from conftest import write_wds_shards
 
 import shardkit
-from shardkit import manifest, reader
-from shardkit.writer import STAGING_PREFIX
+from shardkit import manifest
+from shardkit.loading.pile import read_pile
+from shardkit.piles import parts
+from shardkit.piles.publish import STAGING_PREFIX
+from shardkit.tar.shard import iter_shard
 
 
 def unit_samples(unit: int) -> list[dict]:
@@ -28,7 +31,7 @@ def files(out) -> dict[str, bytes]:
 
 def keys(out) -> list[str]:
     m = manifest.read(out)
-    return sorted(s["__key__"] for p in m.piles for s in reader.read_pile(os.path.join(out, p.name), expected=p))
+    return sorted(s["__key__"] for p in m.piles for s in read_pile(os.path.join(out, p.name), expected=p))
 
 
 def assert_no_dataset(out) -> None:
@@ -50,11 +53,11 @@ def test_output_is_byte_identical_for_any_number_of_workers(tmp_path):
 
 def test_pile_of_a_sample_depends_on_seed_unit_and_ordinal_only(tmp_path):
     """Sample k of unit u lands where PileRouter(seed, u) draws k-th, whatever came before."""
-    from shardkit.router import route
+    from shardkit.piles.router import route
 
     shardkit.preprocess(range(10), unit_samples, tmp_path / "ds", piles=3, seed=4)
     m = manifest.read(tmp_path / "ds")
-    where = {s["__key__"]: p for p, info in enumerate(m.piles) for s in reader.read_pile(os.path.join(tmp_path, "ds", info.name))}
+    where = {s["__key__"]: p for p, info in enumerate(m.piles) for s in read_pile(os.path.join(tmp_path, "ds", info.name))}
     for u in range(10):
         expected = route(piles=3, seed=4, unit=u, count=len(unit_samples(u))).tolist()
         assert [where[s["__key__"]] for s in unit_samples(u)] == expected
@@ -232,8 +235,8 @@ def test_pile_re_piles_every_sample_byte_for_byte(tmp_path, shards):
     pattern = str(tmp_path / "src-{000000..000003}.tar")
     m = shardkit.pile(pattern, out, piles=3, workers=2, seed=1)
     assert m.samples == 100 and m.extra["units"] == 4
-    got = {s["__key__"]: (bytes(s["txt"]), bytes(s["cls"])) for p in m.piles for s in reader.read_pile(os.path.join(out, p.name))}
-    want = {s["__key__"]: (s["txt"], s["cls"]) for path in shards for s in reader.iter_shard(path)}
+    got = {s["__key__"]: (bytes(s["txt"]), bytes(s["cls"])) for p in m.piles for s in read_pile(os.path.join(out, p.name))}
+    want = {s["__key__"]: (s["txt"], s["cls"]) for path in shards for s in iter_shard(path)}
     assert got == want
     assert m == shardkit.pile(sorted(shards), tmp_path / "again", piles=3, seed=1)  # a list works too
 
@@ -284,9 +287,9 @@ def test_equal_keys_where_two_units_meet_in_a_pile_are_refused(tmp_path):
 
 
 def test_a_key_hash_collision_where_units_meet_is_not_an_error(tmp_path, monkeypatch):
-    from shardkit import _sink
+    pass
 
-    monkeypatch.setattr(_sink, "key_hash", lambda key: 0)  # every join is a candidate: the keys decide
+    monkeypatch.setattr(parts, "key_hash", lambda key: 0)  # every join is a candidate: the keys decide
     m = shardkit.preprocess([1, 3, 5], _numbered, tmp_path / "out", piles=1, quiet=True)
-    keys = [s["__key__"] for s in shardkit.reader.read_pile(str(tmp_path / "out" / m.piles[0].name))]
+    keys = [s["__key__"] for s in read_pile(str(tmp_path / "out" / m.piles[0].name))]
     assert keys == ["000", "001"] * 3

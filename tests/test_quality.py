@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from shardkit import quality
 from shardkit.errors import ConfigError
-from shardkit.quality import measure
+from shardkit.tools import quality
+from shardkit.tools.quality import measure
 
 
 def brute_inversions(order) -> int:

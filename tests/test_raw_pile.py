@@ -12,8 +12,13 @@ import pytest
 from conftest import make_samples, write_wds_shards
 
 import shardkit
-from shardkit import _raw, _tar, manifest, reader
-from shardkit.writer import encode_sample
+from shardkit import manifest
+from shardkit.loading.pile import read_pile
+from shardkit.piles import canonical as _raw
+from shardkit.piles import parts, publish
+from shardkit.piles.encode import encode_sample
+from shardkit.tar import write as tarwrite
+from shardkit.tar.shard import iter_shard, read_shard
 
 
 def read(path) -> bytes:
@@ -28,7 +33,7 @@ def files(out) -> dict[str, bytes]:
 def re_encoded(tmp_path, urls, **kwargs) -> dict[str, bytes]:
     """What the slow path writes: every sample decoded to a dict and encoded again."""
     out = tmp_path / "re-encoded"
-    shardkit.preprocess(urls, reader.iter_shard, out, **kwargs)
+    shardkit.preprocess(urls, iter_shard, out, **kwargs)
     return files(out)
 
 
@@ -82,7 +87,7 @@ def canonical_shards(tmp_path) -> list[str]:
         with open(path, "wb") as f:
             for s in samples[k::4]:
                 f.write(encode_sample(s)[0])
-            f.write(_tar.TRAILER)
+            f.write(tarwrite.TRAILER)
         paths.append(path)
     return paths
 
@@ -104,7 +109,7 @@ def test_a_canonical_shard_is_sliced_not_copied(canonical_shards):
     buf = read(canonical_shards[0])
     found = _raw.canonical_samples(buf, canonical_shards[0])
     assert all(isinstance(c, memoryview) and c.obj is buf for c in found.chunks)
-    assert b"".join(found.chunks) + _tar.TRAILER == buf
+    assert b"".join(found.chunks) + tarwrite.TRAILER == buf
     assert found.sizes.tolist() == [len(c) for c in found.chunks]
 
 
@@ -116,15 +121,15 @@ def test_garbage_in_padding_is_not_copied(tmp_path, canonical_shards):
     with open(dirty, "wb") as f:
         f.write(buf)
     found = _raw.canonical_samples(bytes(buf), dirty)
-    assert bytes(found.chunks[0]) == encode_sample(next(iter(reader.iter_shard(dirty))))[0]
+    assert bytes(found.chunks[0]) == encode_sample(next(iter(iter_shard(dirty))))[0]
     shardkit.pile([dirty], tmp_path / "fast", piles=2, quiet=True)
     assert files(tmp_path / "fast") == re_encoded(tmp_path, [dirty], piles=2, quiet=True)
 
 
 def test_foreign_samples_get_shardkit_headers(tmp_path, foreign):
-    buf = reader.read_shard(foreign[0])
+    buf = read_shard(foreign[0])
     found = _raw.canonical_samples(buf, foreign[0])
-    assert [bytes(c) for c in found.chunks] == [encode_sample(s)[0] for s in reader.iter_shard(foreign[0])]
+    assert [bytes(c) for c in found.chunks] == [encode_sample(s)[0] for s in iter_shard(foreign[0])]
     assert found.fields == {"txt", "cls", "json"}
 
 
@@ -134,7 +139,7 @@ def test_piles_of_pax_shards_read_completely_with_webdataset_and_tarfile(tmp_pat
     m = shardkit.pile(foreign[:3], tmp_path / "out", piles=3, seed=2, quiet=True)
     urls = [str(tmp_path / "out" / p.name) for p in m.piles]
     theirs = {s["__key__"]: (s["txt"], s["cls"], s["json"]) for s in wds.WebDataset(urls, shardshuffle=False)}
-    source = {s["__key__"]: (s["txt"], s["cls"], s["json"]) for u in foreign[:3] for s in reader.iter_shard(u)}
+    source = {s["__key__"]: (s["txt"], s["cls"], s["json"]) for u in foreign[:3] for s in iter_shard(u)}
     assert theirs == source and len(theirs) == 90
     for url in urls:
         with tarfile.open(url) as tf:
@@ -152,7 +157,7 @@ def test_output_is_byte_identical_for_any_number_of_workers_and_skips(tmp_path, 
     assert m1 == m3 and files(tmp_path / "w1") == files(tmp_path / "w3")
     assert m1.skipped_units == 3
     for info in m1.piles:  # checksums computed while writing and merging match the files
-        reader.read_pile(str(tmp_path / "w1" / info.name), expected=info)
+        read_pile(str(tmp_path / "w1" / info.name), expected=info)
 
 
 def test_split_piles_are_byte_identical_too(tmp_path, canonical_shards):
@@ -162,7 +167,7 @@ def test_split_piles_are_byte_identical_too(tmp_path, canonical_shards):
     assert a == b and files(tmp_path / "a") == files(tmp_path / "b")
     for info in a.piles:
         assert info.bytes <= 20 * 1024
-        reader.read_pile(str(tmp_path / "a" / info.name), expected=info)
+        read_pile(str(tmp_path / "a" / info.name), expected=info)
 
 
 @pytest.mark.parametrize(
@@ -179,7 +184,7 @@ def test_bad_samples_fail_as_they_do_when_re_encoded(tmp_path, names, error, mes
     with pytest.raises(error, match=r"input unit 0 \(.*bad.tar'\): .*" + message) as fast:
         shardkit.pile([path], tmp_path / "fast", piles=2, quiet=True)
     with pytest.raises(error, match=message) as slow:
-        shardkit.preprocess([path], reader.iter_shard, tmp_path / "slow", piles=2, quiet=True)
+        shardkit.preprocess([path], iter_shard, tmp_path / "slow", piles=2, quiet=True)
     assert str(fast.value) == str(slow.value)  # the same words, the same position
     assert not manifest.is_dataset(str(tmp_path / "fast"))
 
@@ -194,10 +199,10 @@ def test_empty_shards_and_shards_without_trailer(tmp_path, canonical_shards):
     open(empty, "wb").close()
     only_trailer = str(tmp_path / "trailer.tar")
     with open(only_trailer, "wb") as f:
-        f.write(_tar.TRAILER)
+        f.write(tarwrite.TRAILER)
     cut = str(tmp_path / "cut.tar")
     with open(cut, "wb") as f:
-        f.write(read(canonical_shards[0])[: -len(_tar.TRAILER)])
+        f.write(read(canonical_shards[0])[: -len(tarwrite.TRAILER)])
     urls = [empty, only_trailer, cut]
     m = shardkit.pile(urls, tmp_path / "fast", piles=2, quiet=True)
     assert m.samples == 30
@@ -218,11 +223,11 @@ def test_parallel_merge_equals_serial_merge(tmp_path):
 
 
 def test_short_writes_are_finished(tmp_path, monkeypatch):
-    from shardkit import _sink
+    pass
 
     real = os.writev
     monkeypatch.setattr(os, "writev", lambda fd, bufs: real(fd, [memoryview(bufs[0])[: max(1, len(bufs[0]) // 2)]]))
-    sink = _sink.PileSink(str(tmp_path / "parts"), 2, 1 << 20)
+    sink = parts.PileSink(str(tmp_path / "parts"), 2, 1 << 20)
     chunks = [bytes([i]) * (100 + i) for i in range(40)]
     keys = np.array([f"{i:03d}".encode() for i in range(40)])
     sink.extend(0, np.array([i % 2 for i in range(40)]), chunks, np.array([len(c) for c in chunks]), keys)
@@ -237,13 +242,13 @@ def test_memory_maps_are_released_in_bounded_numbers(tmp_path, canonical_shards,
     """Each pending map holds a file descriptor: the sink flushes after a few, whatever the buffer."""
     import mmap
 
-    from shardkit import _sink, storage
+    from shardkit import storage
 
     monkeypatch.setattr(storage, "_MAP_MIN", 0)  # map even these small shards
-    monkeypatch.setattr(_sink, "_MAX_MAPS", 3)
+    monkeypatch.setattr(parts, "MAX_MAPS", 3)
     flushes = []
-    real = _sink.PileSink.flush
-    monkeypatch.setattr(_sink.PileSink, "flush", lambda self: (flushes.append(self._maps), real(self)))
+    real = parts.PileSink.flush
+    monkeypatch.setattr(parts.PileSink, "flush", lambda self: (flushes.append(self._maps), real(self)))
     assert isinstance(storage.map_bytes(canonical_shards[0]), mmap.mmap)
     urls = canonical_shards * 3
     shardkit.pile(urls, tmp_path / "fast", piles=3, buffer_size="1GiB", quiet=True)
@@ -267,17 +272,17 @@ def test_map_bytes_reads_small_empty_and_missing_files(tmp_path):
 def test_a_failure_while_merging_in_threads_leaves_no_dataset(tmp_path, canonical_shards, monkeypatch, error):
     import threading
 
-    from shardkit import _publish
-    from shardkit.writer import STAGING_PREFIX
+    pass
+    from shardkit.piles.publish import STAGING_PREFIX
 
-    real = _publish._assemble
+    real = publish._assemble
 
     def failing(runs, dst):
         if dst.endswith("pile-000003.tar"):
             raise error("disk gone")
         return real(runs, dst)
 
-    monkeypatch.setattr(_publish, "_assemble", failing)
+    monkeypatch.setattr(publish, "_assemble", failing)
     out = tmp_path / "out"
     with pytest.raises(error):
         shardkit.pile(canonical_shards * 2, out, piles=6, workers=2, quiet=True)
@@ -310,7 +315,7 @@ def test_shards_whose_keys_restart_are_refused_where_they_meet(tmp_path, workers
     assert not manifest.is_dataset(out)
     m = shardkit.pile(urls, out, piles=1, workers=workers, quiet=True, key_prefix="unit")
     assert m.samples == 3
-    assert list(reader.read_pile(os.path.join(out, m.piles[0].name), expected=m.piles[0]).keys) == ["a/000000", "b/000000", "b/000001"]
+    assert list(read_pile(os.path.join(out, m.piles[0].name), expected=m.piles[0]).keys) == ["a/000000", "b/000000", "b/000001"]
     with shardkit.loader(out, decode=False, shuffle=False) as loader:
         assert [s["__key__"] for s in loader] == ["a/000000", "b/000000", "b/000001"]
 
@@ -322,7 +327,7 @@ def test_key_prefix_output_equals_re_encoding_with_prefixed_keys(tmp_path):
 
     def prefixed(url):
         stem = os.path.basename(url)[: -len(".tar")]
-        return ({**s, "__key__": f"{stem}/{s['__key__']}"} for s in reader.iter_shard(url))
+        return ({**s, "__key__": f"{stem}/{s['__key__']}"} for s in iter_shard(url))
 
     slow = shardkit.preprocess(urls, prefixed, tmp_path / "slow", piles=3, seed=2, quiet=True)
     assert m.samples == slow.samples == 30
@@ -332,7 +337,7 @@ def test_key_prefix_output_equals_re_encoding_with_prefixed_keys(tmp_path):
 
 
 def test_a_key_repeated_inside_a_shard_is_refused_when_it_lands_next_to_itself(tmp_path):
-    from shardkit import router
+    from shardkit.piles import router
 
     url = write_keys(tmp_path / "s.tar", ["z", "q", "z"])
     # a seed that routes both "z" to one pile and "q" to the other

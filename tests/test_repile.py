@@ -9,13 +9,13 @@ import pytest
 from conftest import make_samples
 
 import shardkit
-from shardkit import quality
 from shardkit.cli import main
-from shardkit.compare import order_from_plan, scan_dataset
 from shardkit.errors import ConfigError, DatasetNotFoundError
+from shardkit.loading.pile import read_pile
 from shardkit.manifest import Manifest, PileInfo, original_piles
-from shardkit.reader import read_pile
-from shardkit.repile import repile
+from shardkit.piles.repile import repile
+from shardkit.tools import quality
+from shardkit.tools.compare import order_from_plan, scan_dataset
 
 
 def _contents(directory: str) -> dict[str, dict]:

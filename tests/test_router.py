@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from shardkit.router import PileRouter, route, split_assignment
+from shardkit.piles.router import PileRouter, route, split_assignment
 
 
 @settings(max_examples=60, deadline=None)

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardkit import manifest, reader
+from shardkit import manifest
+from shardkit.loading.pile import read_pile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +35,7 @@ def load_script(name: str):
 
 def read_all(out) -> list[dict]:
     m = manifest.read(str(out))
-    return [s for p in m.piles for s in reader.read_pile(os.path.join(out, p.name), expected=p)]
+    return [s for p in m.piles for s in read_pile(os.path.join(out, p.name), expected=p)]
 
 
 # ---- images ----------------------------------------------------------------------------------

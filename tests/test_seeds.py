@@ -7,8 +7,10 @@ import itertools
 import numpy as np
 import pytest
 
-from shardkit import _seeds, plan, router
-from shardkit._seeds import Stream
+from shardkit import seeds as _seeds
+from shardkit.loading import plan
+from shardkit.piles import router
+from shardkit.seeds import Stream
 
 
 def _draws(rng: np.random.Generator) -> list[int]:

@@ -10,15 +10,19 @@ import tarfile
 
 import numpy as np
 import pytest
+import reference_tar
 import webdataset as wds
 from conftest import make_samples
 from scipy import stats
 
 import shardkit
-from shardkit import _tar, manifest, plan
+from shardkit import manifest
 from shardkit.cli import main
-from shardkit.reader import read_pile
+from shardkit.loading import plan
+from shardkit.loading.pile import fetch, read_pile
 from shardkit.shuffle import ShardRoller, ShuffleOptions, shuffle
+from shardkit.tar import walk as tarwalk
+from shardkit.tar import write as tarwrite
 
 # the facade's shardkit.shuffle is the function; monkeypatching needs the module
 shuffle_mod = importlib.import_module("shardkit.shuffle")
@@ -99,7 +103,7 @@ def test_a_sample_over_maxsize_gets_a_shard_of_its_own(tmp_path):
 )
 def test_roller_cuts_at_maxsize_to_the_byte_across_piles(tmp_path, caplog, maxsize, counts, sizes):
     data = [512, 1536, 512, 512, 1536, 3584, 512]  # members of 1, 2, 1, 1, 2, 4 and 1 KiB
-    buf = b"".join(_tar.member(f"k{i}.bin", bytes([i]) * n) for i, n in enumerate(data))
+    buf = b"".join(tarwrite.member(f"k{i}.bin", bytes([i]) * n) for i, n in enumerate(data))
     bounds = np.cumsum([0] + [n + 512 for n in data])
     roller = ShardRoller(str(tmp_path), maxcount=None, maxsize=maxsize)
     roller.extend(buf, bounds[:3], bounds[1:4])  # one pile's samples, then the next pile's
@@ -128,7 +132,8 @@ def _reference_shards(piles_dir: str, seed: int, maxcount: int | None, maxsize: 
     shards, current, count = [], b"", 0
     for index in order.pile_order.tolist():
         pile = read_pile(os.path.join(piles_dir, m.piles[index].name))
-        spans = pile.raw_spans()
+        members = tarwalk.walk(pile.buf, pile.url)
+        spans = reference_tar.sample_spans(members, reference_tar.group(members, pile.url)[1])
         for i in order.in_pile(index).tolist():
             data = bytes(pile.buf[spans[i] : spans[i + 1]])
             full = (maxcount is not None and count >= maxcount) or (maxsize is not None and len(current) + len(data) + 1024 > maxsize)
@@ -199,9 +204,9 @@ def test_failure_in_pass_2_leaves_the_old_dataset_and_no_temp_dir(tmp_path, inpu
         calls.append(url)
         if len(calls) == 2:
             raise interrupt
-        return shardkit.reader.fetch_pile(url, **kwargs)
+        return fetch(url, **kwargs)
 
-    monkeypatch.setattr(shuffle_mod, "fetch_pile", failing)
+    monkeypatch.setattr(shuffle_mod, "fetch", failing)
     with pytest.raises(type(interrupt)):
         shuffle(inputs, out, piles=3, maxcount=64, seed=9, overwrite=True, quiet=True)
     assert manifest.read(str(out)) == before
@@ -210,7 +215,7 @@ def test_failure_in_pass_2_leaves_the_old_dataset_and_no_temp_dir(tmp_path, inpu
 
 
 def test_a_write_error_while_a_pile_is_mapped_surfaces_as_itself(tmp_path, inputs, monkeypatch):
-    real, calls = shuffle_mod._write_all, []
+    real, calls = shuffle_mod.write_chunks, []
 
     def failing(fd, chunks):
         calls.append(len(chunks))
@@ -218,7 +223,7 @@ def test_a_write_error_while_a_pile_is_mapped_surfaces_as_itself(tmp_path, input
             raise OSError(28, "No space left on device")
         return real(fd, chunks)
 
-    monkeypatch.setattr(shuffle_mod, "_write_all", failing)
+    monkeypatch.setattr(shuffle_mod, "write_chunks", failing)
     monkeypatch.setattr(shardkit.storage, "_MAP_MIN", 0)  # the pile is mapped while writing fails
     with pytest.raises(OSError, match="No space left"):
         shuffle(inputs, tmp_path / "out", piles=3, maxcount=40, quiet=True)

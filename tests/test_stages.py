@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardkit._stages import CHUNK, Step, Transform, cut_tasks
+from shardkit.loading.batch import CHUNK, Step, Transform, cut_tasks
 
 
 class Pile:
-    """Stands in for PileData: cut_tasks reads only ``url``."""
+    """Stands in for Shard: cut_tasks reads only ``url``."""
 
     def __init__(self, url: str) -> None:
         self.url = url

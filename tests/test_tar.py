@@ -10,9 +10,11 @@ import subprocess
 import tarfile
 
 import pytest
+import reference_tar
 
-from shardkit import _tar
 from shardkit.errors import CorruptShardError
+from shardkit.tar import walk as tarwalk
+from shardkit.tar import write as tarwrite
 
 NAMES = [
     "a.txt",
@@ -28,7 +30,7 @@ def _payload(name: str) -> bytes:
 
 
 def _archive(names: list[str] = NAMES) -> bytes:
-    return b"".join(_tar.member(n, _payload(n)) for n in names) + _tar.TRAILER
+    return b"".join(tarwrite.member(n, _payload(n)) for n in names) + tarwrite.TRAILER
 
 
 @pytest.fixture
@@ -40,7 +42,7 @@ def archive(tmp_path) -> str:
 
 
 def _walked(buf: bytes) -> dict[str, bytes]:
-    m = _tar.walk(buf, "test.tar")
+    m = tarwalk.walk(buf, "test.tar")
     return {n: buf[o : o + s] for n, o, s in zip(m.names, m.offsets, m.sizes, strict=True)}
 
 
@@ -75,29 +77,29 @@ def test_truncated_inside_a_header():
     buf = _archive(["a.txt", "b.txt"])
     second = 1024  # header of member 1
     with pytest.raises(CorruptShardError, match=r"test.tar: member 1 at offset 1024: archive is truncated inside a header"):
-        _tar.walk(buf[: second + 100], "test.tar")
+        tarwalk.walk(buf[: second + 100], "test.tar")
 
 
 def test_truncated_inside_data():
-    buf = _tar.member("big.bin", bytes(5000))
+    buf = tarwrite.member("big.bin", bytes(5000))
     with pytest.raises(
         CorruptShardError, match=r"member 0 \('big.bin'\) at offset 0: data of 5000 bytes runs past the end of the file \(3000 bytes\)"
     ):
-        _tar.walk(buf[:3000], "test.tar")
+        tarwalk.walk(buf[:3000], "test.tar")
 
 
 def test_size_field_past_the_end():
     buf = _archive(["a.txt"])
-    bad = _tar.member("a.txt", bytes(10_000))[:512] + buf[512:]  # a header claiming 10000 bytes
+    bad = tarwrite.member("a.txt", bytes(10_000))[:512] + buf[512:]  # a header claiming 10000 bytes
     with pytest.raises(CorruptShardError, match="runs past the end of the file"):
-        _tar.walk(bad, "test.tar")
+        tarwalk.walk(bad, "test.tar")
 
 
 def test_bad_header_checksum():
     buf = _archive(["a.txt", "b.txt"])
     bad = _corrupt(buf, 1024, b"c")  # rename member 1 without fixing its checksum
     with pytest.raises(CorruptShardError, match=r"member 1 at offset 1024: header checksum is \d+, expected \d+"):
-        _tar.walk(bad, "test.tar")
+        tarwalk.walk(bad, "test.tar")
 
 
 def _python_tar(entries: list[tuple[str, bytes]]) -> bytes:
@@ -116,14 +118,14 @@ def _python_tar(entries: list[tuple[str, bytes]]) -> bytes:
 def test_unsafe_names_are_refused(name):
     buf = _python_tar([("ok.txt", tarfile.REGTYPE), (name, tarfile.REGTYPE)])
     with pytest.raises(CorruptShardError, match=r"member 1 \('.*evil.txt'\) at offset \d+: unsafe member name"):
-        _tar.walk(buf, "test.tar")
+        tarwalk.walk(buf, "test.tar")
 
 
 @pytest.mark.parametrize(("kind", "what"), [(tarfile.SYMTYPE, "symlink"), (tarfile.DIRTYPE, "directory"), (tarfile.LNKTYPE, "hard link")])
 def test_non_regular_members_are_refused(kind, what):
     buf = _python_tar([("a.txt", tarfile.REGTYPE), ("x", kind)])
     with pytest.raises(CorruptShardError, match=rf"member 1 \('x/?'\) at offset 512: expected a regular file, found a {what}"):
-        _tar.walk(buf, "test.tar")
+        tarwalk.walk(buf, "test.tar")
 
 
 @pytest.mark.parametrize("fmt", ["gnu", "pax", "ustar"])
@@ -153,8 +155,8 @@ def test_archives_made_by_webdataset_are_read_completely(tmp_path):
             w.write(s)
     with open(path, "rb") as f:
         buf = f.read()
-    members = _tar.walk(buf, path)
-    keys, _ = _tar.group(members, path)
+    members = tarwalk.walk(buf, path)
+    keys, _ = reference_tar.group(members, path)
     assert keys == [s["__key__"] for s in samples]
     walked = _walked(buf)
     for s in samples:
@@ -166,16 +168,16 @@ def test_archives_made_by_webdataset_are_read_completely(tmp_path):
 def test_group_refuses_a_duplicate_extension_in_one_sample():
     buf = _archive(["k.txt", "k.cls", "k.txt"])
     with pytest.raises(CorruptShardError, match=r"member 2 \('k.txt'\) at offset 2048: sample 'k' already has a 'txt' member"):
-        _tar.group(_tar.walk(buf, "test.tar"), "test.tar")
+        reference_tar.group(tarwalk.walk(buf, "test.tar"), "test.tar")
 
 
 def test_split_name_and_sample_spans():
-    assert _tar.split_name("a/b.c/d.e.jpg") == ("a/b.c/d", "e.jpg")
-    assert _tar.split_name("noext") == ("noext", "")
+    assert reference_tar.split_name("a/b.c/d.e.jpg") == ("a/b.c/d", "e.jpg")
+    assert reference_tar.split_name("noext") == ("noext", "")
     buf = _archive(["a.txt", "a.cls", "b.txt"])
-    members = _tar.walk(buf, "t")
-    keys, starts = _tar.group(members, "t")
-    bounds = _tar.sample_spans(members, starts)
+    members = tarwalk.walk(buf, "t")
+    keys, starts = reference_tar.group(members, "t")
+    bounds = reference_tar.sample_spans(members, starts)
     assert keys == ["a", "b"]
     assert bounds == [0, 2048, 3072]
 
@@ -196,29 +198,29 @@ def test_a_size_that_is_not_unsigned_octal_is_refused_not_looped_on(field):
     good = _archive(["a.txt", "b.txt"])
     bad = _with_size_field(good, field) + good[512:]  # the checksum holds: only the size is wrong
     with pytest.raises(CorruptShardError, match=r"test.tar: member 0 at offset 0: size field .* is not an unsigned octal number"):
-        _tar.walk(bad, "test.tar")
+        tarwalk.walk(bad, "test.tar")
 
 
 def test_gnu_base256_sizes_are_read():
     data = b"hello"
-    good = _tar.member("a.txt", data) + _tar.TRAILER
+    good = tarwrite.member("a.txt", data) + tarwrite.TRAILER
     gnu = _with_size_field(good, b"\x80" + len(data).to_bytes(11, "big")) + good[512:]
     assert _walked(gnu) == {"a.txt": data}
 
 
 @pytest.mark.parametrize("value", ["-1000", "+5", "1_0", "x"])
 def test_a_pax_size_record_that_is_not_unsigned_decimal_is_refused(value):
-    records = _tar._pax_record("size", value)
-    pax = _tar._header(_tar._PAX_NAME, len(records), b"x") + records + _tar._padding(len(records))
-    buf = pax + _tar.member("a.txt", b"x" * 600) + _tar.TRAILER
+    records = tarwrite._pax_record("size", value)
+    pax = tarwrite._header(tarwrite._PAX_NAME, len(records), b"x") + records + tarwrite._padding(len(records))
+    buf = pax + tarwrite.member("a.txt", b"x" * 600) + tarwrite.TRAILER
     with pytest.raises(
         CorruptShardError, match=rf"member 0 at offset 1024: pax size record '{re.escape(value)}' is not an unsigned decimal"
     ):
-        _tar.walk(buf, "test.tar")
+        tarwalk.walk(buf, "test.tar")
 
 
 _CONCATENATED = {
-    "zero block between members": _tar.member("a.txt", b"1") + bytes(512) + _tar.member("b.txt", b"2") + _tar.TRAILER,
+    "zero block between members": tarwrite.member("a.txt", b"1") + bytes(512) + tarwrite.member("b.txt", b"2") + tarwrite.TRAILER,
     "two whole archives": _archive(["a.txt"]) + _archive(["b.txt"]),
     "garbage after the trailer": _archive(["a.txt"]) + b"garbage",
 }
@@ -226,11 +228,11 @@ _CONCATENATED = {
 
 @pytest.mark.parametrize("buf", _CONCATENATED.values(), ids=_CONCATENATED.keys())
 def test_data_after_the_end_of_archive_marker_is_refused(buf):
-    end = len(_tar.member("a.txt", _payload("a.txt")))
+    end = len(tarwrite.member("a.txt", _payload("a.txt")))
     with pytest.raises(CorruptShardError, match=rf"test.tar: data follows the end-of-archive marker at offset {end}: a concatenated tar"):
-        _tar.walk(buf, "test.tar")
+        tarwalk.walk(buf, "test.tar")
     with pytest.raises(CorruptShardError, match="data follows the end-of-archive marker"):
-        _tar._walk_members(buf, "test.tar")
+        tarwalk._walk_members(buf, "test.tar")
 
 
 @pytest.mark.parametrize("tail", [b"", bytes(512), bytes(10240 - 1024 - 1024), bytes(100)])

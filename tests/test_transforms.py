@@ -11,7 +11,7 @@ import webdataset as wds
 from PIL import Image
 
 import shardkit
-from shardkit.transforms import Images, JsonLines, Shards, get, sample_key
+from shardkit.piles.transforms import Images, JsonLines, Shards, get, sample_key
 
 
 def _image(path, size=(40, 20), color=(200, 30, 30), fmt="PNG") -> None:

@@ -16,9 +16,10 @@ import pytest
 from scipy import stats
 
 import shardkit
-from shardkit import manifest, quality
-from shardkit.compare import order_from_plan, scan_dataset
-from shardkit.reader import read_pile
+from shardkit import manifest
+from shardkit.loading.pile import read_pile
+from shardkit.tools import quality
+from shardkit.tools.compare import order_from_plan, scan_dataset
 
 N = 5
 SAMPLE_BYTES = 2048  # two members of one 512-byte header and one 512-byte data block each
@@ -147,7 +148,7 @@ def test_a_pile_left_over_the_limit_is_logged_and_listed(tmp_path, caplog):
 
 def _split_piles(seed: int, capacity: int) -> list[np.ndarray]:
     """Pass 1 with splitting from the writer's own pure pieces: the sample ids of each final pile."""
-    from shardkit import router
+    from shardkit.piles import router
 
     routed = router.route(piles=2, seed=seed, unit=0, count=N)
     finals = []
@@ -161,7 +162,7 @@ def _split_piles(seed: int, capacity: int) -> list[np.ndarray]:
 
 
 def _first_epoch(finals: list[np.ndarray], seed: int) -> tuple[int, ...]:
-    from shardkit.plan import EpochOrder
+    from shardkit.loading.plan import EpochOrder
 
     piles, index = EpochOrder([len(f) for f in finals], seed=seed, epoch=0).take(0, N)
     return tuple(int(finals[p][i]) for p, i in zip(piles.tolist(), index.tolist(), strict=True))
@@ -169,7 +170,7 @@ def _first_epoch(finals: list[np.ndarray], seed: int) -> tuple[int, ...]:
 
 def test_the_pure_split_composition_is_what_the_writer_writes(tmp_path):
     """The 50,000-seed test below stands for the writer only if it is the writer's split."""
-    from shardkit._publish import capacity
+    from shardkit.piles.publish import capacity
 
     out = os.path.join(tmp_path, "ds")
     most = capacity(LIMIT, N, N * SAMPLE_BYTES)
@@ -183,7 +184,7 @@ def test_the_pure_split_composition_is_what_the_writer_writes(tmp_path):
 @pytest.mark.slow
 def test_first_epoch_is_exactly_uniform_over_50000_seeds_with_splits_forced_on():
     """The issue's exact test: all 120 orders of 5 samples, 50,000 seeds, every dataset split."""
-    from shardkit._publish import capacity
+    from shardkit.piles.publish import capacity
 
     most = capacity(LIMIT, N, N * SAMPLE_BYTES)
     rank = {p: i for i, p in enumerate(itertools.permutations(range(N)))}

@@ -9,13 +9,16 @@ import tarfile
 
 import numpy as np
 import pytest
+import reference_tar
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from shardkit import _layout, _tar
-from shardkit._chain import parse_pax
 from shardkit.errors import CorruptShardError
-from shardkit.reader import PileData
+from shardkit.tar import index as tarindex
+from shardkit.tar import walk as tarwalk
+from shardkit.tar import write as tarwrite
+from shardkit.tar.scan import parse_pax, scan
+from shardkit.tar.shard import Shard
 
 names = st.one_of(
     st.from_regex(r"[a-z0-9_]{1,12}(/[a-z0-9]{1,6})?\.(bin|cls|txt|a\.b)", fullmatch=True),
@@ -26,7 +29,7 @@ members = st.lists(st.tuples(names, st.binary(max_size=1200)), min_size=0, max_s
 
 def archive(items: list[tuple[str, bytes]], how: str) -> bytes:
     if how == "shardkit":
-        return b"".join(_tar.member(n, d) for n, d in items) + _tar.TRAILER
+        return b"".join(tarwrite.member(n, d) for n, d in items) + tarwrite.TRAILER
     out = io.BytesIO()
     fmt = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}[how]
     with tarfile.open(fileobj=out, mode="w", format=fmt) as t:
@@ -61,24 +64,24 @@ def test_fast_walk_agrees_with_the_careful_walk(items, how, damage, where, value
     elif damage in ("flip", "set") and buf:
         buf[at] = buf[at] ^ 0x55 if damage == "flip" else value
     data = bytes(buf)
-    assert outcome(_tar.walk, data) == outcome(_tar._walk_members, data)
+    assert outcome(tarwalk.walk, data) == outcome(tarwalk._walk_members, data)
 
 
 def test_fast_walk_takes_plain_archives():
-    buf = b"".join(_tar.member(f"k{i}.bin", bytes(700)) for i in range(5)) + _tar.TRAILER
-    fast = _tar._walk_plain(buf)
-    assert fast is not None and fast == _tar._walk_members(buf, "x.tar")
+    buf = b"".join(tarwrite.member(f"k{i}.bin", bytes(700)) for i in range(5)) + tarwrite.TRAILER
+    fast = tarwalk._walk_plain(buf)
+    assert fast is not None and fast == tarwalk._walk_members(buf, "x.tar")
     # a data block that looks like a header is never taken for one
-    inner = _tar.member("fake.bin", b"zz")
-    tricky = _tar.member("a.bin", inner + bytes(100)) + _tar.member("b.bin", b"1") + _tar.TRAILER
-    assert _tar._walk_plain(tricky) == _tar._walk_members(tricky, "x.tar")
-    assert _tar._walk_plain(tricky).names == ["a.bin", "b.bin"]
+    inner = tarwrite.member("fake.bin", b"zz")
+    tricky = tarwrite.member("a.bin", inner + bytes(100)) + tarwrite.member("b.bin", b"1") + tarwrite.TRAILER
+    assert tarwalk._walk_plain(tricky) == tarwalk._walk_members(tricky, "x.tar")
+    assert tarwalk._walk_plain(tricky).names == ["a.bin", "b.bin"]
 
 
 def samples_of(buf: bytes, plain: bool):
-    """Every sample of ``buf`` read through PileData (fast or careful index), or the error text."""
+    """Every sample of ``buf`` read through Shard (fast or careful index), or the error text."""
     try:
-        pile = PileData("x.tar", buf, plain=plain)
+        pile = Shard("x.tar", buf, chain=scan(buf) if plain else None)
         get = pile.sampler()
         out = [pile.sample(i) for i in range(len(pile))]
         assert [get(i) for i in range(len(pile))] == out
@@ -110,11 +113,11 @@ def test_fast_layout_agrees_with_the_careful_walk(keys, fields, dropped, payload
 
 
 def test_fast_walk_leaves_signed_sizes_and_concatenated_archives_to_the_careful_walk():
-    from shardkit._chain import scan
+    from shardkit.tar.scan import scan
 
-    good = _tar.member("a.txt", b"x" * 600) + _tar.member("b.txt", b"y") + _tar.TRAILER
+    good = tarwrite.member("a.txt", b"x" * 600) + tarwrite.member("b.txt", b"y") + tarwrite.TRAILER
     signed = good[:124] + b"-0000001000" + good[135:]
-    joined = _tar.member("a.txt", b"1") + bytes(512) + _tar.member("b.txt", b"2") + _tar.TRAILER
+    joined = tarwrite.member("a.txt", b"1") + bytes(512) + tarwrite.member("b.txt", b"2") + tarwrite.TRAILER
     for buf in (signed, joined):
         assert scan(buf) is None and scan(buf, checksums=False) is None
     assert scan(good + bytes(8192)) is not None  # zero padding after the trailer is fine
@@ -150,11 +153,11 @@ def test_fast_index_agrees_with_the_careful_walk_on_any_names(items, how):
         assert isinstance(fast, str) and "already has a" in fast
     else:
         assert fast == careful
-    assert outcome(_tar.walk, buf) == outcome(_tar._walk_members, buf)
+    assert outcome(tarwalk.walk, buf) == outcome(tarwalk._walk_members, buf)
 
 
 def test_the_fast_index_takes_non_ascii_names_and_webdataset_pax_headers():
-    from shardkit._chain import scan
+    from shardkit.tar.scan import scan
 
     utf8 = archive([("é1.txt", b"a"), ("é1.cls", b"1"), ("k" * 96 + ".bin", b"b")], "ustar")  # a name filling the field
     pax = mtime_pax_archive([("a1.txt", b"a"), ("a1.cls", b"1"), ("a2.txt", b"b")])
@@ -182,7 +185,7 @@ fields = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(fields, min_size=1, max_size=6))
 def test_octal_fields_are_read_as_the_walk_reads_them(batch):
-    from shardkit._chain import octal
+    from shardkit.tar.scan import octal
 
     values = octal(np.frombuffer(b"".join(batch), dtype=np.uint8).reshape(len(batch), 8))
     assert values.tolist() == [reference_octal(f) for f in batch]
@@ -190,8 +193,8 @@ def test_octal_fields_are_read_as_the_walk_reads_them(batch):
 
 keywords = st.one_of(st.sampled_from(["mtime", "path", "size", "pathx", "sizes", "uname", "linkpath", ""]), st.text(max_size=6))
 pax_data = st.one_of(
-    st.builds(lambda k, v: _tar._pax_record(k, v), keywords, st.text(max_size=30)),
-    st.builds(lambda k, v: _tar._pax_record(k, v)[:-1] + b"=\n", keywords, st.text(max_size=30)),
+    st.builds(lambda k, v: tarwrite._pax_record(k, v), keywords, st.text(max_size=30)),
+    st.builds(lambda k, v: tarwrite._pax_record(k, v)[:-1] + b"=\n", keywords, st.text(max_size=30)),
     st.binary(max_size=70),
     st.from_regex(rb"[0-9]{1,2} (path|size|mtime)?[=\n]?[a-z0-9.=\n]{0,20}", fullmatch=True),
 )
@@ -202,7 +205,7 @@ pax_data = st.one_of(
 @example([b"3 \n"])  # an empty record: the numpy check takes it, so the parser must too
 def test_pax_data_taken_without_parsing_is_harmless(batch):
     """What the numpy check is sure of, the parser agrees with: one record, no path, no size."""
-    from shardkit._chain import _one_record, parse_pax
+    from shardkit.tar.scan import _one_record, parse_pax
 
     blocks = np.zeros((len(batch), 512), dtype=np.uint8)
     for i, data in enumerate(batch):
@@ -212,7 +215,7 @@ def test_pax_data_taken_without_parsing_is_harmless(batch):
         if sure:
             records = parse_pax(data)
             assert len(records) == 1 and "path" not in records and "size" not in records
-    mtime = _tar._pax_record("mtime", "1795338852.4349883")  # what webdataset writes
+    mtime = tarwrite._pax_record("mtime", "1795338852.4349883")  # what webdataset writes
     assert _one_record(np.frombuffer(mtime.ljust(512, b"\0"), dtype=np.uint8)[None], np.array([0]), np.array([len(mtime)])).all()
 
 
@@ -227,7 +230,7 @@ def _with_checksum(buf: bytearray, head: int) -> bytes:
 
 
 def _pax_member(records: bytes, then: bytes) -> bytes:
-    return _tar._header(b"././@PaxHeader", len(records), b"x") + records + bytes(-len(records) % 512) + then
+    return tarwrite._header(b"././@PaxHeader", len(records), b"x") + records + bytes(-len(records) % 512) + then
 
 
 def _float_mtime_tar() -> bytes:
@@ -256,8 +259,8 @@ def test_a_twelfth_size_digit_is_read_by_both_walks(byte, expected):
 
 
 def test_a_key_with_and_without_a_trailing_dot_repeats_the_empty_extension():
-    buf = _tar.member("k", b"1") + _tar.member("k.", b"2") + _tar.TRAILER
-    for read in (lambda: _layout.index(buf, "x.tar").samples(), lambda: _tar.group(_tar.walk(buf, "x.tar"), "x.tar")):
+    buf = tarwrite.member("k", b"1") + tarwrite.member("k.", b"2") + tarwrite.TRAILER
+    for read in (lambda: tarindex.index(buf, "x.tar").samples(), lambda: reference_tar.group(tarwalk.walk(buf, "x.tar"), "x.tar")):
         with pytest.raises(CorruptShardError, match=r"member 1 \('k\.'\) at offset 1024: sample 'k' already has a '' member"):
             read()
 
@@ -265,20 +268,27 @@ def test_a_key_with_and_without_a_trailing_dot_repeats_the_empty_extension():
 def test_a_huge_pax_size_is_a_corrupt_shard_not_a_value_error():
     body = b" size=" + b"1" * 5000 + b"\n"
     record = str(len(body) + 4).encode() + body
-    buf = _pax_member(record, _tar.member("a.txt", b"x") + _tar.TRAILER)
+    buf = _pax_member(record, tarwrite.member("a.txt", b"x") + tarwrite.TRAILER)
     with pytest.raises(CorruptShardError, match=r"pax size record '1+' is not an unsigned decimal number below 10\*\*20"):
-        PileData("x.tar", buf)
+        Shard("x.tar", buf)
 
 
 def test_long_names_and_a_repeated_extension_name_the_member():
-    buf = _tar.member("d/" + "x" * 120 + ".jpg", b"1") + _tar.member("a.jpg", b"1") + _tar.member("a.jpg", b"2") + _tar.TRAILER
+    buf = (
+        tarwrite.member("d/" + "x" * 120 + ".jpg", b"1")
+        + tarwrite.member("a.jpg", b"1")
+        + tarwrite.member("a.jpg", b"2")
+        + tarwrite.TRAILER
+    )
     with pytest.raises(CorruptShardError, match=r"member 2 \('a\.jpg'\) at offset 3072: sample 'a' already has a 'jpg' member"):
-        _layout.index(buf, "x.tar").samples()
+        tarindex.index(buf, "x.tar").samples()
 
 
 def test_a_nul_in_a_pax_path_is_refused():
-    buf = _pax_member(_tar._pax_record("path", "a\x00.jpg"), _tar.member("a.jpg", b"1") + _tar.member("a.txt", b"2") + _tar.TRAILER)
-    for read in (lambda: _layout.index(buf, "x.tar").samples(), lambda: PileData("x.tar", buf)):
+    buf = _pax_member(
+        tarwrite._pax_record("path", "a\x00.jpg"), tarwrite.member("a.jpg", b"1") + tarwrite.member("a.txt", b"2") + tarwrite.TRAILER
+    )
+    for read in (lambda: tarindex.index(buf, "x.tar").samples(), lambda: Shard("x.tar", buf)):
         with pytest.raises(CorruptShardError, match=r"member 0 \('a\\x00\.jpg'\) at offset 1024: unsafe member name"):
             read()
 
@@ -287,6 +297,6 @@ def test_a_nul_in_a_pax_path_is_refused():
 def test_pax_records_must_hold_their_own_length_and_end_in_a_newline(records):
     with pytest.raises(ValueError, match="bad pax record length"):
         parse_pax(records)
-    buf = _pax_member(records, _tar.member("a.txt", b"x") + _tar.TRAILER)
+    buf = _pax_member(records, tarwrite.member("a.txt", b"x") + tarwrite.TRAILER)
     with pytest.raises(CorruptShardError, match="at offset 0: malformed pax header"):
-        PileData("x.tar", buf)
+        Shard("x.tar", buf)

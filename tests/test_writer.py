@@ -19,9 +19,12 @@ from PIL import Image
 from scipy import stats
 
 import shardkit
-from shardkit import manifest, reader, router
+from shardkit import manifest
 from shardkit.errors import SampleError
-from shardkit.writer import STAGING_PREFIX, encode_sample
+from shardkit.loading.pile import read_pile
+from shardkit.piles import router
+from shardkit.piles.encode import encode_sample
+from shardkit.piles.publish import STAGING_PREFIX
 
 # ---- helpers ---------------------------------------------------------------------------------
 
@@ -38,7 +41,7 @@ def write(out, samples, **kwargs) -> shardkit.Manifest:
 def read_raw(out) -> list[dict]:
     """Every sample of a dataset through shardkit's reader, checked against the manifest."""
     m = manifest.read(out)
-    return [s for info in m.piles for s in reader.read_pile(os.path.join(out, info.name), expected=info)]
+    return [s for info in m.piles for s in read_pile(os.path.join(out, info.name), expected=info)]
 
 
 def read_wds(out) -> list[dict]:
@@ -196,7 +199,7 @@ def test_pile_assignment_is_uniform_and_blind_to_the_data(tmp_path):
     # the same holds within every class: the pile does not depend on the sample
     table = np.zeros((piles, classes), dtype=np.int64)
     for p, info in enumerate(m.piles):
-        pile = reader.read_pile(os.path.join(tmp_path, "ds", info.name))
+        pile = read_pile(os.path.join(tmp_path, "ds", info.name))
         for i in range(len(pile)):
             table[p, int(pile.sample(i)["cls"])] += 1
     assert stats.chi2_contingency(table).pvalue > 1e-4
@@ -319,7 +322,7 @@ def test_close_after_a_failed_close_raises_a_clear_error(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("shardkit.writer.publish", fail)
+    monkeypatch.setattr("shardkit.piles.writer.publish", fail)
     w = shardkit.PileWriter(tmp_path / "ds", piles=2)
     w.write({"__key__": "a", "txt": "x"})
     with pytest.raises(OSError, match="disk full"):

@@ -10,11 +10,21 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
-from shardkit.cli import add_pile_args, command, pile_kwargs
+from shardkit.cli.flags import add_pile_args, pile_kwargs
 
 log = logging.getLogger(__name__)
+
+# each entry adds one subcommand to the parser and sets ``handler``; kept in --help order
+COMMANDS: list[Callable[[Any], None]] = []
+
+
+def command(register: Callable[[Any], None]) -> Callable[[Any], None]:
+    COMMANDS.append(register)
+    return register
+
 
 # --- pile: re-pile existing WebDataset shards -------------------------------------------------
 
@@ -60,8 +70,8 @@ def _key_prefix_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _pile(args: argparse.Namespace) -> int:
-    from shardkit._sizes import format_size
-    from shardkit.preprocess import pile
+    from shardkit._util import format_size
+    from shardkit.piles.preprocess import pile
 
     start = time.perf_counter()
     result = pile(args.inputs, args.out, key_prefix=args.key_prefix, **pile_kwargs(args))
@@ -83,7 +93,7 @@ def _verbose_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _info_table(summary: Any) -> str:
-    from shardkit._sizes import format_size
+    from shardkit._util import format_size
 
     s, b = summary.pile_samples, summary.pile_bytes
     rows = [
@@ -107,7 +117,7 @@ def _info_table(summary: Any) -> str:
 def _run_info(args: argparse.Namespace) -> int:
     import json
 
-    from shardkit.audit import info
+    from shardkit.tools.audit import info
 
     summary = info(args.directory)
     print(json.dumps(summary.to_dict(), indent=1) if args.json else _info_table(summary))
@@ -128,7 +138,7 @@ def _register_info(sub: Any) -> None:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    from shardkit.audit import verify
+    from shardkit.tools.audit import verify
 
     problems = verify(args.directory, quiet=args.quiet)
     for problem in problems:
@@ -211,7 +221,7 @@ def _register_shuffle(sub: Any) -> None:
 
 
 def _run_job(args: argparse.Namespace) -> int:
-    from shardkit.jobs import describe, load_job, run_job, summary
+    from shardkit.cli.jobs import describe, load_job, run_job, summary
 
     job = load_job(args.config)
     if args.check:
@@ -240,7 +250,7 @@ def _register_run(sub: Any) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from shardkit.demo import demo
+    from shardkit.tools.demo import demo
 
     print(demo(args.out, samples=args.samples, piles=args.piles, seed=args.seed, quiet=args.quiet).table())
     return 0
@@ -305,15 +315,15 @@ def _quality(args: argparse.Namespace) -> int:
     import json
 
     from shardkit import manifest
-    from shardkit.compare import compare_shuffles
+    from shardkit.tools.compare import compare_shuffles
 
     label = args.label_field
     if label is None and "cls" in manifest.read(args.source).fields:
         label = "cls"
     if args.plot:
-        from shardkit._plot import _pyplot
+        from shardkit.tools.plot import pyplot
 
-        _pyplot()  # fail before the work when matplotlib is missing
+        pyplot()  # fail before the work when matplotlib is missing
     result = compare_shuffles(
         args.source,
         batch_size=args.batch_size,
@@ -365,8 +375,8 @@ def _register_repile(sub: Any) -> None:
 
 def _repile(args: argparse.Namespace) -> int:
     from shardkit import manifest
-    from shardkit._sizes import format_size
-    from shardkit.repile import repile
+    from shardkit._util import format_size
+    from shardkit.piles.repile import repile
 
     seed = args.seed if args.seed is not None else manifest.read(args.src).seed + 1
     result = repile(

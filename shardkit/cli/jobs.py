@@ -35,13 +35,15 @@ from typing import Any
 
 import yaml
 
-from shardkit import _schema, storage, transforms
-from shardkit._schema import Fields
+from shardkit import storage
+from shardkit.cli import schema
+from shardkit.cli.schema import Fields
 from shardkit.errors import ConfigError, DatasetNotFoundError
 from shardkit.manifest import Manifest
-from shardkit.preprocess import ON_ERROR
-from shardkit.shuffle import ShuffleOptions
-from shardkit.writer import PileOptions
+from shardkit.piles import transforms
+from shardkit.piles.options import PileOptions
+from shardkit.piles.preprocess import ON_ERROR, pile, preprocess
+from shardkit.shuffle import ShuffleOptions, shuffle
 
 JOBS = ("preprocess", "pile", "shuffle", "demo")
 
@@ -193,14 +195,14 @@ _ALLOWED = {
 def parse_job(doc: Any, source: str) -> Job:
     """Validate a loaded YAML document into a job; ``source`` is the file it came from."""
     top = Fields(doc, source=source, path="", allowed=sorted({k for keys in _ALLOWED.values() for k in keys}))
-    kind = top.take("job", _schema.choice(*JOBS), required=True)
+    kind = top.take("job", schema.choice(*JOBS), required=True)
     top = Fields(doc, source=source, path="", allowed=_ALLOWED[kind])
     base = os.path.dirname(os.path.abspath(source))
     if kind == "demo":
-        out = top.sub("output", ("path",), required=False).take("path", _schema.string)
-        samples = top.take("samples", _schema.positive_int, default=50_000)
+        out = top.sub("output", ("path",), required=False).take("path", schema.string)
+        samples = top.take("samples", schema.positive_int, default=50_000)
         return DemoJob(source=source, output=_resolve(base, out) if out else None, samples=samples)
-    inputs = tuple(_resolve(base, p) for p in top.take("inputs", _schema.strings, required=True))
+    inputs = tuple(_resolve(base, p) for p in top.take("inputs", schema.strings, required=True))
     if kind == "shuffle":
         return _shuffle_job(top, inputs, base)
     return _piling_job(top, kind, inputs, base)
@@ -208,7 +210,7 @@ def parse_job(doc: Any, source: str) -> Job:
 
 def _shuffle_job(top: Fields, inputs: tuple[str, ...], base: str) -> ShuffleJob:
     output = top.sub("output", ("path", "piles", "memory", "maxcount", "maxsize", "seed", "overwrite"))
-    workers = top.take("workers", _schema.positive_int, default=1)
+    workers = top.take("workers", schema.positive_int, default=1)
     values = _option_values(output)
     with output.errors():
         options = ShuffleOptions(**values, workers=workers)
@@ -218,13 +220,13 @@ def _shuffle_job(top: Fields, inputs: tuple[str, ...], base: str) -> ShuffleJob:
 
 def _piling_job(top: Fields, kind: str, inputs: tuple[str, ...], base: str) -> PileJob | PreprocessJob:
     output = top.sub("output", _PILE_OUTPUT)
-    output.take("piles", _schema.anything, required=True)
+    output.take("piles", schema.anything, required=True)
     values = _option_values(output)
     with output.errors():
         options = PileOptions(**values)
     out = _output_path(output, base)
-    workers = top.take("workers", _schema.positive_int, default=1)
-    on_error = top.take("on_error", _schema.choice(*ON_ERROR), default="raise")
+    workers = top.take("workers", schema.positive_int, default=1)
+    on_error = top.take("on_error", schema.choice(*ON_ERROR), default="raise")
     if kind == "pile":
         _check_inputs(top, inputs, folders=False)
         return PileJob(source=top.source, inputs=inputs, output=out, options=options, workers=workers, on_error=on_error)
@@ -235,22 +237,22 @@ def _piling_job(top: Fields, kind: str, inputs: tuple[str, ...], base: str) -> P
 
 def _option_values(output: Fields) -> dict[str, Any]:
     """The output fields other than ``path``, for an options class to validate."""
-    values = {name: output.take(name, _schema.anything) for name in output.names() if name != "path"}
+    values = {name: output.take(name, schema.anything) for name in output.names() if name != "path"}
     if "overwrite" in values:
-        values["overwrite"] = output.take("overwrite", _schema.boolean)
+        values["overwrite"] = output.take("overwrite", schema.boolean)
     return values
 
 
 def _output_path(output: Fields, base: str) -> str:
-    return _resolve(base, output.take("path", _schema.string, required=True))
+    return _resolve(base, output.take("path", schema.string, required=True))
 
 
 def _parse_fn(top: Fields, base: str) -> transforms.Images | transforms.JsonLines | transforms.Shards | ImportedFn:
-    args = top.take("args", _schema.mapping, default={})
+    args = top.take("args", schema.mapping, default={})
     if top.has("fn") and top.has("transform"):
         raise ConfigError(f"{top.source}: fn: give either fn (your own function) or transform (a built-in), not both")
     if top.has("fn"):
-        spec = top.take("fn", _schema.string)
+        spec = top.take("fn", schema.string)
         with top.errors("fn"):
             _import(spec, base)
         return ImportedFn(spec, args, search=base)
@@ -258,7 +260,7 @@ def _parse_fn(top: Fields, base: str) -> transforms.Images | transforms.JsonLine
         raise ConfigError(
             f"{top.source}: transform: missing: name a built-in ({', '.join(transforms.TRANSFORMS)}) or give fn: module:function"
         )
-    name = top.take("transform", _schema.string)
+    name = top.take("transform", schema.string)
     with top.errors("transform"):
         transforms.get(name)  # an unknown name is named as the transform's fault, not the args'
     with top.errors("args"):
@@ -297,20 +299,16 @@ def _units(job: PreprocessJob) -> tuple[list[Any], dict[str, Any] | None]:
 
 def run_job(job: Job, *, quiet: bool = False) -> Any:
     """Run a validated job; returns what the underlying function returns (a Manifest for all but the demo)."""
-    import shardkit
-
     if isinstance(job, PreprocessJob):
         units, extra = _units(job)
-        return shardkit.preprocess(
+        return preprocess(
             units, job.fn, job.output, **_pile_kwargs(job.options), workers=job.workers, on_error=job.on_error, quiet=quiet, extra=extra
         )
     if isinstance(job, PileJob):
-        return shardkit.pile(
-            list(job.inputs), job.output, **_pile_kwargs(job.options), workers=job.workers, on_error=job.on_error, quiet=quiet
-        )
+        return pile(list(job.inputs), job.output, **_pile_kwargs(job.options), workers=job.workers, on_error=job.on_error, quiet=quiet)
     if isinstance(job, ShuffleJob):
-        return shardkit.shuffle(list(job.inputs), job.output, **vars(job.options), quiet=quiet)
-    from shardkit.demo import demo
+        return shuffle(list(job.inputs), job.output, **vars(job.options), quiet=quiet)
+    from shardkit.tools.demo import demo
 
     return demo(out=job.output, samples=job.samples, quiet=quiet)
 

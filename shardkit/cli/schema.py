@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from shardkit._checks import check_int, shown
+from shardkit._util import check_int, shown
 from shardkit.errors import ConfigError
 
 T = TypeVar("T")

@@ -27,17 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from shardkit import plan
-from shardkit._checks import check_int
-from shardkit._prefetch import Failure, PileReader
-from shardkit._skips import LoaderStats, Policy
-from shardkit._stages import Result, SampleBlock, Step, Transform, Workers, cut_tasks
-from shardkit._state import check_state, make_state
+from shardkit._util import check_int
 from shardkit.codecs import Codecs
 from shardkit.errors import ShardkitError
-from shardkit.options import LoaderOptions, resolve_world
-from shardkit.reader import PileData
-from shardkit.sources import Fetched, Source, SourceLike, resolve
+from shardkit.loading import plan
+from shardkit.loading.batch import Result, SampleBlock, Step, Transform, Workers, cut_tasks
+from shardkit.loading.on_error import LoaderStats, Policy
+from shardkit.loading.options import LoaderOptions, resolve_world
+from shardkit.loading.prefetch import Failure, PileReader
+from shardkit.loading.source import Fetched, Source, SourceLike, resolve
+from shardkit.loading.state import check_state, make_state
+from shardkit.tar.shard import Shard
 
 log = logging.getLogger(__name__)
 
@@ -158,11 +158,11 @@ class Loader:
         self, sched: plan.Schedule, start: int, uses: list[plan.PileUse], reader: PileReader[int, Fetched]
     ) -> Iterator[SampleBlock]:
         """``(start, pile or per-position piles, in-pile indices)``; a pile is None when skipped."""
-        resident: dict[int, PileData | None] = {}
+        resident: dict[int, Shard | None] = {}
         active: list[plan.PileUse] = []
         pulled = 0
 
-        def need(pile: int) -> PileData | None:
+        def need(pile: int) -> Shard | None:
             nonlocal pulled
             while pile not in resident:
                 item = reader.get()
@@ -189,7 +189,7 @@ class Loader:
                 del resident[use.pile]
                 reader.release()
 
-    def _accept(self, item: Fetched | Failure, use: plan.PileUse) -> PileData | None:
+    def _accept(self, item: Fetched | Failure, use: plan.PileUse) -> Shard | None:
         if not isinstance(item, Failure):
             try:
                 return self.source.open(use.pile, item)
@@ -202,13 +202,13 @@ class Loader:
     def _samples(self, blocks: Iterator[SampleBlock]) -> Iterator[dict[str, Any]]:
         """The hot path: raw samples, no decoding, no batching. A skipped sample is not yielded."""
         for start, data, index in blocks:
-            if type(data) is PileData and data.uniform:
+            if type(data) is Shard and data.uniform:
                 # nothing here can fail: hand the samples straight through; the position is
                 # read off the index iterator (see _where)
                 rest = iter(index)
                 self._cursor = (start + len(index), rest)
                 yield from map(data.sampler(), rest)
-            elif type(data) is list and all(type(p) is PileData and p.uniform for p in set(data)):
+            elif type(data) is list and all(type(p) is Shard and p.uniform for p in set(data)):
                 # mix > 1: positions alternate between piles; the same, one sampler per position
                 rest = iter(index)
                 self._cursor = (start + len(index), rest)

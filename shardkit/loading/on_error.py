@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit.errors import ShardkitError
-from shardkit.reader import PileData
+from shardkit.tar.shard import Shard
 
 log = logging.getLogger("shardkit.loader")
 
@@ -55,7 +55,7 @@ class Policy:
         self.stats.skipped_piles += 1
         self.stats.note(f"{url}: {error}", self.warns)
 
-    def sample(self, pile: PileData | None, index: int) -> dict[str, Any] | None:
+    def sample(self, pile: Shard | None, index: int) -> dict[str, Any] | None:
         """Raw sample ``index`` of ``pile``; None (counted) when the pile was skipped or the
         sample is malformed and the policy skips it."""
         if pile is None:

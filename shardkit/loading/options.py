@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from shardkit._checks import check_int
-from shardkit._sizes import parse_size
+from shardkit._util import check_int, parse_size
 from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError
 

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from shardkit._checks import check_int
-from shardkit._seeds import Stream, stream
+from shardkit._util import check_int
+from shardkit.seeds import Stream, stream
 
 PILE_ORDER, IN_PILE, MIX = Stream.PILE_ORDER, Stream.IN_PILE, Stream.MIX
 # longest block handed out at once, so a huge pile never costs a huge index array

@@ -6,7 +6,7 @@ are cached per process by (URL, size, modification time), so a second loader sta
 
     src = resolve("data/")                       # or resolve("shards/train-{000..099}.tar")
     src.counts                                    # samples per pile, in order
-    pile = src.read(3, max_bytes=2**31, verify=True)
+    pile = src.open(3, src.fetch(3, max_bytes=2**31, verify=True))
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardkit import _chain, manifest, reader, storage
-from shardkit.errors import CorruptShardError, PileTooLargeError
+from shardkit import manifest, storage
+from shardkit.errors import CorruptShardError
+from shardkit.loading.pile import Fetched, fetch, open_pile
 from shardkit.manifest import PileInfo
-from shardkit.reader import PileData
+from shardkit.tar.shard import Shard, read_shard
 
 SourceLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
@@ -60,40 +61,21 @@ class Source:
         ]
         return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
 
-    def read(self, index: int, *, max_bytes: int | None = None, verify: bool = True) -> PileData:
-        """Read and index pile ``index``, checked against what is known about it."""
-        return self.open(index, self.fetch(index, max_bytes=max_bytes, verify=verify))
-
     def fetch(self, index: int, *, max_bytes: int | None = None, verify: bool = True) -> Fetched:
-        """Pile ``index``'s bytes (size limit, manifest size and checksum checked) and the
-        vectorized part of its index: the work a background thread can do without the GIL."""
+        """Pile ``index``'s checked bytes and the vectorized half of its index (see
+        :func:`shardkit.loading.pile.fetch`): the work a background thread can do without the GIL."""
         pile = self.piles[index]
-        if pile.info is not None:
-            buf = reader.fetch_pile(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify, mapped=True)
-        else:
-            buf = _load_shard(pile.url, max_bytes)
-        checked = verify and pile.info is not None
-        return Fetched(buf, _chain.scan(buf, checksums=not checked), checked)
+        return fetch(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify)
 
-    def open(self, index: int, fetched: Fetched) -> PileData:
+    def open(self, index: int, fetched: Fetched) -> Shard:
         """Finish indexing what :meth:`fetch` returned and check the sample count."""
         pile = self.piles[index]
         if pile.info is not None:
-            return reader.index_pile(pile.url, fetched.buf, expected=pile.info, checked=fetched.checked, plain=fetched.plain)
-        data = PileData(pile.url, fetched.buf, plain=fetched.plain)
+            return open_pile(fetched, expected=pile.info)
+        data = open_pile(fetched)
         if len(data) != pile.samples:
             raise CorruptShardError(f"{pile.url}: holds {len(data)} samples, {pile.samples} when it was first counted (the file changed)")
         return data
-
-
-@dataclass(frozen=True, slots=True)
-class Fetched:
-    """A pile's bytes, its :func:`~shardkit._chain.scan` (None: walk it member by member), and
-    whether the bytes matched the manifest checksum."""
-
-    buf: storage.Buffer
-    plain: _chain.Chain | None
-    checked: bool
 
 
 def resolve(source: SourceLike) -> Source:
@@ -124,21 +106,7 @@ def count_samples(url: str) -> int:
     with _cache_lock:
         if key in _counts_cache:
             return _counts_cache[key]
-    count = len(PileData(url, _load_shard(url, None)))
+    count = len(Shard(url, read_shard(url, mapped=True)))
     with _cache_lock:
         _counts_cache[key] = count
     return count
-
-
-def _load_shard(url: str, max_bytes: int | None) -> storage.Buffer:
-    """The bytes of any WebDataset tar (``.tar.gz``/``.tgz`` decompressed in memory)."""
-    if max_bytes is not None:
-        size = storage.size(url)
-        if size > max_bytes:
-            raise PileTooLargeError(
-                f"{url}: {size} bytes is over the memory limit max_pile_bytes={max_bytes}; raise the limit or re-pile smaller"
-            )
-    buf = reader.read_shard(url, mapped=True)
-    if max_bytes is not None and len(buf) > max_bytes:
-        raise PileTooLargeError(f"{url}: decompresses to {len(buf)} bytes, over the memory limit max_pile_bytes={max_bytes}")
-    return buf

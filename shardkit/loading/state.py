@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardkit._checks import check_int
+from shardkit._util import check_int
 from shardkit.errors import ConfigError
-from shardkit.options import LoaderOptions
+from shardkit.loading.options import LoaderOptions
 
 FORMAT = "shardkit.loader"
 VERSION = 1

@@ -26,13 +26,13 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("shardkit.torch needs PyTorch: pip install 'shardkit[torch]'") from e
 
-from shardkit import plan
-from shardkit._checks import check_int
-from shardkit._state import check_format, check_identity, identity, make_state
+from shardkit._util import check_int
 from shardkit.errors import ConfigError
-from shardkit.loader import Loader
-from shardkit.options import LoaderOptions, resolve_world
-from shardkit.sources import SourceLike, resolve
+from shardkit.loading import plan
+from shardkit.loading.loader import Loader
+from shardkit.loading.options import LoaderOptions, resolve_world
+from shardkit.loading.source import SourceLike, resolve
+from shardkit.loading.state import check_format, check_identity, identity, make_state
 
 __all__ = ["ShardkitDataLoader", "ShardkitDataset", "round_robin"]
 

@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardkit import _chain, _layout, _tar
 from shardkit.codecs import DEFAULT, Codecs
-from shardkit.writer import _check_key, encode_sample
+from shardkit.piles.encode import check_key, encode_sample
+from shardkit.tar import index, scan, write
 
 if TYPE_CHECKING:
     from shardkit.storage import Buffer
 
-BLOCK = _tar.BLOCK
+BLOCK = scan.BLOCK
 _WORDS = BLOCK // 8
 _SLASH, _DOT, _UNDERSCORE = ord("/"), ord("."), ord("_")
 
@@ -61,7 +61,7 @@ def unit_prefix(url: str) -> str:
         if name.endswith(suffix) and len(name) > len(suffix):
             name = name[: -len(suffix)]
             break
-    _check_key(f"{name}/x")  # a valid directory component: dots are fine there
+    check_key(f"{name}/x")  # a valid directory component: dots are fine there
     return f"{name}/"
 
 
@@ -74,11 +74,11 @@ def canonical_samples(
     and written again with ``__key__ = prefix + key``.
 
     Raises:
-        CorruptShardError: the shard is not a valid tar (as :func:`shardkit._tar.walk`) or a
+        CorruptShardError: the shard is not a valid tar (as :func:`shardkit.write.walk`) or a
             sample has two members with one extension.
         SampleError: a sample ``encode_sample`` refuses (bad key, no extension, too large).
     """
-    layout = _layout.index(buf, source)
+    layout = index.index(buf, source)
     if not len(layout):
         return Samples()
     if prefix:
@@ -91,7 +91,7 @@ def canonical_samples(
     nbytes = np.add.reduceat(BLOCK + padded, firsts)
     fast = np.logical_and.reduceat(_expressible(layout, keylen, starts), firsts)
     if max_pile_bytes is not None:
-        fast &= nbytes + len(_tar.TRAILER) <= max_pile_bytes
+        fast &= nbytes + len(write.TRAILER) <= max_pile_bytes
     if fast.all() and layout.plain and _canonical_already(layout, padded):
         view = memoryview(buf)
         bounds = layout.sample_bounds(starts).tolist()
@@ -100,23 +100,23 @@ def canonical_samples(
     return dataclasses.replace(_rebuilt(layout, keylen, starts, fast, nbytes, max_pile_bytes, codecs), keys=keys)
 
 
-def _prefixed(layout: _layout.Layout, prefix: str) -> _layout.Layout:
+def _prefixed(layout: index.Layout, prefix: str) -> index.Layout:
     """``layout`` with ``prefix`` in front of every name; no header is canonical any more."""
     pre = np.frombuffer(prefix.encode("utf-8"), dtype=np.uint8)
     lengths = np.where(layout.lengths >= 0, layout.lengths + len(pre), -1)
-    lengths[lengths > _layout.NAME] = -1  # too long for a ustar name: encode_sample adds a pax header
-    rows = np.concatenate([np.broadcast_to(pre, (len(layout), len(pre))), layout.rows], axis=1)[:, : _layout.NAME]
+    lengths[lengths > scan.NAME] = -1  # too long for a ustar name: encode_sample adds a pax header
+    rows = np.concatenate([np.broadcast_to(pre, (len(layout), len(pre))), layout.rows], axis=1)[:, : scan.NAME]
     rows[lengths < 0] = 0
     names = [prefix + name for name in layout.all_names()] if (lengths < 0).any() else None
     canonical = np.zeros(len(layout), dtype=bool)
     return dataclasses.replace(layout, rows=np.ascontiguousarray(rows), lengths=lengths, names=names, canonical=canonical)
 
 
-def _expressible(layout: _layout.Layout, keylen: np.ndarray, starts: np.ndarray) -> np.ndarray:
+def _expressible(layout: index.Layout, keylen: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Per member: its sample can be written by copying it with a canonical header."""
     rows, lengths, n = layout.rows, layout.lengths, len(layout)
     last = rows.shape[1] - 1
-    ok = (lengths >= 0) & (rows < 128).all(axis=1) & (layout.sizes <= _tar._MAX_OCTAL_SIZE)
+    ok = (lengths >= 0) & (rows < 128).all(axis=1) & (layout.sizes <= write.MAX_OCTAL_SIZE)
     at = np.arange(n)
     extlen = lengths - keylen - 1
     ext0 = rows[at, np.clip(keylen + 1, 0, last)]
@@ -135,13 +135,13 @@ def _expressible(layout: _layout.Layout, keylen: np.ndarray, starts: np.ndarray)
     return ok & (first | layout.increasing())
 
 
-def _canonical_already(layout: _layout.Layout, padded: np.ndarray) -> bool:
+def _canonical_already(layout: index.Layout, padded: np.ndarray) -> bool:
     """Every header is the one shardkit writes, nothing lies between members, padding is zero."""
     if not (layout.plain and layout.canonical.all()):
         return False
     tail = layout.sizes % BLOCK
     partial = np.flatnonzero(tail)
-    blocks = _chain.blocks_of(layout.buf)
+    blocks = scan.blocks_of(layout.buf)
     words = np.take(blocks, (layout.heads[partial] + padded[partial]) // BLOCK, axis=0).view("<u8")
     tail = tail[partial]
     # the last non-zero word of each last block must end before the padding starts
@@ -157,7 +157,7 @@ def _canonical_already(layout: _layout.Layout, padded: np.ndarray) -> bool:
 
 
 def _rebuilt(
-    layout: _layout.Layout,
+    layout: index.Layout,
     keylen: np.ndarray,
     starts: np.ndarray,
     fast: np.ndarray,
@@ -183,17 +183,17 @@ def _rebuilt(
     return result
 
 
-def _copy_with_headers(layout: _layout.Layout, idx: np.ndarray) -> np.ndarray:
+def _copy_with_headers(layout: index.Layout, idx: np.ndarray) -> np.ndarray:
     """Members ``idx`` as one canonical tar body: new headers, data blocks copied, padding zeroed."""
     sizes = layout.sizes[idx]
     data_blocks = (sizes + BLOCK - 1) // BLOCK
     span = 1 + data_blocks
     head = np.cumsum(span) - span
     out = np.empty((int(span.sum()), BLOCK), dtype=np.uint8)
-    out[head] = _tar.headers(layout.rows[idx], sizes)
+    out[head] = write.headers(layout.rows[idx], sizes)
     total = int(data_blocks.sum())
     if total:
-        src = _chain.blocks_of(layout.buf)
+        src = scan.blocks_of(layout.buf)
         before = np.cumsum(data_blocks) - data_blocks
         step = np.arange(total) - np.repeat(before, data_blocks)
         out[np.repeat(head + 1, data_blocks) + step] = src[np.repeat(layout.heads[idx] // BLOCK + 1, data_blocks) + step]
@@ -204,18 +204,18 @@ def _copy_with_headers(layout: _layout.Layout, idx: np.ndarray) -> np.ndarray:
     return out
 
 
-def _sample(layout: _layout.Layout, lo: int, hi: int) -> dict[str, bytes | str]:
-    """Members ``lo:hi`` as the sample dict :class:`shardkit.reader.PileData` hands out."""
+def _sample(layout: index.Layout, lo: int, hi: int) -> dict[str, bytes | str]:
+    """Members ``lo:hi`` as the sample dict :class:`shardkit.reader.Shard` hands out."""
     buf = layout.buf
-    key, _ = _tar.split_name(layout.name(lo))
+    key, _ = index.split_name(layout.name(lo))
     sample: dict[str, bytes | str] = {"__key__": key}
     for j in range(lo, hi):
         start = int(layout.heads[j]) + BLOCK
-        sample[_tar.split_name(layout.name(j))[1]] = bytes(buf[start : start + int(layout.sizes[j])])
+        sample[index.split_name(layout.name(j))[1]] = bytes(buf[start : start + int(layout.sizes[j])])
     return sample
 
 
-def _extensions(layout: _layout.Layout, keylen: np.ndarray, members: np.ndarray) -> set[str]:
+def _extensions(layout: index.Layout, keylen: np.ndarray, members: np.ndarray) -> set[str]:
     """The distinct extensions of the chosen members (their names are ASCII rows here)."""
     idx = np.flatnonzero(members)
     if not len(idx):

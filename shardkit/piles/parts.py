@@ -15,10 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shardkit import manifest
+from shardkit import manifest, storage
 from shardkit.errors import SampleError
 
-Buffer = bytes | bytearray | memoryview
 # numbers per row of PileSink.segments: unit, start, end, samples, first key hash, last key hash
 SEGMENT = 6
 
@@ -63,7 +62,7 @@ class PileSink:
     def __init__(self, directory: str, piles: int, buffer_size: int) -> None:
         self.directory = directory
         os.makedirs(directory, exist_ok=True)
-        self._chunks: list[list[Buffer]] = [[] for _ in range(piles)]
+        self._chunks: list[list[storage.Chunk]] = [[] for _ in range(piles)]
         self._buffered = 0
         self._maps = 0
         self._limit = buffer_size
@@ -119,13 +118,13 @@ class PileSink:
             self.flush()
 
     def extend(
-        self, unit: int, piles: np.ndarray, chunks: Sequence[Buffer], sizes: np.ndarray, keys: np.ndarray, *, mapped: bool = False
+        self, unit: int, piles: np.ndarray, chunks: Sequence[storage.Chunk], sizes: np.ndarray, keys: np.ndarray, *, mapped: bool = False
     ) -> None:
         """Add every sample of one unit at once: ``chunks[i]`` (``sizes[i]`` bytes, key ``keys[i]``) goes to ``piles[i]``.
 
         ``keys`` is an array of UTF-8 keys (numpy bytes). The chunks may be views into a larger
         buffer; it stays alive until the next flush. ``mapped``: that buffer is a memory map,
-        which holds a file descriptor while it lives; the sink flushes after ``_MAX_MAPS`` of
+        which holds a file descriptor while it lives; the sink flushes after ``MAX_MAPS`` of
         them, whatever ``buffer_size`` is.
 
         Raises:
@@ -147,7 +146,7 @@ class PileSink:
             self._record(pile, unit, int(totals[pile]), int(counts[pile]), key_hash(first), key_hash(last))
         self._buffered += int(sizes.sum())
         self._maps += mapped
-        if self._buffered >= self._limit or self._maps >= _MAX_MAPS:
+        if self._buffered >= self._limit or self._maps >= MAX_MAPS:
             self.flush()
 
     def _seal(self) -> None:
@@ -161,9 +160,9 @@ class PileSink:
         self._seal()
         for pile, chunks in enumerate(self._chunks):
             if chunks:
-                fd = os.open(self.part(pile), os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_BINARY, 0o644)
+                fd = os.open(self.part(pile), os.O_WRONLY | os.O_APPEND | os.O_CREAT | storage.O_BINARY, 0o644)
                 try:
-                    _write_all(fd, chunks)
+                    storage.write_chunks(fd, chunks)
                 finally:
                     os.close(fd)
                 chunks.clear()
@@ -184,35 +183,5 @@ def _pile_ends(unit: int, piles: np.ndarray, keys: np.ndarray) -> dict[int, tupl
     return {int(by_pile[a]): (bytes(by_key[a]), bytes(by_key[b])) for a, b in zip(starts.tolist(), lasts.tolist(), strict=True)}
 
 
-_O_BINARY = getattr(os, "O_BINARY", 0)
 # memory maps extend() may keep alive at once, each with an open file descriptor
-_MAX_MAPS = 64
-# writev takes at most IOV_MAX buffers a call (1024 on Linux)
-_IOV_MAX = 1024
-
-
-def _write_all(fd: int, chunks: list[Buffer]) -> None:
-    """Append ``chunks`` in order to ``fd``, up to IOV_MAX of them a call."""
-    for lo in range(0, len(chunks), _IOV_MAX):
-        batch = chunks[lo : lo + _IOV_MAX]
-        _write_batch(fd, batch, sum(map(len, batch)))
-
-
-def _write_batch(fd: int, batch: list[Buffer], size: int) -> None:
-    if not hasattr(os, "writev"):
-        _write_fully(fd, b"".join(batch))
-        return
-    done = os.writev(fd, batch)
-    if done < size:  # a short write (signal, nearly full disk): finish one buffer at a time
-        for chunk in batch:
-            if done >= len(chunk):
-                done -= len(chunk)
-                continue
-            _write_fully(fd, memoryview(chunk)[done:])
-            done = 0
-
-
-def _write_fully(fd: int, data: Buffer) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+MAX_MAPS = 64

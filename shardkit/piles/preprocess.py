@@ -28,16 +28,18 @@ from typing import Any
 
 import numpy as np
 
-from shardkit import _pool, _tar, reader, storage
-from shardkit._checks import check_int
-from shardkit._progress import bar
-from shardkit._sink import SEGMENT, duplicate_key
-from shardkit._sizes import format_size
-from shardkit._units import Failure, Job, Part, UnitWriter, describe, part_directory
+from shardkit import storage
+from shardkit import workers as pool
+from shardkit._util import bar, check_int, format_size
 from shardkit.codecs import DEFAULT, Codecs
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
-from shardkit.writer import STAGING_PREFIX, PileOptions, Run, prepare_output, publish
+from shardkit.piles.options import PileOptions
+from shardkit.piles.parts import SEGMENT, duplicate_key
+from shardkit.piles.publish import STAGING_PREFIX, Run, prepare_output, publish
+from shardkit.piles.units import Failure, Job, Part, UnitWriter, describe, part_directory
+from shardkit.tar import write
+from shardkit.tar.shard import Shard, iter_shard
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +178,7 @@ def _run(
             if workers == 1:
                 parts = [_run_inline(job, units, staging, buffer, tally)]
             else:
-                parts = _pool.run(job, units, staging, buffer // workers, workers, tally.add, mp_context)
+                parts = pool.run(job, units, staging, buffer // workers, workers, tally.add, mp_context)
         return _publish(path, staging, parts, options, {**(extra or {}), "units": len(units)}, tally, workers, units)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -242,9 +244,8 @@ def _check_joins(rows: np.ndarray, parts: Sequence[Part], pile: int, units: Sequ
 def _segment_keys(path: str, start: int, end: int) -> list[str]:
     with open(path, "rb") as f:
         f.seek(start)
-        data = f.read(end - start) + _tar.TRAILER
-    keys, _ = _tar.group(_tar.walk(data, path), path)
-    return keys
+        data = f.read(end - start) + write.TRAILER
+    return Shard(path, data).keys
 
 
 def _publish(
@@ -318,7 +319,7 @@ def pile(
     ``inputs`` are paths, URLs, globs or brace patterns (``src-{000000..000019}.tar``); each
     shard is one input unit. Samples are copied without being decoded, field bytes unchanged.
     The piles are in shardkit's canonical form whatever wrote the inputs: byte-identical to
-    re-encoding every sample with ``preprocess(urls, reader.iter_shard, ...)``, i.e. plain
+    re-encoding every sample with ``preprocess(urls, iter_shard, ...)``, i.e. plain
     ustar headers with fixed metadata and fields in sorted order (webdataset's pax headers
     and mtimes are dropped). Input already in that form, such as shardkit's own piles, is
     copied as whole byte ranges. Other arguments as in :func:`preprocess`.
@@ -344,7 +345,7 @@ def pile(
         raise ConfigError(f"key_prefix: expected one of {', '.join(map(repr, KEY_PREFIX))}, got {key_prefix!r}")
     units = _validate(storage.expand(inputs), workers, on_error, None)
     job = Job(
-        fn=reader.iter_shard,
+        fn=iter_shard,
         piles=piles,
         seed=seed,
         max_pile_bytes=options.max_bytes,

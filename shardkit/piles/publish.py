@@ -23,15 +23,16 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
-from shardkit import _tar, manifest, router, storage
-from shardkit._sink import _write_fully, duplicate_key
+from shardkit import manifest, storage
+from shardkit._util import VERSION
 from shardkit.errors import ConfigError, CorruptShardError, DatasetExistsError, ShardkitError
 from shardkit.manifest import Manifest, PileInfo
-
-if TYPE_CHECKING:
-    from shardkit.writer import PileOptions
+from shardkit.piles import router
+from shardkit.piles.options import PileOptions
+from shardkit.piles.parts import duplicate_key
+from shardkit.tar import index, write
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,7 @@ def pile_name(index: int) -> str:
 
 
 def _version() -> str:
-    from shardkit import __version__
-
-    return f"shardkit {__version__}"
+    return f"shardkit {VERSION}"
 
 
 @dataclass(frozen=True)
@@ -129,8 +128,8 @@ def _assemble(runs: Sequence[Run], dst: str) -> int:
     if only is not None and only.crc is not None and only.offset == 0 and os.path.getsize(only.path) == only.length:
         os.replace(only.path, dst)
         with open(dst, "ab") as f:
-            f.write(_tar.TRAILER)
-        return manifest.checksum(_tar.TRAILER, only.crc)
+            f.write(write.TRAILER)
+        return manifest.checksum(write.TRAILER, only.crc)
     crc = 0
     buffer = memoryview(bytearray(_COPY_CHUNK))
     with contextlib.ExitStack() as stack:
@@ -142,8 +141,8 @@ def _assemble(runs: Sequence[Run], dst: str) -> int:
             if src is None:
                 src = sources[run.path] = stack.enter_context(open(run.path, "rb", buffering=0))
             crc = _copy_range(src, out, run, crc, buffer)
-        _write_fully(out, _tar.TRAILER)
-    return manifest.checksum(_tar.TRAILER, crc)
+        storage.write_fully(out, write.TRAILER)
+    return manifest.checksum(write.TRAILER, crc)
 
 
 def _copy_range(src: BinaryIO, out: int, run: Run, crc: int, buffer: memoryview) -> int:
@@ -156,7 +155,7 @@ def _copy_range(src: BinaryIO, out: int, run: Run, crc: int, buffer: memoryview)
             raise CorruptShardError(f"{run.path}: part file ends early: expected {run.length} bytes at offset {run.offset}, got {done}")
         chunk = buffer[:n]
         crc = manifest.checksum(chunk, crc)
-        _write_fully(out, chunk)
+        storage.write_fully(out, chunk)
         done += n
     return crc
 
@@ -175,9 +174,9 @@ def capacity(limit: int | None, samples: int, nbytes: int) -> int | None:
 
 def _split(data: bytes, name: str, *, capacity: int, seed: int, trail: tuple[int, ...], staging: str) -> list[_Staged]:
     """Write the pile ``data`` as the random sub-piles :func:`shardkit.router.sub_piles` draws."""
-    members = _tar.walk(data, name)
-    keys, starts = _tar.group(members, name)
-    bounds = _tar.sample_spans(members, starts)
+    layout = index.index(data, name, checked=True)  # assembled here, its checksum just computed
+    starts = layout.samples()
+    keys, bounds = layout.sample_keys(starts[:-1]).tolist(), layout.sample_bounds(starts).tolist()
     stem = name[: -len(".tar")]
     pieces = []
     for leaf, chosen in router.sub_piles(len(keys), capacity=capacity, seed=seed, trail=trail):
@@ -187,7 +186,7 @@ def _split(data: bytes, name: str, *, capacity: int, seed: int, trail: tuple[int
             if keys[i] == keys[j]:
                 raise duplicate_key(keys[i], trail[0], f"samples {i} and {j} of {name}, apart until it was split")
         sub_name = stem + "".join(f"-{part:03d}" for part in leaf[len(trail) :]) + ".tar"
-        sub = b"".join([*(data[bounds[i] : bounds[i + 1]] for i in samples), _tar.TRAILER])
+        sub = b"".join([*(data[bounds[i] : bounds[i + 1]] for i in samples), write.TRAILER])
         path = os.path.join(staging, sub_name)
         with open(path, "wb") as f:
             f.write(sub)

@@ -53,7 +53,7 @@ def repile(
         DatasetNotFoundError: ``src`` is not a dataset.
         ConfigError: ``dst`` is ``src``, or ``seed`` is the source's seed.
     """
-    from shardkit.preprocess import pile
+    from shardkit.piles.preprocess import pile
 
     src, dst = os.fspath(src), os.fspath(dst)
     m = manifest.read(src)

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from shardkit._seeds import Stream, stream
+from shardkit.seeds import Stream, stream
 
 _BLOCK = 4096
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from shardkit import storage
-from shardkit._checks import check_int
+from shardkit._util import check_int
 from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
-from shardkit.reader import iter_shard
+from shardkit.tar.shard import iter_shard
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
 

@@ -15,11 +15,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardkit import _raw, errors, reader, router
-from shardkit._sink import PileSink
+from shardkit import errors
 from shardkit.codecs import Codecs
 from shardkit.errors import InputError, SampleError, ShardkitError
-from shardkit.writer import encode_sample
+from shardkit.piles import canonical, router
+from shardkit.piles.encode import encode_sample
+from shardkit.piles.parts import PileSink
+from shardkit.tar.shard import read_shard
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class Job:
     """Everything a process needs to turn units into pile bytes; sent to each worker once.
 
     With ``shards``, units are tar shard URLs and their samples are copied without decoding
-    (``fn`` is not called); the bytes are the same as ``fn=reader.iter_shard`` gives.
+    (``fn`` is not called); the bytes are the same as ``fn=iter_shard`` gives.
     ``key_prefix="unit"`` (shards only) puts each shard's stem in front of its keys.
     """
 
@@ -172,9 +174,9 @@ class UnitWriter:
     def _copy_shard(self, index: int, url: str) -> tuple[int, int]:
         """Route the samples of the shard ``url`` as whole byte ranges (see :mod:`shardkit._raw`)."""
         try:
-            buf = reader.read_shard(url, mapped=True)
-            prefix = _raw.unit_prefix(url) if self.job.key_prefix == "unit" else ""
-            found = _raw.canonical_samples(buf, url, max_pile_bytes=self.job.max_pile_bytes, codecs=self.job.codecs, prefix=prefix)
+            buf = read_shard(url, mapped=True)
+            prefix = canonical.unit_prefix(url) if self.job.key_prefix == "unit" else ""
+            found = canonical.canonical_samples(buf, url, max_pile_bytes=self.job.max_pile_bytes, codecs=self.job.codecs, prefix=prefix)
         except Exception as e:
             raise UnitFailed(str(e)) from e
         count = len(found.chunks)

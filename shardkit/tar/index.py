@@ -1,8 +1,8 @@
-"""Index a tar shard as arrays: each member's header, data and name, and the samples they form.
+"""Index a tar shard's samples as arrays: the one place members are grouped into WebDataset samples.
 
-Built on :func:`shardkit._chain.scan`, which finds and checks the headers of an archive of plain
-headers with numpy; anything else goes through :func:`shardkit._tar.walk`, which also raises the
-errors. Two views of the result:
+Built on :func:`shardkit.tar.scan.scan`, which finds and checks the headers of an archive of
+plain headers with numpy; anything else goes through :func:`shardkit.tar.walk.walk`, which also
+raises the errors. Two views of the result:
 
 - :func:`groups` for the loader: sample keys, where each sample starts, and its fields (named
   once when every sample has the same ones, as a writer of one schema makes them);
@@ -19,13 +19,17 @@ slash, and adjacent members with equal keys form a sample.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardkit import _chain, _tar
-from shardkit._chain import BLOCK, NAME, Chain, split_rows
+from shardkit.errors import CorruptShardError
+from shardkit.tar import scan as _scan
+from shardkit.tar import write
+from shardkit.tar.scan import BLOCK, NAME, split_rows
+from shardkit.tar.walk import walk
 
 if TYPE_CHECKING:
     from shardkit.storage import Buffer
@@ -42,8 +46,8 @@ class Groups:
     a sample are not checked here (the loader does it when it hands the sample out).
 
     Example:
-        chain = _chain.scan(buf)
-        found = groups(chain)
+        chain = scan(buf)
+        found = groups(chain.rows, chain.lengths)
         found.keys[0], found.starts[:2]   # the first sample's key and members
     """
 
@@ -53,9 +57,9 @@ class Groups:
     fields: tuple[str, ...] | None
 
 
-def groups(chain: Chain) -> Groups:
-    """The samples of ``chain``'s members (see :class:`Groups`)."""
-    rows, lengths = chain.rows, chain.lengths
+def groups(rows: np.ndarray, lengths: np.ndarray) -> Groups:
+    """The samples of the members whose names are ``rows`` (zero-padded, ``lengths`` bytes each;
+    see :class:`Groups`)."""
     keylen = key_lengths(rows, lengths)
     starts = sample_starts(rows, keylen)
     firsts = starts[:-1]
@@ -67,7 +71,7 @@ def groups(chain: Chain) -> Groups:
 
 def key_lengths(rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Bytes of each name before its extension: up to the first dot after the last slash, the
-    whole name when there is none. ``rows`` are names zero-padded (as :class:`Chain` has them)."""
+    whole name when there is none. ``rows`` are names zero-padded (as :func:`name_rows` makes them)."""
     width = rows.shape[1]
     flat = rows.ravel()
     if (flat == _SLASH).any():
@@ -143,6 +147,17 @@ def _ext_rows(rows: np.ndarray, keylen: np.ndarray, lengths: np.ndarray) -> np.n
     return np.where(begin[:, None] + cols < lengths[:, None], picked, 0).astype(np.uint8)
 
 
+def distinct_extensions(rows: np.ndarray, keylen: np.ndarray, lengths: np.ndarray) -> set[str]:
+    """The distinct extensions of the members whose names are ``rows``."""
+    ext = np.ascontiguousarray(_ext_rows(rows, keylen, lengths))
+    if not len(ext):
+        return set()
+    if not ext.shape[1]:
+        return {""}
+    unique = np.unique(ext.view(f"V{ext.shape[1]}").ravel())
+    return {bytes(u).rstrip(b"\x00").decode("utf-8", "surrogateescape") for u in unique}
+
+
 def _extensions(rows: np.ndarray, keylen: np.ndarray, lengths: np.ndarray) -> list[str]:
     """Each name's extension as str ("" for a name without one)."""
     return split_rows(_ext_rows(rows, keylen, lengths), lengths - np.minimum(keylen + 1, lengths))
@@ -203,9 +218,11 @@ class Layout:
             CorruptShardError: two members of one sample have the same extension.
         """
         n = len(self)
-        if n and self.lengths.min() < 0:  # a name too long for the rows: group the str names
-            _, grouped = _tar.group(self._members(), self.source)
-            return np.asarray(grouped, dtype=np.int64)
+        if n and self.lengths.min() < 0:  # a name too long for the rows: group rows as wide as the names
+            rows, lengths = name_rows(self.all_names(), width=None)
+            starts = sample_starts(rows, key_lengths(rows, lengths))
+            check_extensions(self.all_names(), starts, self.heads, self.source)
+            return starts
         keylen = self.key_lengths() if keylen is None else keylen
         starts = sample_starts(self.rows, keylen)
         # inside a sample, names that do not increase may repeat an extension, and so may "k"
@@ -213,17 +230,14 @@ class Layout:
         inside = np.ones(n, dtype=bool)
         inside[starts[:-1]] = False
         if (inside & (~self.increasing() | (self.lengths <= keylen + 1))).any():
-            _tar.group(self._members(), self.source)
+            check_extensions(self.all_names(), starts, self.heads, self.source)
         return starts
-
-    def _members(self) -> _tar.Members:
-        return _tar.Members(self.all_names(), (self.heads + BLOCK).tolist(), self.sizes.tolist(), 0)
 
     def sample_keys(self, firsts: np.ndarray, keylen: np.ndarray | None = None) -> np.ndarray:
         """The UTF-8 key of each sample whose first member is ``firsts[i]``, as numpy bytes."""
         if len(firsts) and self.lengths.min() < 0:  # a name too long for the rows: split the str names
             names = self.all_names()
-            return np.array([_tar.split_name(names[i])[0].encode("utf-8", "surrogateescape") for i in firsts.tolist()], dtype=bytes)
+            return np.array([split_name(names[i])[0].encode("utf-8", "surrogateescape") for i in firsts.tolist()], dtype=bytes)
         keylen = self.key_lengths() if keylen is None else keylen
         keys = np.ascontiguousarray(key_rows(self.rows[firsts], keylen[firsts]))
         return keys.view(f"S{keys.shape[1]}").ravel() if keys.shape[1] else np.zeros(len(firsts), dtype="S1")
@@ -231,8 +245,8 @@ class Layout:
     def sample_bounds(self, starts: np.ndarray) -> np.ndarray:
         """Byte bounds of the samples: sample i is ``buf[b[i]:b[i + 1]]``, headers included.
 
-        As :func:`shardkit._tar.sample_spans`: a sample runs from the end of the one before
-        (any pax header in front of its first member included) to its last member's padded end.
+        A sample runs from the end of the one before (any pax header in front of its first
+        member included) to its last member's padded end.
         """
         last = starts[1:] - 1
         ends = self.heads[last] + BLOCK + self.sizes[last] + (-self.sizes[last] % BLOCK)
@@ -257,7 +271,7 @@ def index(buf: Buffer, source: str, *, checked: bool = False) -> Layout:
     headers with shardkit's (``canonical`` is then all False: not known).
 
     Raises:
-        CorruptShardError: as :func:`shardkit._tar.walk`.
+        CorruptShardError: as :func:`shardkit.tar.walk.walk`.
     """
     layout = _plain(buf, source, checked)
     return layout if layout is not None else _careful(buf, source)
@@ -269,45 +283,77 @@ def _plain(buf: Buffer, source: str, checked: bool = False) -> Layout | None:
     A pax header in front of a member (webdataset and Python's tarfile write one per member
     for a float mtime) is accepted when its records cannot change the member's name or size.
     """
-    chain = _chain.scan(buf, checksums=False)
+    chain = _scan.scan(buf, checksums=False)
     if chain is None:
         return None
     canonical = np.zeros(len(chain.heads), dtype=bool)
     if not checked:
-        headers = np.take(_chain.blocks_of(buf), chain.heads // BLOCK, axis=0)
+        headers = np.take(_scan.blocks_of(buf), chain.heads // BLOCK, axis=0)
         canonical = _canonical_headers(headers, chain.rows, chain.sizes)
-        if len(_chain.bad_checksums(headers[~canonical])):
+        if len(_scan.bad_checksums(headers[~canonical])):
             return None  # the careful walk names the bad header
     return Layout(buf, source, chain.heads, chain.sizes, chain.rows, chain.lengths, None, not chain.pax, canonical)
 
 
 def _canonical_headers(headers: np.ndarray, names: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """Per member: its header is byte for byte the one shardkit writes (so its checksum holds)."""
-    return _tar.canonical(headers, names, sizes) & (names < 128).all(axis=1)  # other names get a pax header
+    return write.canonical(headers, names, sizes) & (names < 128).all(axis=1)  # other names get a pax header
 
 
 def _careful(buf: Buffer, source: str) -> Layout:
-    members = _tar.walk(buf, source)
+    members = walk(buf, source)
     names = members.names
     heads = np.asarray(members.offsets, dtype=np.int64) - BLOCK
     sizes = np.asarray(members.sizes, dtype=np.int64)
-    rows, lengths = _rows(names)
+    rows, lengths = name_rows(names)
     padded = sizes + (-sizes % BLOCK)
     plain = bool(len(heads) == 0 or (heads[0] == 0 and (heads[1:] == heads[:-1] + BLOCK + padded[:-1]).all()))
     canonical = np.zeros(len(heads), dtype=bool)
     if plain and len(heads) and lengths.min() >= 0:
-        canonical = _canonical_headers(np.take(_chain.blocks_of(buf), heads // BLOCK, axis=0), rows, sizes)
+        canonical = _canonical_headers(np.take(_scan.blocks_of(buf), heads // BLOCK, axis=0), rows, sizes)
     return Layout(buf, source, heads, sizes, rows, lengths, names, plain, canonical)
 
 
-def _rows(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Names as zero-padded rows; a name over 100 bytes gets length -1 and a zero row."""
+def name_rows(names: list[str], *, width: int | None = NAME) -> tuple[np.ndarray, np.ndarray]:
+    """Names as zero-padded UTF-8 rows and their lengths in bytes.
+
+    ``width``: the widest row; a longer name gets length -1 and a row of zeros (what a ustar
+    header can hold is compared this way). None: as wide as the longest name.
+    """
     encoded = [n.encode("utf-8", "surrogateescape") for n in names]
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-    fits = lengths <= NAME
+    fits = lengths <= (width if width is not None else int(lengths.max(initial=0)))
     if not fits.all():
         encoded = [e if f else b"" for e, f in zip(encoded, fits.tolist(), strict=True)]
-    width = max(int(lengths[fits].max(initial=0)), 1)
-    blob = b"".join(e.ljust(width, b"\x00") for e in encoded)
-    rows = np.frombuffer(blob, dtype=np.uint8).reshape(len(names), width).copy()
+    longest = max(int(lengths[fits].max(initial=0)), 1)
+    blob = b"".join(e.ljust(longest, b"\x00") for e in encoded)
+    rows = np.frombuffer(blob, dtype=np.uint8).reshape(len(names), longest).copy()
     return rows, np.where(fits, lengths, -1)
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """Split a member name into WebDataset's (key, extension) at the first dot of the file name.
+
+    ``"a/b.c/d.e.jpg"`` -> ``("a/b.c/d", "e.jpg")``; a name without a dot has extension ``""``.
+    (:func:`key_lengths` is the same rule over many names at once.)
+    """
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    if dot < 0:
+        return name, ""
+    return name[:dot], name[dot + 1 :]
+
+
+def check_extensions(names: list[str], starts: np.ndarray, heads: np.ndarray, source: str) -> None:
+    """Raise for the first sample (members ``starts[i]:starts[i + 1]``) with two members of one
+    extension: reading it back would keep only one of them."""
+    bounds = starts.tolist()
+    for lo, hi in itertools.pairwise(bounds):
+        seen: set[str] = set()
+        for j in range(lo, hi):
+            key, ext = split_name(names[j])
+            if ext in seen:
+                raise CorruptShardError(
+                    f"{source}: member {j} ({names[j]!r}) at offset {int(heads[j])}: sample {key!r} already has a {ext!r} member"
+                )
+            seen.add(ext)

@@ -6,7 +6,7 @@ Every 512-byte block that can be such a header is checked at once (typeflag, mag
 a name without prefix); then the chain is followed from block 0, so data that happens to look
 like a header is never taken for one. The members' names must be safe, their checksums hold and
 a pax header may not change a member's name or size. Anything else (long or prefixed names, GNU
-headers, links, damage) gives None: the member-by-member walk in :mod:`shardkit._tar` decides,
+headers, links, damage) gives None: the member-by-member walk in :mod:`shardkit.tar.walk` decides,
 and names the error.
 
     chain = scan(buf)

@@ -1,9 +1,13 @@
-"""Write and walk tar members: fixed-metadata ustar (pax for long names), nothing else.
+"""Walk the members of an in-memory tar one header at a time: every kind of member, every error named.
 
-Writing builds each 512-byte header from constant pieces, so two runs over the same samples give
-byte-identical archives. Walking parses an archive that is already in memory: Python's
-``tarfile`` costs tens of microseconds a member, this costs a few, and header checksums are
+Archives of plain ustar headers (what shardkit, GNU tar and webdataset write for short names)
+take the vectorized :func:`shardkit.tar.scan.scan` instead; this walk handles the rest (pax and
+GNU long names, prefixes, old formats) and is the one that says exactly what is wrong and where.
+Python's ``tarfile`` costs tens of microseconds a member, this a few; header checksums are
 verified for all members at once with numpy.
+
+    members = walk(buf, "shard-000003.tar")
+    members.names[0], members.offsets[0], members.sizes[0]
 """
 
 from __future__ import annotations
@@ -13,102 +17,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardkit._chain import BLOCK, bad_checksums, blocks_of, checksums, parse_pax, scan, zeros_from
 from shardkit.errors import CorruptShardError
+from shardkit.tar.scan import BLOCK, bad_checksums, blocks_of, checksums, parse_pax, scan, zeros_from
 
 if TYPE_CHECKING:
     from shardkit.storage import Buffer
-
-# two zero blocks end an archive; stream readers stop at the first pair they meet
-TRAILER = bytes(2 * BLOCK)
-
-_MODE_UID_GID = b"0000644\x000000000\x000000000\x00"
-_MTIME = b"00000000000\x00"
-_MAGIC = b"ustar\x0000"
-_TAIL = bytes(32 + 32 + 8 + 8 + 155 + 12)
-_LINKNAME = bytes(100)
-_MAX_OCTAL_SIZE = 8**11 - 1
-# checksum of every constant byte, with the checksum field itself counted as eight spaces
-_CONST_SUM = sum(_MODE_UID_GID) + sum(_MTIME) + 8 * 32 + sum(_MAGIC)
-_PAX_NAME = b"././@PaxHeader"
-
-
-def _header(name: bytes, size: int, typeflag: bytes) -> bytes:
-    size_field = b"%011o\x00" % size
-    chksum = _CONST_SUM + sum(name) + sum(size_field) + typeflag[0]
-    return b"".join((name.ljust(100, b"\x00"), _MODE_UID_GID, size_field, _MTIME, b"%06o\x00 " % chksum, typeflag, _AFTER_TYPEFLAG))
-
-
-_AFTER_TYPEFLAG = _LINKNAME + _MAGIC + _TAIL
-# zero padding by length, shared instead of allocated for every member
-_PADDING = [bytes(n) for n in range(BLOCK)]
-
-
-def _padding(size: int) -> bytes:
-    return _PADDING[-size % BLOCK]
-
-
-def _pax_record(keyword: str, value: str) -> bytes:
-    body = f" {keyword}={value}\n".encode()
-    length = len(body) + 1
-    while len(str(length)) + len(body) != length:
-        length = len(str(length)) + len(body)
-    return str(length).encode() + body
-
-
-def member(name: str, data: bytes | bytearray | memoryview) -> bytes:
-    """Return one regular-file member: header, data and padding to the 512-byte boundary.
-
-    Names that do not fit ustar's 100 ASCII bytes, and data past 8 GiB, get a pax header first.
-    """
-    return b"".join(member_parts(name, data))
-
-
-def member_parts(name: str, data: bytes | bytearray | memoryview) -> tuple[bytes | bytearray | memoryview, ...]:
-    """The pieces of :func:`member` in order, for a caller that joins many members at once."""
-    size = len(data)
-    raw = name.encode("utf-8")
-    if len(raw) <= 100 and raw.isascii() and size <= _MAX_OCTAL_SIZE:
-        return _header(raw, size, b"0"), data, _PADDING[-size % BLOCK]
-    records = _pax_record("path", name)
-    if size > _MAX_OCTAL_SIZE:
-        records += _pax_record("size", str(size))
-    short = raw[:100].decode("utf-8", "ignore").encode("ascii", "replace")
-    return (
-        _header(_PAX_NAME, len(records), b"x"),
-        records,
-        _padding(len(records)),
-        _header(short, min(size, _MAX_OCTAL_SIZE), b"0"),
-        data,
-        _padding(size),
-    )
-
-
-_BLANK = np.frombuffer(_header(b"", 0, b"0"), dtype=np.uint8)
-_SIZE_SHIFTS = np.arange(30, -1, -3, dtype=np.int64)  # the eleven octal digits, most significant first
-
-
-def headers(names: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """The headers :func:`member` writes, for many members at once: an (n, 512) uint8 array.
-
-    ``names`` is (n, w) uint8 with w <= 100: each ASCII name NUL-padded, as the header stores
-    it; ``sizes`` are below 8 GiB. Row i equals the first 512 bytes of ``member(name_i, data_i)``.
-    """
-    out = np.broadcast_to(_BLANK, (len(sizes), BLOCK)).copy()
-    out[:, : names.shape[1]] = names
-    digits = ((np.asarray(sizes, dtype=np.int64)[:, None] >> _SIZE_SHIFTS) & 7) + 48
-    out[:, 124:135] = digits
-    chksum = _CONST_SUM + ord("0") + names.sum(axis=1, dtype=np.int64) + digits.sum(axis=1)
-    out[:, 148:154] = ((chksum[:, None] >> np.arange(15, -1, -3, dtype=np.int64)) & 7) + 48
-    return out
-
-
-def canonical(blocks: np.ndarray, names: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Per row of ``blocks`` (n, 512): is it exactly the header :func:`headers` makes from
-    ``names`` (n, w) and ``sizes``?"""
-    # one pass over 64-bit words beats checking the fields one by one (measured)
-    expected = headers(names, sizes).view("<u8")
-    return (np.ascontiguousarray(blocks).view("<u8") == expected).all(axis=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +76,7 @@ def walk(buf: Buffer, source: str) -> Members:
 
 
 def _walk_plain(buf: Buffer) -> Members | None:
-    """The members of an archive of plain headers, found with numpy (see :mod:`shardkit._chain`)."""
+    """The members of an archive of plain headers, found with numpy (see :mod:`shardkit.tar.scan`)."""
     chain = scan(buf)
     if chain is None:
         return None
@@ -321,66 +234,3 @@ def _verify_checksums(buf: Buffer, headers: list[int], source: str, chunk: int =
             i = int(bad[0])
             stored, computed = checksums(block[i : i + 1])
             raise _fail(source, lo + i, None, int(starts[i]), f"header checksum is {int(stored[0])}, expected {int(computed[0])}")
-
-
-def split_name(name: str) -> tuple[str, str]:
-    """Split a member name into WebDataset's (key, extension) at the first dot of the file name.
-
-    ``"a/b.c/d.e.jpg"`` -> ``("a/b.c/d", "e.jpg")``; a name without a dot has extension ``""``.
-    """
-    slash = name.rfind("/") + 1
-    dot = name.find(".", slash)
-    if dot < 0:
-        return name, ""
-    return name[:dot], name[dot + 1 :]
-
-
-def group(members: Members, source: str) -> tuple[list[str], list[int]]:
-    """Group adjacent members sharing a key into samples (the WebDataset convention).
-
-    Returns the sample keys and, for sample i, its members ``starts[i]:starts[i + 1]``
-    (``starts`` has one more entry than ``keys``).
-
-    Raises:
-        CorruptShardError: two members of one sample have the same extension.
-    """
-    keys, starts, _ = index(members, source)
-    return keys, starts
-
-
-def index(members: Members, source: str) -> tuple[list[str], list[int], list[str]]:
-    """:func:`group`, plus the extension of every member (what a sample's fields are named)."""
-    keys: list[str] = []
-    starts: list[int] = []
-    all_exts: list[str] = []
-    previous = None
-    exts: set[str] = set()
-    for i, name in enumerate(members.names):
-        dot = name.find(".", name.rfind("/") + 1)
-        key, ext = (name, "") if dot < 0 else (name[:dot], name[dot + 1 :])
-        all_exts.append(ext)
-        if key != previous:
-            keys.append(key)
-            starts.append(i)
-            previous = key
-            exts = {ext}
-        elif ext in exts:
-            raise _fail(source, i, name, members.offsets[i] - BLOCK, f"sample {key!r} already has a {ext!r} member")
-        else:
-            exts.add(ext)
-    starts.append(len(members.names))
-    return keys, starts, all_exts
-
-
-def sample_spans(members: Members, starts: list[int]) -> list[int]:
-    """Byte boundaries of each sample in the archive: sample i is ``buf[b[i]:b[i + 1]]``.
-
-    Samples are contiguous runs of members, so a sample's bytes (headers included) run from the
-    end of the previous one to the padded end of its last member.
-    """
-    bounds = [0]
-    for i in range(1, len(starts)):
-        last = starts[i] - 1
-        size = members.sizes[last]
-        bounds.append(members.offsets[last] + size + (-size % BLOCK))
-    return bounds

@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shardkit import _progress, _tar, manifest, storage
+from shardkit import _util, manifest, storage
 from shardkit.errors import CorruptShardError
+from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.tar import scan
 
 # names a finished dataset never holds: part files, atomic-write temporaries, staging dirs
 _LEFTOVER_MARKERS = (".partial-", ".shardkit-")
@@ -154,6 +156,7 @@ class Problem:
 
 
 def _check_pile(directory: str, pile: PileInfo) -> list[Problem]:
+    """Every problem of one pile, found by the loader's own read path (its checks listed, not raised)."""
     url = storage.join(directory, pile.name)
     if not storage.exists(url):
         return [Problem(name=pile.name, kind="missing", message="listed in the manifest but the file does not exist")]
@@ -161,21 +164,17 @@ def _check_pile(directory: str, pile: PileInfo) -> list[Problem]:
         buf = storage.read_bytes(url)
     except OSError as e:
         return [Problem(name=pile.name, kind="unreadable", message=f"cannot be read ({e.strerror or e})")]
-    found: list[Problem] = []
-    if len(buf) != pile.bytes:
-        what = "truncated" if len(buf) < pile.bytes else "longer than written"
-        found.append(Problem(name=pile.name, kind="size", message=f"file is {len(buf)} bytes, the manifest says {pile.bytes} ({what})"))
-    crc = manifest.format_checksum(manifest.checksum(buf))
-    if crc != pile.checksum:
-        found.append(Problem(name=pile.name, kind="checksum", message=f"checksum is {crc}, the manifest says {pile.checksum}"))
+    found = [Problem(name=pile.name, kind=kind, message=message) for kind, message in byte_problems(url, buf, pile)]
     try:
-        members = _tar.walk(buf, pile.name)
-        keys, starts = _tar.group(members, pile.name)
+        # unchecked: every header checksum is summed and the careful walk names the first bad one
+        shard = open_pile(Fetched(url, buf, scan.scan(buf), checked=False))
+        shard.check()
     except CorruptShardError as e:
-        return [*found, Problem(name=pile.name, kind="structure", message=str(e).removeprefix(f"{pile.name}: "))]
-    if len(keys) != pile.samples:
-        found.append(Problem(name=pile.name, kind="count", message=f"holds {len(keys)} samples, the manifest says {pile.samples}"))
-    return found + _duplicate_keys(pile.name, keys, [members.offsets[m] - _tar.BLOCK for m in starts[:-1]])
+        return [*found, Problem(name=pile.name, kind="structure", message=str(e).removeprefix(f"{url}: "))]
+    count = count_problem(shard, pile)
+    if count is not None:
+        found.append(Problem(name=pile.name, kind="count", message=count))
+    return found + _duplicate_keys(pile.name, shard.keys, shard.sample_offsets())
 
 
 def _duplicate_keys(name: str, keys: list[str], offsets: list[int]) -> list[Problem]:
@@ -235,7 +234,7 @@ def verify(directory: str, *, quiet: bool = False) -> list[Problem]:
     """
     m = manifest.read(directory)
     problems: list[Problem] = []
-    with _progress.bar(total=m.bytes, desc="verify", unit="B", quiet=quiet, unit_scale=True, unit_divisor=1024) as progress:
+    with _util.bar(total=m.bytes, desc="verify", unit="B", quiet=quiet, unit_scale=True, unit_divisor=1024) as progress:
         for pile in m.piles:
             problems.extend(_check_pile(directory, pile))
             progress.update(pile.bytes)

@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from shardkit import _progress, manifest, orders, quality, storage
-from shardkit._checks import check_int
+from shardkit import _util, manifest, storage
+from shardkit._util import check_int
 from shardkit.errors import ConfigError
-from shardkit.reader import read_pile
+from shardkit.loading.pile import read_pile
+from shardkit.tools import orders, quality
 
 __all__ = ["Comparison", "DatasetIndex", "compare_shuffles", "order_from_plan", "scan_dataset"]
 
@@ -114,7 +115,7 @@ def _read_fields(directory: str, m: manifest.Manifest, fields: list[str], quiet:
     """Every key, and the bytes of ``fields`` for every sample, in manifest order."""
     keys: list[str] = []
     values: dict[str, list[bytes]] = {f: [] for f in fields}
-    with _progress.bar(total=len(m.piles), desc="scan", unit="pile", quiet=quiet) as bar:
+    with _util.bar(total=len(m.piles), desc="scan", unit="pile", quiet=quiet) as bar:
         for info in m.piles:
             url = storage.join(directory, info.name)
             pile = read_pile(url, expected=info, verify=False)
@@ -163,7 +164,7 @@ def order_from_plan(
     order training reads. ``index`` is a :class:`DatasetIndex` (result: source positions) or the
     pile counts (result: sample ids in manifest order).
     """
-    from shardkit.plan import EpochOrder
+    from shardkit.loading.plan import EpochOrder
 
     counts = index.counts if isinstance(index, DatasetIndex) else np.asarray(index, dtype=np.int64)
     offsets = np.concatenate(([0], np.cumsum(counts)))
@@ -198,7 +199,7 @@ class Comparison:
 
     def plot(self, path: str | os.PathLike[str]) -> None:
         """Write one PNG: position vs source, displacement histogram, classes per batch."""
-        from shardkit._plot import plot_comparison
+        from shardkit.tools.plot import plot_comparison
 
         plot_comparison(self, os.fspath(path))
 

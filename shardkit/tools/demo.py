@@ -31,12 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardkit import _progress, quality
-from shardkit._checks import check_int
-from shardkit._seeds import Stream, stream
-from shardkit._sizes import format_size
-from shardkit.audit import info
-from shardkit.orders import webdataset_order
+from shardkit import _util
+from shardkit._util import check_int, format_size
+from shardkit.loading.loader import loader as open_loader
+from shardkit.seeds import Stream, stream
+from shardkit.tools import quality
+from shardkit.tools.audit import info
+from shardkit.tools.orders import webdataset_order
 
 IMAGE_SIDE = 32
 # distinct images encoded per class; samples reuse them (encoding is not what is measured)
@@ -184,7 +185,7 @@ def _write_sequential(directory: str, images: list[bytes], labels: np.ndarray, m
 
 
 def _write_piles(directory: str, images: list[bytes], labels: np.ndarray, piles: int, seed: int) -> float:
-    from shardkit.writer import PileWriter
+    from shardkit.piles.writer import PileWriter
 
     start = time.perf_counter()
     with PileWriter(directory, piles=piles, seed=seed, overwrite=True) as sink:
@@ -211,11 +212,9 @@ def _read_webdataset(urls: list[str], buffer: int, seed: int) -> tuple[np.ndarra
 
 def _read_shardkit(directory: str, seed: int) -> tuple[np.ndarray, float, int | None, np.ndarray]:
     """Epoch 0 timed, then epoch 1's order (for the recurrence between them)."""
-    import shardkit
-
-    with shardkit.loader(directory, seed=seed, decode=False) as loader:
-        order, seconds, memory = _timed_order(iter(loader))
-        second = np.array([int(s["__key__"]) for s in loader], dtype=np.int64)
+    with open_loader(directory, seed=seed, decode=False) as piles:
+        order, seconds, memory = _timed_order(iter(piles))
+        second = np.array([int(s["__key__"]) for s in piles], dtype=np.int64)
     return order, seconds, memory, second
 
 
@@ -245,7 +244,7 @@ def demo(
         check_int(name, value, low=1)
     with contextlib.ExitStack() as stack:
         root = os.fspath(out) if out is not None else stack.enter_context(tempfile.TemporaryDirectory(prefix="shardkit-demo-"))
-        progress = stack.enter_context(_progress.bar(total=5, desc="demo", unit="step", quiet=quiet))
+        progress = stack.enter_context(_util.bar(total=5, desc="demo", unit="step", quiet=quiet))
 
         def step(what: str) -> None:
             progress.set_postfix_str(what)

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shardkit import _seeds
-from shardkit._seeds import Stream
+from shardkit import seeds
+from shardkit.seeds import Stream
 
 __all__ = ["buffer_shuffle", "sequential_order", "webdataset_order"]
 
@@ -106,8 +106,8 @@ def webdataset_order(
     offsets = np.concatenate(([0], np.cumsum(counts)))
     shards = np.arange(len(counts))
     if shardshuffle:
-        rng = _seeds.stream(Stream.WDS_SHARDS, seed, epoch if detshuffle else 0)
+        rng = seeds.stream(Stream.WDS_SHARDS, seed, epoch if detshuffle else 0)
         shards = buffer_shuffle(shards, bufsize=shardshuffle, initial=min(100, shardshuffle), uniforms=rng.random(len(counts)))
     stream = np.concatenate([np.arange(offsets[s], offsets[s + 1]) for s in shards]) if len(shards) else np.zeros(0, np.int64)
-    rng = _seeds.stream(Stream.WDS_BUFFER, seed, epoch)
+    rng = seeds.stream(Stream.WDS_BUFFER, seed, epoch)
     return buffer_shuffle(stream, bufsize=bufsize, initial=initial, uniforms=rng.random(len(stream)))

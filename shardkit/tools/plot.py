@@ -11,18 +11,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardkit import quality
-from shardkit._seeds import Stream, stream
 from shardkit.errors import ConfigError
+from shardkit.seeds import Stream, stream
+from shardkit.tools import quality
 
 if TYPE_CHECKING:
-    from shardkit.compare import Comparison
+    from shardkit.tools.compare import Comparison
 
 _POINTS = 6000  # scatter points per order: enough to see structure, few enough to stay legible
 _COLORS = ("tab:blue", "tab:gray", "tab:orange", "tab:green", "tab:red")
 
 
-def _pyplot():
+def pyplot():
     try:
         import matplotlib
 
@@ -35,7 +35,7 @@ def _pyplot():
 
 def plot_comparison(result: Comparison, path: str) -> None:
     """Write the three-panel figure for ``result`` to ``path`` (PNG)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), layout="constrained")
     firsts = {name: epochs[0] for name, epochs in result.orders.items()}
     n = len(next(iter(firsts.values())))

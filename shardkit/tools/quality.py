@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from shardkit._checks import check_int
-from shardkit._report import Metric, QualityReport, side_by_side
-from shardkit._seeds import Stream, stream
+from shardkit._util import check_int
 from shardkit.errors import ConfigError
+from shardkit.seeds import Stream, stream
+from shardkit.tools.report import Metric, QualityReport, side_by_side
 
 __all__ = [
     "Metric",

@@ -1,0 +1,111 @@
+"""Read one pile, checked against its manifest entry: the pile read path of the loader and ``verify``.
+
+Reading is two halves. :func:`fetch` takes the bytes and checks them (size limit, manifest
+size, CRC-32) and scans the headers with numpy: all of it mostly without the GIL, so the loader's
+prefetch thread does it. :func:`open_pile` finishes the index and checks the sample count.
+``verify`` runs the same checks and lists every problem instead of raising the first
+(:func:`byte_problems`).
+
+    fetched = fetch("data/pile-000003.tar", expected=info)
+    shard = open_pile(fetched, expected=info)      # or read_pile(url, expected=info)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardkit import manifest, storage
+from shardkit.errors import CorruptShardError, ManifestError, PileTooLargeError
+from shardkit.manifest import PileInfo
+from shardkit.tar import scan
+from shardkit.tar.scan import Chain
+from shardkit.tar.shard import Shard, read_shard
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A pile's checked bytes and the vectorized half of its index.
+
+    Attributes:
+        url: where it was read from.
+        buf: the bytes (a memory map for local piles).
+        chain: the header scan (None: walk it member by member).
+        checked: the bytes matched the manifest's checksum.
+    """
+
+    url: str
+    buf: storage.Buffer
+    chain: Chain | None
+    checked: bool
+
+
+def byte_problems(url: str, buf: storage.Buffer, expected: PileInfo, *, checksum: bool = True) -> list[tuple[str, str]]:
+    """What is wrong with a pile's bytes against its manifest entry, as ``(kind, message)``:
+    ``size`` and ``checksum`` (checked only when ``checksum``)."""
+    found = []
+    if len(buf) != expected.bytes:
+        what = "truncated" if len(buf) < expected.bytes else "longer than written"
+        found.append(("size", f"file is {len(buf)} bytes, the manifest says {expected.bytes} ({what})"))
+    if checksum:
+        crc = manifest.format_checksum(manifest.checksum(buf))
+        if crc != expected.checksum:
+            found.append(("checksum", f"checksum is {crc}, the manifest says {expected.checksum}: the bytes changed after writing"))
+    return found
+
+
+def count_problem(shard: Shard, expected: PileInfo) -> str | None:
+    """The message when ``shard`` holds another number of samples than its manifest entry says."""
+    if len(shard) != expected.samples:
+        return f"holds {len(shard)} samples, the manifest says {expected.samples}"
+    return None
+
+
+def _check_limit(url: str, max_bytes: int | None) -> None:
+    if max_bytes is not None:
+        nbytes = storage.size(url)
+        if nbytes > max_bytes:
+            raise PileTooLargeError(
+                f"{url}: {nbytes} bytes is over the memory limit max_pile_bytes={max_bytes}; raise the limit or split the piles "
+                "(shardkit repile --max-pile-bytes)"
+            )
+
+
+def fetch(url: str, *, expected: PileInfo | None = None, max_bytes: int | None = None, verify: bool = True, mapped: bool = True) -> Fetched:
+    """A pile's bytes, checked (size limit, manifest size and checksum) and scanned.
+
+    Without ``expected`` (a plain shard, no manifest) a ``.tar.gz`` is decompressed in memory.
+
+    Raises:
+        PileTooLargeError, CorruptShardError, DatasetNotFoundError.
+    """
+    _check_limit(url, max_bytes)
+    if expected is None:
+        buf = read_shard(url, mapped=mapped)
+        if max_bytes is not None and len(buf) > max_bytes:
+            raise PileTooLargeError(f"{url}: decompresses to {len(buf)} bytes, over the memory limit max_pile_bytes={max_bytes}")
+        return Fetched(url, buf, scan.scan(buf), checked=False)
+    if storage.size(url) != expected.bytes:  # before reading a file that cannot be right
+        raise CorruptShardError(f"{url}: file is {storage.size(url)} bytes, the manifest says {expected.bytes} (truncated or replaced?)")
+    buf = storage.map_bytes(url) if mapped else storage.read_bytes(url)
+    problems = byte_problems(url, buf, expected, checksum=verify)
+    if problems:
+        raise CorruptShardError(f"{url}: {problems[0][1]}")
+    return Fetched(url, buf, scan.scan(buf, checksums=not verify), checked=verify)
+
+
+def open_pile(fetched: Fetched, *, expected: PileInfo | None = None) -> Shard:
+    """Finish indexing what :func:`fetch` returned and check the sample count.
+
+    Raises:
+        CorruptShardError: the tar is malformed; ManifestError: the count is not the manifest's.
+    """
+    shard = Shard(fetched.url, fetched.buf, chain=fetched.chain, checked=fetched.checked)
+    problem = count_problem(shard, expected) if expected is not None else None
+    if problem is not None:
+        raise ManifestError(f"{fetched.url}: {problem}")
+    return shard
+
+
+def read_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | None = None, verify: bool = True) -> Shard:
+    """:func:`fetch` then :func:`open_pile`: one pile, read whole and checked."""
+    return open_pile(fetch(url, expected=expected, max_bytes=max_bytes, verify=verify, mapped=False), expected=expected)

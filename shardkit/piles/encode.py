@@ -1,0 +1,95 @@
+"""Encode one sample dict into the tar members of a pile, refusing what readers would misread.
+
+A sample is ``{"__key__": key, ext: value, ...}``; each field becomes the member ``KEY.EXT``,
+fields in sorted order, values encoded by extension (:mod:`shardkit.codecs`). The key is checked
+here, once, for everything that would make WebDataset readers split or merge it.
+
+    data, exts = encode_sample({"__key__": "000017", "jpg": image, "cls": 3})
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from shardkit.codecs import DEFAULT, Codecs, encode_field
+from shardkit.errors import SampleError
+from shardkit.tar import write
+
+# C0 and C1 control characters, DEL: tar cuts a name at NUL, and none belongs in a file name
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def check_key(key: Any) -> str:
+    if not isinstance(key, str) or not key:
+        raise SampleError(f"sample key must be a non-empty str, got {key!r}")
+    if _CONTROL.search(key):
+        raise SampleError(f"sample key {key!r} contains a control character (NUL, newline, tab...): keys must be printable")
+    parts = key.split("/")
+    if key.startswith("/") or ".." in parts or "" in parts:
+        raise SampleError(f"sample key {key!r}: no leading '/', empty or '..' path components allowed")
+    if "." in parts[-1]:
+        raise SampleError(f"sample key {key!r} has a dot in its file name: readers would split the key at it (use '_' instead)")
+    if any(len(part) >= 4 and part.startswith("__") and part.endswith("__") for part in parts):
+        # WebDataset treats such names as metadata and silently skips the member
+        raise SampleError(f"sample key {key!r}: a path component like '__name__' is reserved (WebDataset readers skip it)")
+    return key
+
+
+def encode_sample(sample: Mapping[str, Any], codecs: Codecs = DEFAULT, *, max_pile_bytes: int | None = None) -> tuple[bytes, list[str]]:
+    """Encode a WebDataset sample dict into tar members; returns (bytes, extensions).
+
+    Fields are written in sorted order; keys starting with ``__`` other than ``__key__`` are
+    metadata and are not written.
+
+    Raises:
+        SampleError: a bad key, an empty or duplicate extension, a value with no encoder, or a
+            sample that alone would not fit in a pile of ``max_pile_bytes``.
+    """
+    if "__key__" not in sample:
+        raise SampleError(f"sample has no '__key__' (fields: {sorted(sample)})")
+    key = check_key(sample["__key__"])
+    order = _field_order(tuple(sample))
+    if order is None:  # something is wrong with the field names: say what
+        _refuse_fields(key, sample)
+    parts: list[bytes | bytearray | memoryview] = []
+    for name, ext in order:
+        parts.extend(write.member_parts(f"{key}.{ext}", encode_field(codecs, key, ext, sample[name])))
+    data = b"".join(parts)  # one copy of the payload, not one per member and one per sample
+    if max_pile_bytes is not None and len(data) + len(write.TRAILER) > max_pile_bytes:
+        raise SampleError(f"sample {key!r} is {len(data)} bytes, larger than max_pile_bytes ({max_pile_bytes}) on its own")
+    return data, [ext for _, ext in order]
+
+
+@functools.lru_cache(maxsize=1024)
+def _field_order(names: tuple[str, ...]) -> tuple[tuple[str, str], ...] | None:
+    """(field name, extension) of the fields a sample with these names writes, by extension.
+
+    Samples of one dataset share their field names, so this runs once per kind of sample.
+    None when the names are not valid (:func:`_refuse_fields` says why).
+    """
+    fields: dict[str, str] = {}
+    for name in names:
+        if name.startswith("__"):
+            continue
+        ext = name[1:] if name.startswith(".") else name
+        if not ext or "/" in ext or ext in fields:
+            return None
+        fields[ext] = name
+    return tuple((fields[ext], ext) for ext in sorted(fields)) or None
+
+
+def _refuse_fields(key: str, sample: Mapping[str, Any]) -> NoReturn:
+    seen: set[str] = set()
+    for name in sample:
+        if name.startswith("__"):
+            continue
+        ext = name[1:] if name.startswith(".") else name
+        if not ext or "/" in ext:
+            raise SampleError(f"sample {key!r}: field name {name!r} is not a valid extension")
+        if ext in seen:
+            raise SampleError(f"sample {key!r}: two fields with extension {ext!r}")
+        seen.add(ext)
+    raise SampleError(f"sample {key!r} has no fields besides its key")

@@ -1,0 +1,12 @@
+"""Built-in preprocessing transforms, the public face: ``shardkit.transforms.Images``, ``JsonLines``, ``Shards``.
+
+The code lives in :mod:`shardkit.piles.transforms`; this module keeps the documented import path.
+
+    from shardkit.transforms import Images
+"""
+
+from __future__ import annotations
+
+from shardkit.piles.transforms import TRANSFORMS, Images, JsonLines, Shards, get, sample_key
+
+__all__ = ["TRANSFORMS", "Images", "JsonLines", "Shards", "get", "sample_key"]

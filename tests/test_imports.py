@@ -1,0 +1,130 @@
+"""The package's import rules (ARCHITECTURE.md), read from the source with ``ast``.
+
+- ``tar/`` and ``storage`` import nothing of ``piles/``, ``loading/``, ``tools/``, ``cli/``;
+- ``piles/`` and ``loading/`` never import each other (what both need lives below them);
+- only the facade (``shardkit/__init__.py``) and ``__main__`` import ``cli/``;
+- no module imports the package root, or another module's ``_underscored`` names;
+- no import cycles.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+from dataclasses import dataclass
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "shardkit"
+UPPER = ("shardkit.piles", "shardkit.loading", "shardkit.tools", "shardkit.cli")
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the module imported from
+    name: str | None  # the name taken from it (None: the module itself)
+    line: int
+    typing_only: bool
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(module: str, path: pathlib.Path) -> list[Import]:
+    tree = ast.parse(path.read_text(), str(path))
+    typing_lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            typing_lines |= {n.lineno for child in node.body for n in ast.walk(child) if hasattr(n, "lineno")}
+    found = []
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        typing = getattr(node, "lineno", 0) in typing_lines
+        if isinstance(node, ast.Import):
+            found += [Import(module, a.name, None, node.lineno, typing) for a in node.names if a.name.split(".")[0] == "shardkit"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if base.split(".")[0] != "shardkit":
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in MODULES:  # a submodule, imported whole
+                    found.append(Import(module, sub, None, node.lineno, typing))
+                else:
+                    found.append(Import(module, base, alias.name, node.lineno, typing))
+    return found
+
+
+IMPORTS = [imp for module, path in MODULES.items() for imp in _imports(module, path)]
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _broken(rule) -> list[str]:
+    return [f"{i.source} (line {i.line}) imports {i.target}{'.' + i.name if i.name else ''}" for i in IMPORTS if rule(i)]
+
+
+def test_the_package_is_read():
+    assert {"shardkit.tar.walk", "shardkit.piles.router", "shardkit.loading.plan", "shardkit.cli.main"} <= set(MODULES)
+    assert len(IMPORTS) > 100
+
+
+def test_tar_and_storage_know_nothing_above_them():
+    low = ("shardkit.tar", "shardkit.storage")
+    assert _broken(lambda i: any(_within(i.source, p) for p in low) and any(_within(i.target, u) for u in UPPER)) == []
+
+
+@pytest.mark.parametrize(("a", "b"), [("shardkit.piles", "shardkit.loading"), ("shardkit.loading", "shardkit.piles")])
+def test_the_two_passes_never_import_each_other(a, b):
+    assert _broken(lambda i: _within(i.source, a) and _within(i.target, b)) == []
+
+
+def test_only_the_facade_and_main_import_the_cli():
+    allowed = ("shardkit", "shardkit.__main__")
+    assert _broken(lambda i: _within(i.target, "shardkit.cli") and not _within(i.source, "shardkit.cli") and i.source not in allowed) == []
+
+
+def test_no_module_imports_the_package_root():
+    assert _broken(lambda i: i.source != "shardkit" and i.target == "shardkit") == []
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert _broken(lambda i: i.name is not None and i.name.startswith("_") and i.target != i.source) == []
+
+
+def test_no_import_cycles():
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for i in IMPORTS:
+        if not i.typing_only and i.target in graph and i.target != i.source:
+            graph[i.source].add(i.target)
+    cycles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
