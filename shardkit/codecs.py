@@ -156,16 +156,6 @@ class Codecs:
         found = self._decoders.get(ext.lower())
         return found if found is not None else self._decoders.get(_last(ext))
 
-    def decode_sample(self, sample: dict[str, Any]) -> dict[str, Any]:
-        """Decode every field of a raw sample in place and return it. Errors propagate as-is."""
-        for ext, value in sample.items():
-            if ext.startswith("__"):
-                continue
-            fn = self.decoder(ext)
-            if fn is not None:
-                sample[ext] = fn(value)
-        return sample
-
 
 DEFAULT = Codecs()
 

@@ -16,9 +16,17 @@
 
 Messages say where, what was expected and what was found, e.g.
 ``pile-000012.tar: member 4711 ('abc.jpg') at offset 1048576: size runs past the end of the file``.
+
+An error raised in a background thread or a worker process travels to the code that handles it
+as a :class:`Failure`: one type for the loader's prefetch thread, its decode workers and pass 1's
+worker processes.
 """
 
 from __future__ import annotations
+
+import pickle
+import traceback as _traceback
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "ConfigError",
@@ -26,9 +34,11 @@ __all__ = [
     "DatasetExistsError",
     "DatasetNotFoundError",
     "DecodeError",
+    "Failure",
     "InputError",
     "ManifestError",
     "PileTooLargeError",
+    "RemoteTraceback",
     "SampleError",
     "ShardkitError",
     "WorkerError",
@@ -76,4 +86,73 @@ class DecodeError(ShardkitError, ValueError):
 
 
 class WorkerError(ShardkitError, RuntimeError):
-    """A worker process died (killed, out of memory, a crash in native code) with work in hand."""
+    """A worker process died (killed, out of memory, a crash in native code) with work in hand.
+
+    ``worker`` is its index in its pool (-1: not known) and ``how`` how it ended
+    (``"exit code 3"``, ``"killed by signal 9"``).
+    """
+
+    def __init__(self, message: str, *, worker: int = -1, how: str = "") -> None:
+        super().__init__(message)
+        self.worker, self.how = worker, how
+
+
+class RemoteTraceback(Exception):
+    """The formatted traceback of an exception raised elsewhere (chained as its ``__cause__``)."""
+
+    def __str__(self) -> str:
+        return "\n" + str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An exception caught where it happened (a thread, a worker process), carried to where it is handled.
+
+    Attributes:
+        index: the item that failed (a pile, an input unit), or -1.
+        kind: the exception's class name; ``own``: it is one of shardkit's errors.
+        message, traceback: its text and its formatted traceback.
+        error: the exception itself while it can travel; :meth:`portable` drops it when it
+            cannot be pickled, and :meth:`exception` then rebuilds one from the text.
+
+    Example:
+        failure = Failure.capture(error, index=3)     # in the thread or the worker
+        raise failure.exception()                     # where it is handled
+    """
+
+    index: int
+    kind: str
+    message: str
+    traceback: str
+    own: bool
+    error: BaseException | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def capture(cls, error: BaseException, *, index: int = -1) -> Failure:
+        text = "".join(_traceback.format_exception(type(error), error, error.__traceback__))
+        return cls(index, type(error).__name__, str(error), text, isinstance(error, ShardkitError), error)
+
+    def portable(self) -> Failure:
+        """This failure as it can be sent to another process: without the exception when it
+        does not survive pickling (an exception holding a lock, a lambda, an open file)."""
+        try:
+            pickle.loads(pickle.dumps(self.error))
+            return self
+        except Exception:
+            return replace(self, error=None)
+
+    def exception(self) -> BaseException:
+        """The exception to raise: the original (its traceback chained when it came from another
+        process), else a :class:`ShardkitError` of the same class, else a RuntimeError with the text."""
+        if self.error is not None:
+            if self.error.__traceback__ is None and self.error.__cause__ is None:
+                self.error.__cause__ = RemoteTraceback(self.traceback)
+            return self.error
+        kind = globals().get(self.kind) if self.own else None
+        error = (
+            kind(self.message)
+            if isinstance(kind, type) and issubclass(kind, ShardkitError)
+            else RuntimeError(f"{self.kind}: {self.message}")
+        )
+        error.__cause__ = RemoteTraceback(self.traceback)
+        return error

@@ -37,7 +37,7 @@ from shardkit.errors import ConfigError, ManifestError, SampleError
 from shardkit.loading import plan
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
-from shardkit.piles.publish import prepare_output
+from shardkit.piles.publish import install, prepare_output
 from shardkit.storage import write_chunks
 from shardkit.tar import index, scan, write
 
@@ -297,17 +297,6 @@ def _unmap(buf: storage.Buffer) -> None:
             buf.close()
 
 
-def _publish(out: str, staging: str, shards: list[PileInfo], result: Manifest) -> None:
-    """Swap the staged shards in: the old dataset stops being one before any of its files go."""
-    old = manifest.read(out).piles if manifest.is_dataset(out) else ()
-    storage.remove(os.path.join(out, manifest.MANIFEST))
-    for name in {p.name for p in old} | {n for n in os.listdir(out) if _SHARD.match(n)}:
-        storage.remove(os.path.join(out, name))
-    for info in shards:
-        os.replace(os.path.join(staging, info.name), os.path.join(out, info.name))
-    manifest.write(out, result)
-
-
 def shuffle(
     inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
@@ -361,7 +350,7 @@ def shuffle(
         maxcount_, maxsize_ = opts.limits()
         extra = {"kind": "shuffled", "piles": m, "split_piles": piled.split_piles, "maxcount": maxcount_, "maxsize": maxsize_}
         result = Manifest(piles=tuple(shards), seed=seed, fields=piled.fields, created_by=piled.created_by, extra=extra)
-        _publish(out, staging, shards, result)
+        install(out, staging, result, stray=_SHARD)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
     log.info("wrote %d samples into %d shards in %s", result.samples, len(shards), out)

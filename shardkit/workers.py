@@ -1,233 +1,256 @@
-"""Run :class:`~shardkit._units.UnitWriter` in worker processes and collect what they wrote.
+"""Worker processes: one pool for pass 1's input units and for the loader's decoding.
 
-The parent hands each worker small chunks of ``(index, unit)`` pairs on the worker's own
-queue, keeping two chunks in flight per worker, so fast workers take more units and the
-parent always knows which units a worker holds. Workers answer on one shared queue:
+Each worker builds its handler once, in the worker (``make(k)``), then answers every task sent to
+it with exactly one reply, in the order the tasks came. The parent chooses which worker gets a
+task and whose reply it reads, so each user keeps its own dispatch: pass 1 feeds whichever worker
+is free (:meth:`Pool.ready`), the loader keeps one task per worker and takes results in submission
+order (:meth:`Pool.ordered`).
 
-- ``("chunk", k, units, samples, bytes, failures)`` after each chunk (skipped units included),
-- ``("done", k, part)`` once told to stop (``None`` on its queue) and flushed,
-- ``("failed", k, failure)`` when a unit failed and the policy is to raise,
-- ``("error", k, exception, traceback)`` for anything else, ``KeyboardInterrupt`` included.
+Invariants, whoever uses it:
 
-Any error in the parent or a worker (or a worker that dies) ends the run: every worker is
-terminated and joined before the error propagates; the caller removes the staging files.
-Workers ignore SIGINT: Ctrl-C reaches the parent, which stops them.
+- a worker holds only the tasks sent to it and not yet answered;
+- an exception in a handler comes back as a :class:`~shardkit.errors.Failure` and is raised by
+  :meth:`Pool.receive` in the parent; a worker that dies (killed, out of memory, a crash in native
+  code) is a :class:`~shardkit.errors.WorkerError` naming it and how it ended;
+- workers ignore SIGINT (the parent handles Ctrl-C and stops them) and end with their parent:
+  on Linux the kernel kills them when it dies, elsewhere they stop at the end of their pipe;
+- :meth:`Pool.close` asks every worker to stop, waits a little, then terminates what is left.
+
+Tasks and replies cross the pipes with the C pickler (dill, which the pipes default to, is several
+times slower); what the C pickler refuses (a lambda in a sample, say) goes through dill.
+
+    with Pool(2, lambda k: str.upper, name="shardkit-demo") as pool:
+        pool.send(0, "a")
+        assert pool.receive(0) == "A"
 """
 
 from __future__ import annotations
 
-import queue
+import contextlib
+import ctypes
+import os
+import pickle
 import signal
-import traceback
+import sys
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import dill
-import multiprocess
+from shardkit.errors import Failure, WorkerError
 
-from shardkit.errors import ConfigError, InputError
-from shardkit.piles.units import Failure, Job, Part, RemoteTraceback, UnitWriter, describe, part_directory
-
-Chunk = list[tuple[int, Any]]
-# called in the parent after each chunk: (units, samples, bytes, skipped failures)
-Progress = Callable[[int, int, int, Sequence[Failure]], None]
-
-_IN_FLIGHT = 2
-_POLL = 1.0  # seconds between checks that no worker died while the parent waits
+Handler = Callable[[Any], Any]
+_STOP = None  # the task that tells a worker to return
+_JOIN_SECONDS = 5.0
 
 
-def chunk_size(units: int, workers: int) -> int:
-    """Units per chunk: small enough to balance the load, large enough to keep messages rare."""
-    return max(1, min(16, units // (workers * 32)))
+class Pool:
+    """``count`` worker processes, each answering its own tasks with its own handler.
 
+    Args:
+        count: how many processes.
+        make: ``make(k) -> handler``, called once in worker ``k``; ``handler(task)`` returns the
+            reply. It is sent to the workers (pickled with dill unless they are forked).
+        name: the processes are named ``NAME-k``.
+        context: the start method (``"fork"``, ``"spawn"``, ``"forkserver"``); None: the platform's.
 
-def _pack(chunk: Chunk) -> bytes:
-    """Pickle a chunk here, where a unit that cannot be pickled can still be named.
-
-    ``Queue.put`` pickles in a background thread that only prints its errors: the worker
-    would wait for that chunk forever.
+    Attributes:
+        broken: a worker died; the pool should be closed and a new one made.
     """
+
+    def __init__(self, count: int, make: Callable[[int], Handler], *, name: str, context: str | None = None) -> None:
+        import multiprocess
+
+        ctx = multiprocess.get_context(context)
+        self._conns: list[Any] = []
+        self._procs: list[Any] = []
+        self.broken = False
+        self._closed = False
+        try:
+            for k in range(count):
+                ours, theirs = ctx.Pipe()
+                # a fork server, not this process, is the parent of its workers
+                parent = None if context == "forkserver" else os.getpid()
+                proc = ctx.Process(target=_serve, args=(theirs, make, k, parent), name=f"{name}-{k}", daemon=True)
+                self._conns.append(ours)
+                self._procs.append(proc)
+                proc.start()
+                theirs.close()
+        except BaseException:
+            self.close()
+            raise
+
+    def __len__(self) -> int:
+        return len(self._procs)
+
+    def send(self, k: int, task: Any) -> None:
+        """Give worker ``k`` a task (pickled here: a task that cannot be pickled raises here)."""
+        _send(self._conns[k], task)
+
+    def receive(self, k: int) -> Any:
+        """Worker ``k``'s next reply (waiting for it).
+
+        Raises:
+            WorkerError: the worker died before replying.
+            BaseException: what the handler raised, re-raised here.
+        """
+        return _raise(self._read(k))
+
+    def _read(self, k: int) -> Any:
+        """Worker ``k``'s next reply as it came (a Failure included); WorkerError if it died."""
+        try:
+            return _recv(self._conns[k])
+        except (EOFError, OSError):
+            raise self._died(k) from None
+
+    def ready(self, timeout: float | None = None) -> list[int]:
+        """Workers whose reply can be read now (waiting up to ``timeout`` seconds for one).
+
+        Raises:
+            WorkerError: a worker died with nothing left to read.
+        """
+        from multiprocess.connection import wait
+
+        conns = {id(c): k for k, c in enumerate(self._conns)}
+        sentinels = {p.sentinel: k for k, p in enumerate(self._procs)}
+        found = wait([*self._conns, *sentinels], timeout)
+        ready = sorted({conns[id(c)] for c in found if id(c) in conns})
+        for k in sorted({sentinels[s] for s in found if s in sentinels} - set(ready)):
+            if not self._conns[k].poll():  # its last words may still be in the pipe
+                raise self._died(k)
+        return ready
+
+    def ordered(self, tasks: Iterable[Any]) -> Iterator[Any]:
+        """The replies to ``tasks`` in their order, one task in flight per worker.
+
+        Nothing is read ahead beyond one task per worker. Abandoning the iterator collects the
+        replies still in flight, so the workers are idle for the next call.
+        """
+        it = iter(tasks)
+        pending: deque[int] = deque()
+        try:
+            for k in range(len(self._conns)):
+                task = next(it, _STOP)
+                if task is _STOP:
+                    break
+                self.send(k, task)
+                pending.append(k)
+            while pending:
+                k = pending[0]
+                reply = self._read(k)
+                pending.popleft()  # only now: an interrupted read leaves its reply to collect below
+                task = next(it, _STOP) if not isinstance(reply, Failure) else _STOP
+                if task is not _STOP:
+                    self.send(k, task)
+                    pending.append(k)
+                yield _raise(reply)
+        finally:
+            for k in pending:
+                with contextlib.suppress(Exception):
+                    self.receive(k)
+
+    def _died(self, k: int) -> WorkerError:
+        self.broken = True
+        proc = self._procs[k]
+        proc.join(timeout=1)
+        code = proc.exitcode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return WorkerError(
+            f"shardkit worker process {k} ({proc.name}, pid {proc.pid}) died with a task in hand ({how}); out of memory?", worker=k, how=how
+        )
+
+    def close(self) -> None:
+        """Ask every worker to stop, wait for them, terminate the ones that do not. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for conn in self._conns:
+            with contextlib.suppress(OSError, ValueError):
+                _send(conn, _STOP)
+        for proc in self._procs:
+            if proc.pid is not None:
+                proc.join(timeout=_JOIN_SECONDS)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+        for conn in self._conns:
+            conn.close()
+
+    def terminate(self) -> None:
+        """Stop every worker now, whatever it is doing (an error or Ctrl-C in the parent)."""
+        for proc in self._procs:
+            if proc.pid is not None and proc.is_alive():
+                proc.terminate()
+        self.close()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.terminate()
+
+
+def _raise(reply: Any) -> Any:
+    """``reply``, or the exception it carries."""
+    if isinstance(reply, Failure):
+        raise reply.exception()
+    return reply
+
+
+def _serve(conn: Any, make: Callable[[int], Handler], k: int, parent: int | None) -> None:
+    """A worker's life: build the handler, answer each task until told to stop or orphaned."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    _die_with_parent(parent)
     try:
-        return dill.dumps(chunk)
-    except Exception:
-        for index, unit in chunk:
-            try:
-                dill.dumps(unit)
-            except Exception as e:
-                raise InputError(f"input unit {index} ({describe(unit)}) cannot be sent to a worker process: {e}") from e
-        raise
-
-
-def _put(tasks: Any, payload: bytes | None) -> None:
-    """``tasks.put`` with Ctrl-C held back until it returns.
-
-    A KeyboardInterrupt inside the first ``put`` can land after the queue started its feeder
-    thread but before it registered the hook that stops it; ``close()`` then leaves that thread
-    waiting forever. The feeder also inherits the mask, so signals stay with the main thread.
-    """
-    if not hasattr(signal, "pthread_sigmask"):
-        tasks.put(payload)
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        tasks.put(payload)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def _next_task(tasks: Any) -> Chunk | None:
+        handler: Handler | Failure = make(k)
+    except BaseException as e:  # every task is answered with why the worker cannot work
+        handler = Failure.capture(e).portable()
     while True:
         try:
-            payload = tasks.get(timeout=10.0)
-            return None if payload is None else dill.loads(payload)
-        except queue.Empty:
-            parent = multiprocess.parent_process()
-            if parent is not None and not parent.is_alive():
-                return None  # orphaned: the parent died without stopping us
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """``exc`` if it survives pickling (dill), else a RuntimeError with its text."""
-    try:
-        dill.loads(dill.dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-
-
-def worker_main(k: int, job: Job, directory: str, buffer_size: int, tasks: Any, results: Any) -> None:
-    """Body of worker ``k``: process chunks until told to stop, then report the part."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        writer = UnitWriter(job, directory, buffer_size)
-        while (chunk := _next_task(tasks)) is not None:
-            samples = nbytes = 0
-            skipped = []
-            for index, unit in chunk:
-                result = writer.attempt(index, unit)
-                if isinstance(result, Failure):
-                    if job.on_error == "raise":
-                        results.put(("failed", k, result.portable()))
-                        return
-                    skipped.append(result.portable())
-                else:
-                    samples += result[0]
-                    nbytes += result[1]
-            results.put(("chunk", k, len(chunk), samples, nbytes, skipped))
-        results.put(("done", k, writer.finish()))
-    except BaseException as e:
-        results.put(("error", k, _portable(e), traceback.format_exc()))
-
-
-class _Dispatcher:
-    """The parent's side: hands out chunks, tracks who holds what, notices dead workers."""
-
-    def __init__(self, units: Sequence[Any], workers: int) -> None:
-        size = chunk_size(len(units), workers)
-        indexed = list(enumerate(units))
-        self.chunks = deque(indexed[i : i + size] for i in range(0, len(indexed), size))
-        self.held: list[deque[Chunk]] = [deque() for _ in range(workers)]
-        self.parts: dict[int, Part] = {}
-        self.exited_quietly: set[int] = set()
-
-    def feed(self, k: int, tasks: Any) -> None:
-        """Top up worker k to ``_IN_FLIGHT`` chunks, or tell it to stop when none are left."""
-        while len(self.held[k]) < _IN_FLIGHT and self.chunks:
-            chunk = self.chunks.popleft()
-            payload = _pack(chunk)
-            self.held[k].append(chunk)
-            _put(tasks, payload)
-        if not self.chunks and not self.held[k]:
-            _put(tasks, None)
-
-    def check_alive(self, procs: Sequence[Any]) -> None:
-        for k, proc in enumerate(procs):
-            if k in self.parts or proc.exitcode is None:
-                continue
-            # a worker that exits 0 has sent its last message; give it one more poll to arrive
-            if proc.exitcode == 0 and k not in self.exited_quietly:
-                self.exited_quietly.add(k)
-                continue
-            units = [i for chunk in self.held[k] for i, _ in chunk]
-            span = f"input units {units[0]}..{units[-1]}" if units else "no unit"
-            how = f"signal {-proc.exitcode}" if proc.exitcode < 0 else f"exit code {proc.exitcode}"
-            raise InputError(
-                f"worker process {k} died ({how}) while holding {span}; fn may have crashed it (out of memory? a native library?)"
-            )
-
-
-def run(
-    job: Job, units: Sequence[Any], staging: str, buffer_size: int, workers: int, progress: Progress, mp_context: str | None
-) -> list[Part]:
-    """Process ``units`` in ``workers`` processes; returns each worker's :class:`Part`."""
-    ctx = multiprocess.get_context(mp_context)
-    results = ctx.Queue()
-    task_queues = [ctx.Queue() for _ in range(workers)]
-    procs = [
-        ctx.Process(
-            target=worker_main,
-            args=(k, job, part_directory(staging, k), buffer_size, task_queues[k], results),
-            name=f"shardkit-worker-{k}",
-            daemon=True,
-        )
-        for k in range(workers)
-    ]
-    dispatch = _Dispatcher(units, workers)
-    finished = False
-    try:
-        for k, proc in enumerate(procs):
-            _start(proc)
-            dispatch.feed(k, task_queues[k])
-        while len(dispatch.parts) < workers:
+            task = _recv(conn)
+        except (EOFError, OSError):
+            return  # the parent is gone
+        if task is _STOP:
+            return
+        if isinstance(handler, Failure):
+            reply: Any = handler
+        else:
             try:
-                message = results.get(timeout=_POLL)
-            except queue.Empty:
-                dispatch.check_alive(procs)
-                continue
-            _handle(message, dispatch, task_queues, progress)
-        finished = True
-        return [dispatch.parts[k] for k in range(workers)]
-    finally:
-        _stop(procs, task_queues, results, graceful=finished)
+                reply = handler(task)
+            except BaseException as e:
+                reply = Failure.capture(e)
+        try:
+            _send(conn, reply.portable() if isinstance(reply, Failure) else reply)
+        except Exception as e:  # a reply that cannot be pickled: say so instead
+            _send(conn, Failure.capture(e).portable())
 
 
-def _start(proc: Any) -> None:
+def _die_with_parent(parent: int | None) -> None:
+    """Have the kernel kill this process when its parent dies (Linux), so no worker goes on alone."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if parent is not None and os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+
+
+def _send(conn: Any, obj: Any) -> None:
     try:
-        proc.start()
-    except Exception as e:  # spawn/forkserver pickle the job: fn must survive dill
-        raise ConfigError(f"fn cannot be sent to worker processes ({type(e).__name__}: {e}); use workers=1 or mp_context='fork'") from e
+        data = b"p" + pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        import dill
+
+        data = b"d" + dill.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    conn.send_bytes(data)
 
 
-def _handle(message: tuple[Any, ...], dispatch: _Dispatcher, task_queues: Sequence[Any], progress: Progress) -> None:
-    kind, k = message[0], message[1]
-    if kind == "chunk":
-        _, _, units, samples, nbytes, skipped = message
-        dispatch.held[k].popleft()
-        progress(units, samples, nbytes, skipped)
-        dispatch.feed(k, task_queues[k])
-    elif kind == "done":
-        dispatch.parts[k] = message[2]
-    elif kind == "failed":
-        raise message[2].error()
-    else:
-        _, _, exc, text = message
-        if isinstance(exc, KeyboardInterrupt):
-            raise KeyboardInterrupt(f"interrupted in worker process {k}") from RemoteTraceback(text)
-        raise exc from RemoteTraceback(text)
+def _recv(conn: Any) -> Any:
+    data = conn.recv_bytes()
+    if data[:1] == b"d":
+        import dill
 
-
-def _stop(procs: Sequence[Any], task_queues: Sequence[Any], results: Any, *, graceful: bool) -> None:
-    """Join every worker (terminating it unless the run finished); never block on a queue."""
-    if graceful:  # every worker has reported and is on its way out
-        for proc in procs:
-            proc.join(timeout=10.0)
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in procs:
-        if proc.pid is not None:
-            proc.join()
-    for q in [*task_queues, results]:
-        q.cancel_join_thread()
-        q.close()
+        return dill.loads(data[1:])
+    return pickle.loads(data[1:])

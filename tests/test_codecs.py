@@ -11,6 +11,7 @@ from PIL import Image
 
 from shardkit.codecs import DEFAULT, Codecs, encode_field
 from shardkit.errors import ConfigError, SampleError
+from shardkit.loading.decode import Transform
 
 
 @pytest.mark.parametrize(
@@ -79,12 +80,12 @@ def test_pickle_is_written_but_never_read_unless_allowed():
     assert Codecs(allow_pickle=True).decoder("pyd")(data) == {"x": 1}
 
 
-def test_registered_codecs_and_decode_sample():
+def test_registered_codecs_decode_a_sample_through_the_loaders_transform():
     codecs = Codecs()
     codecs.register_encoder("rev", lambda v: "".join(reversed(v)).encode())
     codecs.register_decoder("REV", lambda b: b.decode()[::-1])
     assert codecs.encode("rev", ["c", "b", "a"]) == b"abc"
-    sample = codecs.decode_sample({"__key__": "k", "rev": b"cba", "cls": b"4", "unknown": b"raw"})
+    sample = Transform(codecs, None)({"__key__": "k", "rev": b"cba", "cls": b"4", "unknown": b"raw"}, "x.tar")
     assert sample == {"__key__": "k", "rev": "abc", "cls": 4, "unknown": b"raw"}
 
 

@@ -499,8 +499,6 @@ def test_undecodable_sample_names_pile_and_key(tmp_path):
 
 
 def test_error_in_the_reader_thread_reaches_the_consumer(dataset, monkeypatch):
-    pass
-
     class Boom(Exception):
         pass
 

@@ -108,8 +108,6 @@ def test_unbatched_skips_are_not_yielded_and_counted(damaged):
 
 def test_a_malformed_sample_is_skipped_alone(tmp_path):
     """Two members of one extension spoil their sample, not the pile (fast index only)."""
-    pass
-
     url = str(tmp_path / "dup.tar")
     members = [tarwrite.member(f"k{i}.cls", b"%d" % i) for i in range(4)]
     members.insert(2, tarwrite.member("k1.cls", b"9"))  # sample k1 now has two .cls members

@@ -7,7 +7,8 @@ import threading
 import pytest
 
 import shardkit
-from shardkit.loading.prefetch import Failure, PileReader
+from shardkit.errors import Failure
+from shardkit.loading.prefetch import PileReader
 
 
 def _drain(reader: PileReader) -> list:

@@ -287,8 +287,6 @@ def test_equal_keys_where_two_units_meet_in_a_pile_are_refused(tmp_path):
 
 
 def test_a_key_hash_collision_where_units_meet_is_not_an_error(tmp_path, monkeypatch):
-    pass
-
     monkeypatch.setattr(parts, "key_hash", lambda key: 0)  # every join is a candidate: the keys decide
     m = shardkit.preprocess([1, 3, 5], _numbered, tmp_path / "out", piles=1, quiet=True)
     keys = [s["__key__"] for s in read_pile(str(tmp_path / "out" / m.piles[0].name))]

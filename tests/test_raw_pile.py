@@ -223,8 +223,6 @@ def test_parallel_merge_equals_serial_merge(tmp_path):
 
 
 def test_short_writes_are_finished(tmp_path, monkeypatch):
-    pass
-
     real = os.writev
     monkeypatch.setattr(os, "writev", lambda fd, bufs: real(fd, [memoryview(bufs[0])[: max(1, len(bufs[0]) // 2)]]))
     sink = parts.PileSink(str(tmp_path / "parts"), 2, 1 << 20)

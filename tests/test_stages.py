@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardkit.loading.batch import CHUNK, Step, Transform, cut_tasks
+from shardkit.loading.batch import CHUNK, ShardBlock, Step, cut_tasks
+from shardkit.loading.decode import Transform
 
 
 class Pile:
@@ -20,6 +21,18 @@ class Pile:
 
 
 A, B = Pile("a.tar"), Pile("b.tar")
+
+
+def as_blocks(items) -> list[ShardBlock]:
+    """``(start, pile or one pile per position, indices)`` tuples as the loader's blocks."""
+    out = []
+    for start, data, index in items:
+        if isinstance(data, list):
+            distinct = list(dict.fromkeys(data))
+            out.append(ShardBlock(start, index, distinct, [distinct.index(p) for p in data]))
+        else:
+            out.append(ShardBlock(start, index, [data]))
+    return out
 
 
 def taker(skip: Collection[tuple[str, int]] = ()) -> Callable[[Pile | None, int], dict[str, Any] | None]:
@@ -38,14 +51,14 @@ def shape(tasks) -> list[tuple[int, list[int], list[str]]]:
 
 
 def test_batches_end_on_multiples_of_batch_size():
-    tasks = list(cut_tasks([(0, A, list(range(10)))], taker(), start=0, length=10, batch_size=4))
+    tasks = list(cut_tasks(as_blocks([(0, A, list(range(10)))]), taker(), start=0, length=10, batch_size=4))
     assert [(t.end, t.ends) for t in tasks] == [(4, [1, 2, 3, 4]), (8, [5, 6, 7, 8]), (10, [9, 10])]
     assert all(t.urls == ["a.tar"] * len(t.samples) for t in tasks)
 
 
 def test_a_batch_spans_blocks_and_per_position_piles():
     blocks = [(0, A, [5, 6, 7]), (3, [B, A, None, B], [0, 8, 3, 1])]
-    tasks = list(cut_tasks(blocks, taker(), start=0, length=7, batch_size=4))
+    tasks = list(cut_tasks(as_blocks(blocks), taker(), start=0, length=7, batch_size=4))
     assert shape(tasks) == [
         (4, [1, 2, 3, 4], ["a.tar:5", "a.tar:6", "a.tar:7", "b.tar:0"]),
         (7, [5, 7], ["a.tar:8", "b.tar:1"]),  # position 6 was in a skipped pile
@@ -55,20 +68,20 @@ def test_a_batch_spans_blocks_and_per_position_piles():
 
 def test_skipped_samples_keep_every_batch_slot():
     skip = {("a.tar", i) for i in range(4)}
-    tasks = list(cut_tasks([(0, A, list(range(8)))], taker(skip), start=0, length=8, batch_size=4))
+    tasks = list(cut_tasks(as_blocks([(0, A, list(range(8)))]), taker(skip), start=0, length=8, batch_size=4))
     assert shape(tasks) == [(4, [], []), (8, [5, 6, 7, 8], ["a.tar:4", "a.tar:5", "a.tar:6", "a.tar:7"])]
 
 
 def test_unbatched_chunks_drop_when_empty():
     n = 2 * CHUNK + 5
     skip = {("a.tar", i) for i in range(CHUNK)}
-    tasks = list(cut_tasks([(0, A, list(range(n)))], taker(skip), start=0, length=n, batch_size=None))
+    tasks = list(cut_tasks(as_blocks([(0, A, list(range(n)))]), taker(skip), start=0, length=n, batch_size=None))
     assert [(t.end, len(t.samples)) for t in tasks] == [(2 * CHUNK, CHUNK), (n, 5)]
-    assert list(cut_tasks([(0, A, [0, 1])], taker({("a.tar", 0), ("a.tar", 1)}), start=0, length=2, batch_size=None)) == []
+    assert list(cut_tasks(as_blocks([(0, A, [0, 1])]), taker({("a.tar", 0), ("a.tar", 1)}), start=0, length=2, batch_size=None)) == []
 
 
 def test_resuming_mid_slice_keeps_the_boundaries():
-    tasks = list(cut_tasks([(6, A, [0, 1, 2, 3])], taker(), start=6, length=10, batch_size=4))
+    tasks = list(cut_tasks(as_blocks([(6, A, [0, 1, 2, 3])]), taker(), start=6, length=10, batch_size=4))
     assert [(t.end, t.ends) for t in tasks] == [(8, [7, 8]), (10, [9, 10])]
     assert list(cut_tasks([], taker(), start=10, length=10, batch_size=4)) == []
 
@@ -91,7 +104,7 @@ def test_same_batches_whatever_the_blocks_and_skips(length, batch, start_frac, c
         n = min(c, length - pos)
         blocks.append((pos, A, list(range(pos, pos + n))))
         pos += n
-    tasks = list(cut_tasks(blocks, taker({("a.tar", i) for i in skipped}), start=start, length=length, batch_size=batch))
+    tasks = list(cut_tasks(as_blocks(blocks), taker({("a.tar", i) for i in skipped}), start=start, length=length, batch_size=batch))
     ends = list(range(start + batch, length, batch)) + ([length] if length > start else [])
     assert [t.end for t in tasks] == ends
     for t in tasks:
@@ -101,7 +114,7 @@ def test_same_batches_whatever_the_blocks_and_skips(length, batch, start_frac, c
 
 @pytest.mark.parametrize("batched", [False, True])
 def test_step_turns_a_task_into_items_at_their_positions(batched):
-    task = next(cut_tasks([(0, A, [0, 1])], taker(), start=0, length=2, batch_size=2 if batched else None))
+    task = next(cut_tasks(as_blocks([(0, A, [0, 1])]), taker(), start=0, length=2, batch_size=2 if batched else None))
     result = Step(Transform(None, None), None, batched, "raise")(task)
     expected = [(2, {"__key__": ["a.tar:0", "a.tar:1"]})] if batched else [(1, {"__key__": "a.tar:0"}), (2, {"__key__": "a.tar:1"})]
     assert result.items == expected and result.failures == []

@@ -29,15 +29,17 @@ import numpy as np
 
 from shardkit._util import check_int
 from shardkit.codecs import Codecs
-from shardkit.errors import ShardkitError
+from shardkit.errors import Failure, ShardkitError
 from shardkit.loading import plan
-from shardkit.loading.batch import Result, SampleBlock, Step, Transform, Workers, cut_tasks
+from shardkit.loading.batch import Result, ShardBlock, Step, cut_tasks
+from shardkit.loading.decode import Transform
 from shardkit.loading.on_error import LoaderStats, Policy
 from shardkit.loading.options import LoaderOptions, resolve_world
-from shardkit.loading.prefetch import Failure, PileReader
+from shardkit.loading.prefetch import PileReader
 from shardkit.loading.source import Fetched, Source, SourceLike, resolve
 from shardkit.loading.state import check_state, make_state
 from shardkit.tar.shard import Shard
+from shardkit.workers import Pool
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +71,22 @@ class Loader:
         self._position = 0
         self._cursor: tuple[int, Iterator[int]] | None = None  # (block end, its index iterator) on the hot path
         self._active: weakref.ref[Iterator[Any]] | None = None
-        self._workers: Workers | None = None
+        self._workers: Pool | None = None
         self._closed = False
 
     # -- sizes and order ---------------------------------------------------------------------
     def _span(self) -> tuple[int, int]:
         o = self.options
         assert o.rank is not None and o.world_size is not None
-        lo, hi = plan.rank_span(self.source.samples, world=o.world_size, rank=o.rank, drop_last=o.drop_last, batch_size=o.batch_size)
-        return plan.worker_span(lo, hi, workers=o.worker[1], worker=o.worker[0], batch_size=o.batch_size)
+        return plan.slice_span(
+            self.source.samples,
+            world=o.world_size,
+            rank=o.rank,
+            drop_last=o.drop_last,
+            batch_size=o.batch_size,
+            workers=o.worker[1],
+            worker=o.worker[0],
+        )
 
     def _schedule(self, epoch: int) -> plan.Schedule:
         o = self.options
@@ -122,7 +131,8 @@ class Loader:
             self._workers = None
         if self.options.num_workers and self._workers is None:
             # start the processes before the reader thread exists: forking copies no thread state
-            self._workers = Workers(self.options.num_workers, self._step)
+            step = self._step
+            self._workers = Pool(self.options.num_workers, lambda k: step, name="shardkit-worker")
         epoch, start = self._epoch, self._start
         gen = self._run(epoch, start)
         self._active = weakref.ref(gen)
@@ -154,10 +164,9 @@ class Loader:
         source, limit, verify = self.source, self.options.max_pile_bytes, self.options.verify
         return lambda index: source.fetch(index, max_bytes=limit, verify=verify)  # type: ignore[arg-type]
 
-    def _blocks(
-        self, sched: plan.Schedule, start: int, uses: list[plan.PileUse], reader: PileReader[int, Fetched]
-    ) -> Iterator[SampleBlock]:
-        """``(start, pile or per-position piles, in-pile indices)``; a pile is None when skipped."""
+    def _blocks(self, sched: plan.Schedule, start: int, uses: list[plan.PileUse], reader: PileReader[int, Fetched]) -> Iterator[ShardBlock]:
+        """The schedule's blocks with their piles loaded (None where a pile is skipped); each pile
+        is released to the reader as soon as the schedule is done with it."""
         resident: dict[int, Shard | None] = {}
         active: list[plan.PileUse] = []
         pulled = 0
@@ -178,11 +187,10 @@ class Loader:
             piles = block.piles
             first = int(piles[0])
             if piles[-1] == first and (piles == first).all():
-                yield block.start, need(first), block.index.tolist()
+                yield ShardBlock(block.start, block.index.tolist(), [need(first)])
             else:
-                for p in np.unique(piles).tolist():
-                    need(p)
-                yield block.start, [resident[p] for p in piles.tolist()], block.index.tolist()
+                distinct, which = np.unique(piles, return_inverse=True)
+                yield ShardBlock(block.start, block.index.tolist(), [need(p) for p in distinct.tolist()], which.tolist())
             end = block.start + len(piles)
             for use in [u for u in active if u.last < end]:
                 active.remove(use)
@@ -190,46 +198,47 @@ class Loader:
                 reader.release()
 
     def _accept(self, item: Fetched | Failure, use: plan.PileUse) -> Shard | None:
-        if not isinstance(item, Failure):
-            try:
-                return self.source.open(use.pile, item)
-            except (ShardkitError, OSError) as e:
-                self._policy.pile(e, self.source.piles[use.pile].url)
-                return None
-        self._policy.pile(item.error, self.source.piles[use.pile].url)
-        return None
+        url = self.source.piles[use.pile].url
+        if isinstance(item, Failure):
+            self._policy.pile(item.exception(), url)
+            return None
+        try:
+            return self.source.open(use.pile, item)
+        except (ShardkitError, OSError) as e:
+            self._policy.pile(e, url)
+            return None
 
-    def _samples(self, blocks: Iterator[SampleBlock]) -> Iterator[dict[str, Any]]:
+    def _samples(self, blocks: Iterator[ShardBlock]) -> Iterator[dict[str, Any]]:
         """The hot path: raw samples, no decoding, no batching. A skipped sample is not yielded."""
-        for start, data, index in blocks:
-            if type(data) is Shard and data.uniform:
+        getters: list[Callable[[int], dict[str, Any]]] | None = None
+        for block in blocks:
+            start, index, shards = block.start, block.index, block.shards
+            if all(s is not None and s.uniform for s in shards):
                 # nothing here can fail: hand the samples straight through; the position is
                 # read off the index iterator (see _where)
                 rest = iter(index)
                 self._cursor = (start + len(index), rest)
-                yield from map(data.sampler(), rest)
-            elif type(data) is list and all(type(p) is Shard and p.uniform for p in set(data)):
-                # mix > 1: positions alternate between piles; the same, one sampler per position
-                rest = iter(index)
-                self._cursor = (start + len(index), rest)
-                yield from (get(i) for get, i in zip([p.sampler() for p in data], rest, strict=True))
+                if block.which is None:
+                    yield from map(shards[0].sampler(), rest)  # type: ignore[union-attr]
+                else:  # mix > 1: positions alternate between piles
+                    getters = [s.sampler() for s in shards]  # type: ignore[union-attr]
+                    yield from (getters[w](i) for w, i in zip(block.which, rest, strict=True))
             else:
-                piles = [data] * len(index) if not isinstance(data, list) else data
-                for n, (pile, i) in enumerate(zip(piles, index, strict=True)):
-                    sample = self._policy.sample(pile, i)
+                for n, (shard, i) in enumerate(block.pairs()):
+                    sample = self._policy.sample(shard, i)
                     if sample is not None:
                         self._position = start + n + 1
                         yield sample
-                piles, pile = [], None
+                shard = None
             self._position, self._cursor = start + len(index), None
             # drop this block's piles before asking for the next: a pile the plan released must
             # not stay alive here while the reader thread fills its slot
-            data = None
+            block = shards = getters = None  # type: ignore[assignment]
 
-    def _processed(self, blocks: Iterator[SampleBlock], start: int, length: int) -> Iterator[Any]:
+    def _processed(self, blocks: Iterator[ShardBlock], start: int, length: int) -> Iterator[Any]:
         """What the step makes of the raw samples (decoded, mapped, batched), in order, here or in the workers."""
         tasks = cut_tasks(blocks, self._policy.sample, start=start, length=length, batch_size=self.options.batch_size)
-        results: Iterator[Result] = self._workers.run(tasks) if self._workers is not None else map(self._step, tasks)
+        results: Iterator[Result] = self._workers.ordered(tasks) if self._workers is not None else map(self._step, tasks)
         try:
             for result in results:
                 self._policy.failed(result.failures)

@@ -23,7 +23,7 @@ slices (:func:`rank_span`), workers contiguous sub-slices of those (:func:`worke
 the pile uses (which pile, from when, until when) a loader needs to load and release piles.
 
     order = EpochOrder([120, 80, 100], seed=0, epoch=3, mix=2)
-    sched = Schedule(order, *rank_span(order.total, world=2, rank=1, drop_last=True))
+    sched = Schedule(order, *slice_span(order.total, world=2, rank=1, drop_last=True))
     for block in sched.blocks(start=10): ...
 """
 
@@ -338,6 +338,14 @@ def worker_span(lo: int, hi: int, *, workers: int, worker: int, batch_size: int 
     return lo + a * unit, min(hi, lo + b * unit)
 
 
+def slice_span(
+    total: int, *, world: int, rank: int, drop_last: bool, batch_size: int | None = None, workers: int = 1, worker: int = 0
+) -> tuple[int, int]:
+    """Global positions ``[lo, hi)`` one worker of one rank reads: :func:`rank_span`, then :func:`worker_span`."""
+    lo, hi = rank_span(total, world=world, rank=rank, drop_last=drop_last, batch_size=batch_size)
+    return worker_span(lo, hi, workers=workers, worker=worker, batch_size=batch_size)
+
+
 class Schedule:
     """What one rank (or one worker of a rank) reads in an epoch: padded positions ``[lo, hi)``.
 
@@ -379,24 +387,3 @@ class Schedule:
             a = max(glo, glo + start - off)
             for pos, piles, index in self.order.blocks(a, ghi):
                 yield Block(pos - glo + off, piles, index)
-
-
-def schedule(
-    counts: Sequence[int],
-    *,
-    seed: int,
-    epoch: int,
-    shuffle: bool = True,
-    mix: int = 1,
-    world: int = 1,
-    rank: int = 0,
-    drop_last: bool = True,
-    batch_size: int | None = None,
-    workers: int = 1,
-    worker: int = 0,
-) -> Schedule:
-    """The :class:`Schedule` of one rank and worker: the plan in one call."""
-    order = EpochOrder(counts, seed=seed, epoch=epoch, shuffle=shuffle, mix=mix)
-    lo, hi = rank_span(order.total, world=world, rank=rank, drop_last=drop_last, batch_size=batch_size)
-    lo, hi = worker_span(lo, hi, workers=workers, worker=worker, batch_size=batch_size)
-    return Schedule(order, lo, hi)

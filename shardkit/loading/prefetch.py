@@ -17,19 +17,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from shardkit.errors import Failure
+
 T = TypeVar("T")
 Item = TypeVar("Item")
 
 _END = object()
-
-
-class Failure:
-    """An exception raised while reading item ``index``, carried to the consumer."""
-
-    __slots__ = ("error", "index")
-
-    def __init__(self, index: int, error: BaseException) -> None:
-        self.index, self.error = index, error
 
 
 class PileReader(Generic[Item, T]):
@@ -65,11 +58,11 @@ class PileReader(Generic[Item, T]):
                 try:
                     result: Any = self._read(item)
                 except BaseException as e:  # carried to the consumer, whatever it is
-                    result = Failure(i, e)
+                    result = Failure.capture(e, index=i)
                 self._queue.put(result)
                 del result  # else this frame keeps the last pile alive while it waits for a slot
         except BaseException as e:  # pragma: no cover - the loop itself never raises
-            self._queue.put(Failure(-1, e))
+            self._queue.put(Failure.capture(e))
         finally:
             self._queue.put(_END)
 

@@ -29,15 +29,15 @@ from typing import Any
 import numpy as np
 
 from shardkit import storage
-from shardkit import workers as pool
 from shardkit._util import bar, check_int, format_size
 from shardkit.codecs import DEFAULT, Codecs
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
+from shardkit.piles.executor import Tally, run_local
 from shardkit.piles.options import PileOptions
 from shardkit.piles.parts import SEGMENT, duplicate_key
 from shardkit.piles.publish import STAGING_PREFIX, Run, prepare_output, publish
-from shardkit.piles.units import Failure, Job, Part, UnitWriter, describe, part_directory
+from shardkit.piles.units import Part, UnitWork, describe, skip_record
 from shardkit.tar import write
 from shardkit.tar.shard import Shard, iter_shard
 
@@ -47,28 +47,6 @@ ON_ERROR = ("raise", "skip")
 KEY_PREFIX = ("none", "unit")
 # how many skipped units the manifest lists by name (all are counted)
 _MAX_LISTED_SKIPS = 1000
-
-
-class Tally:
-    """Counts, skipped units and the progress bar of a running job (lives in the parent)."""
-
-    def __init__(self, total: int, *, quiet: bool) -> None:
-        self.samples = 0
-        self.bytes = 0
-        self.failures: list[Failure] = []
-        self.start = time.perf_counter()
-        self.quiet = quiet
-        self.bar = bar(total=total, desc="piling", unit="unit", quiet=quiet)
-
-    def add(self, units: int, samples: int, nbytes: int, failures: Sequence[Failure] = ()) -> None:
-        self.samples += samples
-        self.bytes += nbytes
-        for failure in failures:
-            log.warning("skipping input unit %d (%s): %s: %s", failure.index, failure.unit, failure.kind, failure.message)
-            self.failures.append(failure)
-        rate = self.samples / max(time.perf_counter() - self.start, 1e-9)
-        self.bar.set_postfix_str(f"{self.samples} samples, {format_size(self.bytes)}, {rate:.0f} samples/s", refresh=False)
-        self.bar.update(units)
 
 
 _RESERVED_EXTRA = ("units", "skipped", "over_max_pile_bytes")
@@ -152,12 +130,12 @@ def preprocess(
     """
     options = PileOptions(piles=piles, seed=seed, max_pile_bytes=max_pile_bytes, buffer_size=buffer_size, overwrite=overwrite)
     units = _validate(inputs, workers, on_error, extra)
-    job = Job(fn=fn, piles=piles, seed=seed, max_pile_bytes=options.max_bytes, codecs=codecs or DEFAULT, on_error=on_error)
+    job = UnitWork(fn=fn, piles=piles, seed=seed, max_pile_bytes=options.max_bytes, codecs=codecs or DEFAULT, on_error=on_error)
     return _run(job, units, out, options, workers=workers, quiet=quiet, mp_context=mp_context, extra=extra)
 
 
 def _run(
-    job: Job,
+    job: UnitWork,
     units: list[Any],
     out: str | os.PathLike[str],
     options: PileOptions,
@@ -172,29 +150,14 @@ def _run(
     staging = os.path.join(path, f"{STAGING_PREFIX}{uuid.uuid4().hex}")
     workers = min(workers, len(units))
     try:
-        tally = Tally(len(units), quiet=quiet)
+        tally = Tally(units, quiet=quiet)
         with tally.bar:
-            buffer = int(options.buffer_size)
-            if workers == 1:
-                parts = [_run_inline(job, units, staging, buffer, tally)]
-            else:
-                parts = pool.run(job, units, staging, buffer // workers, workers, tally.add, mp_context)
+            parts = run_local(
+                job, units, staging, buffer_size=int(options.buffer_size), workers=workers, tally=tally, mp_context=mp_context
+            )
         return _publish(path, staging, parts, options, {**(extra or {}), "units": len(units)}, tally, workers, units)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _run_inline(job: Job, units: Sequence[Any], staging: str, buffer_size: int, tally: Tally) -> Part:
-    writer = UnitWriter(job, part_directory(staging, 0), buffer_size)
-    for index, unit in enumerate(units):
-        result = writer.attempt(index, unit)
-        if isinstance(result, Failure):
-            if job.on_error == "raise":
-                raise result.error()
-            tally.add(1, 0, 0, [result])
-        else:
-            tally.add(1, *result)
-    return writer.finish()
 
 
 def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray, units: Sequence[Any]) -> tuple[np.ndarray, int]:
@@ -269,7 +232,7 @@ def _publish(
         counts.append(count)
     if tally.failures:
         failures = sorted(tally.failures, key=lambda f: f.index)
-        extra["skipped"] = [f.record() for f in failures[:_MAX_LISTED_SKIPS]]
+        extra["skipped"] = [skip_record(f, units[f.index]) for f in failures[:_MAX_LISTED_SKIPS]]
     fields = set().union(*(part.fields for part in parts))
     # piles are assembled in parallel: merging is copying and checksumming, which release the GIL
     with bar(total=len(runs), desc="merging", unit="pile", quiet=tally.quiet) as merging:
@@ -344,7 +307,7 @@ def pile(
     if key_prefix not in KEY_PREFIX:
         raise ConfigError(f"key_prefix: expected one of {', '.join(map(repr, KEY_PREFIX))}, got {key_prefix!r}")
     units = _validate(storage.expand(inputs), workers, on_error, None)
-    job = Job(
+    job = UnitWork(
         fn=iter_shard,
         piles=piles,
         seed=seed,

@@ -288,15 +288,11 @@ def publish(
     split = sum(was_split for _, was_split in finished)
     over = _over_limit([piece for pieces, _ in finished for piece in pieces], options.max_bytes)
     extra = {**(extra or {}), "over_max_pile_bytes": over} if over else extra
-    old = _old_files(out)
-    # the old dataset stops being one before any of its files change
-    storage.remove(os.path.join(out, manifest.MANIFEST))
-    for name in old:  # only its own files: the directory may hold others
-        storage.remove(os.path.join(out, name))
-    infos = []
-    for piece in (piece for pieces, _ in finished for piece in pieces):
-        os.replace(piece.path, os.path.join(out, piece.name))
-        infos.append(PileInfo(name=piece.name, samples=piece.samples, bytes=piece.size, checksum=manifest.format_checksum(piece.crc)))
+    infos = [
+        PileInfo(name=piece.name, samples=piece.samples, bytes=piece.size, checksum=manifest.format_checksum(piece.crc))
+        for pieces, _ in finished
+        for piece in pieces
+    ]
     result = Manifest(
         piles=tuple(infos),
         seed=options.seed,
@@ -306,7 +302,27 @@ def publish(
         split_piles=split,
         extra=extra or {},
     )
-    manifest.write(out, result)
+    install(out, staging, result)
     with contextlib.suppress(OSError):
         shutil.rmtree(staging)
     return result
+
+
+def install(out: str, staging: str, result: Manifest, *, stray: re.Pattern[str] | None = None) -> None:
+    """Swap a finished dataset in: its files (named in ``result``, waiting in ``staging``), then
+    its manifest, last. The one place a dataset is published, for pass 1, the eager shuffle and
+    repile.
+
+    The old dataset stops being one (its manifest goes) before any of its files change. Only its
+    own files are removed, and those ``stray`` matches (files of this kind left without a
+    manifest): the directory may hold others.
+    """
+    old = set(_old_files(out))
+    if stray is not None:
+        old |= {name for name in os.listdir(out) if stray.fullmatch(name)}
+    storage.remove(os.path.join(out, manifest.MANIFEST))
+    for name in sorted(old):
+        storage.remove(os.path.join(out, name))
+    for pile in result.piles:
+        os.replace(os.path.join(staging, pile.name), os.path.join(out, pile.name))
+    manifest.write(out, result)

@@ -1,23 +1,23 @@
 """Turn input units into pile bytes inside one process: run ``fn``, encode, route, record.
 
-This is the part of :func:`shardkit.preprocess` that runs wherever the units are processed,
-in the calling process or in a worker. A failing unit becomes a :class:`Failure`: plain text
-that crosses process boundaries and turns into the error the caller sees.
+This is the part of :func:`shardkit.preprocess` that runs wherever the units are processed: in
+the calling process (:class:`UnitWriter`) or in a worker process (:class:`UnitWorker`, the
+handler :class:`shardkit.workers.Pool` runs). A failing unit becomes a
+:class:`~shardkit.errors.Failure`, which crosses process boundaries; :func:`unit_error` turns it
+into the error the caller sees, naming the unit.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import mmap
 import os
-import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from shardkit import errors
 from shardkit.codecs import Codecs
-from shardkit.errors import InputError, SampleError, ShardkitError
+from shardkit.errors import Failure, InputError, RemoteTraceback, SampleError, ShardkitError
 from shardkit.piles import canonical, router
 from shardkit.piles.encode import encode_sample
 from shardkit.piles.parts import PileSink
@@ -25,7 +25,7 @@ from shardkit.tar.shard import read_shard
 
 
 @dataclass(frozen=True)
-class Job:
+class UnitWork:
     """Everything a process needs to turn units into pile bytes; sent to each worker once.
 
     With ``shards``, units are tar shard URLs and their samples are copied without decoding
@@ -53,57 +53,26 @@ def describe(unit: Any) -> str:
     return shown if len(shown) <= 200 else shown[:197] + "..."
 
 
-class RemoteTraceback(Exception):
-    """The formatted traceback of an exception raised in a worker process."""
+def unit_error(failure: Failure, unit: Any) -> ShardkitError:
+    """The exception to raise for a unit that failed, chained to the original (or its traceback).
 
-    def __str__(self) -> str:
-        return "\n" + str(self.args[0])
-
-
-@dataclass(frozen=True)
-class Failure:
-    """A unit that failed: its index, repr and error, as text that crosses process boundaries.
-
-    ``own_error`` says the exception was one of shardkit's (``kind`` names its class).
-
-    ``cause`` is the original exception while still in the process that caught it; it is
-    dropped (:meth:`portable`) before the failure is sent to another process.
+    Errors shardkit raises itself (a bad sample, a corrupt input shard) keep their class and get
+    the unit named in front; anything else ``fn`` raised becomes an :class:`InputError`.
     """
+    where = f"input unit {failure.index} ({describe(unit)})"
+    kind = getattr(errors, failure.kind, None) if failure.own else None
+    if isinstance(kind, type) and issubclass(kind, ShardkitError):
+        err: ShardkitError = kind(f"{where}: {failure.message}")
+    else:
+        err = InputError(f"{where}: fn raised {failure.kind}: {failure.message}")
+    cause = failure.error
+    err.__cause__ = cause if cause is not None and cause.__traceback__ is not None else RemoteTraceback(failure.traceback)
+    return err
 
-    index: int
-    unit: str
-    kind: str
-    message: str
-    traceback: str
-    own_error: bool
-    cause: BaseException | None = field(default=None, compare=False, repr=False)
 
-    @classmethod
-    def capture(cls, index: int, unit: Any, exc: BaseException) -> Failure:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return cls(index, describe(unit), type(exc).__name__, str(exc), text, isinstance(exc, ShardkitError), exc)
-
-    def portable(self) -> Failure:
-        return dataclasses.replace(self, cause=None)
-
-    def error(self) -> ShardkitError:
-        """The exception to raise for this unit, chained to the original (or its traceback).
-
-        Errors shardkit raises itself (a bad sample, a corrupt input shard) keep their class and
-        get the unit named in front; anything else ``fn`` raised becomes an :class:`InputError`.
-        """
-        where = f"input unit {self.index} ({self.unit})"
-        kind = getattr(errors, self.kind, None) if self.own_error else None
-        if isinstance(kind, type) and issubclass(kind, ShardkitError):
-            err: ShardkitError = kind(f"{where}: {self.message}")
-        else:
-            err = InputError(f"{where}: fn raised {self.kind}: {self.message}")
-        err.__cause__ = self.cause if self.cause is not None else RemoteTraceback(self.traceback)
-        return err
-
-    def record(self) -> dict[str, Any]:
-        """The manifest's entry for a skipped unit."""
-        return {"unit": self.index, "input": self.unit, "error": f"{self.kind}: {self.message}"}
+def skip_record(failure: Failure, unit: Any) -> dict[str, Any]:
+    """The manifest's entry for a skipped unit."""
+    return {"unit": failure.index, "input": describe(unit), "error": f"{failure.kind}: {failure.message}"}
 
 
 @dataclass
@@ -121,7 +90,7 @@ def part_directory(staging: str, worker: int) -> str:
     return os.path.join(staging, f"part-{worker}")
 
 
-def _encoded(job: Job, unit: Any) -> Iterator[tuple[str, bytes, list[str]]]:
+def _encoded(job: UnitWork, unit: Any) -> Iterator[tuple[str, bytes, list[str]]]:
     """(key, bytes, extensions) of each sample of one unit; anything raised by ``fn`` or the encoder is a UnitFailed."""
     try:
         samples = job.fn(unit)
@@ -144,7 +113,7 @@ class UnitWriter:
     part = writer.finish()
     """
 
-    def __init__(self, job: Job, directory: str, buffer_size: int) -> None:
+    def __init__(self, job: UnitWork, directory: str, buffer_size: int) -> None:
         self.job = job
         self.sink = PileSink(directory, job.piles, buffer_size)
         self.fields: set[str] = set()
@@ -195,9 +164,52 @@ class UnitWriter:
             return self.run(index, unit)
         except UnitFailed as e:
             cause = e.__cause__ if e.__cause__ is not None else e
-            return Failure.capture(index, unit, cause)
+            return Failure.capture(cause, index=index)
 
     def finish(self) -> Part:
         """Flush the buffers; returns what this process wrote."""
         self.sink.flush()
         return Part([self.sink.part(p) for p in range(self.job.piles)], self.sink.segments, self.fields, self.sink.crcs)
+
+
+# the task that asks a worker for its part: everything it wrote
+FINISH = "finish"
+
+
+@dataclass(frozen=True)
+class ChunkDone:
+    """A worker's reply to a chunk of units: what it wrote, and the units that failed."""
+
+    units: int
+    samples: int
+    nbytes: int
+    failures: list[Failure]
+
+
+class UnitWorker:
+    """Pass 1 in a worker process: chunks of ``(index, unit)`` in, :class:`ChunkDone` out, and its
+    :class:`Part` when sent :data:`FINISH`. With ``on_error="raise"`` a chunk stops at its first
+    failing unit (the parent raises it).
+
+        pool = Pool(2, functools.partial(UnitWorker, job, staging, buffer_size), name="shardkit-pile")
+    """
+
+    def __init__(self, job: UnitWork, staging: str, buffer_size: int, k: int) -> None:
+        self.job = job
+        self.writer = UnitWriter(job, part_directory(staging, k), buffer_size)
+
+    def __call__(self, task: Any) -> ChunkDone | Part:
+        if task == FINISH:
+            return self.writer.finish()
+        samples = nbytes = 0
+        failures: list[Failure] = []
+        for index, unit in task:
+            result = self.writer.attempt(index, unit)
+            if isinstance(result, Failure):
+                failures.append(result.portable())
+                if self.job.on_error == "raise":
+                    break
+            else:
+                samples += result[0]
+                nbytes += result[1]
+        return ChunkDone(len(task), samples, nbytes, failures)

@@ -7,7 +7,7 @@ number of classes in each batch across the first epoch against its uniform expec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -15,8 +15,20 @@ from shardkit.errors import ConfigError
 from shardkit.seeds import Stream, stream
 from shardkit.tools import quality
 
-if TYPE_CHECKING:
-    from shardkit.tools.compare import Comparison
+
+class Comparison(Protocol):
+    """What is drawn: the orders compared (per name, one per epoch), their labels and reports
+    (:class:`shardkit.tools.compare.Comparison` is one)."""
+
+    @property
+    def reports(self) -> tuple[quality.QualityReport, ...]: ...
+    @property
+    def orders(self) -> dict[str, list[np.ndarray]]: ...
+    @property
+    def labels(self) -> np.ndarray | None: ...
+    @property
+    def batch_size(self) -> int: ...
+
 
 _POINTS = 6000  # scatter points per order: enough to see structure, few enough to stay legible
 _COLORS = ("tab:blue", "tab:gray", "tab:orange", "tab:green", "tab:red")

@@ -1,0 +1,164 @@
+"""Run pass 1's input units, here or in worker processes, and collect what each process wrote.
+
+An executor takes the job, the units and a staging directory and gives back one
+:class:`~shardkit.piles.units.Part` per process that wrote (its part files and which unit wrote
+which bytes), keeping the parent's :class:`Tally` (counts, skipped units, progress) up to date.
+The result does not depend on the executor or its number of workers: each unit's samples are
+routed by ``(seed, unit, ordinal)`` and publishing orders every pile's bytes by unit.
+
+The local executor runs the units in this process (``workers=1``) or hands them out in small
+chunks to a :class:`shardkit.workers.Pool`, two chunks in flight per worker, so fast workers take
+more and the parent always knows which units a worker holds.
+
+    tally = Tally(len(units), quiet=True)
+    parts = run_local(job, units, staging, buffer_size=64 << 20, workers=4, tally=tally)
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from shardkit._util import bar, format_size
+from shardkit.errors import ConfigError, Failure, InputError, WorkerError
+from shardkit.piles.units import FINISH, ChunkDone, Part, UnitWork, UnitWorker, UnitWriter, describe, part_directory, unit_error
+from shardkit.workers import Pool
+
+log = logging.getLogger(__name__)
+
+Chunk = list[tuple[int, Any]]
+# chunks a worker holds at once: one to work on, one waiting, so it never idles between them
+_IN_FLIGHT = 2
+_POLL = 1.0  # seconds between checks that no worker died while the parent waits
+
+
+class Tally:
+    """Counts, skipped units and the progress bar of a running job (lives in the parent)."""
+
+    def __init__(self, units: Sequence[Any], *, quiet: bool) -> None:
+        self.units = units
+        self.samples = 0
+        self.bytes = 0
+        self.failures: list[Failure] = []
+        self.start = time.perf_counter()
+        self.quiet = quiet
+        self.bar = bar(total=len(units), desc="piling", unit="unit", quiet=quiet)
+
+    def add(self, units: int, samples: int, nbytes: int, failures: Sequence[Failure] = ()) -> None:
+        self.samples += samples
+        self.bytes += nbytes
+        for failure in failures:
+            unit = describe(self.units[failure.index])
+            log.warning("skipping input unit %d (%s): %s: %s", failure.index, unit, failure.kind, failure.message)
+            self.failures.append(failure)
+        rate = self.samples / max(time.perf_counter() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"{self.samples} samples, {format_size(self.bytes)}, {rate:.0f} samples/s", refresh=False)
+        self.bar.update(units)
+
+
+def chunk_size(units: int, workers: int) -> int:
+    """Units per chunk: small enough to balance the load, large enough to keep messages rare."""
+    return max(1, min(16, units // (workers * 32)))
+
+
+def run_local(
+    job: UnitWork, units: Sequence[Any], staging: str, *, buffer_size: int, workers: int, tally: Tally, mp_context: str | None = None
+) -> list[Part]:
+    """Process ``units`` here (``workers=1``) or in ``workers`` processes; one Part per process.
+
+    ``buffer_size`` is the total: each worker buffers its share.
+
+    Raises:
+        the unit's error (:func:`~shardkit.piles.units.unit_error`) when one fails and
+        ``job.on_error`` is ``"raise"``; InputError when a worker dies holding units.
+    """
+    if workers <= 1:
+        return [_run_here(job, units, staging, buffer_size, tally)]
+    return _run_pool(job, units, staging, buffer_size // workers, workers, tally, mp_context)
+
+
+def _run_here(job: UnitWork, units: Sequence[Any], staging: str, buffer_size: int, tally: Tally) -> Part:
+    writer = UnitWriter(job, part_directory(staging, 0), buffer_size)
+    for index, unit in enumerate(units):
+        result = writer.attempt(index, unit)
+        if isinstance(result, Failure):
+            if job.on_error == "raise":
+                raise unit_error(result, unit)
+            tally.add(1, 0, 0, [result])
+        else:
+            tally.add(1, *result)
+    return writer.finish()
+
+
+def _run_pool(
+    job: UnitWork, units: Sequence[Any], staging: str, buffer_size: int, workers: int, tally: Tally, context: str | None
+) -> list[Part]:
+    size = chunk_size(len(units), workers)
+    indexed = list(enumerate(units))
+    chunks: deque[Chunk] = deque(indexed[i : i + size] for i in range(0, len(indexed), size))
+    held: list[deque[Chunk]] = [deque() for _ in range(workers)]
+    parts: dict[int, Part] = {}
+    try:
+        pool = Pool(workers, functools.partial(UnitWorker, job, staging, buffer_size), name="shardkit-pile", context=context)
+    except Exception as e:  # spawn and forkserver pickle the job: fn must survive dill
+        raise ConfigError(f"fn cannot be sent to worker processes ({type(e).__name__}: {e}); use workers=1 or mp_context='fork'") from e
+    with pool:
+        for k in range(workers):
+            _feed(pool, k, chunks, held[k])
+        while len(parts) < workers:
+            try:
+                for k in pool.ready(_POLL):
+                    reply = pool.receive(k)
+                    if isinstance(reply, Part):
+                        parts[k] = reply
+                        continue
+                    _done(reply, held[k].popleft(), job, tally)
+                    _feed(pool, k, chunks, held[k])
+            except WorkerError as e:
+                raise _died(e, held) from None
+    return [parts[k] for k in range(workers)]
+
+
+def _feed(pool: Pool, k: int, chunks: deque[Chunk], held: deque[Chunk]) -> None:
+    """Top worker ``k`` up to two chunks, or ask it for its part when there are none left."""
+    while len(held) < _IN_FLIGHT and chunks:
+        chunk = chunks.popleft()
+        _send(pool, k, chunk)
+        held.append(chunk)
+    if not chunks and not held:  # its next reply is its part
+        pool.send(k, FINISH)
+
+
+def _send(pool: Pool, k: int, chunk: Chunk) -> None:
+    """Send a chunk, naming the unit that cannot be pickled if one cannot."""
+    try:
+        pool.send(k, chunk)
+    except Exception:
+        import dill
+
+        for index, unit in chunk:
+            try:
+                dill.dumps(unit)
+            except Exception as e:
+                raise InputError(f"input unit {index} ({describe(unit)}) cannot be sent to a worker process: {e}") from e
+        raise
+
+
+def _done(reply: ChunkDone, chunk: Chunk, job: UnitWork, tally: Tally) -> None:
+    """Account for a finished chunk; raise its first failure when the policy is to raise."""
+    if reply.failures and job.on_error == "raise":
+        failure = reply.failures[0]
+        raise unit_error(failure, tally.units[failure.index])
+    tally.add(reply.units, reply.samples, reply.nbytes, reply.failures)
+
+
+def _died(error: WorkerError, held: list[deque[Chunk]]) -> InputError:
+    units = [i for chunk in held[error.worker] for i, _ in chunk] if error.worker >= 0 else []
+    span = f"input units {units[0]}..{units[-1]}" if units else "no unit"
+    return InputError(
+        f"worker process {error.worker} died ({error.how}) while holding {span}; fn may have crashed it (out of memory? a native library?)"
+    )
