@@ -216,14 +216,6 @@ def _sample(layout: index.Layout, lo: int, hi: int) -> dict[str, bytes | str]:
 
 
 def _extensions(layout: index.Layout, keylen: np.ndarray, members: np.ndarray) -> set[str]:
-    """The distinct extensions of the chosen members (their names are ASCII rows here)."""
+    """The distinct extensions of the chosen members."""
     idx = np.flatnonzero(members)
-    if not len(idx):
-        return set()
-    begin = keylen[idx] + 1
-    width = layout.lengths[idx] - begin
-    cols = np.arange(int(width.max()))
-    picked = layout.rows[idx[:, None], np.minimum(begin[:, None] + cols, layout.rows.shape[1] - 1)]
-    exts = np.ascontiguousarray(np.where(width[:, None] > cols, picked, 0).astype(np.uint8))
-    unique = np.unique(exts.view(f"V{len(cols)}").ravel())
-    return {bytes(u).rstrip(b"\x00").decode("ascii") for u in unique}
+    return index.distinct_extensions(layout.rows[idx], keylen[idx], layout.lengths[idx])
