@@ -149,11 +149,56 @@ def atomic_write(url: str) -> Iterator[IO[bytes]]:
     try:
         with open(tmp, "wb") as f:
             yield f
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the name says they are there
         os.replace(tmp, path)
+        fsync_dir(os.path.dirname(path) or ".")
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def fsync_dir(path: str) -> None:
+    """Make the entries of the local directory ``path`` (new names, renames) durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # a platform that cannot open directories (Windows): nothing to do
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str) -> None:
+    """Flush the local file ``path``'s data to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_exclusive(url: str, data: bytes) -> bool:
+    """Create ``url`` holding ``data`` unless it exists; True when this call created it.
+
+    Locally an ``O_EXCL`` create, which exactly one of several racing processes wins.
+    """
+    path = local_path(url)
+    if path is None:
+        raise ConfigError(f"{url}: exclusive creation on remote storage is not supported yet")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_BINARY, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        write_fully(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
 
 
 def write_bytes(url: str, data: bytes) -> None:
