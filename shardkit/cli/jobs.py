@@ -41,8 +41,8 @@ from shardkit.cli.schema import Fields
 from shardkit.errors import ConfigError, DatasetNotFoundError
 from shardkit.manifest import Manifest
 from shardkit.piles import transforms
-from shardkit.piles.options import PileOptions
-from shardkit.piles.preprocess import ON_ERROR, pile, preprocess
+from shardkit.piles.options import ON_ERROR, PileOptions
+from shardkit.piles.preprocess import pile, preprocess
 from shardkit.shuffle import ShuffleOptions, shuffle
 
 JOBS = ("preprocess", "pile", "shuffle", "demo")
