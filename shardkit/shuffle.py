@@ -27,7 +27,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,6 +37,8 @@ from shardkit.errors import ConfigError, ManifestError, SampleError
 from shardkit.loading import plan
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.options import check_choices, from_call, meta, specs
+from shardkit.piles.options import KEY_PREFIX, PileOptions
 from shardkit.piles.publish import install, prepare_output
 from shardkit.storage import write_chunks
 from shardkit.tar import index, scan, write
@@ -75,26 +77,46 @@ class ShuffleOptions:
         key_prefix: ``"unit"`` prefixes each key with its input shard's name, for shards whose
             keys restart at ``000000`` (see :func:`shardkit.pile`); keys must be unique.
 
+    Example:
         opts = ShuffleOptions(piles=64, maxcount=10_000, seed=1)
-        shuffle(urls, "out/", **vars(opts))
+        shuffle(urls, "out/", options=opts)   # or the same as keywords: piles=64, ...
     """
 
-    piles: int | None = None
-    memory: int | str | None = None
-    maxcount: int | None = None
-    maxsize: int | str | None = None
-    seed: int = 0
-    workers: int = 1
-    overwrite: bool = False
-    key_prefix: str = "none"
+    piles: int | None = field(
+        default=None,
+        metadata=meta(
+            help="temporary piles M (default: 2 x input bytes / memory, so a pile is half the budget)", metavar="M", yaml="output"
+        ),
+    )
+    memory: int | str | None = field(
+        default=None,
+        metadata=meta(
+            help="most bytes of one pile in RAM; larger piles are split (default 1GiB without piles)", metavar="SIZE", yaml="output"
+        ),
+    )
+    maxcount: int | None = field(default=None, metadata=meta(help="samples per output shard at most", metavar="N", yaml="output"))
+    maxsize: int | str | None = field(
+        default=None,
+        metadata=meta(
+            help="bytes per output shard at most, e.g. 1GB (with neither limit: 100000 samples and 3 GB)",
+            metavar="SIZE",
+            yaml="output",
+        ),
+    )
+    seed: int = field(default=0, metadata=meta(help="same inputs and seed give byte-identical output", metavar="S", yaml="output"))
+    workers: int = field(
+        default=1, metadata=meta(help="processes for the re-piling pass; the output is identical for any number", metavar="N", yaml="job")
+    )
+    overwrite: bool = field(default=False, metadata=meta(help="replace a dataset already in the output directory", yaml="output"))
+    # the same option as pass 1's, read by it
+    key_prefix: str = field(default="none", metadata=meta(help=specs(PileOptions)["key_prefix"].help or "", choices=KEY_PREFIX))
 
     def __post_init__(self) -> None:
         check_int("piles", self.piles, low=1, none=True)
         check_int("workers", self.workers, low=1)
         check_int("seed", self.seed, low=0)
         check_int("maxcount", self.maxcount, low=1, none=True)
-        if self.key_prefix not in ("none", "unit"):
-            raise ConfigError(f"key_prefix: expected 'none' or 'unit', got {self.key_prefix!r}")
+        check_choices(self)
         for name in ("memory", "maxsize"):
             value = getattr(self, name)
             if value is not None:
@@ -221,17 +243,10 @@ def _pass1(urls: list[str], directory: str, *, piles: int, max_pile_bytes: int |
 
     # the write buffer counts against the memory budget too: a quarter of it, 1-64 MiB
     buffer = 64 << 20 if max_pile_bytes is None else min(64 << 20, max(1 << 20, max_pile_bytes // 4))
-    return pile(
-        urls,
-        directory,
-        piles=piles,
-        workers=opts.workers,
-        seed=opts.seed,
-        max_pile_bytes=max_pile_bytes,
-        buffer_size=buffer,
-        quiet=quiet,
-        key_prefix=opts.key_prefix,
+    options = PileOptions(
+        piles=piles, seed=opts.seed, max_pile_bytes=max_pile_bytes, buffer_size=buffer, workers=opts.workers, key_prefix=opts.key_prefix
     )
+    return pile(urls, directory, options=options, quiet=quiet)
 
 
 def _pass2(piles_dir: str, piles: Manifest, staging: str, opts: ShuffleOptions, quiet: bool) -> list[PileInfo]:
@@ -301,6 +316,7 @@ def shuffle(
     inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
     *,
+    options: ShuffleOptions | None = None,
     piles: int | None = None,
     memory: int | str | None = None,
     maxcount: int | None = None,
@@ -317,6 +333,7 @@ def shuffle(
         inputs: shard URLs, globs or brace patterns (``raw/shard-{000000..000099}.tar``); read in
             order, ``.tar.gz`` accepted.
         out: output directory; it holds only the shards and the manifest when done.
+        options: a :class:`ShuffleOptions`, instead of the keyword options below (not both).
         piles, memory, maxcount, maxsize, seed, workers, overwrite, key_prefix: see :class:`ShuffleOptions`.
         quiet: no progress bars.
 
@@ -327,18 +344,19 @@ def shuffle(
     Raises:
         ConfigError, DatasetExistsError, DatasetNotFoundError, CorruptShardError, SampleError.
     """
-    opts = ShuffleOptions(
-        piles=piles,
-        memory=memory,
-        maxcount=maxcount,
-        maxsize=maxsize,
-        seed=seed,
-        workers=workers,
-        overwrite=overwrite,
-        key_prefix=key_prefix,
-    )
+    keywords = {
+        "piles": piles,
+        "memory": memory,
+        "maxcount": maxcount,
+        "maxsize": maxsize,
+        "seed": seed,
+        "workers": workers,
+        "overwrite": overwrite,
+        "key_prefix": key_prefix,
+    }
+    opts = from_call(ShuffleOptions, options, keywords)
     urls = storage.expand(inputs)
-    out = _check_output(os.fspath(out), overwrite)
+    out = _check_output(os.fspath(out), opts.overwrite)
     m, limit = opts.pass1(sum(storage.size(u) for u in urls))
     log.info("shuffling %d input shards through %d piles (max %s each)", len(urls), m, format_size(limit) if limit else "unlimited")
     temp = os.path.join(out, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
@@ -349,7 +367,7 @@ def shuffle(
         shards = _pass2(piles_dir, piled, staging, opts, quiet)
         maxcount_, maxsize_ = opts.limits()
         extra = {"kind": "shuffled", "piles": m, "split_piles": piled.split_piles, "maxcount": maxcount_, "maxsize": maxsize_}
-        result = Manifest(piles=tuple(shards), seed=seed, fields=piled.fields, created_by=piled.created_by, extra=extra)
+        result = Manifest(piles=tuple(shards), seed=opts.seed, fields=piled.fields, created_by=piled.created_by, extra=extra)
         install(out, staging, result, stray=_SHARD)
     finally:
         shutil.rmtree(temp, ignore_errors=True)

@@ -57,7 +57,7 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
     job = load_job(_write(job_dir, VALID + "workers: 2\n"))
     assert isinstance(job, PreprocessJob) and isinstance(job.fn, JsonLines)
     assert job.inputs == (str(job_dir / "data" / "*.jsonl"),) and job.output == str(job_dir / "out")
-    assert job.options == shardkit.PileOptions(piles=4) and (job.workers, job.on_error) == (2, "raise")
+    assert job.options == shardkit.PileOptions(piles=4, workers=2) and (job.workers, job.on_error) == (2, "raise")
 
 
 @pytest.mark.parametrize(
@@ -152,7 +152,7 @@ def test_other_job_kinds_parse(job_dir):
     job = load_job(_write(job_dir, "job: shuffle\ninputs: [data/a.jsonl]\noutput: {path: o, maxsize: 1GB}\nworkers: 2\n"))
     assert isinstance(job, ShuffleJob) and job.options == shardkit.ShuffleOptions(maxsize=10**9, workers=2)
     job = load_job(_write(job_dir, "job: pile\ninputs: data/a.jsonl\noutput: {path: o, piles: 3, seed: 7}\non_error: skip\n"))
-    assert isinstance(job, PileJob) and job.options == shardkit.PileOptions(piles=3, seed=7) and job.on_error == "skip"
+    assert isinstance(job, PileJob) and job.options == shardkit.PileOptions(piles=3, seed=7, on_error="skip") and job.on_error == "skip"
     job = load_job(_write(job_dir, "job: preprocess\ninputs: images\ntransform: images\nargs: {size: 32}\noutput: {path: o, piles: 3}\n"))
     assert isinstance(job, PreprocessJob) and job.fn == Images(size=32)
 

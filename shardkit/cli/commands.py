@@ -13,7 +13,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shardkit.cli.flags import add_pile_args, pile_kwargs
+from shardkit.cli.flags import PILE_FLAGS, add_option_flags, add_pile_args, option_values, options_from_args
+from shardkit.loading.options import LoaderOptions
+from shardkit.options import specs
+from shardkit.piles.options import PileOptions
+from shardkit.shuffle import ShuffleOptions
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +31,10 @@ def command(register: Callable[[Any], None]) -> Callable[[Any], None]:
 
 
 # --- pile: re-pile existing WebDataset shards -------------------------------------------------
+
+
+# `shardkit pile` takes every PileOptions field: the scripts' flags (add_pile_args) and the rest
+PILE_COMMAND_FLAGS = tuple(specs(PileOptions))
 
 
 @command
@@ -54,19 +62,9 @@ def _register_pile(sub: Any) -> None:
     )
     parser.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory for pile-*.tar and shardkit.json")
     add_pile_args(parser)
-    _key_prefix_flag(parser)
+    add_option_flags(parser, PileOptions, [name for name in PILE_COMMAND_FLAGS if name not in PILE_FLAGS])
     _verbose_flag(parser)
     parser.set_defaults(handler=_pile)
-
-
-def _key_prefix_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--key-prefix",
-        choices=("none", "unit"),
-        default="none",
-        help="'unit': prefix each key with its input shard's name (train-000003/000017), for shards whose keys "
-        "restart at 000000; keys must be unique across inputs (default none)",
-    )
 
 
 def _pile(args: argparse.Namespace) -> int:
@@ -74,7 +72,7 @@ def _pile(args: argparse.Namespace) -> int:
     from shardkit.piles.preprocess import pile
 
     start = time.perf_counter()
-    result = pile(args.inputs, args.out, key_prefix=args.key_prefix, **pile_kwargs(args))
+    result = pile(args.inputs, args.out, options=options_from_args(PileOptions, args, PILE_COMMAND_FLAGS), quiet=args.quiet)
     skipped = f", {result.skipped_units} input shards skipped" if result.skipped_units else ""
     split = f", {result.split_piles} oversized piles split" if result.split_piles else ""
     print(
@@ -164,22 +162,14 @@ def _register_verify(sub: Any) -> None:
     p.set_defaults(handler=_run_verify)
 
 
+# every ShuffleOptions field is a flag of `shardkit shuffle`
+SHUFFLE_FLAGS = tuple(specs(ShuffleOptions))
+
+
 def _run_shuffle(args: argparse.Namespace) -> int:
     from shardkit.shuffle import shuffle
 
-    m = shuffle(
-        args.inputs,
-        args.out,
-        piles=args.piles,
-        memory=args.memory,
-        maxcount=args.maxcount,
-        maxsize=args.maxsize,
-        seed=args.seed,
-        workers=args.workers,
-        overwrite=args.overwrite,
-        quiet=args.quiet,
-        key_prefix=args.key_prefix,
-    )
+    m = shuffle(args.inputs, args.out, options=options_from_args(ShuffleOptions, args, SHUFFLE_FLAGS), quiet=args.quiet)
     if not args.quiet:
         print(
             f"{args.out}: {m.samples:,} samples in {len(m.piles)} shards (shard-000000.tar ... {m.piles[-1].name}), via {m.extra['piles']} piles"
@@ -197,24 +187,7 @@ def _register_shuffle(sub: Any) -> None:
     )
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="input shards: paths, globs or brace patterns (src-{000000..000099}.tar)")
     p.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory")
-    p.add_argument("--piles", type=int, default=None, metavar="M", help="temporary piles (default: input bytes / (MEMORY / 2))")
-    p.add_argument(
-        "--memory",
-        default=None,
-        metavar="SIZE",
-        help="most bytes of one pile in RAM; larger piles are split (default 1GiB without --piles)",
-    )
-    p.add_argument("--maxcount", type=int, default=None, metavar="N", help="samples per output shard at most")
-    p.add_argument(
-        "--maxsize",
-        default=None,
-        metavar="SIZE",
-        help="bytes per output shard at most, e.g. 1GB (default, with neither: 100000 samples, 3 GB)",
-    )
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="same inputs and seed give byte-identical output (default 0)")
-    p.add_argument("--workers", type=int, default=1, metavar="N", help="processes for the re-piling pass (default 1)")
-    p.add_argument("--overwrite", action="store_true", help="replace a dataset already in OUT")
-    _key_prefix_flag(p)
+    add_option_flags(p, ShuffleOptions, SHUFFLE_FLAGS)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no summary line")
     _verbose_flag(p)
     p.set_defaults(handler=_run_shuffle)
@@ -293,7 +266,8 @@ def _register_quality(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("source", metavar="SOURCE", help="a shardkit dataset directory")
-    parser.add_argument("--batch-size", type=int, default=256, metavar="B", help="batch size for label mixing and recurrence (default 256)")
+    batch = {"default": 256, "help": "batch size for label mixing and recurrence (default 256)"}
+    add_option_flags(parser, LoaderOptions, ["batch_size"], overrides={"batch_size": batch})
     parser.add_argument("--epochs", type=int, default=2, metavar="E", help="epochs to plan; 2+ reports co-batch recurrence (default 2)")
     parser.add_argument("--label-field", default=None, metavar="FIELD", help="field holding the class (default: cls if the dataset has it)")
     parser.add_argument(
@@ -302,8 +276,7 @@ def _register_quality(sub: Any) -> None:
     parser.add_argument(
         "--source-shards", type=int, default=None, metavar="N", help="shards the reference orders read (default: number of piles)"
     )
-    parser.add_argument("--seed", type=int, default=0, metavar="S", help="the loader's seed (default 0)")
-    parser.add_argument("--mix", type=int, default=1, metavar="K", help="the loader's mix: piles drawn from at once (default 1)")
+    add_option_flags(parser, LoaderOptions, ["seed", "mix"])
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="also write a PNG (needs shardkit[plot])")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -347,6 +320,14 @@ def _quality(args: argparse.Namespace) -> int:
     return 0
 
 
+# the PileOptions fields `shardkit repile` takes; piles and seed default to the source's
+REPILE_FLAGS = ("piles", "seed", "workers", "max_pile_bytes", "overwrite")
+REPILE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "piles": {"default": None, "required": False, "help": "piles of the new dataset (default: the M of SRC)"},
+    "seed": {"default": None, "help": "the new router seed (default: SRC's seed + 1)"},
+}
+
+
 @command
 def _register_repile(sub: Any) -> None:
     parser = sub.add_parser(
@@ -363,31 +344,16 @@ def _register_repile(sub: Any) -> None:
     )
     parser.add_argument("src", metavar="SRC", help="a shardkit dataset directory")
     parser.add_argument("-o", "--out", required=True, metavar="DST", help="the new dataset's directory (not SRC)")
-    parser.add_argument("--piles", type=int, default=None, metavar="M", help="piles of the new dataset (default: the M of SRC)")
-    parser.add_argument("--seed", type=int, default=None, metavar="S", help="the new router seed (default: SRC's seed + 1)")
-    parser.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (default 1)")
-    parser.add_argument("--max-pile-bytes", default=None, metavar="SIZE", help="split piles larger than SIZE into random sub-piles")
-    parser.add_argument("--overwrite", action="store_true", help="replace a dataset already in DST")
+    add_option_flags(parser, PileOptions, REPILE_FLAGS, overrides=REPILE_DEFAULTS)
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _verbose_flag(parser)
     parser.set_defaults(handler=_repile)
 
 
 def _repile(args: argparse.Namespace) -> int:
-    from shardkit import manifest
     from shardkit._util import format_size
     from shardkit.piles.repile import repile
 
-    seed = args.seed if args.seed is not None else manifest.read(args.src).seed + 1
-    result = repile(
-        args.src,
-        args.out,
-        seed=seed,
-        piles=args.piles,
-        workers=args.workers,
-        max_pile_bytes=args.max_pile_bytes,
-        overwrite=args.overwrite,
-        quiet=args.quiet,
-    )
-    print(f"{args.out}: {result.samples} samples in {len(result.piles)} piles, {format_size(result.bytes)}, seed {seed}")
+    result = repile(args.src, args.out, quiet=args.quiet, **option_values(args, REPILE_FLAGS))
+    print(f"{args.out}: {result.samples} samples in {len(result.piles)} piles, {format_size(result.bytes)}, seed {result.seed}")
     return 0

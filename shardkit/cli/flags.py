@@ -1,14 +1,76 @@
-"""Command-line flags shared by every pass-1 command and preprocessing script.
+"""Command-line flags made from option fields, and the pass-1 flags every preprocessing script shares.
 
 parser = argparse.ArgumentParser()
-add_pile_args(parser)
+add_pile_args(parser)     # --piles --workers --seed --max-pile-bytes --overwrite --on-error --quiet
 shardkit.preprocess(units, fn, out, **pile_kwargs(parser.parse_args()))
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from shardkit.options import Spec, specs
+from shardkit.piles.options import PileOptions
+
+T = TypeVar("T")
+
+# the PileOptions fields every preprocessing script takes as flags, in --help order
+PILE_FLAGS = ("piles", "workers", "seed", "max_pile_bytes", "overwrite", "on_error")
+
+
+def add_option_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    names: Sequence[str] | None = None,
+    *,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
+    """Add one flag per option field named (default: every field): ``max_pile_bytes`` becomes ``--max-pile-bytes``.
+
+    The type (int, a bool switch, or text such as a size), the default, ``required``, the
+    choices, the help and the metavar all come from the field; ``overrides`` replaces any of
+    these argparse settings for one flag, where a command's default differs from the field's.
+    """
+    fields = specs(cls)
+    for name in fields if names is None else names:
+        settings = {**_flag_settings(fields[name], cls), **(overrides or {}).get(name, {})}
+        if "help" not in (overrides or {}).get(name, {}):
+            settings["help"] = _help(fields[name], settings)
+        parser.add_argument(fields[name].flag, dest=name, **settings)
+
+
+def _flag_settings(spec: Spec, cls: type) -> dict[str, Any]:
+    if spec.help is None:
+        raise TypeError(f"{cls.__name__}.{spec.name} declares no help text, so it cannot be a command-line flag")
+    if spec.is_bool:
+        return {"action": "store_true" if spec.default is False else argparse.BooleanOptionalAction, "default": spec.default}
+    settings: dict[str, Any] = {"default": spec.default, "required": spec.required}
+    if spec.choices is not None:
+        settings["choices"] = spec.choices
+    else:
+        settings["metavar"] = spec.metavar
+    if spec.is_int:
+        settings["type"] = int
+    return settings
+
+
+def _help(spec: Spec, settings: Mapping[str, Any]) -> str:
+    default = settings.get("default")
+    if settings.get("required") or default is None or isinstance(default, bool):
+        return spec.help or ""
+    return f"{spec.help} (default {default})"
+
+
+def option_values(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
+    """The parsed values of the flags ``names`` added, as keyword arguments."""
+    return {name: getattr(args, name) for name in names}
+
+
+def options_from_args(cls: type[T], args: argparse.Namespace, names: Sequence[str]) -> T:
+    """An option object from flags :func:`add_option_flags` added; fields not named keep their defaults."""
+    return cls(**option_values(args, names))
 
 
 def add_pile_args(parser: argparse.ArgumentParser) -> None:
@@ -18,27 +80,10 @@ def add_pile_args(parser: argparse.ArgumentParser) -> None:
     namespace into keyword arguments for :func:`shardkit.preprocess` with :func:`pile_kwargs`.
     """
     group = parser.add_argument_group("piles (pass 1 of the shuffle)")
-    group.add_argument("--piles", type=int, required=True, metavar="M", help="number of pile shards to write (expected pile size n/M)")
-    group.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (output is identical for any N; default 1)")
-    group.add_argument(
-        "--seed", type=int, default=0, metavar="S", help="router seed: same inputs and seed give byte-identical piles (default 0)"
-    )
-    group.add_argument(
-        "--max-pile-bytes", default=None, metavar="SIZE", help="split piles larger than SIZE (e.g. 2GiB) into random sub-piles"
-    )
-    group.add_argument("--overwrite", action="store_true", help="replace a dataset already in the output directory")
-    group.add_argument("--on-error", choices=("raise", "skip"), default="raise", help="what to do when an input unit fails (default raise)")
+    add_option_flags(group, PileOptions, PILE_FLAGS)
     group.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
 def pile_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments for :func:`shardkit.preprocess` from :func:`add_pile_args` flags."""
-    return {
-        "piles": args.piles,
-        "workers": args.workers,
-        "seed": args.seed,
-        "max_pile_bytes": args.max_pile_bytes,
-        "overwrite": args.overwrite,
-        "on_error": args.on_error,
-        "quiet": args.quiet,
-    }
+    return {**option_values(args, PILE_FLAGS), "quiet": args.quiet}

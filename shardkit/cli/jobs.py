@@ -31,7 +31,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -40,12 +40,14 @@ from shardkit.cli import schema
 from shardkit.cli.schema import Fields
 from shardkit.errors import ConfigError, DatasetNotFoundError
 from shardkit.manifest import Manifest
+from shardkit.options import Spec, specs, yaml_names
 from shardkit.piles import transforms
 from shardkit.piles.options import PileOptions
-from shardkit.piles.preprocess import ON_ERROR, pile, preprocess
+from shardkit.piles.preprocess import pile, preprocess
 from shardkit.shuffle import ShuffleOptions, shuffle
 
 JOBS = ("preprocess", "pile", "shuffle", "demo")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class PileJob:
     """``job: pile``: re-pile existing WebDataset shards.
 
     job = load_job("configs/repile.yaml")
-    print(job.inputs, job.output, job.options.piles)
+    print(job.inputs, job.output, job.options.piles, job.options.workers)
     manifest = run_job(job)
     """
 
@@ -117,8 +119,14 @@ class PileJob:
     inputs: tuple[str, ...]
     output: str
     options: PileOptions
-    workers: int = 1
-    on_error: str = "raise"
+
+    @property
+    def workers(self) -> int:
+        return self.options.workers
+
+    @property
+    def on_error(self) -> str:
+        return self.options.on_error
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,13 +191,15 @@ def _load_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: {where}not valid YAML ({getattr(e, 'problem', None) or e})") from None
 
 
-_PILE_OUTPUT = ("path", "piles", "seed", "max_pile_bytes", "buffer_size", "overwrite")
-_ALLOWED = {
-    "preprocess": ("job", "inputs", "transform", "fn", "args", "output", "workers", "on_error"),
-    "pile": ("job", "inputs", "output", "workers", "on_error"),
-    "shuffle": ("job", "inputs", "output", "workers"),
+# the keys of a job besides its options; the options' keys come from the option classes' fields
+_OWN = {
+    "preprocess": ("job", "inputs", "transform", "fn", "args", "output"),
+    "pile": ("job", "inputs", "output"),
+    "shuffle": ("job", "inputs", "output"),
     "demo": ("job", "output", "samples"),
 }
+_OPTIONS: dict[str, type] = {"preprocess": PileOptions, "pile": PileOptions, "shuffle": ShuffleOptions}
+_ALLOWED = {kind: (*own, *(yaml_names(_OPTIONS[kind], "job") if kind in _OPTIONS else ())) for kind, own in _OWN.items()}
 
 
 def parse_job(doc: Any, source: str) -> Job:
@@ -209,38 +219,51 @@ def parse_job(doc: Any, source: str) -> Job:
 
 
 def _shuffle_job(top: Fields, inputs: tuple[str, ...], base: str) -> ShuffleJob:
-    output = top.sub("output", ("path", "piles", "memory", "maxcount", "maxsize", "seed", "overwrite"))
-    workers = top.take("workers", schema.positive_int, default=1)
-    values = _option_values(output)
-    with output.errors():
-        options = ShuffleOptions(**values, workers=workers)
+    output = top.sub("output", ("path", *yaml_names(ShuffleOptions, "output")))
+    options = _options(ShuffleOptions, top, output)
     _check_inputs(top, inputs, folders=False)
     return ShuffleJob(source=top.source, inputs=inputs, output=_output_path(output, base), options=options)
 
 
 def _piling_job(top: Fields, kind: str, inputs: tuple[str, ...], base: str) -> PileJob | PreprocessJob:
-    output = top.sub("output", _PILE_OUTPUT)
-    output.take("piles", schema.anything, required=True)
-    values = _option_values(output)
-    with output.errors():
-        options = PileOptions(**values)
+    output = top.sub("output", ("path", *yaml_names(PileOptions, "output")))
+    options = _options(PileOptions, top, output)
     out = _output_path(output, base)
-    workers = top.take("workers", schema.positive_int, default=1)
-    on_error = top.take("on_error", schema.choice(*ON_ERROR), default="raise")
     if kind == "pile":
         _check_inputs(top, inputs, folders=False)
-        return PileJob(source=top.source, inputs=inputs, output=out, options=options, workers=workers, on_error=on_error)
+        return PileJob(source=top.source, inputs=inputs, output=out, options=options)
     fn = _parse_fn(top, base)
     _check_inputs(top, inputs, folders=isinstance(fn, transforms.Images))
-    return PreprocessJob(source=top.source, inputs=inputs, fn=fn, output=out, options=options, workers=workers, on_error=on_error)
+    return PreprocessJob(source=top.source, inputs=inputs, fn=fn, output=out, options=options)
 
 
-def _option_values(output: Fields) -> dict[str, Any]:
-    """The output fields other than ``path``, for an options class to validate."""
-    values = {name: output.take(name, schema.anything) for name in output.names() if name != "path"}
-    if "overwrite" in values:
-        values["overwrite"] = output.take("overwrite", schema.boolean)
-    return values
+def _options(cls: type[T], top: Fields, output: Fields) -> T:
+    """An options object from the job's fields: each where its field's metadata puts it (``yaml``).
+
+    Each value is checked as its field's type and choices ask, then ``cls`` validates them all;
+    an error is reported at the field it names (``output.piles`` or ``workers``).
+    """
+    places = {"output": output, "job": top}
+    values = {}
+    for spec in specs(cls).values():
+        fields = places.get(spec.yaml or "")
+        if fields is not None and (spec.required or fields.has(spec.name)):
+            values[spec.name] = fields.take(spec.name, _check(spec), required=spec.required)
+    try:
+        return cls(**values)
+    except ConfigError as e:
+        named = specs(cls).get(str(e).partition(":")[0])
+        with places["job" if named is not None and named.yaml == "job" else "output"].errors():
+            raise
+
+
+def _check(spec: Spec) -> Callable[[Any], Any]:
+    """The YAML-level check of one option; the options class checks the rest."""
+    if spec.choices is not None:
+        return schema.choice(*spec.choices)
+    if spec.is_bool:
+        return schema.boolean
+    return schema.anything
 
 
 def _output_path(output: Fields, base: str) -> str:
@@ -301,26 +324,14 @@ def run_job(job: Job, *, quiet: bool = False) -> Any:
     """Run a validated job; returns what the underlying function returns (a Manifest for all but the demo)."""
     if isinstance(job, PreprocessJob):
         units, extra = _units(job)
-        return preprocess(
-            units, job.fn, job.output, **_pile_kwargs(job.options), workers=job.workers, on_error=job.on_error, quiet=quiet, extra=extra
-        )
+        return preprocess(units, job.fn, job.output, options=job.options, quiet=quiet, extra=extra)
     if isinstance(job, PileJob):
-        return pile(list(job.inputs), job.output, **_pile_kwargs(job.options), workers=job.workers, on_error=job.on_error, quiet=quiet)
+        return pile(list(job.inputs), job.output, options=job.options, quiet=quiet)
     if isinstance(job, ShuffleJob):
-        return shuffle(list(job.inputs), job.output, **vars(job.options), quiet=quiet)
+        return shuffle(list(job.inputs), job.output, options=job.options, quiet=quiet)
     from shardkit.tools.demo import demo
 
     return demo(out=job.output, samples=job.samples, quiet=quiet)
-
-
-def _pile_kwargs(options: PileOptions) -> dict[str, Any]:
-    return {
-        "piles": options.piles,
-        "seed": options.seed,
-        "max_pile_bytes": options.max_pile_bytes,
-        "buffer_size": options.buffer_size,
-        "overwrite": options.overwrite,
-    }
 
 
 def describe(job: Job) -> str:

@@ -38,6 +38,7 @@ from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.prefetch import PileReader
 from shardkit.loading.source import Fetched, Source, SourceLike, resolve
 from shardkit.loading.state import check_state, make_state
+from shardkit.options import from_call
 from shardkit.tar.shard import Shard
 from shardkit.workers import Pool
 
@@ -316,6 +317,7 @@ class Loader:
 def loader(
     source: SourceLike,
     *,
+    options: LoaderOptions | None = None,
     batch_size: int | None = None,
     shuffle: bool = True,
     seed: int = 0,
@@ -339,6 +341,8 @@ def loader(
         source: a shardkit dataset directory (``shardkit.json``), or tar shard URLs: a list, a
             glob or a brace pattern (``"shards/train-{000..099}.tar"``); their sample counts are
             found by walking each once (cached per process).
+        options: a :class:`~shardkit.LoaderOptions` instead of the keyword options below (not
+            both: with ``options``, a keyword other than its default is a ``ConfigError``).
         batch_size: yield batches of this many samples (per rank) instead of single samples:
             ``{"__key__": [keys], field: numpy array or list}``.
         shuffle: permute pile order and in-pile order every epoch; False reads manifest order.
@@ -375,22 +379,22 @@ def loader(
     Raises:
         ConfigError: an option is invalid (the message names it).
     """
-    options = LoaderOptions(
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        decode=decode,
-        map=map,
-        num_workers=num_workers,
-        rank=rank,
-        world_size=world_size,
-        drop_last=drop_last,
-        prefetch=prefetch,
-        on_error=on_error,
-        mix=mix,
-        max_pile_bytes=max_pile_bytes,
-        verify=verify,
-        allow_pickle=allow_pickle,
-        collate=collate,
-    )
-    return Loader(source, options)
+    keywords = {
+        "batch_size": batch_size,
+        "shuffle": shuffle,
+        "seed": seed,
+        "decode": decode,
+        "map": map,
+        "num_workers": num_workers,
+        "rank": rank,
+        "world_size": world_size,
+        "drop_last": drop_last,
+        "prefetch": prefetch,
+        "on_error": on_error,
+        "mix": mix,
+        "max_pile_bytes": max_pile_bytes,
+        "verify": verify,
+        "allow_pickle": allow_pickle,
+        "collate": collate,
+    }
+    return Loader(source, from_call(LoaderOptions, options, keywords))

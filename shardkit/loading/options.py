@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit._util import check_int, parse_size
 from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError
+from shardkit.options import check_choices, meta, specs
 
+# what the loader does with a pile or sample it cannot read: listed once, read by validation and the CLI
 ON_ERROR = ("raise", "skip", "warn")
 
 
@@ -43,23 +45,48 @@ class LoaderOptions:
         assert loader.options.batch_size == 32
     """
 
-    batch_size: int | None = None
-    shuffle: bool = True
-    seed: int = 0
-    decode: bool | str | Codecs = True
-    map: Callable[[dict[str, Any]], Any] | None = None
-    num_workers: int = 0
-    rank: int | None = None
-    world_size: int | None = None
-    drop_last: bool = True
-    prefetch: int = 1
-    on_error: str = "raise"
-    mix: int = 1
-    max_pile_bytes: int | str | None = None
-    verify: bool = True
-    allow_pickle: bool = False
-    collate: Callable[[list[dict[str, Any]]], Any] | None = None
-    worker: tuple[int, int] = (0, 1)
+    batch_size: int | None = field(
+        default=None, metadata=meta(help="yield batches of this many samples per rank (default: single samples)", metavar="B")
+    )
+    shuffle: bool = field(default=True, metadata=meta(help="permute pile order and in-pile order every epoch (off: manifest order)"))
+    seed: int = field(default=0, metadata=meta(help="the order is a pure function of seed, epoch and dataset", metavar="S"))
+    decode: bool | str | Codecs = field(
+        default=True, metadata=meta(help="True (images as numpy arrays), 'pil', False (raw bytes) or a Codecs registry")
+    )
+    map: Callable[[dict[str, Any]], Any] | None = field(default=None, metadata=meta(help="a function applied to each decoded sample"))
+    num_workers: int = field(
+        default=0, metadata=meta(help="worker processes for decode, map and collation (0: in this process)", metavar="N")
+    )
+    rank: int | None = field(
+        default=None, metadata=meta(help="this process's rank (default: RANK, else torch.distributed, else 0)", metavar="R")
+    )
+    world_size: int | None = field(
+        default=None, metadata=meta(help="ranks reading (default: WORLD_SIZE, else torch.distributed, else 1)", metavar="W")
+    )
+    drop_last: bool = field(
+        default=True, metadata=meta(help="drop the end of the order that does not fill a batch on every rank (off: pad by wrapping round)")
+    )
+    prefetch: int = field(default=1, metadata=meta(help="piles read ahead in the background", metavar="P"))
+    on_error: str = field(
+        default="raise",
+        metadata=meta(
+            help="what a pile that cannot be read or a sample that fails does: raise, skip or warn (skip and log)", choices=ON_ERROR
+        ),
+    )
+    mix: int = field(
+        default=1, metadata=meta(help="piles drawn from at once; the first epoch stays uniform, later ones repeat less", metavar="K")
+    )
+    max_pile_bytes: int | str | None = field(
+        default=None, metadata=meta(help="refuse, before reading, a pile larger than SIZE (e.g. 2GiB)", metavar="SIZE")
+    )
+    verify: bool = field(default=True, metadata=meta(help="check each pile's checksum against the manifest"))
+    allow_pickle: bool = field(default=False, metadata=meta(help="decode .pyd and .pickle fields (runs code from the data)"))
+    collate: Callable[[list[dict[str, Any]]], Any] | None = field(
+        default=None, metadata=meta(help="fn(list of samples) -> batch instead of the default")
+    )
+    worker: tuple[int, int] = field(
+        default=(0, 1), metadata=meta(help="(index, count): the share of the rank read inside a DataLoader worker")
+    )
 
     def __post_init__(self) -> None:
         check_int("batch_size", self.batch_size, low=1, none=True)
@@ -75,8 +102,7 @@ class LoaderOptions:
         _callable("collate", self.collate)
         if not (isinstance(self.decode, (bool, Codecs)) or self.decode in ("numpy", "pil")):
             raise ConfigError(f"decode: expected True, False, 'numpy', 'pil' or a Codecs object, got {self.decode!r}")
-        if self.on_error not in ON_ERROR:
-            raise ConfigError(f"on_error: expected one of {', '.join(map(repr, ON_ERROR))}, got {self.on_error!r}")
+        check_choices(self)
         if self.mix > 1 and not self.shuffle:
             raise ConfigError(f"mix: mixing {self.mix} piles draws at random; it needs shuffle=True")
         if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
@@ -90,7 +116,7 @@ class LoaderOptions:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> LoaderOptions:
         """Options from a mapping (a YAML job, a CLI); an unknown key is a ConfigError."""
-        known = {f.name for f in fields(cls)}
+        known = specs(cls).keys()
         for name in values:
             if name not in known:
                 raise ConfigError(f"{name}: not a loader option (expected one of {', '.join(sorted(known))})")

@@ -1,24 +1,31 @@
 """How pass 1 writes piles: one frozen value shared by the Python API, the CLI and YAML jobs.
 
-opts = PileOptions(piles=64, max_pile_bytes="2GiB")
-shardkit.preprocess(units, fn, "out/", options=opts)
+opts = PileOptions(piles=64, max_pile_bytes="2GiB", workers=8)
+shardkit.preprocess(units, fn, "out/", options=opts)   # the same as the keyword form
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardkit._util import check_int, parse_size
 from shardkit.errors import ConfigError
+from shardkit.options import check_choices, meta
 from shardkit.tar.scan import BLOCK
 
 # the smallest pile that holds a sample: one 512-byte header (empty data) and the trailer
 MIN_PILE_BYTES = 3 * BLOCK
 
 
+# what a failing input unit does (pass 1), and how keys of input shards are kept: listed once,
+# read by validation, the CLI and YAML
+ON_ERROR = ("raise", "skip")
+KEY_PREFIX = ("none", "unit")
+
+
 @dataclass(frozen=True, kw_only=True)
 class PileOptions:
-    """How pass 1 writes piles; shared by :class:`PileWriter`, :func:`preprocess` and YAML jobs.
+    """How pass 1 writes piles; shared by :func:`preprocess`, :func:`pile`, :class:`PileWriter`, the CLI and YAML.
 
     Args:
         piles: number of piles M (expected pile size n/M; see the README on choosing M).
@@ -30,19 +37,57 @@ class PileOptions:
             pile can end up above it: it is logged and listed in the manifest's
             ``extra["over_max_pile_bytes"]``, and ``shardkit info`` shows the largest pile. A
             single sample larger than it is a ``SampleError`` when written. At least 1536.
-        buffer_size: bytes buffered in memory before part files are appended to.
+        buffer_size: bytes buffered in memory before part files are appended to (the total
+            across workers).
         overwrite: replace a dataset already in the output directory.
+        workers: processes running the input units; the output is byte-identical for any number.
+        on_error: ``"raise"`` stops the job at the first failing input unit; ``"skip"`` drops
+            every sample of a failing unit, logs it and counts it in the manifest.
+        key_prefix: ``"unit"`` prefixes each key with its input shard's name, for shards whose
+            keys restart at ``000000`` (:func:`pile` and what runs on it; :func:`preprocess`
+            takes keys from its function and refuses it); ``"none"`` keeps the keys.
+
+    ``workers``, ``on_error`` and ``key_prefix`` describe a job over input units:
+    :class:`PileWriter` writes in the calling process and refuses values other than the defaults.
+
+    Example:
+        opts = PileOptions(piles=64, max_pile_bytes="2GiB", workers=8)
+        shardkit.preprocess(units, fn, "out/", options=opts)
+        shardkit.pile("src/*.tar", "piles/", options=dataclasses.replace(opts, key_prefix="unit"))
     """
 
-    piles: int
-    seed: int = 0
-    max_pile_bytes: int | str | None = None
-    buffer_size: int | str = "64MiB"
-    overwrite: bool = False
+    piles: int = field(metadata=meta(help="number of pile shards to write (expected pile size n/M)", metavar="M", yaml="output"))
+    seed: int = field(
+        default=0, metadata=meta(help="router seed: same inputs and seed give byte-identical piles", metavar="S", yaml="output")
+    )
+    max_pile_bytes: int | str | None = field(
+        default=None, metadata=meta(help="split piles larger than SIZE (e.g. 2GiB) into random sub-piles", metavar="SIZE", yaml="output")
+    )
+    buffer_size: int | str = field(
+        default="64MiB", metadata=meta(help="bytes buffered in memory before part files are written", metavar="SIZE", yaml="output")
+    )
+    overwrite: bool = field(default=False, metadata=meta(help="replace a dataset already in the output directory", yaml="output"))
+    workers: int = field(default=1, metadata=meta(help="worker processes; the output is identical for any number", metavar="N", yaml="job"))
+    on_error: str = field(
+        default="raise",
+        metadata=meta(
+            help="what a failing input unit does: raise stops the job, skip drops the unit and counts it", choices=ON_ERROR, yaml="job"
+        ),
+    )
+    key_prefix: str = field(
+        default="none",
+        metadata=meta(
+            help="'unit': prefix each key with its input shard's name (train-000003/000017), for shards whose keys restart "
+            "at 000000; keys must be unique across inputs",
+            choices=KEY_PREFIX,
+        ),
+    )
 
     def __post_init__(self) -> None:
         check_int("piles", self.piles, low=1)
         check_int("seed", self.seed, low=0)
+        check_int("workers", self.workers, low=1)
+        check_choices(self)
         if self.max_pile_bytes is not None:
             limit = parse_size(self.max_pile_bytes, what="max_pile_bytes")
             if limit < MIN_PILE_BYTES:

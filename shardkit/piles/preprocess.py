@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 
 from shardkit import storage
-from shardkit._util import bar, check_int, format_size
+from shardkit._util import bar, format_size
 from shardkit.codecs import DEFAULT, Codecs
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
+from shardkit.options import from_call
 from shardkit.piles.executor import Tally, run_local
 from shardkit.piles.options import PileOptions
 from shardkit.piles.parts import SEGMENT, duplicate_key
@@ -43,8 +44,6 @@ from shardkit.tar.shard import Shard, iter_shard
 
 log = logging.getLogger(__name__)
 
-ON_ERROR = ("raise", "skip")
-KEY_PREFIX = ("none", "unit")
 # how many skipped units the manifest lists by name (all are counted)
 _MAX_LISTED_SKIPS = 1000
 
@@ -52,7 +51,8 @@ _MAX_LISTED_SKIPS = 1000
 _RESERVED_EXTRA = ("units", "skipped", "over_max_pile_bytes")
 
 
-def _validate(inputs: Any, workers: Any, on_error: Any, extra: Mapping[str, Any] | None) -> list[Any]:
+def _validate(inputs: Any, extra: Mapping[str, Any] | None) -> list[Any]:
+    """The input units as a list, and ``extra`` checked; the options are checked by :class:`PileOptions`."""
     if extra is not None:
         taken = [k for k in _RESERVED_EXTRA if k in extra]
         if taken:
@@ -63,9 +63,6 @@ def _validate(inputs: Any, workers: Any, on_error: Any, extra: Mapping[str, Any]
             raise ConfigError(f"extra: must be JSON-serializable ({e})") from None
     if isinstance(inputs, (str, bytes, os.PathLike)):
         raise ConfigError(f"inputs: expected a sequence of input units, got a single {type(inputs).__name__} (wrap it in a list)")
-    check_int("workers", workers, low=1)
-    if on_error not in ON_ERROR:
-        raise ConfigError(f"on_error: expected one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
     units = list(inputs)
     if not units:
         raise ConfigError("inputs: no input units given")
@@ -77,7 +74,8 @@ def preprocess(
     fn: Callable[[Any], Iterable[Mapping[str, Any]]],
     out: str | os.PathLike[str],
     *,
-    piles: int,
+    options: PileOptions | None = None,
+    piles: int | None = None,
     workers: int = 1,
     seed: int = 0,
     max_pile_bytes: int | str | None = None,
@@ -97,6 +95,9 @@ def preprocess(
             With ``workers > 1`` it runs in worker processes: lambdas and closures work (they
             are sent with dill), but it must not rely on state changed in the parent later.
         out: output directory; gets ``pile-000000.tar ...`` and ``shardkit.json`` (last).
+        options: a :class:`~shardkit.PileOptions` holding every option below that it names,
+            instead of the keywords (not both: a keyword other than its default is then a
+            ``ConfigError``). ``piles`` is required without it.
         piles, seed, max_pile_bytes, overwrite, buffer_size: see :class:`~shardkit.PileOptions`.
             ``buffer_size`` is the total across workers. ``max_pile_bytes`` is enforced through
             sample counts, which keeps the first epoch exactly uniform; with very uneven sample
@@ -128,10 +129,25 @@ def preprocess(
         DatasetExistsError: ``out`` holds a dataset and ``overwrite`` is false.
         ConfigError: an option is invalid.
     """
-    options = PileOptions(piles=piles, seed=seed, max_pile_bytes=max_pile_bytes, buffer_size=buffer_size, overwrite=overwrite)
-    units = _validate(inputs, workers, on_error, extra)
-    job = UnitWork(fn=fn, piles=piles, seed=seed, max_pile_bytes=options.max_bytes, codecs=codecs or DEFAULT, on_error=on_error)
-    return _run(job, units, out, options, workers=workers, quiet=quiet, mp_context=mp_context, extra=extra)
+    keywords = {
+        "piles": piles,
+        "seed": seed,
+        "max_pile_bytes": max_pile_bytes,
+        "buffer_size": buffer_size,
+        "overwrite": overwrite,
+        "workers": workers,
+        "on_error": on_error,
+    }
+    options = from_call(PileOptions, options, keywords)
+    if options.key_prefix != "none":
+        raise ConfigError(
+            f"key_prefix: preprocess takes sample keys from its function, so expected 'none' (key_prefix is for pile and shuffle), got {options.key_prefix!r}"
+        )
+    units = _validate(inputs, extra)
+    job = UnitWork(
+        fn=fn, piles=options.piles, seed=options.seed, max_pile_bytes=options.max_bytes, codecs=codecs or DEFAULT, on_error=options.on_error
+    )
+    return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
 
 
 def _run(
@@ -266,7 +282,8 @@ def pile(
     inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
     *,
-    piles: int,
+    options: PileOptions | None = None,
+    piles: int | None = None,
     workers: int = 1,
     seed: int = 0,
     max_pile_bytes: int | str | None = None,
@@ -285,7 +302,8 @@ def pile(
     re-encoding every sample with ``preprocess(urls, iter_shard, ...)``, i.e. plain
     ustar headers with fixed metadata and fields in sorted order (webdataset's pax headers
     and mtimes are dropped). Input already in that form, such as shardkit's own piles, is
-    copied as whole byte ranges. Other arguments as in :func:`preprocess`.
+    copied as whole byte ranges. Other arguments as in :func:`preprocess`; ``options`` may
+    hold ``key_prefix`` too.
 
     Keys must be unique across the inputs: two samples with one key that land next to each
     other in a pile would be read back as one sample, so that is refused (``SampleError``).
@@ -303,18 +321,26 @@ def pile(
             control character, a member without extension, a sample over ``max_pile_bytes``, a
             key repeated next to itself in a pile).
     """
-    options = PileOptions(piles=piles, seed=seed, max_pile_bytes=max_pile_bytes, buffer_size=buffer_size, overwrite=overwrite)
-    if key_prefix not in KEY_PREFIX:
-        raise ConfigError(f"key_prefix: expected one of {', '.join(map(repr, KEY_PREFIX))}, got {key_prefix!r}")
-    units = _validate(storage.expand(inputs), workers, on_error, None)
+    keywords = {
+        "piles": piles,
+        "seed": seed,
+        "max_pile_bytes": max_pile_bytes,
+        "buffer_size": buffer_size,
+        "overwrite": overwrite,
+        "workers": workers,
+        "on_error": on_error,
+        "key_prefix": key_prefix,
+    }
+    options = from_call(PileOptions, options, keywords)
+    units = _validate(storage.expand(inputs), None)
     job = UnitWork(
         fn=iter_shard,
-        piles=piles,
-        seed=seed,
+        piles=options.piles,
+        seed=options.seed,
         max_pile_bytes=options.max_bytes,
         codecs=DEFAULT,
-        on_error=on_error,
+        on_error=options.on_error,
         shards=True,
-        key_prefix=key_prefix,
+        key_prefix=options.key_prefix,
     )
-    return _run(job, units, out, options, workers=workers, quiet=quiet, mp_context=mp_context, extra=None)
+    return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=None)

@@ -6,6 +6,7 @@ with a new seed, in one read and one write, so the new dataset's piles share no 
 with the old ones. Train on the old dataset while the new one is written, then switch.
 
     shardkit.repile("data/", "data-2/", seed=1)   # same M, new membership
+    shardkit.repile("data/", "data-3/", options=PileOptions(piles=128, seed=2, workers=8))
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 from shardkit import manifest, storage
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
+from shardkit.options import from_call
+from shardkit.piles.options import PileOptions
 
 __all__ = ["repile"]
 
@@ -30,7 +33,8 @@ def repile(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     *,
-    seed: int,
+    options: PileOptions | None = None,
+    seed: int | None = None,
     piles: int | None = None,
     workers: int = 1,
     max_pile_bytes: int | str | None = None,
@@ -42,7 +46,10 @@ def repile(
     Args:
         src: a shardkit dataset directory (its manifest is read first).
         dst: the new dataset's directory; must not be ``src``.
-        seed: the new router seed; must differ from the one ``src`` was written with.
+        options: a :class:`~shardkit.PileOptions` for the new dataset instead of the keyword
+            options (not both); its ``piles`` and ``seed`` are used as given.
+        seed: the new router seed (default: the source's seed + 1); must differ from the one
+            ``src`` was written with.
         piles: M of the new dataset (default: the M of ``src``).
         workers, max_pile_bytes, overwrite, quiet: as in :func:`shardkit.pile`.
 
@@ -59,8 +66,13 @@ def repile(
     m = manifest.read(src)
     if _same_place(src, dst):
         raise ConfigError(f"{dst}: repile writes a new dataset and cannot replace its source in place; write elsewhere, then swap")
-    if seed == m.seed:
-        raise ConfigError(f"seed: {src} was written with seed {seed}; repile needs a different seed for new pile membership")
-    count = manifest.original_piles(m) if piles is None else piles
+    keywords = {"seed": seed, "piles": piles, "workers": workers, "max_pile_bytes": max_pile_bytes, "overwrite": overwrite}
+    if options is None:
+        # the source's M and the next seed, unless given
+        keywords["piles"] = manifest.original_piles(m) if piles is None else piles
+        keywords["seed"] = m.seed + 1 if seed is None else seed
+    options = from_call(PileOptions, options, keywords)
+    if options.seed == m.seed:
+        raise ConfigError(f"seed: {src} was written with seed {m.seed}; repile needs a different seed for new pile membership")
     inputs = [storage.join(src, p.name) for p in m.piles]
-    return pile(inputs, dst, piles=count, seed=seed, workers=workers, max_pile_bytes=max_pile_bytes, overwrite=overwrite, quiet=quiet)
+    return pile(inputs, dst, options=options, quiet=quiet)

@@ -21,12 +21,29 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardkit.codecs import DEFAULT, Codecs
+from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
+from shardkit.options import from_call, specs
 from shardkit.piles import router
 from shardkit.piles.encode import encode_sample
 from shardkit.piles.options import PileOptions
 from shardkit.piles.parts import PileSink
 from shardkit.piles.publish import STAGING_PREFIX, Run, prepare_output, publish
+
+# options of jobs over input units (worker processes, skipping units, keys of input shards)
+_JOB_ONLY = ("workers", "on_error", "key_prefix")
+
+
+def _in_process(options: PileOptions) -> PileOptions:
+    """``options``, refused when it asks for what only a job over input units does."""
+    for name in _JOB_ONLY:
+        value, default = getattr(options, name), specs(PileOptions)[name].default
+        if value != default:
+            raise ConfigError(
+                f"{name}: PileWriter writes samples in the calling process; {name} applies to preprocess and pile "
+                f"(expected {default!r}, got {value!r})"
+            )
+    return options
 
 
 class PileWriter:
@@ -34,7 +51,11 @@ class PileWriter:
 
     Args:
         path: output directory (created if missing).
-        piles, seed, max_pile_bytes, buffer_size, overwrite: see :class:`PileOptions`.
+        options: a :class:`PileOptions` instead of the keyword options below (not both). Its
+            ``workers``, ``on_error`` and ``key_prefix`` describe jobs over input units: the
+            writer writes in the calling process and refuses values other than the defaults.
+        piles, seed, max_pile_bytes, buffer_size, overwrite: see :class:`PileOptions`;
+            ``piles`` is required without ``options``.
         codecs: encoders by extension (default :data:`shardkit.codecs.DEFAULT`).
 
     Leaving the ``with`` block on an exception (Ctrl-C included) removes the staging files and
@@ -45,18 +66,20 @@ class PileWriter:
         self,
         path: str | os.PathLike[str],
         *,
-        piles: int,
+        options: PileOptions | None = None,
+        piles: int | None = None,
         seed: int = 0,
         max_pile_bytes: int | str | None = None,
         buffer_size: int | str = "64MiB",
         overwrite: bool = False,
         codecs: Codecs | None = None,
     ) -> None:
-        self.options = PileOptions(piles=piles, seed=seed, max_pile_bytes=max_pile_bytes, buffer_size=buffer_size, overwrite=overwrite)
-        self.path = prepare_output(path, overwrite=overwrite)
+        keywords = {"piles": piles, "seed": seed, "max_pile_bytes": max_pile_bytes, "buffer_size": buffer_size, "overwrite": overwrite}
+        self.options = _in_process(from_call(PileOptions, options, keywords))
+        self.path = prepare_output(path, overwrite=self.options.overwrite)
         self._staging = os.path.join(self.path, f"{STAGING_PREFIX}{uuid.uuid4().hex}")
-        self._sink = PileSink(self._staging, piles, self.options.buffer_size)  # type: ignore[arg-type]
-        self._router = router.PileRouter(piles=piles, seed=seed)
+        self._sink = PileSink(self._staging, self.options.piles, self.options.buffer_size)  # type: ignore[arg-type]
+        self._router = router.PileRouter(piles=self.options.piles, seed=self.options.seed)
         self._codecs = codecs or DEFAULT
         self._fields: set[str] = set()
         self._closed = False
