@@ -5,32 +5,109 @@ shards chosen uniformly at random. Pass 2 (:func:`loader`) permutes the piles ev
 shuffles each in RAM and prefetches the next.
 
 This module is the public surface: everything in ``__all__`` keeps working across versions;
-the folders below it (``tar``, ``piles``, ``loading``, ``tools``, ``cli``) may change.
+the folders below it (``tar``, ``piles``, ``loading``, ``tools``, ``cli``) may change. Names are
+imported on first use, so ``import shardkit`` (and the ``shardkit`` command) starts at once.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
 from shardkit._util import VERSION as __version__
-from shardkit.cli import add_pile_args, load_job, pile_kwargs, run_job
-from shardkit.codecs import Codecs
-from shardkit.errors import (
-    ConfigError,
-    CorruptShardError,
-    DatasetExistsError,
-    DatasetNotFoundError,
-    DecodeError,
-    InputError,
-    ManifestError,
-    PileTooLargeError,
-    SampleError,
-    ShardkitError,
-    WorkerError,
-)
-from shardkit.loading import Loader, LoaderOptions, loader
-from shardkit.manifest import Manifest, PileInfo
-from shardkit.piles import PileOptions, PileWriter, pile, preprocess, repile
-from shardkit.shuffle import ShuffleOptions, shuffle
-from shardkit.tools import DatasetInfo, Problem, QualityReport, compare_shuffles, info, verify
+
+if TYPE_CHECKING:
+    from shardkit.cli import add_pile_args, load_job, pile_kwargs, run_job
+    from shardkit.codecs import Codecs
+    from shardkit.errors import (
+        ConfigError,
+        CorruptShardError,
+        DatasetExistsError,
+        DatasetNotFoundError,
+        DecodeError,
+        InputError,
+        ManifestError,
+        PileTooLargeError,
+        SampleError,
+        ShardkitError,
+        WorkerError,
+    )
+    from shardkit.loading.loader import Loader, loader
+    from shardkit.loading.options import LoaderOptions
+    from shardkit.manifest import Manifest, PileInfo
+    from shardkit.piles.options import PileOptions
+    from shardkit.piles.preprocess import pile, preprocess
+    from shardkit.piles.repile import repile
+    from shardkit.piles.writer import PileWriter
+    from shardkit.shuffle import ShuffleOptions, shuffle
+    from shardkit.tools import DatasetInfo, Problem, QualityReport, compare_shuffles, info, verify
+
+
+_WHERE = {
+    "Codecs": "shardkit.codecs",
+    "ConfigError": "shardkit.errors",
+    "CorruptShardError": "shardkit.errors",
+    "DatasetExistsError": "shardkit.errors",
+    "DatasetInfo": "shardkit.tools",
+    "DatasetNotFoundError": "shardkit.errors",
+    "DecodeError": "shardkit.errors",
+    "InputError": "shardkit.errors",
+    "Loader": "shardkit.loading.loader",
+    "LoaderOptions": "shardkit.loading.options",
+    "Manifest": "shardkit.manifest",
+    "ManifestError": "shardkit.errors",
+    "PileInfo": "shardkit.manifest",
+    "PileOptions": "shardkit.piles.options",
+    "PileTooLargeError": "shardkit.errors",
+    "PileWriter": "shardkit.piles.writer",
+    "Problem": "shardkit.tools",
+    "QualityReport": "shardkit.tools",
+    "SampleError": "shardkit.errors",
+    "ShardkitError": "shardkit.errors",
+    "ShuffleOptions": "shardkit.shuffle",
+    "WorkerError": "shardkit.errors",
+    "add_pile_args": "shardkit.cli",
+    "compare_shuffles": "shardkit.tools",
+    "info": "shardkit.tools",
+    "load_job": "shardkit.cli",
+    "loader": "shardkit.loading.loader",
+    "pile": "shardkit.piles.preprocess",
+    "pile_kwargs": "shardkit.cli",
+    "preprocess": "shardkit.piles.preprocess",
+    "repile": "shardkit.piles.repile",
+    "run_job": "shardkit.cli",
+    "shuffle": "shardkit.shuffle",
+    "verify": "shardkit.tools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
+
+class _Facade(types.ModuleType):
+    """The package module: importing the module ``shardkit.shuffle`` must not hide the function
+    ``shardkit.shuffle`` (the import system sets a package attribute for every submodule)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _WHERE and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Facade
+
 
 __all__ = [
     "Codecs",

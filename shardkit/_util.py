@@ -8,9 +8,13 @@ format_size(1536)         # "1.5 KiB"
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import re
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any, Literal, overload
 
 from tqdm import tqdm
@@ -168,3 +172,18 @@ def bar(*, total: int | None, desc: str, unit: str, quiet: bool = False, **kwarg
     """A tqdm bar that is silent when ``quiet`` or when stderr is not a terminal."""
     disable = quiet or not sys.stderr.isatty()
     return tqdm(total=total, desc=desc, unit=unit, disable=disable, dynamic_ncols=True, file=sys.stderr, **kwargs)
+
+
+@contextlib.contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """Hold Ctrl-C back until the block ends: for imports of libraries (torch, through webdataset)
+    that turn a KeyboardInterrupt in the middle of their import into a RuntimeError or an abort.
+    A Ctrl-C pressed meanwhile arrives as the block ends."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -166,7 +166,7 @@ def parse(text: str, where: str) -> Manifest:
     return manifest
 
 
-_PILE = re.compile(r"^pile-(\d+)(?:-\d+)*\.tar$")
+_PILE = re.compile(r"^pile-(\d+)(?:-\d+)*(?:\.v\d+)?\.tar$")
 
 
 def original_piles(m: Manifest) -> int:

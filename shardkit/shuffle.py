@@ -19,13 +19,13 @@ the hidden directory and leaves any dataset already in the output untouched.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import mmap
 import os
 import re
 import shutil
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -39,7 +39,8 @@ from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.options import check_choices, from_call, meta, specs
 from shardkit.piles.options import KEY_PREFIX, PileOptions
-from shardkit.piles.publish import install, prepare_output
+from shardkit.piles.output import claim
+from shardkit.piles.publish import free_names, install, remove_strays
 from shardkit.storage import write_chunks
 from shardkit.tar import index, scan, write
 
@@ -50,7 +51,7 @@ DEFAULT_MEMORY = "1GiB"
 # webdataset.ShardWriter's defaults, used when neither limit is given
 DEFAULT_MAXCOUNT = 100_000
 DEFAULT_MAXSIZE = 3_000_000_000
-_SHARD = re.compile(r"^shard-\d{6,}\.tar$")
+_SHARD = re.compile(r"^shard-\d{6,}(\.v\d+)?\.tar$")
 
 
 def shard_name(index: int) -> str:
@@ -210,6 +211,7 @@ class ShardRoller:
     def _finish(self) -> None:
         assert self._fd is not None
         write_chunks(self._fd, [write.TRAILER])
+        os.fsync(self._fd)  # durable before the manifest that lists it
         os.close(self._fd)
         self._fd = None
         crc = manifest.checksum(write.TRAILER, self._crc)
@@ -231,10 +233,6 @@ class ShardRoller:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _check_output(out: str, overwrite: bool) -> str:
-    return prepare_output(out, overwrite=overwrite, files=_SHARD, job="shuffling into")
 
 
 def _pass1(urls: list[str], directory: str, *, piles: int, max_pile_bytes: int | None, opts: ShuffleOptions, quiet: bool) -> Manifest:
@@ -356,10 +354,10 @@ def shuffle(
     }
     opts = from_call(ShuffleOptions, options, keywords)
     urls = storage.expand(inputs)
-    out = _check_output(os.fspath(out), opts.overwrite)
+    output = claim(out, overwrite=opts.overwrite, files=_SHARD, job="shuffling into")
     m, limit = opts.pass1(sum(storage.size(u) for u in urls))
     log.info("shuffling %d input shards through %d piles (max %s each)", len(urls), m, format_size(limit) if limit else "unlimited")
-    temp = os.path.join(out, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
+    temp = output.staging(TEMP_PREFIX)
     try:
         piles_dir, staging = os.path.join(temp, "piles"), os.path.join(temp, "shards")
         os.makedirs(staging)
@@ -367,9 +365,14 @@ def shuffle(
         shards = _pass2(piles_dir, piled, staging, opts, quiet)
         maxcount_, maxsize_ = opts.limits()
         extra = {"kind": "shuffled", "piles": m, "split_piles": piled.split_piles, "maxcount": maxcount_, "maxsize": maxsize_}
+        remove_strays(output.path, _SHARD)
+        names = free_names(output.path, [shard.name for shard in shards])
+        staged = [os.path.join(staging, shard.name) for shard in shards]
+        shards = [dataclasses.replace(shard, name=name) for shard, name in zip(shards, names, strict=True)]
         result = Manifest(piles=tuple(shards), seed=opts.seed, fields=piled.fields, created_by=piled.created_by, extra=extra)
-        install(out, staging, result, stray=_SHARD)
+        install(output, staged, result)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+        output.release()
     log.info("wrote %d samples into %d shards in %s", result.samples, len(shards), out)
     return result

@@ -14,7 +14,7 @@ import shardkit
 from shardkit import manifest
 from shardkit.loading.pile import read_pile
 from shardkit.piles import parts
-from shardkit.piles.publish import STAGING_PREFIX
+from shardkit.piles.output import STAGING_PREFIX
 from shardkit.tar.shard import iter_shard
 
 

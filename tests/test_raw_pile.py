@@ -271,7 +271,7 @@ def test_a_failure_while_merging_in_threads_leaves_no_dataset(tmp_path, canonica
     import threading
 
     pass
-    from shardkit.piles.publish import STAGING_PREFIX
+    from shardkit.piles.output import STAGING_PREFIX
 
     real = publish._assemble
 

@@ -24,7 +24,7 @@ from shardkit.errors import SampleError
 from shardkit.loading.pile import read_pile
 from shardkit.piles import router
 from shardkit.piles.encode import encode_sample
-from shardkit.piles.publish import STAGING_PREFIX
+from shardkit.piles.output import STAGING_PREFIX
 
 # ---- helpers ---------------------------------------------------------------------------------
 
@@ -265,8 +265,11 @@ def test_an_existing_dataset_is_refused_unless_overwrite(tmp_path):
         shardkit.PileWriter(out, piles=2)
     assert files(out) == before
     m = write(out, make_samples(10, seed=1), piles=2, overwrite=True)
-    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "shardkit.json"]
+    # the new piles came in beside the old ones under names of their own; the old ones went after
+    assert sorted(os.listdir(out)) == ["pile-000000.v1.tar", "pile-000001.v1.tar", "shardkit.json"]
     assert manifest.read(out) == m and m.samples == 10
+    again = write(out, make_samples(10, seed=2), piles=2, overwrite=True)  # the plain names are free again
+    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "shardkit.json"] and again.samples == 10
 
 
 @pytest.mark.parametrize(
@@ -311,11 +314,11 @@ def test_overwrite_deletes_only_the_files_of_the_old_manifest(tmp_path):
     (out / "pile-notes.tar").write_bytes(b"kept")
     (out / "readme.txt").write_bytes(b"kept")
     m = write(out, make_samples(5, seed=1), piles=2, overwrite=True)
-    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "pile-notes.tar", "readme.txt", "shardkit.json"]
+    assert sorted(os.listdir(out)) == ["pile-000000.v1.tar", "pile-000001.v1.tar", "pile-notes.tar", "readme.txt", "shardkit.json"]
     assert manifest.read(out) == m
     (out / "shardkit.json").write_text("{broken")  # an unreadable old manifest: its files stay, the new dataset is whole
     m = write(out, make_samples(5, seed=2), piles=1, overwrite=True)
-    assert manifest.read(out) == m and (out / "pile-000001.tar").exists()
+    assert manifest.read(out) == m and m.piles[0].name == "pile-000000.tar" and (out / "pile-000001.v1.tar").exists()
 
 
 def test_close_after_a_failed_close_raises_a_clear_error(tmp_path, monkeypatch):

@@ -140,12 +140,13 @@ def _run_verify(args: argparse.Namespace) -> int:
 
     problems = verify(args.directory, quiet=args.quiet)
     for problem in problems:
-        print(f"{args.directory}: {problem}")
-    if problems:
-        print(f"error: {len(problems)} problem(s) found in {args.directory}", file=sys.stderr)
+        print(f"{args.directory}: {'warning: ' if problem.warning else ''}{problem}")
+    errors = [p for p in problems if not p.warning]
+    if errors:
+        print(f"error: {len(errors)} problem(s) found in {args.directory}", file=sys.stderr)
         return 1
     if not args.quiet:
-        print(f"{args.directory}: ok")
+        print(f"{args.directory}: ok" + (f" ({len(problems)} warning(s))" if problems else ""))
     return 0
 
 

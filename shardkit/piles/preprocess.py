@@ -22,7 +22,6 @@ import logging
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -36,8 +35,9 @@ from shardkit.manifest import Manifest
 from shardkit.options import from_call
 from shardkit.piles.executor import Tally, run_local
 from shardkit.piles.options import PileOptions
+from shardkit.piles.output import Output, claim
 from shardkit.piles.parts import SEGMENT, duplicate_key
-from shardkit.piles.publish import STAGING_PREFIX, Run, prepare_output, publish
+from shardkit.piles.publish import Run, publish
 from shardkit.piles.units import Part, UnitWork, describe, skip_record
 from shardkit.tar import write
 from shardkit.tar.shard import Shard, iter_shard
@@ -162,8 +162,8 @@ def _run(
     extra: Mapping[str, Any] | None,
 ) -> Manifest:
     """Run ``job`` over ``units`` and publish the piles (the body of :func:`preprocess` and :func:`pile`)."""
-    path = prepare_output(out, overwrite=options.overwrite)
-    staging = os.path.join(path, f"{STAGING_PREFIX}{uuid.uuid4().hex}")
+    output = claim(out, overwrite=options.overwrite)
+    staging = output.staging()
     workers = min(workers, len(units))
     try:
         tally = Tally(units, quiet=quiet)
@@ -171,9 +171,10 @@ def _run(
             parts = run_local(
                 job, units, staging, buffer_size=int(options.buffer_size), workers=workers, tally=tally, mp_context=mp_context
             )
-        return _publish(path, staging, parts, options, {**(extra or {}), "units": len(units)}, tally, workers, units)
+        return _publish(output, staging, parts, options, {**(extra or {}), "units": len(units)}, tally, workers, units)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        output.release()
 
 
 def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray, units: Sequence[Any]) -> tuple[np.ndarray, int]:
@@ -228,7 +229,7 @@ def _segment_keys(path: str, start: int, end: int) -> list[str]:
 
 
 def _publish(
-    path: str,
+    output: Output,
     staging: str,
     parts: Sequence[Part],
     options: PileOptions,
@@ -253,7 +254,7 @@ def _publish(
     # piles are assembled in parallel: merging is copying and checksumming, which release the GIL
     with bar(total=len(runs), desc="merging", unit="pile", quiet=tally.quiet) as merging:
         result = publish(
-            path,
+            output,
             runs,
             counts,
             options=options,
@@ -267,7 +268,7 @@ def _publish(
     elapsed = time.perf_counter() - tally.start
     log.info(
         "%s: %d samples from %d units into %d piles (%s) in %.1fs; %d units skipped",
-        path,
+        output.path,
         result.samples,
         extra["units"],
         len(result.piles),

@@ -13,6 +13,7 @@ several are assembled at once in threads (the copies and checksums release the G
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import math
@@ -27,16 +28,16 @@ from typing import Any, BinaryIO, TypeVar
 
 from shardkit import manifest, storage
 from shardkit._util import VERSION
-from shardkit.errors import ConfigError, CorruptShardError, DatasetExistsError, ShardkitError
+from shardkit.errors import CorruptShardError, ShardkitError
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import router
 from shardkit.piles.options import PileOptions
+from shardkit.piles.output import Output
 from shardkit.piles.parts import duplicate_key
 from shardkit.tar import index, write
 
 log = logging.getLogger(__name__)
 
-STAGING_PREFIX = ".shardkit-staging-"
 # bytes copied per read: small enough that the checksum runs on bytes still in the CPU cache
 _COPY_CHUNK = 1 << 20
 # splitting holds a whole pile in memory: one at a time, however many threads merge
@@ -76,38 +77,6 @@ class _Staged:
     samples: int
     size: int
     crc: int
-
-
-PILE_FILE = re.compile(r"pile-.*\.tar")
-
-
-def prepare_output(
-    path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[str] = PILE_FILE, job: str = "writing piles to"
-) -> str:
-    """Check and create an output directory before any work is done.
-
-    Unless ``overwrite``, refuse a directory holding a dataset, or holding files named like the
-    ones this job writes (``files``) without a manifest: they would be mixed with the new
-    dataset or replaced by it. ``job`` words the error for remote outputs.
-    """
-    out = os.fspath(path)
-    if storage.local_path(out) is None:
-        raise ConfigError(f"{out}: {job} remote storage is not supported yet; write locally and upload")
-    out = storage.local_path(out) or out
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"{out}: output exists and is not a directory")
-    if manifest.is_dataset(out) and not overwrite:
-        raise DatasetExistsError(
-            f"{out}: already holds a shardkit dataset ({manifest.MANIFEST}); pass overwrite=True (--overwrite) to replace it"
-        )
-    stray = sorted(n for n in (os.listdir(out) if os.path.isdir(out) else []) if files.fullmatch(n))
-    if stray and not overwrite:
-        raise DatasetExistsError(
-            f"{out}: holds {stray[0]} but no {manifest.MANIFEST}, so it is not a shardkit dataset; "
-            "use an empty directory or pass overwrite=True (--overwrite) to replace such files"
-        )
-    os.makedirs(out, exist_ok=True)
-    return out
 
 
 def _old_files(out: str) -> list[str]:
@@ -190,6 +159,8 @@ def _split(data: bytes, name: str, *, capacity: int, seed: int, trail: tuple[int
         path = os.path.join(staging, sub_name)
         with open(path, "wb") as f:
             f.write(sub)
+            f.flush()
+            os.fsync(f.fileno())
         pieces.append(_Staged(path, sub_name, len(samples), len(sub), manifest.checksum(sub)))
     return pieces
 
@@ -199,8 +170,12 @@ def _finish_pile(p: int, runs: Sequence[Run], count: int, seed: int, most: int |
     name = pile_name(p)
     path = os.path.join(staging, name)
     crc = _assemble(runs, path)
+    for run in runs:  # each part file holds one pile's bytes: gone once the pile is made, so disk peaks near 1x the data
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(run.path)
     size = os.path.getsize(path)
     if most is None or count <= most:  # an empty pile is never split
+        storage.fsync_file(path)
         return [_Staged(path, name, count, size, crc)], False
     with _SPLITTING:
         data = storage.read_bytes(path)
@@ -256,7 +231,7 @@ def _map(fn: Callable[[T], R], items: Sequence[T], threads: int, progress: Calla
 
 
 def publish(
-    out: str,
+    output: Output,
     runs: Sequence[Sequence[Run]],
     counts: Sequence[int],
     *,
@@ -286,12 +261,13 @@ def publish(
     most = capacity(options.max_bytes, sum(counts), total)
     finished = _map(lambda p: _finish_pile(p, runs[p], counts[p], options.seed, most, staging), range(len(runs)), threads, progress)
     split = sum(was_split for _, was_split in finished)
-    over = _over_limit([piece for pieces, _ in finished for piece in pieces], options.max_bytes)
+    pieces = [piece for staged, _ in finished for piece in staged]
+    names = free_names(output.path, [piece.name for piece in pieces])
+    pieces = [dataclasses.replace(piece, name=name) for piece, name in zip(pieces, names, strict=True)]
+    over = _over_limit(pieces, options.max_bytes)
     extra = {**(extra or {}), "over_max_pile_bytes": over} if over else extra
     infos = [
-        PileInfo(name=piece.name, samples=piece.samples, bytes=piece.size, checksum=manifest.format_checksum(piece.crc))
-        for pieces, _ in finished
-        for piece in pieces
+        PileInfo(name=piece.name, samples=piece.samples, bytes=piece.size, checksum=manifest.format_checksum(piece.crc)) for piece in pieces
     ]
     result = Manifest(
         piles=tuple(infos),
@@ -302,27 +278,69 @@ def publish(
         split_piles=split,
         extra=extra or {},
     )
-    install(out, staging, result)
+    install(output, [piece.path for piece in pieces], result)
     with contextlib.suppress(OSError):
         shutil.rmtree(staging)
     return result
 
 
-def install(out: str, staging: str, result: Manifest, *, stray: re.Pattern[str] | None = None) -> None:
-    """Swap a finished dataset in: its files (named in ``result``, waiting in ``staging``), then
-    its manifest, last. The one place a dataset is published, for pass 1, the eager shuffle and
-    repile.
+def free_names(out: str, names: Sequence[str]) -> list[str]:
+    """Names for new files in ``out`` that no file there has: each of ``names`` as it is, else
+    ``STEM.vN.tar`` with the smallest free N. An overwrite's files then never replace the old
+    dataset's before its manifest is replaced."""
+    taken = set(os.listdir(out))
+    chosen = []
+    for name in names:
+        if name in taken:
+            stem, suffix = name.rsplit(".", 1)
+            version = 1
+            while f"{stem}.v{version}.{suffix}" in taken:
+                version += 1
+            name = f"{stem}.v{version}.{suffix}"
+        taken.add(name)
+        chosen.append(name)
+    return chosen
 
-    The old dataset stops being one (its manifest goes) before any of its files change. Only its
-    own files are removed, and those ``stray`` matches (files of this kind left without a
-    manifest): the directory may hold others.
-    """
-    old = set(_old_files(out))
-    if stray is not None:
-        old |= {name for name in os.listdir(out) if stray.fullmatch(name)}
-    storage.remove(os.path.join(out, manifest.MANIFEST))
-    for name in sorted(old):
+
+def remove_strays(out: str, stray: re.Pattern[str]) -> None:
+    """Remove the files ``stray`` matches that the dataset in ``out`` (if any) does not list:
+    files of this kind no manifest lists, which nobody can be reading."""
+    listed = set(_old_files(out))
+    for name in sorted(n for n in os.listdir(out) if stray.fullmatch(n) and n not in listed):
         storage.remove(os.path.join(out, name))
-    for pile in result.piles:
-        os.replace(os.path.join(staging, pile.name), os.path.join(out, pile.name))
-    manifest.write(out, result)
+
+
+def install(output: Output, files: Sequence[str], result: Manifest) -> None:
+    """Swap a finished dataset in: ``files[i]`` (staged elsewhere) becomes ``result.piles[i]``,
+    then the manifest goes in, last. The one place a dataset is published, for pass 1, the eager
+    shuffle and repile.
+
+    An overwrite is atomic: the new files' names (see :func:`free_names`) are none the directory
+    has, so the old dataset stays whole and readable until the manifest, renamed over the old one,
+    says otherwise; then the old dataset's own files are removed. Data and directory are made durable before the manifest is
+    renamed, and the names about to move in are noted first (:meth:`Output.journal`) so that the
+    next job removes them if this one dies before its manifest is in. A kill at any moment leaves
+    the old dataset or the new one whole.
+
+    Raises:
+        DatasetExistsError: the output's manifest changed while the job ran.
+    """
+    out = output.path
+    old = set(_old_files(out))
+    output.journal([pile.name for pile in result.piles])
+    moved: list[str] = []
+    try:
+        for path, pile in zip(files, result.piles, strict=True):
+            os.replace(path, os.path.join(out, pile.name))
+            moved.append(pile.name)
+        storage.fsync_dir(out)
+        output.check_unchanged()
+        manifest.write(out, result)
+    except BaseException:
+        for name in moved:  # the old dataset (or none) stays as it was
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(out, name))
+        raise
+    for name in sorted(old - set(moved)):
+        storage.remove(os.path.join(out, name))
+    output.journal(None)

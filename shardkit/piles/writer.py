@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,8 +26,9 @@ from shardkit.options import from_call, specs
 from shardkit.piles import router
 from shardkit.piles.encode import encode_sample
 from shardkit.piles.options import PileOptions
+from shardkit.piles.output import claim
 from shardkit.piles.parts import PileSink
-from shardkit.piles.publish import STAGING_PREFIX, Run, prepare_output, publish
+from shardkit.piles.publish import Run, publish
 
 # options of jobs over input units (worker processes, skipping units, keys of input shards)
 _JOB_ONLY = ("workers", "on_error", "key_prefix")
@@ -76,9 +76,14 @@ class PileWriter:
     ) -> None:
         keywords = {"piles": piles, "seed": seed, "max_pile_bytes": max_pile_bytes, "buffer_size": buffer_size, "overwrite": overwrite}
         self.options = _in_process(from_call(PileOptions, options, keywords))
-        self.path = prepare_output(path, overwrite=self.options.overwrite)
-        self._staging = os.path.join(self.path, f"{STAGING_PREFIX}{uuid.uuid4().hex}")
-        self._sink = PileSink(self._staging, self.options.piles, self.options.buffer_size)  # type: ignore[arg-type]
+        self._output = claim(path, overwrite=self.options.overwrite)  # held until close() or abort()
+        self.path = self._output.path
+        self._staging = self._output.staging()
+        try:
+            self._sink = PileSink(self._staging, self.options.piles, self.options.buffer_size)  # type: ignore[arg-type]
+        except BaseException:
+            self._output.release()
+            raise
         self._router = router.PileRouter(piles=self.options.piles, seed=self.options.seed)
         self._codecs = codecs or DEFAULT
         self._fields: set[str] = set()
@@ -114,10 +119,11 @@ class PileWriter:
                 sink = self._sink
                 runs = [[Run(sink.part(p), 0, sink.sizes[p], sink.crcs[p])] for p in range(self.options.piles)]
                 self.manifest = publish(
-                    self.path, runs, self._sink.counts, options=self.options, fields=self._fields, staging=self._staging
+                    self._output, runs, self._sink.counts, options=self.options, fields=self._fields, staging=self._staging
                 )
             finally:
                 shutil.rmtree(self._staging, ignore_errors=True)
+                self._output.release()
         if self.manifest is None:
             raise RuntimeError(
                 "PileWriter.close(): nothing was published (an earlier close() failed or abort() was called); "
@@ -129,6 +135,7 @@ class PileWriter:
         """Drop everything written so far; the output directory gets no manifest."""
         self._closed = True
         shutil.rmtree(self._staging, ignore_errors=True)
+        self._output.release()
 
     def __enter__(self) -> PileWriter:
         return self

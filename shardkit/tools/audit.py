@@ -17,10 +17,9 @@ from shardkit import _util, manifest, storage
 from shardkit.errors import CorruptShardError
 from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.piles.output import LEFTOVERS, LOCK
 from shardkit.tar import scan
 
-# names a finished dataset never holds: part files, atomic-write temporaries, staging dirs
-_LEFTOVER_MARKERS = (".partial-", ".shardkit-")
 _SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 _MAX_DUPLICATES = 10  # duplicate keys reported one by one per pile; the rest are counted
 
@@ -151,6 +150,11 @@ class Problem:
     kind: str
     message: str
 
+    @property
+    def warning(self) -> bool:
+        """Beside a sound dataset, not wrong with it: files the manifest does not list."""
+        return self.kind in ("extra", "leftover")
+
     def __str__(self) -> str:
         return f"{self.name}: {self.message}"
 
@@ -209,10 +213,22 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
     for name in storage.listdir(directory):
         if name in listed:
             continue
-        if any(marker in name for marker in _LEFTOVER_MARKERS):
-            found.append(Problem(name=name, kind="leftover", message="temporary file of an interrupted job; safe to delete"))
+        if LEFTOVERS.fullmatch(name) or name == LOCK:
+            found.append(
+                Problem(
+                    name=name,
+                    kind="leftover",
+                    message="left by a job that did not finish (or is still running); the next job writing here removes it",
+                )
+            )
         elif name.endswith(_SHARD_SUFFIXES):
-            found.append(Problem(name=name, kind="extra", message="shard file not listed in the manifest (readers ignore it)"))
+            found.append(
+                Problem(
+                    name=name,
+                    kind="extra",
+                    message="shard file not listed in the manifest (readers ignore it; an interrupted overwrite leaves such files)",
+                )
+            )
     return found
 
 

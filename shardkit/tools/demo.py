@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit import _util
-from shardkit._util import check_int, format_size
+from shardkit._util import check_int, ctrl_c_deferred, format_size
 from shardkit.loading.loader import loader as open_loader
 from shardkit.seeds import Stream, stream
 from shardkit.tools import quality
@@ -172,7 +172,8 @@ def _samples(images: list[bytes], labels: np.ndarray) -> Iterator[dict]:
 
 
 def _write_sequential(directory: str, images: list[bytes], labels: np.ndarray, maxcount: int) -> tuple[list[str], float]:
-    import webdataset as wds
+    with ctrl_c_deferred():  # webdataset imports torch, which mishandles Ctrl-C while importing
+        import webdataset as wds
 
     os.makedirs(directory, exist_ok=True)
     for old in glob.glob(os.path.join(directory, "shard-*.tar")):
@@ -204,7 +205,8 @@ def _timed_order(samples: Iterator[dict]) -> tuple[np.ndarray, float, int | None
 
 
 def _read_webdataset(urls: list[str], buffer: int, seed: int) -> tuple[np.ndarray, float, int | None]:
-    import webdataset as wds
+    with ctrl_c_deferred():  # webdataset imports torch, which mishandles Ctrl-C while importing
+        import webdataset as wds
 
     dataset = wds.WebDataset(urls, shardshuffle=len(urls), seed=seed, empty_check=False).shuffle(buffer, seed=seed)
     return _timed_order(iter(dataset))

@@ -7,10 +7,11 @@ number of classes in each batch across the first epoch against its uniform expec
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from shardkit._util import ctrl_c_deferred
 from shardkit.errors import ConfigError
 from shardkit.seeds import Stream, stream
 from shardkit.tools import quality
@@ -34,12 +35,14 @@ _POINTS = 6000  # scatter points per order: enough to see structure, few enough 
 _COLORS = ("tab:blue", "tab:gray", "tab:orange", "tab:green", "tab:red")
 
 
-def pyplot():
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend; a ConfigError with the install hint when absent."""
     try:
-        import matplotlib
+        with ctrl_c_deferred():
+            import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'shardkit[plot]'") from None
     return plt

@@ -1,0 +1,194 @@
+"""One writer per dataset, atomic overwrite, and what a dead job leaves: the output directory's life."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import shardkit
+from shardkit import manifest
+from shardkit.cli import main
+from shardkit.piles.output import LOCK, STAGING_PREFIX, claim
+from tests.conftest import make_samples
+
+FORK = multiprocessing.get_context("fork")
+
+
+def _write(out: str, seed: int, overwrite: bool, start=None, results=None) -> None:
+    if start is not None:
+        start.wait()
+    try:
+        with shardkit.PileWriter(out, piles=4, seed=seed, overwrite=overwrite) as w:
+            for s in make_samples(300, seed=seed):
+                w.write(s)
+        results.put(("ok", seed))
+    except shardkit.DatasetExistsError as e:
+        results.put(("refused", str(e)))
+
+
+def test_two_writers_started_together_one_wins_the_other_is_told_why(tmp_path):
+    for run in range(20):
+        out = str(tmp_path / f"ds{run}")
+        start, results = FORK.Event(), FORK.Queue()
+        procs = [FORK.Process(target=_write, args=(out, seed, False, start, results)) for seed in (1, 2)]
+        for p in procs:
+            p.start()
+        start.set()
+        for p in procs:
+            p.join(60)
+        outcomes = sorted(results.get(timeout=5) for _ in procs)
+        assert [kind for kind, _ in outcomes] == ["ok", "refused"], outcomes
+        refusal = outcomes[1][1]
+        # the lock holder is named, or (when it already finished) the dataset it published
+        assert "another job is writing here (pid" in refusal or "already holds a shardkit dataset" in refusal
+        assert shardkit.verify(out, quiet=True) == []
+        assert manifest.read(out).samples == 300 and not os.path.exists(os.path.join(out, LOCK))
+
+
+def test_a_lock_of_a_live_job_names_it_and_says_how_to_clear_it(tmp_path):
+    out = str(tmp_path / "ds")
+    output = claim(out, overwrite=False)
+    with pytest.raises(
+        shardkit.DatasetExistsError, match=rf"another job is writing here \(pid {os.getpid()} on .*if that job is dead, remove .*{LOCK}"
+    ):
+        shardkit.PileWriter(out, piles=2)
+    output.release()
+    with shardkit.PileWriter(out, piles=2) as w:  # released: free again
+        w.write({"__key__": "a", "cls": 1})
+
+
+def test_a_dead_jobs_lock_and_leftovers_are_taken_over(tmp_path):
+    out = tmp_path / "ds"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    holder = {"pid": dead.pid, "host": os.uname().nodename, "started": "then", "command": "shardkit pile ...", "token": "x"}
+    (out / LOCK).write_text(json.dumps(holder))
+    (out / f"{STAGING_PREFIX}0123").mkdir()
+    (out / f"{STAGING_PREFIX}0123" / "000000.part").write_bytes(b"x" * 100)
+    (out / "shardkit.json.partial-0123456789abcdef0123456789abcdef").write_bytes(b"{")
+    with shardkit.PileWriter(out, piles=2) as w:
+        w.write({"__key__": "a", "cls": 1})
+    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "shardkit.json"]
+    (out / LOCK).write_bytes(b'{"pid": 12')  # a job killed while writing its lock
+    shardkit.PileWriter(out, piles=2, overwrite=True).abort()
+    assert not (out / LOCK).exists()
+
+
+def test_leftovers_beside_a_sound_dataset_are_warnings(dataset, capsys):
+    os.makedirs(os.path.join(dataset, f"{STAGING_PREFIX}abc"))
+    problems = shardkit.verify(dataset, quiet=True)
+    assert [(p.kind, p.warning) for p in problems] == [("leftover", True)]
+    assert main(["verify", dataset]) == 0
+    out = capsys.readouterr().out
+    assert "warning: .shardkit-staging-abc" in out and out.strip().endswith("ok (1 warning(s))")
+
+
+_OVERWRITE = textwrap.dedent(
+    """
+    import sys, shardkit
+    from tests.conftest import make_samples
+    out, seed = sys.argv[1], int(sys.argv[2])
+    print("start", flush=True)
+    with shardkit.PileWriter(out, piles=64, seed=seed, overwrite=True) as w:
+        for s in make_samples(3000, size=2000, seed=seed):
+            w.write(s)
+    """
+)
+
+
+def test_a_kill_at_any_moment_of_an_overwrite_leaves_the_old_or_the_new_dataset_whole(tmp_path):
+    out = str(tmp_path / "ds")
+    with shardkit.PileWriter(out, piles=8, seed=0) as w:
+        for s in make_samples(100):
+            w.write(s)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    delays = np.random.default_rng(0).uniform(0.0, 1.0, size=6)
+    seen = set()
+    for seed, delay in enumerate(delays, start=1):
+        child = subprocess.Popen([sys.executable, "-c", _OVERWRITE, out, str(seed)], cwd=root, stdout=subprocess.PIPE)
+        assert child.stdout is not None and child.stdout.readline() == b"start\n"
+        time.sleep(delay)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        found = manifest.read(out).samples  # a dataset is always there
+        assert found in (100, 3000)
+        seen.add(found)
+        assert [p for p in shardkit.verify(out, quiet=True) if not p.warning] == []
+        assert sorted(s["__key__"] for s in shardkit.loader(out, decode=False)) == sorted(s["__key__"] for s in make_samples(found))
+    with shardkit.PileWriter(out, piles=2, overwrite=True) as w:  # the next job clears what the kills left
+        w.write({"__key__": "a", "cls": 1})
+    assert shardkit.verify(out, quiet=True) == []
+
+
+_ORPHAN = textwrap.dedent(
+    """
+    import os, sys, time, shardkit
+    def slow(unit):
+        time.sleep(30)
+        yield {"__key__": f"u{unit}", "cls": unit}
+    print(os.getpid(), flush=True)
+    shardkit.preprocess(list(range(8)), slow, sys.argv[1], piles=2, workers=2, quiet=True, mp_context="fork")
+    """
+)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError):
+                pass
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the workers")
+def test_workers_end_within_a_second_of_their_parents_death(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN, str(tmp_path / "out")], stdout=subprocess.PIPE)
+    assert parent.stdout is not None
+    pid = int(parent.stdout.readline())
+    deadline = time.monotonic() + 30
+    workers: list[int] = []
+    while len(workers) < 2 and time.monotonic() < deadline:
+        workers = _children(pid)
+        time.sleep(0.05)
+    assert len(workers) >= 2
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    time.sleep(1.0)
+    assert [w for w in workers if _running(w)] == []
+
+
+def test_ctrl_c_at_any_moment_exits_130_without_a_traceback(tmp_path):
+    for i, delay in enumerate(np.random.default_rng(1).uniform(0.3, 1.2, size=4)):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "shardkit", "demo", "--samples", "1000", "--out", str(tmp_path / f"d{i}"), "-q"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal starts it
+        )
+        time.sleep(delay)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=120)
+        assert child.returncode in (0, 130) and b"Traceback" not in err, err.decode()[-2000:]
