@@ -83,8 +83,15 @@ class Pool:
         return len(self._procs)
 
     def send(self, k: int, task: Any) -> None:
-        """Give worker ``k`` a task (pickled here: a task that cannot be pickled raises here)."""
-        _send(self._conns[k], task)
+        """Give worker ``k`` a task (pickled here: a task that cannot be pickled raises here).
+
+        Raises:
+            WorkerError: the worker died (its pipe is closed).
+        """
+        try:
+            _send(self._conns[k], task)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            raise self._died(k) from None
 
     def receive(self, k: int) -> Any:
         """Worker ``k``'s next reply (waiting for it).
