@@ -292,7 +292,7 @@ def _plain(buf: Buffer, source: str, checked: bool = False) -> Layout | None:
         canonical = _canonical_headers(headers, chain.rows, chain.sizes)
         if len(_scan.bad_checksums(headers[~canonical])):
             return None  # the careful walk names the bad header
-    return Layout(buf, source, chain.heads, chain.sizes, chain.rows, chain.lengths, None, not chain.pax, canonical)
+    return Layout(buf, source, chain.heads, chain.sizes, chain.rows, chain.lengths, None, not chain.gaps, canonical)
 
 
 def _canonical_headers(headers: np.ndarray, names: np.ndarray, sizes: np.ndarray) -> np.ndarray:
