@@ -31,6 +31,7 @@ import numpy as np
 from shardkit.codecs import DEFAULT, Codecs
 from shardkit.piles.encode import check_key, encode_sample
 from shardkit.tar import index, scan, write
+from shardkit.tar.keys import refuse_repeat
 
 if TYPE_CHECKING:
     from shardkit.storage import Buffer
@@ -74,8 +75,9 @@ def canonical_samples(
     and written again with ``__key__ = prefix + key``.
 
     Raises:
-        CorruptShardError: the shard is not a valid tar (as :func:`shardkit.write.walk`) or a
-            sample has two members with one extension.
+        CorruptShardError: the shard is not a valid tar (as :func:`shardkit.write.walk`), a
+            sample has two members with one extension, or two samples have one key (its
+            members are not adjacent).
         SampleError: a sample ``encode_sample`` refuses (bad key, no extension, too large).
     """
     layout = index.index(buf, source)
@@ -87,6 +89,7 @@ def canonical_samples(
     starts = layout.samples(keylen)
     firsts = starts[:-1]
     keys = layout.sample_keys(firsts, keylen)
+    refuse_repeat(source, keys, lambda i: int(layout.heads[firsts[i]]))
     padded = layout.sizes + (-layout.sizes % BLOCK)
     nbytes = np.add.reduceat(BLOCK + padded, firsts)
     fast = np.logical_and.reduceat(_expressible(layout, keylen, starts), firsts)
