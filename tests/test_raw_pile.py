@@ -383,6 +383,23 @@ def test_a_key_hash_collision_is_not_an_error(tmp_path, monkeypatch):
     assert read_pile(str(tmp_path / "out" / m.piles[0].name)).keys == ["c", "a", "d", "b"]
 
 
+def test_names_that_are_not_utf8_are_piled_as_their_bytes(tmp_path):
+    import webdataset as wds
+
+    url = str(tmp_path / "latin1.tar")
+    with tarfile.open(url, "w", format=tarfile.GNU_FORMAT, encoding="utf-8", errors="surrogateescape") as tf:
+        for name in ("caf\udce9.txt", "caf\udce9.cls", "na\u00efve.txt"):  # Latin-1 bytes, then UTF-8
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"x"))
+    m = shardkit.pile([url], tmp_path / "fast", piles=1, quiet=True)
+    assert files(tmp_path / "fast") == re_encoded(tmp_path, [url], piles=1, quiet=True)
+    pile = str(tmp_path / "fast" / m.piles[0].name)
+    source = [(s["__key__"], sorted(s)) for s in wds.WebDataset(url, shardshuffle=False)]
+    assert [(s["__key__"], sorted(s)) for s in wds.WebDataset(pile, shardshuffle=False)] == source
+    assert read_pile(pile).keys == ["caf\udce9", "na\u00efve"] == [k for k, _ in source]
+
+
 def test_a_key_with_a_control_character_in_a_shard_is_refused(tmp_path):
     url = write_keys(tmp_path / "s.tar", ["ok", "bad\x01key"])
     with pytest.raises(shardkit.SampleError, match="control character"):

@@ -26,7 +26,7 @@ NAMES = [
 
 
 def _payload(name: str) -> bytes:
-    return b"" if name == "empty.bin" else (name * 3).encode()
+    return b"" if name == "empty.bin" else (name * 3).encode("utf-8", "surrogateescape")
 
 
 def _archive(names: list[str] = NAMES) -> bytes:
@@ -62,6 +62,21 @@ def test_gnu_tar_lists_every_member(archive):
         pytest.skip("no tar binary on this machine")
     out = subprocess.run(["tar", "tf", archive], capture_output=True, check=True, env={**os.environ, "LC_ALL": "C.UTF-8"})
     assert out.stdout.decode("utf-8").splitlines() == NAMES
+
+
+def test_a_name_that_is_not_utf8_is_written_back_as_its_bytes(tmp_path):
+    # b"caf\xe9.bin" (Latin-1) reads in Python as 'caf\udce9.bin', as os.fsdecode and tarfile give it
+    names = ["caf\udce9.bin", "x" * 99 + "\udcff.txt", "ok.txt"]
+    buf = _archive(names)
+    assert list(_walked(buf)) == names
+    with tarfile.open(fileobj=io.BytesIO(buf)) as tf:  # so webdataset reads the same names
+        assert [m.name for m in tf.getmembers()] == names
+    path = tmp_path / "latin1.tar"
+    path.write_bytes(buf)
+    if shutil.which("tar") is not None:
+        listed = ["tar", "tf", str(path), "--quoting-style=literal"]
+        out = subprocess.run(listed, capture_output=True, check=True, env={**os.environ, "LC_ALL": "C"})
+        assert out.stdout.splitlines() == [b"caf\xe9.bin", b"x" * 99 + b"\xff.txt", b"ok.txt"]
 
 
 def test_members_are_512_byte_aligned_and_deterministic():

@@ -183,6 +183,29 @@ def test_keys_that_are_alike_only_in_their_hash_are_written(tmp_path, monkeypatc
     assert [s["__key__"] for s in read_raw(str(tmp_path / "ds"))] == ["a", "b", "c", "d"]
 
 
+def test_a_key_with_bytes_that_are_not_utf8_round_trips(tmp_path):
+    # a key made from a Latin-1 file name by os.listdir or tarfile: the byte 0xe9 as '\udce9'
+    samples = [{"__key__": "caf\udce9", "txt": "x", "b\udcffn": b"1"}, {"__key__": "caf\u00e9", "txt": "y"}]
+    out = str(tmp_path / "ds")
+    write(out, samples, piles=1)
+    assert [(s["__key__"], sorted(s)) for s in read_raw(out)] == [(s["__key__"], sorted(s)) for s in samples]
+    assert [s["__key__"] for s in read_wds(out)] == ["caf\udce9", "caf\u00e9"]
+    assert shardkit.verify(out, quiet=True) == []
+
+
+@pytest.mark.parametrize(
+    ("sample", "message"),
+    [
+        ({"__key__": "a\ud800", "txt": "x"}, r"sample key 'a\\ud800' holds '\\ud800' at position 1, a surrogate that is no byte"),
+        ({"__key__": "a", "t\udbffxt": "x"}, r"sample 'a': field name 't\\udbffxt' holds '\\udbff' at position 1"),
+    ],
+)
+def test_a_surrogate_that_is_no_escaped_byte_is_refused(tmp_path, sample, message):
+    with pytest.raises(SampleError, match=message), shardkit.PileWriter(tmp_path / "ds", piles=1) as w:
+        w.write(sample)
+    assert not manifest.is_dataset(tmp_path / "ds")
+
+
 @pytest.mark.parametrize("key", ["a\x00b", "line\nbreak", "tab\there", "del\x7f", "c1\x85", "\r"])
 def test_keys_with_control_characters_are_refused(key):
     with pytest.raises(SampleError, match="control character"):

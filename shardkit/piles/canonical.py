@@ -105,7 +105,7 @@ def canonical_samples(
 
 def _prefixed(layout: index.Layout, prefix: str) -> index.Layout:
     """``layout`` with ``prefix`` in front of every name; no header is canonical any more."""
-    pre = np.frombuffer(prefix.encode("utf-8"), dtype=np.uint8)
+    pre = np.frombuffer(prefix.encode("utf-8", "surrogateescape"), dtype=np.uint8)
     lengths = np.where(layout.lengths >= 0, layout.lengths + len(pre), -1)
     lengths[lengths > scan.NAME] = -1  # too long for a ustar name: encode_sample adds a pax header
     rows = np.concatenate([np.broadcast_to(pre, (len(layout), len(pre))), layout.rows], axis=1)[:, : scan.NAME]
