@@ -99,7 +99,8 @@ def test_fast_walk_agrees_with_the_careful_walk_on_directory_entries(items, fmt,
     data = bytes(buf)
     walked = outcome(tarwalk.walk, data)
     assert walked == outcome(tarwalk._walk_members, data)
-    if damage == "none" and not isinstance(walked, str):  # what tarfile (and so webdataset) reads
+    # what tarfile (and so webdataset) reads; it strips a trailing '/' off any pax path, even a file's
+    if damage == "none" and not isinstance(walked, str) and not any(name.endswith("/") for name in walked.names):
         with tarfile.open(fileobj=io.BytesIO(data)) as t:
             assert walked.names == [m.name for m in t.getmembers() if m.isfile()]
 

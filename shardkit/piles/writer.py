@@ -68,9 +68,10 @@ class PileWriter:
         """Encode ``sample`` and append it to a randomly chosen pile; returns the pile index.
 
         Raises:
-            SampleError: a sample :func:`encode_sample` refuses (a key that is not valid text,
-                a control character, a dot in its file name...). A key two samples share is
-                found by :meth:`close`.
+            SampleError: a sample :func:`encode_sample` refuses (a surrogate that is no byte,
+                a control character, a dot in its file name...), or one whose key is the key of
+                the sample just appended to the same pile (readers would merge the two), before
+                anything changes. A key repeated elsewhere in a pile is found by :meth:`close`.
         """
         if self._closed:
             raise RuntimeError("PileWriter.write() called after close(); open a new writer.")
