@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import logging
 import multiprocessing
 import os
 import random
@@ -343,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default=None, help="scratch directory (default: a temporary one, removed)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)  # the rows provoke warnings on purpose (plain shards, dead jobs' locks)
     if args.quick:
         args.kills, args.writers, args.fuzz, args.diskfull, args.epochs = 3, 3, 100, 1, 3
     rng = random.Random(args.seed)

@@ -43,6 +43,7 @@ from shardkit.piles.output import claim
 from shardkit.piles.publish import free_names, install, remove_strays
 from shardkit.storage import write_chunks
 from shardkit.tar import index, scan, write
+from shardkit.tar.keys import first_repeat, repeated_key, sample_at
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +145,12 @@ class ShardRoller:
     Samples are taken many at a time as byte ranges of one buffer (a memory-mapped pile) and
     written with ``os.writev``, so no sample is copied in Python. Each shard is closed with an
     end-of-archive trailer; its size, sample count and CRC-32 are recorded as it is written.
+    Given the samples' keys, a shard is refused when two of its samples share one, or when it
+    starts with the key the shard before it ends with (a reader of the shards in sequence would
+    merge the two): piles hold unique keys, but two piles may not.
 
         roller = ShardRoller("staging/", maxcount=1000, maxsize=None)
-        roller.extend(pile_bytes, starts, ends)
+        roller.extend(pile_bytes, starts, ends, keys)
         infos = roller.close()
     """
 
@@ -159,9 +163,19 @@ class ShardRoller:
         self._count = 0
         self._bytes = 0
         self._crc = 0
+        # the open shard's keys and sample offsets, and (key, offset) of the last sample before it
+        self._keys: list[np.ndarray] = []
+        self._offsets: list[np.ndarray] = []
+        self._last: tuple[bytes, int] | None = None
 
-    def extend(self, buf: storage.Buffer, starts: np.ndarray, ends: np.ndarray) -> None:
-        """Write samples ``buf[starts[i]:ends[i]]`` (members with their headers), in order."""
+    def extend(self, buf: storage.Buffer, starts: np.ndarray, ends: np.ndarray, keys: np.ndarray | None = None) -> None:
+        """Write samples ``buf[starts[i]:ends[i]]`` (members with their headers), in order;
+        ``keys[i]`` (numpy bytes) is sample i's key, checked as each shard is finished.
+
+        Raises:
+            SampleError: two samples of one output shard have one key, or two side by side
+                across a shard boundary.
+        """
         sizes = ends - starts
         reach = np.concatenate([[0], np.cumsum(sizes)])  # bytes of samples [0, i) = reach[i]
         done, n = 0, len(sizes)
@@ -172,6 +186,9 @@ class ShardRoller:
                 continue
             if self._fd is None:
                 self._open(int(sizes[done]))
+            if keys is not None:
+                self._keys.append(keys[done : done + take])
+                self._offsets.append(self._bytes + reach[done : done + take] - reach[done])
             self._write(buf, starts[done : done + take], ends[done : done + take])
             done += take
 
@@ -208,8 +225,30 @@ class ShardRoller:
         self._count += len(starts)
         self._bytes += int((ends - starts).sum())
 
+    def _refuse_repeats(self) -> None:
+        """Raise if a key is in the open shard twice, or starts it where the last one ended."""
+        name = shard_name(len(self.shards))
+        keys, offsets = np.concatenate(self._keys), np.concatenate(self._offsets).tolist()
+        pair = first_repeat(keys)
+        if pair is not None:
+            i, j = pair
+            said = repeated_key(bytes(keys[i]), sample_at(i, f"offset {offsets[i]}"), sample_at(j, f"offset {offsets[j]}"))
+        elif self._last is not None and len(keys) and bytes(keys[0]) == self._last[0]:
+            before = f"the last sample of {shard_name(len(self.shards) - 1)} (offset {self._last[1]})"
+            said = repeated_key(bytes(keys[0]), sample_at(0, "offset 0"), before)
+        else:
+            self._last = (bytes(keys[-1]), offsets[-1]) if len(keys) else None
+            return
+        raise SampleError(
+            f"shuffle: {name}: {said} across the inputs. Shards whose keys restart (000000, 000001, ... in every shard) "
+            "need --key-prefix unit (key_prefix='unit')"
+        )
+
     def _finish(self) -> None:
         assert self._fd is not None
+        if self._keys:
+            self._refuse_repeats()
+            self._keys, self._offsets = [], []
         write_chunks(self._fd, [write.TRAILER])
         os.fsync(self._fd)  # durable before the manifest that lists it
         os.close(self._fd)
@@ -255,11 +294,10 @@ def _pass2(piles_dir: str, piles: Manifest, staging: str, opts: ShuffleOptions, 
         with _util.bar(total=piles.samples, desc="pass 2", unit="sample", quiet=quiet) as progress:
             # the order is the loader's epoch 0 over these piles: one definition of "shuffled"
             order = plan.EpochOrder([p.samples for p in piles.piles], seed=opts.seed, epoch=0)
-            last: bytes | None = None
             for index in order.pile_order.tolist():
                 info = piles.piles[index]
                 url = os.path.join(piles_dir, info.name)
-                last = _copy_pile(url, info, order.in_pile(index), roller, last)
+                _copy_pile(url, info, order.in_pile(index), roller)
                 os.unlink(url)  # disk stays at about one copy of the data
                 progress.update(info.samples)
         return roller.close()
@@ -267,12 +305,11 @@ def _pass2(piles_dir: str, piles: Manifest, staging: str, opts: ShuffleOptions, 
         roller.abort()
 
 
-def _copy_pile(url: str, info: PileInfo, permutation: np.ndarray, roller: ShardRoller, last: bytes | None) -> bytes | None:
+def _copy_pile(url: str, info: PileInfo, permutation: np.ndarray, roller: ShardRoller) -> None:
     """Append the samples of one pile to ``roller`` in ``permutation``'s order.
 
     The pile is memory-mapped (checked against its manifest entry first) and unmapped as soon
     as it is written out, so its pages leave this process's memory before the next pile's come in.
-    ``last`` is the key written just before; returns the last key this pile writes.
     """
     buf = fetch(url, expected=info).buf
     try:
@@ -282,25 +319,9 @@ def _copy_pile(url: str, info: PileInfo, permutation: np.ndarray, roller: ShardR
         if len(bounds) - 1 != info.samples:
             raise ManifestError(f"{url}: holds {len(bounds) - 1} samples, the manifest says {info.samples}")
         keys = layout.sample_keys(starts[:-1])[permutation]
-        _refuse_adjacent(keys, last)
-        roller.extend(buf, bounds[:-1][permutation], bounds[1:][permutation])
-        return bytes(keys[-1]) if len(keys) else last
+        roller.extend(buf, bounds[:-1][permutation], bounds[1:][permutation], keys)
     finally:
         _unmap(buf)
-
-
-def _refuse_adjacent(keys: np.ndarray, last: bytes | None) -> None:
-    """Two equal keys side by side would be merged into one sample by every reader."""
-    same = np.flatnonzero(keys[1:] == keys[:-1])
-    if len(keys) and last is not None and bytes(keys[0]) == last:
-        same = np.concatenate([[-1], same])
-    if len(same):
-        key = bytes(keys[same[0] + 1])
-        raise SampleError(
-            f"shuffle: two samples with key {key.decode('utf-8', 'surrogateescape')!r} would be adjacent in the shuffled "
-            "output, and readers would merge them into one sample: keys must be unique across the inputs. "
-            "Shards whose keys restart (000000, 000001, ... in every shard) need --key-prefix unit (key_prefix='unit')"
-        )
 
 
 def _unmap(buf: storage.Buffer) -> None:

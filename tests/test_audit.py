@@ -148,11 +148,24 @@ def test_a_pile_that_cannot_be_read(dataset):
     assert _kinds(dataset) == [(os.path.basename(path), "unreadable")]
 
 
+def write_pile_by_hand(out: str, keys: list[str]) -> None:
+    """A one-pile dataset holding ``keys`` in order (one member of 1024 bytes each), as no
+    writer of shardkit's makes it: they all refuse a key repeated in a pile."""
+    from shardkit.tar import write as tarwrite
+
+    data = b"".join(tarwrite.member(f"{key}.cls", str(i).encode()) for i, key in enumerate(keys)) + tarwrite.TRAILER
+    os.makedirs(out)
+    with open(os.path.join(out, "pile-000000.tar"), "wb") as f:
+        f.write(data)
+    info = manifest.PileInfo(
+        name="pile-000000.tar", samples=len(keys), bytes=len(data), checksum=manifest.format_checksum(manifest.checksum(data))
+    )
+    manifest.write(out, manifest.Manifest(piles=(info,), seed=0, fields=("cls",), created_by="test"))
+
+
 def test_duplicate_keys_are_listed_with_both_positions(tmp_path):
     out = str(tmp_path / "dup")
-    with shardkit.PileWriter(out, piles=1, seed=0) as w:
-        for i in range(30):
-            w.write({"__key__": f"k{i % 5}", "cls": i})  # one member of 1024 bytes per sample
+    write_pile_by_hand(out, [f"k{i % 5}" for i in range(30)])
     problems = verify(out, quiet=True)
     assert [p.kind for p in problems] == ["duplicate"] * 11
     assert problems[0].name == "pile-000000.tar"
@@ -160,3 +173,18 @@ def test_duplicate_keys_are_listed_with_both_positions(tmp_path):
     assert problems[9].message.startswith("sample 14 (offset 14336) has the key 'k4' of sample 4 (offset 4096)")
     assert problems[10].message == "15 more samples repeat a key of an earlier sample"
     assert main(["verify", out, "--quiet"]) == 1
+
+
+def test_writers_refuse_a_repeated_key_with_the_message_verify_gives(tmp_path):
+    keys = ["a", "b", "c", "a"]
+    write_pile_by_hand(str(tmp_path / "by-hand"), keys)
+    (said,) = [p.message for p in verify(str(tmp_path / "by-hand"), quiet=True)]
+    assert said == "sample 3 (offset 3072) has the key 'a' of sample 0 (offset 0): keys must be unique"
+    with pytest.raises(shardkit.SampleError) as refused, shardkit.PileWriter(tmp_path / "writer", piles=1) as w:
+        for i, key in enumerate(keys):
+            w.write({"__key__": key, "cls": i})
+    assert str(refused.value).startswith(f"pile 0: {said} across all inputs")
+    with pytest.raises(shardkit.SampleError) as refused:
+        shardkit.preprocess([keys], lambda unit: ({"__key__": k, "cls": i} for i, k in enumerate(unit)), tmp_path / "fn", piles=1)
+    assert str(refused.value).startswith("input unit 0 (['a', 'b', 'c', 'a']): sample 3 has the key 'a' of sample 0: keys must be unique")
+    assert not manifest.is_dataset(tmp_path / "writer") and not manifest.is_dataset(tmp_path / "fn")

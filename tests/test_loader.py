@@ -444,7 +444,7 @@ def test_unsafe_member_names(tmp_path, name):
 
 
 @pytest.mark.parametrize(
-    ("kind", "word"), [("SYMTYPE", "symlink"), ("CHRTYPE", "character device"), ("DIRTYPE", "directory"), ("LNKTYPE", "hard link")]
+    ("kind", "word"), [("SYMTYPE", "symlink"), ("CHRTYPE", "character device"), ("FIFOTYPE", "fifo"), ("LNKTYPE", "hard link")]
 )
 def test_non_regular_members(tmp_path, kind, word):
     import io

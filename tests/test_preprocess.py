@@ -281,13 +281,55 @@ def _numbered(unit):
 
 
 def test_equal_keys_where_two_units_meet_in_a_pile_are_refused(tmp_path):
-    with pytest.raises(shardkit.SampleError, match=r"pile 0: two samples with key '000' \(from input units 0 \(0\) and 1 \(1\)\)"):
+    with pytest.raises(
+        shardkit.SampleError,
+        match=r"pile 0: sample 2 \(offset 2048, input unit 1 \(1\)\) has the key '000' of sample 1 \(offset 1024, input unit 0 \(0\)\): "
+        r"keys must be unique across all inputs",
+    ):
         shardkit.preprocess([0, 1], _numbered, tmp_path / "out", piles=1, quiet=True)
     assert not shardkit.manifest.is_dataset(tmp_path / "out")
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+def test_equal_keys_anywhere_in_a_pile_are_refused_whatever_wrote_them(tmp_path, workers):
+    # unit 4 repeats a key of unit 0: far apart in the pile, written by different processes
+    def fn(unit):
+        return [{"__key__": f"k{unit}-{i}" if (unit, i) != (4, 2) else "k0-1", "txt": "x"} for i in range(3)]
+
+    with pytest.raises(
+        shardkit.SampleError, match=r"pile 0: sample 14 \(offset 14336, input unit 4 \(4\)\) has the key 'k0-1' of sample 1 "
+    ):
+        shardkit.preprocess(range(6), fn, tmp_path / "out", piles=1, workers=workers, quiet=True)
+    assert not shardkit.manifest.is_dataset(tmp_path / "out")
+
+
+def test_a_key_a_unit_repeats_is_that_units_fault(tmp_path):
+    def fn(unit):
+        return [{"__key__": key, "txt": "x"} for key in (["a", "b", "a"] if unit == 1 else [f"u{unit}"])]
+
+    with pytest.raises(shardkit.SampleError, match=r"input unit 1 \(1\): sample 2 has the key 'a' of sample 0: keys must be unique"):
+        shardkit.preprocess(range(3), fn, tmp_path / "out", piles=2, quiet=True)
+    m = shardkit.preprocess(range(3), fn, tmp_path / "out", piles=2, quiet=True, on_error="skip")
+    assert m.samples == 2 and m.skipped_units == 1
+
+
+def test_a_skipped_units_keys_are_not_repeats(tmp_path):
+    def fn(unit):
+        yield {"__key__": "shared", "txt": "x"}
+        if unit == 0:
+            raise ValueError("broken input")  # unit 0 is skipped: its "shared" is not in the pile
+
+    m = shardkit.preprocess(range(2), fn, tmp_path / "out", piles=1, quiet=True, on_error="skip")
+    assert m.samples == 1 and m.skipped_units == 1
+
+
 def test_a_key_hash_collision_where_units_meet_is_not_an_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(parts, "key_hash", lambda key: 0)  # every join is a candidate: the keys decide
-    m = shardkit.preprocess([1, 3, 5], _numbered, tmp_path / "out", piles=1, quiet=True)
+    import numpy as np
+
+    # every key hashes alike: every pair of samples is a candidate, and the keys decide
+    monkeypatch.setattr(parts, "key_hashes", lambda keys: np.zeros(len(keys), dtype=np.uint64))
+    m = shardkit.preprocess(
+        [1, 3, 5], lambda u: ({"__key__": f"{u}-{i}", "txt": "x"} for i in range(2)), tmp_path / "out", piles=1, quiet=True
+    )
     keys = [s["__key__"] for s in read_pile(str(tmp_path / "out" / m.piles[0].name))]
-    assert keys == ["000", "001"] * 3
+    assert keys == ["1-0", "1-1", "3-0", "3-1", "5-0", "5-1"]

@@ -69,7 +69,7 @@ def foreign(tmp_path) -> list[str]:
     ]
     for fmt in (tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
         path = str(tmp_path / f"tarfile-{fmt}.tar")
-        write_tarfile(path, odd, fmt)
+        write_tarfile(path, [f"t{fmt}/{name}" for name in odd], fmt)  # keys are unique across inputs
         paths.append(path)
     gz = paths.pop(3) + ".gz"
     with open(gz, "wb") as f:
@@ -77,19 +77,24 @@ def foreign(tmp_path) -> list[str]:
     return [*paths, gz]
 
 
-@pytest.fixture
-def canonical_shards(tmp_path) -> list[str]:
-    """Shards already in shardkit's form (what piles and shuffled shards are)."""
+def own_shards(tmp_path, count: int = 4) -> list[str]:
+    """``count`` shards already in shardkit's form (what piles and shuffled shards are), 30
+    samples each, every key distinct."""
     paths = []
-    samples = make_samples(120, size=700)
-    for k in range(4):
+    samples = make_samples(30 * count, size=700)
+    for k in range(count):
         path = str(tmp_path / f"own-{k}.tar")
         with open(path, "wb") as f:
-            for s in samples[k::4]:
+            for s in samples[k::count]:
                 f.write(encode_sample(s)[0])
             f.write(tarwrite.TRAILER)
         paths.append(path)
     return paths
+
+
+@pytest.fixture
+def canonical_shards(tmp_path) -> list[str]:
+    return own_shards(tmp_path)
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -146,11 +151,15 @@ def test_piles_of_pax_shards_read_completely_with_webdataset_and_tarfile(tmp_pat
             assert {(t.mtime, t.uname, t.mode, t.pax_headers.get("mtime")) for t in tf.getmembers()} == {(0, "", 0o644, None)}
 
 
-def test_output_is_byte_identical_for_any_number_of_workers_and_skips(tmp_path, canonical_shards, foreign):
+def test_output_is_byte_identical_for_any_number_of_workers_and_skips(tmp_path, foreign):
+    own = own_shards(tmp_path, 12)
     broken = str(tmp_path / "broken.tar")
     with open(broken, "wb") as f:
-        f.write(read(canonical_shards[1])[:3000])
-    urls = [*canonical_shards[:2], broken, *foreign[:2], *canonical_shards[2:]] * 3
+        f.write(read(own[1])[:3000])
+    wds = write_wds_shards(tmp_path, "more-{}.tar", 4, lambda k, i: {"__key__": f"m{k}/{i:03d}", "txt": f"{k}-{i}"} if i < 20 else None)
+    urls = [*own[:2], broken, *foreign[:2], *own[2:4]]
+    for r in (1, 2):  # keys are unique across the inputs
+        urls += [*own[4 * r : 4 * r + 2], broken, *wds[2 * r - 2 : 2 * r], *own[4 * r + 2 : 4 * r + 4]]
     kwargs = {"piles": 6, "seed": 3, "buffer_size": "16KiB", "on_error": "skip", "quiet": True}
     m1 = shardkit.pile(urls, tmp_path / "w1", workers=1, **kwargs)
     m3 = shardkit.pile(urls, tmp_path / "w3", workers=3, **kwargs)
@@ -236,7 +245,7 @@ def test_short_writes_are_finished(tmp_path, monkeypatch):
         assert sink.crcs[p] == manifest.checksum(data)
 
 
-def test_memory_maps_are_released_in_bounded_numbers(tmp_path, canonical_shards, monkeypatch):
+def test_memory_maps_are_released_in_bounded_numbers(tmp_path, monkeypatch):
     """Each pending map holds a file descriptor: the sink flushes after a few, whatever the buffer."""
     import mmap
 
@@ -247,8 +256,8 @@ def test_memory_maps_are_released_in_bounded_numbers(tmp_path, canonical_shards,
     flushes = []
     real = parts.PileSink.flush
     monkeypatch.setattr(parts.PileSink, "flush", lambda self: (flushes.append(self._maps), real(self)))
-    assert isinstance(storage.map_bytes(canonical_shards[0]), mmap.mmap)
-    urls = canonical_shards * 3
+    urls = own_shards(tmp_path, 12)
+    assert isinstance(storage.map_bytes(urls[0]), mmap.mmap)
     shardkit.pile(urls, tmp_path / "fast", piles=3, buffer_size="1GiB", quiet=True)
     assert flushes[:4] == [3, 3, 3, 3] and max(flushes) <= 3
     assert files(tmp_path / "fast") == re_encoded(tmp_path, urls, piles=3, quiet=True)
@@ -267,7 +276,7 @@ def test_map_bytes_reads_small_empty_and_missing_files(tmp_path):
 
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt, OSError])
-def test_a_failure_while_merging_in_threads_leaves_no_dataset(tmp_path, canonical_shards, monkeypatch, error):
+def test_a_failure_while_merging_in_threads_leaves_no_dataset(tmp_path, monkeypatch, error):
     import threading
 
     pass
@@ -283,7 +292,7 @@ def test_a_failure_while_merging_in_threads_leaves_no_dataset(tmp_path, canonica
     monkeypatch.setattr(publish, "_assemble", failing)
     out = tmp_path / "out"
     with pytest.raises(error):
-        shardkit.pile(canonical_shards * 2, out, piles=6, workers=2, quiet=True)
+        shardkit.pile(own_shards(tmp_path, 8), out, piles=6, workers=2, quiet=True)
     assert not manifest.is_dataset(str(out))
     assert not [e for e in os.listdir(out) if e.startswith(STAGING_PREFIX) or e.endswith(".tar")]
     assert not [t for t in threading.enumerate() if t.name.startswith("shardkit-merge")]
@@ -307,7 +316,9 @@ def test_shards_whose_keys_restart_are_refused_where_they_meet(tmp_path, workers
     urls = [write_keys(tmp_path / "a.tar", ["000000"]), write_keys(tmp_path / "b.tar", ["000000", "000001"])]
     out = tmp_path / "out"
     with pytest.raises(
-        shardkit.SampleError, match=r"pile 0: two samples with key '000000' \(from input units 0 .*a\.tar.* and 1 .*b\.tar.*unique"
+        shardkit.SampleError,
+        match=r"pile 0: sample 1 \(offset 1024, input unit 1 \('.*b\.tar'\)\) has the key '000000' of sample 0 "
+        r"\(offset 0, input unit 0 \('.*a\.tar'\)\): keys must be unique across all inputs\..*key_prefix='unit'",
     ):
         shardkit.pile(urls, out, piles=1, workers=workers, quiet=True)
     assert not manifest.is_dataset(out)
@@ -334,16 +345,59 @@ def test_key_prefix_output_equals_re_encoding_with_prefixed_keys(tmp_path):
     }
 
 
-def test_a_key_repeated_inside_a_shard_is_refused_when_it_lands_next_to_itself(tmp_path):
-    from shardkit.piles import router
-
+@pytest.mark.parametrize("seed", range(4))
+def test_a_key_repeated_inside_a_shard_is_refused_wherever_its_samples_land(tmp_path, seed):
+    # the members of "z" are not adjacent: a reader would hand out two half samples
     url = write_keys(tmp_path / "s.tar", ["z", "q", "z"])
-    # a seed that routes both "z" to one pile and "q" to the other
-    seed = next(s for s in range(100) if (lambda p: p[0] == p[2] != p[1])(router.route(piles=2, seed=s, unit=0, count=3).tolist()))
-    with pytest.raises(shardkit.SampleError, match=r"input unit 0 .*two samples with key 'z' \(both from input unit 0\)"):
+    with pytest.raises(
+        shardkit.CorruptShardError,
+        match=r"input unit 0 \('.*s\.tar'\): .*s\.tar: sample 2 \(offset 2048\) has the key 'z' of sample 0 \(offset 0\): "
+        r"keys must be unique, and the members of one sample adjacent",
+    ):
         shardkit.pile([url], tmp_path / "out", piles=2, seed=seed, quiet=True)
     m = shardkit.pile([url], tmp_path / "out", piles=2, seed=seed, quiet=True, on_error="skip")
     assert m.skipped_units == 1 and m.samples == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_key_two_shards_share_is_refused_anywhere_in_a_pile(tmp_path, workers):
+    # neither shard repeats a key, and "k" of b.tar lands far from "k" of a.tar: the pile would hold it twice
+    urls = [write_keys(tmp_path / "a.tar", ["k", "l", "m"]), write_keys(tmp_path / "b.tar", ["n", "o", "k"])]
+    with pytest.raises(
+        shardkit.SampleError,
+        match=r"pile 0: sample 5 \(offset 5120, input unit 1 \('.*b\.tar'\)\) has the key 'k' of sample 0 "
+        r"\(offset 0, input unit 0 \('.*a\.tar'\)\): keys must be unique across all inputs",
+    ):
+        shardkit.pile(urls, tmp_path / "out", piles=1, workers=workers, buffer_size="1KiB", quiet=True)
+    assert not manifest.is_dataset(tmp_path / "out")
+
+
+def test_a_key_hash_collision_is_not_an_error(tmp_path, monkeypatch):
+    from shardkit.tar import keys
+
+    # every key hashes alike: every pair of samples is a candidate, and the keys decide
+    monkeypatch.setattr(parts, "key_hashes", lambda k: np.zeros(len(k), dtype=np.uint64))
+    monkeypatch.setattr(keys, "key_hashes", lambda k: np.zeros(len(k), dtype=np.uint64))
+    urls = [write_keys(tmp_path / "a.tar", ["c", "a"]), write_keys(tmp_path / "b.tar", ["d", "b"])]
+    m = shardkit.pile(urls, tmp_path / "out", piles=1, workers=2, quiet=True)
+    assert read_pile(str(tmp_path / "out" / m.piles[0].name)).keys == ["c", "a", "d", "b"]
+
+
+def test_names_that_are_not_utf8_are_piled_as_their_bytes(tmp_path):
+    import webdataset as wds
+
+    url = str(tmp_path / "latin1.tar")
+    with tarfile.open(url, "w", format=tarfile.GNU_FORMAT, encoding="utf-8", errors="surrogateescape") as tf:
+        for name in ("caf\udce9.txt", "caf\udce9.cls", "na\u00efve.txt"):  # Latin-1 bytes, then UTF-8
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"x"))
+    m = shardkit.pile([url], tmp_path / "fast", piles=1, quiet=True)
+    assert files(tmp_path / "fast") == re_encoded(tmp_path, [url], piles=1, quiet=True)
+    pile = str(tmp_path / "fast" / m.piles[0].name)
+    source = [(s["__key__"], sorted(s)) for s in wds.WebDataset(url, shardshuffle=False)]
+    assert [(s["__key__"], sorted(s)) for s in wds.WebDataset(pile, shardshuffle=False)] == source
+    assert read_pile(pile).keys == ["caf\udce9", "na\u00efve"] == [k for k, _ in source]
 
 
 def test_a_key_with_a_control_character_in_a_shard_is_refused(tmp_path):

@@ -289,8 +289,8 @@ def test_cli_shuffle(tmp_path, inputs, capsys):
     assert exit_info.value.code == 2
 
 
-def test_equal_keys_that_would_meet_in_the_output_are_refused_unless_prefixed(tmp_path):
-    """Two inputs repeating a key (a, b) and (a): pass 1 keeps them apart, pass 2's order may not."""
+def test_equal_keys_of_two_inputs_are_refused_unless_prefixed(tmp_path):
+    """Two inputs repeating a key (a, b) and (a): refused in one pile (pass 1) or in one output shard (pass 2)."""
     import tarfile
 
     def shard(name: str, keys: list[str]) -> str:
@@ -303,21 +303,39 @@ def test_equal_keys_that_would_meet_in_the_output_are_refused_unless_prefixed(tm
         return str(path)
 
     inputs = [shard("s0.tar", ["a", "b"]), shard("s1.tar", ["a"])]
-    outcomes = {}
+    where = set()
     for seed in range(12):
         out = tmp_path / f"out{seed}"
-        try:
-            shardkit.shuffle(inputs, out, piles=1, seed=seed, quiet=True)
-            # apart, the repeats read back as separate samples; verify still notes the repeated key
-            assert sum(1 for _ in shardkit.loader(str(out), decode=False)) == 3
-            outcomes[seed] = sorted({p.kind for p in shardkit.verify(str(out), quiet=True)})
-        except shardkit.SampleError as e:
-            assert "two samples with key 'a' would be adjacent" in str(e) and "--key-prefix unit" in str(e)
-            assert not os.path.exists(out / "shardkit.json") and os.listdir(out) == []
-            outcomes[seed] = "refused"
-    assert "refused" in outcomes.values() and ["duplicate"] in outcomes.values()  # some orders meet, some do not
-    for seed, outcome in outcomes.items():
-        if outcome == "refused":
-            out = tmp_path / f"prefixed{seed}"
-            shardkit.shuffle(inputs, out, piles=1, seed=seed, key_prefix="unit", quiet=True)
-            assert shardkit.verify(str(out), quiet=True) == []
+        with pytest.raises(shardkit.SampleError, match=r"has the key 'a' of sample \d \(offset \d+.*keys must be unique across") as e:
+            shardkit.shuffle(inputs, out, piles=2, seed=seed, quiet=True)
+        assert "--key-prefix unit" in str(e.value) or "key_prefix='unit'" in str(e.value)
+        assert not os.path.exists(out / "shardkit.json") and os.listdir(out) == []
+        where.add(str(e.value).split(":")[0])
+        prefixed = tmp_path / f"prefixed{seed}"
+        shardkit.shuffle(inputs, prefixed, piles=2, seed=seed, key_prefix="unit", quiet=True)
+        assert shardkit.verify(str(prefixed), quiet=True) == []
+    assert where == {"pile 0", "pile 1", "shuffle"}  # some seeds route both to one pile, some to two
+
+
+def test_the_roller_refuses_a_key_repeated_in_a_shard_or_across_a_boundary(tmp_path):
+    buf = b"".join(tarwrite.member(f"{k}.bin", b"x") for k in "abca")
+    bounds = np.arange(0, 5 * 1024, 1024)
+    keys = np.array([b"a", b"b", b"c", b"a"])
+    roller = ShardRoller(str(tmp_path / "one"), maxcount=None, maxsize=None)
+    os.makedirs(roller.directory)
+    roller.extend(buf, bounds[:-1], bounds[1:], keys)
+    with pytest.raises(
+        shardkit.SampleError, match=r"shuffle: shard-000000.tar: sample 3 \(offset 3072\) has the key 'a' of sample 0 \(offset 0\)"
+    ):
+        roller.close()
+    roller.abort()
+    # shards of two samples: "c" ends one and starts the next, where a reader of both in turn would merge them
+    roller = ShardRoller(str(tmp_path / "two"), maxcount=2, maxsize=None)
+    os.makedirs(roller.directory)
+    roller.extend(buf, bounds[[0, 2, 2]], bounds[[1, 3, 3]], np.array([b"a", b"c", b"c"]))
+    with pytest.raises(
+        shardkit.SampleError,
+        match=r"shuffle: shard-000001.tar: sample 0 \(offset 0\) has the key 'c' of the last sample of shard-000000.tar \(offset 1024\)",
+    ):
+        roller.close()
+    roller.abort()

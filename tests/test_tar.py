@@ -26,7 +26,7 @@ NAMES = [
 
 
 def _payload(name: str) -> bytes:
-    return b"" if name == "empty.bin" else (name * 3).encode()
+    return b"" if name == "empty.bin" else (name * 3).encode("utf-8", "surrogateescape")
 
 
 def _archive(names: list[str] = NAMES) -> bytes:
@@ -62,6 +62,21 @@ def test_gnu_tar_lists_every_member(archive):
         pytest.skip("no tar binary on this machine")
     out = subprocess.run(["tar", "tf", archive], capture_output=True, check=True, env={**os.environ, "LC_ALL": "C.UTF-8"})
     assert out.stdout.decode("utf-8").splitlines() == NAMES
+
+
+def test_a_name_that_is_not_utf8_is_written_back_as_its_bytes(tmp_path):
+    # b"caf\xe9.bin" (Latin-1) reads in Python as 'caf\udce9.bin', as os.fsdecode and tarfile give it
+    names = ["caf\udce9.bin", "x" * 99 + "\udcff.txt", "ok.txt"]
+    buf = _archive(names)
+    assert list(_walked(buf)) == names
+    with tarfile.open(fileobj=io.BytesIO(buf)) as tf:  # so webdataset reads the same names
+        assert [m.name for m in tf.getmembers()] == names
+    path = tmp_path / "latin1.tar"
+    path.write_bytes(buf)
+    if shutil.which("tar") is not None:
+        listed = ["tar", "tf", str(path), "--quoting-style=literal"]
+        out = subprocess.run(listed, capture_output=True, check=True, env={**os.environ, "LC_ALL": "C"})
+        assert out.stdout.splitlines() == [b"caf\xe9.bin", b"x" * 99 + b"\xff.txt", b"ok.txt"]
 
 
 def test_members_are_512_byte_aligned_and_deterministic():
@@ -121,11 +136,74 @@ def test_unsafe_names_are_refused(name):
         tarwalk.walk(buf, "test.tar")
 
 
-@pytest.mark.parametrize(("kind", "what"), [(tarfile.SYMTYPE, "symlink"), (tarfile.DIRTYPE, "directory"), (tarfile.LNKTYPE, "hard link")])
-def test_non_regular_members_are_refused(kind, what):
+@pytest.mark.parametrize(
+    ("kind", "what"),
+    [
+        (tarfile.SYMTYPE, "symlink"),
+        (tarfile.LNKTYPE, "hard link"),
+        (tarfile.CHRTYPE, "character device"),
+        (tarfile.BLKTYPE, "block device"),
+        (tarfile.FIFOTYPE, "fifo"),
+    ],
+)
+def test_links_devices_and_fifos_are_refused(kind, what):
     buf = _python_tar([("a.txt", tarfile.REGTYPE), ("x", kind)])
-    with pytest.raises(CorruptShardError, match=rf"member 1 \('x/?'\) at offset 512: expected a regular file, found a {what}"):
+    with pytest.raises(CorruptShardError, match=rf"member 1 \('x'\) at offset 512: expected a regular file, found a {what}"):
         tarwalk.walk(buf, "test.tar")
+
+
+def _tree(root, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+
+
+TREE = {"a.bin": b"1", "a.txt": b"one", "b.bin": b"2" * 600, "sub/c.bin": b"3", "sub/deeper/d.txt": b"four"}
+
+
+def test_directory_entries_of_tar_cf_are_skipped(tmp_path):
+    if shutil.which("tar") is None:
+        pytest.skip("no tar binary on this machine")
+    _tree(tmp_path / "src", TREE)
+    archive = tmp_path / "x.tar"
+    # what people type: every directory gets an entry ('./', './sub/', ...) in front of its files
+    subprocess.run(["tar", "cf", str(archive), "--sort=name", "-C", str(tmp_path / "src"), "."], check=True)
+    buf = archive.read_bytes()
+    assert tarwalk._walk_plain(buf) is not None  # the vectorized path takes them too
+    assert _walked(buf) == {f"./{name}": data for name, data in TREE.items()}
+    assert tarwalk._walk_members(buf, "x.tar") == tarwalk.walk(buf, "x.tar")
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+def test_directory_entries_from_python_tarfile_are_skipped(tmp_path, fmt):
+    _tree(tmp_path / "src", TREE)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tf:
+        tf.add(tmp_path / "src", arcname="src")  # directories first, with a pax header each in PAX_FORMAT
+    buf = out.getvalue()
+    expected = {f"src/{name}": data for name, data in TREE.items()}
+    assert _walked(buf) == expected
+    assert tarwalk._walk_members(buf, "x.tar") == tarwalk.walk(buf, "x.tar")
+
+
+def test_an_old_style_directory_entry_is_skipped():
+    # before ustar, a directory was a regular entry (typeflag NUL) whose name ends in '/'
+    head = bytearray(tarwrite.member("old/", b"")[:512])
+    head[156] = 0
+    head[148:156] = b" " * 8
+    head[148:156] = b"%06o\0 " % sum(head)
+    buf = bytes(head) + tarwrite.member("old/a.txt", b"x") + tarwrite.TRAILER
+    assert _walked(buf) == {"old/a.txt": b"x"}
+
+
+def test_a_directory_entry_that_holds_data_is_refused():
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        info = tarfile.TarInfo("d")
+        info.type, info.size = tarfile.DIRTYPE, 3
+        tf.addfile(info, io.BytesIO(b"abc"))  # tarfile writes the data it is given
+    with pytest.raises(CorruptShardError, match=r"member 0 \('d/?'\) at offset 0: a directory entry holds 3 bytes of data: expected none"):
+        tarwalk.walk(out.getvalue(), "test.tar")
 
 
 @pytest.mark.parametrize("fmt", ["gnu", "pax", "ustar"])

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections import Counter
 
@@ -93,7 +94,7 @@ FIELDS = {
 
 @st.composite
 def sample_lists(draw):
-    # keys may repeat: two equal keys next to each other in a pile must be refused
+    # keys may repeat: two samples of one pile with one key must be refused
     pool = draw(st.lists(keys, min_size=1, max_size=12, unique=True))
     names = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=12))
     samples = []
@@ -108,9 +109,12 @@ def sample_lists(draw):
 def test_round_trip_shardkit_and_webdataset_read_back_what_was_written(samples, piles, seed):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "ds")
-        clash = _adjacent_duplicate(samples, piles, seed)
-        if clash is not None:  # readers would merge the two samples into one
-            with pytest.raises(SampleError, match=rf"pile {clash[1]}: two samples with key {re.escape(repr(clash[0]))}.*unique"):
+        clash = _first_repeat(samples, piles, seed)
+        if clash is not None:  # readers would merge the two samples, or mix them up
+            pile, later, earlier, key = clash
+            with pytest.raises(
+                SampleError, match=rf"pile {pile}: sample {later} .* has the key {re.escape(repr(key))} of sample {earlier} "
+            ):
                 write(out, samples, piles=piles, seed=seed)
             assert not manifest.is_dataset(out)
             return
@@ -124,30 +128,82 @@ def test_round_trip_shardkit_and_webdataset_read_back_what_was_written(samples, 
         assert Counter(_raw_items(s) for s in theirs) == Counter(_raw_items(s) for s in ours)
 
 
-def _adjacent_duplicate(samples: list[dict], piles: int, seed: int) -> tuple[str, int] | None:
-    """(key, pile) of the first sample routed right after a sample with its key, else None."""
+def _first_repeat(samples: list[dict], piles: int, seed: int) -> tuple[int, int, int, str] | None:
+    """(pile, position, earlier position, key) of the repeat the writer reports, else None:
+    write() refuses a key right after itself in a pile; close() the first repeat of the first pile."""
     route = router.PileRouter(piles=piles, seed=seed)
-    last: dict[int, str] = {}
+    held: list[list[str]] = [[] for _ in range(piles)]
     for s in samples:
-        pile = route.next()
-        if last.get(pile) == s["__key__"]:
-            return s["__key__"], pile
-        last[pile] = s["__key__"]
+        p = route.next()
+        if held[p] and held[p][-1] == s["__key__"]:
+            return p, len(held[p]), len(held[p]) - 1, s["__key__"]
+        held[p].append(s["__key__"])
+    for p, keys in enumerate(held):
+        for i, key in enumerate(keys):
+            if keys.index(key) < i:
+                return p, i, keys.index(key), key
     return None
 
 
-def test_adjacent_duplicate_key_is_refused_and_leaves_no_dataset(tmp_path):
+def test_adjacent_duplicate_key_is_refused_at_once_and_leaves_no_dataset(tmp_path):
     out = str(tmp_path / "ds")
-    with pytest.raises(SampleError, match=r"pile 0: two samples with key 'a' .*keys must be unique"):
-        write(out, [{"__key__": "a", "txt": "x"}, {"__key__": "a", "cls": 1}], piles=1)
+    w = shardkit.PileWriter(out, piles=1)
+    w.write({"__key__": "a", "txt": "x"})
+    with pytest.raises(
+        SampleError, match=r"pile 0: sample 1 \(offset 1024\) has the key 'a' of sample 0 \(offset 0\): keys must be unique"
+    ):
+        w.write({"__key__": "a", "cls": 1})
+    assert w.close().samples == 1  # refused before anything changed
+    shutil.rmtree(out)
+    with pytest.raises(SampleError), shardkit.PileWriter(out, piles=1) as w:
+        for s in ({"__key__": "a", "txt": "x"}, {"__key__": "a", "cls": 1}):
+            w.write(s)
     assert not manifest.is_dataset(out)
 
 
-def test_repeated_key_that_is_not_adjacent_reads_back(tmp_path):
+def test_a_repeated_key_anywhere_in_a_pile_is_refused_on_close(tmp_path):
     out = str(tmp_path / "ds")
     samples = [{"__key__": "a", "txt": "1"}, {"__key__": "b", "txt": "2"}, {"__key__": "a", "txt": "3"}]
+    w = shardkit.PileWriter(out, piles=1, buffer_size=1024)  # the samples reach the part file in two flushes
+    for s in samples:
+        w.write(s)
+    with pytest.raises(
+        SampleError, match=r"pile 0: sample 2 \(offset 2048\) has the key 'a' of sample 0 \(offset 0\): keys must be unique"
+    ):
+        w.close()
+    assert not manifest.is_dataset(out) and os.listdir(out) == []
+
+
+def test_keys_that_are_alike_only_in_their_hash_are_written(tmp_path, monkeypatch):
+    from shardkit.piles import parts
+
+    monkeypatch.setattr(parts, "key_hashes", lambda k: np.zeros(len(k), dtype=np.uint64))
+    samples = [{"__key__": k, "txt": k} for k in ("a", "b", "c", "d")]
+    write(str(tmp_path / "ds"), samples, piles=1)
+    assert [s["__key__"] for s in read_raw(str(tmp_path / "ds"))] == ["a", "b", "c", "d"]
+
+
+def test_a_key_with_bytes_that_are_not_utf8_round_trips(tmp_path):
+    # a key made from a Latin-1 file name by os.listdir or tarfile: the byte 0xe9 as '\udce9'
+    samples = [{"__key__": "caf\udce9", "txt": "x", "b\udcffn": b"1"}, {"__key__": "caf\u00e9", "txt": "y"}]
+    out = str(tmp_path / "ds")
     write(out, samples, piles=1)
-    assert [(s["__key__"], s["txt"]) for s in read_raw(out)] == [("a", b"1"), ("b", b"2"), ("a", b"3")]
+    assert [(s["__key__"], sorted(s)) for s in read_raw(out)] == [(s["__key__"], sorted(s)) for s in samples]
+    assert [s["__key__"] for s in read_wds(out)] == ["caf\udce9", "caf\u00e9"]
+    assert shardkit.verify(out, quiet=True) == []
+
+
+@pytest.mark.parametrize(
+    ("sample", "message"),
+    [
+        ({"__key__": "a\ud800", "txt": "x"}, r"sample key 'a\\ud800' holds '\\ud800' at position 1, a surrogate that is no byte"),
+        ({"__key__": "a", "t\udbffxt": "x"}, r"sample 'a': field name 't\\udbffxt' holds '\\udbff' at position 1"),
+    ],
+)
+def test_a_surrogate_that_is_no_escaped_byte_is_refused(tmp_path, sample, message):
+    with pytest.raises(SampleError, match=message), shardkit.PileWriter(tmp_path / "ds", piles=1) as w:
+        w.write(sample)
+    assert not manifest.is_dataset(tmp_path / "ds")
 
 
 @pytest.mark.parametrize("key", ["a\x00b", "line\nbreak", "tab\there", "del\x7f", "c1\x85", "\r"])
@@ -375,15 +431,15 @@ def test_numpy_images_and_pil_images_encode_to_the_same_png(tmp_path):
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(got["a"]))), array)
 
 
-def test_a_repeated_key_that_a_split_would_make_adjacent_is_refused(tmp_path):
+def test_a_repeated_key_is_refused_before_a_split_could_make_it_adjacent(tmp_path):
     out = str(tmp_path / "ds")
     samples = [{"__key__": k, "bin": b"x" * 1000} for k in ("a", "b", "a", "c")]
     # one pile of 4 samples of 2048 bytes, capacity floor(0.9 * 5000 * 4 / 8192) = 2: split at
-    # random; find a seed whose final sub-piles hold both "a" side by side (the "b" elsewhere)
+    # random; find a seed whose final sub-piles would hold both "a" side by side (the "b" elsewhere)
     for seed in range(200):
         leaves = [chosen.tolist() for _, chosen in router.sub_piles(4, capacity=2, seed=seed, trail=(0,))]
         if [0, 2] in leaves:
             break
-    with pytest.raises(SampleError, match=r"pile 0: two samples with key 'a' \(samples 0 and 2 of pile-000000.tar"):
+    with pytest.raises(SampleError, match=r"pile 0: sample 2 \(offset 3072\) has the key 'a' of sample 0 \(offset 0\)"):
         write(out, samples, piles=1, seed=seed, max_pile_bytes=5000)
     assert not manifest.is_dataset(out)

@@ -93,13 +93,16 @@ def fetch(url: str, *, expected: PileInfo | None = None, max_bytes: int | None =
     return Fetched(url, buf, scan.scan(buf, checksums=not verify), checked=verify)
 
 
-def open_pile(fetched: Fetched, *, expected: PileInfo | None = None) -> Shard:
+def open_pile(fetched: Fetched, *, expected: PileInfo | None = None, unique: bool = False) -> Shard:
     """Finish indexing what :func:`fetch` returned and check the sample count.
+
+    ``unique``: refuse a key that names two samples (see :class:`~shardkit.tar.shard.Shard`),
+    for plain shards; piles were checked when they were written.
 
     Raises:
         CorruptShardError: the tar is malformed; ManifestError: the count is not the manifest's.
     """
-    shard = Shard(fetched.url, fetched.buf, chain=fetched.chain, checked=fetched.checked)
+    shard = Shard(fetched.url, fetched.buf, chain=fetched.chain, checked=fetched.checked, unique=unique)
     problem = count_problem(shard, expected) if expected is not None else None
     if problem is not None:
         raise ManifestError(f"{fetched.url}: {problem}")

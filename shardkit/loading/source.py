@@ -3,6 +3,9 @@
 A dataset directory is described by its manifest (names, counts, sizes, checksums). Plain tar
 shards (a list, a glob or a brace pattern) are walked once to count their samples; the counts
 are cached per process by (URL, size, modification time), so a second loader starts at once.
+Each plain shard is read as one pile, so its samples stay together in the order: the loader
+says so once, with the command that makes piles. A plain shard is also checked for a key that
+names two samples (its members are not adjacent), which a pile cannot hold.
 
     src = resolve("data/")                       # or resolve("shards/train-{000..099}.tar")
     src.counts                                    # samples per pile, in order
@@ -13,18 +16,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardkit import manifest, storage
-from shardkit.errors import CorruptShardError
+from shardkit.errors import CorruptShardError, DatasetNotFoundError
 from shardkit.loading.pile import Fetched, fetch, open_pile
 from shardkit.manifest import PileInfo
 from shardkit.tar.shard import Shard, read_shard
 
 SourceLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+log = logging.getLogger(__name__)
+
+_SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+# what an interrupted pass 1 leaves: piles, a staging directory, but no manifest
+_UNFINISHED = re.compile(r"^(pile-\d{6,}(-\d{3})*\.tar|\.shardkit-.*)$")
 
 _counts_cache: dict[tuple[str, int, int], int] = {}
 _cache_lock = threading.Lock()
@@ -72,7 +83,7 @@ class Source:
         pile = self.piles[index]
         if pile.info is not None:
             return open_pile(fetched, expected=pile.info)
-        data = open_pile(fetched)
+        data = open_pile(fetched, unique=True)
         if len(data) != pile.samples:
             raise CorruptShardError(f"{pile.url}: holds {len(data)} samples, {pile.samples} when it was first counted (the file changed)")
         return data
@@ -81,18 +92,68 @@ class Source:
 def resolve(source: SourceLike) -> Source:
     """A dataset directory (with ``shardkit.json``) or tar shard URLs/patterns -> :class:`Source`.
 
+    Plain shards log one warning: each is read as one pile, so the order is shuffled only
+    within the shards' bounds.
+
     Raises:
-        DatasetNotFoundError: nothing matches; ManifestError: the manifest is invalid;
-        CorruptShardError: a plain shard cannot be walked to count its samples.
+        DatasetNotFoundError: nothing matches, or a directory holds no ``shardkit.json`` (the
+            message lists what it holds); ManifestError: the manifest is invalid;
+        CorruptShardError: a plain shard cannot be walked to count its samples, or a key in it
+            names two samples.
     """
     if isinstance(source, (str, os.PathLike)):
         root = os.fspath(source)
         if manifest.is_dataset(root):
             m = manifest.read(root)
             return Source(root, tuple(Pile(storage.join(root, p.name), p.samples, p) for p in m.piles))
+        if _is_directory(root):
+            raise _not_a_dataset(root)
     urls = storage.expand(source)
     name = urls[0] if len(urls) == 1 else f"{urls[0]} (+{len(urls) - 1} shards)"
-    return Source(name, tuple(Pile(u, count_samples(u)) for u in urls))
+    found = Source(name, tuple(Pile(u, count_samples(u)) for u in urls))
+    shown = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "SHARDS"
+    log.warning(
+        "%s: plain tar shards, not piles: each shard is read as one pile, so the order is shuffled only within the "
+        "shards' bounds (a class-sorted shard gives class-sorted batches); piles are shuffled uniformly. "
+        "Make piles with: shardkit pile '%s' -o DIR --piles M",
+        name,
+        shown,
+    )
+    return found
+
+
+def _is_directory(root: str) -> bool:
+    path = storage.local_path(root)
+    return os.path.isdir(path) if path is not None else root.endswith("/")
+
+
+def _not_a_dataset(root: str) -> DatasetNotFoundError:
+    """The error for a directory without a manifest, saying what it holds and what to do."""
+    names = storage.listdir(root)
+    where = f"{root}: no {manifest.MANIFEST} here, so it is not a shardkit dataset"
+    if not names:
+        return DatasetNotFoundError(f"{where}, and the directory is empty")
+    shards = [n for n in names if n.endswith(_SHARD_SUFFIXES)]
+    others = [n for n in names if n not in shards]
+    said = [_count(shards, "tar shard") if shards else "no tar shard"] + ([_count(others, "other entry")] if others else [])
+    message = f"{where}; it holds {' and '.join(said)}"
+    if any(_UNFINISHED.match(n) for n in names):
+        message += ": piles without a manifest are what a pile job that did not finish leaves; run it again"
+    elif shards:
+        suffix = max(_SHARD_SUFFIXES, key=lambda x: sum(n.endswith(x) for n in shards))
+        pattern = storage.join(root, f"*{suffix}")
+        message += (
+            f": pass them as a glob like '{pattern}' to read them as plain shards, or make piles with "
+            f"shardkit pile '{pattern}' -o DIR --piles M"
+        )
+    return DatasetNotFoundError(message)
+
+
+def _count(names: list[str], what: str) -> str:
+    """``"12 tar shards (a.tar, b.tar, c.tar, ...)"``"""
+    plural = what if len(names) == 1 else (what[:-1] + "ies" if what.endswith("y") else what + "s")
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"{len(names)} {plural} ({shown})"
 
 
 def count_samples(url: str) -> int:
@@ -106,7 +167,7 @@ def count_samples(url: str) -> int:
     with _cache_lock:
         if key in _counts_cache:
             return _counts_cache[key]
-    count = len(Shard(url, read_shard(url, mapped=True)))
+    count = len(Shard(url, read_shard(url, mapped=True), unique=True))
     with _cache_lock:
         _counts_cache[key] = count
     return count

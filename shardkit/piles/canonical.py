@@ -31,6 +31,7 @@ import numpy as np
 from shardkit.codecs import DEFAULT, Codecs
 from shardkit.piles.encode import check_key, encode_sample
 from shardkit.tar import index, scan, write
+from shardkit.tar.keys import refuse_repeat
 
 if TYPE_CHECKING:
     from shardkit.storage import Buffer
@@ -74,8 +75,9 @@ def canonical_samples(
     and written again with ``__key__ = prefix + key``.
 
     Raises:
-        CorruptShardError: the shard is not a valid tar (as :func:`shardkit.write.walk`) or a
-            sample has two members with one extension.
+        CorruptShardError: the shard is not a valid tar (as :func:`shardkit.write.walk`), a
+            sample has two members with one extension, or two samples have one key (its
+            members are not adjacent).
         SampleError: a sample ``encode_sample`` refuses (bad key, no extension, too large).
     """
     layout = index.index(buf, source)
@@ -87,6 +89,7 @@ def canonical_samples(
     starts = layout.samples(keylen)
     firsts = starts[:-1]
     keys = layout.sample_keys(firsts, keylen)
+    refuse_repeat(source, keys, lambda i: int(layout.heads[firsts[i]]))
     padded = layout.sizes + (-layout.sizes % BLOCK)
     nbytes = np.add.reduceat(BLOCK + padded, firsts)
     fast = np.logical_and.reduceat(_expressible(layout, keylen, starts), firsts)
@@ -102,7 +105,7 @@ def canonical_samples(
 
 def _prefixed(layout: index.Layout, prefix: str) -> index.Layout:
     """``layout`` with ``prefix`` in front of every name; no header is canonical any more."""
-    pre = np.frombuffer(prefix.encode("utf-8"), dtype=np.uint8)
+    pre = np.frombuffer(prefix.encode("utf-8", "surrogateescape"), dtype=np.uint8)
     lengths = np.where(layout.lengths >= 0, layout.lengths + len(pre), -1)
     lengths[lengths > scan.NAME] = -1  # too long for a ustar name: encode_sample adds a pax header
     rows = np.concatenate([np.broadcast_to(pre, (len(layout), len(pre))), layout.rows], axis=1)[:, : scan.NAME]

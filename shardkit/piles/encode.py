@@ -25,6 +25,8 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 def check_key(key: Any) -> str:
     if not isinstance(key, str) or not key:
         raise SampleError(f"sample key must be a non-empty str, got {key!r}")
+    if not key.isascii():
+        _check_bytes(f"sample key {key!r}", key)
     if _CONTROL.search(key):
         raise SampleError(f"sample key {key!r} contains a control character (NUL, newline, tab...): keys must be printable")
     parts = key.split("/")
@@ -63,6 +65,18 @@ def encode_sample(sample: Mapping[str, Any], codecs: Codecs = DEFAULT, *, max_pi
     return data, [ext for _, ext in order]
 
 
+def _check_bytes(what: str, text: str) -> None:
+    """A name is written as its UTF-8 bytes, an escaped undecodable byte (U+DC80..U+DCFF, as
+    Python reads a name that is not UTF-8) as that byte; any other surrogate has no bytes."""
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as e:
+        raise SampleError(
+            f"{what} holds {text[e.start]!r} at position {e.start}, a surrogate that is no byte of a file name "
+            "(bytes that are not UTF-8 are read as U+DC80..U+DCFF, and only those are written back)"
+        ) from None
+
+
 @functools.lru_cache(maxsize=1024)
 def _field_order(names: tuple[str, ...]) -> tuple[tuple[str, str], ...] | None:
     """(field name, extension) of the fields a sample with these names writes, by extension.
@@ -75,10 +89,18 @@ def _field_order(names: tuple[str, ...]) -> tuple[tuple[str, str], ...] | None:
         if name.startswith("__"):
             continue
         ext = name[1:] if name.startswith(".") else name
-        if not ext or "/" in ext or ext in fields:
+        if not ext or "/" in ext or ext in fields or not _writable(ext):
             return None
         fields[ext] = name
     return tuple((fields[ext], ext) for ext in sorted(fields)) or None
+
+
+def _writable(text: str) -> bool:
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _refuse_fields(key: str, sample: Mapping[str, Any]) -> NoReturn:
@@ -89,6 +111,7 @@ def _refuse_fields(key: str, sample: Mapping[str, Any]) -> NoReturn:
         ext = name[1:] if name.startswith(".") else name
         if not ext or "/" in ext:
             raise SampleError(f"sample {key!r}: field name {name!r} is not a valid extension")
+        _check_bytes(f"sample {key!r}: field name {name!r}", ext)
         if ext in seen:
             raise SampleError(f"sample {key!r}: two fields with extension {ext!r}")
         seen.add(ext)

@@ -1,40 +1,47 @@
-"""Per-pile part files written through a bounded memory buffer, with segments and checksums.
+"""Per-pile part files written through a bounded memory buffer, with segments, checksums and key hashes.
 
 A :class:`PileSink` is what one process writes pass 1 into: M append-only part files in a
 staging directory. It remembers which input unit wrote which byte range of each part (so parts
-from several processes can be merged back into input order) and the CRC-32 of each part as it
-goes (so publishing never reads a part back just to checksum it).
+from several processes can be merged back into input order), the CRC-32 of each part as it
+goes (so publishing never reads a part back just to checksum it), and, in a file beside each
+part, a 64-bit hash of every sample's key: :func:`check_keys` finds a key repeated anywhere in
+a pile from the hashes of every part, and reads only the samples whose hashes meet.
 """
 
 from __future__ import annotations
 
 import os
-import zlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from shardkit import manifest, storage
-from shardkit.errors import SampleError
+from shardkit.errors import CorruptShardError, SampleError
+from shardkit.tar import write
+from shardkit.tar.keys import key_hashes, repeated_key, sample_at
+from shardkit.tar.shard import Shard
 
-# numbers per row of PileSink.segments: unit, start, end, samples, first key hash, last key hash
-SEGMENT = 6
+# numbers per row of PileSink.segments: unit, start, end, samples
+SEGMENT = 4
+# what a repeated key's message says after "keys must be unique"
+ADVICE = (
+    " across all inputs. Give each sample a unique '__key__' (e.g. prefix the input's name), or re-pile shards "
+    "whose keys restart with key_prefix='unit' (shardkit pile --key-prefix unit)"
+)
 
 
-def key_hash(key: str | bytes) -> int:
-    """A hash of a sample key that is the same in every process (``hash()`` is salted per process)."""
-    return zlib.crc32(key.encode("utf-8", "surrogateescape") if isinstance(key, str) else key)
+def keys_path(part: str) -> str:
+    """The file of key hashes beside the part file ``part``: 8 bytes a sample, in the part's order."""
+    return part.removesuffix(".part") + ".keys"
 
 
 def duplicate_key(key: str | bytes, pile: int, units: str) -> SampleError:
-    """The error for two adjacent samples with one key in ``pile``; ``units`` says where they came from."""
+    """The error for two samples with one key that meet in ``pile``; ``units`` says where they came from."""
     shown = key.decode("utf-8", "surrogateescape") if isinstance(key, bytes) else key
     return SampleError(
         f"pile {pile}: two samples with key {shown!r} ({units}) would be adjacent, and readers would "
-        "merge them into one sample: keys must be unique across all inputs. Give each sample a unique "
-        "'__key__' in fn (e.g. prefix the input's name), or re-pile shards whose keys restart with "
-        "key_prefix='unit' (shardkit pile --key-prefix unit)"
+        "merge them into one sample: keys must be unique" + ADVICE
     )
 
 
@@ -43,16 +50,13 @@ class PileSink:
 
     Each pile's part file records which input unit wrote which byte range (``segments``), so
     parts written by several processes can be merged back into input order. ``segments[p]`` is
-    a flat ``array('q')`` of ``[unit, start, end, samples, first, last]`` rows (``SEGMENT``
-    numbers each), ``first`` and ``last`` being :func:`key_hash` of the range's first and last
-    sample keys: compact enough to keep one per (unit, pile) pair for millions of units and to
-    send between processes, and enough to find two equal keys meeting where ranges of
-    different units are joined. ``crcs[p]`` is the CRC-32 of part file p, kept as it is written
-    so publishing never reads it back.
-
-    Two adjacent samples with one key would read back as one sample (WebDataset groups members
-    by key), so the sink refuses a sample whose key is the one just appended to the same pile
-    by the same unit, before changing anything.
+    a flat ``array('q')`` of ``[unit, start, end, samples]`` rows (``SEGMENT`` numbers each):
+    compact enough to keep one per (unit, pile) pair for millions of units and to send between
+    processes. ``crcs[p]`` is the CRC-32 of part file p, kept as it is written so publishing
+    never reads it back. Beside each part, :func:`keys_path` holds the 64-bit hash of each
+    sample's key, written with the bytes at every flush: memory holds only the hashes of what is
+    buffered, and :func:`check_keys` looks for a key repeated anywhere in a pile once every part
+    is written.
 
         sink = PileSink("staging/part-0", piles=64, buffer_size=64 << 20)
         sink.add(pile=3, data=member_bytes, unit=0, key="000017")
@@ -70,49 +74,52 @@ class PileSink:
         self.sizes = [0] * piles
         self.crcs = [0] * piles
         self.segments: list[array[int]] = [array("q") for _ in range(piles)]
-        self._last: list[str | None] = [None] * piles
+        # keys add() appended since the last flush (hashed together), then the hashes to write
+        self._keys: list[list[bytes]] = [[] for _ in range(piles)]
+        self._hashes: list[list[np.ndarray]] = [[] for _ in range(piles)]
+        # key and offset of the last sample add() appended to each pile
+        self._last: list[tuple[str, int] | None] = [None] * piles
 
     def part(self, pile: int) -> str:
         return os.path.join(self.directory, f"{pile:06d}.part")
 
-    def _record(self, pile: int, unit: int, nbytes: int, samples: int, first: int, last: int) -> None:
+    def _record(self, pile: int, unit: int, nbytes: int, samples: int) -> None:
         start = self.sizes[pile]
         seg = self.segments[pile]
-        if seg and seg[-6] == unit and seg[-4] == start:
-            seg[-4] = start + nbytes
-            seg[-3] += samples
-            seg[-1] = last
+        if seg and seg[-4] == unit and seg[-2] == start:
+            seg[-2] = start + nbytes
+            seg[-1] += samples
         else:
-            seg.extend((unit, start, start + nbytes, samples, first, last))
+            seg.extend((unit, start, start + nbytes, samples))
         self.sizes[pile] = start + nbytes
         self.counts[pile] += samples
 
     def add(self, pile: int, data: bytes, unit: int, key: str) -> None:
-        """Append one sample's bytes (its key is ``key``) to ``pile``.
-
-        ``unit`` labels the segment; a negative one (a single writer) is not named in errors.
+        """Append one sample's bytes (its key is ``key``) to ``pile``; ``unit`` labels the segment.
 
         Raises:
-            SampleError: the sample just appended to ``pile`` by ``unit`` has the same key.
+            SampleError: the sample ``unit`` appended to ``pile`` just before has the same key
+                (checked before anything changes). Read back, the two would be one sample, and a
+                repeat anywhere else is found by :func:`check_keys` reading segments back.
         """
-        seg, last = self.segments[pile], self._last[pile]
-        start, end = self.sizes[pile], self.sizes[pile] + len(data)
-        if seg and seg[-6] == unit and seg[-4] == start:
-            if key == last:
-                raise duplicate_key(key, pile, f"both from input unit {unit}" if unit >= 0 else "written one after the other")
-            seg[-4] = end
-            seg[-3] += 1
+        last, start, seg = self._last[pile], self.sizes[pile], self.segments[pile]
+        end = start + len(data)
+        if seg and seg[-4] == unit and seg[-2] == start:  # the range goes on (inlined: the hot path)
+            if last is not None and last[0] == key:
+                n = self.counts[pile]
+                said = repeated_key(key, sample_at(n, f"offset {start}"), sample_at(n - 1, f"offset {last[1]}"))
+                raise SampleError(f"pile {pile}: {said}{ADVICE}")
+            seg[-2] = end
+            seg[-1] += 1
         else:
-            if last is not None:
-                seg[-1] = key_hash(last)  # the range before is complete: its last key is known
-            seg.extend((unit, start, end, 1, key_hash(key), 0))
-        # the last key's hash is filled in when the range ends (a new one starts, or flush)
-        self._last[pile] = key
+            seg.extend((unit, start, end, 1))
+        self.sizes[pile] = end
+        self.counts[pile] += 1
+        self._last[pile] = (key, start)
+        self._keys[pile].append(key.encode("utf-8", "surrogateescape"))
         self._chunks[pile].append(data)
         # checksummed now, while the bytes just made are still in the CPU cache
         self.crcs[pile] = manifest.checksum(data, self.crcs[pile])
-        self.sizes[pile] = end
-        self.counts[pile] += 1
         self._buffered += len(data)
         if self._buffered >= self._limit:
             self.flush()
@@ -126,11 +133,7 @@ class PileSink:
         buffer; it stays alive until the next flush. ``mapped``: that buffer is a memory map,
         which holds a file descriptor while it lives; the sink flushes after ``MAX_MAPS`` of
         them, whatever ``buffer_size`` is.
-
-        Raises:
-            SampleError: two samples of the unit with one key would be adjacent in a pile.
         """
-        ends = _pile_ends(unit, piles, keys)
         queues, crcs, checksum = self._chunks, self.crcs, manifest.checksum
         # in input order the source is read front to back: the checksum streams through memory
         for chunk, pile in zip(chunks, piles.tolist(), strict=True):
@@ -138,49 +141,155 @@ class PileSink:
             crcs[pile] = checksum(chunk, crcs[pile])
         counts = np.bincount(piles, minlength=len(queues))
         totals = np.bincount(piles, weights=sizes, minlength=len(queues))
-        for pile, (first, last) in ends.items():
-            before = self._last[pile]
-            if before is not None:  # a range add() wrote comes before: complete it
-                self.segments[pile][-1] = key_hash(before)
-                self._last[pile] = None
-            self._record(pile, unit, int(totals[pile]), int(counts[pile]), key_hash(first), key_hash(last))
+        hashes = key_hashes(keys)[np.argsort(piles, kind="stable")]  # by pile, in input order within one
+        bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        for pile in np.flatnonzero(counts).tolist():
+            self._settle(pile)
+            self._last[pile] = None  # a range of this unit's: add() never continues it
+            self._hashes[pile].append(hashes[bounds[pile] : bounds[pile + 1]])
+            self._record(pile, unit, int(totals[pile]), int(counts[pile]))
         self._buffered += int(sizes.sum())
         self._maps += mapped
         if self._buffered >= self._limit or self._maps >= MAX_MAPS:
             self.flush()
 
-    def _seal(self) -> None:
-        """Fill in the last key hash of each range :meth:`add` is writing (it may go on after)."""
-        for pile, key in enumerate(self._last):
-            if key is not None:
-                self.segments[pile][-1] = key_hash(key)
+    def _settle(self, pile: int) -> None:
+        """Hash the keys :meth:`add` appended to ``pile`` so far, all at once."""
+        if self._keys[pile]:
+            self._hashes[pile].append(key_hashes(np.array(self._keys[pile], dtype=bytes)))
+            self._keys[pile].clear()
 
     def flush(self) -> None:
-        """Append the buffered bytes to the part files; ``segments`` is complete after it."""
-        self._seal()
+        """Append the buffered bytes to the part files, and their keys' hashes beside them."""
         for pile, chunks in enumerate(self._chunks):
+            self._settle(pile)
             if chunks:
-                fd = os.open(self.part(pile), os.O_WRONLY | os.O_APPEND | os.O_CREAT | storage.O_BINARY, 0o644)
-                try:
-                    storage.write_chunks(fd, chunks)
-                finally:
-                    os.close(fd)
+                _append(self.part(pile), chunks)
                 chunks.clear()
+            if self._hashes[pile]:
+                _append(keys_path(self.part(pile)), [np.concatenate(self._hashes[pile]).astype(_HASH).tobytes()])
+                self._hashes[pile].clear()
         self._buffered = 0
         self._maps = 0
 
 
-def _pile_ends(unit: int, piles: np.ndarray, keys: np.ndarray) -> dict[int, tuple[bytes, bytes]]:
-    """{pile: (first key, last key)} of one unit's samples; raises if two in a row share a key."""
-    order = np.argsort(piles, kind="stable")
-    by_pile, by_key = piles[order], keys[order]
-    same = (by_pile[1:] == by_pile[:-1]) & (by_key[1:] == by_key[:-1])
-    if same.any():
-        at = int(np.argmax(same))
-        raise duplicate_key(bytes(by_key[at]), int(by_pile[at]), f"both from input unit {unit}")
-    starts = np.flatnonzero(np.concatenate([[True], by_pile[1:] != by_pile[:-1]]))
-    lasts = np.append(starts[1:], len(order)) - 1
-    return {int(by_pile[a]): (bytes(by_key[a]), bytes(by_key[b])) for a, b in zip(starts.tolist(), lasts.tolist(), strict=True)}
+def _append(path: str, chunks: Sequence[storage.Chunk]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | storage.O_BINARY, 0o644)
+    try:
+        storage.write_chunks(fd, chunks)
+    finally:
+        os.close(fd)
+
+
+def check_keys(
+    tables: Sequence[np.ndarray],
+    paths: Sequence[str],
+    pile: int,
+    *,
+    skipped: np.ndarray | Sequence[int] = (),
+    unit_name: Callable[[int], str] | None = None,
+) -> None:
+    """Refuse two samples of pile ``pile`` with one key, wherever they are in it.
+
+    ``paths[k]`` is a part file of the pile and ``tables[k]`` its segments, in file order
+    (``(n, SEGMENT)`` int64); the pile is the segments of units not in ``skipped``, by unit and
+    then position. The hashes beside the parts find the candidates: 16 bytes of memory a sample
+    of this one pile (its hashes and their sorted copy). Only samples whose hashes meet are read
+    back, and their keys decide, so a hash collision is never an error.
+
+    Raises:
+        SampleError: two samples share a key; the message gives both positions in the pile (and,
+            with ``unit_name``, the units they came from).
+    """
+    hashes, bounds = _read_hashes(paths)
+    if len(hashes) < 2:
+        return
+    ordered = np.sort(hashes)
+    same = ordered[1:] == ordered[:-1]
+    if not same.any():
+        return
+    suspects = np.unique(ordered[1:][same])
+    del ordered
+    placed = _placed(tables, skipped)
+    places: dict[str, list[tuple[int, int, int]]] = {}
+    for k, table in enumerate(tables):
+        candidates = _among(hashes[bounds[k] : bounds[k + 1]], suspects)
+        for key, at in _keys_at(paths[k], table, placed[k], candidates):
+            places.setdefault(key, []).append(at)
+    # the first repeat in the pile's order: the second place of its key, and the first
+    repeats = [(sorted(at)[1], min(at), key) for key, at in places.items() if len(at) > 1]
+    if repeats:
+        later, earlier, key = min(repeats)
+
+        def where(at: tuple[int, int, int]) -> str:
+            unit = [unit_name(at[2])] if unit_name is not None and at[2] >= 0 else []
+            return sample_at(at[0], f"offset {at[1]}", *unit)
+
+        raise SampleError(f"pile {pile}: {repeated_key(key, where(later), where(earlier))}{ADVICE}")
+
+
+_HASH = np.dtype("<u8")
+
+
+def _read_hashes(paths: Sequence[str]) -> tuple[np.ndarray, list[int]]:
+    """The key hashes beside every part, in one array; part k's are ``[bounds[k]:bounds[k + 1]]``."""
+    sizes = [os.path.getsize(keys_path(p)) // _HASH.itemsize if os.path.exists(keys_path(p)) else 0 for p in paths]
+    bounds = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
+    hashes = np.empty(bounds[-1], dtype=_HASH)
+    for path, lo, hi in zip(paths, bounds[:-1], bounds[1:], strict=True):
+        if hi > lo:
+            hashes[lo:hi] = np.fromfile(keys_path(path), dtype=_HASH, count=hi - lo)
+    return hashes, bounds
+
+
+def _among(hashes: np.ndarray, suspects: np.ndarray, chunk: int = 1 << 20) -> np.ndarray:
+    """Indices of ``hashes`` found in the sorted ``suspects``, a chunk at a time (a bounded
+    temporary, where ``np.isin`` would sort a copy of all of them)."""
+    found = []
+    for lo in range(0, len(hashes), chunk):
+        part = hashes[lo : lo + chunk]
+        at = np.minimum(np.searchsorted(suspects, part), len(suspects) - 1)
+        found.append(lo + np.flatnonzero(suspects[at] == part))
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
+def _placed(tables: Sequence[np.ndarray], skipped: np.ndarray | Sequence[int]) -> list[np.ndarray]:
+    """Per part, per segment: its first sample's position and byte offset in the assembled pile
+    (-1 for a skipped unit's). The pile is every kept segment, by unit and then position."""
+    rows = np.concatenate(
+        [np.column_stack([t[:, :4], np.full(len(t), k), np.arange(len(t))]) for k, t in enumerate(tables)]
+        + [np.zeros((0, 6), dtype=np.int64)]
+    )
+    rows = rows[~np.isin(rows[:, 0], np.asarray(skipped, dtype=np.int64))]
+    rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+    nbytes = rows[:, 2] - rows[:, 1]
+    firsts = np.column_stack([np.cumsum(rows[:, 3]) - rows[:, 3], np.cumsum(nbytes) - nbytes])
+    placed = [np.full((len(t), 2), -1, dtype=np.int64) for t in tables]
+    for k, out in enumerate(placed):
+        mine = rows[:, 4] == k
+        out[rows[mine, 5]] = firsts[mine]
+    return placed
+
+
+def _keys_at(path: str, table: np.ndarray, placed: np.ndarray, samples: np.ndarray) -> list[tuple[str, tuple[int, int, int]]]:
+    """(key, (position, offset, unit)) in the assembled pile of samples ``samples`` of one part
+    file (by their order in it); those of skipped units are left out. Reads only their segments."""
+    ends = np.cumsum(table[:, 3])
+    found = []
+    rows = np.searchsorted(ends, samples, side="right")
+    for row in np.unique(rows).tolist():
+        if placed[row, 0] < 0:
+            continue
+        unit, start, end, count = table[row, :4].tolist()
+        with open(path, "rb") as f:
+            f.seek(start)
+            segment = Shard(path, f.read(end - start) + write.TRAILER)
+        if len(segment) != count:  # add() keeps two samples of one key from meeting in a segment
+            raise CorruptShardError(f"{path}: bytes {start} to {end} hold {len(segment)} samples, {count} were written there")
+        offsets = segment.sample_offsets()
+        for i in (samples[rows == row] - (ends[row] - count)).tolist():
+            found.append((segment.keys[i], (int(placed[row, 0]) + i, int(placed[row, 1]) + offsets[i], unit)))
+    return found
 
 
 # memory maps extend() may keep alive at once, each with an open file descriptor

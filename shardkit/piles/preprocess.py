@@ -36,11 +36,10 @@ from shardkit.options import from_call
 from shardkit.piles.executor import Tally, run_local
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import Output, claim
-from shardkit.piles.parts import SEGMENT, duplicate_key
+from shardkit.piles.parts import SEGMENT, check_keys
 from shardkit.piles.publish import Run, publish
 from shardkit.piles.units import Part, UnitWork, describe, skip_record
-from shardkit.tar import write
-from shardkit.tar.shard import Shard, iter_shard
+from shardkit.tar.shard import iter_shard
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +114,10 @@ def preprocess(
             version...). ``preprocess`` adds ``units`` (the number of input units) and, when
             units were skipped, ``skipped``.
 
-    Sample keys must be unique across all inputs: two samples with one key that land next to
-    each other in a pile would be read back as one sample, so that is refused.
+    Sample keys must be unique across all inputs. A key a unit repeats fails that unit (as
+    ``fn`` raising would); a key two units share is refused when they land in one pile, found
+    at the merge from 64-bit key hashes kept beside the part files (8 bytes of disk a sample;
+    16 bytes of memory a sample of the pile being checked, one pile at a time).
 
     Returns:
         The manifest that was written.
@@ -184,48 +185,28 @@ def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray, units: Se
     a skipped unit's segments are left out; ranges that continue each other are joined.
 
     Raises:
-        SampleError: where one unit's samples meet the next unit's, both samples have one key.
+        SampleError: two samples of the pile have one key (see :func:`shardkit.piles.parts.check_keys`).
     """
-    tables = []
-    for k, part in enumerate(parts):
-        seg = np.frombuffer(part.segments[pile], dtype=np.int64).reshape(-1, SEGMENT)
-        tables.append(np.column_stack([seg, np.full(len(seg), k, dtype=np.int64)]))
-    rows = np.concatenate(tables) if tables else np.zeros((0, SEGMENT + 1), dtype=np.int64)
+    tables = [np.frombuffer(part.segments[pile], dtype=np.int64).reshape(-1, SEGMENT) for part in parts]
+    check_keys(
+        tables, [part.paths[pile] for part in parts], pile, skipped=skipped, unit_name=lambda u: f"input unit {u} ({describe(units[u])})"
+    )
+    rows = np.concatenate(
+        [np.column_stack([t, np.full(len(t), k, dtype=np.int64)]) for k, t in enumerate(tables)]
+        + [np.zeros((0, SEGMENT + 1), dtype=np.int64)]
+    )
     if len(skipped):
         rows = rows[~np.isin(rows[:, 0], skipped)]
     if not len(rows):
         return np.zeros((0, 3), dtype=np.int64), 0
     rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
-    _check_joins(rows, parts, pile, units)
-    _, start, end, count, _, _, part = rows.T
+    _, start, end, count, part = rows.T
     # a new run starts where the part changes or the bytes do not continue the previous range
     new = np.ones(len(rows), dtype=bool)
     new[1:] = (part[1:] != part[:-1]) | (start[1:] != end[:-1])
     first = np.flatnonzero(new)
     last = np.append(first[1:], len(rows)) - 1
     return np.column_stack([part[first], start[first], end[last] - start[first]]), int(count.sum())
-
-
-def _check_joins(rows: np.ndarray, parts: Sequence[Part], pile: int, units: Sequence[Any]) -> None:
-    """Refuse two equal keys where one unit's range of a pile meets the next unit's.
-
-    ``rows`` are segments in output order, with the part index last. The key hashes find the
-    candidates; the keys themselves are read from the part files to confirm them.
-    """
-    unit, start, end, _, first, last, part = rows.T
-    for i in np.flatnonzero((unit[1:] != unit[:-1]) & (last[:-1] == first[1:])).tolist():
-        before = _segment_keys(parts[part[i]].paths[pile], int(start[i]), int(end[i]))[-1]
-        after = _segment_keys(parts[part[i + 1]].paths[pile], int(start[i + 1]), int(end[i + 1]))[0]
-        if before == after:
-            a, b = int(unit[i]), int(unit[i + 1])
-            raise duplicate_key(before, pile, f"from input units {a} ({describe(units[a])}) and {b} ({describe(units[b])})")
-
-
-def _segment_keys(path: str, start: int, end: int) -> list[str]:
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(end - start) + write.TRAILER
-    return Shard(path, data).keys
 
 
 def _publish(
@@ -306,9 +287,9 @@ def pile(
     copied as whole byte ranges. Other arguments as in :func:`preprocess`; ``options`` may
     hold ``key_prefix`` too.
 
-    Keys must be unique across the inputs: two samples with one key that land next to each
-    other in a pile would be read back as one sample, so that is refused (``SampleError``).
-    Shards whose keys restart at ``000000`` (as most writers number them) need
+    Keys must be unique across the inputs, as in :func:`preprocess`: a shard that repeats a
+    key (its members are not adjacent) is corrupt, and a key two shards share is refused
+    (``SampleError``) when they land in one pile. Shards whose keys restart at ``000000`` (as most writers number them) need
     ``key_prefix="unit"``: each key is then prefixed with its shard's file name without
     ``.tar``/``.tar.gz`` and a slash, ``train-000003/000017`` for sample ``000017`` of
     ``train-000003.tar``, and the headers are rebuilt. Two inputs with the same file name in
@@ -316,11 +297,11 @@ def pile(
 
     Raises:
         DatasetNotFoundError: an input is missing or a pattern matches nothing (before any work).
-        CorruptShardError: an input shard is not a valid tar; the message names the unit first
-            (with ``on_error="skip"`` the shard is skipped instead).
+        CorruptShardError: an input shard is not a valid tar or repeats a key; the message
+            names the unit first (with ``on_error="skip"`` the shard is skipped instead).
         SampleError: a sample shardkit cannot write (a key with an empty path component or a
-            control character, a member without extension, a sample over ``max_pile_bytes``, a
-            key repeated next to itself in a pile).
+            control character, a member without extension, a sample over ``max_pile_bytes``), or
+            a key two inputs share in one pile.
     """
     keywords = {
         "piles": piles,

@@ -20,7 +20,8 @@ from shardkit.codecs import Codecs
 from shardkit.errors import Failure, InputError, RemoteTraceback, SampleError, ShardkitError
 from shardkit.piles import canonical, router
 from shardkit.piles.encode import encode_sample
-from shardkit.piles.parts import PileSink
+from shardkit.piles.parts import ADVICE, PileSink
+from shardkit.tar.keys import repeated_key, sample_at
 from shardkit.tar.shard import read_shard
 
 
@@ -125,14 +126,16 @@ class UnitWriter:
         route = router.PileRouter(piles=self.job.piles, seed=self.job.seed, unit=index).next
         add = self.sink.add
         seen: set[str] = set()
+        # a key the unit repeats is the unit's fault (skipped with it); one another unit has too
+        # is found when the piles are merged. Memory: the unit's keys, while it runs.
+        ordinals: dict[str, int] = {}
         samples = nbytes = 0
-        # errors from the sink (a full disk) are not the unit's fault: they escape UnitFailed,
-        # except a key repeated next to itself, which is the unit's data
+        # errors from the sink (a full disk) are not the unit's fault: they escape UnitFailed
         for key, data, exts in _encoded(self.job, unit):
-            try:
-                add(route(), data, index, key)
-            except SampleError as e:
-                raise UnitFailed(str(e)) from e
+            if ordinals.setdefault(key, samples) != samples:
+                error = SampleError(repeated_key(key, sample_at(samples), sample_at(ordinals[key])) + ADVICE)
+                raise UnitFailed(str(error)) from error
+            add(route(), data, index, key)
             seen.update(exts)
             samples += 1
             nbytes += len(data)
@@ -149,12 +152,9 @@ class UnitWriter:
         except Exception as e:
             raise UnitFailed(str(e)) from e
         count = len(found.chunks)
-        if count:
+        if count:  # canonical_samples refused a key the shard repeats; one another unit has is found at the merge
             piles = router.route(piles=self.job.piles, seed=self.job.seed, unit=index, count=count)
-            try:  # the sink refuses a repeated key before it writes anything
-                self.sink.extend(index, piles, found.chunks, found.sizes, found.keys, mapped=isinstance(buf, mmap.mmap))
-            except SampleError as e:
-                raise UnitFailed(str(e)) from e
+            self.sink.extend(index, piles, found.chunks, found.sizes, found.keys, mapped=isinstance(buf, mmap.mmap))
         self.fields |= found.fields
         return count, int(found.sizes.sum())
 

@@ -19,6 +19,8 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from shardkit.codecs import DEFAULT, Codecs
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
@@ -27,7 +29,7 @@ from shardkit.piles import router
 from shardkit.piles.encode import encode_sample
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import claim
-from shardkit.piles.parts import PileSink
+from shardkit.piles.parts import SEGMENT, PileSink, check_keys
 from shardkit.piles.publish import Run, publish
 
 # options of jobs over input units (worker processes, skipping units, keys of input shards)
@@ -94,8 +96,10 @@ class PileWriter:
         """Encode ``sample`` and append it to a randomly chosen pile; returns the pile index.
 
         Raises:
-            SampleError: a sample :func:`encode_sample` refuses, or one whose key is the key of
-                the sample just appended to the same pile (readers would merge the two).
+            SampleError: a sample :func:`encode_sample` refuses (a surrogate that is no byte,
+                a control character, a dot in its file name...), or one whose key is the key of
+                the sample just appended to the same pile (readers would merge the two), before
+                anything changes. A key repeated elsewhere in a pile is found by :meth:`close`.
         """
         if self._closed:
             raise RuntimeError("PileWriter.write() called after close(); open a new writer.")
@@ -108,7 +112,11 @@ class PileWriter:
     def close(self) -> Manifest:
         """Publish the piles and the manifest. Idempotent; returns the manifest.
 
+        Every pile is first checked for two samples with one key, from the 64-bit key hashes
+        kept beside its part file (16 bytes of memory a sample of one pile, one pile at a time).
+
         Raises:
+            SampleError: two samples of a pile have one key (nothing is published).
             RuntimeError: an earlier ``close()`` failed, or ``abort()`` was called: nothing was
                 published.
         """
@@ -117,6 +125,8 @@ class PileWriter:
             try:
                 self._sink.flush()
                 sink = self._sink
+                for p in range(self.options.piles):
+                    check_keys([np.frombuffer(sink.segments[p], dtype=np.int64).reshape(-1, SEGMENT)], [sink.part(p)], p)
                 runs = [[Run(sink.part(p), 0, sink.sizes[p], sink.crcs[p])] for p in range(self.options.piles)]
                 self.manifest = publish(
                     self._output, runs, self._sink.counts, options=self.options, fields=self._fields, staging=self._staging

@@ -8,6 +8,7 @@ writes tars through these modules:
 - :mod:`~shardkit.tar.scan`: the vectorized header chain of an archive of plain headers;
 - :mod:`~shardkit.tar.walk`: the header-by-header walk that handles the rest and names errors;
 - :mod:`~shardkit.tar.index`: members grouped into WebDataset samples, as arrays;
+- :mod:`~shardkit.tar.keys`: key hashes and the one check (and wording) for a repeated key;
 - :mod:`~shardkit.tar.shard`: :class:`Shard`, a whole shard in memory, samples by number.
 """
 

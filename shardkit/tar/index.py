@@ -44,6 +44,7 @@ class Groups:
     Either ``exts`` names every member's extension, or ``fields`` says that every sample has
     exactly these extensions, in this order (then ``exts`` is None). Duplicate extensions within
     a sample are not checked here (the loader does it when it hands the sample out).
+    ``key_rows`` are the keys as zero-padded UTF-8 rows, for checks that need them as bytes.
 
     Example:
         chain = scan(buf)
@@ -55,6 +56,11 @@ class Groups:
     starts: list[int]
     exts: list[str] | None
     fields: tuple[str, ...] | None
+    key_rows: np.ndarray
+
+    def key_bytes(self) -> np.ndarray:
+        """The keys as numpy bytes (UTF-8), for :func:`shardkit.tar.keys.first_repeat`."""
+        return as_bytes(self.key_rows)
 
 
 def groups(rows: np.ndarray, lengths: np.ndarray) -> Groups:
@@ -63,10 +69,11 @@ def groups(rows: np.ndarray, lengths: np.ndarray) -> Groups:
     keylen = key_lengths(rows, lengths)
     starts = sample_starts(rows, keylen)
     firsts = starts[:-1]
-    keys = split_rows(key_rows(rows[firsts], keylen[firsts]), keylen[firsts])
+    krows = key_rows(rows[firsts], keylen[firsts])
+    keys = split_rows(krows, keylen[firsts])
     fields = _repeated_fields(rows, keylen, lengths, firsts)
     exts = None if fields is not None else _extensions(rows, keylen, lengths)
-    return Groups(keys, starts.tolist(), exts, fields)
+    return Groups(keys, starts.tolist(), exts, fields, krows)
 
 
 def key_lengths(rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -95,6 +102,12 @@ def key_rows(rows: np.ndarray, keylen: np.ndarray) -> np.ndarray:
     if len(rows) and (keylen == width).all():  # keys of one length (numbered samples): a slice
         return rows[:, :width]
     return np.where(keylen[:, None] > np.arange(width), rows[:, :width], 0).astype(np.uint8, copy=False)
+
+
+def as_bytes(rows: np.ndarray) -> np.ndarray:
+    """Zero-padded rows as numpy bytes, one string a row (trailing zeros are padding to numpy)."""
+    rows = np.ascontiguousarray(rows)
+    return rows.view(f"S{rows.shape[1]}").ravel() if rows.shape[1] else np.zeros(len(rows), dtype="S1")
 
 
 def sample_starts(rows: np.ndarray, keylen: np.ndarray) -> np.ndarray:
@@ -239,8 +252,7 @@ class Layout:
             names = self.all_names()
             return np.array([split_name(names[i])[0].encode("utf-8", "surrogateescape") for i in firsts.tolist()], dtype=bytes)
         keylen = self.key_lengths() if keylen is None else keylen
-        keys = np.ascontiguousarray(key_rows(self.rows[firsts], keylen[firsts]))
-        return keys.view(f"S{keys.shape[1]}").ravel() if keys.shape[1] else np.zeros(len(firsts), dtype="S1")
+        return as_bytes(key_rows(self.rows[firsts], keylen[firsts]))
 
     def sample_bounds(self, starts: np.ndarray) -> np.ndarray:
         """Byte bounds of the samples: sample i is ``buf[b[i]:b[i + 1]]``, headers included.
@@ -292,7 +304,7 @@ def _plain(buf: Buffer, source: str, checked: bool = False) -> Layout | None:
         canonical = _canonical_headers(headers, chain.rows, chain.sizes)
         if len(_scan.bad_checksums(headers[~canonical])):
             return None  # the careful walk names the bad header
-    return Layout(buf, source, chain.heads, chain.sizes, chain.rows, chain.lengths, None, not chain.pax, canonical)
+    return Layout(buf, source, chain.heads, chain.sizes, chain.rows, chain.lengths, None, not chain.gaps, canonical)
 
 
 def _canonical_headers(headers: np.ndarray, names: np.ndarray, sizes: np.ndarray) -> np.ndarray:

@@ -1,13 +1,14 @@
 """Find the chain of headers of an in-memory tar with numpy, check it, and read its names.
 
 Most shards are a chain of plain ustar headers: shardkit writes one per member for short ASCII
-names, webdataset and Python's tarfile put a pax header (for a float mtime) in front of each.
-Every 512-byte block that can be such a header is checked at once (typeflag, magic, octal size,
-a name without prefix); then the chain is followed from block 0, so data that happens to look
-like a header is never taken for one. The members' names must be safe, their checksums hold and
-a pax header may not change a member's name or size. Anything else (long or prefixed names, GNU
-headers, links, damage) gives None: the member-by-member walk in :mod:`shardkit.tar.walk` decides,
-and names the error.
+names, webdataset and Python's tarfile put a pax header (for a float mtime) in front of each, and
+``tar cf`` of a directory adds an entry for each directory, which is skipped (as webdataset
+does). Every 512-byte block that can be such a header is checked at once (typeflag, magic, octal
+size, a name without prefix); then the chain is followed from block 0, so data that happens to
+look like a header is never taken for one. The members' names must be safe, their checksums hold,
+a directory entry holds no data and a pax header may not change a member's name or size.
+Anything else (long or prefixed names, GNU headers, links, damage) gives None: the
+member-by-member walk in :mod:`shardkit.tar.walk` decides, and names the error.
 
     chain = scan(buf)
     if chain is not None:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 BLOCK = 512
 NAME = 100  # bytes of a ustar name field
-_REGULAR, _PAX = ord("0"), ord("x")
+_REGULAR, _PAX, _DIRECTORY = ord("0"), ord("x"), ord("5")
 _SLASH, _DOT = ord("/"), ord(".")
 _U64 = np.uint64
 _USTAR = _U64(int.from_bytes(b"ustar", "little"))
@@ -48,7 +49,8 @@ class Chain:
             name when it fits), nothing after a name's end.
         lengths: name length in bytes.
         end: offset of the end-of-archive marker (or of the end of the data when there is none).
-        pax: a pax header stands in front of some member (so members are not back to back).
+        gaps: a pax header or a directory entry stands between members (so they are not back to
+            back).
     """
 
     heads: np.ndarray
@@ -56,7 +58,7 @@ class Chain:
     rows: np.ndarray
     lengths: np.ndarray
     end: int
-    pax: bool
+    gaps: bool
 
     def names(self) -> list[str]:
         """The member names (UTF-8, undecodable bytes kept as surrogates, as the walk reads them)."""
@@ -85,15 +87,15 @@ def scan(buf: Buffer, *, checksums: bool = True) -> Chain | None:
     """The :class:`Chain` of ``buf``, or None when it is not an archive of plain headers.
 
     ``checksums``: verify every member header's checksum. Pass False when the bytes matched a
-    checksum of the whole file, or when the caller checks the headers itself (pax headers are
-    always checked).
+    checksum of the whole file, or when the caller checks the headers itself (pax headers and
+    directory entries are always checked).
     """
     blocks = blocks_of(buf)
     nblocks = len(blocks)
     if nblocks == 0:
         return None
     flags = blocks[:, 156].copy()  # one strided pass over the file; the rest is contiguous
-    cand = np.flatnonzero((flags == _REGULAR) | (flags == _PAX))
+    cand = np.flatnonzero((flags == _REGULAR) | (flags == _PAX) | (flags == _DIRECTORY))
     # whole blocks: gathering scattered headers costs cache misses, not bytes (measured)
     rows = np.take(blocks, cand, axis=0)
     ok = np.flatnonzero(_plausible(rows))
@@ -108,12 +110,17 @@ def scan(buf: Buffer, *, checksums: bool = True) -> Chain | None:
         if not _pax_harmless(buf, pax, heads[pax], sizes[pax]) or len(bad_checksums(rows, at[pax])):
             return None
         at, heads, sizes = at[~pax], heads[~pax], sizes[~pax]
+    folder = flags[cand[at]] == _DIRECTORY
+    if folder.any():  # skipped, as webdataset skips them, once their headers are checked
+        if sizes[folder].any() or len(bad_checksums(rows, at[folder])):
+            return None  # the walk names the entry
+        at, heads, sizes = at[~folder], heads[~folder], sizes[~folder]
     if checksums and len(bad_checksums(rows, at)):
         return None  # the walk names the header
     named = _names(rows, at)
     if named is None:
         return None
-    return Chain(heads, sizes, *named, end * BLOCK, bool(pax.any()))
+    return Chain(heads, sizes, *named, end * BLOCK, bool(pax.any() or folder.any()))
 
 
 def _plausible(rows: np.ndarray) -> np.ndarray:

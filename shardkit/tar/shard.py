@@ -18,6 +18,7 @@ import numpy as np
 from shardkit import storage
 from shardkit.errors import CorruptShardError
 from shardkit.tar import index, scan
+from shardkit.tar.keys import refuse_repeat
 from shardkit.tar.scan import BLOCK, Chain
 from shardkit.tar.walk import walk
 
@@ -34,6 +35,10 @@ class Shard:
             (a background thread can); None walks it member by member; left out, it is made here.
         checked: ``buf`` matched a checksum of the whole file, so header checksums need not be
             summed again.
+        unique: refuse a key that names two samples (a shard whose members of one key are not
+            adjacent): for shards no writer of shardkit's checked. One comparison a sample when
+            keys increase, as numbered ones do; a hash and a sort otherwise (about 5% of
+            indexing a shard, measured).
 
     Attributes:
         keys: sample keys in archive order; ``len(shard)`` samples.
@@ -48,7 +53,9 @@ class Shard:
 
     _UNSET: Any = object()
 
-    def __init__(self, url: str, buf: storage.Buffer, *, chain: Chain | Any | None = _UNSET, checked: bool = False) -> None:
+    def __init__(
+        self, url: str, buf: storage.Buffer, *, chain: Chain | Any | None = _UNSET, checked: bool = False, unique: bool = False
+    ) -> None:
         self.url = url
         self.buf = buf
         self._sampler: Callable[[int], Sample] | None = None
@@ -64,6 +71,8 @@ class Shard:
         found = index.groups(rows, lengths)  # duplicate extensions are caught by sample()
         self.keys, self._starts, self._exts, fields = found.keys, found.starts, found.exts, found.fields
         self._heads = heads
+        if unique:
+            refuse_repeat(url, found.key_bytes(), lambda i: int(heads[self._starts[i]]))
         offsets = heads + BLOCK
         self._offsets, self._ends = offsets.tolist(), (offsets + sizes).tolist()
         # every sample has these fields in this order, no two alike: sampler() can skip checks
@@ -196,6 +205,7 @@ def read_shard(url: str, *, mapped: bool = False) -> storage.Buffer:
 def iter_shard(url: str) -> Iterator[Sample]:
     """Every sample of a WebDataset tar shard, raw bytes, in archive order.
 
-    ``.tar.gz``/``.tgz`` shards are decompressed in memory.
+    ``.tar.gz``/``.tgz`` shards are decompressed in memory. A key that names two samples (its
+    members are not adjacent) is refused, as :func:`shardkit.pile` refuses it.
     """
-    yield from Shard(url, read_shard(url))
+    yield from Shard(url, read_shard(url), unique=True)

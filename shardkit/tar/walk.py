@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Members:
-    """The regular-file members of an in-memory tar, as parallel lists.
+    """The regular-file members of an in-memory tar, as parallel lists (directory entries,
+    which ``tar cf`` adds and webdataset skips, are left out).
 
     ``names[i]`` is stored at ``buf[offsets[i] : offsets[i] + sizes[i]]``; ``end`` is the offset
     of the end-of-archive trailer (or of the end of the data when the trailer is missing).
@@ -69,7 +70,8 @@ def walk(buf: Buffer, source: str) -> Members:
 
     Raises:
         CorruptShardError: a truncated archive, a header that fails its checksum, a size that
-            runs past the end, an unsafe name, or a member that is not a regular file.
+            runs past the end, an unsafe name, a member that is neither a regular file nor a
+            directory (links, devices, fifos), or a directory entry that holds data.
     """
     fast = _walk_plain(buf)
     return fast if fast is not None else _walk_members(buf, source)
@@ -124,6 +126,9 @@ def _walk_members(buf: Buffer, source: str) -> Members:
         headers.append(pos)
         start = pos + BLOCK
         pos = start + size + (-size % BLOCK)
+        if typeflag == 0 and name[-1:] == "/":  # an old-style directory entry (as tarfile reads it)
+            _check_directory(source, len(names), name, start - BLOCK, size)
+            continue
         if size < 0:  # sizes are checked unsigned; this keeps every step of the walk forward
             raise _fail(source, len(names), name, start - BLOCK, f"negative size {size}")
         if start + size > total:
@@ -197,6 +202,9 @@ def _special(buf: Buffer, pos: int, source: str, names: list[str], offsets: list
         elif typeflag in (b"g", b"K"):
             if not pending and longname is None:
                 return nxt  # global pax headers and GNU long link names carry nothing a sample needs
+        elif typeflag == b"5":
+            _check_directory(source, len(names), pending.get("path") or longname or _ustar_name(buf, pos), pos, size)
+            return nxt
         elif typeflag in (b"0", b"\x00", b"7"):
             name = pending.get("path") or longname or _ustar_name(buf, pos)
             _check_name(source, len(names), name, pos)
@@ -205,11 +213,17 @@ def _special(buf: Buffer, pos: int, source: str, names: list[str], offsets: list
             sizes.append(size)
             return nxt
         else:
-            kinds = {b"1": "hard link", b"2": "symlink", b"3": "character device", b"4": "block device", b"5": "directory", b"6": "fifo"}
+            kinds = {b"1": "hard link", b"2": "symlink", b"3": "character device", b"4": "block device", b"6": "fifo"}
             name = pending.get("path") or longname or _ustar_name(buf, pos)
             kind = kinds.get(typeflag, f"type {typeflag!r}")
             raise _fail(source, len(names), name, pos, f"expected a regular file, found a {kind}")
         pos = nxt
+
+
+def _check_directory(source: str, index: int, name: str, pos: int, size: int) -> None:
+    """A directory entry is skipped (it holds no sample); one with data is not a directory."""
+    if size:
+        raise _fail(source, index, name, pos, f"a directory entry holds {size} bytes of data: expected none")
 
 
 def _ustar_name(buf: Buffer, pos: int) -> str:

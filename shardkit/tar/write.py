@@ -5,6 +5,11 @@ byte-identical archives: the same name and data always make the same bytes. :fun
 makes the same headers for many members at once with numpy, and :func:`canonical` tells whether
 a header read from a shard is already exactly the one this module would write.
 
+Names are bytes in a tar. A name read from one with bytes that are not UTF-8 comes to Python
+with each such byte as a surrogate escape (U+DC80..U+DCFF, as ``os.fsdecode``, ``tarfile`` and
+webdataset give it); it is written back as those bytes, in a pax header marked
+``hdrcharset=BINARY`` as ``tarfile`` writes one.
+
     blob = member("000017.jpg", jpeg_bytes)       # header, data, zero padding
     archive = b"".join([blob, TRAILER])
 """
@@ -44,8 +49,9 @@ def _padding(size: int) -> bytes:
     return _PADDING[-size % BLOCK]
 
 
-def _pax_record(keyword: str, value: str) -> bytes:
-    body = f" {keyword}={value}\n".encode()
+def _pax_record(keyword: str, value: str | bytes) -> bytes:
+    raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+    body = b" %s=%s\n" % (keyword.encode(), raw)
     length = len(body) + 1
     while len(str(length)) + len(body) != length:
         length = len(str(length)) + len(body)
@@ -56,6 +62,10 @@ def member(name: str, data: bytes | bytearray | memoryview) -> bytes:
     """Return one regular-file member: header, data and padding to the 512-byte boundary.
 
     Names that do not fit ustar's 100 ASCII bytes, and data past 8 GiB, get a pax header first.
+
+    Raises:
+        UnicodeEncodeError: ``name`` holds a surrogate that is not an escaped byte (callers
+            check names first: :func:`shardkit.piles.encode.check_key`).
     """
     return b"".join(member_parts(name, data))
 
@@ -63,10 +73,13 @@ def member(name: str, data: bytes | bytearray | memoryview) -> bytes:
 def member_parts(name: str, data: bytes | bytearray | memoryview) -> tuple[bytes | bytearray | memoryview, ...]:
     """The pieces of :func:`member` in order, for a caller that joins many members at once."""
     size = len(data)
-    raw = name.encode("utf-8")
-    if len(raw) <= 100 and raw.isascii() and size <= MAX_OCTAL_SIZE:
-        return _header(raw, size, b"0"), data, _PADDING[-size % BLOCK]
-    records = _pax_record("path", name)
+    if name.isascii() and len(name) <= 100 and size <= MAX_OCTAL_SIZE:
+        return _header(name.encode("ascii"), size, b"0"), data, _PADDING[-size % BLOCK]
+    raw = name.encode("utf-8", "surrogateescape")
+    records = b""
+    if not name.isascii() and not _is_utf8(raw):
+        records += _pax_record("hdrcharset", b"BINARY")  # first, as tarfile writes it
+    records += _pax_record("path", raw)
     if size > MAX_OCTAL_SIZE:
         records += _pax_record("size", str(size))
     short = raw[:100].decode("utf-8", "ignore").encode("ascii", "replace")
@@ -78,6 +91,14 @@ def member_parts(name: str, data: bytes | bytearray | memoryview) -> tuple[bytes
         data,
         _padding(size),
     )
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 _BLANK = np.frombuffer(_header(b"", 0, b"0"), dtype=np.uint8)

@@ -19,6 +19,7 @@ from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pi
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles.output import LEFTOVERS, LOCK
 from shardkit.tar import scan
+from shardkit.tar.keys import repeated_key, sample_at
 
 _SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 _MAX_DUPLICATES = 10  # duplicate keys reported one by one per pile; the rest are counted
@@ -182,10 +183,12 @@ def _check_pile(directory: str, pile: PileInfo) -> list[Problem]:
 
 
 def _duplicate_keys(name: str, keys: list[str], offsets: list[int]) -> list[Problem]:
-    """Samples of one pile that share a key (not adjacent, or they would be one sample).
+    """Samples of one pile that share a key (not adjacent, or they would be one sample), in the
+    words the writers use when they refuse one.
 
-    The loader does not look for these (a set of every key on the hot path); readers that
-    index by key, and joins with labels kept elsewhere, would mix such samples up.
+    Every writer of shardkit's refuses these, and the loader does not look for them in piles
+    (only in plain shards); readers that index by key, and joins with labels kept elsewhere,
+    would mix such samples up.
     """
     first: dict[str, int] = {}
     found: list[Problem] = []
@@ -197,13 +200,8 @@ def _duplicate_keys(name: str, keys: list[str], offsets: list[int]) -> list[Prob
             more = len(keys) - len(set(keys)) - len(found)
             found.append(Problem(name=name, kind="duplicate", message=f"{more} more samples repeat a key of an earlier sample"))
             break
-        found.append(
-            Problem(
-                name=name,
-                kind="duplicate",
-                message=f"sample {i} (offset {offsets[i]}) has the key {key!r} of sample {j} (offset {offsets[j]}): keys must be unique",
-            )
-        )
+        said = repeated_key(key, sample_at(i, f"offset {offsets[i]}"), sample_at(j, f"offset {offsets[j]}"))
+        found.append(Problem(name=name, kind="duplicate", message=said))
     return found
 
 
