@@ -20,6 +20,8 @@ Rows:
   result or a ShardkitError.
 - diskfull: (root, Linux) a pass-1 job on a 4 MiB tmpfs that cannot hold its output must fail
   with a ShardkitError naming the place, and leave no manifest and no staging behind.
+- disk: the peak disk use of a pass-1 job with 2 workers, over the size of the dataset it makes
+  (part files are deleted as each pile is assembled, so it should stay near 1x).
 - soak: many epochs of a loader with prefetch and worker processes: every epoch exact, resident
   memory and thread count flat.
 """
@@ -288,6 +290,47 @@ def row_diskfull(work: str, trials: int) -> Row:
     return row
 
 
+# ------------------------------------------------------------------------------------------ disk
+
+
+def _tree_bytes(path: str) -> int:
+    total = 0
+    for here, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(here, name)).st_blocks * 512
+    return total
+
+
+def _watch(path: str, peak: list[int], done: threading.Event) -> None:
+    """Keep ``peak[0]`` at the most bytes ``path`` held, until ``done``."""
+    while not done.is_set():
+        peak[0] = max(peak[0], _tree_bytes(path))
+        time.sleep(0.005)
+
+
+def row_disk(work: str, trials: int) -> Row:
+    row = Row("disk: peak disk use of pass 1 (2 workers) over the dataset's size")
+    inputs = make_shards(os.path.join(work, "disk-in"), 8, 500, 20_000, seed=4)  # ~80 MB
+    for t in range(trials):
+        row.tried += 1
+        out = os.path.join(work, f"disk-out-{t}")
+        peak, done = [0], threading.Event()
+        watcher = threading.Thread(target=_watch, args=(out, peak, done), daemon=True)
+        watcher.start()
+        try:
+            shardkit.pile(inputs, out, piles=16, workers=2, quiet=True)
+        finally:
+            done.set()
+            watcher.join()
+        ratio = peak[0] / max(1, _tree_bytes(out))
+        row.notes.append(f"peak {ratio:.2f}x the dataset")
+        if ratio > 1.5:
+            row.fail(f"pass 1 held {ratio:.2f}x the dataset's size on disk")
+        shutil.rmtree(out)
+    return row
+
+
 # ------------------------------------------------------------------------------------------ soak
 
 
@@ -334,11 +377,12 @@ def table(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small slice of every row (the test suite runs this)")
-    parser.add_argument("--rows", default="kill,writers,fuzz,diskfull,soak", help="comma-separated rows to run")
+    parser.add_argument("--rows", default="kill,writers,fuzz,diskfull,disk,soak", help="comma-separated rows to run")
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--writers", type=int, default=20)
     parser.add_argument("--fuzz", type=int, default=5000)
     parser.add_argument("--diskfull", type=int, default=6)
+    parser.add_argument("--disk", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=50)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a fuzz batch may go without an answer")
     parser.add_argument("--seed", type=int, default=0)
@@ -346,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the rows provoke warnings on purpose (plain shards, dead jobs' locks)
     if args.quick:
-        args.kills, args.writers, args.fuzz, args.diskfull, args.epochs = 3, 3, 100, 1, 3
+        args.kills, args.writers, args.fuzz, args.diskfull, args.disk, args.epochs = 3, 3, 100, 1, 1, 3
     rng = random.Random(args.seed)
     work = args.work or tempfile.mkdtemp(prefix="shardkit-stress-")
     runs: dict[str, Callable[[], Row]] = {
@@ -354,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         "writers": lambda: row_writers(work, args.writers),
         "fuzz": lambda: row_fuzz(work, args.fuzz, rng, args.timeout),
         "diskfull": lambda: row_diskfull(work, args.diskfull),
+        "disk": lambda: row_disk(work, args.disk),
         "soak": lambda: row_soak(work, args.epochs),
     }
     rows = []
