@@ -168,6 +168,38 @@ def test_compare_shuffles_reports_three_orders(dataset, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_shows_every_order_with_shardkit_on_top(dataset):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'shardkit[plot]')")
+    from matplotlib.colors import to_rgba
+
+    from shardkit.tools.plot import draw
+
+    result = compare_shuffles(dataset, batch_size=16, epochs=3, seed=4)
+    fig = draw(result)
+    scatter, displacement, classes, recurrence = fig.axes
+    blue = to_rgba("tab:blue")
+    for ax in (classes, recurrence):
+        lines = sorted(ax.get_lines(), key=lambda line: line.get_zorder())
+        assert len(lines) == 4 and lines[0].get_linestyle() == "--", "the uniform reference, dashed, beneath"
+        assert to_rgba(lines[-1].get_color()) == blue, "shardkit's line drawn last, on top"
+    assert to_rgba(max(scatter.collections, key=lambda c: c.get_zorder()).get_facecolor()[0])[:3] == blue[:3]
+    assert to_rgba(max(displacement.patches, key=lambda p: p.get_zorder()).get_edgecolor()) == blue
+    # later-epoch recurrence per pair of epochs, next to the uniform expectation 1
+    reference, *orders = sorted(recurrence.get_lines(), key=lambda line: line.get_zorder())
+    assert list(reference.get_ydata()) == [1.0, 1.0]
+    shard = result.orders["shardkit"]
+    expected = [quality.recurrence(shard[e], shard[e + 1], 16).value for e in (0, 1)]
+    assert list(orders[-1].get_ydata()) == pytest.approx(expected)
+    assert "later epochs" in recurrence.get_title()
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["uniform shuffle", "shardkit", "webdataset", "sequential"]
+    one = draw(compare_shuffles(dataset, batch_size=16, epochs=1))
+    assert "needs 2 or more epochs" in one.axes[3].texts[0].get_text()
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    plt.close(one)
+
+
 def test_compare_rejects_bad_options(dataset):
     with pytest.raises(ConfigError, match="epochs"):
         compare_shuffles(dataset, epochs=0)

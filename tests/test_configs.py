@@ -95,6 +95,18 @@ def test_demo_yaml(tmp_path):
     assert result.samples == 1500 and shardkit.manifest.is_dataset(str(tmp_path / "out" / "demo" / "piles"))
 
 
+def test_run_demo_yaml_prints_the_table(tmp_path, capsys):
+    path = _copy(tmp_path, "demo.yaml")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text.replace("samples: 50000", "samples: 1200"))
+    assert main(["run", "-q", path]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("shardkit demo: 1,200 synthetic 32x32 JPEG images") and "DemoResult(" not in out
+    assert "shardkit: 16 piles, loader" in out and f"data kept in {tmp_path / 'out' / 'demo'}" in out
+
+
 @pytest.mark.parametrize("name", ["images.yaml", "jsonl.yaml", "repile.yaml", "shuffle.yaml", "demo.yaml"])
 def test_check_names_what_is_missing(tmp_path, name, capsys):
     code = main(["run", "--check", _copy(tmp_path, name)])

@@ -24,6 +24,14 @@ def test_demo_measures_all_three_orders(tmp_path):
     assert len(os.listdir(tmp_path / "out" / "sequential")) == 10
     table = result.table()
     assert "shardkit: 4 piles, loader" in table and "webdataset: shard shuffle + buffer 1000" in table
+    # every column says which way is better, and the uniform shuffle's figures stand beside the rows
+    header, better = (line.split() for line in table.splitlines()[2:4])
+    assert header == ["write/s", "read/s", "classes/batch", "recurrence", "read", "memory"]
+    assert better == ["better", "when", "higher", "higher", "higher", "lower", "lower"]
+    assert f"a uniform shuffle, for reference                 -         -  {result.uniform_classes:>13.1f}         1.0" in table
+    legend = {line.split(":")[0]: line for line in table.replace("\n  ", " ").splitlines() if ": " in line}
+    for column in ("write/s, read/s", "classes/batch", "recurrence", "read memory"):
+        assert "is better" in legend[column], column
     # run again into the same directory: the old data is replaced, not refused
     assert demo(tmp_path / "out", samples=1000, piles=2, quiet=True).samples == 1000
 

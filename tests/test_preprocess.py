@@ -333,3 +333,21 @@ def test_a_key_hash_collision_where_units_meet_is_not_an_error(tmp_path, monkeyp
     )
     keys = [s["__key__"] for s in read_pile(str(tmp_path / "out" / m.piles[0].name))]
     assert keys == ["1-0", "1-1", "3-0", "3-1", "5-0", "5-1"]
+
+
+def test_pile_counts_that_deserve_a_word_are_logged(tmp_path, caplog, monkeypatch):
+    from shardkit.piles import advice
+
+    monkeypatch.setattr(advice, "MANY_PILES", 20)  # the real bound, 100,000, would write 100,000 files here
+    out = str(tmp_path / "out")
+    with caplog.at_level("WARNING", logger="shardkit"):
+        m = shardkit.preprocess(range(4), unit_samples, out, piles=21, quiet=True)
+    many, sparse = (r.getMessage() for r in caplog.records)
+    assert {r.name for r in caplog.records} == {"shardkit.piles.preprocess"}
+    assert many.startswith(f"{out}: piles=21 writes 21 pile files")
+    empty = sum(p.samples == 0 for p in m.piles)
+    assert m.samples == 6 and sparse.startswith(f"{out}: 6 samples in 21 piles: {empty} piles are empty")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="shardkit"):
+        shardkit.preprocess(range(4), unit_samples, out, piles=6, overwrite=True, quiet=True)
+    assert caplog.records == []

@@ -49,6 +49,32 @@ def test_dataloader_workers_read_each_sample_once(odd_dataset, workers):
     assert flat_keys(dl) != got and sorted(flat_keys(dl)) == sorted(got)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataloader_batching_batches_again_is_refused(odd_dataset, workers):
+    """PyTorch's default batch_size=1 would wrap every batch in one more dimension: refused, naming the right call."""
+    ds = ShardkitDataset(odd_dataset, batch_size=8, decode=True, world_size=1, rank=0)
+    for batch_size in (1, 4):
+        with pytest.raises(shardkit.ConfigError, match=r"ShardkitDataset\(batch_size=8\) already yields batches") as e:
+            next(iter(torch.utils.data.DataLoader(ds, batch_size=batch_size, num_workers=workers)))
+        assert "DataLoader(ds, batch_size=None, num_workers=k)" in str(e.value)
+    batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)))
+    assert batch["cls"].shape == (8,)
+    # a dataset yielding single samples may be batched by the DataLoader: nothing to refuse
+    samples = ShardkitDataset(odd_dataset, decode=True, world_size=1, rank=0)
+    batch = next(iter(torch.utils.data.DataLoader(samples, batch_size=4, num_workers=workers)))
+    assert batch["cls"].shape == (4,) and len(batch["__key__"]) == 4
+
+
+def test_shardkit_dataloader_takes_no_batch_size(odd_dataset):
+    batched = ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0)
+    with pytest.raises(shardkit.ConfigError, match=r"batch_size=1 would give every array an extra leading dimension of 1"):
+        ShardkitDataLoader(batched, batch_size=1)
+    samples = ShardkitDataset(odd_dataset, decode=False, world_size=1, rank=0)
+    with pytest.raises(shardkit.ConfigError, match=r"batch_size: expected None, got 4: batch in the dataset instead"):
+        ShardkitDataLoader(samples, batch_size=4)
+    assert len(list(ShardkitDataLoader(batched))) == len(batched)
+
+
 def test_workers_share_the_rank_slice(odd_dataset):
     ds = ShardkitDataset(odd_dataset, decode=False, world_size=2, rank=1)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)

@@ -443,3 +443,36 @@ def test_a_repeated_key_is_refused_before_a_split_could_make_it_adjacent(tmp_pat
     with pytest.raises(SampleError, match=r"pile 0: sample 2 \(offset 3072\) has the key 'a' of sample 0 \(offset 0\)"):
         write(out, samples, piles=1, seed=seed, max_pile_bytes=5000)
     assert not manifest.is_dataset(out)
+
+
+# ---- pile counts that deserve a word ---------------------------------------------------------
+
+
+def test_asking_for_very_many_piles_warns_before_writing(tmp_path, caplog):
+    out = str(tmp_path / "many")
+    with caplog.at_level("WARNING", logger="shardkit"):
+        writer = shardkit.PileWriter(out, piles=100_001)
+    writer.abort()
+    (record,) = caplog.records
+    assert record.name == "shardkit.piles.writer"
+    assert record.getMessage().startswith(f"PileWriter({out!r}): piles=100,001 writes 100,001 pile files")
+    assert "s + 6 sqrt(s)" in record.getMessage() and "Choosing M" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="shardkit"):
+        shardkit.PileWriter(str(tmp_path / "enough"), piles=100_000).abort()
+    assert caplog.records == []
+
+
+def test_closing_with_more_piles_than_samples_warns(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="shardkit"), shardkit.PileWriter(str(tmp_path / "sparse"), piles=50) as w:
+        for s in make_samples(3):
+            w.write(s)
+    (record,) = caplog.records
+    empty = sum(p.samples == 0 for p in w.manifest.piles)
+    assert empty >= 47 and f"3 samples in 50 piles: {empty} piles are empty" in record.getMessage()
+    assert "fit in piles=1 for a loader given 1.0 GiB" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="shardkit"), shardkit.PileWriter(str(tmp_path / "dense"), piles=3) as w:
+        for s in make_samples(3):
+            w.write(s)
+    assert caplog.records == []

@@ -195,7 +195,7 @@ def _register_shuffle(sub: Any) -> None:
 
 
 def _run_job(args: argparse.Namespace) -> int:
-    from shardkit.cli.jobs import describe, load_job, run_job, summary
+    from shardkit.cli.jobs import DemoJob, describe, load_job, run_job, summary
 
     job = load_job(args.config)
     if args.check:
@@ -203,7 +203,9 @@ def _run_job(args: argparse.Namespace) -> int:
         return 0
     log.info("%s: %s", args.config, describe(job))
     result = run_job(job, quiet=args.quiet)
-    if not args.quiet:
+    if isinstance(job, DemoJob):  # the table is what the demo is for: printed as `shardkit demo` prints it, -q or not
+        print(summary(result))
+    elif not args.quiet:
         print(f"{args.config}: done: {summary(result)}")
     return 0
 
@@ -218,7 +220,7 @@ def _register_run(sub: Any) -> None:
     )
     p.add_argument("config", metavar="CONFIG.yaml", help="the job file")
     p.add_argument("--check", action="store_true", help="only validate the job (fields, inputs, fn import) and say what it would do")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no summary line")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no summary line (a demo job still prints its table)")
     _verbose_flag(p)
     p.set_defaults(handler=_run_job)
 

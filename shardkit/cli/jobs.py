@@ -344,9 +344,13 @@ def describe(job: Job) -> str:
 
 
 def summary(result: Any) -> str:
-    """What a finished job made, in one line."""
+    """What a finished job made: one line for a dataset, the demo's table for the demo."""
     if isinstance(result, Manifest):
         return f"{result.samples:,} samples in {len(result.piles)} files" + (
             f", {result.skipped_units} input units skipped" if result.skipped_units else ""
         )
+    from shardkit.tools.demo import DemoResult
+
+    if isinstance(result, DemoResult):
+        return result.table()
     return str(result)

@@ -16,6 +16,7 @@ in the main process reach the workers, persistent or not.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from multiprocessing.sharedctypes import RawArray
@@ -68,6 +69,36 @@ def round_robin(counts: Sequence[int], taken: int) -> tuple[list[int], int]:
     return given, turn % max(1, len(counts))
 
 
+def _batched_again(dataset: Any, caller: Any) -> bool:
+    """Whether the code that called ``iter(dataset)`` (its frame ``caller``) batches its items again.
+
+    A dataset has no handle on the DataLoader reading it. What shows its batching is the fetcher
+    PyTorch makes for an iterable dataset: its ``__init__`` calls ``iter(dataset)``, in the main
+    process with ``num_workers=0`` and in each worker otherwise, after setting ``auto_collation``,
+    which is true whenever the DataLoader's ``batch_size`` is not None. Looked up by duck typing:
+    a caller without those attributes (a plain ``for`` loop, another reader) is not checked.
+    """
+    fetcher = caller.f_locals.get("self") if caller is not None else None
+    return getattr(fetcher, "dataset", None) is dataset and getattr(fetcher, "auto_collation", False) is True
+
+
+_RIGHT_CALL = "ShardkitDataLoader(ds, num_workers=k) or DataLoader(ds, batch_size=None, num_workers=k)"
+
+
+def _rebatching(batch_size: int, loader_batch: int | None = None) -> ConfigError:
+    """The error for a DataLoader that would batch a batching dataset's items again (``loader_batch``
+    is the DataLoader's batch size when known)."""
+    again = (
+        f"its batch_size={loader_batch} would give every array an extra leading dimension of {loader_batch}"
+        if loader_batch is not None
+        else "its batch_size is not None (PyTorch's default, 1, gives every array an extra leading dimension of 1)"
+    )
+    return ConfigError(
+        f"ShardkitDataset(batch_size={batch_size}) already yields batches, and this DataLoader batches them again: {again}. "
+        f"Use {_RIGHT_CALL}"
+    )
+
+
 def _workers(count: Any) -> str:
     return "num_workers=0 or 1" if isinstance(count, int) and count <= 1 else f"num_workers={count}"
 
@@ -75,6 +106,11 @@ def _workers(count: Any) -> str:
 class ShardkitDataset(IterableDataset):
     """A shardkit dataset for ``torch.utils.data.DataLoader`` (use ``batch_size=None`` there and
     batch here, so batches are formed from the shuffled order).
+
+    Given a ``batch_size`` it yields batches, and a DataLoader that would batch them again
+    (PyTorch's default ``batch_size=1`` adds a leading dimension of 1 to every array) is refused
+    with a ``ConfigError`` when its iteration starts: use :class:`ShardkitDataLoader` or
+    ``DataLoader(ds, batch_size=None)``.
 
     Args:
         source: what :func:`shardkit.loader` takes.
@@ -139,6 +175,8 @@ class ShardkitDataset(IterableDataset):
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        if self.options.batch_size is not None and _batched_again(self, sys._getframe(1)):
+            raise _rebatching(self.options.batch_size)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         s = self._shared  # read once, at the start: the main process may change it later
@@ -236,8 +274,8 @@ class ShardkitDataset(IterableDataset):
 
 class ShardkitDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`ShardkitDataset` that counts the items it yields, so its
-    :meth:`state_dict` is exact with worker processes too. ``batch_size`` defaults to None
-    (the dataset batches); every other argument is the DataLoader's.
+    :meth:`state_dict` is exact with worker processes too. ``batch_size`` is None (the dataset
+    batches; any other value is a ``ConfigError``); every other argument is the DataLoader's.
 
     Example:
         dl = ShardkitDataLoader(ShardkitDataset("data/", batch_size=32), num_workers=2)
@@ -248,7 +286,15 @@ class ShardkitDataLoader(DataLoader):
     def __init__(self, dataset: ShardkitDataset, **kwargs: Any) -> None:
         if not isinstance(dataset, ShardkitDataset):
             raise ConfigError(f"dataset: expected a ShardkitDataset, got {type(dataset).__name__}")
-        kwargs.setdefault("batch_size", None)
+        batch = kwargs.setdefault("batch_size", None)
+        if batch is not None:
+            if dataset.options.batch_size is not None:
+                raise _rebatching(dataset.options.batch_size, batch)
+            # the dataset's state counts its own items: batches made here would be counted as samples
+            raise ConfigError(
+                f"ShardkitDataLoader: batch_size: expected None, got {batch!r}: batch in the dataset instead, "
+                f"ShardkitDataset(..., batch_size={batch!r}), so that state_dict() counts what this DataLoader yields"
+            )
         super().__init__(dataset, **kwargs)
         self._yielded = 0
 

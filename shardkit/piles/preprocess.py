@@ -33,6 +33,7 @@ from shardkit.codecs import DEFAULT, Codecs
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call
+from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.executor import Tally, run_local
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import Output, claim
@@ -163,6 +164,8 @@ def _run(
     extra: Mapping[str, Any] | None,
 ) -> Manifest:
     """Run ``job`` over ``units`` and publish the piles (the body of :func:`preprocess` and :func:`pile`)."""
+    if (advice := too_many_piles(options.piles, os.fspath(out))) is not None:
+        log.warning(advice)
     output = claim(out, overwrite=options.overwrite)
     staging = output.staging()
     workers = min(workers, len(units))
@@ -172,10 +175,13 @@ def _run(
             parts = run_local(
                 job, units, staging, buffer_size=int(options.buffer_size), workers=workers, tally=tally, mp_context=mp_context
             )
-        return _publish(output, staging, parts, options, {**(extra or {}), "units": len(units)}, tally, workers, units)
+        result = _publish(output, staging, parts, options, {**(extra or {}), "units": len(units)}, tally, workers, units)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         output.release()
+    if (advice := sparse_piles(result, options.piles, output.path)) is not None:
+        log.warning(advice)
+    return result
 
 
 def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray, units: Sequence[Any]) -> tuple[np.ndarray, int]:

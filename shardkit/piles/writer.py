@@ -14,6 +14,7 @@ dataset for a whole one.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Mapping
@@ -26,11 +27,14 @@ from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call, specs
 from shardkit.piles import router
+from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.encode import encode_sample
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import claim
 from shardkit.piles.parts import SEGMENT, PileSink, check_keys
 from shardkit.piles.publish import Run, publish
+
+log = logging.getLogger(__name__)
 
 # options of jobs over input units (worker processes, skipping units, keys of input shards)
 _JOB_ONLY = ("workers", "on_error", "key_prefix")
@@ -78,6 +82,8 @@ class PileWriter:
     ) -> None:
         keywords = {"piles": piles, "seed": seed, "max_pile_bytes": max_pile_bytes, "buffer_size": buffer_size, "overwrite": overwrite}
         self.options = _in_process(from_call(PileOptions, options, keywords))
+        if (advice := too_many_piles(self.options.piles, f"PileWriter({os.fspath(path)!r})")) is not None:
+            log.warning(advice)
         self._output = claim(path, overwrite=self.options.overwrite)  # held until close() or abort()
         self.path = self._output.path
         self._staging = self._output.staging()
@@ -131,6 +137,8 @@ class PileWriter:
                 self.manifest = publish(
                     self._output, runs, self._sink.counts, options=self.options, fields=self._fields, staging=self._staging
                 )
+                if (advice := sparse_piles(self.manifest, self.options.piles, f"PileWriter({self.path!r})")) is not None:
+                    log.warning(advice)
             finally:
                 shutil.rmtree(self._staging, ignore_errors=True)
                 self._output.release()

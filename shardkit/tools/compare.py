@@ -198,7 +198,8 @@ class Comparison:
         return {r.name: r.to_dict() for r in self.reports}
 
     def plot(self, path: str | os.PathLike[str]) -> None:
-        """Write one PNG: position vs source, displacement histogram, classes per batch."""
+        """Write one PNG: position vs source, displacement histogram, classes per batch, and the
+        co-batch recurrence of later epochs, each against a uniform shuffle."""
         from shardkit.tools.plot import plot_comparison
 
         plot_comparison(self, os.fspath(path))

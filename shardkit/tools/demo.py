@@ -143,27 +143,40 @@ class DemoResult:
     out: str | None
 
     def table(self) -> str:
-        """The side-by-side comparison printed by ``shardkit demo``."""
+        """The side-by-side comparison printed by ``shardkit demo``; every column says which way is better."""
         head = (
             f"shardkit demo: {self.samples:,} synthetic {IMAGE_SIDE}x{IMAGE_SIDE} JPEG images in {self.classes} classes, "
-            f"stored sorted by class\n(one process, raw bytes; a uniform shuffle puts {self.uniform_classes:.1f} classes "
-            f"in a batch of {self.batch_size})\n"
+            f"stored sorted by class\n"
         )
-        header = f"{'':<40} {'write/s':>9} {'read/s':>9} {'classes/batch':>14} {'recurrence':>11} {'read memory':>12}"
-        lines = [head, header]
+        lines = [
+            head,
+            f"{'':<40} {'write/s':>9} {'read/s':>9} {'classes/batch':>14} {'recurrence':>11} {'read memory':>12}",
+            f"{'better when':<40} {'higher':>9} {'higher':>9} {'higher':>14} {'lower':>11} {'lower':>12}",
+        ]
         for row in self.rows:
             write = f"{row.write_per_s:,.0f}" if row.write_per_s else "-"
             read = f"{row.read_per_s:,.0f}" if row.read_per_s else "-"
             memory = f"+{format_size(row.read_memory)}" if row.read_memory is not None else "-"
             lines.append(f"{row.name:<40} {write:>9} {read:>9} {row.classes_per_batch:>14.1f} {row.recurrence:>11.1f} {memory:>12}")
-        lines.append(
-            f"\nrecurrence: pairs batched together in epoch 0 and again in epoch 1, over what two independent shuffles give (1.0).\n"
-            f"Later epochs reuse pile membership; loader(mix=k) and shardkit repile lower it (shardkit quality DIR measures it).\n"
-            f"shardkit's loader holds at most two piles: {format_size(self.loader_ram)} here (shardkit info DIR shows it)"
-        )
+        lines.append(f"{'a uniform shuffle, for reference':<40} {'-':>9} {'-':>9} {self.uniform_classes:>14.1f} {1.0:>11.1f} {'-':>12}")
+        lines.append("\n" + self._legend())
         if self.out:
             lines.append(f"data kept in {self.out} (sequential/, piles/)")
         return "\n".join(lines)
+
+    def _legend(self) -> str:
+        return "\n".join(
+            (
+                "write/s, read/s: samples per second in one process, raw bytes, no decoding. Higher is better.",
+                f"classes/batch: distinct classes in a batch of {self.batch_size}. Higher is better, up to the "
+                f"{self.uniform_classes:.1f} a uniform shuffle gets.",
+                "recurrence: pairs batched together in epoch 0 and again in epoch 1, over what two independent shuffles give.\n"
+                "  Lower is better, down to 1.0 (fresh shuffles). Later epochs reuse pile membership; loader(mix=k) and\n"
+                "  shardkit repile lower it (shardkit quality DIR measures it).",
+                f"read memory: the most memory a reader added. Lower is better. shardkit's loader holds at most two piles:\n"
+                f"  {format_size(self.loader_ram)} here (shardkit info DIR shows it).",
+            )
+        )
 
 
 def _samples(images: list[bytes], labels: np.ndarray) -> Iterator[dict]:
