@@ -179,11 +179,16 @@ def ctrl_c_deferred() -> Iterator[None]:
     """Hold Ctrl-C back until the block ends: for imports of libraries (torch, through webdataset)
     that turn a KeyboardInterrupt in the middle of their import into a RuntimeError or an abort.
     A Ctrl-C pressed meanwhile arrives as the block ends."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    pressed: list[int] = []
+    # a handler that only notes the key: the kernel may hand SIGINT to any thread, but Python runs
+    # handlers in the main thread, between the library's own statements, where a note is harmless
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt

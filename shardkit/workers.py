@@ -32,6 +32,8 @@ import os
 import pickle
 import signal
 import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -41,6 +43,7 @@ from shardkit.errors import Failure, WorkerError
 Handler = Callable[[Any], Any]
 _STOP = None  # the task that tells a worker to return
 _JOIN_SECONDS = 5.0
+_ORPHAN_POLL = 0.5  # seconds between a watchdog's looks at its parent
 
 
 class Pool:
@@ -61,6 +64,10 @@ class Pool:
         import multiprocess
 
         ctx = multiprocess.get_context(context)
+        # a fork server, not this process, is the parent of its workers; and the kernel's "die with
+        # your parent" follows the thread that forked, so it is used only from the main thread
+        parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
+        main_thread = threading.current_thread() is threading.main_thread()
         self._conns: list[Any] = []
         self._procs: list[Any] = []
         self.broken = False
@@ -68,13 +75,13 @@ class Pool:
         try:
             for k in range(count):
                 ours, theirs = ctx.Pipe()
-                # a fork server, not this process, is the parent of its workers
-                parent = None if context == "forkserver" else os.getpid()
-                proc = ctx.Process(target=_serve, args=(theirs, make, k, parent), name=f"{name}-{k}", daemon=True)
+                proc = ctx.Process(target=_serve, args=(theirs, make, k, parent, main_thread), name=f"{name}-{k}", daemon=True)
                 self._conns.append(ours)
                 self._procs.append(proc)
-                proc.start()
-                theirs.close()
+                try:
+                    proc.start()
+                finally:
+                    theirs.close()
         except BaseException:
             self.close()
             raise
@@ -92,6 +99,9 @@ class Pool:
             _send(self._conns[k], task)
         except (BrokenPipeError, ConnectionResetError, EOFError):
             raise self._died(k) from None
+        except BaseException:
+            self.broken = True  # cut off mid-message (Ctrl-C): the pipe no longer frames messages
+            raise
 
     def receive(self, k: int) -> Any:
         """Worker ``k``'s next reply (waiting for it).
@@ -108,6 +118,9 @@ class Pool:
             return _recv(self._conns[k])
         except (EOFError, OSError):
             raise self._died(k) from None
+        except BaseException:
+            self.broken = True  # cut off mid-message (Ctrl-C): the pipe no longer frames messages
+            raise
 
     def ready(self, timeout: float | None = None) -> list[int]:
         """Workers whose reply can be read now (waiting up to ``timeout`` seconds for one).
@@ -151,9 +164,12 @@ class Pool:
                     pending.append(k)
                 yield _raise(reply)
         finally:
-            for k in pending:
-                with contextlib.suppress(Exception):
-                    self.receive(k)
+            if self.broken:  # a pipe cut mid-message cannot be drained: the pool is done
+                self.terminate()
+            else:
+                for k in pending:
+                    with contextlib.suppress(Exception):
+                        self.receive(k)
 
     def _died(self, k: int) -> WorkerError:
         self.broken = True
@@ -176,17 +192,19 @@ class Pool:
         for proc in self._procs:
             if proc.pid is not None:
                 proc.join(timeout=_JOIN_SECONDS)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join()
+                proc.close()  # its sentinel and pipe file descriptors go now, not when collected
         for conn in self._conns:
             conn.close()
 
     def terminate(self) -> None:
         """Stop every worker now, whatever it is doing (an error or Ctrl-C in the parent)."""
-        for proc in self._procs:
-            if proc.pid is not None and proc.is_alive():
-                proc.terminate()
+        if not self._closed:
+            for proc in self._procs:
+                if proc.pid is not None and proc.is_alive():
+                    proc.terminate()
         self.close()
 
     def __enter__(self) -> Pool:
@@ -206,10 +224,10 @@ def _raise(reply: Any) -> Any:
     return reply
 
 
-def _serve(conn: Any, make: Callable[[int], Handler], k: int, parent: int | None) -> None:
+def _serve(conn: Any, make: Callable[[int], Handler], k: int, parent: int | None, main_thread: bool) -> None:
     """A worker's life: build the handler, answer each task until told to stop or orphaned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    _die_with_parent(parent)
+    _die_with_parent(parent, main_thread)
     try:
         handler: Handler | Failure = make(k)
     except BaseException as e:  # every task is answered with why the worker cannot work
@@ -234,14 +252,26 @@ def _serve(conn: Any, make: Callable[[int], Handler], k: int, parent: int | None
             _send(conn, Failure.capture(e).portable())
 
 
-def _die_with_parent(parent: int | None) -> None:
-    """Have the kernel kill this process when its parent dies (Linux), so no worker goes on alone."""
-    if sys.platform.startswith("linux"):
+def _die_with_parent(parent: int | None, main_thread: bool) -> None:
+    """End this process when its parent dies, so no worker goes on alone: the kernel kills it
+    (Linux, a pool made by the main thread), else a watchdog thread notices within a second."""
+    if parent is None:
+        return
+    if main_thread and sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if parent is not None and os.getppid() != parent:  # the parent died before the line above took effect
+    else:
+        threading.Thread(target=_watch_parent, args=(parent,), name="shardkit-orphan-watch", daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the lines above took effect
         os._exit(1)
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(_ORPHAN_POLL)
+        if os.getppid() != parent:
+            os._exit(1)
 
 
 def _send(conn: Any, obj: Any) -> None:

@@ -54,12 +54,10 @@ def test_two_writers_started_together_one_wins_the_other_is_told_why(tmp_path):
         assert manifest.read(out).samples == 300 and not os.path.exists(os.path.join(out, LOCK))
 
 
-def test_a_lock_of_a_live_job_names_it_and_says_how_to_clear_it(tmp_path):
+def test_a_lock_of_a_live_job_names_it(tmp_path):
     out = str(tmp_path / "ds")
     output = claim(out, overwrite=False)
-    with pytest.raises(
-        shardkit.DatasetExistsError, match=rf"another job is writing here \(pid {os.getpid()} on .*if that job is dead, remove .*{LOCK}"
-    ):
+    with pytest.raises(shardkit.DatasetExistsError, match=rf"another job is writing here \(pid {os.getpid()} on .*wait for it to finish"):
         shardkit.PileWriter(out, piles=2)
     output.release()
     with shardkit.PileWriter(out, piles=2) as w:  # released: free again
@@ -82,6 +80,20 @@ def test_a_dead_jobs_lock_and_leftovers_are_taken_over(tmp_path):
     (out / LOCK).write_bytes(b'{"pid": 12')  # a job killed while writing its lock
     shardkit.PileWriter(out, piles=2, overwrite=True).abort()
     assert not (out / LOCK).exists()
+
+
+def test_a_job_killed_while_holding_the_lock_leaves_it_free(tmp_path):
+    out = tmp_path / "ds"
+    code = f"import shardkit, time; w = shardkit.PileWriter({str(out)!r}, piles=2); print('held', flush=True); time.sleep(60)"
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+    with pytest.raises(shardkit.DatasetExistsError, match=rf"another job is writing here \(pid {holder.pid} "):
+        shardkit.PileWriter(out, piles=2)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    with shardkit.PileWriter(out, piles=2) as w:  # the system dropped the dead job's lock; its staging goes too
+        w.write({"__key__": "a", "cls": 1})
+    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "shardkit.json"]
 
 
 def test_leftovers_beside_a_sound_dataset_are_warnings(dataset, capsys):
@@ -192,3 +204,23 @@ def test_ctrl_c_at_any_moment_exits_130_without_a_traceback(tmp_path):
         child.send_signal(signal.SIGINT)
         _, err = child.communicate(timeout=120)
         assert child.returncode in (0, 130) and b"Traceback" not in err, err.decode()[-2000:]
+
+
+@pytest.mark.parametrize("manifest_in_place", ["old", "new"])
+def test_an_install_cut_short_is_undone_or_finished_by_the_next_job(tmp_path, manifest_in_place):
+    out, other = tmp_path / "ds", tmp_path / "other"
+    for path, seed in ((out, 1), (other, 2)):
+        with shardkit.PileWriter(path, piles=1, seed=seed) as w:
+            w.write({"__key__": f"k{seed}", "cls": seed})
+    os.replace(other / "pile-000000.tar", out / "pile-000000.v1.tar")  # moved in by the dead job
+    (out / ".shardkit-install-dead.json").write_text(json.dumps({"files": ["pile-000000.v1.tar"], "delete": ["pile-000000.tar"]}))
+    if manifest_in_place == "new":  # it died after its manifest went in, before the old pile went
+        new = manifest.read(str(other))
+        manifest.write(
+            str(out),
+            shardkit.Manifest(**{**vars(new), "piles": (shardkit.PileInfo(**{**vars(new.piles[0]), "name": "pile-000000.v1.tar"}),)}),
+        )
+    claim(out, overwrite=True).release()
+    kept = "pile-000000.tar" if manifest_in_place == "old" else "pile-000000.v1.tar"
+    assert sorted(os.listdir(out)) == [kept, "shardkit.json"]
+    assert shardkit.verify(str(out), quiet=True) == []

@@ -128,7 +128,7 @@ class Loader:
             raise RuntimeError("this Loader was closed; create a new one with shardkit.loader(...)")
         self._stop_active()
         if self._workers is not None and self._workers.broken:
-            self._workers.close()
+            self._workers.terminate()
             self._workers = None
         if self.options.num_workers and self._workers is None:
             # start the processes before the reader thread exists: forking copies no thread state

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import pickle
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -31,8 +32,10 @@ from shardkit.workers import Pool
 log = logging.getLogger(__name__)
 
 Chunk = list[tuple[int, Any]]
-# chunks a worker holds at once: one to work on, one waiting, so it never idles between them
-_IN_FLIGHT = 2
+# chunks a worker holds at once: one, so a worker is only ever sent a task while it waits for one
+# (with a second queued, a worker sending a large reply and the parent sending to it would wait
+# on each other); it idles one round trip per chunk, microseconds against a chunk's work
+_IN_FLIGHT = 1
 _POLL = 1.0  # seconds between checks that no worker died while the parent waits
 
 
@@ -104,13 +107,13 @@ def _run_pool(
     parts: dict[int, Part] = {}
     try:
         pool = Pool(workers, functools.partial(UnitWorker, job, staging, buffer_size), name="shardkit-pile", context=context)
-    except Exception as e:  # spawn and forkserver pickle the job: fn must survive dill
+    except (pickle.PicklingError, TypeError, AttributeError) as e:  # spawn and forkserver pickle the job: fn must survive dill
         raise ConfigError(f"fn cannot be sent to worker processes ({type(e).__name__}: {e}); use workers=1 or mp_context='fork'") from e
     with pool:
-        for k in range(workers):
-            _feed(pool, k, chunks, held[k])
-        while len(parts) < workers:
-            try:
+        try:
+            for k in range(workers):
+                _feed(pool, k, chunks, held[k])
+            while len(parts) < workers:
                 for k in pool.ready(_POLL):
                     reply = pool.receive(k)
                     if isinstance(reply, Part):
@@ -118,8 +121,8 @@ def _run_pool(
                         continue
                     _done(reply, held[k].popleft(), job, tally)
                     _feed(pool, k, chunks, held[k])
-            except WorkerError as e:
-                raise _died(e, held) from None
+        except WorkerError as e:
+            raise _died(e, held) from None
     return [parts[k] for k in range(workers)]
 
 

@@ -1,14 +1,13 @@
-"""Claim an output directory for one job: check it, lock it, clear a dead job's leftovers, let it go.
+"""Claim an output directory for one job: lock it, clear a dead job's leftovers, check it, let it go.
 
-One writer per dataset. A job takes ``OUT/.shardkit-lock`` with an exclusive create (exactly one
-of several racing processes wins) and writes into it who it is: process id, host, start time and
-command. A second job on the same output fails at once with a :class:`DatasetExistsError` naming
-the first. A lock whose process is gone (same host, pid not alive, or alive but started later:
-a reused pid) is stale: the next job takes it over (renaming it aside first, so of two jobs
-taking over at once only one wins) and removes what the dead job left (staging directories and
-half-written temporaries), which nothing else can be writing while the lock is held.
-
-A lock on another host cannot be checked from here: it is reported, with how to remove it.
+One writer per dataset. A job holds a kernel lock (``flock``) on ``OUT/.shardkit-lock`` for as
+long as it writes, and writes into the file who it is: process id, host, start time and command.
+A second job on the same output fails at once with a :class:`DatasetExistsError` naming the
+first. The kernel drops the lock when its holder dies, however it dies, so a dead job's lock is
+never in the way: the next job takes it and removes what the dead one left (staging
+directories, half-written temporaries, and the files of an install it did not finish, which its
+journal lists), which nothing else can be writing while the lock is held. On a network file
+system the lock is as good as the file system's locking (NFSv4 locks work).
 
     output = claim("data/train", overwrite=False)
     try:
@@ -29,6 +28,7 @@ import re
 import shutil
 import socket
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,12 +40,10 @@ log = logging.getLogger(__name__)
 
 LOCK = ".shardkit-lock"
 STAGING_PREFIX = ".shardkit-staging-"
-# what a job leaves behind when it dies: staging and temporary directories, half-written files
-LEFTOVERS = re.compile(r"\.shardkit-(staging|shuffle|lock\.stale|install)-.*|.*\.partial-[0-9a-f]{32}")
 JOURNAL = ".shardkit-install-{token}.json"
+# what a job leaves behind when it dies: staging and temporary directories, journals, half-written files
+LEFTOVERS = re.compile(r"\.shardkit-(staging|shuffle|install)-.*|.*\.partial-[0-9a-f]{32}")
 PILE_FILE = re.compile(r"pile-.*\.tar")
-# the names pass 1 gives piles: pile-000012.tar, a split sub-pile pile-000012-001.tar, an overwrite's .v1
-PILE_NAME = re.compile(r"pile-\d{6,}(-\d{3,})*(\.v\d+)?\.tar")
 
 
 @dataclass
@@ -60,6 +58,7 @@ class Output:
     path: str
     token: str
     manifest_seen: bytes | None
+    lock_fd: int = -1
     released: bool = field(default=False)
 
     def staging(self, prefix: str = STAGING_PREFIX) -> str:
@@ -78,27 +77,30 @@ class Output:
                 "nothing of this job was published"
             )
 
-    def journal(self, names: list[str] | None) -> None:
-        """Note the files an install is about to move in (None: it is done, forget them)."""
+    def journal(self, files: list[str] | None, delete: list[str] | None = None) -> None:
+        """Note what an install is about to do: the files it moves in and the old files it will
+        delete (None: it is done, forget them). Whichever manifest a kill leaves in place, the
+        next job removes every file of the two lists that manifest does not list."""
         path = os.path.join(self.path, JOURNAL.format(token=self.token))
-        if names is None:
+        if files is None:
             storage.remove(path)
         else:
-            storage.write_bytes(path, json.dumps({"files": names}).encode())
+            storage.write_bytes(path, json.dumps({"files": files, "delete": delete or []}).encode())
 
     def release(self) -> None:
-        """Remove the lock if it is still this job's. Idempotent."""
+        """Let the output go: remove the lock file and drop the lock. Idempotent."""
         if self.released:
             return
         self.released = True
-        lock = os.path.join(self.path, LOCK)
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(storage.read_bytes(lock)).get("token") == self.token:
-                os.unlink(lock)
+        if self.lock_fd >= 0:
+            # unlinked while still held: a job that opened the old file sees it is not the lock any more
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.path, LOCK))
+            os.close(self.lock_fd)
 
 
 def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[str] = PILE_FILE, job: str = "writing piles to") -> Output:
-    """Check the output directory, create it, take its lock and clear a dead job's leftovers.
+    """Create the output directory, take its lock, clear a dead job's leftovers, check what is there.
 
     Unless ``overwrite``, refuse a directory holding a dataset, or holding files named like the
     ones this job writes (``files``) without a manifest: they would be mixed with the new
@@ -106,7 +108,7 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
 
     Raises:
         ConfigError: a remote or non-directory output; DatasetExistsError: a dataset or such
-            files are there (without ``overwrite``), or another live job holds the lock.
+            files are there (without ``overwrite``), or another job holds the lock.
     """
     out = os.fspath(path)
     if not out:
@@ -118,14 +120,15 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
         raise ConfigError(f"{out}: output exists and is not a directory")
     os.makedirs(out, exist_ok=True)
     token = uuid.uuid4().hex
-    _lock(out, token)
+    output = Output(out, token, None, _lock(out, token))
     try:
+        _clear_leftovers(out)  # first: a dead job's half-installed files are not a dataset
         _check_empty(out, overwrite, files)
-        _clear_leftovers(out)
+        output.manifest_seen = _manifest_bytes(out)
     except BaseException:
-        Output(out, token, None).release()
+        output.release()
         raise
-    return Output(out, token, _manifest_bytes(out))
+    return output
 
 
 def _check_empty(out: str, overwrite: bool, files: re.Pattern[str]) -> None:
@@ -151,87 +154,65 @@ def _manifest_bytes(out: str) -> bytes | None:
         return None
 
 
-def _whoami(token: str) -> dict[str, Any]:
-    pid = os.getpid()
-    return {
-        "pid": pid,
+def _whoami(token: str) -> bytes:
+    me = {
+        "pid": os.getpid(),
         "host": socket.gethostname(),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "process_start": _process_start(pid),
         "command": " ".join(sys.argv)[:300],
         "token": token,
     }
+    return json.dumps(me, indent=1).encode()
 
 
-def _lock(out: str, token: str) -> None:
-    """Take ``out``'s lock, taking over a stale one; DatasetExistsError when a live job holds it."""
+def _lock(out: str, token: str) -> int:
+    """Take ``out``'s lock; returns the file descriptor that holds it.
+
+    Raises:
+        DatasetExistsError: another job holds it (named from what it wrote into the file).
+    """
+    import fcntl
+
     lock = os.path.join(out, LOCK)
-    data = json.dumps(_whoami(token), indent=1).encode()
-    for _ in range(100):  # each round either wins, fails, or clears a stale lock someone else left
-        if storage.create_exclusive(lock, data):
-            return
-        holder = _read_lock(lock)
-        if holder is None:
-            continue  # released between our create and our read: try again
-        if not _is_stale(holder):
+    for _ in range(100):  # each round wins, fails, or finds the file it locked was just released
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | storage.O_BINARY, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
             raise DatasetExistsError(
-                f"{out}: another job is writing here ({_describe(holder)}); wait for it to finish, or {_how_to_clear(holder, lock)}"
-            )
-        aside = f"{lock}.stale-{uuid.uuid4().hex}"
-        with contextlib.suppress(FileNotFoundError):  # another job took it over first
-            os.rename(lock, aside)
-            log.warning("%s: taking over the lock of a job that is gone (%s)", out, _describe(holder))
+                f"{out}: another job is writing here ({holder}); wait for it to finish (a dead job's lock is released by the "
+                "system, so this one is alive)"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(fd, lock):
+            os.ftruncate(fd, 0)
+            storage.write_fully(fd, _whoami(token))
+            return fd
+        os.close(fd)  # the holder released it (and removed the file) after we opened it: again
     raise DatasetExistsError(f"{out}: could not take {LOCK}: other jobs keep taking it")
 
 
-def _read_lock(lock: str) -> dict[str, Any] | None:
+def _same_file(fd: int, path: str) -> bool:
     try:
-        with open(lock, "rb") as f:
-            text = f.read()
+        a, b = os.fstat(fd), os.stat(path)
     except FileNotFoundError:
-        return None
-    try:
-        holder = json.loads(text)
-        return holder if isinstance(holder, dict) else {}
-    except ValueError:  # written by a job killed mid-write: nobody can be holding it
-        return {}
-
-
-def _is_stale(holder: dict[str, Any]) -> bool:
-    """A lock whose process is certainly gone: on this host, and its pid dead or reused."""
-    if not holder:
-        return True  # unreadable: its writer died while writing it
-    pid = holder.get("pid")
-    if holder.get("host") != socket.gethostname() or not isinstance(pid, int):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    started = holder.get("process_start")
-    return started is not None and _process_start(pid) not in (None, started)
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _process_start(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (Linux), to tell a reused pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _describe(holder: dict[str, Any]) -> str:
-    if not holder:
-        return "unknown: its lock file is unreadable"
-    return f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}: {holder.get('command') or '?'}"
-
-
-def _how_to_clear(holder: dict[str, Any], lock: str) -> str:
-    where = "" if holder.get("host") == socket.gethostname() else f" (it runs on {holder.get('host')}, which this host cannot check)"
-    return f"if that job is dead{where}, remove {lock}"
+def _read_holder(fd: int) -> str:
+    """Who holds the lock, as its holder wrote it (it writes just after it takes the lock)."""
+    for _ in range(40):
+        try:
+            holder = json.loads(os.pread(fd, 1 << 16, 0))
+            return f"pid {holder['pid']} on {holder['host']}, started {holder['started']}: {holder.get('command') or '?'}"
+        except (OSError, ValueError, KeyError, TypeError):
+            time.sleep(0.005)
+    return "a job that has not said who it is"
 
 
 def _clear_leftovers(out: str) -> None:
@@ -249,8 +230,8 @@ def _clear_leftovers(out: str) -> None:
 
 
 def _undo_installs(out: str) -> None:
-    """Remove the files a dead job moved in without getting its manifest in (its journal lists
-    them); those the manifest lists now are the dataset's and stay."""
+    """Finish or undo the install of a job that died in it: of the files its journal lists (those
+    it moved in, those it was to delete), remove every one the manifest in place does not list."""
     journals = [n for n in os.listdir(out) if n.startswith(".shardkit-install-") and n.endswith(".json")]
     if not journals:
         return
@@ -260,11 +241,12 @@ def _undo_installs(out: str) -> None:
         return  # no sound manifest to tell ours from theirs: leave everything for the user
     for journal in journals:
         try:
-            names = json.loads(storage.read_bytes(os.path.join(out, journal))).get("files", [])
-        except (ShardkitError, ValueError, AttributeError):
+            doc: Any = json.loads(storage.read_bytes(os.path.join(out, journal)))
+            names = [*doc.get("files", []), *doc.get("delete", [])]
+        except (ShardkitError, ValueError, AttributeError, TypeError):
             names = []
         for name in names:
-            if isinstance(name, str) and name not in listed and "/" not in name:
-                log.info("%s: removing %s, moved in by a job that died before publishing", out, name)
+            if isinstance(name, str) and name not in listed and "/" not in name and not name.startswith("."):
+                log.info("%s: removing %s, left by a job that died while publishing", out, name)
                 storage.remove(os.path.join(out, name))
         storage.remove(os.path.join(out, journal))

@@ -28,7 +28,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from shardkit import manifest, storage
 from shardkit._util import VERSION
-from shardkit.errors import CorruptShardError, ShardkitError
+from shardkit.errors import CorruptShardError, DatasetExistsError, ShardkitError
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import router
 from shardkit.piles.options import PileOptions
@@ -302,6 +302,18 @@ def free_names(out: str, names: Sequence[str]) -> list[str]:
     return chosen
 
 
+def _move_new(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst``, which must not exist: a link refuses to replace a file."""
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        raise DatasetExistsError(f"{dst}: appeared while this job was publishing; nothing was replaced") from None
+    except OSError:  # no hard links on this file system: names were chosen free under the lock
+        os.replace(src, dst)
+        return
+    os.unlink(src)
+
+
 def remove_strays(out: str, stray: re.Pattern[str]) -> None:
     """Remove the files ``stray`` matches that the dataset in ``out`` (if any) does not list:
     files of this kind no manifest lists, which nobody can be reading."""
@@ -327,11 +339,11 @@ def install(output: Output, files: Sequence[str], result: Manifest) -> None:
     """
     out = output.path
     old = set(_old_files(out))
-    output.journal([pile.name for pile in result.piles])
+    output.journal([pile.name for pile in result.piles], sorted(old))
     moved: list[str] = []
     try:
         for path, pile in zip(files, result.piles, strict=True):
-            os.replace(path, os.path.join(out, pile.name))
+            _move_new(path, os.path.join(out, pile.name))
             moved.append(pile.name)
         storage.fsync_dir(out)
         output.check_unchanged()
