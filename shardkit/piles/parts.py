@@ -61,7 +61,7 @@ class PileSink:
 
     def __init__(self, directory: str, piles: int, buffer_size: int) -> None:
         self.directory = directory
-        os.makedirs(directory, exist_ok=True)
+        storage.makedirs(directory)
         self._chunks: list[list[storage.Chunk]] = [[] for _ in range(piles)]
         self._buffered = 0
         self._maps = 0
@@ -160,11 +160,13 @@ class PileSink:
         self._seal()
         for pile, chunks in enumerate(self._chunks):
             if chunks:
-                fd = os.open(self.part(pile), os.O_WRONLY | os.O_APPEND | os.O_CREAT | storage.O_BINARY, 0o644)
-                try:
-                    storage.write_chunks(fd, chunks)
-                finally:
-                    os.close(fd)
+                path = self.part(pile)
+                with storage.guard(path, "write", size=sum(map(len, chunks))):
+                    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | storage.O_BINARY, 0o644)
+                    try:
+                        storage.write_chunks(fd, chunks)
+                    finally:
+                        os.close(fd)
                 chunks.clear()
         self._buffered = 0
         self._maps = 0
