@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import os
 import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal, overload
 
 from tqdm import tqdm
@@ -113,6 +114,38 @@ def _integer(value: Any) -> int | None:
         return operator.index(value)  # numpy's bool refuses this, floats and strings too
     except TypeError:
         return None
+
+
+def check_path(name: str, value: Any) -> str:
+    """``value`` as a path or URL: a non-empty string or an ``os.PathLike``; else a ConfigError naming ``name``."""
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"{name}: expected a path or URL, got {shown(value)}")
+    return text
+
+
+def check_paths(name: str, value: Any) -> str | list[str]:
+    """A path, URL or pattern (returned as a string), or a non-empty list of them (returned as a list).
+
+    Raises:
+        ConfigError: ``NAME: expected a path, URL or pattern, or a list of them, got 5``; an
+            empty list; an item that is not a path (``NAME[2]: ...``).
+    """
+    if isinstance(value, (str, os.PathLike)):
+        return check_path(name, value)
+    if isinstance(value, (bytes, Mapping)) or not isinstance(value, Iterable):
+        raise ConfigError(f"{name}: expected a path, URL or pattern, or a list of them, got {shown(value)}")
+    items = list(value)
+    if not items:
+        raise ConfigError(f"{name}: expected at least one path, URL or pattern, got an empty list")
+    return [check_path(f"{name}[{i}]", item) for i, item in enumerate(items)]
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is True or False; anything else (``"false"``, 0, None) is a ConfigError naming ``name``."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}: expected True or False, got {shown(value)}")
+    return value
 
 
 _UNITS = {

@@ -15,11 +15,12 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardkit import manifest, storage
-from shardkit.errors import CorruptShardError
+from shardkit._util import check_paths
+from shardkit.errors import CorruptShardError, ShardkitError
 from shardkit.loading.pile import Fetched, fetch, open_pile
 from shardkit.manifest import PileInfo
 from shardkit.tar.shard import Shard, read_shard
@@ -78,13 +79,19 @@ class Source:
         return data
 
 
-def resolve(source: SourceLike) -> Source:
+def resolve(source: SourceLike, *, skip: Callable[[BaseException, str], None] | None = None) -> Source:
     """A dataset directory (with ``shardkit.json``) or tar shard URLs/patterns -> :class:`Source`.
 
+    ``skip(error, url)``, when given, is called for a plain shard that cannot be read to count
+    its samples; it raises ``error`` or returns, and the shard is then kept with no samples
+    (the loader's ``on_error`` decides).
+
     Raises:
+        ConfigError: ``source`` is not a path, a URL, a pattern or a non-empty list of them.
         DatasetNotFoundError: nothing matches; ManifestError: the manifest is invalid;
         CorruptShardError: a plain shard cannot be walked to count its samples.
     """
+    source = check_paths("source", source)
     if isinstance(source, (str, os.PathLike)):
         root = os.fspath(source)
         if manifest.is_dataset(root):
@@ -92,7 +99,18 @@ def resolve(source: SourceLike) -> Source:
             return Source(root, tuple(Pile(storage.join(root, p.name), p.samples, p) for p in m.piles))
     urls = storage.expand(source)
     name = urls[0] if len(urls) == 1 else f"{urls[0]} (+{len(urls) - 1} shards)"
-    return Source(name, tuple(Pile(u, count_samples(u)) for u in urls))
+    return Source(name, tuple(Pile(u, _counted(u, skip)) for u in urls))
+
+
+def _counted(url: str, skip: Callable[[BaseException, str], None] | None) -> int:
+    """The samples of the plain shard ``url``; 0 when it cannot be read and ``skip`` returns."""
+    if skip is None:
+        return count_samples(url)
+    try:
+        return count_samples(url)
+    except (ShardkitError, OSError) as e:
+        skip(e, url)
+        return 0
 
 
 def count_samples(url: str) -> int:
