@@ -16,15 +16,10 @@ from typing import Any
 from shardkit._util import check_int, parse_size
 from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError
-from shardkit.options import check_choices, meta, specs
+from shardkit.options import check_bools, check_choices, meta, specs
 
 # what the loader does with a pile or sample it cannot read: listed once, read by validation and the CLI
 ON_ERROR = ("raise", "skip", "warn")
-
-
-def _bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name}: expected True or False, got {value!r}")
 
 
 def _callable(name: str, value: Any) -> None:
@@ -96,8 +91,7 @@ class LoaderOptions:
         check_int("mix", self.mix, low=1)
         check_int("world_size", self.world_size, low=1, none=True)
         check_int("rank", self.rank, low=0, none=True)
-        for name in ("shuffle", "drop_last", "verify", "allow_pickle"):
-            _bool(name, getattr(self, name))
+        check_bools(self)
         _callable("map", self.map)
         _callable("collate", self.collate)
         if not (isinstance(self.decode, (bool, Codecs)) or self.decode in ("numpy", "pil")):
@@ -109,7 +103,10 @@ class LoaderOptions:
             raise ConfigError(f"rank: {self.rank} is not below world_size={self.world_size}")
         if self.max_pile_bytes is not None:
             object.__setattr__(self, "max_pile_bytes", parse_size(self.max_pile_bytes, what="max_pile_bytes"))
-        index, count = self.worker
+        worker = self.worker
+        if not (isinstance(worker, tuple) and len(worker) == 2 and all(isinstance(n, int) and not isinstance(n, bool) for n in worker)):
+            raise ConfigError(f"worker: expected (index, count), two integers, got {worker!r}")
+        index, count = worker
         if not 0 <= index < count:
             raise ConfigError(f"worker: expected (index, count) with 0 <= index < count, got {self.worker!r}")
 

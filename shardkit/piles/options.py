@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from shardkit._util import check_int, parse_size
 from shardkit.errors import ConfigError
-from shardkit.options import check_choices, meta
+from shardkit.options import check_bools, check_choices, meta
 from shardkit.tar.scan import BLOCK
 
 # the smallest pile that holds a sample: one 512-byte header (empty data) and the trailer
@@ -88,6 +88,7 @@ class PileOptions:
         check_int("seed", self.seed, low=0)
         check_int("workers", self.workers, low=1)
         check_choices(self)
+        check_bools(self)
         if self.max_pile_bytes is not None:
             limit = parse_size(self.max_pile_bytes, what="max_pile_bytes")
             if limit < MIN_PILE_BYTES:

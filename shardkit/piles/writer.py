@@ -19,8 +19,9 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
-from shardkit.codecs import DEFAULT, Codecs
-from shardkit.errors import ConfigError
+from shardkit._util import shown
+from shardkit.codecs import Codecs, check_codecs
+from shardkit.errors import ConfigError, SampleError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call, specs
 from shardkit.piles import router
@@ -85,7 +86,7 @@ class PileWriter:
             self._output.release()
             raise
         self._router = router.PileRouter(piles=self.options.piles, seed=self.options.seed)
-        self._codecs = codecs or DEFAULT
+        self._codecs = check_codecs(codecs)
         self._fields: set[str] = set()
         self._closed = False
         self.manifest: Manifest | None = None
@@ -99,6 +100,8 @@ class PileWriter:
         """
         if self._closed:
             raise RuntimeError("PileWriter.write() called after close(); open a new writer.")
+        if not isinstance(sample, Mapping):
+            raise SampleError(f"PileWriter.write: expected a sample dict with '__key__', got {shown(sample)}")
         data, exts = encode_sample(sample, self._codecs, max_pile_bytes=self.options.max_bytes)
         self._fields.update(exts)
         pile = self._router.next()
