@@ -106,6 +106,12 @@ def check_int(
     return number
 
 
+def check_most(name: str, value: int | None, most: int, why: str) -> None:
+    """Refuse an integer (already checked) above ``most``: ``piles: at most 1000000 (each is a file), got 10**9``."""
+    if value is not None and value > most:
+        raise ConfigError(f"{name}: expected at most {most} ({why}), got {shown(value)}")
+
+
 def _integer(value: Any) -> int | None:
     """``value`` as a plain int when it is an integer (numpy's included), not a bool; else None."""
     if isinstance(value, bool):
@@ -164,6 +170,8 @@ _UNITS = {
     "gib": 1024**3,
     "tib": 1024**4,
 }
+# the largest size parse_size accepts (4 EiB): every byte count fits a signed 64-bit integer
+MAX_SIZE = 1 << 62
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -177,8 +185,11 @@ def parse_size(value: int | float | str, *, what: str = "size") -> int:
     """
     if isinstance(value, bool):
         raise ConfigError(f"{what}: expected a size like 2GiB, got {value!r}")
-    if isinstance(value, (int, float)):
-        number = float(value)
+    number: float
+    if isinstance(value, int):
+        number = value  # exact: a huge int would overflow a float
+    elif isinstance(value, float):
+        number = value
     elif isinstance(value, str):
         match = _SIZE.match(value)
         unit = match.group(2).lower() if match else ""
@@ -189,6 +200,8 @@ def parse_size(value: int | float | str, *, what: str = "size") -> int:
         raise ConfigError(f"{what}: expected a size like 2GiB, got {type(value).__name__}")
     if not number >= 1:
         raise ConfigError(f"{what}: expected a positive size, got {value!r}")
+    if number > MAX_SIZE:  # sizes and offsets are 64-bit integers in numpy and in tar
+        raise ConfigError(f"{what}: expected at most 2**62 bytes (4 EiB), got {shown(value)}")
     return int(number)
 
 

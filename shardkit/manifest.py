@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardkit import storage
+from shardkit._util import check_path
 from shardkit.errors import DatasetNotFoundError, ManifestError, StorageError
 
 MANIFEST = "shardkit.json"
@@ -184,7 +185,14 @@ def is_dataset(directory: str) -> bool:
 
 
 def read(directory: str) -> Manifest:
-    """Read and validate ``DIRECTORY/shardkit.json``."""
+    """Read and validate ``DIRECTORY/shardkit.json``.
+
+    Raises:
+        ConfigError: ``directory`` is not a path or URL; DatasetNotFoundError: no manifest there;
+        StorageError: it cannot be read (a file, not a directory; no permission...);
+        ManifestError: it is not a valid manifest.
+    """
+    directory = check_path("directory", directory)
     url = storage.join(directory, MANIFEST)
     try:
         text = storage.read_bytes(url).decode("utf-8")

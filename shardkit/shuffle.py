@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardkit import _util, manifest, storage
-from shardkit._util import check_int, format_size, parse_size
+from shardkit._util import check_int, check_most, format_size, parse_size
 from shardkit.errors import ConfigError, ManifestError, SampleError
 from shardkit.loading import plan
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.options import check_bools, check_choices, from_call, meta, specs
-from shardkit.piles.options import KEY_PREFIX, PileOptions
+from shardkit.piles.options import KEY_PREFIX, MAX_PILES, PileOptions
 from shardkit.piles.output import claim
 from shardkit.piles.publish import free_names, install, remove_strays
 from shardkit.storage import write_chunks
@@ -114,6 +114,7 @@ class ShuffleOptions:
 
     def __post_init__(self) -> None:
         check_int("piles", self.piles, low=1, none=True)
+        check_most("piles", self.piles, MAX_PILES, "each is a file")
         check_int("workers", self.workers, low=1)
         check_int("seed", self.seed, low=0)
         check_int("maxcount", self.maxcount, low=1, none=True)

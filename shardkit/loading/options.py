@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardkit._util import check_int, parse_size
+from shardkit._util import check_int, check_most, parse_size, shown
 from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError
 from shardkit.options import check_bools, check_choices, meta, specs
 
 # what the loader does with a pile or sample it cannot read: listed once, read by validation and the CLI
 ON_ERROR = ("raise", "skip", "warn")
+# the most piles a loader mixes: each is held in memory while it is drawn from
+MAX_MIX = 1024
 
 
 def _callable(name: str, value: Any) -> None:
@@ -89,6 +91,7 @@ class LoaderOptions:
         check_int("num_workers", self.num_workers, low=0)
         check_int("prefetch", self.prefetch, low=0)
         check_int("mix", self.mix, low=1)
+        check_most("mix", self.mix, MAX_MIX, "each pile mixed is held in memory")
         check_int("world_size", self.world_size, low=1, none=True)
         check_int("rank", self.rank, low=0, none=True)
         check_bools(self)
@@ -114,6 +117,8 @@ class LoaderOptions:
     def from_dict(cls, values: dict[str, Any]) -> LoaderOptions:
         """Options from a mapping (a YAML job, a CLI); an unknown key is a ConfigError."""
         known = specs(cls).keys()
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"options: expected a mapping of loader options, got {shown(values)}")
         for name in values:
             if name not in known:
                 raise ConfigError(f"{name}: not a loader option (expected one of {', '.join(sorted(known))})")

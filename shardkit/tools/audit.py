@@ -108,7 +108,7 @@ def info(directory: str) -> DatasetInfo:
         DatasetNotFoundError: ``directory`` holds no ``shardkit.json``.
         ManifestError: the manifest is malformed.
     """
-    m = manifest.read(_util.check_path("directory", directory))
+    m = manifest.read(directory)
     n, piles = m.samples, len(m.piles)
     # the binomial is over the M pass 1 drew from: split sub-piles count once
     drawn = manifest.original_piles(m)
@@ -249,7 +249,7 @@ def verify(directory: str, *, quiet: bool = False) -> list[Problem]:
         ManifestError: the manifest itself is malformed.
     """
     _util.check_bool("quiet", quiet)
-    m = manifest.read(_util.check_path("directory", directory))
+    m = manifest.read(directory)
     problems: list[Problem] = []
     with _util.bar(total=m.bytes, desc="verify", unit="B", quiet=quiet, unit_scale=True, unit_divisor=1024) as progress:
         for pile in m.piles:
