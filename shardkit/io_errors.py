@@ -3,7 +3,7 @@
 translate(OSError(errno.ENOSPC, "No space left on device"), "out/pile-000003.tar", "write", scheme=None,
           path="out/pile-000003.tar", size=1 << 30)
 # StorageError: out/pile-000003.tar: cannot write: no space left on the device (needed 1.0 GiB,
-#   12.0 MiB free on the device of /work/out); free some space or write elsewhere
+#   12.0 MiB free on the device of /data); free some space or write elsewhere
 
 :mod:`shardkit.storage` is the one caller: every byte shardkit reads or writes passes there.
 """
@@ -61,11 +61,15 @@ def _chain(error: BaseException) -> list[BaseException]:
 
 
 def _free_bytes(path: str) -> tuple[str, int] | None:
-    """The nearest existing directory at or above ``path`` and the bytes free on its device."""
+    """Where the device holding ``path`` is mounted, and the bytes free on it."""
     here = os.path.abspath(path)
     while not os.path.isdir(here) and os.path.dirname(here) != here:
         here = os.path.dirname(here)
     try:
+        device = os.stat(here).st_dev
+        # climb to the mount point: a short name the user knows, not a staging directory
+        while os.path.dirname(here) != here and os.stat(os.path.dirname(here)).st_dev == device:
+            here = os.path.dirname(here)
         return here, shutil.disk_usage(here).free
     except OSError:
         return None

@@ -85,8 +85,9 @@ def storage_error(error: BaseException, url: str, doing: str, *, size: int | Non
 def guard(url: str | os.PathLike[str], doing: str, *, size: int | None = None) -> Iterator[None]:
     """Turn what fails inside into the shardkit error naming ``url`` (see :func:`storage_error`).
 
-    Locally that is any OSError; for a remote URL, anything its object-store client raises
-    (credentials, endpoints and HTTP errors are not OSErrors there). Shardkit's own errors pass.
+    Locally that is any OSError; for a remote URL, also what its object-store client raises
+    (credentials, endpoints and HTTP errors are not OSErrors there). Shardkit's own errors pass,
+    and so do Python's own (a TypeError is a bug to see, not a storage failure).
 
         with storage.guard(path, "write", size=len(data)):
             os.write(fd, data)
@@ -99,7 +100,7 @@ def guard(url: str | os.PathLike[str], doing: str, *, size: int | None = None) -
     except OSError as e:
         raise storage_error(e, url, doing, size=size) from e
     except Exception as e:
-        if _remote(url) is None:
+        if _remote(url) is None or type(e).__module__ == "builtins":
             raise
         raise storage_error(e, url, doing, size=size) from e
 

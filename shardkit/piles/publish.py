@@ -178,7 +178,7 @@ def _finish_pile(p: int, runs: Sequence[Run], count: int, seed: int, most: int |
     if most is None or count <= most:  # an empty pile is never split
         storage.fsync_file(path)
         return [_Staged(path, name, count, size, crc)], False
-    with _SPLITTING, storage.guard(staging, "write split piles to", size=size):
+    with _SPLITTING, storage.guard(staging, "write the split piles", size=size):
         data = storage.read_bytes(path)
         os.unlink(path)
         pieces = _split(data, name, capacity=most, seed=seed, trail=(p,), staging=staging)
