@@ -535,6 +535,7 @@ PILE = ("pile", "$shard", "-o", "$out", "-q")
 CLI: dict[str, Cli] = {
     "verify-a-file": cli("verify", "$file", fragment="error: $file: is a file, expected a shardkit dataset directory"),
     "verify-missing": cli("verify", "$missing", fragment="error: $missing: not a shardkit dataset"),
+    "verify-unreadable-piles": cli("verify", "$data", "-q", fragment="error: 2 problem(s) found in $data", setup=piles_unreadable),
     "info-a-file": cli("info", "$file", fragment="error: $file: is a file, expected a shardkit dataset directory"),
     "info-missing": cli("info", "$missing", fragment="error: $missing: not a shardkit dataset"),
     "info-under-a-file": cli("info", "$file/x", fragment="$file is a file, not a directory"),
@@ -727,6 +728,13 @@ def test_a_failing_store_never_puts_a_secret_in_the_message(place, monkeypatch):
     assert "https://host:9000/b/k" in message
     for secret in ("wJalrXUtnFEMI", "AKIDEXAMPLE", "abc123"):
         assert secret not in message
+
+
+def test_verify_lists_an_unreadable_pile_with_why(place, monkeypatch, capsys):
+    piles_unreadable(monkeypatch, SimpleNamespace())
+    assert main(["verify", "-q", place.data]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"{place.data}: pile-00000{i}.tar: cannot read: permission denied" for i in range(2)]
 
 
 def test_verbose_shows_the_traceback_instead(place):
