@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         PileTooLargeError,
         SampleError,
         ShardkitError,
+        StorageError,
         WorkerError,
     )
     from shardkit.loading.loader import Loader, loader
@@ -67,6 +68,7 @@ _WHERE = {
     "SampleError": "shardkit.errors",
     "ShardkitError": "shardkit.errors",
     "ShuffleOptions": "shardkit.shuffle",
+    "StorageError": "shardkit.errors",
     "WorkerError": "shardkit.errors",
     "add_pile_args": "shardkit.cli",
     "compare_shuffles": "shardkit.tools",
@@ -131,6 +133,7 @@ __all__ = [
     "SampleError",
     "ShardkitError",
     "ShuffleOptions",
+    "StorageError",
     "WorkerError",
     "__version__",
     "add_pile_args",

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import os
 import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal, overload
 
 from tqdm import tqdm
@@ -105,6 +106,12 @@ def check_int(
     return number
 
 
+def check_most(name: str, value: int | None, most: int, why: str) -> None:
+    """Refuse an integer (already checked) above ``most``: ``piles: at most 1000000 (each is a file), got 10**9``."""
+    if value is not None and value > most:
+        raise ConfigError(f"{name}: expected at most {most} ({why}), got {shown(value)}")
+
+
 def _integer(value: Any) -> int | None:
     """``value`` as a plain int when it is an integer (numpy's included), not a bool; else None."""
     if isinstance(value, bool):
@@ -113,6 +120,38 @@ def _integer(value: Any) -> int | None:
         return operator.index(value)  # numpy's bool refuses this, floats and strings too
     except TypeError:
         return None
+
+
+def check_path(name: str, value: Any) -> str:
+    """``value`` as a path or URL: a non-empty string or an ``os.PathLike``; else a ConfigError naming ``name``."""
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"{name}: expected a path or URL, got {shown(value)}")
+    return text
+
+
+def check_paths(name: str, value: Any) -> str | list[str]:
+    """A path, URL or pattern (returned as a string), or a non-empty list of them (returned as a list).
+
+    Raises:
+        ConfigError: ``NAME: expected a path, URL or pattern, or a list of them, got 5``; an
+            empty list; an item that is not a path (``NAME[2]: ...``).
+    """
+    if isinstance(value, (str, os.PathLike)):
+        return check_path(name, value)
+    if isinstance(value, (bytes, Mapping)) or not isinstance(value, Iterable):
+        raise ConfigError(f"{name}: expected a path, URL or pattern, or a list of them, got {shown(value)}")
+    items = list(value)
+    if not items:
+        raise ConfigError(f"{name}: expected at least one path, URL or pattern, got an empty list")
+    return [check_path(f"{name}[{i}]", item) for i, item in enumerate(items)]
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is True or False; anything else (``"false"``, 0, None) is a ConfigError naming ``name``."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}: expected True or False, got {shown(value)}")
+    return value
 
 
 _UNITS = {
@@ -131,6 +170,8 @@ _UNITS = {
     "gib": 1024**3,
     "tib": 1024**4,
 }
+# the largest size parse_size accepts (4 EiB): every byte count fits a signed 64-bit integer
+MAX_SIZE = 1 << 62
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -144,8 +185,11 @@ def parse_size(value: int | float | str, *, what: str = "size") -> int:
     """
     if isinstance(value, bool):
         raise ConfigError(f"{what}: expected a size like 2GiB, got {value!r}")
-    if isinstance(value, (int, float)):
-        number = float(value)
+    number: float
+    if isinstance(value, int):
+        number = value  # exact: a huge int would overflow a float
+    elif isinstance(value, float):
+        number = value
     elif isinstance(value, str):
         match = _SIZE.match(value)
         unit = match.group(2).lower() if match else ""
@@ -156,6 +200,8 @@ def parse_size(value: int | float | str, *, what: str = "size") -> int:
         raise ConfigError(f"{what}: expected a size like 2GiB, got {type(value).__name__}")
     if not number >= 1:
         raise ConfigError(f"{what}: expected a positive size, got {value!r}")
+    if number > MAX_SIZE:  # sizes and offsets are 64-bit integers in numpy and in tar
+        raise ConfigError(f"{what}: expected at most 2**62 bytes (4 EiB), got {shown(value)}")
     return int(number)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkit._util import shown
 from shardkit.errors import ConfigError, SampleError
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff", "gif"})
@@ -158,6 +159,15 @@ class Codecs:
 
 
 DEFAULT = Codecs()
+
+
+def check_codecs(value: Any) -> Codecs:
+    """``value`` if it is a :class:`Codecs`, :data:`DEFAULT` for None; else a ConfigError."""
+    if value is None:
+        return DEFAULT
+    if not isinstance(value, Codecs):
+        raise ConfigError(f"codecs: expected a shardkit.Codecs registry or None, got {shown(value)}")
+    return value
 
 
 def encode_field(codecs: Codecs, key: str, ext: str, value: Any) -> bytes:

@@ -12,6 +12,7 @@
     ├── CorruptShardError(ValueError)              a tar's bytes are not what they should be
     ├── PileTooLargeError(ValueError)              a pile exceeds a memory limit (refused unread)
     ├── DecodeError(ValueError)                    a field could not be decoded (names pile and key)
+    ├── StorageError(OSError)                      a file or URL cannot be read or written (full, read-only, unreachable...)
     └── WorkerError(RuntimeError)                  a loader worker process died (names it and its exit code)
 
 Messages say where, what was expected and what was found, e.g.
@@ -41,6 +42,7 @@ __all__ = [
     "RemoteTraceback",
     "SampleError",
     "ShardkitError",
+    "StorageError",
     "WorkerError",
 ]
 
@@ -83,6 +85,32 @@ class PileTooLargeError(ShardkitError, ValueError):
 
 class DecodeError(ShardkitError, ValueError):
     """A field's bytes could not be decoded; the message names the pile and the key."""
+
+
+class StorageError(ShardkitError, OSError):
+    """A file or URL cannot be read or written, for a reason outside shardkit and the data.
+
+    A full disk (the message says how many bytes were needed and how many are free), a
+    read-only file system, a permission, a path through a file, an object store that cannot be
+    reached or finds no credentials. The message names the path or URL, what was being done and,
+    where there is one, the fix. ``url`` is that path or URL; ``errno`` the operating system's
+    error number when there is one (``errno.ENOSPC``...).
+
+    Example:
+        try:
+            shardkit.preprocess(units, fn, "out/", piles=64)
+        except shardkit.StorageError as e:
+            print(e.url, e.errno)
+    """
+
+    def __init__(self, message: str, *, url: str = "", errno: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.errno = errno
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # keeps url and errno across processes (OSError's own pickling drops errno)
+        return (type(self), (str(self),), {"url": self.url, "errno": self.errno})
 
 
 class WorkerError(ShardkitError, RuntimeError):

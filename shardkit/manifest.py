@@ -6,14 +6,17 @@ the end never leaves something that looks like a whole dataset.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardkit import storage
-from shardkit.errors import DatasetNotFoundError, ManifestError
+from shardkit._util import check_path
+from shardkit.errors import DatasetNotFoundError, ManifestError, StorageError
 
 MANIFEST = "shardkit.json"
 FORMAT = "shardkit"
@@ -182,12 +185,26 @@ def is_dataset(directory: str) -> bool:
 
 
 def read(directory: str) -> Manifest:
-    """Read and validate ``DIRECTORY/shardkit.json``."""
+    """Read and validate ``DIRECTORY/shardkit.json``.
+
+    Raises:
+        ConfigError: ``directory`` is not a path or URL; DatasetNotFoundError: no manifest there;
+        StorageError: it cannot be read (a file, not a directory; no permission...);
+        ManifestError: it is not a valid manifest.
+    """
+    directory = check_path("directory", directory)
     url = storage.join(directory, MANIFEST)
     try:
         text = storage.read_bytes(url).decode("utf-8")
     except DatasetNotFoundError:
         raise DatasetNotFoundError(f"{directory}: not a shardkit dataset (no {MANIFEST}; a job that did not finish leaves none)") from None
+    except StorageError as e:
+        path = storage.local_path(directory)
+        if e.errno == errno.ENOTDIR and path is not None and os.path.isfile(path):
+            raise StorageError(
+                f"{directory}: is a file, expected a shardkit dataset directory (holding {MANIFEST})", url=url, errno=e.errno
+            ) from e
+        raise
     except UnicodeDecodeError:
         raise ManifestError(f"{url}: not UTF-8 text") from None
     return parse(text, url)

@@ -2,6 +2,7 @@
 
 on_error: str = field(default="raise", metadata=meta(help="what a failing unit does", choices=ON_ERROR, yaml="job"))
 check_choices(self)                           # in __post_init__: every field declared with choices
+check_bools(self)                             # ... and every bool field holds a bool
 opts = from_call(PileOptions, options, {"piles": piles, "seed": seed})  # options= or keywords
 """
 
@@ -104,6 +105,15 @@ def check_choices(options: Any) -> None:
         value = getattr(options, spec.name)
         if spec.choices is not None and value not in spec.choices:
             raise ConfigError(f"{spec.name}: expected one of {', '.join(map(repr, spec.choices))}, got {value!r}")
+
+
+def check_bools(options: Any) -> None:
+    """Refuse a value other than True or False in any ``bool`` field: ``overwrite="false"`` is a
+    mistake (the string is true), not a request."""
+    for spec in specs(type(options)).values():
+        value = getattr(options, spec.name)
+        if spec.is_bool and not isinstance(value, bool):
+            raise ConfigError(f"{spec.name}: expected True or False, got {value!r}")
 
 
 def from_call(cls: type[T], options: T | None, keywords: Mapping[str, Any]) -> T:

@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardkit import _util, manifest, storage
-from shardkit._util import check_int, format_size, parse_size
+from shardkit._util import check_int, check_most, format_size, parse_size
 from shardkit.errors import ConfigError, ManifestError, SampleError
 from shardkit.loading import plan
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
-from shardkit.options import check_choices, from_call, meta, specs
-from shardkit.piles.options import KEY_PREFIX, PileOptions
+from shardkit.options import check_bools, check_choices, from_call, meta, specs
+from shardkit.piles.options import KEY_PREFIX, MAX_PILES, PileOptions
 from shardkit.piles.output import claim
 from shardkit.piles.publish import free_names, install, remove_strays
 from shardkit.storage import write_chunks
@@ -115,10 +115,12 @@ class ShuffleOptions:
 
     def __post_init__(self) -> None:
         check_int("piles", self.piles, low=1, none=True)
+        check_most("piles", self.piles, MAX_PILES, "each is a file")
         check_int("workers", self.workers, low=1)
         check_int("seed", self.seed, low=0)
         check_int("maxcount", self.maxcount, low=1, none=True)
         check_choices(self)
+        check_bools(self)
         for name in ("memory", "maxsize"):
             value = getattr(self, name)
             if value is not None:
@@ -203,9 +205,14 @@ class ShardRoller:
         # a new shard takes at least one sample, however large
         return max(take, 0) if self._fd is not None else max(take, 1)
 
+    def _path(self) -> str:
+        """The shard being written (or about to be)."""
+        return os.path.join(self.directory, shard_name(len(self.shards)))
+
     def _open(self, first: int) -> None:
         name = shard_name(len(self.shards))
-        self._fd = os.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | storage.O_BINARY, 0o644)
+        with storage.guard(self._path(), "create"):
+            self._fd = os.open(self._path(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | storage.O_BINARY, 0o644)
         if self.maxsize is not None and first + len(write.TRAILER) > self.maxsize:
             log.warning("%s: one sample of %d bytes is over maxsize=%d: it gets a shard of its own", name, first, self.maxsize)
 
@@ -220,7 +227,8 @@ class ShardRoller:
             ]
             for chunk in chunks:  # in output order, as a reader of the shard sums them
                 crc = checksum(chunk, crc)
-            write_chunks(self._fd, chunks)
+            with storage.guard(self._path(), "write", size=sum(map(len, chunks))):
+                write_chunks(self._fd, chunks)
         self._crc = crc
         self._count += len(starts)
         self._bytes += int((ends - starts).sum())
@@ -249,8 +257,9 @@ class ShardRoller:
         if self._keys:
             self._refuse_repeats()
             self._keys, self._offsets = [], []
-        write_chunks(self._fd, [write.TRAILER])
-        os.fsync(self._fd)  # durable before the manifest that lists it
+        with storage.guard(self._path(), "write", size=len(write.TRAILER)):
+            write_chunks(self._fd, [write.TRAILER])
+            os.fsync(self._fd)  # durable before the manifest that lists it
         os.close(self._fd)
         self._fd = None
         crc = manifest.checksum(write.TRAILER, self._crc)
@@ -374,7 +383,8 @@ def shuffle(
         "key_prefix": key_prefix,
     }
     opts = from_call(ShuffleOptions, options, keywords)
-    urls = storage.expand(inputs)
+    _util.check_bool("quiet", quiet)
+    urls = storage.expand(_util.check_paths("inputs", inputs))
     output = claim(out, overwrite=opts.overwrite, files=_SHARD, job="shuffling into")
     m, limit = opts.pass1(sum(storage.size(u) for u in urls))
     log.info("shuffling %d input shards through %d piles (max %s each)", len(urls), m, format_size(limit) if limit else "unlimited")

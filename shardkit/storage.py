@@ -17,7 +17,8 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
-from shardkit.errors import ConfigError, DatasetNotFoundError
+from shardkit import io_errors
+from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _GROUP = re.compile(r"\{([^{}]*)\}")
@@ -41,12 +42,67 @@ def local_path(url: str | os.PathLike[str]) -> str | None:
 
 
 def _fs(url: str) -> tuple[Any, str]:
+    scheme = _remote(url)
     try:
         import fsspec
     except ImportError:
-        raise ConfigError(f"{url}: reading {_remote(url)}:// URLs needs fsspec (pip install 'shardkit[remote]')") from None
-    fs, path = fsspec.core.url_to_fs(url)
+        raise ConfigError(f"{url}: {scheme}:// URLs need fsspec: pip install 'shardkit[remote]'") from None
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except ImportError as e:  # fsspec knows the scheme, its package is missing
+        package = _backend_package(scheme)
+        fix = f"pip install {package}" if package else f"install the fsspec package for {scheme}:// ({e})"
+        raise ConfigError(f"{url}: {scheme}:// URLs need {package or 'a package that is missing'}: {fix}") from None
+    except ValueError as e:
+        if scheme is not None and scheme not in fsspec.available_protocols():
+            raise ConfigError(
+                f"{url}: no filesystem is known for {scheme}:// URLs (a typo? s3://, gs://, az://... each need their fsspec package)"
+            ) from None
+        raise ConfigError(f"{url}: {io_errors.sanitized(str(e))}") from None
     return fs, path
+
+
+def _backend_package(scheme: str | None) -> str | None:
+    """The pip package fsspec needs for ``scheme`` (``s3fs`` for ``s3``), when it says."""
+    from fsspec.registry import known_implementations
+
+    module = str(known_implementations.get(scheme or "", {}).get("class", "")).split(".")[0]
+    return module or None
+
+
+def storage_error(error: BaseException, url: str, doing: str, *, size: int | None = None) -> ShardkitError:
+    """The shardkit error for ``error``, raised while ``doing`` (``"read"``, ``"write"``...) ``url``.
+
+    A missing file is a :class:`DatasetNotFoundError`; anything else that failed below shardkit
+    is a :class:`StorageError` naming ``url``, saying why and what to do (see
+    :func:`shardkit.io_errors.translate`). ``size`` is the bytes being written, named when the
+    disk is full.
+    """
+    return io_errors.translate(error, url, doing, scheme=_remote(url), path=local_path(url), size=size)
+
+
+@contextlib.contextmanager
+def guard(url: str | os.PathLike[str], doing: str, *, size: int | None = None) -> Iterator[None]:
+    """Turn what fails inside into the shardkit error naming ``url`` (see :func:`storage_error`).
+
+    Locally that is any OSError; for a remote URL, also what its object-store client raises
+    (credentials, endpoints and HTTP errors are not OSErrors there). Shardkit's own errors pass,
+    and so do Python's own (a TypeError is a bug to see, not a storage failure).
+
+        with storage.guard(path, "write", size=len(data)):
+            os.write(fd, data)
+    """
+    url = os.fspath(url)
+    try:
+        yield
+    except ShardkitError:
+        raise
+    except OSError as e:
+        raise storage_error(e, url, doing, size=size) from e
+    except Exception as e:
+        if _remote(url) is None or type(e).__module__ == "builtins":
+            raise
+        raise storage_error(e, url, doing, size=size) from e
 
 
 def join(base: str | os.PathLike[str], name: str) -> str:
@@ -62,32 +118,29 @@ def exists(url: str) -> bool:
     if path is not None:
         return os.path.exists(path)
     fs, p = _fs(url)
-    return bool(fs.exists(p))
+    with guard(url, "look it up"):
+        return bool(fs.exists(p))
 
 
 def size(url: str) -> int:
     """Size of the file in bytes; raises DatasetNotFoundError if it is missing."""
     path = local_path(url)
-    try:
+    with guard(url, "read its size"):
         if path is not None:
             return os.path.getsize(path)
         fs, p = _fs(url)
         return int(fs.size(p))
-    except FileNotFoundError:
-        raise DatasetNotFoundError(f"{url}: no such file") from None
 
 
 def read_bytes(url: str) -> bytes:
     """The whole file, in one sequential read."""
     path = local_path(url)
-    try:
+    with guard(url, "read"):
         if path is not None:
             with open(path, "rb", buffering=0) as f:
                 return f.readall()
         fs, p = _fs(url)
         return bytes(fs.cat_file(p))
-    except FileNotFoundError:
-        raise DatasetNotFoundError(f"{url}: no such file") from None
 
 
 _MAP_MIN = 1 << 20
@@ -113,9 +166,7 @@ def map_bytes(url: str) -> Buffer:
                 return f.readall()
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             return mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
-    except FileNotFoundError:
-        raise DatasetNotFoundError(f"{url}: no such file") from None
-    except (OSError, ValueError, AttributeError):  # no mmap here (a pipe, a platform without it)
+    except (OSError, ValueError, AttributeError):  # no mmap here (a pipe, a platform without it), or no file: read_bytes says why
         return read_bytes(url)
 
 
@@ -123,7 +174,7 @@ def map_bytes(url: str) -> Buffer:
 def open_read(url: str) -> Iterator[IO[bytes]]:
     """A binary file object for streaming reads."""
     path = local_path(url)
-    try:
+    with guard(url, "read"):
         if path is not None:
             with open(path, "rb") as f:
                 yield f
@@ -131,27 +182,29 @@ def open_read(url: str) -> Iterator[IO[bytes]]:
             fs, p = _fs(url)
             with fs.open(p, "rb") as f:
                 yield f
-    except FileNotFoundError:
-        raise DatasetNotFoundError(f"{url}: no such file") from None
 
 
 @contextlib.contextmanager
-def atomic_write(url: str) -> Iterator[IO[bytes]]:
-    """Write ``url`` all or nothing: the name appears only once the block exits cleanly."""
+def atomic_write(url: str, *, size: int | None = None) -> Iterator[IO[bytes]]:
+    """Write ``url`` all or nothing: the name appears only once the block exits cleanly.
+
+    ``size``, the bytes about to be written when known, is named if the disk fills up.
+    """
     path = local_path(url)
     if path is None:
         # object stores publish a PUT whole or not at all; fsspec writes on close
         fs, p = _fs(url)
-        with fs.open(p, "wb") as f:
+        with guard(url, "write"), fs.open(p, "wb") as f:
             yield f
         return
     tmp = f"{path}.partial-{uuid.uuid4().hex}"
     try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the name says they are there
-        os.replace(tmp, path)
+        with guard(url, "write", size=size):
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())  # the bytes are on disk before the name says they are there
+            os.replace(tmp, path)
         fsync_dir(os.path.dirname(path) or ".")
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -174,11 +227,12 @@ def fsync_dir(path: str) -> None:
 
 def fsync_file(path: str) -> None:
     """Flush the local file ``path``'s data to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with guard(path, "flush to disk"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def create_exclusive(url: str, data: bytes) -> bool:
@@ -192,22 +246,23 @@ def create_exclusive(url: str, data: bytes) -> bool:
     if path is None:
         raise ConfigError(f"{url}: exclusive creation on remote storage is not supported yet")
     tmp = f"{path}.partial-{uuid.uuid4().hex}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_BINARY, 0o644)
-    try:
-        write_fully(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    except OSError:  # no hard links here: the O_EXCL create decides alone
-        return _create_excl(path, data)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    with guard(url, "create", size=len(data)):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_BINARY, 0o644)
+        try:
+            write_fully(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links here: the O_EXCL create decides alone
+            return _create_excl(path, data)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 def _create_excl(path: str, data: bytes) -> bool:
@@ -225,7 +280,7 @@ def _create_excl(path: str, data: bytes) -> bool:
 
 def write_bytes(url: str, data: bytes) -> None:
     """Atomically replace ``url`` with ``data``."""
-    with atomic_write(url) as f:
+    with atomic_write(url, size=len(data)) as f:
         f.write(data)
 
 
@@ -268,32 +323,37 @@ def remove(url: str) -> None:
     """Delete a file if it exists."""
     path = local_path(url)
     if path is not None:
-        with contextlib.suppress(FileNotFoundError):
+        with guard(url, "remove"), contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return
     fs, p = _fs(url)
-    if fs.exists(p):
-        fs.rm(p)
+    with guard(url, "remove"):
+        if fs.exists(p):
+            fs.rm(p)
 
 
-def makedirs(url: str) -> None:
+def makedirs(url: str | os.PathLike[str]) -> None:
+    """Create the directory ``url`` and its parents, unless it is there."""
+    url = os.fspath(url)
     path = local_path(url)
-    if path is not None:
-        os.makedirs(path, exist_ok=True)
-    else:
-        fs, p = _fs(url)
-        fs.makedirs(p, exist_ok=True)
+    with guard(url, "create the directory"):
+        if path is not None:
+            os.makedirs(path, exist_ok=True)
+        else:
+            fs, p = _fs(url)
+            fs.makedirs(p, exist_ok=True)
 
 
 def listdir(url: str) -> list[str]:
     """Sorted names of the entries directly inside the directory ``url``."""
     path = local_path(url)
     try:
-        if path is not None:
-            return sorted(os.listdir(path))
-        fs, p = _fs(url)
-        return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(p, detail=False))
-    except FileNotFoundError:
+        with guard(url, "list the directory"):
+            if path is not None:
+                return sorted(os.listdir(path))
+            fs, p = _fs(url)
+            return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(p, detail=False))
+    except DatasetNotFoundError:
         raise DatasetNotFoundError(f"{url}: no such directory") from None
 
 
@@ -349,5 +409,6 @@ def _glob_files(pattern: str) -> list[str]:
     if path is not None:
         return sorted(p for p in _glob.glob(path) if os.path.isfile(p))
     fs, p = _fs(pattern)
-    found = fs.glob(p, detail=True)  # types come with the listing: no request per file
+    with guard(pattern, "list the files matching"):
+        found = fs.glob(p, detail=True)  # types come with the listing: no request per file
     return sorted(fs.unstrip_protocol(m) for m, info in found.items() if info.get("type") == "file")

@@ -10,7 +10,8 @@ import shardkit
 PUBLIC = {
     "Codecs", "ConfigError", "CorruptShardError", "DatasetExistsError", "DatasetInfo", "DatasetNotFoundError",
     "DecodeError", "InputError", "Loader", "LoaderOptions", "Manifest", "ManifestError", "PileInfo", "PileOptions",
-    "PileTooLargeError", "PileWriter", "Problem", "QualityReport", "SampleError", "ShardkitError", "ShuffleOptions", "WorkerError",
+    "PileTooLargeError", "PileWriter", "Problem", "QualityReport", "SampleError", "ShardkitError", "ShuffleOptions", "StorageError",
+    "WorkerError",
     "__version__", "add_pile_args", "compare_shuffles", "info", "load_job", "loader", "pile", "pile_kwargs",
     "preprocess", "repile", "run_job", "shuffle", "verify",
 }  # fmt: skip
@@ -30,6 +31,7 @@ def test_every_error_is_a_shardkit_error_and_the_builtin_a_caller_would_catch():
         error = getattr(shardkit, name)
         assert issubclass(error, shardkit.ShardkitError) and issubclass(error, ValueError)
     assert issubclass(shardkit.InputError, RuntimeError)
+    assert issubclass(shardkit.StorageError, shardkit.ShardkitError) and issubclass(shardkit.StorageError, OSError)
 
 
 def test_importing_shardkit_stays_light():

@@ -11,6 +11,8 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
+from shardkit._util import shown
+from shardkit.errors import ConfigError
 from shardkit.options import Spec, specs
 from shardkit.piles.options import PileOptions
 
@@ -86,4 +88,6 @@ def add_pile_args(parser: argparse.ArgumentParser) -> None:
 
 def pile_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments for :func:`shardkit.preprocess` from :func:`add_pile_args` flags."""
+    if not isinstance(args, argparse.Namespace):
+        raise ConfigError(f"args: expected the argparse.Namespace parse_args() returned, got {shown(args)}")
     return {**option_values(args, PILE_FLAGS), "quiet": args.quiet}

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import yaml
 
 from shardkit import storage
+from shardkit._util import check_path, shown
 from shardkit.cli import schema
 from shardkit.cli.schema import Fields
 from shardkit.errors import ConfigError, DatasetNotFoundError
@@ -165,7 +166,7 @@ def load_job(path: str | os.PathLike[str]) -> Job:
         ConfigError: anything wrong, as ``FILE: FIELD: expected ..., got ...``.
         DatasetNotFoundError: the job file itself does not exist.
     """
-    source = os.fspath(path)
+    source = check_path("path", path)
     try:
         with open(source, encoding="utf-8") as f:
             text = f.read()
@@ -329,6 +330,8 @@ def run_job(job: Job, *, quiet: bool = False) -> Any:
         return pile(list(job.inputs), job.output, options=job.options, quiet=quiet)
     if isinstance(job, ShuffleJob):
         return shuffle(list(job.inputs), job.output, options=job.options, quiet=quiet)
+    if not isinstance(job, DemoJob):
+        raise ConfigError(f"job: expected a job from load_job() or parse_job(), got {shown(job)}")
     from shardkit.tools.demo import demo
 
     return demo(out=job.output, samples=job.samples, quiet=quiet)

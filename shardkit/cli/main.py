@@ -46,11 +46,14 @@ def guarded(run: Callable[[], int], *, traceback: bool = False) -> int:
     """Run a command body with the CLI's error conventions; returns the exit code.
 
     A :class:`ShardkitError` prints one ``error: ...`` line and gives 1 (re-raised with
-    ``traceback``, for ``-v``); Ctrl-C prints ``interrupted`` and gives 130. Scripts use it too.
+    ``traceback``, for ``-v``); so does an ``OSError`` that reached here untranslated (shardkit
+    turns the ones it expects into :class:`~shardkit.StorageError`, but a disk or a network can
+    fail anywhere, a user's ``fn`` included). Ctrl-C prints ``interrupted`` and gives 130.
+    Scripts use it too.
     """
     try:
         return run()
-    except ShardkitError as e:
+    except (ShardkitError, OSError) as e:
         if traceback:
             raise
         print(f"error: {e}", file=sys.stderr)

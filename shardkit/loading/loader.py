@@ -57,9 +57,10 @@ class Loader:
     def __init__(self, source: SourceLike | Source, options: LoaderOptions) -> None:
         rank, world = resolve_world(options.rank, options.world_size)
         self.options = replace(options, rank=rank, world_size=world)
-        self.source = source if isinstance(source, Source) else resolve(source)
         self.stats = LoaderStats()
         self._policy = Policy(self.options.on_error, self.stats)
+        # a plain shard that cannot even be counted is a pile the policy skips (0 samples)
+        self.source = source if isinstance(source, Source) else resolve(source, skip=self._policy.pile)
         self._fingerprint = self.source.fingerprint()
         codecs = self.options.codecs()
         self._step = Step(

@@ -53,7 +53,8 @@ class Policy:
         if self.raises or not isinstance(error, (ShardkitError, OSError)):
             raise error
         self.stats.skipped_piles += 1
-        self.stats.note(f"{url}: {error}", self.warns)
+        message = str(error)
+        self.stats.note(message if message.startswith(url) else f"{url}: {message}", self.warns)
 
     def sample(self, pile: Shard | None, index: int) -> dict[str, Any] | None:
         """Raw sample ``index`` of ``pile``; None (counted) when the pile was skipped or the

@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardkit._util import check_int, parse_size
+from shardkit._util import check_int, check_most, parse_size, shown
 from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError
-from shardkit.options import check_choices, meta, specs
+from shardkit.options import check_bools, check_choices, meta, specs
 
 # what the loader does with a pile or sample it cannot read: listed once, read by validation and the CLI
 ON_ERROR = ("raise", "skip", "warn")
-
-
-def _bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name}: expected True or False, got {value!r}")
+# the most piles a loader mixes: each is held in memory while it is drawn from
+MAX_MIX = 1024
 
 
 def _callable(name: str, value: Any) -> None:
@@ -94,10 +91,10 @@ class LoaderOptions:
         check_int("num_workers", self.num_workers, low=0)
         check_int("prefetch", self.prefetch, low=0)
         check_int("mix", self.mix, low=1)
+        check_most("mix", self.mix, MAX_MIX, "each pile mixed is held in memory")
         check_int("world_size", self.world_size, low=1, none=True)
         check_int("rank", self.rank, low=0, none=True)
-        for name in ("shuffle", "drop_last", "verify", "allow_pickle"):
-            _bool(name, getattr(self, name))
+        check_bools(self)
         _callable("map", self.map)
         _callable("collate", self.collate)
         if not (isinstance(self.decode, (bool, Codecs)) or self.decode in ("numpy", "pil")):
@@ -109,7 +106,10 @@ class LoaderOptions:
             raise ConfigError(f"rank: {self.rank} is not below world_size={self.world_size}")
         if self.max_pile_bytes is not None:
             object.__setattr__(self, "max_pile_bytes", parse_size(self.max_pile_bytes, what="max_pile_bytes"))
-        index, count = self.worker
+        worker = self.worker
+        if not (isinstance(worker, tuple) and len(worker) == 2 and all(isinstance(n, int) and not isinstance(n, bool) for n in worker)):
+            raise ConfigError(f"worker: expected (index, count), two integers, got {worker!r}")
+        index, count = worker
         if not 0 <= index < count:
             raise ConfigError(f"worker: expected (index, count) with 0 <= index < count, got {self.worker!r}")
 
@@ -117,6 +117,8 @@ class LoaderOptions:
     def from_dict(cls, values: dict[str, Any]) -> LoaderOptions:
         """Options from a mapping (a YAML job, a CLI); an unknown key is a ConfigError."""
         known = specs(cls).keys()
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"options: expected a mapping of loader options, got {shown(values)}")
         for name in values:
             if name not in known:
                 raise ConfigError(f"{name}: not a loader option (expected one of {', '.join(sorted(known))})")

@@ -20,11 +20,12 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardkit import manifest, storage
-from shardkit.errors import CorruptShardError, DatasetNotFoundError
+from shardkit._util import check_paths
+from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError
 from shardkit.loading.pile import Fetched, fetch, open_pile
 from shardkit.manifest import PileInfo
 from shardkit.tar.shard import Shard, read_shard
@@ -89,18 +90,24 @@ class Source:
         return data
 
 
-def resolve(source: SourceLike) -> Source:
+def resolve(source: SourceLike, *, skip: Callable[[BaseException, str], None] | None = None) -> Source:
     """A dataset directory (with ``shardkit.json``) or tar shard URLs/patterns -> :class:`Source`.
+
+    ``skip(error, url)``, when given, is called for a plain shard that cannot be read to count
+    its samples; it raises ``error`` or returns, and the shard is then kept with no samples
+    (the loader's ``on_error`` decides).
 
     Plain shards log one warning: each is read as one pile, so the order is shuffled only
     within the shards' bounds.
 
     Raises:
+        ConfigError: ``source`` is not a path, a URL, a pattern or a non-empty list of them.
         DatasetNotFoundError: nothing matches, or a directory holds no ``shardkit.json`` (the
             message lists what it holds); ManifestError: the manifest is invalid;
         CorruptShardError: a plain shard cannot be walked to count its samples, or a key in it
             names two samples.
     """
+    source = check_paths("source", source)
     if isinstance(source, (str, os.PathLike)):
         root = os.fspath(source)
         if manifest.is_dataset(root):
@@ -110,7 +117,7 @@ def resolve(source: SourceLike) -> Source:
             raise _not_a_dataset(root)
     urls = storage.expand(source)
     name = urls[0] if len(urls) == 1 else f"{urls[0]} (+{len(urls) - 1} shards)"
-    found = Source(name, tuple(Pile(u, count_samples(u)) for u in urls))
+    found = Source(name, tuple(Pile(u, _counted(u, skip)) for u in urls))
     shown = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "SHARDS"
     log.warning(
         "%s: plain tar shards, not piles: each shard is read as one pile, so the order is shuffled only within the "
@@ -154,6 +161,17 @@ def _count(names: list[str], what: str) -> str:
     plural = what if len(names) == 1 else (what[:-1] + "ies" if what.endswith("y") else what + "s")
     shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
     return f"{len(names)} {plural} ({shown})"
+
+
+def _counted(url: str, skip: Callable[[BaseException, str], None] | None) -> int:
+    """The samples of the plain shard ``url``; 0 when it cannot be read and ``skip`` returns."""
+    if skip is None:
+        return count_samples(url)
+    try:
+        return count_samples(url)
+    except (ShardkitError, OSError) as e:
+        skip(e, url)
+        return 0
 
 
 def count_samples(url: str) -> int:

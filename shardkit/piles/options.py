@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shardkit._util import check_int, parse_size
+from shardkit._util import check_int, check_most, parse_size
 from shardkit.errors import ConfigError
-from shardkit.options import check_choices, meta
+from shardkit.options import check_bools, check_choices, meta
 from shardkit.tar.scan import BLOCK
 
 # the smallest pile that holds a sample: one 512-byte header (empty data) and the trailer
 MIN_PILE_BYTES = 3 * BLOCK
+# the most piles a dataset may have: each is a file, and each worker keeps a buffer per pile
+MAX_PILES = 1_000_000
 
 
 # what a failing input unit does (pass 1), and how keys of input shards are kept: listed once,
@@ -85,9 +87,11 @@ class PileOptions:
 
     def __post_init__(self) -> None:
         check_int("piles", self.piles, low=1)
+        check_most("piles", self.piles, MAX_PILES, "each is a file")
         check_int("seed", self.seed, low=0)
         check_int("workers", self.workers, low=1)
         check_choices(self)
+        check_bools(self)
         if self.max_pile_bytes is not None:
             limit = parse_size(self.max_pile_bytes, what="max_pile_bytes")
             if limit < MIN_PILE_BYTES:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit import manifest, storage
+from shardkit._util import check_path
 from shardkit.errors import ConfigError, DatasetExistsError, ShardkitError
 
 log = logging.getLogger(__name__)
@@ -110,17 +111,17 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
         ConfigError: a remote or non-directory output; DatasetExistsError: a dataset or such
             files are there (without ``overwrite``), or another job holds the lock.
     """
-    out = os.fspath(path)
-    if not out:
-        raise ConfigError("out: expected an output directory, got an empty path")
+    out = check_path("out", path)
     if storage.local_path(out) is None:
         raise ConfigError(f"{out}: {job} remote storage is not supported yet; write locally and upload")
     out = storage.local_path(out) or out
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"{out}: output exists and is not a directory")
-    os.makedirs(out, exist_ok=True)
+    storage.makedirs(out)
     token = uuid.uuid4().hex
-    output = Output(out, token, None, _lock(out, token))
+    with storage.guard(os.path.join(out, LOCK), "create"):
+        fd = _lock(out, token)
+    output = Output(out, token, None, fd)
     try:
         _clear_leftovers(out)  # first: a dead job's half-installed files are not a dataset
         _check_empty(out, overwrite, files)

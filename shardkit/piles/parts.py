@@ -65,7 +65,7 @@ class PileSink:
 
     def __init__(self, directory: str, piles: int, buffer_size: int) -> None:
         self.directory = directory
-        os.makedirs(directory, exist_ok=True)
+        storage.makedirs(directory)
         self._chunks: list[list[storage.Chunk]] = [[] for _ in range(piles)]
         self._buffered = 0
         self._maps = 0
@@ -164,7 +164,9 @@ class PileSink:
         for pile, chunks in enumerate(self._chunks):
             self._settle(pile)
             if chunks:
-                _append(self.part(pile), chunks)
+                path = self.part(pile)
+                with storage.guard(path, "write", size=sum(map(len, chunks))):
+                    _append(path, chunks)
                 chunks.clear()
             if self._hashes[pile]:
                 _append(keys_path(self.part(pile)), [np.concatenate(self._hashes[pile]).astype(_HASH).tobytes()])

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from shardkit import storage
-from shardkit._util import bar, format_size
-from shardkit.codecs import DEFAULT, Codecs
+from shardkit._util import bar, check_bool, check_path, check_paths, format_size, shown
+from shardkit.codecs import DEFAULT, Codecs, check_codecs
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call
@@ -49,11 +49,15 @@ _MAX_LISTED_SKIPS = 1000
 
 
 _RESERVED_EXTRA = ("units", "skipped", "over_max_pile_bytes")
+# the multiprocessing start methods mp_context may name
+_START_METHODS = ("fork", "spawn", "forkserver")
 
 
 def _validate(inputs: Any, extra: Mapping[str, Any] | None) -> list[Any]:
     """The input units as a list, and ``extra`` checked; the options are checked by :class:`PileOptions`."""
     if extra is not None:
+        if not isinstance(extra, Mapping):
+            raise ConfigError(f"extra: expected a mapping of JSON-serializable metadata or None, got {shown(extra)}")
         taken = [k for k in _RESERVED_EXTRA if k in extra]
         if taken:
             raise ConfigError(f"extra: keys {taken} are written by preprocess itself; use other names")
@@ -63,6 +67,8 @@ def _validate(inputs: Any, extra: Mapping[str, Any] | None) -> list[Any]:
             raise ConfigError(f"extra: must be JSON-serializable ({e})") from None
     if isinstance(inputs, (str, bytes, os.PathLike)):
         raise ConfigError(f"inputs: expected a sequence of input units, got a single {type(inputs).__name__} (wrap it in a list)")
+    if not isinstance(inputs, Iterable):
+        raise ConfigError(f"inputs: expected a sequence of input units, got {shown(inputs)}")
     units = list(inputs)
     if not units:
         raise ConfigError("inputs: no input units given")
@@ -141,13 +147,20 @@ def preprocess(
         "on_error": on_error,
     }
     options = from_call(PileOptions, options, keywords)
+    if not callable(fn):
+        raise ConfigError(f"fn: expected a function fn(unit) that yields sample dicts, got {shown(fn)}")
     if options.key_prefix != "none":
         raise ConfigError(
             f"key_prefix: preprocess takes sample keys from its function, so expected 'none' (key_prefix is for pile and shuffle), got {options.key_prefix!r}"
         )
     units = _validate(inputs, extra)
     job = UnitWork(
-        fn=fn, piles=options.piles, seed=options.seed, max_pile_bytes=options.max_bytes, codecs=codecs or DEFAULT, on_error=options.on_error
+        fn=fn,
+        piles=options.piles,
+        seed=options.seed,
+        max_pile_bytes=options.max_bytes,
+        codecs=check_codecs(codecs),
+        on_error=options.on_error,
     )
     return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
 
@@ -164,7 +177,10 @@ def _run(
     extra: Mapping[str, Any] | None,
 ) -> Manifest:
     """Run ``job`` over ``units`` and publish the piles (the body of :func:`preprocess` and :func:`pile`)."""
-    if (advice := too_many_piles(options.piles, os.fspath(out))) is not None:
+    check_bool("quiet", quiet)
+    if mp_context is not None and mp_context not in _START_METHODS:
+        raise ConfigError(f"mp_context: expected one of {', '.join(map(repr, _START_METHODS))} or None, got {shown(mp_context)}")
+    if (advice := too_many_piles(options.piles, check_path("out", out))) is not None:
         log.warning(advice)
     output = claim(out, overwrite=options.overwrite)
     staging = output.staging()
@@ -320,7 +336,7 @@ def pile(
         "key_prefix": key_prefix,
     }
     options = from_call(PileOptions, options, keywords)
-    units = _validate(storage.expand(inputs), None)
+    units = _validate(storage.expand(check_paths("inputs", inputs)), None)
     job = UnitWork(
         fn=iter_shard,
         piles=options.piles,

@@ -169,7 +169,8 @@ def _finish_pile(p: int, runs: Sequence[Run], count: int, seed: int, most: int |
     """Assemble pile ``p`` in the staging directory; split it if it holds over ``most`` samples."""
     name = pile_name(p)
     path = os.path.join(staging, name)
-    crc = _assemble(runs, path)
+    with storage.guard(path, "write", size=sum(run.length for run in runs) + len(write.TRAILER)):
+        crc = _assemble(runs, path)
     for run in runs:  # each part file holds one pile's bytes: gone once the pile is made, so disk peaks near 1x the data
         with contextlib.suppress(FileNotFoundError):
             os.unlink(run.path)
@@ -177,7 +178,7 @@ def _finish_pile(p: int, runs: Sequence[Run], count: int, seed: int, most: int |
     if most is None or count <= most:  # an empty pile is never split
         storage.fsync_file(path)
         return [_Staged(path, name, count, size, crc)], False
-    with _SPLITTING:
+    with _SPLITTING, storage.guard(staging, "write the split piles", size=size):
         data = storage.read_bytes(path)
         os.unlink(path)
         pieces = _split(data, name, capacity=most, seed=seed, trail=(p,), staging=staging)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from shardkit import manifest, storage
+from shardkit._util import check_bool, check_path
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call
@@ -62,7 +63,8 @@ def repile(
     """
     from shardkit.piles.preprocess import pile
 
-    src, dst = os.fspath(src), os.fspath(dst)
+    src, dst = check_path("src", src), check_path("dst", dst)
+    check_bool("quiet", quiet)
     m = manifest.read(src)
     if _same_place(src, dst):
         raise ConfigError(f"{dst}: repile writes a new dataset and cannot replace its source in place; write elsewhere, then swap")

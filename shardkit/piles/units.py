@@ -95,7 +95,7 @@ def _encoded(job: UnitWork, unit: Any) -> Iterator[tuple[str, bytes, list[str]]]
     """(key, bytes, extensions) of each sample of one unit; anything raised by ``fn`` or the encoder is a UnitFailed."""
     try:
         samples = job.fn(unit)
-        if samples is None or isinstance(samples, (Mapping, str, bytes)):
+        if samples is None or isinstance(samples, (Mapping, str, bytes)) or not isinstance(samples, Iterable):
             raise TypeError(f"fn must return or yield an iterable of sample dicts, it returned {type(samples).__name__}")
         for sample in samples:
             if not isinstance(sample, Mapping):

@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.codecs import DEFAULT, Codecs
-from shardkit.errors import ConfigError
+from shardkit._util import check_path, shown
+from shardkit.codecs import Codecs, check_codecs
+from shardkit.errors import ConfigError, SampleError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call, specs
 from shardkit.piles import router
@@ -82,7 +83,7 @@ class PileWriter:
     ) -> None:
         keywords = {"piles": piles, "seed": seed, "max_pile_bytes": max_pile_bytes, "buffer_size": buffer_size, "overwrite": overwrite}
         self.options = _in_process(from_call(PileOptions, options, keywords))
-        if (advice := too_many_piles(self.options.piles, f"PileWriter({os.fspath(path)!r})")) is not None:
+        if (advice := too_many_piles(self.options.piles, f"PileWriter({check_path('out', path)!r})")) is not None:
             log.warning(advice)
         self._output = claim(path, overwrite=self.options.overwrite)  # held until close() or abort()
         self.path = self._output.path
@@ -93,7 +94,7 @@ class PileWriter:
             self._output.release()
             raise
         self._router = router.PileRouter(piles=self.options.piles, seed=self.options.seed)
-        self._codecs = codecs or DEFAULT
+        self._codecs = check_codecs(codecs)
         self._fields: set[str] = set()
         self._closed = False
         self.manifest: Manifest | None = None
@@ -109,6 +110,8 @@ class PileWriter:
         """
         if self._closed:
             raise RuntimeError("PileWriter.write() called after close(); open a new writer.")
+        if not isinstance(sample, Mapping):
+            raise SampleError(f"PileWriter.write: expected a sample dict with '__key__', got {shown(sample)}")
         data, exts = encode_sample(sample, self._codecs, max_pile_bytes=self.options.max_bytes)
         self._fields.update(exts)
         pile = self._router.next()

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from shardkit import _util, manifest, storage
-from shardkit.errors import CorruptShardError
+from shardkit.errors import CorruptShardError, StorageError
 from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles.output import LEFTOVERS, LOCK
@@ -167,8 +167,9 @@ def _check_pile(directory: str, pile: PileInfo) -> list[Problem]:
         return [Problem(name=pile.name, kind="missing", message="listed in the manifest but the file does not exist")]
     try:
         buf = storage.read_bytes(url)
-    except OSError as e:
-        return [Problem(name=pile.name, kind="unreadable", message=f"cannot be read ({e.strerror or e})")]
+    except OSError as e:  # a StorageError names the file and says why
+        message = str(e).removeprefix(f"{url}: ") if isinstance(e, StorageError) else f"cannot be read ({e.strerror or e})"
+        return [Problem(name=pile.name, kind="unreadable", message=message)]
     found = [Problem(name=pile.name, kind=kind, message=message) for kind, message in byte_problems(url, buf, pile)]
     try:
         # unchecked: every header checksum is summed and the careful walk names the first bad one
@@ -246,6 +247,7 @@ def verify(directory: str, *, quiet: bool = False) -> list[Problem]:
         DatasetNotFoundError: ``directory`` holds no ``shardkit.json``.
         ManifestError: the manifest itself is malformed.
     """
+    _util.check_bool("quiet", quiet)
     m = manifest.read(directory)
     problems: list[Problem] = []
     with _util.bar(total=m.bytes, desc="verify", unit="B", quiet=quiet, unit_scale=True, unit_divisor=1024) as progress:
