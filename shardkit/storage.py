@@ -9,10 +9,13 @@ file that looks whole.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import glob as _glob
 import mmap
 import os
 import re
+import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
@@ -223,6 +226,39 @@ def fsync_dir(path: str) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sync_files(paths: Sequence[str]) -> None:
+    """Flush the data of the local files ``paths`` to disk before anything points at them.
+
+    On Linux one ``syncfs`` of their file system does it in one call, however many files there
+    are (hundreds of piles cost hundreds of ``fsync`` calls); elsewhere each file is fsynced.
+    """
+    if not paths:
+        return
+    syncfs = _syncfs()
+    if syncfs is not None:
+        with guard(paths[0], "flush to disk"):
+            fd = os.open(paths[0], os.O_RDONLY)
+            try:
+                if syncfs(fd) != 0:
+                    error = ctypes.get_errno()
+                    raise OSError(error, os.strerror(error))
+            finally:
+                os.close(fd)
+        return
+    for path in paths:
+        fsync_file(path)
+
+
+@functools.lru_cache(maxsize=1)
+def _syncfs() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
 
 
 def fsync_file(path: str) -> None:

@@ -159,8 +159,6 @@ def _split(data: bytes, name: str, *, capacity: int, seed: int, trail: tuple[int
         path = os.path.join(staging, sub_name)
         with open(path, "wb") as f:
             f.write(sub)
-            f.flush()
-            os.fsync(f.fileno())
         pieces.append(_Staged(path, sub_name, len(samples), len(sub), manifest.checksum(sub)))
     return pieces
 
@@ -176,7 +174,6 @@ def _finish_pile(p: int, runs: Sequence[Run], count: int, seed: int, most: int |
             os.unlink(run.path)
     size = os.path.getsize(path)
     if most is None or count <= most:  # an empty pile is never split
-        storage.fsync_file(path)
         return [_Staged(path, name, count, size, crc)], False
     with _SPLITTING, storage.guard(staging, "write the split piles", size=size):
         data = storage.read_bytes(path)
@@ -263,6 +260,7 @@ def publish(
     finished = _map(lambda p: _finish_pile(p, runs[p], counts[p], options.seed, most, staging), range(len(runs)), threads, progress)
     split = sum(was_split for _, was_split in finished)
     pieces = [piece for staged, _ in finished for piece in staged]
+    storage.sync_files([piece.path for piece in pieces])  # durable before the manifest lists them
     names = free_names(output.path, [piece.name for piece in pieces])
     pieces = [dataclasses.replace(piece, name=name) for piece, name in zip(pieces, names, strict=True)]
     over = _over_limit(pieces, options.max_bytes)
