@@ -80,6 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--buffer", type=int, default=None, help="webdataset and HF shuffle buffer (default 1000; 100 with --quick)")
     parser.add_argument("--block", type=int, default=None, help="MosaicML py1e shuffle_block_size (default 1000; 200 with --quick)")
     keys = [p.key for p in convergence_policies.POLICIES]
+    parser.add_argument(
+        "--replot", metavar="JSON", default=None, help="redraw the figure and table from a saved convergence.json; no training"
+    )
     parser.add_argument("--policies", default=",".join(keys), help=f"comma-separated, among {','.join(keys)} (default all)")
     args = parser.parse_args(argv)
     args.policies = [k.strip() for k in args.policies.split(",") if k.strip()]
@@ -198,20 +201,30 @@ def describe(preset: Preset, setup: convergence_policies.Setup, args: argparse.N
     }
 
 
+def write_outputs(policies: list[dict[str, Any]], config: dict[str, Any], out: str) -> str:
+    text = convergence_report.table(policies, config)
+    convergence_report.plot(policies, config, os.path.join(out, "convergence.png"))
+    with open(os.path.join(out, "convergence.md"), "w") as f:
+        f.write(text + "\n")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if args.replot:
+        with open(args.replot) as f:
+            doc = json.load(f)
+        print(write_outputs(doc["policies"], doc["config"], args.out))
+        return 0
     preset = preset_for(args)
     convergence_train.torch.set_num_threads(1)  # a small model; leave the other core free
-    os.makedirs(args.out, exist_ok=True)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="convergence-") as scratch:
         setup = prepare(preset, os.path.abspath(args.data or scratch))
         policies = run_all(preset, setup, args.policies)
         config = describe(preset, setup, args, time.perf_counter() - start)
-    text = convergence_report.table(policies, config)
-    convergence_report.plot(policies, config, os.path.join(args.out, "convergence.png"))
-    with open(os.path.join(args.out, "convergence.md"), "w") as f:
-        f.write(text + "\n")
+    text = write_outputs(policies, config, args.out)
     with open(os.path.join(args.out, "convergence.json"), "w") as f:
         json.dump({"config": config, "policies": policies}, f, indent=1)
     print(text)

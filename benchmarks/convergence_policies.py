@@ -221,13 +221,11 @@ class Policy:
 POLICIES = (
     Policy("sequential", "sequential shards, no shuffle", lambda s, seed: WebDataset(s, seed, shuffle=False)),
     Policy("webdataset", "WebDataset shard shuffle + .shuffle({buffer})", lambda s, seed: WebDataset(s, seed, shuffle=True)),
-    Policy(
-        "hf", "HF datasets streaming .shuffle(buffer_size={buffer})", HFStreaming, "datasets", "pip install datasets, or the bench extra"
-    ),
-    Policy("mosaic", "MosaicML streaming py1e, block {block}", MosaicPy1e, "streaming", MOSAIC_INSTALL),
+    Policy("hf", "HF streaming .shuffle(buffer_size={buffer})", HFStreaming, "datasets", "pip install datasets, or the bench extra"),
+    Policy("mosaic", "MosaicML py1e, block {block}", MosaicPy1e, "streaming", MOSAIC_INSTALL),
     Policy("shardkit", "shardkit, M={piles}", lambda s, seed: Shardkit(s, seed)),
     Policy("shardkit-mix4", "shardkit, M={piles}, mix=4", lambda s, seed: Shardkit(s, seed, mix=4)),
     Policy("shardkit-repile", "shardkit, M={piles}, repile every epoch", lambda s, seed: Shardkit(s, seed, repile=True)),
     Policy("reference", "full permutation in RAM (reference)", Permutation),
-    Policy("reference-2", "full permutation in RAM, other permutations (null check)", lambda s, seed: Permutation(s, seed, stream=1)),
+    Policy("reference-2", "2nd reference, other permutations (null check)", lambda s, seed: Permutation(s, seed, stream=1)),
 )

@@ -61,3 +61,17 @@ def test_every_policy_trained_or_says_why_not(quick):
         else:
             assert p["status"] in ("skipped", "failed") and p["reason"]
     assert doc["config"]["command"].startswith("python benchmarks/convergence.py --quick")
+
+
+def test_replot_redraws_from_the_saved_curves(quick, tmp_path):
+    out, stdout = quick
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--replot", str(out / "convergence.json"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT, MPLBACKEND="Agg"),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == stdout.strip()
+    assert (tmp_path / "convergence.png").stat().st_size > 0
