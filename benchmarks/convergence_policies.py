@@ -49,6 +49,13 @@ class Setup:
         path, self.mds_mean = write_mds(self.split, os.path.join(self.work, f"mds-{self.mds_per_shard}"), self.mds_per_shard)
         return path
 
+    @cached_property
+    def in_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """The shards read through webdataset without shuffling: one order for every epoch and seed."""
+        import webdataset as wds
+
+        return gather(wds.WebDataset(self.shards, shardshuffle=False).decode().to_tuple("npy", "cls"))
+
     def piled(self, seed: int) -> str:
         """The sorted shards piled as a user would (``shardkit.pile``), once per seed."""
         out = os.path.join(self.work, f"piles-{self.piles}-seed{seed}")
@@ -89,27 +96,41 @@ class Permutation:
         pass
 
 
+class Sequential:
+    """The shards in order, no shuffle: read through webdataset once (``Setup.in_order``) and reused.
+
+    Re-reading would give the same stream every epoch and for every seed, so only the first
+    epoch of the first seed pays for the read.
+    """
+
+    def __init__(self, setup: Setup, seed: int) -> None:
+        self.setup = setup
+
+    def epoch(self, e: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.setup.in_order
+
+    def close(self) -> None:
+        pass
+
+
 class WebDataset:
-    """``wds.WebDataset(shards, shardshuffle=...)`` then ``.shuffle(buffer)``, or no shuffle at all.
+    """``wds.WebDataset(shards, shardshuffle=100, seed=s).shuffle(buffer, seed=s)``.
 
     The pipeline is rebuilt every epoch with a seed derived from (seed, epoch): a new shard order
     each epoch, as ``detshuffle`` would give. Built once with a fixed seed, webdataset 1.0
     repeats the shard order every epoch.
     """
 
-    def __init__(self, setup: Setup, seed: int, *, shuffle: bool) -> None:
-        self.shards, self.buffer, self.seed, self.shuffle = setup.shards, setup.buffer, seed, shuffle
+    def __init__(self, setup: Setup, seed: int) -> None:
+        self.shards, self.buffer, self.seed = setup.shards, setup.buffer, seed
 
     def epoch(self, e: int) -> tuple[np.ndarray, np.ndarray]:
         import webdataset as wds
 
-        if self.shuffle:
-            s = derive(self.seed, 2, e)
-            # shardshuffle=100 is what shardshuffle=True means: a 100-shard buffer, so every
-            # shard order is possible with this many shards
-            pipeline = wds.WebDataset(self.shards, shardshuffle=100, seed=s).shuffle(self.buffer, seed=s)
-        else:
-            pipeline = wds.WebDataset(self.shards, shardshuffle=False)
+        s = derive(self.seed, 2, e)
+        # shardshuffle=100 is what shardshuffle=True means: a 100-shard buffer, so every shard
+        # order is possible with this many shards
+        pipeline = wds.WebDataset(self.shards, shardshuffle=100, seed=s).shuffle(self.buffer, seed=s)
         return gather(pipeline.decode().to_tuple("npy", "cls"))
 
     def close(self) -> None:
@@ -219,8 +240,8 @@ class Policy:
 
 
 POLICIES = (
-    Policy("sequential", "sequential shards, no shuffle", lambda s, seed: WebDataset(s, seed, shuffle=False)),
-    Policy("webdataset", "WebDataset shard shuffle + .shuffle({buffer})", lambda s, seed: WebDataset(s, seed, shuffle=True)),
+    Policy("sequential", "sequential shards, no shuffle", Sequential),
+    Policy("webdataset", "WebDataset shard shuffle + .shuffle({buffer})", WebDataset),
     Policy("hf", "HF streaming .shuffle(buffer_size={buffer})", HFStreaming, "datasets", "pip install datasets, or the bench extra"),
     Policy("mosaic", "MosaicML py1e, block {block}", MosaicPy1e, "streaming", MOSAIC_INSTALL),
     Policy("shardkit", "shardkit, M={piles}", lambda s, seed: Shardkit(s, seed)),
