@@ -60,16 +60,6 @@ def count_problem(shard: Shard, expected: PileInfo) -> str | None:
     return None
 
 
-def _check_limit(url: str, max_bytes: int | None) -> None:
-    if max_bytes is not None:
-        nbytes = storage.size(url)
-        if nbytes > max_bytes:
-            raise PileTooLargeError(
-                f"{url}: {nbytes} bytes is over the memory limit max_pile_bytes={max_bytes}; raise the limit or split the piles "
-                "(shardkit repile --max-pile-bytes)"
-            )
-
-
 def fetch(url: str, *, expected: PileInfo | None = None, max_bytes: int | None = None, verify: bool = True, mapped: bool = True) -> Fetched:
     """A pile's bytes, checked (size limit, manifest size and checksum) and scanned.
 
@@ -78,14 +68,20 @@ def fetch(url: str, *, expected: PileInfo | None = None, max_bytes: int | None =
     Raises:
         PileTooLargeError, CorruptShardError, DatasetNotFoundError.
     """
-    _check_limit(url, max_bytes)
+    # one look at the size, before any byte is read: over the limit, or not what the manifest says
+    nbytes = storage.size(url) if max_bytes is not None or expected is not None else 0
+    if max_bytes is not None and nbytes > max_bytes:
+        raise PileTooLargeError(
+            f"{url}: {nbytes} bytes is over the memory limit max_pile_bytes={max_bytes}; raise the limit or split the piles "
+            "(shardkit repile --max-pile-bytes)"
+        )
     if expected is None:
         buf = read_shard(url, mapped=mapped)
         if max_bytes is not None and len(buf) > max_bytes:
             raise PileTooLargeError(f"{url}: decompresses to {len(buf)} bytes, over the memory limit max_pile_bytes={max_bytes}")
         return Fetched(url, buf, scan.scan(buf), checked=False)
-    if storage.size(url) != expected.bytes:  # before reading a file that cannot be right
-        raise CorruptShardError(f"{url}: file is {storage.size(url)} bytes, the manifest says {expected.bytes} (truncated or replaced?)")
+    if nbytes != expected.bytes:
+        raise CorruptShardError(f"{url}: file is {nbytes} bytes, the manifest says {expected.bytes} (truncated or replaced?)")
     buf = storage.map_bytes(url) if mapped else storage.read_bytes(url)
     problems = byte_problems(url, buf, expected, checksum=verify)
     if problems:
