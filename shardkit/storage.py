@@ -271,49 +271,6 @@ def fsync_file(path: str) -> None:
             os.close(fd)
 
 
-def create_exclusive(url: str, data: bytes) -> bool:
-    """Create ``url`` holding ``data`` unless it exists; True when this call created it.
-
-    Locally the file is written whole under a temporary name and hard-linked into place, which
-    fails if the name exists: exactly one of several racing processes wins, and nobody ever sees
-    the file half-written. Where hard links are not supported, an ``O_EXCL`` create.
-    """
-    path = local_path(url)
-    if path is None:
-        raise ConfigError(f"{url}: exclusive creation on remote storage is not supported yet")
-    tmp = f"{path}.partial-{uuid.uuid4().hex}"
-    with guard(url, "create", size=len(data)):
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_BINARY, 0o644)
-        try:
-            write_fully(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)
-            return True
-        except FileExistsError:
-            return False
-        except OSError:  # no hard links here: the O_EXCL create decides alone
-            return _create_excl(path, data)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-
-
-def _create_excl(path: str, data: bytes) -> bool:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_BINARY, 0o644)
-    except FileExistsError:
-        return False
-    try:
-        write_fully(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True
-
-
 def write_bytes(url: str, data: bytes) -> None:
     """Atomically replace ``url`` with ``data``."""
     with atomic_write(url, size=len(data)) as f:

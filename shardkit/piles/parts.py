@@ -36,15 +36,6 @@ def keys_path(part: str) -> str:
     return part.removesuffix(".part") + ".keys"
 
 
-def duplicate_key(key: str | bytes, pile: int, units: str) -> SampleError:
-    """The error for two samples with one key that meet in ``pile``; ``units`` says where they came from."""
-    shown = key.decode("utf-8", "surrogateescape") if isinstance(key, bytes) else key
-    return SampleError(
-        f"pile {pile}: two samples with key {shown!r} ({units}) would be adjacent, and readers would "
-        "merge them into one sample: keys must be unique" + ADVICE
-    )
-
-
 class PileSink:
     """Per-pile append-only part files in one directory, fed through a bounded memory buffer.
 
