@@ -140,6 +140,8 @@ def _send(pool: Pool, k: int, chunk: Chunk) -> None:
     """Send a chunk, naming the unit that cannot be pickled if one cannot."""
     try:
         pool.send(k, chunk)
+    except WorkerError:
+        raise  # the worker died: nothing to do with the units
     except Exception:
         import dill
 
