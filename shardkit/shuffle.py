@@ -26,8 +26,9 @@ import mmap
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -112,8 +113,12 @@ class ShuffleOptions:
     overwrite: bool = field(default=False, metadata=meta(help="replace a dataset already in the output directory", yaml="output"))
     # the same option as pass 1's, read by it
     key_prefix: str = field(default="none", metadata=meta(help=specs(PileOptions)["key_prefix"].help or "", choices=KEY_PREFIX))
+    storage_options: Mapping[str, Any] | None = field(
+        default=None, repr=False, metadata=meta(help=specs(PileOptions)["storage_options"].help or "", yaml="job")
+    )
 
     def __post_init__(self) -> None:
+        storage.check_storage_options(self.storage_options)
         check_int("piles", self.piles, low=1, none=True)
         check_most("piles", self.piles, MAX_PILES, "each is a file")
         check_int("workers", self.workers, low=1)
@@ -290,7 +295,13 @@ def _pass1(urls: list[str], directory: str, *, piles: int, max_pile_bytes: int |
     # the write buffer counts against the memory budget too: a quarter of it, 1-64 MiB
     buffer = 64 << 20 if max_pile_bytes is None else min(64 << 20, max(1 << 20, max_pile_bytes // 4))
     options = PileOptions(
-        piles=piles, seed=opts.seed, max_pile_bytes=max_pile_bytes, buffer_size=buffer, workers=opts.workers, key_prefix=opts.key_prefix
+        piles=piles,
+        seed=opts.seed,
+        max_pile_bytes=max_pile_bytes,
+        buffer_size=buffer,
+        workers=opts.workers,
+        key_prefix=opts.key_prefix,
+        storage_options=opts.storage_options,
     )
     return pile(urls, directory, options=options, quiet=quiet)
 
@@ -384,8 +395,9 @@ def shuffle(
     }
     opts = from_call(ShuffleOptions, options, keywords)
     _util.check_bool("quiet", quiet)
+    storage.use([*_util.check_paths("inputs", inputs), _util.check_path("out", out)], opts.storage_options)
     urls = storage.expand(_util.check_paths("inputs", inputs))
-    output = claim(out, overwrite=opts.overwrite, files=_SHARD, job="shuffling into")
+    output = claim(out, overwrite=opts.overwrite, files=_SHARD)
     m, limit = opts.pass1(sum(storage.size(u) for u in urls))
     log.info("shuffling %d input shards through %d piles (max %s each)", len(urls), m, format_size(limit) if limit else "unlimited")
     temp = output.staging(TEMP_PREFIX)

@@ -20,13 +20,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
+import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from shardkit import storage
 from shardkit._util import check_int
 from shardkit.codecs import Codecs
 from shardkit.errors import Failure, ShardkitError
@@ -59,6 +61,9 @@ class Loader:
         self.options = replace(options, rank=rank, world_size=world)
         self.stats = LoaderStats()
         self._policy = Policy(self.options.on_error, self.stats)
+        if not isinstance(source, Source):
+            storage.use(source, self.options.storage_options)
+        self._reads = _remote_reads(self.options)
         # a plain shard that cannot even be counted is a pile the policy skips (0 samples)
         self.source = source if isinstance(source, Source) else resolve(source, skip=self._policy.pile)
         self._fingerprint = self.source.fingerprint()
@@ -163,8 +168,8 @@ class Loader:
     def _reader(self) -> Callable[[int], Fetched]:
         # the thread maps, checksums and scans headers with numpy (all mostly without the GIL);
         # the consumer finishes the index
-        source, limit, verify = self.source, self.options.max_pile_bytes, self.options.verify
-        return lambda index: source.fetch(index, max_bytes=limit, verify=verify)  # type: ignore[arg-type]
+        source, limit, verify, reads = self.source, self.options.max_pile_bytes, self.options.verify, self._reads
+        return lambda index: source.fetch(index, max_bytes=limit, verify=verify, reads=reads)  # type: ignore[arg-type]
 
     def _blocks(self, sched: plan.Schedule, start: int, uses: list[plan.PileUse], reader: PileReader[int, Fetched]) -> Iterator[ShardBlock]:
         """The schedule's blocks with their piles loaded (None where a pile is skipped); each pile
@@ -315,6 +320,16 @@ class Loader:
         return f"<Loader {self.source.name}: {self.source.samples} samples in {len(self.source.piles)} piles, rank {o.rank}/{o.world_size}, epoch {self._epoch}>"
 
 
+def _remote_reads(options: LoaderOptions) -> storage.RemoteReads:
+    """How this loader reads piles in an object store: ranges at once, and its cache."""
+    cache = None
+    if options.cache_dir is not None:
+        from shardkit.storage.cache import PileCache
+
+        cache = PileCache(options.cache_dir, options.cache_limit)
+    return storage.RemoteReads(concurrency=options.remote_concurrency, cache=cache)
+
+
 def loader(
     source: SourceLike,
     *,
@@ -335,6 +350,10 @@ def loader(
     verify: bool = True,
     allow_pickle: bool = False,
     collate: Callable[[list[dict[str, Any]]], Any] | None = None,
+    remote_concurrency: int = storage.remote.DEFAULT_CONCURRENCY,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Loader:
     """Read a pile dataset (or WebDataset shards) shuffled, one epoch per iteration.
 
@@ -376,6 +395,17 @@ def loader(
         verify: check each pile's checksum against the manifest.
         allow_pickle: decode ``.pyd``/``.pickle`` fields (runs code from the data).
         collate: ``fn(list of samples) -> batch`` instead of the default.
+        remote_concurrency: ranged requests in flight at once when a pile is read from an
+            object store (``s3://``...); each pile's checksum is checked, and a pile whose
+            bytes come back wrong is read again before it is an error.
+        cache_dir: a local directory where copies of remote piles are kept, so later epochs
+            read them from disk; processes and ranks on one machine can share it. Copies are
+            checked against the manifest on every read; the source is never touched.
+        cache_limit: the most the cache holds (``"200GiB"``); least recently used copies are
+            evicted first. A pile larger than the limit is read without caching. Default: no limit.
+        storage_options: options for the object store, given to fsspec as they are
+            (``{"endpoint_url": ..., "anon": True}``); otherwise its usual environment applies
+            (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``...). Never logged or shown.
 
     Raises:
         ConfigError: an option is invalid (the message names it).
@@ -397,5 +427,9 @@ def loader(
         "verify": verify,
         "allow_pickle": allow_pickle,
         "collate": collate,
+        "remote_concurrency": remote_concurrency,
+        "cache_dir": os.fspath(cache_dir) if isinstance(cache_dir, os.PathLike) else cache_dir,
+        "cache_limit": cache_limit,
+        "storage_options": storage_options,
     }
     return Loader(source, from_call(LoaderOptions, options, keywords))

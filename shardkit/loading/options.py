@@ -17,6 +17,8 @@ from shardkit._util import check_int, check_most, parse_size, shown
 from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError
 from shardkit.options import check_bools, check_choices, meta, specs
+from shardkit.storage import check_storage_options
+from shardkit.storage.remote import DEFAULT_CONCURRENCY
 
 # what the loader does with a pile or sample it cannot read: listed once, read by validation and the CLI
 ON_ERROR = ("raise", "skip", "warn")
@@ -85,7 +87,30 @@ class LoaderOptions:
         default=(0, 1), metadata=meta(help="(index, count): the share of the rank read inside a DataLoader worker")
     )
 
+    remote_concurrency: int = field(
+        default=DEFAULT_CONCURRENCY, metadata=meta(help="ranged requests at once when reading a pile from an object store", metavar="N")
+    )
+    cache_dir: str | None = field(
+        default=None, metadata=meta(help="keep local copies of remote piles here (shared by processes)", metavar="DIR")
+    )
+    cache_limit: int | str | None = field(
+        default=None, metadata=meta(help="the most the cache holds (e.g. 200GiB); least recently used copies go first", metavar="SIZE")
+    )
+    storage_options: Mapping[str, Any] | None = field(
+        default=None,
+        repr=False,  # may hold secrets
+        metadata=meta(help="options for the object store (endpoint_url, key, secret, anon...), given to fsspec as they are"),
+    )
+
     def __post_init__(self) -> None:
+        check_storage_options(self.storage_options)
+        check_int("remote_concurrency", self.remote_concurrency, low=1)
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise ConfigError(f"cache_dir: expected a local directory path or None, got {shown(self.cache_dir)}")
+        if self.cache_limit is not None:
+            if self.cache_dir is None:
+                raise ConfigError("cache_limit: set cache_dir too: the limit is of the cache kept there")
+            object.__setattr__(self, "cache_limit", parse_size(self.cache_limit, what="cache_limit"))
         check_int("batch_size", self.batch_size, low=1, none=True)
         check_int("seed", self.seed, low=0)
         check_int("num_workers", self.num_workers, low=0)

@@ -12,6 +12,7 @@ prefetch thread does it. :func:`open_pile` finishes the index and checks the sam
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardkit import manifest, storage
@@ -60,26 +61,38 @@ def count_problem(shard: Shard, expected: PileInfo) -> str | None:
     return None
 
 
-def fetch(url: str, *, expected: PileInfo | None = None, max_bytes: int | None = None, verify: bool = True, mapped: bool = True) -> Fetched:
+def fetch(
+    url: str,
+    *,
+    expected: PileInfo | None = None,
+    max_bytes: int | None = None,
+    verify: bool = True,
+    mapped: bool = True,
+    reads: storage.RemoteReads | None = None,
+) -> Fetched:
     """A pile's bytes, checked (size limit, manifest size and checksum) and scanned.
 
     Without ``expected`` (a plain shard, no manifest) a ``.tar.gz`` is decompressed in memory.
+    A pile in an object store is read as ``reads`` says (concurrent ranges, a cache) and read
+    again when its bytes come back wrong.
 
     Raises:
         PileTooLargeError, CorruptShardError, DatasetNotFoundError.
     """
-    # one look at the size, before any byte is read: over the limit, or not what the manifest says
-    nbytes = storage.size(url) if max_bytes is not None or expected is not None else 0
-    if max_bytes is not None and nbytes > max_bytes:
-        raise PileTooLargeError(
-            f"{url}: {nbytes} bytes is over the memory limit max_pile_bytes={max_bytes}; raise the limit or split the piles "
-            "(shardkit repile --max-pile-bytes)"
-        )
     if expected is None:
+        _check_limit(url, storage.size(url) if max_bytes is not None else 0, max_bytes)
         buf = read_shard(url, mapped=mapped)
         if max_bytes is not None and len(buf) > max_bytes:
             raise PileTooLargeError(f"{url}: decompresses to {len(buf)} bytes, over the memory limit max_pile_bytes={max_bytes}")
         return Fetched(url, buf, scan.scan(buf), checked=False)
+    if storage.is_remote(url):  # the manifest's size decides; the read finds an object of another size
+        _check_limit(url, expected.bytes, max_bytes)
+        check = _checker(url, expected, verify)
+        buf = storage.read_checked(url, size=expected.bytes, check=check, reads=reads)
+        return Fetched(url, buf, scan.scan(buf, checksums=not verify), checked=verify)
+    # one look at the size, before any byte is read: over the limit, or not what the manifest says
+    nbytes = storage.size(url)
+    _check_limit(url, nbytes, max_bytes)
     if nbytes != expected.bytes:
         raise CorruptShardError(f"{url}: file is {nbytes} bytes, the manifest says {expected.bytes} (truncated or replaced?)")
     buf = storage.map_bytes(url) if mapped else storage.read_bytes(url)
@@ -87,6 +100,24 @@ def fetch(url: str, *, expected: PileInfo | None = None, max_bytes: int | None =
     if problems:
         raise CorruptShardError(f"{url}: {problems[0][1]}")
     return Fetched(url, buf, scan.scan(buf, checksums=not verify), checked=verify)
+
+
+def _check_limit(url: str, nbytes: int, max_bytes: int | None) -> None:
+    if max_bytes is not None and nbytes > max_bytes:
+        raise PileTooLargeError(
+            f"{url}: {nbytes} bytes is over the memory limit max_pile_bytes={max_bytes}; raise the limit or split the piles "
+            "(shardkit repile --max-pile-bytes)"
+        )
+
+
+def _checker(url: str, expected: PileInfo, checksum: bool) -> Callable[[storage.Buffer], str | None]:
+    """The first of :func:`byte_problems` of a buffer, or None: what a remote read is checked with."""
+
+    def check(buf: storage.Buffer) -> str | None:
+        problems = byte_problems(url, buf, expected, checksum=checksum)
+        return problems[0][1] if problems else None
+
+    return check
 
 
 def open_pile(fetched: Fetched, *, expected: PileInfo | None = None, unique: bool = False) -> Shard:
@@ -105,6 +136,14 @@ def open_pile(fetched: Fetched, *, expected: PileInfo | None = None, unique: boo
     return shard
 
 
-def read_pile(url: str, *, expected: PileInfo | None = None, max_bytes: int | None = None, verify: bool = True) -> Shard:
+def read_pile(
+    url: str,
+    *,
+    expected: PileInfo | None = None,
+    max_bytes: int | None = None,
+    verify: bool = True,
+    reads: storage.RemoteReads | None = None,
+) -> Shard:
     """:func:`fetch` then :func:`open_pile`: one pile, read whole and checked."""
-    return open_pile(fetch(url, expected=expected, max_bytes=max_bytes, verify=verify, mapped=False), expected=expected)
+    fetched = fetch(url, expected=expected, max_bytes=max_bytes, verify=verify, mapped=False, reads=reads)
+    return open_pile(fetched, expected=expected)

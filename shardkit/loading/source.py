@@ -73,11 +73,11 @@ class Source:
         ]
         return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
 
-    def fetch(self, index: int, *, max_bytes: int | None = None, verify: bool = True) -> Fetched:
+    def fetch(self, index: int, *, max_bytes: int | None = None, verify: bool = True, reads: storage.RemoteReads | None = None) -> Fetched:
         """Pile ``index``'s checked bytes and the vectorized half of its index (see
         :func:`shardkit.loading.pile.fetch`): the work a background thread can do without the GIL."""
         pile = self.piles[index]
-        return fetch(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify)
+        return fetch(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads)
 
     def open(self, index: int, fetched: Fetched) -> Shard:
         """Finish indexing what :meth:`fetch` returned and check the sample count."""

@@ -6,11 +6,14 @@ shardkit.preprocess(units, fn, "out/", options=opts)   # the same as the keyword
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from shardkit._util import check_int, check_most, parse_size
 from shardkit.errors import ConfigError
 from shardkit.options import check_bools, check_choices, meta
+from shardkit.storage import check_storage_options
 from shardkit.tar.scan import BLOCK
 
 # the smallest pile that holds a sample: one 512-byte header (empty data) and the trailer
@@ -45,6 +48,10 @@ class PileOptions:
         workers: processes running the input units; the output is byte-identical for any number.
         on_error: ``"raise"`` stops the job at the first failing input unit; ``"skip"`` drops
             every sample of a failing unit, logs it and counts it in the manifest.
+        storage_options: options for the object store of every ``s3://``... URL the job reads
+            or writes, given to fsspec as they are (``{"endpoint_url": ..., "anon": True}``);
+            without them the store's usual environment applies (``AWS_ENDPOINT_URL``,
+            ``AWS_PROFILE``...). Never written, logged or shown.
         key_prefix: ``"unit"`` prefixes each key with its input shard's name, for shards whose
             keys restart at ``000000`` (:func:`pile` and what runs on it; :func:`preprocess`
             takes keys from its function and refuses it); ``"none"`` keeps the keys.
@@ -85,7 +92,14 @@ class PileOptions:
         ),
     )
 
+    storage_options: Mapping[str, Any] | None = field(
+        default=None,
+        repr=False,  # may hold secrets
+        metadata=meta(help="options for the object store (endpoint_url, key, secret, anon...), given to fsspec as they are", yaml="job"),
+    )
+
     def __post_init__(self) -> None:
+        check_storage_options(self.storage_options)
         check_int("piles", self.piles, low=1)
         check_most("piles", self.piles, MAX_PILES, "each is a file")
         check_int("seed", self.seed, low=0)

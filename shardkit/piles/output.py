@@ -9,6 +9,12 @@ directories, half-written temporaries, and the files of an install it did not fi
 journal lists), which nothing else can be writing while the lock is held. On a network file
 system the lock is as good as the file system's locking (NFSv4 locks work).
 
+An object-store output (``s3://bucket/prefix``) has no lock: object stores offer none that a
+dead job gives back, so one job per output is the user's to keep. Its staging directory is
+local (in the system's temporary directory, ``TMPDIR``), a dead job's unfinished install is
+undone from its journal as for a local output, and the manifest is checked unchanged just
+before it is replaced.
+
     output = claim("data/train", overwrite=False)
     try:
         ...                                  # write into output.staging()
@@ -28,6 +34,7 @@ import re
 import shutil
 import socket
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -35,7 +42,7 @@ from typing import Any
 
 from shardkit import manifest, storage
 from shardkit._util import check_path
-from shardkit.errors import ConfigError, DatasetExistsError, ShardkitError
+from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError, ShardkitError
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +69,16 @@ class Output:
     lock_fd: int = -1
     released: bool = field(default=False)
 
+    @property
+    def remote(self) -> bool:
+        """The output is in an object store: files go in by upload, not by rename."""
+        return storage.is_remote(self.path)
+
     def staging(self, prefix: str = STAGING_PREFIX) -> str:
-        """A fresh staging directory's path inside the output (not created)."""
-        return os.path.join(self.path, f"{prefix}{uuid.uuid4().hex}")
+        """A fresh staging directory's path (not created): inside a local output, so its files are
+        renamed into place; in the system's temporary directory for a remote one."""
+        name = f"{prefix}{uuid.uuid4().hex}"
+        return os.path.join(tempfile.gettempdir() if self.remote else self.path, name)
 
     def check_unchanged(self) -> None:
         """Refuse to publish over a dataset that appeared or changed since the job began.
@@ -82,7 +96,7 @@ class Output:
         """Note what an install is about to do: the files it moves in and the old files it will
         delete (None: it is done, forget them). Whichever manifest a kill leaves in place, the
         next job removes every file of the two lists that manifest does not list."""
-        path = os.path.join(self.path, JOURNAL.format(token=self.token))
+        path = storage.join(self.path, JOURNAL.format(token=self.token))
         if files is None:
             storage.remove(path)
         else:
@@ -100,20 +114,20 @@ class Output:
             os.close(self.lock_fd)
 
 
-def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[str] = PILE_FILE, job: str = "writing piles to") -> Output:
+def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[str] = PILE_FILE) -> Output:
     """Create the output directory, take its lock, clear a dead job's leftovers, check what is there.
 
     Unless ``overwrite``, refuse a directory holding a dataset, or holding files named like the
     ones this job writes (``files``) without a manifest: they would be mixed with the new
-    dataset or replaced by it. ``job`` words the error for remote outputs.
+    dataset or replaced by it.
 
     Raises:
-        ConfigError: a remote or non-directory output; DatasetExistsError: a dataset or such
+        ConfigError: the output is a file; DatasetExistsError: a dataset or such
             files are there (without ``overwrite``), or another job holds the lock.
     """
     out = check_path("out", path)
-    if storage.local_path(out) is None:
-        raise ConfigError(f"{out}: {job} remote storage is not supported yet; write locally and upload")
+    if storage.is_remote(out):
+        return _claim_remote(out.rstrip("/"), overwrite, files)
     out = storage.local_path(out) or out
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"{out}: output exists and is not a directory")
@@ -132,6 +146,15 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
     return output
 
 
+def _claim_remote(out: str, overwrite: bool, files: re.Pattern[str]) -> Output:
+    """:func:`claim` for an object-store output: no lock (see the module's docstring)."""
+    output = Output(out, uuid.uuid4().hex, None)
+    _undo_installs(out)
+    _check_empty(out, overwrite, files)
+    output.manifest_seen = _manifest_bytes(out)
+    return output
+
+
 def _check_empty(out: str, overwrite: bool, files: re.Pattern[str]) -> None:
     if overwrite:
         return
@@ -139,7 +162,7 @@ def _check_empty(out: str, overwrite: bool, files: re.Pattern[str]) -> None:
         raise DatasetExistsError(
             f"{out}: already holds a shardkit dataset ({manifest.MANIFEST}); pass overwrite=True (--overwrite) to replace it"
         )
-    stray = sorted(n for n in os.listdir(out) if files.fullmatch(n))
+    stray = sorted(n for n in storage.listdir(out, missing_ok=True) if files.fullmatch(n))
     if stray:
         raise DatasetExistsError(
             f"{out}: holds {stray[0]} but no {manifest.MANIFEST}, so it is not a shardkit dataset; "
@@ -149,9 +172,8 @@ def _check_empty(out: str, overwrite: bool, files: re.Pattern[str]) -> None:
 
 def _manifest_bytes(out: str) -> bytes | None:
     try:
-        with open(os.path.join(out, manifest.MANIFEST), "rb") as f:
-            return f.read()
-    except FileNotFoundError:
+        return storage.read_bytes(storage.join(out, manifest.MANIFEST))
+    except DatasetNotFoundError:
         return None
 
 
@@ -233,7 +255,7 @@ def _clear_leftovers(out: str) -> None:
 def _undo_installs(out: str) -> None:
     """Finish or undo the install of a job that died in it: of the files its journal lists (those
     it moved in, those it was to delete), remove every one the manifest in place does not list."""
-    journals = [n for n in os.listdir(out) if n.startswith(".shardkit-install-") and n.endswith(".json")]
+    journals = [n for n in storage.listdir(out, missing_ok=True) if n.startswith(".shardkit-install-") and n.endswith(".json")]
     if not journals:
         return
     try:
@@ -242,12 +264,12 @@ def _undo_installs(out: str) -> None:
         return  # no sound manifest to tell ours from theirs: leave everything for the user
     for journal in journals:
         try:
-            doc: Any = json.loads(storage.read_bytes(os.path.join(out, journal)))
+            doc: Any = json.loads(storage.read_bytes(storage.join(out, journal)))
             names = [*doc.get("files", []), *doc.get("delete", [])]
         except (ShardkitError, ValueError, AttributeError, TypeError):
             names = []
         for name in names:
             if isinstance(name, str) and name not in listed and "/" not in name and not name.startswith("."):
                 log.info("%s: removing %s, left by a job that died while publishing", out, name)
-                storage.remove(os.path.join(out, name))
-        storage.remove(os.path.join(out, journal))
+                storage.remove(storage.join(out, name))
+        storage.remove(storage.join(out, journal))

@@ -92,6 +92,7 @@ def preprocess(
     codecs: Codecs | None = None,
     mp_context: str | None = None,
     extra: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """Run ``fn`` on every input unit and write its samples into M random piles in ``out``.
 
@@ -120,6 +121,10 @@ def preprocess(
         extra: JSON-serializable metadata kept in ``manifest.extra`` (class names, a source
             version...). ``preprocess`` adds ``units`` (the number of input units) and, when
             units were skipped, ``skipped``.
+        storage_options: see :class:`~shardkit.PileOptions`. ``out`` may be an object-store
+            URL (``s3://bucket/prefix``): part files are then staged in the local temporary
+            directory (``TMPDIR``; up to the dataset's size, freed pile by pile) and each pile
+            is uploaded once, the manifest last.
 
     Sample keys must be unique across all inputs. A key a unit repeats fails that unit (as
     ``fn`` raising would); a key two units share is refused when they land in one pile, found
@@ -145,6 +150,7 @@ def preprocess(
         "overwrite": overwrite,
         "workers": workers,
         "on_error": on_error,
+        "storage_options": storage_options,
     }
     options = from_call(PileOptions, options, keywords)
     if not callable(fn):
@@ -178,6 +184,8 @@ def _run(
 ) -> Manifest:
     """Run ``job`` over ``units`` and publish the piles (the body of :func:`preprocess` and :func:`pile`)."""
     check_bool("quiet", quiet)
+    storage.use([*(u for u in units if isinstance(u, (str, os.PathLike))), check_path("out", out)], options.storage_options)
+    job = dataclasses.replace(job, storage=storage.remote.registered())
     if mp_context is not None and mp_context not in _START_METHODS:
         raise ConfigError(f"mp_context: expected one of {', '.join(map(repr, _START_METHODS))} or None, got {shown(mp_context)}")
     if (advice := too_many_piles(options.piles, check_path("out", out))) is not None:
@@ -297,6 +305,7 @@ def pile(
     buffer_size: int | str = "64MiB",
     mp_context: str | None = None,
     key_prefix: str = "none",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.
 
@@ -334,8 +343,10 @@ def pile(
         "workers": workers,
         "on_error": on_error,
         "key_prefix": key_prefix,
+        "storage_options": storage_options,
     }
     options = from_call(PileOptions, options, keywords)
+    storage.use(check_paths("inputs", inputs), options.storage_options)  # before the inputs are listed
     units = _validate(storage.expand(check_paths("inputs", inputs)), None)
     job = UnitWork(
         fn=iter_shard,

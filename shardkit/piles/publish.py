@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from shardkit import manifest, storage
 from shardkit._util import VERSION
-from shardkit.errors import CorruptShardError, DatasetExistsError, ShardkitError
+from shardkit.errors import CorruptShardError, DatasetExistsError, DatasetNotFoundError, ShardkitError
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import router
 from shardkit.piles.options import PileOptions
@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 # bytes copied per read: small enough that the checksum runs on bytes still in the CPU cache
 _COPY_CHUNK = 1 << 20
+# piles uploaded at once to an object store: each holds one request's worth of memory
+# (storage.remote.UPLOAD_CHUNK) and a connection
+UPLOADS = 8
 # splitting holds a whole pile in memory: one at a time, however many threads merge
 _SPLITTING = threading.Lock()
 
@@ -254,7 +257,8 @@ def publish(
     finished = _map(lambda p: _finish_pile(p, runs[p], counts[p], options.seed, most, staging), range(len(runs)), threads, progress)
     split = sum(was_split for _, was_split in finished)
     pieces = [piece for staged, _ in finished for piece in staged]
-    storage.sync_files([piece.path for piece in pieces])  # durable before the manifest lists them
+    if not output.remote:
+        storage.sync_files([piece.path for piece in pieces])  # durable before the manifest lists them
     names = free_names(output.path, [piece.name for piece in pieces])
     pieces = [dataclasses.replace(piece, name=name) for piece, name in zip(pieces, names, strict=True)]
     over = _over_limit(pieces, options.max_bytes)
@@ -281,7 +285,7 @@ def free_names(out: str, names: Sequence[str]) -> list[str]:
     """Names for new files in ``out`` that no file there has: each of ``names`` as it is, else
     ``STEM.vN.tar`` with the smallest free N. An overwrite's files then never replace the old
     dataset's before its manifest is replaced."""
-    taken = set(os.listdir(out))
+    taken = set(storage.listdir(out, missing_ok=True))
     chosen = []
     for name in names:
         if name in taken:
@@ -311,8 +315,8 @@ def remove_strays(out: str, stray: re.Pattern[str]) -> None:
     """Remove the files ``stray`` matches that the dataset in ``out`` (if any) does not list:
     files of this kind no manifest lists, which nobody can be reading."""
     listed = set(_old_files(out))
-    for name in sorted(n for n in os.listdir(out) if stray.fullmatch(n) and n not in listed):
-        storage.remove(os.path.join(out, name))
+    for name in sorted(n for n in storage.listdir(out, missing_ok=True) if stray.fullmatch(n) and n not in listed):
+        storage.remove(storage.join(out, name))
 
 
 def install(output: Output, files: Sequence[str], result: Manifest) -> None:
@@ -325,7 +329,8 @@ def install(output: Output, files: Sequence[str], result: Manifest) -> None:
     says otherwise; then the old dataset's own files are removed. Data and directory are made durable before the manifest is
     renamed, and the names about to move in are noted first (:meth:`Output.journal`) so that the
     next job removes them if this one dies before its manifest is in. A kill at any moment leaves
-    the old dataset or the new one whole.
+    the old dataset or the new one whole. Into an object store the files are uploaded, several at
+    once, and the manifest is one request, made after every upload succeeded.
 
     Raises:
         DatasetExistsError: the output's manifest changed while the job ran.
@@ -335,17 +340,34 @@ def install(output: Output, files: Sequence[str], result: Manifest) -> None:
     output.journal([pile.name for pile in result.piles], sorted(old))
     moved: list[str] = []
     try:
-        for path, pile in zip(files, result.piles, strict=True):
-            _move_new(path, os.path.join(out, pile.name))
-            moved.append(pile.name)
-        storage.fsync_dir(out)
+        if output.remote:
+            _upload_all(files, [pile.name for pile in result.piles], out, moved)
+        else:
+            for path, pile in zip(files, result.piles, strict=True):
+                _move_new(path, os.path.join(out, pile.name))
+                moved.append(pile.name)
+            storage.fsync_dir(out)
         output.check_unchanged()
         manifest.write(out, result)
     except BaseException:
         for name in moved:  # the old dataset (or none) stays as it was
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(out, name))
+            with contextlib.suppress(ShardkitError, OSError):
+                storage.remove(storage.join(out, name))
         raise
     for name in sorted(old - set(moved)):
-        storage.remove(os.path.join(out, name))
+        storage.remove(storage.join(out, name))
     output.journal(None)
+
+
+def _upload_all(files: Sequence[str], names: Sequence[str], out: str, moved: list[str]) -> None:
+    """Upload ``files[i]`` to ``out/names[i]``, :data:`UPLOADS` at a time, each local copy removed
+    once its upload is done; ``moved`` gets each name as its object is in."""
+    lock = threading.Lock()
+
+    def send(i: int) -> None:
+        storage.upload(files[i], storage.join(out, names[i]))
+        with lock:
+            moved.append(names[i])
+        os.unlink(files[i])
+
+    _map(send, range(len(files)), UPLOADS, None)

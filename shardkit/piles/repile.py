@@ -12,6 +12,8 @@ with the old ones. Train on the old dataset while the new one is written, then s
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from shardkit import manifest, storage
 from shardkit._util import check_bool, check_path
@@ -41,6 +43,7 @@ def repile(
     max_pile_bytes: int | str | None = None,
     overwrite: bool = False,
     quiet: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """Pass 1 again over a dataset's piles, with a new seed, into a new dataset.
 
@@ -52,7 +55,7 @@ def repile(
         seed: the new router seed (default: the source's seed + 1); must differ from the one
             ``src`` was written with.
         piles: M of the new dataset (default: the M of ``src``).
-        workers, max_pile_bytes, overwrite, quiet: as in :func:`shardkit.pile`.
+        workers, max_pile_bytes, overwrite, quiet, storage_options: as in :func:`shardkit.pile`.
 
     Returns:
         The new dataset's manifest.
@@ -65,10 +68,18 @@ def repile(
 
     src, dst = check_path("src", src), check_path("dst", dst)
     check_bool("quiet", quiet)
+    storage.use([src, dst], options.storage_options if options is not None else storage_options)
     m = manifest.read(src)
     if _same_place(src, dst):
         raise ConfigError(f"{dst}: repile writes a new dataset and cannot replace its source in place; write elsewhere, then swap")
-    keywords = {"seed": seed, "piles": piles, "workers": workers, "max_pile_bytes": max_pile_bytes, "overwrite": overwrite}
+    keywords = {
+        "seed": seed,
+        "piles": piles,
+        "workers": workers,
+        "max_pile_bytes": max_pile_bytes,
+        "overwrite": overwrite,
+        "storage_options": storage_options,
+    }
     if options is None:
         # the source's M and the next seed, unless given
         keywords["piles"] = manifest.original_piles(m) if piles is None else piles

@@ -12,10 +12,10 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from shardkit import errors
+from shardkit import errors, storage
 from shardkit.codecs import Codecs
 from shardkit.errors import Failure, InputError, RemoteTraceback, SampleError, ShardkitError
 from shardkit.piles import canonical, router
@@ -42,6 +42,8 @@ class UnitWork:
     on_error: str
     shards: bool = False
     key_prefix: str = "none"
+    # the parent's storage options by bucket: a spawned worker reads remote units with them too
+    storage: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
 
 
 class UnitFailed(Exception):
@@ -195,6 +197,7 @@ class UnitWorker:
     """
 
     def __init__(self, job: UnitWork, staging: str, buffer_size: int, k: int) -> None:
+        storage.remote.restore(job.storage)
         self.job = job
         self.writer = UnitWriter(job, part_directory(staging, k), buffer_size)
 

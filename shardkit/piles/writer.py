@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkit import storage
 from shardkit._util import check_path, shown
 from shardkit.codecs import Codecs, check_codecs
 from shardkit.errors import ConfigError, SampleError
@@ -57,11 +58,13 @@ class PileWriter:
     """Write samples into M piles chosen uniformly at random; publish them on ``close()``.
 
     Args:
-        path: output directory (created if missing).
+        path: output directory (created if missing), or an object-store URL
+            (``s3://bucket/prefix``): part files are then staged in the local temporary
+            directory and each pile is uploaded once on ``close()``, the manifest last.
         options: a :class:`PileOptions` instead of the keyword options below (not both). Its
             ``workers``, ``on_error`` and ``key_prefix`` describe jobs over input units: the
             writer writes in the calling process and refuses values other than the defaults.
-        piles, seed, max_pile_bytes, buffer_size, overwrite: see :class:`PileOptions`;
+        piles, seed, max_pile_bytes, buffer_size, overwrite, storage_options: see :class:`PileOptions`;
             ``piles`` is required without ``options``.
         codecs: encoders by extension (default :data:`shardkit.codecs.DEFAULT`).
 
@@ -80,11 +83,20 @@ class PileWriter:
         buffer_size: int | str = "64MiB",
         overwrite: bool = False,
         codecs: Codecs | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        keywords = {"piles": piles, "seed": seed, "max_pile_bytes": max_pile_bytes, "buffer_size": buffer_size, "overwrite": overwrite}
+        keywords = {
+            "piles": piles,
+            "seed": seed,
+            "max_pile_bytes": max_pile_bytes,
+            "buffer_size": buffer_size,
+            "overwrite": overwrite,
+            "storage_options": storage_options,
+        }
         self.options = _in_process(from_call(PileOptions, options, keywords))
         if (advice := too_many_piles(self.options.piles, f"PileWriter({check_path('out', path)!r})")) is not None:
             log.warning(advice)
+        storage.use(path, self.options.storage_options)
         self._output = claim(path, overwrite=self.options.overwrite)  # held until close() or abort()
         self.path = self._output.path
         self._staging = self._output.staging()

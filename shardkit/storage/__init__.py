@@ -1,39 +1,41 @@
 """Every file access shardkit makes, behind one small URL-taking layer.
 
 Local paths and ``file://`` URLs use the OS directly. Any other scheme (``s3://``, ``gs://``,
-``memory://``...) goes through fsspec when it is installed. Writes are atomic: data goes to
-``NAME.partial-<uuid>`` and is renamed into place only when complete, so a crash never leaves a
-file that looks whole.
+``memory://``...) goes through fsspec (:mod:`shardkit.storage.remote`), every call retried on
+failures of the moment (:mod:`shardkit.storage.retry`). Writes are atomic: locally data goes to
+``NAME.partial-<uuid>`` and is renamed into place only when complete; an object is written in
+one request. A crash never leaves a file that looks whole. Nothing above this package knows
+which backend a URL lives on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import glob as _glob
+import io
+import logging
 import mmap
 import os
 import re
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
-from typing import IO, Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import IO, Any, TypeVar
 
 from shardkit import io_errors
-from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
+from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError, ShardkitError
+from shardkit.storage import remote
+from shardkit.storage.remote import scheme as _remote
+from shardkit.storage.retry import DEFAULT as _RETRY
 
-_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 _GROUP = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(\d+)\.\.(\d+)")
-
-
-def _remote(url: str) -> str | None:
-    """Return the scheme of a non-local URL, else None."""
-    match = _SCHEME.match(url)
-    if match is None or match.group(1) == "file":
-        return None
-    return match.group(1)
 
 
 def local_path(url: str | os.PathLike[str]) -> str | None:
@@ -44,33 +46,32 @@ def local_path(url: str | os.PathLike[str]) -> str | None:
     return url[len("file://") :] if url.startswith("file://") else url
 
 
-def _fs(url: str) -> tuple[Any, str]:
-    scheme = _remote(url)
-    try:
-        import fsspec
-    except ImportError:
-        raise ConfigError(f"{url}: {scheme}:// URLs need fsspec: pip install 'shardkit[remote]'") from None
-    try:
-        fs, path = fsspec.core.url_to_fs(url)
-    except ImportError as e:  # fsspec knows the scheme, its package is missing
-        package = _backend_package(scheme)
-        fix = f"pip install {package}" if package else f"install the fsspec package for {scheme}:// ({e})"
-        raise ConfigError(f"{url}: {scheme}:// URLs need {package or 'a package that is missing'}: {fix}") from None
-    except ValueError as e:
-        if scheme is not None and scheme not in fsspec.available_protocols():
-            raise ConfigError(
-                f"{url}: no filesystem is known for {scheme}:// URLs (a typo? s3://, gs://, az://... each need their fsspec package)"
-            ) from None
-        raise ConfigError(f"{url}: {io_errors.sanitized(str(e))}") from None
-    return fs, path
+def is_remote(url: str | os.PathLike[str]) -> bool:
+    """True for a URL of an object store (``s3://``...), False for a local path or ``file://``."""
+    return _remote(os.fspath(url)) is not None
 
 
-def _backend_package(scheme: str | None) -> str | None:
-    """The pip package fsspec needs for ``scheme`` (``s3fs`` for ``s3``), when it says."""
-    from fsspec.registry import known_implementations
+def check_storage_options(options: Any) -> None:
+    """Refuse ``storage_options`` that are not None or a mapping with string keys (values unseen: they may be secrets)."""
+    if options is None:
+        return
+    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+        raise ConfigError(f"storage_options: expected a mapping of option names to values (given to fsspec), got {type(options).__name__}")
 
-    module = str(known_implementations.get(scheme or "", {}).get("class", "")).split(".")[0]
-    return module or None
+
+def use(sources: Any, options: Mapping[str, Any] | None) -> None:
+    """Read and write the object-store URLs among ``sources`` (a URL, a path or a list of them)
+    with ``options`` (see :func:`shardkit.storage.remote.use`)."""
+    if options is None:
+        return
+    items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    remote.use([os.fspath(item) for item in items if isinstance(item, (str, os.PathLike))], options)
+
+
+def _call(url: str, fn: Callable[[Any, str], T]) -> T:
+    """``fn(fs, path)`` on the remote ``url``'s filesystem, retried on failures of the moment."""
+    fs, path = remote.filesystem(url)
+    return _RETRY.call(lambda: fn(fs, path), what=url)
 
 
 def storage_error(error: BaseException, url: str, doing: str, *, size: int | None = None) -> ShardkitError:
@@ -120,9 +121,8 @@ def exists(url: str) -> bool:
     path = local_path(url)
     if path is not None:
         return os.path.exists(path)
-    fs, p = _fs(url)
     with guard(url, "look it up"):
-        return bool(fs.exists(p))
+        return _call(url, lambda fs, p: bool(fs.exists(p)))
 
 
 def size(url: str) -> int:
@@ -131,19 +131,20 @@ def size(url: str) -> int:
     with guard(url, "read its size"):
         if path is not None:
             return os.path.getsize(path)
-        fs, p = _fs(url)
-        return int(fs.size(p))
+        return _call(url, lambda fs, p: int(fs.size(p)))
 
 
-def read_bytes(url: str) -> bytes:
-    """The whole file, in one sequential read."""
+def read_bytes(url: str, *, size: int | None = None, concurrency: int = 1) -> bytes:
+    """The whole file: locally in one sequential read; an object in up to ``concurrency``
+    ranged requests at once when its ``size`` is known (a manifest says it), else in one."""
     path = local_path(url)
     with guard(url, "read"):
         if path is not None:
             with open(path, "rb", buffering=0) as f:
                 return f.readall()
-        fs, p = _fs(url)
-        return bytes(fs.cat_file(p))
+        if size is not None:
+            return remote.read_ranges(url, size=size, concurrency=concurrency)
+        return _call(url, lambda fs, p: bytes(fs.cat_file(p)))
 
 
 _MAP_MIN = 1 << 20
@@ -173,6 +174,53 @@ def map_bytes(url: str) -> Buffer:
         return read_bytes(url)
 
 
+# tries at an object whose bytes came back wrong (a transfer torn without an error) before they are called corrupt
+_CHECKED_READS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteReads:
+    """How whole objects (piles) are read from an object store.
+
+    Attributes:
+        concurrency: ranged requests in flight at once for one object.
+        cache: a :class:`~shardkit.storage.cache.PileCache` keeping local copies, or None.
+    """
+
+    concurrency: int = remote.DEFAULT_CONCURRENCY
+    cache: Any = None
+
+
+def read_checked(url: str, *, size: int, check: Callable[[Buffer], str | None], reads: RemoteReads | None = None) -> Buffer:
+    """The file ``url`` of ``size`` bytes, with ``check(buffer)`` (a problem in words, or None) passed.
+
+    A local file is memory-mapped and checked once. An object is read in concurrent ranges
+    (``reads``), through the cache when there is one; bytes that fail the check are read again
+    (a transfer can be torn without an error) before the problem is raised.
+
+    Raises:
+        CorruptShardError: the bytes fail the check (every try, for an object).
+    """
+    reads = reads or RemoteReads()
+    if not is_remote(url):
+        buf = map_bytes(url)
+        problem = check(buf)
+        if problem is not None:
+            raise CorruptShardError(f"{url}: {problem}")
+        return buf
+    if reads.cache is not None:
+        with guard(url, "read"):
+            return reads.cache.get(url, size=size, fetch=lambda: read_bytes(url, size=size, concurrency=reads.concurrency), check=check)
+    for tried in range(1, _CHECKED_READS + 1):
+        data = read_bytes(url, size=size, concurrency=reads.concurrency)
+        problem = check(data)
+        if problem is None:
+            return data
+        if tried < _CHECKED_READS:
+            log.info("%s: %s (read %d of %d), reading it again", url, problem, tried, _CHECKED_READS)
+    raise CorruptShardError(f"{url}: {problem} (read {_CHECKED_READS} times)")
+
+
 @contextlib.contextmanager
 def open_read(url: str) -> Iterator[IO[bytes]]:
     """A binary file object for streaming reads."""
@@ -182,7 +230,7 @@ def open_read(url: str) -> Iterator[IO[bytes]]:
             with open(path, "rb") as f:
                 yield f
         else:
-            fs, p = _fs(url)
+            fs, p = remote.filesystem(url)
             with fs.open(p, "rb") as f:
                 yield f
 
@@ -195,10 +243,11 @@ def atomic_write(url: str, *, size: int | None = None) -> Iterator[IO[bytes]]:
     """
     path = local_path(url)
     if path is None:
-        # object stores publish a PUT whole or not at all; fsspec writes on close
-        fs, p = _fs(url)
-        with guard(url, "write"), fs.open(p, "wb") as f:
-            yield f
+        # an object is published whole or not at all by one PUT: gather the bytes, send them on success
+        buffer = io.BytesIO()
+        yield buffer
+        with guard(url, "write", size=buffer.tell()):
+            remote.write_bytes(url, buffer.getvalue())
         return
     tmp = f"{path}.partial-{uuid.uuid4().hex}"
     try:
@@ -312,6 +361,12 @@ def write_fully(fd: int, data: Chunk) -> None:
         view = view[os.write(fd, view) :]
 
 
+def upload(local: str, url: str) -> None:
+    """Copy the local file ``local`` to the object ``url``, streamed (see :func:`remote.upload`)."""
+    with guard(url, "upload"):
+        remote.upload(local, url)
+
+
 def remove(url: str) -> None:
     """Delete a file if it exists."""
     path = local_path(url)
@@ -319,10 +374,8 @@ def remove(url: str) -> None:
         with guard(url, "remove"), contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return
-    fs, p = _fs(url)
-    with guard(url, "remove"):
-        if fs.exists(p):
-            fs.rm(p)
+    with guard(url, "remove"), contextlib.suppress(FileNotFoundError):
+        _call(url, lambda fs, p: fs.rm_file(p))
 
 
 def makedirs(url: str | os.PathLike[str]) -> None:
@@ -333,20 +386,23 @@ def makedirs(url: str | os.PathLike[str]) -> None:
         if path is not None:
             os.makedirs(path, exist_ok=True)
         else:
-            fs, p = _fs(url)
-            fs.makedirs(p, exist_ok=True)
+            _call(url, lambda fs, p: fs.makedirs(p, exist_ok=True))
 
 
-def listdir(url: str) -> list[str]:
-    """Sorted names of the entries directly inside the directory ``url``."""
+def listdir(url: str, *, missing_ok: bool = False) -> list[str]:
+    """Sorted names of the entries directly inside the directory ``url``; with ``missing_ok``,
+    none when it does not exist (an object-store prefix nothing was written under yet)."""
     path = local_path(url)
     try:
         with guard(url, "list the directory"):
             if path is not None:
                 return sorted(os.listdir(path))
-            fs, p = _fs(url)
-            return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(p, detail=False))
+            # a fresh listing: fsspec's cache of listings would hide what another process just wrote
+            entries = _call(url, lambda fs, p: fs.ls(p, detail=False, refresh=True))
+            return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries)
     except DatasetNotFoundError:
+        if missing_ok:
+            return []
         raise DatasetNotFoundError(f"{url}: no such directory") from None
 
 
@@ -401,7 +457,7 @@ def _glob_files(pattern: str) -> list[str]:
     path = local_path(pattern)
     if path is not None:
         return sorted(p for p in _glob.glob(path) if os.path.isfile(p))
-    fs, p = _fs(pattern)
+    fs, p = remote.filesystem(pattern)
     with guard(pattern, "list the files matching"):
-        found = fs.glob(p, detail=True)  # types come with the listing: no request per file
+        found = _RETRY.call(lambda: fs.glob(p, detail=True), what=pattern)  # types come with the listing: no request per file
     return sorted(fs.unstrip_protocol(m) for m, info in found.items() if info.get("type") == "file")

@@ -1,0 +1,169 @@
+"""Object stores through fsspec: find the filesystem of a URL, read a file in concurrent ranges, upload one.
+
+Everything shardkit does with ``s3://``, ``gs://``, ``memory://``... URLs goes through here, and
+every call is retried on failures of the moment (:mod:`shardkit.storage.retry`). Credentials and
+endpoints come the way the ecosystem's tools find them (for S3: ``AWS_ENDPOINT_URL``,
+``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``...), or from ``storage_options`` given for a bucket, which
+go to fsspec as they are and are never written, logged or shown.
+
+    use(["s3://bucket/data"], {"endpoint_url": "http://127.0.0.1:9000"})   # optional
+    data = read_ranges("s3://bucket/data/pile-000000.tar", size=1 << 28, concurrency=8)
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from shardkit.errors import ConfigError
+from shardkit.storage.retry import DEFAULT, transient
+
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+# the smallest range worth a request of its own: below it, latency costs more than it saves
+MIN_RANGE = 4 << 20
+# ranged requests in flight for one object unless told otherwise (see BENCHMARKS.md, remote reads)
+DEFAULT_CONCURRENCY = 8
+# what put_file sends a request at once: the memory an upload holds
+UPLOAD_CHUNK = 16 << 20
+
+# storage options by bucket (see root), and for any other bucket
+_options: dict[str, dict[str, Any]] = {}
+_EVERYWHERE = "*"
+_lock = threading.Lock()
+
+
+def scheme(url: str) -> str | None:
+    """The scheme of a non-local URL (``"s3"``), else None (a path or ``file://``)."""
+    match = _SCHEME.match(url)
+    if match is None or match.group(1) == "file":
+        return None
+    return match.group(1)
+
+
+def root(url: str) -> str:
+    """The part of ``url`` storage options belong to: scheme and bucket (``s3://bucket``)."""
+    match = _SCHEME.match(url)
+    if match is None:
+        return url
+    rest = url[match.end() :]
+    return f"{match.group(0)}{rest.split('/', 1)[0]}"
+
+
+def use(urls: Iterable[str], options: Mapping[str, Any]) -> None:
+    """Read the remote ones of ``urls`` (and everything in their buckets) with ``options``, given
+    to fsspec as they are (``endpoint_url``, ``key``, ``secret``, ``anon``, ``client_kwargs``...)."""
+    with _lock:
+        for url in urls:
+            if scheme(url) is not None:
+                _options[root(url)] = dict(options)
+
+
+def use_everywhere(options: Mapping[str, Any]) -> None:
+    """Read every remote URL that has no options of its own with ``options`` (the CLI's
+    ``--storage-option``)."""
+    with _lock:
+        _options[_EVERYWHERE] = dict(options)
+
+
+def registered() -> dict[str, dict[str, Any]]:
+    """Every bucket's storage options, to hand to a worker process (see :func:`restore`)."""
+    with _lock:
+        return {k: dict(v) for k, v in _options.items()}
+
+
+def restore(options: Mapping[str, Mapping[str, Any]]) -> None:
+    """Take storage options :func:`registered` gave in another process."""
+    with _lock:
+        _options.update({k: dict(v) for k, v in options.items()})
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem for ``url`` and the path within it.
+
+    Raises:
+        ConfigError: fsspec or the scheme's package is missing, or the scheme is unknown.
+    """
+    kind = scheme(url)
+    try:
+        import fsspec
+    except ImportError:
+        raise ConfigError(f"{url}: {kind}:// URLs need fsspec: pip install 'shardkit[remote]'") from None
+    with _lock:
+        options = _options.get(root(url), _options.get(_EVERYWHERE, {}))
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **options)
+    except ImportError as e:  # fsspec knows the scheme, its package is missing
+        package = _backend_package(kind)
+        fix = f"pip install {package}" if package else f"install the fsspec package for {kind}:// ({e})"
+        raise ConfigError(f"{url}: {kind}:// URLs need {package or 'a package that is missing'}: {fix}") from None
+    except (ValueError, TypeError) as e:
+        if kind is not None and kind not in fsspec.available_protocols():
+            raise ConfigError(
+                f"{url}: no filesystem is known for {kind}:// URLs (a typo? s3://, gs://, az://... each need their fsspec package)"
+            ) from None
+        # the message of a bad option may quote its value: name the options, never their values
+        raise ConfigError(f"{url}: the filesystem refused its options {sorted(options)}: {type(e).__name__}") from None
+    return fs, path
+
+
+def _backend_package(kind: str | None) -> str | None:
+    """The pip package fsspec needs for ``kind`` (``s3fs`` for ``s3``), when it says."""
+    from fsspec.registry import known_implementations
+
+    module = str(known_implementations.get(kind or "", {}).get("class", "")).split(".")[0]
+    return module or None
+
+
+def ranges(size: int, concurrency: int, least: int = MIN_RANGE) -> list[tuple[int, int]]:
+    """``[start, end)`` pieces covering ``size`` bytes: up to ``concurrency`` of them, none under
+    ``least`` bytes unless there is one piece only."""
+    count = max(1, min(concurrency, size // max(least, 1)))
+    bounds = [size * k // count for k in range(count + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+def read_ranges(url: str, *, size: int, concurrency: int) -> bytes:
+    """The object ``url``, which should hold ``size`` bytes, fetched in up to ``concurrency``
+    ranges at once; each range is retried on its own.
+
+    The last range asks for one byte more than ``size``: an object longer than expected comes
+    back longer, one shorter comes back shorter, so the caller's size check sees either without
+    another request.
+    """
+    fs, path = filesystem(url)
+    pieces = ranges(size, concurrency)
+    starts = [lo for lo, _ in pieces]
+    ends = [hi for _, hi in pieces]
+    ends[-1] = size + 1
+    got_all: list[bytes] = []
+    if size == 0:
+        return bytes(DEFAULT.call(lambda: fs.cat_file(path), what=url))
+    results = DEFAULT.call(lambda: fs.cat_ranges([path] * len(starts), starts, ends, on_error="return"), what=url)
+    for k, (start, end, got) in enumerate(zip(starts, ends, results, strict=True)):
+        if isinstance(got, BaseException):
+            if not transient(got):
+                raise got
+            got = DEFAULT.call(lambda s=start, e=end: fs.cat_file(path, s, e), what=url)
+        got_all.append(got)
+        if len(got) < end - start and k < len(starts) - 1:  # the object ends before this range does
+            break
+    return b"".join(got_all)
+
+
+def upload(local: str, url: str) -> None:
+    """Copy the local file ``local`` to ``url``, streamed in :data:`UPLOAD_CHUNK` pieces (a
+    multipart upload for large files, one PUT for small ones)."""
+    fs, path = filesystem(url)
+    try:
+        DEFAULT.call(lambda: fs.put_file(local, path, chunksize=UPLOAD_CHUNK), what=url)
+    except TypeError:  # a filesystem whose put_file takes no chunk size
+        DEFAULT.call(lambda: fs.put_file(local, path), what=url)
+
+
+def write_bytes(url: str, data: bytes) -> None:
+    """Make ``data`` the object ``url`` in one request: it appears whole or not at all."""
+    fs, path = filesystem(url)
+    DEFAULT.call(lambda: fs.pipe_file(path, bytes(data)), what=url)
