@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from shardkit import manifest, storage
 from shardkit._util import VERSION
-from shardkit.errors import CorruptShardError, DatasetExistsError, DatasetNotFoundError, ShardkitError
+from shardkit.errors import CorruptShardError, DatasetExistsError, ShardkitError
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import router
 from shardkit.piles.options import PileOptions
