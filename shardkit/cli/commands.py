@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shardkit.cli.flags import PILE_FLAGS, add_option_flags, add_pile_args, option_values, options_from_args
+from shardkit.cli.flags import PILE_FLAGS, add_option_flags, add_pile_args, add_storage_flag, option_values, options_from_args
 from shardkit.loading.options import LoaderOptions
 from shardkit.options import specs
 from shardkit.piles.options import PileOptions
@@ -86,8 +86,12 @@ def _pile(args: argparse.Namespace) -> int:
 
 
 def _verbose_flag(parser: argparse.ArgumentParser) -> None:
-    # SUPPRESS: a subcommand default must not overwrite a -v given before the subcommand
+    """-v and --storage-option, accepted after the command too (``shardkit pile ... -v``).
+
+    SUPPRESS: a subcommand default must not overwrite a -v given before the subcommand.
+    """
     parser.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more and show tracebacks")
+    add_storage_flag(parser)
 
 
 def _info_table(summary: Any) -> str:

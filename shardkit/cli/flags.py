@@ -11,6 +11,8 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
+import yaml
+
 from shardkit._util import shown
 from shardkit.errors import ConfigError
 from shardkit.options import Spec, specs
@@ -73,6 +75,51 @@ def option_values(args: argparse.Namespace, names: Sequence[str]) -> dict[str, A
 def options_from_args(cls: type[T], args: argparse.Namespace, names: Sequence[str]) -> T:
     """An option object from flags :func:`add_option_flags` added; fields not named keep their defaults."""
     return cls(**option_values(args, names))
+
+
+def add_storage_flag(parser: argparse.ArgumentParser) -> None:
+    """``--storage-option KEY=VALUE``, repeatable: options for the object store of every remote
+    URL the command touches (see :func:`storage_options`)."""
+    parser.add_argument(
+        "--storage-option",
+        dest="storage_option",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="KEY=VALUE",
+        help="an option for the object store, given to fsspec (endpoint_url=http://..., anon=true, client_kwargs.region_name=...); repeatable",
+    )
+
+
+def storage_options(pairs: Sequence[str] | None) -> dict[str, Any] | None:
+    """``["anon=true", "client_kwargs.region_name=eu-west-1"]`` -> ``{"anon": True, "client_kwargs": {"region_name": "eu-west-1"}}``.
+
+    Values are read as YAML scalars (``true``, ``3``, text); dots in a key make nested options.
+
+    Raises:
+        ConfigError: a pair without ``=`` or with an empty key (the value is never shown).
+    """
+    if not pairs:
+        return None
+    found: dict[str, Any] = {}
+    for pair in pairs:
+        key, eq, text = pair.partition("=")
+        if not eq or not key or any(not part for part in key.split(".")):
+            shown_key = key if eq else "(no '=')"
+            raise ConfigError(f"--storage-option: expected KEY=VALUE (e.g. endpoint_url=http://127.0.0.1:9000), got key {shown_key!r}")
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            value = text
+        if not isinstance(value, (str, int, float, bool)) or value is None:
+            value = text
+        *parents, last = key.split(".")
+        place = found
+        for part in parents:
+            place = place.setdefault(part, {})
+            if not isinstance(place, dict):
+                raise ConfigError(f"--storage-option: {key}: {part} is given both as a value and as a group of options")
+        place[last] = value
+    return found
 
 
 def add_pile_args(parser: argparse.ArgumentParser) -> None:

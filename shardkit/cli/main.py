@@ -14,7 +14,9 @@ from collections.abc import Callable, Sequence
 
 from shardkit._util import VERSION
 from shardkit.cli.commands import COMMANDS
+from shardkit.cli.flags import add_storage_flag, storage_options
 from shardkit.errors import ShardkitError
+from shardkit.storage import remote
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +25,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug) and show tracebacks")
+    add_storage_flag(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,7 +85,14 @@ def _main(argv: Sequence[str] | None) -> int:
     if handler is None:
         parser.print_help()
         return 2
-    return guarded(lambda: handler(args), traceback=bool(args.verbose))
+    return guarded(lambda: _run(handler, args), traceback=bool(args.verbose))
+
+
+def _run(handler: Handler, args: argparse.Namespace) -> int:
+    options = storage_options(getattr(args, "storage_option", None))
+    if options is not None:
+        remote.use_everywhere(options)
+    return handler(args)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ sequential read of the dataset and holds one pile in memory at a time.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from shardkit import _util, manifest, storage
 from shardkit.errors import CorruptShardError, StorageError
@@ -102,13 +104,16 @@ def _kind(m: Manifest) -> str:
     return kind if isinstance(kind, str) else "piles"
 
 
-def info(directory: str) -> DatasetInfo:
+def info(directory: str, *, storage_options: Mapping[str, Any] | None = None) -> DatasetInfo:
     """Summarise the dataset in ``directory`` from its manifest (no pile is read).
+
+    ``storage_options`` are for an object-store ``directory`` (see :func:`shardkit.loader`).
 
     Raises:
         DatasetNotFoundError: ``directory`` holds no ``shardkit.json``.
         ManifestError: the manifest is malformed.
     """
+    storage.use(directory, storage_options)
     m = manifest.read(directory)
     n, piles = m.samples, len(m.piles)
     # the binomial is over the M pass 1 drew from: split sub-piles count once
@@ -166,7 +171,7 @@ def _check_pile(directory: str, pile: PileInfo) -> list[Problem]:
     if not storage.exists(url):
         return [Problem(name=pile.name, kind="missing", message="listed in the manifest but the file does not exist")]
     try:
-        buf = storage.read_bytes(url)
+        buf = storage.read_bytes(url, size=pile.bytes, concurrency=storage.remote.DEFAULT_CONCURRENCY)
     except OSError as e:  # a StorageError names the file and says why
         message = str(e).removeprefix(f"{url}: ") if isinstance(e, StorageError) else f"cannot be read ({e.strerror or e})"
         return [Problem(name=pile.name, kind="unreadable", message=message)]
@@ -231,7 +236,7 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
     return found
 
 
-def verify(directory: str, *, quiet: bool = False) -> list[Problem]:
+def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str, Any] | None = None) -> list[Problem]:
     """Check every pile of a dataset against its manifest; returns what is wrong (``[]`` if nothing).
 
     Each listed pile must exist, have the recorded size and checksum, be a well-formed tar
@@ -242,12 +247,14 @@ def verify(directory: str, *, quiet: bool = False) -> list[Problem]:
 
     Args:
         quiet: no progress bar (there is none anyway when stderr is not a terminal).
+        storage_options: for an object-store ``directory`` (see :func:`shardkit.loader`).
 
     Raises:
         DatasetNotFoundError: ``directory`` holds no ``shardkit.json``.
         ManifestError: the manifest itself is malformed.
     """
     _util.check_bool("quiet", quiet)
+    storage.use(directory, storage_options)
     m = manifest.read(directory)
     problems: list[Problem] = []
     with _util.bar(total=m.bytes, desc="verify", unit="B", quiet=quiet, unit_scale=True, unit_divisor=1024) as progress:
