@@ -27,9 +27,8 @@ from typing import IO, Any, TypeVar
 
 from shardkit import io_errors
 from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError, ShardkitError
-from shardkit.storage import remote
+from shardkit.storage import remote, retry
 from shardkit.storage.remote import scheme as _remote
-from shardkit.storage.retry import DEFAULT as _RETRY
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ def use(sources: Any, options: Mapping[str, Any] | None) -> None:
 def _call(url: str, fn: Callable[[Any, str], T]) -> T:
     """``fn(fs, path)`` on the remote ``url``'s filesystem, retried on failures of the moment."""
     fs, path = remote.filesystem(url)
-    return _RETRY.call(lambda: fn(fs, path), what=url)
+    return retry.DEFAULT.call(lambda: fn(fs, path), what=url)
 
 
 def storage_error(error: BaseException, url: str, doing: str, *, size: int | None = None) -> ShardkitError:
@@ -459,5 +458,5 @@ def _glob_files(pattern: str) -> list[str]:
         return sorted(p for p in _glob.glob(path) if os.path.isfile(p))
     fs, p = remote.filesystem(pattern)
     with guard(pattern, "list the files matching"):
-        found = _RETRY.call(lambda: fs.glob(p, detail=True), what=pattern)  # types come with the listing: no request per file
+        found = retry.DEFAULT.call(lambda: fs.glob(p, detail=True), what=pattern)  # types come with the listing: no request per file
     return sorted(fs.unstrip_protocol(m) for m, info in found.items() if info.get("type") == "file")

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shardkit.errors import ConfigError
-from shardkit.storage.retry import DEFAULT, transient
+from shardkit.storage import retry
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 # the smallest range worth a request of its own: below it, latency costs more than it saves
@@ -140,13 +140,13 @@ def read_ranges(url: str, *, size: int, concurrency: int) -> bytes:
     ends[-1] = size + 1
     got_all: list[bytes] = []
     if size == 0:
-        return bytes(DEFAULT.call(lambda: fs.cat_file(path), what=url))
-    results = DEFAULT.call(lambda: fs.cat_ranges([path] * len(starts), starts, ends, on_error="return"), what=url)
+        return bytes(retry.DEFAULT.call(lambda: fs.cat_file(path), what=url))
+    results = retry.DEFAULT.call(lambda: fs.cat_ranges([path] * len(starts), starts, ends, on_error="return"), what=url)
     for k, (start, end, got) in enumerate(zip(starts, ends, results, strict=True)):
         if isinstance(got, BaseException):
-            if not transient(got):
+            if not retry.transient(got):
                 raise got
-            got = DEFAULT.call(lambda s=start, e=end: fs.cat_file(path, s, e), what=url)
+            got = retry.DEFAULT.call(lambda s=start, e=end: fs.cat_file(path, s, e), what=url)
         got_all.append(got)
         if len(got) < end - start and k < len(starts) - 1:  # the object ends before this range does
             break
@@ -158,12 +158,12 @@ def upload(local: str, url: str) -> None:
     multipart upload for large files, one PUT for small ones)."""
     fs, path = filesystem(url)
     try:
-        DEFAULT.call(lambda: fs.put_file(local, path, chunksize=UPLOAD_CHUNK), what=url)
+        retry.DEFAULT.call(lambda: fs.put_file(local, path, chunksize=UPLOAD_CHUNK), what=url)
     except TypeError:  # a filesystem whose put_file takes no chunk size
-        DEFAULT.call(lambda: fs.put_file(local, path), what=url)
+        retry.DEFAULT.call(lambda: fs.put_file(local, path), what=url)
 
 
 def write_bytes(url: str, data: bytes) -> None:
     """Make ``data`` the object ``url`` in one request: it appears whole or not at all."""
     fs, path = filesystem(url)
-    DEFAULT.call(lambda: fs.pipe_file(path, bytes(data)), what=url)
+    retry.DEFAULT.call(lambda: fs.pipe_file(path, bytes(data)), what=url)

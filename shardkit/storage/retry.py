@@ -134,5 +134,5 @@ class Retry:
                 sleep(wait)
 
 
-# the policy every remote call uses
+# the policy every remote call uses (looked up at each call: replace it to change every call's)
 DEFAULT = Retry()
