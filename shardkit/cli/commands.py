@@ -34,7 +34,8 @@ def command(register: Callable[[Any], None]) -> Callable[[Any], None]:
 
 
 # `shardkit pile` takes every PileOptions field: the scripts' flags (add_pile_args) and the rest
-PILE_COMMAND_FLAGS = tuple(specs(PileOptions))
+# every option is a flag; storage options come from --storage-option, which every command takes
+PILE_COMMAND_FLAGS = tuple(name for name in specs(PileOptions) if name != "storage_options")
 
 
 @command
@@ -168,7 +169,7 @@ def _register_verify(sub: Any) -> None:
 
 
 # every ShuffleOptions field is a flag of `shardkit shuffle`
-SHUFFLE_FLAGS = tuple(specs(ShuffleOptions))
+SHUFFLE_FLAGS = tuple(name for name in specs(ShuffleOptions) if name != "storage_options")
 
 
 def _run_shuffle(args: argparse.Namespace) -> int:

@@ -11,43 +11,63 @@ which backend a URL lives on.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
-import functools
 import glob as _glob
 import io
 import logging
 import mmap
 import os
 import re
-import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
-from shardkit import io_errors
-from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError, ShardkitError
+from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError
 from shardkit.storage import remote, retry
-from shardkit.storage.remote import scheme as _remote
+from shardkit.storage.local import IOV_MAX, O_BINARY, Chunk, fsync_dir, fsync_file, sync_files, write_chunks, write_fully
+from shardkit.storage.paths import guard, is_remote, join, local_path, storage_error
+
+__all__ = [
+    "IOV_MAX",
+    "O_BINARY",
+    "Buffer",
+    "Chunk",
+    "RemoteReads",
+    "atomic_write",
+    "brace_expand",
+    "check_storage_options",
+    "exists",
+    "expand",
+    "fsync_dir",
+    "fsync_file",
+    "guard",
+    "is_remote",
+    "join",
+    "listdir",
+    "local_path",
+    "makedirs",
+    "map_bytes",
+    "open_read",
+    "read_bytes",
+    "read_checked",
+    "remote",
+    "remove",
+    "retry",
+    "size",
+    "storage_error",
+    "sync_files",
+    "upload",
+    "use",
+    "write_bytes",
+    "write_chunks",
+    "write_fully",
+]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _GROUP = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(\d+)\.\.(\d+)")
-
-
-def local_path(url: str | os.PathLike[str]) -> str | None:
-    """Return the filesystem path of a local URL, or None for a remote one."""
-    url = os.fspath(url)
-    if _remote(url):
-        return None
-    return url[len("file://") :] if url.startswith("file://") else url
-
-
-def is_remote(url: str | os.PathLike[str]) -> bool:
-    """True for a URL of an object store (``s3://``...), False for a local path or ``file://``."""
-    return _remote(os.fspath(url)) is not None
 
 
 def check_storage_options(options: Any) -> None:
@@ -71,49 +91,6 @@ def _call(url: str, fn: Callable[[Any, str], T]) -> T:
     """``fn(fs, path)`` on the remote ``url``'s filesystem, retried on failures of the moment."""
     fs, path = remote.filesystem(url)
     return retry.DEFAULT.call(lambda: fn(fs, path), what=url)
-
-
-def storage_error(error: BaseException, url: str, doing: str, *, size: int | None = None) -> ShardkitError:
-    """The shardkit error for ``error``, raised while ``doing`` (``"read"``, ``"write"``...) ``url``.
-
-    A missing file is a :class:`DatasetNotFoundError`; anything else that failed below shardkit
-    is a :class:`StorageError` naming ``url``, saying why and what to do (see
-    :func:`shardkit.io_errors.translate`). ``size`` is the bytes being written, named when the
-    disk is full.
-    """
-    return io_errors.translate(error, url, doing, scheme=_remote(url), path=local_path(url), size=size)
-
-
-@contextlib.contextmanager
-def guard(url: str | os.PathLike[str], doing: str, *, size: int | None = None) -> Iterator[None]:
-    """Turn what fails inside into the shardkit error naming ``url`` (see :func:`storage_error`).
-
-    Locally that is any OSError; for a remote URL, also what its object-store client raises
-    (credentials, endpoints and HTTP errors are not OSErrors there). Shardkit's own errors pass,
-    and so do Python's own (a TypeError is a bug to see, not a storage failure).
-
-        with storage.guard(path, "write", size=len(data)):
-            os.write(fd, data)
-    """
-    url = os.fspath(url)
-    try:
-        yield
-    except ShardkitError:
-        raise
-    except OSError as e:
-        raise storage_error(e, url, doing, size=size) from e
-    except Exception as e:
-        if _remote(url) is None or type(e).__module__ == "builtins":
-            raise
-        raise storage_error(e, url, doing, size=size) from e
-
-
-def join(base: str | os.PathLike[str], name: str) -> str:
-    """Join a directory URL and a relative name."""
-    base = os.fspath(base)
-    if _remote(base):
-        return base.rstrip("/") + "/" + name
-    return os.path.join(base, name)
 
 
 def exists(url: str) -> bool:
@@ -263,101 +240,10 @@ def atomic_write(url: str, *, size: int | None = None) -> Iterator[IO[bytes]]:
         raise
 
 
-def fsync_dir(path: str) -> None:
-    """Make the entries of the local directory ``path`` (new names, renames) durable."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:  # a platform that cannot open directories (Windows): nothing to do
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def sync_files(paths: Sequence[str]) -> None:
-    """Flush the data of the local files ``paths`` to disk before anything points at them.
-
-    On Linux one ``syncfs`` of their file system does it in one call, however many files there
-    are (hundreds of piles cost hundreds of ``fsync`` calls); elsewhere each file is fsynced.
-    """
-    if not paths:
-        return
-    syncfs = _syncfs()
-    if syncfs is not None:
-        with guard(paths[0], "flush to disk"):
-            fd = os.open(paths[0], os.O_RDONLY)
-            try:
-                if syncfs(fd) != 0:
-                    error = ctypes.get_errno()
-                    raise OSError(error, os.strerror(error))
-            finally:
-                os.close(fd)
-        return
-    for path in paths:
-        fsync_file(path)
-
-
-@functools.lru_cache(maxsize=1)
-def _syncfs() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError):
-        return None
-
-
-def fsync_file(path: str) -> None:
-    """Flush the local file ``path``'s data to disk."""
-    with guard(path, "flush to disk"):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def write_bytes(url: str, data: bytes) -> None:
     """Atomically replace ``url`` with ``data``."""
     with atomic_write(url, size=len(data)) as f:
         f.write(data)
-
-
-# what a writer hands over to be written: any buffer of bytes, views into a larger one included
-Chunk = bytes | bytearray | memoryview
-O_BINARY = getattr(os, "O_BINARY", 0)
-# writev takes at most IOV_MAX buffers a call (1024 on Linux)
-IOV_MAX = 1024
-
-
-def write_chunks(fd: int, chunks: Sequence[Chunk]) -> None:
-    """Append ``chunks`` in order to the open file ``fd``, up to IOV_MAX of them a ``writev``."""
-    for lo in range(0, len(chunks), IOV_MAX):
-        batch = chunks[lo : lo + IOV_MAX]
-        _write_batch(fd, batch, sum(map(len, batch)))
-
-
-def _write_batch(fd: int, batch: Sequence[Chunk], size: int) -> None:
-    if not hasattr(os, "writev"):
-        write_fully(fd, b"".join(batch))
-        return
-    done = os.writev(fd, batch)
-    if done < size:  # a short write (signal, nearly full disk): finish one buffer at a time
-        for chunk in batch:
-            if done >= len(chunk):
-                done -= len(chunk)
-                continue
-            write_fully(fd, memoryview(chunk)[done:])
-            done = 0
-
-
-def write_fully(fd: int, data: Chunk) -> None:
-    """Write all of ``data`` to the open file ``fd`` (``os.write`` may write less)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def upload(local: str, url: str) -> None:
