@@ -186,9 +186,14 @@ def read_checked(url: str, *, size: int, check: Callable[[Buffer], str | None], 
         return buf
     if reads.cache is not None:
         with guard(url, "read"):
-            return reads.cache.get(url, size=size, fetch=lambda: read_bytes(url, size=size, concurrency=reads.concurrency), check=check)
+            return reads.cache.get(url, size=size, fetch=lambda: _fetch_checked(url, size, check, reads.concurrency), check=check)
+    return _fetch_checked(url, size, check, reads.concurrency)
+
+
+def _fetch_checked(url: str, size: int, check: Callable[[Buffer], str | None], concurrency: int) -> bytes:
+    """The object ``url``, read again while ``check`` finds its bytes wrong, up to :data:`_CHECKED_READS` times."""
     for tried in range(1, _CHECKED_READS + 1):
-        data = read_bytes(url, size=size, concurrency=reads.concurrency)
+        data = read_bytes(url, size=size, concurrency=concurrency)
         problem = check(data)
         if problem is None:
             return data
