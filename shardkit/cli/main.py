@@ -90,9 +90,14 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _run(handler: Handler, args: argparse.Namespace) -> int:
     options = storage_options(getattr(args, "storage_option", None))
-    if options is not None:
-        remote.use_everywhere(options)
-    return handler(args)
+    if options is None:
+        return handler(args)
+    before = remote.registered()
+    remote.use_everywhere(options)
+    try:
+        return handler(args)
+    finally:  # main() called from Python leaves the process's storage options as they were
+        remote.restore(before)
 
 
 if __name__ == "__main__":

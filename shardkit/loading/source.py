@@ -14,6 +14,7 @@ names two samples (its members are not adjacent), which a pile cannot hold.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
@@ -110,8 +111,8 @@ def resolve(source: SourceLike, *, skip: Callable[[BaseException, str], None] | 
     source = check_paths("source", source)
     if isinstance(source, (str, os.PathLike)):
         root = os.fspath(source)
-        if manifest.is_dataset(root):
-            m = manifest.read(root)
+        m = _manifest(root)
+        if m is not None:
             return Source(root, tuple(Pile(storage.join(root, p.name), p.samples, p) for p in m.piles))
         if _is_directory(root):
             raise _not_a_dataset(root)
@@ -127,6 +128,19 @@ def resolve(source: SourceLike, *, skip: Callable[[BaseException, str], None] | 
         shown,
     )
     return found
+
+
+def _manifest(root: str) -> manifest.Manifest | None:
+    """The manifest of the dataset ``root``, or None when it is not one. An object store is
+    asked once (a read that may find nothing), not twice (does it exist? then the read)."""
+    if not storage.is_remote(root):
+        return manifest.read(root) if manifest.is_dataset(root) else None
+    if glob.has_magic(root):
+        return None
+    try:
+        return manifest.read(root)
+    except DatasetNotFoundError:
+        return None
 
 
 def _is_directory(root: str) -> bool:

@@ -75,8 +75,9 @@ def registered() -> dict[str, dict[str, Any]]:
 
 
 def restore(options: Mapping[str, Mapping[str, Any]]) -> None:
-    """Take storage options :func:`registered` gave in another process."""
+    """Make the storage options those :func:`registered` gave (in this process, or another)."""
     with _lock:
+        _options.clear()
         _options.update({k: dict(v) for k, v in options.items()})
 
 

@@ -1,0 +1,340 @@
+"""Datasets on a real S3 server (moto on loopback, the real s3fs client over HTTP): written, read,
+cached, checked, and under the faults a proxy injects.
+
+The fixtures (``s3``, ``faulty_s3``) live in conftest.py and tests/s3_server.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import make_samples
+
+import shardkit
+from shardkit import storage
+from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError, StorageError
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+SAMPLES = make_samples(600, size=3000)
+UNITS = [SAMPLES[i : i + 50] for i in range(0, len(SAMPLES), 50)]
+
+
+def _identity(unit):
+    return unit
+
+
+def _objects(s3, prefix: str) -> dict[str, bytes]:
+    """Every object under ``prefix``, read straight from moto: name -> bytes."""
+    fs = s3.client()
+    fs.invalidate_cache()  # its listings would not show what the code under test did since
+    return {path.rsplit("/", 1)[1]: fs.cat_file(path) for path in sorted(fs.find(s3.path(prefix)))}
+
+
+def _local_files(directory: str) -> dict[str, bytes]:
+    return {name: open(os.path.join(directory, name), "rb").read() for name in sorted(os.listdir(directory)) if not name.startswith(".")}
+
+
+@pytest.fixture(scope="module")
+def local_dataset(tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("local") / "ds")
+    shardkit.preprocess(UNITS, _identity, out, piles=6, seed=3, quiet=True)
+    return out
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+def test_pass1_to_s3_gives_the_local_bytes_for_any_number_of_workers(s3, local_dataset):
+    for workers in (1, 3):
+        m = shardkit.preprocess(UNITS, _identity, s3.url(f"w{workers}"), piles=6, seed=3, workers=workers, quiet=True)
+        assert m.samples == len(SAMPLES)
+    one, three = _objects(s3, "w1"), _objects(s3, "w3")
+    assert one == three == _local_files(local_dataset)
+    # objects: one per pile and the manifest; no part or staging object ever reaches the bucket
+    assert len(one) == 6 + 1
+
+
+def test_every_writer_takes_an_s3_url(s3, local_dataset, tmp_path):
+    with shardkit.PileWriter(s3.url("writer"), piles=6, seed=3) as w:
+        for sample in SAMPLES:
+            w.write(sample)
+    assert shardkit.info(s3.url("writer")).samples == len(SAMPLES)
+    shards = [os.path.join(local_dataset, p.name) for p in shardkit.manifest.read(local_dataset).piles]
+    shardkit.pile(shards, s3.url("piled"), piles=4, quiet=True)
+    # pile reads remote shards too, and shuffle and repile read and write S3
+    shardkit.pile([storage.join(s3.url("piled"), p.name) for p in shardkit.manifest.read(s3.url("piled")).piles], s3.url("again"), piles=3, quiet=True)
+    shardkit.repile(s3.url("piled"), s3.url("repiled"), quiet=True)
+    shardkit.shuffle(s3.url("piled") + "/pile-*.tar", s3.url("shuffled"), maxcount=100, quiet=True)
+    for name in ("piled", "again", "repiled", "shuffled"):
+        keys = sorted(s["__key__"] for s in shardkit.loader(s3.url(name), decode=False))
+        assert keys == sorted(s["__key__"] for s in SAMPLES), name
+        assert shardkit.verify(s3.url(name), quiet=True) == []
+    job = tmp_path / "job.yaml"
+    job.write_text(f"job: pile\ninputs: {json.dumps(shards)}\noutput: {{path: {s3.url('yaml')}, piles: 5}}\n")
+    from shardkit.cli.main import main
+
+    assert main(["run", str(job), "-q"]) == 0
+    assert shardkit.info(s3.url("yaml")).piles == 5
+
+
+def test_an_overwrite_on_s3_leaves_the_old_dataset_or_the_new_one(s3):
+    shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=4, seed=1, quiet=True)
+    with pytest.raises(shardkit.DatasetExistsError, match="already holds a shardkit dataset"):
+        shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=4, seed=2, quiet=True)
+    m = shardkit.preprocess(UNITS[:3], _identity, s3.url("ds"), piles=2, seed=2, overwrite=True, quiet=True)
+    names = set(_objects(s3, "ds"))
+    assert names == {p.name for p in m.piles} | {"shardkit.json"}  # the old piles are gone
+    assert shardkit.verify(s3.url("ds"), quiet=True) == []
+
+
+def test_a_failing_job_leaves_no_manifest_and_no_object_on_s3(s3):
+    def bad(unit):
+        if unit[0]["__key__"] == UNITS[5][0]["__key__"]:
+            raise ValueError("broken unit")
+        return unit
+
+    with pytest.raises(shardkit.InputError, match="broken unit"):
+        shardkit.preprocess(UNITS, bad, s3.url("ds"), piles=4, quiet=True)
+    assert _objects(s3, "ds") == {}
+
+
+def test_an_upload_that_keeps_failing_fails_the_job_cleanly(s3, faulty_s3, monkeypatch):
+    monkeypatch.setattr(storage.retry, "DEFAULT", storage.retry.Retry(attempts=2, base=0.01, cap=0.02))
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    faulty_s3.only = {"PUT", "POST"}
+    faulty_s3.error_fraction = 1.0
+    with pytest.raises(StorageError, match=r"s3://.*: cannot (write|upload)"):
+        shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=4, quiet=True)
+    faulty_s3.error_fraction = 0.0
+    assert "shardkit.json" not in _objects(s3, "ds")
+    # the next job clears what this one left and writes the whole dataset
+    m = shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=4, quiet=True)
+    assert set(_objects(s3, "ds")) == {p.name for p in m.piles} | {"shardkit.json"}
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+def _epoch(url: str, **kwargs) -> list[dict]:
+    return list(shardkit.loader(url, decode=False, **kwargs))
+
+
+def _upload_dataset(s3, local: str, prefix: str) -> str:
+    fs = s3.client()
+    for name, data in _local_files(local).items():
+        fs.pipe_file(s3.path(f"{prefix}/{name}"), data)
+    return s3.url(prefix)
+
+
+@pytest.mark.parametrize("kwargs", [{"seed": 5}, {"seed": 5, "batch_size": 32}, {"shuffle": False}, {"seed": 1, "mix": 2}])
+def test_an_epoch_over_s3_is_the_local_epoch(s3, local_dataset, kwargs):
+    url = _upload_dataset(s3, local_dataset, "ds")
+    assert _epoch(url, **kwargs) == _epoch(local_dataset, **kwargs)
+    assert _epoch(url, remote_concurrency=1, **kwargs) == _epoch(local_dataset, **kwargs)
+
+
+def test_a_pile_is_read_in_concurrent_ranges(s3, faulty_s3, tmp_path):
+    out = str(tmp_path / "big")
+    shardkit.preprocess([make_samples(100, size=100_000)], _identity, out, piles=1, quiet=True)  # one 10 MB pile
+    url = _upload_dataset(s3, out, "big")
+    requests = []
+    for concurrency in (1, 4):
+        before = faulty_s3.counts()["requests"]
+        assert len(_epoch(url, remote_concurrency=concurrency)) == 100
+        requests.append(faulty_s3.counts()["requests"] - before)
+    # the pile in 2 ranges instead of 1 (a range is at least 4 MiB)
+    assert requests[1] - requests[0] == 1
+
+
+def test_resume_over_s3(s3, local_dataset):
+    url = _upload_dataset(s3, local_dataset, "ds")
+    first = shardkit.loader(url, decode=False, batch_size=16, seed=2)
+    it = iter(first)
+    head = [next(it) for _ in range(7)]
+    state = first.state_dict()
+    second = shardkit.loader(url, decode=False, batch_size=16, seed=2)
+    second.load_state_dict(state)
+    rest = list(second)
+    assert head + rest == list(shardkit.loader(local_dataset, decode=False, batch_size=16, seed=2))
+
+
+def test_verify_finds_a_flipped_byte_in_s3(s3, local_dataset):
+    url = _upload_dataset(s3, local_dataset, "ds")
+    assert shardkit.verify(url, quiet=True) == []
+    fs = s3.client()
+    name = shardkit.manifest.read(local_dataset).piles[2].name
+    data = bytearray(fs.cat_file(s3.path(f"ds/{name}")))
+    data[700] ^= 0x20
+    fs.pipe_file(s3.path(f"ds/{name}"), bytes(data))
+    problems = shardkit.verify(url, quiet=True)
+    assert [(p.name, p.kind) for p in problems][:1] == [(name, "checksum")]
+    with pytest.raises(CorruptShardError, match=rf"s3://.*/{name}: checksum is .* the manifest says .* \(read 3 times\)"):
+        _epoch(url)
+
+
+def test_missing_and_denied_piles_name_the_url_and_can_be_skipped(s3, local_dataset, caplog):
+    url = _upload_dataset(s3, local_dataset, "ds")
+    piles = shardkit.manifest.read(local_dataset).piles
+    s3.client().rm_file(s3.path(f"ds/{piles[1].name}"))
+    with pytest.raises(DatasetNotFoundError, match=rf"s3://.*/ds/{piles[1].name}: no such file"):
+        _epoch(url)
+    with caplog.at_level(logging.WARNING):
+        got = _epoch(url, on_error="skip")
+    assert len(got) == sum(p.samples for p in piles) - piles[1].samples
+    # wrong credentials: the error names the URL and never the secret
+    options = {"key": "nobody", "secret": "hunter2-very-secret", "client_kwargs": {"endpoint_url": s3.endpoint}}
+    os.environ.pop("AWS_ACCESS_KEY_ID", None)
+    with pytest.raises(ShardkitError) as info:
+        _epoch(s3.url("ds"), storage_options=options)
+    assert "hunter2" not in str(info.value) and s3.url("ds") in str(info.value)
+    assert "hunter2" not in repr(shardkit.LoaderOptions(storage_options=options))
+    assert "hunter2" not in caplog.text
+
+
+def test_storage_options_reach_the_client(s3, local_dataset, monkeypatch):
+    url = _upload_dataset(s3, local_dataset, "ds")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    options = {"endpoint_url": s3.endpoint}
+    assert _epoch(url, seed=5, storage_options=options) == _epoch(local_dataset, seed=5)
+    from shardkit.cli.main import main
+
+    assert main(["--storage-option", f"endpoint_url={s3.endpoint}", "verify", url, "-q"]) == 0
+    m = json.loads(s3.client().cat_file(s3.path("ds/shardkit.json")))
+    assert s3.endpoint not in json.dumps(m)
+
+
+# --- the cache ----------------------------------------------------------------------------------
+
+
+def test_the_second_epoch_comes_from_the_cache(s3, faulty_s3, local_dataset, tmp_path):
+    url = _upload_dataset(s3, local_dataset, "ds")
+    cache = str(tmp_path / "cache")
+    loader = shardkit.loader(url, decode=False, seed=4, cache_dir=cache)
+    first = list(loader)
+    before = faulty_s3.counts()["requests"]
+    second = list(loader)
+    assert faulty_s3.counts()["requests"] == before  # no request at all
+    local = shardkit.loader(local_dataset, decode=False, seed=4)
+    assert first == list(local) and second == list(local)  # epochs 0 and 1
+    # a copy damaged on disk is dropped and fetched again
+    copy = next(os.path.join(cache, "shardkit-piles", n) for n in os.listdir(os.path.join(cache, "shardkit-piles")) if n.endswith(".tar"))
+    os.chmod(copy, 0o644)
+    with open(copy, "r+b") as f:
+        f.seek(600)
+        f.write(b"\xff")
+    assert _epoch(url, seed=4, cache_dir=cache) == first
+
+
+def test_a_cache_smaller_than_a_pile_reads_through_it(s3, local_dataset, tmp_path, caplog):
+    url = _upload_dataset(s3, local_dataset, "ds")
+    with caplog.at_level(logging.WARNING):
+        got = _epoch(url, seed=4, cache_dir=str(tmp_path / "c"), cache_limit=1000)
+    assert got == _epoch(local_dataset, seed=4)
+    assert "larger than the whole cache (cache_limit=1000 B)" in caplog.text
+
+
+def test_eviction_keeps_the_cache_under_its_limit(s3, local_dataset, tmp_path):
+    url = _upload_dataset(s3, local_dataset, "ds")
+    sizes = [p.bytes for p in shardkit.manifest.read(local_dataset).piles]
+    limit = 2 * max(sizes) + 1
+    cache = tmp_path / "c"
+    for seed in range(3):
+        assert _epoch(url, seed=seed, cache_dir=str(cache), cache_limit=limit) == _epoch(local_dataset, seed=seed)
+        held = sum(f.stat().st_size for f in (cache / "shardkit-piles").glob("*.tar"))
+        assert 0 < held <= limit
+
+
+def _read_with_cache(url: str, cache: str, endpoint: str, queue) -> None:
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    keys = [s["__key__"] for s in shardkit.loader(url, decode=False, seed=1, cache_dir=cache)]
+    queue.put(keys)
+
+
+def test_two_processes_share_one_cache(s3, faulty_s3, local_dataset, tmp_path):
+    url = _upload_dataset(s3, local_dataset, "ds")
+    cache = str(tmp_path / "shared")
+    before = faulty_s3.counts()["requests"]
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_read_with_cache, args=(url, cache, faulty_s3.endpoint, queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert results[0] == results[1] == [s["__key__"] for s in _epoch(local_dataset, seed=1)]
+    piles = len(shardkit.manifest.read(local_dataset).piles)
+    gets = faulty_s3.counts()["requests"] - before
+    # each process reads the manifest (s3fs asks its size, then gets it); each pile is downloaded
+    # once, by one of them (small piles: one range each)
+    assert gets == 2 * 2 + piles
+
+
+# --- faults -------------------------------------------------------------------------------------
+
+
+def test_an_epoch_through_resets_and_503s_is_exact(s3, faulty_s3, local_dataset):
+    url = _upload_dataset(s3, local_dataset, "ds")
+    faulty_s3.only = {"GET", "HEAD"}
+    faulty_s3.reset_fraction = 0.2
+    faulty_s3.error_fraction = 0.2
+    for kwargs in ({"seed": 5}, {"seed": 2, "batch_size": 16}, {"shuffle": False}):
+        assert _epoch(url, **kwargs) == _epoch(local_dataset, **kwargs)
+    counts = faulty_s3.counts()
+    assert counts["resets"] > 0 and counts["errors"] > 0
+
+
+def test_pass1_through_faults_is_exact_or_fails_cleanly(s3, faulty_s3, local_dataset):
+    faulty_s3.reset_fraction = 0.1
+    faulty_s3.error_fraction = 0.1
+    try:
+        shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=6, seed=3, workers=2, quiet=True)
+    except ShardkitError as e:
+        assert "s3://" in str(e)
+        assert "shardkit.json" not in _objects(s3, "ds")
+    else:
+        assert _objects(s3, "ds") == _local_files(local_dataset)
+    assert faulty_s3.counts()["resets"] + faulty_s3.counts()["errors"] > 0
+
+
+def test_an_overwrite_killed_mid_upload_leaves_the_old_dataset(s3, faulty_s3, tmp_path):
+    old = shardkit.preprocess(UNITS[:4], _identity, s3.url("ds"), piles=3, quiet=True)
+    faulty_s3.latency = 0.2  # slow enough to be killed while uploading
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import shardkit, sys\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "from conftest import make_samples\n"
+        "s = make_samples(600, size=3000)\n"
+        f"shardkit.preprocess([s[i:i+50] for i in range(0, 600, 50)], lambda u: u, {s3.url('ds')!r}, piles=12, overwrite=True, quiet=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(n.startswith("pile-") and ".v" in n for n in _objects(s3, "ds")):
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    faulty_s3.latency = 0.0
+    # the old dataset is whole; what the dead job uploaded is listed as beside it
+    assert shardkit.manifest.read(s3.url("ds")) == old
+    assert len(_epoch(s3.url("ds"))) == old.samples
+    problems = shardkit.verify(s3.url("ds"), quiet=True)
+    assert problems and all(p.warning for p in problems)
+    assert {p.kind for p in problems} == {"extra", "leftover"}
+    # the next job finds the dead one's journal and removes its objects before writing
+    m = shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=4, overwrite=True, quiet=True)
+    assert set(_objects(s3, "ds")) == {p.name for p in m.piles} | {"shardkit.json"}
+    assert shardkit.verify(s3.url("ds"), quiet=True) == []
