@@ -45,3 +45,81 @@ def dataset(tmp_path, samples) -> str:
         for s in samples:
             w.write(s)
     return out
+
+
+# --- S3 on loopback: moto, and a proxy that injects faults (see s3_server.py) ----------------------
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """A moto S3 server on a free 127.0.0.1 port, shared by the session; skipped without moto or s3fs."""
+    try:
+        import moto.server  # noqa: F401
+        import s3fs  # noqa: F401
+    except ImportError:
+        pytest.skip("needs moto[server] and s3fs: pip install 'shardkit[remote]'")
+    from s3_server import start_moto
+
+    server = start_moto()
+    yield server
+    server.stop()
+
+
+def _aim_aws_at(mp: pytest.MonkeyPatch, endpoint: str) -> None:
+    """Point every S3 client built from now on at ``endpoint``, with test credentials and no user config."""
+    import fsspec.config
+    import s3fs
+    from s3_server import aws_environment
+
+    for name, value in aws_environment(endpoint).items():
+        if value is None:
+            mp.delenv(name, raising=False)
+        else:
+            mp.setenv(name, value)
+    mp.delitem(fsspec.config.conf, "s3", raising=False)
+    # fsspec hands back a cached filesystem for equal arguments; one made under another endpoint must go
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def s3(moto_server, monkeypatch):
+    """A fresh bucket on the moto server, and an environment in which ``s3://`` URLs reach it.
+
+    s3fs is given no options; the variables of ``s3_server.aws_environment`` do it: botocore takes
+    the endpoint from ``AWS_ENDPOINT_URL`` (it has since 1.31), the keys from ``AWS_ACCESS_KEY_ID``/
+    ``AWS_SECRET_ACCESS_KEY`` and the region from ``AWS_DEFAULT_REGION``. ``AWS_CONFIG_FILE`` and
+    ``AWS_SHARED_CREDENTIALS_FILE`` point at ``os.devnull`` so no profile of the machine's user gets
+    in. ``AWS_RETRY_MODE=standard`` and ``AWS_MAX_ATTEMPTS=3`` make botocore's retries the same
+    whichever botocore is installed. ``fsspec.config.conf["s3"]`` is emptied, and cached s3fs
+    filesystems are dropped before and after, so each test meets its own environment.
+
+    Returns an ``S3Bucket``: ``.endpoint`` (moto's), ``.bucket``, ``.url(path)`` (``s3://bucket/path``),
+    ``.path(path)`` (``bucket/path``) and ``.client()``, an ``s3fs.S3FileSystem`` on moto directly,
+    which bypasses a ``faulty_s3`` proxy (handy to set up and check data).
+    """
+    from s3_server import S3Bucket
+
+    _aim_aws_at(monkeypatch, moto_server.endpoint)
+    yield S3Bucket.create(moto_server.endpoint)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    moto_server.reset()  # every bucket and object goes; the next test makes its own
+
+
+@pytest.fixture
+def faulty_s3(s3, monkeypatch):
+    """An ``S3Proxy`` in front of moto, with ``AWS_ENDPOINT_URL`` aimed at it; faults start off.
+
+    Use with ``s3`` for the bucket: ``s3.url(...)`` through the environment goes via the proxy,
+    ``s3.client()`` goes to moto directly. Set ``reset_fraction``, ``error_fraction``, ``only``,
+    ``latency``, ``bandwidth`` on the returned proxy, and read its counters.
+    """
+    from s3_server import S3Proxy
+
+    with S3Proxy(s3.endpoint) as proxy:
+        _aim_aws_at(monkeypatch, proxy.endpoint)
+        yield proxy
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
