@@ -70,7 +70,9 @@ def test_every_writer_takes_an_s3_url(s3, local_dataset, tmp_path):
     shards = [os.path.join(local_dataset, p.name) for p in shardkit.manifest.read(local_dataset).piles]
     shardkit.pile(shards, s3.url("piled"), piles=4, quiet=True)
     # pile reads remote shards too, and shuffle and repile read and write S3
-    shardkit.pile([storage.join(s3.url("piled"), p.name) for p in shardkit.manifest.read(s3.url("piled")).piles], s3.url("again"), piles=3, quiet=True)
+    shardkit.pile(
+        [storage.join(s3.url("piled"), p.name) for p in shardkit.manifest.read(s3.url("piled")).piles], s3.url("again"), piles=3, quiet=True
+    )
     shardkit.repile(s3.url("piled"), s3.url("repiled"), quiet=True)
     shardkit.shuffle(s3.url("piled") + "/pile-*.tar", s3.url("shuffled"), maxcount=100, quiet=True)
     for name in ("piled", "again", "repiled", "shuffled"):
