@@ -483,7 +483,7 @@ API: dict[str, Api] = {
     "remote-loader-unreachable": Api(
         lambda c: L("s3://bucket/shards-{000..003}.tar"),
         StorageError,
-        "cannot look it up: cannot reach the storage endpoint",
+        "s3://bucket/shards-000.tar: cannot read its size: cannot reach the storage endpoint",
         failing_store(lambda: EndpointConnectionError("Could not connect to the endpoint URL")),
     ),
     "remote-gs-no-credentials": Api(

@@ -135,7 +135,7 @@ def _manifest(root: str) -> manifest.Manifest | None:
     asked once (a read that may find nothing), not twice (does it exist? then the read)."""
     if not storage.is_remote(root):
         return manifest.read(root) if manifest.is_dataset(root) else None
-    if glob.has_magic(root):
+    if glob.has_magic(root) or storage.brace_expand(root) != [root]:  # a pattern of shards
         return None
     try:
         return manifest.read(root)
