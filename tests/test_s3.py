@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -310,8 +311,13 @@ def test_pass1_through_faults_is_exact_or_fails_cleanly(s3, faulty_s3, local_dat
     assert faulty_s3.counts()["resets"] + faulty_s3.counts()["errors"] > 0
 
 
-def test_an_overwrite_killed_mid_upload_leaves_the_old_dataset(s3, faulty_s3, tmp_path):
+def test_an_overwrite_killed_mid_upload_leaves_the_old_dataset(s3, faulty_s3, tmp_path, monkeypatch):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where local staging goes
     old = shardkit.preprocess(UNITS[:4], _identity, s3.url("ds"), piles=3, quiet=True)
+    assert os.listdir(temp) == []  # a job that ends removes its staging
     faulty_s3.latency = 0.2  # slow enough to be killed while uploading
     script = tmp_path / "job.py"
     script.write_text(
@@ -330,13 +336,16 @@ def test_an_overwrite_killed_mid_upload_leaves_the_old_dataset(s3, faulty_s3, tm
         proc.kill()
         proc.wait()
     faulty_s3.latency = 0.0
+    assert [n for n in os.listdir(temp) if n.startswith(".shardkit-staging-")]  # the dead job's
     # the old dataset is whole; what the dead job uploaded is listed as beside it
     assert shardkit.manifest.read(s3.url("ds")) == old
     assert len(_epoch(s3.url("ds"))) == old.samples
     problems = shardkit.verify(s3.url("ds"), quiet=True)
     assert problems and all(p.warning for p in problems)
     assert {p.kind for p in problems} == {"extra", "leftover"}
-    # the next job finds the dead one's journal and removes its objects before writing
+    # the next job finds the dead one's journal and removes its objects before writing, and
+    # removes its local staging (its lock is free)
     m = shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=4, overwrite=True, quiet=True)
     assert set(_objects(s3, "ds")) == {p.name for p in m.piles} | {"shardkit.json"}
     assert shardkit.verify(s3.url("ds"), quiet=True) == []
+    assert os.listdir(temp) == []

@@ -47,6 +47,8 @@ from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundErro
 log = logging.getLogger(__name__)
 
 LOCK = ".shardkit-lock"
+# held inside the local staging directory of a remote output's job while it lives
+STAGING_LOCK = ".shardkit-staging.lock"
 STAGING_PREFIX = ".shardkit-staging-"
 JOURNAL = ".shardkit-install-{token}.json"
 # what a job leaves behind when it dies: staging and temporary directories, journals, half-written files
@@ -68,6 +70,8 @@ class Output:
     manifest_seen: bytes | None
     lock_fd: int = -1
     released: bool = field(default=False)
+    # locks held on local staging directories of a remote output (see staging())
+    staging_locks: list[int] = field(default_factory=list)
 
     @property
     def remote(self) -> bool:
@@ -75,10 +79,17 @@ class Output:
         return storage.is_remote(self.path)
 
     def staging(self, prefix: str = STAGING_PREFIX) -> str:
-        """A fresh staging directory's path (not created): inside a local output, so its files are
-        renamed into place; in the system's temporary directory for a remote one."""
+        """A fresh staging directory's path: inside a local output (not created), so its files are
+        renamed into place. For a remote one it is in the system's temporary directory, created
+        and locked while this job lives, so a later job removes it if this one is killed."""
         name = f"{prefix}{uuid.uuid4().hex}"
-        return os.path.join(tempfile.gettempdir() if self.remote else self.path, name)
+        if not self.remote:
+            return os.path.join(self.path, name)
+        path = os.path.join(tempfile.gettempdir(), name)
+        with storage.guard(path, "create the staging directory"):
+            os.makedirs(path)
+            self.staging_locks.append(_hold(os.path.join(path, STAGING_LOCK)))
+        return path
 
     def check_unchanged(self) -> None:
         """Refuse to publish over a dataset that appeared or changed since the job began.
@@ -107,6 +118,8 @@ class Output:
         if self.released:
             return
         self.released = True
+        for fd in self.staging_locks:
+            os.close(fd)
         if self.lock_fd >= 0:
             # unlinked while still held: a job that opened the old file sees it is not the lock any more
             with contextlib.suppress(OSError):
@@ -148,11 +161,49 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
 
 def _claim_remote(out: str, overwrite: bool, files: re.Pattern[str]) -> Output:
     """:func:`claim` for an object-store output: no lock (see the module's docstring)."""
+    _clear_dead_staging(tempfile.gettempdir())
     output = Output(out, uuid.uuid4().hex, None)
     _undo_installs(out)
     _check_empty(out, overwrite, files)
     output.manifest_seen = _manifest_bytes(out)
     return output
+
+
+def _hold(path: str) -> int:
+    """Create ``path`` and hold an exclusive lock on it; returns the file descriptor."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | storage.O_BINARY, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: nobody else can hold it
+    return fd
+
+
+def _clear_dead_staging(temp: str) -> None:
+    """Remove the local staging directories of remote jobs that died: their lock is free.
+
+    A directory without a lock file is left alone: its job may be between creating it and
+    locking it."""
+    import fcntl
+
+    try:
+        names = [n for n in os.listdir(temp) if LEFTOVERS.fullmatch(n) and not n.endswith(".json")]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(temp, name)
+        try:
+            fd = os.open(os.path.join(path, STAGING_LOCK), os.O_RDWR | storage.O_BINARY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live job's
+        else:
+            log.info("%s: removing %s, left by a job that did not finish", temp, name)
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def _check_empty(out: str, overwrite: bool, files: re.Pattern[str]) -> None:
