@@ -22,9 +22,10 @@ from shardkit.errors import ConfigError
 from shardkit.storage import retry
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
-# the smallest range worth a request of its own: below it, latency costs more than it saves
-MIN_RANGE = 4 << 20
-# ranged requests in flight for one object unless told otherwise (see BENCHMARKS.md, remote reads)
+# the smallest range worth a request of its own: at S3's tens of ms to the first byte and tens of
+# MB/s a connection, 1 MiB spends about half its time waiting, larger ranges less
+MIN_RANGE = 1 << 20
+# ranged requests in flight for one object unless told otherwise (see BENCHMARKS.md, Object storage (S3))
 DEFAULT_CONCURRENCY = 8
 # what put_file sends a request at once: the memory an upload holds
 UPLOAD_CHUNK = 16 << 20
