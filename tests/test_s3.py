@@ -349,3 +349,21 @@ def test_an_overwrite_killed_mid_upload_leaves_the_old_dataset(s3, faulty_s3, tm
     assert set(_objects(s3, "ds")) == {p.name for p in m.piles} | {"shardkit.json"}
     assert shardkit.verify(s3.url("ds"), quiet=True) == []
     assert os.listdir(temp) == []
+
+
+def test_dataloader_workers_read_s3_through_one_cache(s3, faulty_s3, local_dataset, tmp_path):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'shardkit[torch]')")
+    from shardkit.torch import ShardkitDataset
+
+    url = _upload_dataset(s3, local_dataset, "ds")
+    cache = str(tmp_path / "cache")
+    keys = []
+    for _ in range(2):  # the second pass reads every pile from the cache the workers filled
+        ds = ShardkitDataset(url, batch_size=8, decode=False, drop_last=False, world_size=1, rank=0, cache_dir=cache)
+        before = faulty_s3.counts()["requests"]
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+        keys.append(sorted(k for batch in dl for k in batch["__key__"]))
+    assert keys[0] == keys[1] == sorted(s["__key__"] for s in SAMPLES)
+    piles = len(shardkit.manifest.read(local_dataset).piles)
+    assert faulty_s3.counts()["requests"] - before <= 3 * 2  # the manifest only, once per process: no pile
+    assert len(os.listdir(os.path.join(cache, "shardkit-piles"))) >= piles
