@@ -367,3 +367,12 @@ def test_dataloader_workers_read_s3_through_one_cache(s3, faulty_s3, local_datas
     piles = len(shardkit.manifest.read(local_dataset).piles)
     assert faulty_s3.counts()["requests"] - before <= 3 * 2  # the manifest only, once per process: no pile
     assert len(os.listdir(os.path.join(cache, "shardkit-piles"))) >= piles
+
+
+@pytest.mark.parametrize("mp_context", ["fork", "spawn"])
+def test_worker_processes_read_remote_input_shards(s3, local_dataset, mp_context):
+    url = _upload_dataset(s3, local_dataset, "src")
+    shards = [storage.join(url, p.name) for p in shardkit.manifest.read(local_dataset).piles]
+    m = shardkit.pile(shards, s3.url("out"), piles=3, workers=2, mp_context=mp_context, quiet=True)
+    one = shardkit.pile(shards, s3.url("one"), piles=3, workers=1, quiet=True)
+    assert m == one and _objects(s3, "out") == _objects(s3, "one")
