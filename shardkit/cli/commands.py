@@ -255,6 +255,49 @@ def _register_demo(sub: Any) -> None:
     p.set_defaults(handler=_run_demo)
 
 
+# --- trace: which samples a step read ---------------------------------------------------------
+
+# the loader options that decide the order a step reads
+TRACE_FLAGS = ("batch_size", "seed", "world_size", "mix", "shuffle", "drop_last")
+
+
+@command
+def _register_trace(sub: Any) -> None:
+    parser = sub.add_parser(
+        "trace",
+        help="print the keys of the samples one step of an epoch reads on every rank",
+        description=(
+            "Compute from the epoch plan which samples global step K reads on every rank (rank r's\n"
+            "batch, in order), for a loss spike, an audit, or data to remove. Give the options the\n"
+            "training run used; only the piles holding those samples are read, for their keys."
+        ),
+        epilog="example:\n  shardkit trace data/train --step 4711 --epoch 2 --batch-size 256 --world-size 8 --seed 0",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("source", metavar="SOURCE", help="a shardkit dataset directory or URL")
+    parser.add_argument("--step", type=int, required=True, metavar="K", help="the step (batch number within the epoch, from 0)")
+    parser.add_argument("--epoch", type=int, default=0, metavar="E", help="the epoch (default 0)")
+    add_option_flags(parser, LoaderOptions, TRACE_FLAGS, overrides={"world_size": {"default": 1, "help": "ranks of the run (default 1)"}})
+    parser.add_argument("--json", action="store_true", help="print {rank: [keys]} as JSON")
+    _verbose_flag(parser)
+    parser.set_defaults(handler=_trace)
+
+
+def _trace(args: argparse.Namespace) -> int:
+    import json
+
+    from shardkit.loading.loader import Loader
+
+    options = LoaderOptions(decode=False, rank=0, **option_values(args, TRACE_FLAGS))
+    keys = Loader(args.source, options).keys(args.step, epoch=args.epoch)
+    if args.json:
+        print(json.dumps({str(rank): k for rank, k in enumerate(keys)}, indent=1))
+    else:
+        for rank, k in enumerate(keys):
+            print(f"rank {rank}: {' '.join(k)}")
+    return 0
+
+
 # --- quality and repile: measure the shuffle, fresh pile membership ---------------------------
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from shardkit import storage
 from shardkit._util import check_int
 from shardkit.codecs import Codecs
-from shardkit.errors import Failure, ShardkitError
+from shardkit.errors import ConfigError, Failure, ShardkitError
 from shardkit.loading import plan
 from shardkit.loading.batch import Result, ShardBlock, Step, cut_tasks
 from shardkit.loading.decode import Transform
@@ -99,6 +99,44 @@ class Loader:
         o = self.options
         order = plan.EpochOrder(self.source.counts, seed=o.seed, epoch=epoch, shuffle=o.shuffle, mix=o.mix)
         return plan.Schedule(order, *self._span())
+
+    def keys(self, step: int, *, epoch: int | None = None) -> list[list[str]]:
+        """The keys of the samples global step ``step`` reads on every rank: ``keys[rank]`` is
+        that rank's batch (its sample, unbatched), in order. The ledger of a run.
+
+        Computed from the epoch plan, which depends only on (seed, epoch, piles, options): no
+        training run is needed, and only the piles holding those samples are read, for their
+        keys. ``epoch`` defaults to the one the loader reads next. It is the plan's order: a
+        sample skipped under ``on_error`` is listed, and inside ``shardkit.torch`` DataLoader
+        workers, whose batches interleave, the step is the loader's, not the DataLoader's.
+
+            loader = shardkit.loader("data/", batch_size=256, world_size=8, rank=0)
+            loader.keys(4711, epoch=2)[3]      # the keys rank 3 read at step 4711 of epoch 2
+
+        Raises:
+            ConfigError: ``step`` or ``epoch`` is not an integer >= 0, or the step is past the
+                end of the epoch.
+        """
+        check_int("step", step, low=0)
+        check_int("epoch", epoch, low=0, none=True)
+        o = self.options
+        assert o.world_size is not None
+        order = plan.EpochOrder(
+            self.source.counts, seed=o.seed, epoch=self._epoch if epoch is None else epoch, shuffle=o.shuffle, mix=o.mix
+        )
+        per = o.batch_size or 1
+        if step >= len(self):
+            raise ConfigError(f"step: {step} is past the end of the epoch ({len(self)} steps a rank)")
+        names: dict[int, list[str]] = {}
+        found = []
+        for rank in range(o.world_size):
+            span = plan.rank_span(self.source.samples, world=o.world_size, rank=rank, drop_last=o.drop_last, batch_size=o.batch_size)
+            schedule = plan.Schedule(order, *span)
+            piles, index = schedule.take(step * per, min((step + 1) * per, len(schedule)))
+            for pile in set(piles.tolist()) - names.keys():
+                names[pile] = self.source.open(pile, self.source.fetch(pile, reads=self._reads)).keys
+            found.append([names[p][i] for p, i in zip(piles.tolist(), index.tolist(), strict=True)])
+        return found
 
     @property
     def samples_per_epoch(self) -> int:

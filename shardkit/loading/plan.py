@@ -387,3 +387,14 @@ class Schedule:
             a = max(glo, glo + start - off)
             for pos, piles, index in self.order.blocks(a, ghi):
                 yield Block(pos - glo + off, piles, index)
+
+    def take(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Piles and in-pile indices of slice positions ``start .. stop - 1`` (materialized)."""
+        piles, index = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        for off, glo, ghi in self.pieces:
+            a, b = max(glo, glo + start - off), min(ghi, glo + stop - off)
+            if a < b:
+                p, i = self.order.take(a, b)
+                piles.append(p)
+                index.append(i)
+        return np.concatenate(piles), np.concatenate(index)

@@ -1,0 +1,58 @@
+"""The ledger: the keys a step reads on every rank, from the plan, equal to what the loaders yield."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import make_samples
+
+import shardkit
+from shardkit.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def piles(tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("trace") / "ds")
+    samples = make_samples(1000)
+    shardkit.preprocess([samples[i : i + 100] for i in range(0, 1000, 100)], lambda u: u, out, piles=7, quiet=True)
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"batch_size": 16, "world_size": 3, "drop_last": False, "seed": 2, "mix": 2},
+        {"batch_size": 16, "world_size": 3, "drop_last": True, "seed": 2},
+        {"batch_size": None, "world_size": 2, "seed": 1},
+        {"batch_size": 10, "world_size": 1, "shuffle": False},
+        {"batch_size": 64, "world_size": 4, "drop_last": False, "seed": 9},  # the padding wraps round
+    ],
+)
+def test_the_ledger_is_what_every_rank_read(piles, options):
+    world = options["world_size"]
+    loaders = [shardkit.loader(piles, decode=False, rank=r, **options) for r in range(world)]
+    for epoch in range(2):
+        read = [list(loader) for loader in loaders]
+        for step in range(len(loaders[0])):
+            expected = [list(r[step]["__key__"]) if options["batch_size"] else [r[step]["__key__"]] for r in read]
+            assert loaders[0].keys(step, epoch=epoch) == expected
+
+
+def test_trace_prints_each_rank(piles, capsys):
+    loader = shardkit.loader(piles, decode=False, batch_size=8, world_size=2, seed=3)
+    expected = loader.keys(5, epoch=1)
+    assert main(["trace", piles, "--step", "5", "--epoch", "1", "--batch-size", "8", "--world-size", "2", "--seed", "3"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"rank {r}: {' '.join(k)}" for r, k in enumerate(expected)]
+    assert main(["trace", piles, "--step", "5", "--epoch", "1", "--batch-size", "8", "--world-size", "2", "--seed", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {str(r): k for r, k in enumerate(expected)}
+
+
+def test_a_step_past_the_epoch_is_refused(piles, capsys):
+    loader = shardkit.loader(piles, decode=False, batch_size=100)
+    with pytest.raises(shardkit.ConfigError, match=r"step: 10 is past the end of the epoch \(10 steps a rank\)"):
+        loader.keys(10)
+    with pytest.raises(shardkit.ConfigError, match="step"):
+        loader.keys(-1)
+    assert main(["trace", piles, "--step", "10", "--batch-size", "100"]) == 1
+    assert "past the end of the epoch" in capsys.readouterr().err
