@@ -21,7 +21,7 @@ from shardkit.piles.options import PileOptions
 T = TypeVar("T")
 
 # the PileOptions fields every preprocessing script takes as flags, in --help order
-PILE_FLAGS = ("piles", "workers", "seed", "max_pile_bytes", "overwrite", "on_error")
+PILE_FLAGS = ("piles", "workers", "seed", "max_pile_bytes", "overwrite", "on_error", "executor", "ray_address")
 
 
 def add_option_flags(
