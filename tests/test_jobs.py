@@ -203,3 +203,14 @@ def test_skip_policy_counts_failing_units(job_dir):
     (job_dir / "data" / "b.jsonl").write_text("not json\n")
     m = run_job(load_job(_write(job_dir, VALID + "on_error: skip\n")), quiet=True)
     assert (m.samples, m.skipped_units) == (2, 1)
+
+
+def test_the_executor_is_a_mapping_or_flat_keys(job_dir):
+    nested = load_job(_write(job_dir, VALID + "executor: {kind: ray, address: auto}\n"))
+    flat = load_job(_write(job_dir, VALID + "executor: ray\nray_address: auto\n"))
+    assert nested.options == flat.options == shardkit.PileOptions(piles=4, executor="ray", ray_address="auto")
+    assert load_job(_write(job_dir, VALID + "executor: {kind: ray}\n")).options.ray_address is None
+    assert _error(job_dir, VALID + "executor: {kind: spark}\n") == "executor.kind: expected one of local, ray, got 'spark'"
+    assert _error(job_dir, VALID + "executor: {kind: ray, host: a}\n").startswith("executor.host: unknown field")
+    assert "give the address once" in _error(job_dir, VALID + "executor: {kind: ray, address: auto}\nray_address: auto\n")
+    assert _error(job_dir, VALID + "executor: local\nray_address: auto\n").startswith("ray_address: only used with executor='ray'")
