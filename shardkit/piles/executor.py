@@ -7,9 +7,10 @@ The result does not depend on the executor or its number of workers: each unit's
 routed by ``(seed, unit, ordinal)`` and publishing orders every pile's bytes by unit.
 
 Every executor is an :class:`Executor`: ``run(job, units, staging, *, buffer_size, tally)``;
-:func:`shardkit.piles.preprocess` picks the one a job's options name. The local executor runs the units in this process (``workers=1``) or hands them out in small
-chunks to a :class:`shardkit.workers.Pool`, two chunks in flight per worker, so fast workers take
-more and the parent always knows which units a worker holds.
+:func:`shardkit.piles.preprocess` picks the one a job's options name. The local executor runs
+the units in this process (``workers=1``) or hands them out in small chunks to a
+:class:`shardkit.workers.Pool`, two chunks in flight per worker, so fast workers take more and
+the parent always knows which units a worker holds.
 
     tally = Tally(len(units), quiet=True)
     parts = run_local(job, units, staging, buffer_size=64 << 20, workers=4, tally=tally)
