@@ -80,11 +80,11 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         (VALID + "on_error: ignore\n", "on_error: expected one of raise, skip, got 'ignore'"),
         (
             VALID + "colour: blue\n",
-            "colour: unknown field (expected one of: args, fn, inputs, job, on_error, output, samples, storage_options, transform, workers)",
+            "colour: unknown field (expected one of: args, executor, fn, inputs, job, on_error, output, ray_address, samples, storage_options, transform, workers)",
         ),
         (
             VALID + "samples: 3\n",
-            "samples: unknown field (expected one of: job, inputs, transform, fn, args, output, workers, on_error, storage_options)",
+            "samples: unknown field (expected one of: job, inputs, transform, fn, args, output, workers, on_error, executor, ray_address, storage_options)",
         ),
         (VALID.replace("inputs: data/*.jsonl", "inputs: []"), "inputs: expected a path or a non-empty list of paths, got a list"),
         (VALID.replace("inputs: data/*.jsonl", "inputs: [data/a.jsonl, 3]"), "inputs[1]: expected a path, got 3"),
@@ -203,3 +203,14 @@ def test_skip_policy_counts_failing_units(job_dir):
     (job_dir / "data" / "b.jsonl").write_text("not json\n")
     m = run_job(load_job(_write(job_dir, VALID + "on_error: skip\n")), quiet=True)
     assert (m.samples, m.skipped_units) == (2, 1)
+
+
+def test_the_executor_is_a_mapping_or_flat_keys(job_dir):
+    nested = load_job(_write(job_dir, VALID + "executor: {kind: ray, address: auto}\n"))
+    flat = load_job(_write(job_dir, VALID + "executor: ray\nray_address: auto\n"))
+    assert nested.options == flat.options == shardkit.PileOptions(piles=4, executor="ray", ray_address="auto")
+    assert load_job(_write(job_dir, VALID + "executor: {kind: ray}\n")).options.ray_address is None
+    assert _error(job_dir, VALID + "executor: {kind: spark}\n") == "executor.kind: expected one of local, ray, got 'spark'"
+    assert _error(job_dir, VALID + "executor: {kind: ray, host: a}\n").startswith("executor.host: unknown field")
+    assert "give the address once" in _error(job_dir, VALID + "executor: {kind: ray, address: auto}\nray_address: auto\n")
+    assert _error(job_dir, VALID + "executor: local\nray_address: auto\n").startswith("ray_address: only used with executor='ray'")

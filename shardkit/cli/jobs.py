@@ -43,7 +43,7 @@ from shardkit.errors import ConfigError, DatasetNotFoundError
 from shardkit.manifest import Manifest
 from shardkit.options import Spec, specs, yaml_names
 from shardkit.piles import transforms
-from shardkit.piles.options import PileOptions
+from shardkit.piles.options import EXECUTORS, PileOptions
 from shardkit.piles.preprocess import pile, preprocess
 from shardkit.shuffle import ShuffleOptions, shuffle
 
@@ -207,6 +207,8 @@ def parse_job(doc: Any, source: str) -> Job:
     """Validate a loaded YAML document into a job; ``source`` is the file it came from."""
     top = Fields(doc, source=source, path="", allowed=sorted({k for keys in _ALLOWED.values() for k in keys}))
     kind = top.take("job", schema.choice(*JOBS), required=True)
+    if kind in ("preprocess", "pile"):
+        doc = _flat_executor(doc, source)
     top = Fields(doc, source=source, path="", allowed=_ALLOWED[kind])
     base = os.path.dirname(os.path.abspath(source))
     if kind == "demo":
@@ -217,6 +219,17 @@ def parse_job(doc: Any, source: str) -> Job:
     if kind == "shuffle":
         return _shuffle_job(top, inputs, base)
     return _piling_job(top, kind, inputs, base)
+
+
+def _flat_executor(doc: dict[str, Any], source: str) -> dict[str, Any]:
+    """``executor: {kind: ray, address: auto}`` as the flat keys ``executor: ray``, ``ray_address: auto``."""
+    if not isinstance(doc.get("executor"), dict):
+        return doc
+    nested = Fields(doc["executor"], source=source, path="executor", allowed=("kind", "address"))
+    if doc.get("ray_address") is not None:
+        raise ConfigError(f"{source}: ray_address: give the address once, as executor.address or as ray_address, not both")
+    kind = nested.take("kind", schema.choice(*EXECUTORS), required=True)
+    return {**doc, "executor": kind, "ray_address": nested.take("address", schema.string)}
 
 
 def _shuffle_job(top: Fields, inputs: tuple[str, ...], base: str) -> ShuffleJob:

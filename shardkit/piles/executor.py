@@ -6,12 +6,17 @@ which bytes), keeping the parent's :class:`Tally` (counts, skipped units, progre
 The result does not depend on the executor or its number of workers: each unit's samples are
 routed by ``(seed, unit, ordinal)`` and publishing orders every pile's bytes by unit.
 
-The local executor runs the units in this process (``workers=1``) or hands them out in small
-chunks to a :class:`shardkit.workers.Pool`, two chunks in flight per worker, so fast workers take
-more and the parent always knows which units a worker holds.
+Every executor is an :class:`Executor`: ``run(job, units, staging, *, buffer_size, tally)``;
+:func:`shardkit.piles.preprocess` picks the one a job's options name. The local executor runs
+the units in this process (``workers=1``) or hands them out in small chunks to a
+:class:`shardkit.workers.Pool`, two chunks in flight per worker, so fast workers take more and
+the parent always knows which units a worker holds.
 
     tally = Tally(len(units), quiet=True)
     parts = run_local(job, units, staging, buffer_size=64 << 20, workers=4, tally=tally)
+
+The Ray executor (``executor="ray"``) is in :mod:`shardkit.piles.ray_executor`, imported only
+when asked for.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import pickle
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from shardkit._util import bar, format_size
 from shardkit.errors import ConfigError, Failure, InputError, WorkerError
@@ -61,6 +66,12 @@ class Tally:
         rate = self.samples / max(time.perf_counter() - self.start, 1e-9)
         self.bar.set_postfix_str(f"{self.samples} samples, {format_size(self.bytes)}, {rate:.0f} samples/s", refresh=False)
         self.bar.update(units)
+
+
+class Executor(Protocol):
+    """Runs ``units`` into part files under ``staging``, keeping ``tally``; one Part per writer."""
+
+    def __call__(self, job: UnitWork, units: Sequence[Any], staging: str, *, buffer_size: int, tally: Tally) -> list[Part]: ...
 
 
 def chunk_size(units: int, workers: int) -> int:
@@ -119,7 +130,8 @@ def _run_pool(
                     if isinstance(reply, Part):
                         parts[k] = reply
                         continue
-                    _done(reply, held[k].popleft(), job, tally)
+                    held[k].popleft()
+                    account(reply, job, tally)
                     _feed(pool, k, chunks, held[k])
         except WorkerError as e:
             raise _died(e, held) from None
@@ -153,7 +165,7 @@ def _send(pool: Pool, k: int, chunk: Chunk) -> None:
         raise
 
 
-def _done(reply: ChunkDone, chunk: Chunk, job: UnitWork, tally: Tally) -> None:
+def account(reply: ChunkDone, job: UnitWork, tally: Tally) -> None:
     """Account for a finished chunk; raise its first failure when the policy is to raise."""
     if reply.failures and job.on_error == "raise":
         failure = reply.failures[0]

@@ -26,6 +26,8 @@ MAX_PILES = 1_000_000
 # read by validation, the CLI and YAML
 ON_ERROR = ("raise", "skip")
 KEY_PREFIX = ("none", "unit")
+# where the input units run: processes of this machine, or tasks of a Ray cluster
+EXECUTORS = ("local", "ray")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,8 +57,12 @@ class PileOptions:
         key_prefix: ``"unit"`` prefixes each key with its input shard's name, for shards whose
             keys restart at ``000000`` (:func:`pile` and what runs on it; :func:`preprocess`
             takes keys from its function and refuses it); ``"none"`` keeps the keys.
+        executor: ``"local"`` runs the units in ``workers`` processes here; ``"ray"`` runs them
+            as Ray tasks (``pip install 'shardkit[ray]'``), the output byte-identical either way.
+        ray_address: the Ray cluster to use with ``executor="ray"``: None starts (or reuses) a
+            Ray on this machine; ``"auto"``, ``"host:port"`` or ``"ray://host:10001"`` connects.
 
-    ``workers``, ``on_error`` and ``key_prefix`` describe a job over input units:
+    ``workers``, ``on_error``, ``key_prefix``, ``executor`` and ``ray_address`` describe a job over input units:
     :class:`PileWriter` writes in the calling process and refuses values other than the defaults.
 
     Example:
@@ -91,6 +97,22 @@ class PileOptions:
             choices=KEY_PREFIX,
         ),
     )
+    executor: str = field(
+        default="local",
+        metadata=meta(
+            help="where input units run: local worker processes, or ray tasks (pip install 'shardkit[ray]'); the output is identical",
+            choices=EXECUTORS,
+            yaml="job",
+        ),
+    )
+    ray_address: str | None = field(
+        default=None,
+        metadata=meta(
+            help="with --executor ray: the cluster to connect to (auto, host:port, ray://host:10001); default: a Ray on this machine",
+            metavar="ADDR",
+            yaml="job",
+        ),
+    )
 
     storage_options: Mapping[str, Any] | None = field(
         default=None,
@@ -105,6 +127,12 @@ class PileOptions:
         check_int("seed", self.seed, low=0)
         check_int("workers", self.workers, low=1)
         check_choices(self)
+        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
+            raise ConfigError(
+                f"ray_address: expected a Ray address ('auto', 'host:port', 'ray://host:10001') or None, got {self.ray_address!r}"
+            )
+        if self.ray_address is not None and self.executor != "ray":
+            raise ConfigError(f"ray_address: only used with executor='ray', got executor={self.executor!r}")
         check_bools(self)
         if self.max_pile_bytes is not None:
             limit = parse_size(self.max_pile_bytes, what="max_pile_bytes")

@@ -17,6 +17,7 @@ staging directory and writes no manifest.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call
 from shardkit.piles.advice import sparse_piles, too_many_piles
-from shardkit.piles.executor import Tally, run_local
+from shardkit.piles.executor import Executor, Tally, run_local
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import Output, claim
 from shardkit.piles.parts import SEGMENT, check_keys
@@ -93,6 +94,8 @@ def preprocess(
     mp_context: str | None = None,
     extra: Mapping[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> Manifest:
     """Run ``fn`` on every input unit and write its samples into M random piles in ``out``.
 
@@ -125,6 +128,10 @@ def preprocess(
             URL (``s3://bucket/prefix``): part files are then staged in the local temporary
             directory (``TMPDIR``; up to the dataset's size, freed pile by pile) and each pile
             is uploaded once, the manifest last.
+        executor, ray_address: where the units run (see :class:`~shardkit.PileOptions`):
+            ``executor="ray"`` runs them as Ray tasks, byte-identical to the local executor.
+            The staging directory (inside ``out``, or ``TMPDIR`` for a remote ``out``) must
+            then be a path every node of the cluster sees.
 
     Sample keys must be unique across all inputs. A key a unit repeats fails that unit (as
     ``fn`` raising would); a key two units share is refused when they land in one pile, found
@@ -151,6 +158,8 @@ def preprocess(
         "workers": workers,
         "on_error": on_error,
         "storage_options": storage_options,
+        "executor": executor,
+        "ray_address": ray_address,
     }
     options = from_call(PileOptions, options, keywords)
     if not callable(fn):
@@ -196,9 +205,8 @@ def _run(
     try:
         tally = Tally(units, quiet=quiet)
         with tally.bar:
-            parts = run_local(
-                job, units, staging, buffer_size=int(options.buffer_size), workers=workers, tally=tally, mp_context=mp_context
-            )
+            run = _executor(options, workers, mp_context)
+            parts = run(job, units, staging, buffer_size=int(options.buffer_size), tally=tally)
         result = _publish(output, staging, parts, options, {**(extra or {}), "units": len(units)}, tally, workers, units)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -206,6 +214,15 @@ def _run(
     if (advice := sparse_piles(result, options.piles, output.path)) is not None:
         log.warning(advice)
     return result
+
+
+def _executor(options: PileOptions, workers: int, mp_context: str | None) -> Executor:
+    """The executor ``options.executor`` names; Ray is imported only when it is asked for."""
+    if options.executor == "ray":
+        from shardkit.piles import ray_executor
+
+        return functools.partial(ray_executor.run_ray, address=options.ray_address)
+    return functools.partial(run_local, workers=workers, mp_context=mp_context)
 
 
 def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray, units: Sequence[Any]) -> tuple[np.ndarray, int]:
@@ -306,6 +323,8 @@ def pile(
     mp_context: str | None = None,
     key_prefix: str = "none",
     storage_options: Mapping[str, Any] | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> Manifest:
     """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.
 
@@ -344,6 +363,8 @@ def pile(
         "on_error": on_error,
         "key_prefix": key_prefix,
         "storage_options": storage_options,
+        "executor": executor,
+        "ray_address": ray_address,
     }
     options = from_call(PileOptions, options, keywords)
     storage.use(check_paths("inputs", inputs), options.storage_options)  # before the inputs are listed

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +91,11 @@ class Part:
 def part_directory(staging: str, worker: int) -> str:
     """Where process ``worker`` keeps its part files inside the staging directory."""
     return os.path.join(staging, f"part-{worker}")
+
+
+def chunk_directory(staging: str, first: int, last: int) -> str:
+    """Where the task running input units ``first..last`` keeps its part files (one task a chunk)."""
+    return os.path.join(staging, f"part-u{first:09d}-{last:09d}")
 
 
 def _encoded(job: UnitWork, unit: Any) -> Iterator[tuple[str, bytes, list[str]]]:
@@ -204,15 +209,20 @@ class UnitWorker:
     def __call__(self, task: Any) -> ChunkDone | Part:
         if task == FINISH:
             return self.writer.finish()
-        samples = nbytes = 0
-        failures: list[Failure] = []
-        for index, unit in task:
-            result = self.writer.attempt(index, unit)
-            if isinstance(result, Failure):
-                failures.append(result.portable())
-                if self.job.on_error == "raise":
-                    break
-            else:
-                samples += result[0]
-                nbytes += result[1]
-        return ChunkDone(len(task), samples, nbytes, failures)
+        return run_chunk(self.writer, task)
+
+
+def run_chunk(writer: UnitWriter, chunk: Sequence[tuple[int, Any]]) -> ChunkDone:
+    """Write the units of ``chunk`` (``(index, unit)`` pairs); with ``on_error="raise"`` stop at the first failing one."""
+    samples = nbytes = 0
+    failures: list[Failure] = []
+    for index, unit in chunk:
+        result = writer.attempt(index, unit)
+        if isinstance(result, Failure):
+            failures.append(result.portable())
+            if writer.job.on_error == "raise":
+                break
+        else:
+            samples += result[0]
+            nbytes += result[1]
+    return ChunkDone(len(chunk), samples, nbytes, failures)
