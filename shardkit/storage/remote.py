@@ -12,6 +12,7 @@ go to fsspec as they are and are never written, logged or shown.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import threading
@@ -148,7 +149,7 @@ def read_ranges(url: str, *, size: int, concurrency: int) -> bytes:
         if isinstance(got, BaseException):
             if not retry.transient(got):
                 raise got
-            got = retry.DEFAULT.call(lambda s=start, e=end: fs.cat_file(path, s, e), what=url)
+            got = retry.DEFAULT.call(functools.partial(fs.cat_file, path, start, end), what=url)
         got_all.append(got)
         if len(got) < end - start and k < len(starts) - 1:  # the object ends before this range does
             break
