@@ -163,10 +163,18 @@ def _claim_remote(out: str, overwrite: bool, files: re.Pattern[str]) -> Output:
     """:func:`claim` for an object-store output: no lock (see the module's docstring)."""
     _clear_dead_staging(tempfile.gettempdir())
     output = Output(out, uuid.uuid4().hex, None)
+    _check_writable(output)
     _undo_installs(out)
     _check_empty(out, overwrite, files)
     output.manifest_seen = _manifest_bytes(out)
     return output
+
+
+def _check_writable(output: Output) -> None:
+    """Write and remove this job's empty journal: a missing bucket or a denied write fails now,
+    not after the whole job, when it publishes (a listing of a missing bucket finds nothing)."""
+    output.journal([])
+    output.journal(None)
 
 
 def _hold(path: str) -> int:

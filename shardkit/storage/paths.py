@@ -12,8 +12,12 @@ import os
 from collections.abc import Iterator
 
 from shardkit import io_errors
-from shardkit.errors import ShardkitError
+from shardkit.errors import DatasetNotFoundError, ShardkitError
+from shardkit.storage.remote import root as _root
 from shardkit.storage.remote import scheme as _remote
+
+# what s3fs (and S3-compatible stores) say for a bucket that is not there
+_NO_BUCKET = "bucket does not exist"
 
 
 def local_path(url: str | os.PathLike[str]) -> str | None:
@@ -37,7 +41,11 @@ def storage_error(error: BaseException, url: str, doing: str, *, size: int | Non
     :func:`shardkit.io_errors.translate`). ``size`` is the bytes being written, named when the
     disk is full.
     """
-    return io_errors.translate(error, url, doing, scheme=_remote(url), path=local_path(url), size=size)
+    kind = _remote(url)
+    if kind is not None and isinstance(error, FileNotFoundError) and _NO_BUCKET in f"{error} {error.__cause__}":
+        bucket = _root(url)
+        return DatasetNotFoundError(f"{url}: the bucket {bucket} does not exist (a typo? create it first)")
+    return io_errors.translate(error, url, doing, scheme=kind, path=local_path(url), size=size)
 
 
 @contextlib.contextmanager

@@ -137,13 +137,13 @@ def read_ranges(url: str, *, size: int, concurrency: int) -> bytes:
     another request.
     """
     fs, path = filesystem(url)
+    if size == 0:
+        return bytes(retry.DEFAULT.call(lambda: fs.cat_file(path), what=url))
     pieces = ranges(size, concurrency)
     starts = [lo for lo, _ in pieces]
     ends = [hi for _, hi in pieces]
     ends[-1] = size + 1
     got_all: list[bytes] = []
-    if size == 0:
-        return bytes(retry.DEFAULT.call(lambda: fs.cat_file(path), what=url))
     results = retry.DEFAULT.call(lambda: fs.cat_ranges([path] * len(starts), starts, ends, on_error="return"), what=url)
     for k, (start, end, got) in enumerate(zip(starts, ends, results, strict=True)):
         if isinstance(got, BaseException):

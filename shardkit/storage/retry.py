@@ -7,7 +7,7 @@ the second is raised at once. The object-store clients underneath retry some fai
 themselves (botocore: 5xx and throttling; s3fs: dropped reads); this layer catches what they let
 through, so a job survives a store that stays unwell for seconds.
 
-    policy = Retry(attempts=6, base=0.1, cap=5.0)
+    policy = Retry(attempts=6, base=0.2, cap=5.0)   # the default
     data = policy.call(lambda: fs.cat_file(path), what=url)
 """
 

@@ -1,0 +1,113 @@
+"""What users meet on S3 when things go wrong: a missing bucket, an object of another size than
+its manifest says, a job killed at each step of its publish (moto on loopback, see s3_server.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+from conftest import make_samples
+
+import shardkit
+from shardkit import manifest
+from shardkit.errors import CorruptShardError, DatasetNotFoundError
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+SAMPLES = make_samples(240, size=2000)
+UNITS = [SAMPLES[i : i + 40] for i in range(0, len(SAMPLES), 40)]
+
+
+def _identity(unit):
+    return unit
+
+
+def _names(s3, prefix: str) -> set[str]:
+    fs = s3.client()
+    fs.invalidate_cache()
+    return {path.rsplit("/", 1)[1] for path in fs.find(s3.path(prefix))}
+
+
+def _keys(url: str) -> list[str]:
+    return sorted(s["__key__"] for s in shardkit.loader(url, decode=False))
+
+
+def test_a_missing_bucket_fails_the_job_before_any_work(s3):
+    seen = []
+
+    def fn(unit):
+        seen.append(unit)
+        return unit
+
+    url = "s3://no-such-bucket-shardkit/ds"
+    with pytest.raises(DatasetNotFoundError, match="the bucket s3://no-such-bucket-shardkit does not exist"):
+        shardkit.preprocess(UNITS, fn, url, piles=3, quiet=True)
+    assert seen == []  # a typo in the bucket costs no pass over the data
+    with pytest.raises(DatasetNotFoundError, match="the bucket s3://no-such-bucket-shardkit does not exist"):
+        _keys(url)
+
+
+def test_an_object_longer_than_its_manifest_says_is_named_so(s3):
+    url = s3.url("ds")
+    m = shardkit.preprocess(UNITS, _identity, url, piles=3, quiet=True)
+    pile = m.piles[0]
+    fs = s3.client()
+    fs.pipe_file(s3.path(f"ds/{pile.name}"), fs.cat_file(s3.path(f"ds/{pile.name}")) + bytes(4096))
+    # the read asks for one byte past the manifest's size: it cannot say the real size, and does not pretend to
+    with pytest.raises(
+        CorruptShardError, match=rf"file is over {pile.bytes} bytes, the manifest says {pile.bytes} \(longer than written\)"
+    ):
+        _keys(url)
+
+
+_JOB = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from conftest import make_samples
+import shardkit
+from shardkit import manifest, storage
+from shardkit.piles import publish
+
+when = {when!r}
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+write = manifest.write
+def write_manifest(out, m):
+    if when == "before the manifest":
+        die()
+    write(out, m)
+    if when == "after the manifest":
+        die()
+    storage.remove = lambda url: die()  # while deleting the old piles: at the first
+publish.manifest.write = write_manifest
+s = make_samples(240, size=2000, seed=1)
+shardkit.preprocess([s[i:i + 40] for i in range(0, 240, 40)], lambda u: u, {url!r}, piles=5, overwrite=True, quiet=True)
+"""
+
+
+@pytest.mark.parametrize("when", ["before the manifest", "after the manifest", "while deleting the old piles"])
+def test_a_job_killed_while_publishing_leaves_one_whole_dataset(s3, tmp_path, monkeypatch, when):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    url = s3.url("ds")
+    old = shardkit.preprocess(UNITS, _identity, url, piles=3, quiet=True)
+    old_keys = _keys(url)
+    script = tmp_path / "job.py"
+    script.write_text(_JOB.format(tests=os.path.dirname(__file__), when=when, url=url))
+    proc = subprocess.run([sys.executable, str(script)], env=dict(os.environ), capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    now = manifest.read(url)
+    assert now == old if when == "before the manifest" else now != old
+    assert len(_keys(url)) == len(old_keys)  # the same keys, old or new samples: whole either way
+    problems = shardkit.verify(url, quiet=True)
+    assert problems and all(p.warning for p in problems)  # the dead job's objects, listed beside it
+    # the next job clears what the dead one left: its objects, its journal, its local staging
+    m = shardkit.preprocess(UNITS, _identity, url, piles=4, overwrite=True, quiet=True)
+    assert _names(s3, "ds") == {p.name for p in m.piles} | {manifest.MANIFEST}
+    assert shardkit.verify(url, quiet=True) == []
+    assert os.listdir(temp) == []
