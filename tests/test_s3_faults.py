@@ -111,3 +111,15 @@ def test_a_job_killed_while_publishing_leaves_one_whole_dataset(s3, tmp_path, mo
     assert _names(s3, "ds") == {p.name for p in m.piles} | {manifest.MANIFEST}
     assert shardkit.verify(url, quiet=True) == []
     assert os.listdir(temp) == []
+
+
+def test_a_second_job_on_a_prefix_fails_the_first_instead_of_breaking_the_dataset(s3):
+    from shardkit.piles.output import claim
+
+    first = claim(s3.url("ds"), overwrite=False)
+    first.journal(["pile-000000.tar"])  # as install() does before its uploads
+    second = claim(s3.url("ds"), overwrite=False)  # takes the first job's journal for a dead job's
+    with pytest.raises(shardkit.DatasetExistsError, match="another job started writing here"):
+        first.check_unchanged()
+    second.journal(["pile-000000.tar"])
+    second.check_unchanged()  # the second job goes on

@@ -95,12 +95,20 @@ class Output:
         """Refuse to publish over a dataset that appeared or changed since the job began.
 
         Raises:
-            DatasetExistsError: the manifest is not the one seen when the lock was taken.
+            DatasetExistsError: the manifest is not the one seen when the lock was taken, or (a
+                remote output) another job removed this one's journal.
         """
         if _manifest_bytes(self.path) != self.manifest_seen:
             raise DatasetExistsError(
                 f"{self.path}: its {manifest.MANIFEST} changed while this job ran (another writer ignored the lock?); "
                 "nothing of this job was published"
+            )
+        journal = storage.join(self.path, JOURNAL.format(token=self.token))
+        if self.remote and not storage.exists(journal):
+            # remote outputs have no lock: a second job started here took this one's uploads for a dead job's
+            raise DatasetExistsError(
+                f"{self.path}: another job started writing here while this one ran and removed its uploads as leftovers "
+                "(one job per output prefix); nothing of this job was published"
             )
 
     def journal(self, files: list[str] | None, delete: list[str] | None = None) -> None:
