@@ -123,3 +123,9 @@ def test_a_second_job_on_a_prefix_fails_the_first_instead_of_breaking_the_datase
         first.check_unchanged()
     second.journal(["pile-000000.tar"])
     second.check_unchanged()  # the second job goes on
+
+
+def test_a_misspelled_storage_option_is_a_config_error_naming_the_options(s3):
+    with pytest.raises(shardkit.ConfigError, match=r"refused its options \['bogus_opt', 'secret'\]: TypeError") as info:
+        shardkit.loader(s3.url("ds"), storage_options={"bogus_opt": 1, "secret": "s3cr3t-value"})
+    assert "s3cr3t" not in str(info.value)

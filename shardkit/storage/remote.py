@@ -109,7 +109,27 @@ def filesystem(url: str) -> tuple[Any, str]:
             ) from None
         # the message of a bad option may quote its value: name the options, never their values
         raise ConfigError(f"{url}: the filesystem refused its options {sorted(options)}: {type(e).__name__}") from None
+    if options and root(url) not in _connected:
+        _connect(fs, url, options)
     return fs, path
+
+
+# buckets whose client was built with their options: a misspelled option fails there, once
+_connected: set[str] = set()
+
+
+def _connect(fs: Any, url: str, options: Mapping[str, Any]) -> None:
+    """Build the client now (s3fs builds it on the first request), so an option it does not
+    take is a ConfigError naming the options, not a TypeError from deep inside a read."""
+    connect = getattr(fs, "connect", None)
+    if callable(connect):
+        try:
+            connect()
+        except (TypeError, ValueError) as e:
+            # the message of a bad option may quote its value: name the options, never their values
+            raise ConfigError(f"{url}: the filesystem refused its options {sorted(options)}: {type(e).__name__}") from None
+    with _lock:
+        _connected.add(root(url))
 
 
 def _backend_package(kind: str | None) -> str | None:
