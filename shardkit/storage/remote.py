@@ -107,8 +107,7 @@ def filesystem(url: str) -> tuple[Any, str]:
             raise ConfigError(
                 f"{url}: no filesystem is known for {kind}:// URLs (a typo? s3://, gs://, az://... each need their fsspec package)"
             ) from None
-        # the message of a bad option may quote its value: name the options, never their values
-        raise ConfigError(f"{url}: the filesystem refused its options {sorted(options)}: {type(e).__name__}") from None
+        raise _refused(url, options, e) from None
     if options and root(url) not in _connected:
         _connect(fs, url, options)
     return fs, path
@@ -116,6 +115,11 @@ def filesystem(url: str) -> tuple[Any, str]:
 
 # buckets whose client was built with their options: a misspelled option fails there, once
 _connected: set[str] = set()
+
+
+def _refused(url: str, options: Mapping[str, Any], error: Exception) -> ConfigError:
+    # the message of a bad option may quote its value: name the options, never their values
+    return ConfigError(f"{url}: the filesystem refused its options {sorted(options)}: {type(error).__name__}")
 
 
 def _connect(fs: Any, url: str, options: Mapping[str, Any]) -> None:
@@ -126,8 +130,7 @@ def _connect(fs: Any, url: str, options: Mapping[str, Any]) -> None:
         try:
             connect()
         except (TypeError, ValueError) as e:
-            # the message of a bad option may quote its value: name the options, never their values
-            raise ConfigError(f"{url}: the filesystem refused its options {sorted(options)}: {type(e).__name__}") from None
+            raise _refused(url, options, e) from None
     with _lock:
         _connected.add(root(url))
 
