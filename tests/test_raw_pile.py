@@ -251,7 +251,7 @@ def test_memory_maps_are_released_in_bounded_numbers(tmp_path, monkeypatch):
 
     from shardkit import storage
 
-    monkeypatch.setattr(storage, "_MAP_MIN", 0)  # map even these small shards
+    monkeypatch.setattr(storage.local, "MAP_MIN", 0)  # map even these small shards
     monkeypatch.setattr(parts, "MAX_MAPS", 3)
     flushes = []
     real = parts.PileSink.flush

@@ -159,7 +159,7 @@ def _mixed_samples(n: int) -> list[dict]:
     [(120, 5, 7, None), (120, 4, None, 6144), (120, 3, 5, 9000), (120, 1, None, None), (3, 6, 2, None), (0, 2, None, None)],
 )
 def test_output_is_byte_identical_to_copying_sample_by_sample(tmp_path, monkeypatch, n, piles, maxcount, maxsize):
-    monkeypatch.setattr(shardkit.storage, "_MAP_MIN", 0)  # piles memory-mapped, as real ones are
+    monkeypatch.setattr(shardkit.storage.local, "MAP_MIN", 0)  # piles memory-mapped, as real ones are
     inputs = _write_inputs(tmp_path / "in", _mixed_samples(n), shards=2)
     m = shuffle(inputs, tmp_path / "out", piles=piles, maxcount=maxcount, maxsize=maxsize, seed=11, quiet=True)
     shardkit.pile(inputs, str(tmp_path / "piles"), piles=piles, seed=11, quiet=True)  # pass 1 alone, as shuffle runs it
@@ -224,7 +224,7 @@ def test_a_write_error_while_a_pile_is_mapped_surfaces_as_itself(tmp_path, input
         return real(fd, chunks)
 
     monkeypatch.setattr(shuffle_mod, "write_chunks", failing)
-    monkeypatch.setattr(shardkit.storage, "_MAP_MIN", 0)  # the pile is mapped while writing fails
+    monkeypatch.setattr(shardkit.storage.local, "MAP_MIN", 0)  # the pile is mapped while writing fails
     with pytest.raises(shardkit.StorageError, match=r"shard-\d+\.tar: cannot write: no space left on the device \(needed "):
         shuffle(inputs, tmp_path / "out", piles=3, maxcount=40, quiet=True)
     assert os.listdir(tmp_path / "out") == []

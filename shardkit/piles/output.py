@@ -88,7 +88,9 @@ class Output:
         path = os.path.join(tempfile.gettempdir(), name)
         with storage.guard(path, "create the staging directory"):
             os.makedirs(path)
-            self.staging_locks.append(_hold(os.path.join(path, STAGING_LOCK)))
+            fd = storage.lock_file(os.path.join(path, STAGING_LOCK), wait=True)  # a new file: taken at once
+            if fd is not None:
+                self.staging_locks.append(fd)
         return path
 
     def check_unchanged(self) -> None:
@@ -154,8 +156,7 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
         raise ConfigError(f"{out}: output exists and is not a directory")
     storage.makedirs(out)
     token = uuid.uuid4().hex
-    with storage.guard(os.path.join(out, LOCK), "create"):
-        fd = _lock(out, token)
+    fd = _lock(out, token)
     output = Output(out, token, None, fd)
     try:
         _clear_leftovers(out)  # first: a dead job's half-installed files are not a dataset
@@ -183,15 +184,6 @@ def _check_writable(output: Output) -> None:
     not after the whole job, when it publishes (a listing of a missing bucket finds nothing)."""
     output.journal([])
     output.journal(None)
-
-
-def _hold(path: str) -> int:
-    """Create ``path`` and hold an exclusive lock on it; returns the file descriptor."""
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | storage.O_BINARY, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: nobody else can hold it
-    return fd
 
 
 def _clear_dead_staging(temp: str) -> None:
@@ -261,44 +253,29 @@ def _lock(out: str, token: str) -> int:
     Raises:
         DatasetExistsError: another job holds it (named from what it wrote into the file).
     """
-    import fcntl
-
     lock = os.path.join(out, LOCK)
-    for _ in range(100):  # each round wins, fails, or finds the file it locked was just released
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | storage.O_BINARY, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise DatasetExistsError(
-                f"{out}: another job is writing here ({holder}); wait for it to finish (a dead job's lock is released by the "
-                "system, so this one is alive)"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        if _same_file(fd, lock):
+    fd = storage.lock_file(lock, wait=False)
+    if fd is None:
+        raise DatasetExistsError(
+            f"{out}: another job is writing here ({_read_holder(lock)}); wait for it to finish (a dead job's lock is released by "
+            "the system, so this one is alive)"
+        )
+    try:
+        with storage.guard(lock, "create"):
             os.ftruncate(fd, 0)
             storage.write_fully(fd, _whoami(token))
-            return fd
-        os.close(fd)  # the holder released it (and removed the file) after we opened it: again
-    raise DatasetExistsError(f"{out}: could not take {LOCK}: other jobs keep taking it")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
-def _same_file(fd: int, path: str) -> bool:
-    try:
-        a, b = os.fstat(fd), os.stat(path)
-    except FileNotFoundError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def _read_holder(fd: int) -> str:
+def _read_holder(lock: str) -> str:
     """Who holds the lock, as its holder wrote it (it writes just after it takes the lock)."""
     for _ in range(40):
         try:
-            holder = json.loads(os.pread(fd, 1 << 16, 0))
+            with open(lock, "rb") as f:
+                holder = json.loads(f.read(1 << 16))
             return f"pid {holder['pid']} on {holder['host']}, started {holder['started']}: {holder.get('command') or '?'}"
         except (OSError, ValueError, KeyError, TypeError):
             time.sleep(0.005)

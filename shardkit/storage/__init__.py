@@ -15,7 +15,6 @@ import dataclasses
 import glob as _glob
 import io
 import logging
-import mmap
 import os
 import re
 import uuid
@@ -24,7 +23,19 @@ from typing import IO, Any, TypeVar
 
 from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError
 from shardkit.storage import remote, retry
-from shardkit.storage.local import IOV_MAX, O_BINARY, Chunk, fsync_dir, fsync_file, sync_files, write_chunks, write_fully
+from shardkit.storage.local import (
+    IOV_MAX,
+    O_BINARY,
+    Buffer,
+    Chunk,
+    fsync_dir,
+    fsync_file,
+    lock_file,
+    map_open,
+    sync_files,
+    write_chunks,
+    write_fully,
+)
 from shardkit.storage.paths import guard, is_remote, join, local_path, storage_error
 
 __all__ = [
@@ -45,6 +56,7 @@ __all__ = [
     "join",
     "listdir",
     "local_path",
+    "lock_file",
     "makedirs",
     "map_bytes",
     "open_read",
@@ -123,11 +135,6 @@ def read_bytes(url: str, *, size: int | None = None, concurrency: int = 1) -> by
         return _call(url, lambda fs, p: bytes(fs.cat_file(p)))
 
 
-_MAP_MIN = 1 << 20
-# what map_bytes gives: bytes, or a read-only memory map (slicing either gives bytes)
-Buffer = bytes | mmap.mmap
-
-
 def map_bytes(url: str) -> Buffer:
     """The whole file as a read-only buffer, without copying it where that is possible.
 
@@ -135,18 +142,15 @@ def map_bytes(url: str) -> Buffer:
     copy and no fresh memory. The file must not shrink while the map is in use (reading past
     its new end kills the process with SIGBUS); shardkit only maps inputs it reads once. Remote
     files, and files under 1 MiB (a map holds a file descriptor while it lives), come back as
-    ``bytes``.
+    ``bytes`` (see :func:`shardkit.storage.local.map_open`).
     """
     path = local_path(url)
     if path is None:
         return read_bytes(url)
     try:
         with open(path, "rb", buffering=0) as f:
-            if os.fstat(f.fileno()).st_size < _MAP_MIN:
-                return f.readall()
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            return mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
-    except (OSError, ValueError, AttributeError):  # no mmap here (a pipe, a platform without it), or no file: read_bytes says why
+            return map_open(f)
+    except OSError:  # no file, or not one to read: read_bytes says why
         return read_bytes(url)
 
 
@@ -168,22 +172,16 @@ class RemoteReads:
 
 
 def read_checked(url: str, *, size: int, check: Callable[[Buffer], str | None], reads: RemoteReads | None = None) -> Buffer:
-    """The file ``url`` of ``size`` bytes, with ``check(buffer)`` (a problem in words, or None) passed.
+    """The object ``url`` of ``size`` bytes, with ``check(buffer)`` (a problem in words, or None) passed.
 
-    A local file is memory-mapped and checked once. An object is read in concurrent ranges
-    (``reads``), through the cache when there is one; bytes that fail the check are read again
-    (a transfer can be torn without an error) before the problem is raised.
+    It is read in concurrent ranges (``reads``), through the cache when there is one; bytes that
+    fail the check are read again (a transfer can be torn without an error) before the problem is
+    raised. A local file needs none of this: map it (:func:`map_bytes`) and check it once.
 
     Raises:
-        CorruptShardError: the bytes fail the check (every try, for an object).
+        CorruptShardError: the bytes fail the check every time.
     """
     reads = reads or RemoteReads()
-    if not is_remote(url):
-        buf = map_bytes(url)
-        problem = check(buf)
-        if problem is not None:
-            raise CorruptShardError(f"{url}: {problem}")
-        return buf
     if reads.cache is not None:
         with guard(url, "read"):
             return reads.cache.get(url, size=size, fetch=lambda: _fetch_checked(url, size, check, reads.concurrency), check=check)

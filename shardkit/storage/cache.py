@@ -43,7 +43,6 @@ is not reliable across machines on network file systems.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import mmap
@@ -59,16 +58,14 @@ from typing import Any
 from shardkit import io_errors
 from shardkit._util import check_int, check_path, format_size, parse_size, shown
 from shardkit.errors import ConfigError, CorruptShardError
+from shardkit.storage.local import Buffer, lock_file, map_open
 
 log = logging.getLogger(__name__)
 
-# what get gives: a cached pile of 1 MiB or more is memory-mapped, anything else is bytes
-Buffer = bytes | mmap.mmap
 Check = Callable[[Buffer], str | None]
 
 SUBDIRECTORY = "shardkit-piles"
 EVICT_LOCK = "evict.lock"
-_MAP_MIN = 1 << 20
 # the only names the cache removes: entries, their lock files and their partial files
 _ENTRY = re.compile(r"[0-9a-f]{16}-[A-Za-z0-9._-]{1,80}")
 _LOCK = re.compile(r"[0-9a-f]{16}\.lock")
@@ -352,7 +349,7 @@ def _look(path: str, size: int, check: Check | None) -> tuple[Buffer | None, str
             found = os.fstat(f.fileno()).st_size
             if found != size:
                 return None, f"holds {found} bytes, expected {size}"
-            data = _read(f, size)
+            data = map_open(f)
     except FileNotFoundError:
         return None, None
     except OSError as e:
@@ -365,42 +362,10 @@ def _look(path: str, size: int, check: Check | None) -> tuple[Buffer | None, str
     return data, None
 
 
-def _read(f: Any, size: int) -> Buffer:
-    """The whole open file: memory-mapped when large (its pages are the page cache's), else read."""
-    if size >= _MAP_MIN:
-        with contextlib.suppress(OSError, ValueError):
-            return mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
-    return f.readall()
-
-
-def _acquire(path: str, wait: bool) -> int | None:
-    """A descriptor holding the exclusive ``flock`` of ``path`` (created if missing); None when it is held and ``wait`` is off."""
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise io_errors.translate(e, path, "create the lock file", scheme=None, path=path, size=None) from e
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-            mine = os.fstat(fd)
-            current = os.stat(path)
-            if (mine.st_dev, mine.st_ino) == (current.st_dev, current.st_ino):
-                return fd
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except FileNotFoundError:
-            pass  # its holder removed it while we waited
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)  # the name now points to another file, or none: the lock we hold guards nothing
-
-
 @contextlib.contextmanager
 def _locked(path: str, *, wait: bool = True) -> Iterator[bool]:
     """Hold the lock file ``path`` for the block; yields False (and holds nothing) when it is taken and ``wait`` is off."""
-    fd = _acquire(path, wait)
+    fd = lock_file(path, wait=wait)
     try:
         yield fd is not None
     finally:

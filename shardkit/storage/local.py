@@ -1,7 +1,8 @@
-"""Local file primitives: make writes durable, append many buffers in one call.
+"""Local file primitives: make writes durable, append many buffers in one call, map a file, hold a lock.
 
 write_chunks(fd, [header, data, padding])   # one writev per 1024 buffers
 sync_files(paths)                           # one syncfs on Linux, however many files
+fd = lock_file("out/.shardkit-lock", wait=False)   # None when another process holds it
 """
 
 from __future__ import annotations
@@ -9,12 +10,55 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import mmap
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from shardkit.storage.paths import guard
+
+# what a mapped read gives: bytes, or a read-only memory map (slicing either gives bytes)
+Buffer = bytes | mmap.mmap
+# files under this are read, not mapped: a map holds a file descriptor while it lives
+MAP_MIN = 1 << 20
+
+
+def map_open(f: BinaryIO) -> Buffer:
+    """The whole of the open, unbuffered file ``f``: memory-mapped when it is ``MAP_MIN`` or more
+    (its pages are the page cache's: no copy, no fresh memory), else read."""
+    if os.fstat(f.fileno()).st_size >= MAP_MIN:
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # no mmap here (a pipe, a platform without it)
+            return mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+    return f.read()
+
+
+def lock_file(path: str, *, wait: bool) -> int | None:
+    """A descriptor holding the exclusive ``flock`` of ``path`` (created if missing); None when
+    another process holds it and ``wait`` is off. The kernel drops the lock when its holder dies.
+
+    A holder may remove the file before it lets go, so whoever gets a lock checks the name still
+    points to the file it locked, and starts again if not: a removed lock file never lets two in.
+    """
+    import fcntl
+
+    while True:
+        with guard(path, "create"):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | O_BINARY, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            mine, current = os.fstat(fd), os.stat(path)
+            if (mine.st_dev, mine.st_ino) == (current.st_dev, current.st_ino):
+                return fd
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except FileNotFoundError:
+            pass  # its holder removed it while we waited
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the name now points to another file, or none: the lock we hold guards nothing
 
 
 def fsync_dir(path: str) -> None:
