@@ -39,7 +39,7 @@ from shardkit.loading import plan
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.options import check_bools, check_choices, from_call, meta, specs
-from shardkit.piles.options import KEY_PREFIX, MAX_PILES, PileOptions
+from shardkit.piles.options import EXECUTORS, KEY_PREFIX, MAX_PILES, PileOptions, check_ray_address
 from shardkit.piles.output import claim
 from shardkit.piles.publish import free_names, install, remove_strays
 from shardkit.storage import write_chunks
@@ -76,6 +76,8 @@ class ShuffleOptions:
             defaults apply: 100,000 samples and 3 GB.
         seed: seeds pass 1's router, the pile order and each pile's permutation.
         workers: processes for pass 1 (the output is identical for any number).
+        executor, ray_address: where pass 1's input units and merge run (see
+            :class:`~shardkit.PileOptions`); pass 2 runs here.
         overwrite: replace a dataset already in the output directory.
         key_prefix: ``"unit"`` prefixes each key with its input shard's name, for shards whose
             keys restart at ``000000`` (see :func:`shardkit.pile`); keys must be unique.
@@ -116,6 +118,11 @@ class ShuffleOptions:
     storage_options: Mapping[str, Any] | None = field(
         default=None, repr=False, metadata=meta(help=specs(PileOptions)["storage_options"].help or "", yaml="job")
     )
+    # pass 1's executor, read by it
+    executor: str = field(default="local", metadata=meta(help=specs(PileOptions)["executor"].help or "", choices=EXECUTORS, yaml="job"))
+    ray_address: str | None = field(
+        default=None, metadata=meta(help=specs(PileOptions)["ray_address"].help or "", metavar="ADDR", yaml="job")
+    )
 
     def __post_init__(self) -> None:
         storage.check_storage_options(self.storage_options)
@@ -126,6 +133,7 @@ class ShuffleOptions:
         check_int("maxcount", self.maxcount, low=1, none=True)
         check_choices(self)
         check_bools(self)
+        check_ray_address(self.ray_address, self.executor)
         for name in ("memory", "maxsize"):
             value = getattr(self, name)
             if value is not None:
@@ -302,6 +310,8 @@ def _pass1(urls: list[str], directory: str, *, piles: int, max_pile_bytes: int |
         workers=opts.workers,
         key_prefix=opts.key_prefix,
         storage_options=opts.storage_options,
+        executor=opts.executor,
+        ray_address=opts.ray_address,
     )
     return pile(urls, directory, options=options, quiet=quiet)
 
@@ -365,6 +375,8 @@ def shuffle(
     overwrite: bool = False,
     quiet: bool = False,
     key_prefix: str = "none",
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> Manifest:
     """Shuffle existing WebDataset shards into ``out/shard-000000.tar ...`` plus ``shardkit.json``.
 
@@ -373,7 +385,8 @@ def shuffle(
             order, ``.tar.gz`` accepted.
         out: output directory; it holds only the shards and the manifest when done.
         options: a :class:`ShuffleOptions`, instead of the keyword options below (not both).
-        piles, memory, maxcount, maxsize, seed, workers, overwrite, key_prefix: see :class:`ShuffleOptions`.
+        piles, memory, maxcount, maxsize, seed, workers, overwrite, key_prefix, executor,
+            ray_address: see :class:`ShuffleOptions`.
         quiet: no progress bars.
 
     Returns:
@@ -392,6 +405,8 @@ def shuffle(
         "workers": workers,
         "overwrite": overwrite,
         "key_prefix": key_prefix,
+        "executor": executor,
+        "ray_address": ray_address,
     }
     opts = from_call(ShuffleOptions, options, keywords)
     _util.check_bool("quiet", quiet)

@@ -30,6 +30,14 @@ KEY_PREFIX = ("none", "unit")
 EXECUTORS = ("local", "ray")
 
 
+def check_ray_address(address: Any, executor: str) -> None:
+    """Refuse a Ray address that is not a non-empty string, or one given without ``executor="ray"``."""
+    if address is not None and (not isinstance(address, str) or not address):
+        raise ConfigError(f"ray_address: expected a Ray address ('auto', 'host:port', 'ray://host:10001') or None, got {address!r}")
+    if address is not None and executor != "ray":
+        raise ConfigError(f"ray_address: only used with executor='ray', got executor={executor!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class PileOptions:
     """How pass 1 writes piles; shared by :func:`preprocess`, :func:`pile`, :class:`PileWriter`, the CLI and YAML.
@@ -46,7 +54,13 @@ class PileOptions:
             single sample larger than it is a ``SampleError`` when written. At least 1536.
         buffer_size: bytes buffered in memory before part files are appended to (the total
             across workers).
-        overwrite: replace a dataset already in the output directory.
+        overwrite: replace a dataset already in the output directory (and discard what an
+            interrupted job left there).
+        resume: continue a job that was interrupted (killed, Ctrl-C, a lost machine) from the
+            parts it committed, processing only the units it had not finished; the result is
+            byte-identical to an uninterrupted run. The inputs, ``fn`` and the options that
+            change the bytes must be those of the interrupted job (checked). Without it, such
+            leftovers are refused.
         workers: processes running the input units; the output is byte-identical for any number.
         on_error: ``"raise"`` stops the job at the first failing input unit; ``"skip"`` drops
             every sample of a failing unit, logs it and counts it in the manifest.
@@ -62,7 +76,7 @@ class PileOptions:
         ray_address: the Ray cluster to use with ``executor="ray"``: None starts (or reuses) a
             Ray on this machine; ``"auto"``, ``"host:port"`` or ``"ray://host:10001"`` connects.
 
-    ``workers``, ``on_error``, ``key_prefix``, ``executor`` and ``ray_address`` describe a job over input units:
+    ``workers``, ``on_error``, ``key_prefix``, ``executor``, ``ray_address`` and ``resume`` describe a job over input units:
     :class:`PileWriter` writes in the calling process and refuses values other than the defaults.
 
     Example:
@@ -82,6 +96,13 @@ class PileOptions:
         default="64MiB", metadata=meta(help="bytes buffered in memory before part files are written", metavar="SIZE", yaml="output")
     )
     overwrite: bool = field(default=False, metadata=meta(help="replace a dataset already in the output directory", yaml="output"))
+    resume: bool = field(
+        default=False,
+        metadata=meta(
+            help="continue an interrupted job from the parts it committed; the inputs, fn and options must be the same",
+            yaml="job",
+        ),
+    )
     workers: int = field(default=1, metadata=meta(help="worker processes; the output is identical for any number", metavar="N", yaml="job"))
     on_error: str = field(
         default="raise",
@@ -127,12 +148,7 @@ class PileOptions:
         check_int("seed", self.seed, low=0)
         check_int("workers", self.workers, low=1)
         check_choices(self)
-        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
-            raise ConfigError(
-                f"ray_address: expected a Ray address ('auto', 'host:port', 'ray://host:10001') or None, got {self.ray_address!r}"
-            )
-        if self.ray_address is not None and self.executor != "ray":
-            raise ConfigError(f"ray_address: only used with executor='ray', got executor={self.executor!r}")
+        check_ray_address(self.ray_address, self.executor)
         check_bools(self)
         if self.max_pile_bytes is not None:
             limit = parse_size(self.max_pile_bytes, what="max_pile_bytes")

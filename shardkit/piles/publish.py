@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -92,12 +93,17 @@ def _old_files(out: str) -> list[str]:
 
 
 def _assemble(runs: Sequence[Run], dst: str) -> int:
-    """Make ``dst`` a finished pile from its runs; returns its CRC-32."""
+    """Make ``dst`` a finished pile from its runs; returns its CRC-32. The part files stay."""
     runs = [r for r in runs if r.length]
     only = runs[0] if len(runs) == 1 else None
     if only is not None and only.crc is not None and only.offset == 0 and os.path.getsize(only.path) == only.length:
-        os.replace(only.path, dst)
-        with open(dst, "ab") as f:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dst)
+        try:  # a second name for the part file: no copy, and a merge run again still finds its part
+            os.link(only.path, dst)
+        except OSError:
+            shutil.copyfile(only.path, dst)
+        with open(dst, "ab") as f:  # the part grows too: a merge run again copies its first `length` bytes
             f.write(write.TRAILER)
         return manifest.checksum(write.TRAILER, only.crc)
     crc = 0
@@ -160,30 +166,60 @@ def _split(data: bytes, name: str, *, capacity: int, seed: int, trail: tuple[int
     return pieces
 
 
-def _finish_pile(p: int, runs: Sequence[Run], count: int, seed: int, most: int | None, staging: str) -> tuple[list[_Staged], bool]:
-    """Assemble pile ``p`` in the staging directory; split it if it holds over ``most`` samples."""
-    name = pile_name(p)
-    path = os.path.join(staging, name)
-    with storage.guard(path, "write", size=sum(run.length for run in runs) + len(write.TRAILER)):
-        crc = _assemble(runs, path)
-    for run in runs:  # each part file holds one pile's bytes: gone once the pile is made, so disk peaks near 1x the data
+@dataclass(frozen=True)
+class PileWork:
+    """What it takes to finish pile ``pile``: its runs and sample count, and the split settings."""
+
+    pile: int
+    runs: Sequence[Run]
+    count: int
+    seed: int
+    most: int | None
+    staging: str
+
+
+def finish_pile(work: PileWork) -> tuple[list[_Staged], bool]:
+    """Assemble a pile in the staging directory, split it if it holds over ``work.most`` samples.
+
+    Safe to run again after it was interrupted (a Ray task retried): the part files are removed
+    only once a record of the finished pile is written, and a record found is the answer.
+    """
+    name = pile_name(work.pile)
+    path = os.path.join(work.staging, name)
+    record = path + ".done"
+    if os.path.exists(record):
+        return _read_record(record)
+    with storage.guard(path, "write", size=sum(run.length for run in work.runs) + len(write.TRAILER)):
+        crc = _assemble(work.runs, path)
+    size = os.path.getsize(path)
+    if work.most is None or work.count <= work.most:  # an empty pile is never split
+        result = [_Staged(path, name, work.count, size, crc)], False
+    else:
+        with _SPLITTING, storage.guard(work.staging, "write the split piles", size=size):
+            data = storage.read_bytes(path)
+            os.unlink(path)
+            pieces = _split(data, name, capacity=work.most, seed=work.seed, trail=(work.pile,), staging=work.staging)
+        log.info(
+            "%s holds %d samples, over the %d that fit max_pile_bytes on average: split into %d random sub-piles",
+            name,
+            work.count,
+            work.most,
+            len(pieces),
+        )
+        result = pieces, True
+    # renamed into place but not synced: it guards against a process that dies, as a retry needs
+    with open(record + ".tmp", "w") as f:
+        json.dump([[dataclasses.astuple(p) for p in result[0]], result[1]], f)
+    os.replace(record + ".tmp", record)
+    for run in work.runs:  # each part file holds one pile's bytes: gone once the pile is made, so disk peaks near 1x the data
         with contextlib.suppress(FileNotFoundError):
             os.unlink(run.path)
-    size = os.path.getsize(path)
-    if most is None or count <= most:  # an empty pile is never split
-        return [_Staged(path, name, count, size, crc)], False
-    with _SPLITTING, storage.guard(staging, "write the split piles", size=size):
-        data = storage.read_bytes(path)
-        os.unlink(path)
-        pieces = _split(data, name, capacity=most, seed=seed, trail=(p,), staging=staging)
-    log.info(
-        "%s holds %d samples, over the %d that fit max_pile_bytes on average: split into %d random sub-piles",
-        name,
-        count,
-        most,
-        len(pieces),
-    )
-    return pieces, True
+    return result
+
+
+def _read_record(record: str) -> tuple[list[_Staged], bool]:
+    pieces, split = json.loads(storage.read_bytes(record))
+    return [_Staged(*piece) for piece in pieces], bool(split)
 
 
 def _over_limit(pieces: Sequence[_Staged], limit: int | None) -> list[dict[str, Any]]:
@@ -225,6 +261,11 @@ def _map(fn: Callable[[T], R], items: Sequence[T], threads: int, progress: Calla
         return [f.result() for f in futures]
 
 
+# runs ``fn`` over ``items`` (the piles to finish) somewhere, in parallel; results in order, with
+# ``progress(1)`` as each is done: threads here by default, Ray tasks with executor="ray"
+Mapper = Callable[[Callable[[Any], Any], Sequence[Any], Callable[[int], Any] | None], list[Any]]
+
+
 def publish(
     output: Output,
     runs: Sequence[Sequence[Run]],
@@ -237,6 +278,7 @@ def publish(
     extra: dict[str, Any] | None = None,
     threads: int = 1,
     progress: Callable[[int], Any] | None = None,
+    mapper: Mapper | None = None,
 ) -> Manifest:
     """Assemble each pile from its runs, split oversized piles, move them in, write the manifest.
 
@@ -251,10 +293,13 @@ def publish(
         counts: ``counts[p]`` is pile p's sample count.
         threads: piles assembled at once; the result is the same for any number.
         progress: called with 1 as each pile is finished.
+        mapper: where the piles are assembled (:data:`Mapper`; default: ``threads`` threads
+            here). The staging directory must be a path wherever it runs them.
     """
     total = sum(run.length for pile_runs in runs for run in pile_runs)
     most = capacity(options.max_bytes, sum(counts), total)
-    finished = _map(lambda p: _finish_pile(p, runs[p], counts[p], options.seed, most, staging), range(len(runs)), threads, progress)
+    work = [PileWork(p, runs[p], counts[p], options.seed, most, staging) for p in range(len(runs))]
+    finished = _map(finish_pile, work, threads, progress) if mapper is None else mapper(finish_pile, work, progress)
     split = sum(was_split for _, was_split in finished)
     pieces = [piece for staged, _ in finished for piece in staged]
     if not output.remote:

@@ -8,17 +8,23 @@ keeps the :class:`~shardkit.piles.executor.Tally` as tasks finish and raises a f
 exactly as the local executor does; publishing then orders every pile's bytes by unit, so the
 output is byte-identical to ``executor="local"``.
 
+Each task commits its directory when it is done (:mod:`shardkit.piles.resume`), so a job
+whose driver died resumes with only the chunks no commit covers. The per-pile merge runs as
+Ray tasks too (:func:`ray_map` over :func:`shardkit.piles.publish.finish_pile`, which is safe to
+retry); the driver writes the manifest last.
+
 The staging directory must be a path every node sees (a shared filesystem): Ray moves the
 units and the parts' bookkeeping, never the part files.
 
-    parts = run_ray(job, units, staging, buffer_size=64 << 20, tally=tally, address="auto")
+    parts = run_ray(job, units, staging, todo=range(len(units)), attempt="", buffer_size=64 << 20,
+                    tally=tally, address="auto")
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardkit import storage
@@ -61,8 +67,22 @@ def connect(ray: Any, address: str | None) -> None:
         ray.init(address=address, ignore_reinit_error=True)
 
 
-def run_ray(job: UnitWork, units: Sequence[Any], staging: str, *, buffer_size: int, tally: Tally, address: str | None = None) -> list[Part]:
-    """Process ``units`` as Ray tasks; one Part per task, in unit order.
+def run_ray(
+    job: UnitWork,
+    units: Sequence[Any],
+    staging: str,
+    *,
+    todo: Sequence[int],
+    attempt: str,
+    buffer_size: int,
+    tally: Tally,
+    address: str | None = None,
+) -> list[Part]:
+    """Process the units ``todo`` names as Ray tasks; one Part per task, in unit order.
+
+    The chunks are cut from all the units (``todo`` only leaves out those a resumed job has
+    done), so a chunk's part directory has the same name in every run. ``attempt`` is unused:
+    the names come from the unit ranges.
 
     ``buffer_size`` is the total: it is shared by the tasks the cluster runs at once.
 
@@ -82,32 +102,74 @@ def run_ray(job: UnitWork, units: Sequence[Any], staging: str, *, buffer_size: i
         raise ConfigError(f"fn cannot be sent to Ray workers ({type(e).__name__}: {e})") from e
     size = chunk_units(len(units))
     chunks = {}
-    for start in range(0, len(units), size):
-        chunk = [(i, units[i]) for i in range(start, min(start + size, len(units)))]
-        chunks[task.remote(job_ref, chunk, staging, max(1, buffer_size // cpus))] = (chunk[0][0], chunk[-1][0])
+    for chunk in cut(todo, size):
+        indexed = [(i, units[i]) for i in chunk]
+        chunks[task.remote(job_ref, indexed, staging, max(1, buffer_size // cpus))] = (chunk[0], chunk[-1])
     pending = list(chunks)
     parts: dict[int, Part] = {}
     try:
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=_POLL)
             for ref in done:
-                part, reply = _result(ray, ref, chunks[ref])
+                first, last = chunks[ref]
+                part, reply = _get(ray, ref, f"input units {first}..{last}")
                 account(reply, job, tally)
-                parts[chunks[ref][0]] = part
+                parts[first] = part
     finally:
-        if pending:  # stop the tasks left before the caller removes the staging directory
-            for ref in pending:
-                ray.cancel(ref, force=True)
-            ray.wait(pending, num_returns=len(pending), timeout=30)
+        _stop(ray, pending)
     return [parts[first] for first in sorted(parts)]
 
 
-def _result(ray: Any, ref: Any, span: tuple[int, int]) -> tuple[Part, ChunkDone]:
+def ray_map(
+    fn: Callable[[Any], Any], items: Sequence[Any], progress: Callable[[int], Any] | None, *, address: str | None = None
+) -> list[Any]:
+    """``[fn(item) for item in items]`` as one Ray task an item, all at once (the per-pile merge:
+    ``fn`` must be safe to run again, as Ray retries a task whose worker died)."""
+    ray = _import_ray()
+    connect(ray, address)
+    task = ray.remote(max_retries=RETRIES)(_apply)
+    fn_ref = ray.put(fn)
+    refs = {task.remote(fn_ref, item): k for k, item in enumerate(items)}
+    results: list[Any] = [None] * len(items)
+    pending = list(refs)
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=_POLL)
+            for ref in done:
+                results[refs[ref]] = _get(ray, ref, f"pile task {refs[ref]}")
+                if progress is not None:
+                    progress(1)
+    finally:
+        _stop(ray, pending)
+    return results
+
+
+def _apply(fn: Callable[[Any], Any], item: Any) -> Any:
+    return fn(item)
+
+
+def _stop(ray: Any, pending: Sequence[Any]) -> None:
+    """Cancel the tasks left (an error, Ctrl-C) before the caller removes the staging directory."""
+    if pending:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        ray.wait(list(pending), num_returns=len(pending), timeout=30)
+
+
+def cut(todo: Sequence[int], size: int) -> list[list[int]]:
+    """``todo`` (sorted unit indices) in the chunks ``[k * size, (k + 1) * size)`` of all the units."""
+    chunks: dict[int, list[int]] = {}
+    for i in todo:
+        chunks.setdefault(i // size, []).append(i)
+    return [chunks[k] for k in sorted(chunks)]
+
+
+def _get(ray: Any, ref: Any, what: str) -> Any:
     try:
         return ray.get(ref)
     except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.OwnerDiedError) as e:
         raise InputError(
-            f"the Ray worker running input units {span[0]}..{span[1]} died {RETRIES + 1} times "
+            f"the Ray worker running {what} died {RETRIES + 1} times "
             f"({type(e).__name__}); fn may have crashed it (out of memory? a native library?)"
         ) from None
     except ray.exceptions.RayTaskError as e:  # not a unit's failure (those come back as Failures): a full disk...

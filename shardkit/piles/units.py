@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,9 +19,9 @@ from typing import Any
 from shardkit import errors, storage
 from shardkit.codecs import Codecs
 from shardkit.errors import Failure, InputError, RemoteTraceback, SampleError, ShardkitError
-from shardkit.piles import canonical, router
+from shardkit.piles import canonical, resume, router
 from shardkit.piles.encode import encode_sample
-from shardkit.piles.parts import ADVICE, PileSink
+from shardkit.piles.parts import ADVICE, PileSink, keys_path, part_file
 from shardkit.tar.keys import repeated_key, sample_at
 from shardkit.tar.shard import read_shard
 
@@ -88,9 +89,9 @@ class Part:
     crcs: list[int]
 
 
-def part_directory(staging: str, worker: int) -> str:
-    """Where process ``worker`` keeps its part files inside the staging directory."""
-    return os.path.join(staging, f"part-{worker}")
+def part_directory(staging: str, attempt: str, worker: int) -> str:
+    """Where process ``worker`` of the run ``attempt`` keeps its part files inside the staging directory."""
+    return os.path.join(staging, f"{attempt}-w{worker}")
 
 
 def chunk_directory(staging: str, first: int, last: int) -> str:
@@ -116,7 +117,7 @@ def _encoded(job: UnitWork, unit: Any) -> Iterator[tuple[str, bytes, list[str]]]
 class UnitWriter:
     """Runs ``fn`` on units and routes their samples into one :class:`PileSink` (one per process).
 
-    writer = UnitWriter(job, "out/.shardkit-staging-x/part-0", buffer_size=64 << 20)
+    writer = UnitWriter(job, "out/.shardkit-pass1/part-1a2b3c4d-w0", buffer_size=64 << 20)
     samples, nbytes = writer.run(0, "shard-000.tar")
     part = writer.finish()
     """
@@ -125,6 +126,13 @@ class UnitWriter:
         self.job = job
         self.sink = PileSink(directory, job.piles, buffer_size)
         self.fields: set[str] = set()
+        # what the next commit records: the units done and skipped, and their totals
+        self.done: list[int] = []
+        self.failures: list[Failure] = []
+        self.samples = self.nbytes = 0
+        self.committed = time.monotonic()
+        # a unit failed and the job stops: its bytes so far are in the parts, so never commit again
+        self.broken = False
 
     def run(self, index: int, unit: Any) -> tuple[int, int]:
         """Write every sample of ``unit``; returns (samples, bytes). Raises UnitFailed."""
@@ -166,17 +174,64 @@ class UnitWriter:
         return count, int(found.sizes.sum())
 
     def attempt(self, index: int, unit: Any) -> tuple[int, int] | Failure:
-        """Like :meth:`run`, but a failing unit comes back as a :class:`Failure`."""
+        """Like :meth:`run`, but a failing unit comes back as a :class:`Failure`; either way the
+        unit counts as done (written, or skipped) at the next commit, unless the job is to
+        stop at a failing unit."""
         try:
-            return self.run(index, unit)
+            samples, nbytes = self.run(index, unit)
         except UnitFailed as e:
             cause = e.__cause__ if e.__cause__ is not None else e
-            return Failure.capture(cause, index=index)
+            failure = Failure.capture(cause, index=index)
+            if self.job.on_error == "raise":
+                self.broken = True
+            else:
+                self.failures.append(failure)
+            return failure
+        self.done.append(index)
+        self.samples += samples
+        self.nbytes += nbytes
+        return samples, nbytes
+
+    def commit(self) -> None:
+        """Write the buffers out and record, durably, which units this directory holds whole."""
+        self.sink.flush()
+        if self.broken:
+            return
+        sink = self.sink
+        paths = [path for p in range(self.job.piles) for path in (sink.part(p), keys_path(sink.part(p)))]
+        record = resume.Commit(
+            sizes=list(sink.sizes),
+            crcs=list(sink.crcs),
+            counts=list(sink.counts),
+            segments=list(sink.segments),
+            fields=set(self.fields),
+            units=list(self.done),
+            failures=list(self.failures),
+            samples=self.samples,
+            nbytes=self.nbytes,
+        )
+        resume.write_commit(sink.directory, record, paths)
+        self.committed = time.monotonic()
+
+    def commit_due(self) -> None:
+        """Commit when :data:`resume.COMMIT_SECONDS` have passed since the last commit."""
+        if time.monotonic() - self.committed >= resume.COMMIT_SECONDS:
+            self.commit()
 
     def finish(self) -> Part:
-        """Flush the buffers; returns what this process wrote."""
-        self.sink.flush()
-        return Part([self.sink.part(p) for p in range(self.job.piles)], self.sink.segments, self.fields, self.sink.crcs)
+        """Flush the buffers and commit; returns what this process wrote."""
+        self.commit()
+        return part_of(self.sink.directory, self.job.piles, self.sink.segments, self.fields, self.sink.crcs)
+
+
+def part_of(directory: str, piles: int, segments: list[Any], fields: set[str], crcs: list[int]) -> Part:
+    """The :class:`Part` of the part directory ``directory``."""
+    return Part([part_file(directory, p) for p in range(piles)], segments, fields, crcs)
+
+
+def reused_part(directory: str, commit: resume.Commit) -> Part:
+    """The :class:`Part` an earlier run committed in ``directory``."""
+    return part_of(directory, len(commit.sizes), commit.segments, commit.fields, commit.crcs)
 
 
 # the task that asks a worker for its part: everything it wrote
@@ -198,18 +253,20 @@ class UnitWorker:
     :class:`Part` when sent :data:`FINISH`. With ``on_error="raise"`` a chunk stops at its first
     failing unit (the parent raises it).
 
-        pool = Pool(2, functools.partial(UnitWorker, job, staging, buffer_size), name="shardkit-pile")
+        pool = Pool(2, functools.partial(UnitWorker, job, staging, "part-1a2b3c4d", buffer_size), name="shardkit-pile")
     """
 
-    def __init__(self, job: UnitWork, staging: str, buffer_size: int, k: int) -> None:
+    def __init__(self, job: UnitWork, staging: str, attempt: str, buffer_size: int, k: int) -> None:
         storage.remote.restore(job.storage)
         self.job = job
-        self.writer = UnitWriter(job, part_directory(staging, k), buffer_size)
+        self.writer = UnitWriter(job, part_directory(staging, attempt, k), buffer_size)
 
     def __call__(self, task: Any) -> ChunkDone | Part:
         if task == FINISH:
             return self.writer.finish()
-        return run_chunk(self.writer, task)
+        reply = run_chunk(self.writer, task)
+        self.writer.commit_due()
+        return reply
 
 
 def run_chunk(writer: UnitWriter, chunk: Sequence[tuple[int, Any]]) -> ChunkDone:
