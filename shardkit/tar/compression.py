@@ -26,6 +26,8 @@ CODECS = ("zstd", "gzip")
 SUFFIX = {"zstd": ".zst", "gzip": ".gz"}
 # other endings a shard compressed with the codec may have (read, never written)
 _READ_SUFFIXES = {"zstd": (".tar.zst", ".tzst", ".zst"), "gzip": (".tar.gz", ".tgz", ".gz")}
+# the names of tar shards, plain or compressed, that readers and listings recognise
+SHARD_SUFFIXES = (".tar", *(ending for endings in _READ_SUFFIXES.values() for ending in endings if ending.startswith((".tar", ".t"))))
 MAGIC = {"zstd": b"\x28\xb5\x2f\xfd", "gzip": b"\x1f\x8b"}
 # the levels each codec takes, and the default (chosen by benchmarks/compression.py: see BENCHMARKS.md)
 LEVELS = {"zstd": (1, 22), "gzip": (1, 9)}
