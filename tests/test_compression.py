@@ -186,6 +186,18 @@ def test_compressed_plain_shards_are_loader_and_pile_inputs(datasets, tmp_path):
     assert sum(len(b["__key__"]) for b in _epoch(urls)) == len(SAMPLES)
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_piles_over_a_mebibyte_are_memory_mapped_and_read(tmp_path, codec):
+    rng = __import__("numpy").random.default_rng(0)
+    with shardkit.PileWriter(tmp_path / "big", piles=1, compression=codec) as w:
+        for i in range(40):
+            w.write({"__key__": f"b{i:03d}", "bin": rng.bytes(40_000)})
+    (pile,) = manifest.read(str(tmp_path / "big")).piles
+    assert pile.bytes > storage.local.MAP_MIN  # read through a memory map
+    assert sum(len(b["__key__"]) for b in _epoch(str(tmp_path / "big"))) == 40
+    assert shardkit.verify(str(tmp_path / "big"), quiet=True) == []
+
+
 # --- other readers ------------------------------------------------------------------------------
 
 
@@ -295,3 +307,22 @@ def test_s3_piles_are_cached_compressed_and_decompressed_when_read(s3, datasets,
     copies = [n for n in kept if n.endswith(".tar.zst")]
     assert len(copies) == len(m.piles)
     assert sum(os.path.getsize(cache / "shardkit-piles" / n) for n in copies) == m.bytes < local.bytes
+
+
+# --- the benchmark ------------------------------------------------------------------------------
+
+
+def test_the_benchmark_prints_both_tables_and_the_profile(tmp_path):
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "benchmarks", "compression.py")
+    args = ["--json-samples", "60", "--jpeg-samples", "12", "--piles", "2", "--repeats", "1", "--dir", str(tmp_path)]
+    env = dict(os.environ, PYTHONPATH=root)
+    proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "### ~5 KB JSON samples (60 samples" in out and "### JPEG samples (12 samples" in out
+    for row in ("| plain |", "| zstd 3 |", "| gzip 6 |"):
+        assert out.count(row) == 2
+    assert "one zstd-3 pile:" in out and "decompress" in out

@@ -169,7 +169,7 @@ def _zstd(buf: Any, size: int | None) -> bytes:
 def _gzip(buf: Any) -> bytes:
     from zlib_ng import gzip_ng
 
-    return gzip_ng.decompress(buf)
+    return gzip_ng.decompress(memoryview(buf))  # a view: it takes bytes-like objects, not a memory map itself
 
 
 def _reason(e: BaseException) -> str:
