@@ -103,7 +103,7 @@ def _info_table(summary: Any) -> str:
         ("dataset", f"{summary.path}  ({summary.kind}, seed {summary.seed}, {summary.created_by})"),
         ("samples", f"{summary.samples:,}"),
         ("fields", ", ".join(summary.fields) or "-"),
-        ("bytes", format_size(summary.bytes)),
+        ("bytes", _stored_size(summary)),
         ("piles", f"{summary.piles:,}" + (f"  ({summary.split_piles} oversized piles were split)" if summary.split_piles else "")),
         ("samples/pile", f"min {s.min:,}  mean {s.mean:,.1f}  max {s.max:,}"),
     ]
@@ -115,6 +115,15 @@ def _info_table(summary: Any) -> str:
     if summary.skipped_units:
         rows.append(("skipped", f"{summary.skipped_units} input units failed and were skipped"))
     return "\n".join(f"{k:<13} {v}" for k, v in rows)
+
+
+def _stored_size(summary: Any) -> str:
+    """``1.2 GiB`` for plain piles; ``420 MiB (zstd, 2.9x smaller: 1.2 GiB of tar)`` for compressed ones."""
+    from shardkit._util import format_size
+
+    if summary.compression is None:
+        return format_size(summary.bytes)
+    return f"{format_size(summary.bytes)} ({summary.compression}, {summary.ratio:.2f}x smaller: {format_size(summary.tar_bytes)} of tar)"
 
 
 def _run_info(args: argparse.Namespace) -> int:
@@ -434,7 +443,18 @@ def _quality(args: argparse.Namespace) -> int:
 
 
 # the PileOptions fields `shardkit repile` takes; piles and seed default to the source's
-REPILE_FLAGS = ("piles", "seed", "workers", "max_pile_bytes", "overwrite", "resume", "executor", "ray_address")
+REPILE_FLAGS = (
+    "piles",
+    "seed",
+    "workers",
+    "max_pile_bytes",
+    "overwrite",
+    "resume",
+    "executor",
+    "ray_address",
+    "compression",
+    "compression_level",
+)
 REPILE_DEFAULTS: dict[str, dict[str, Any]] = {
     "piles": {"default": None, "required": False, "help": "piles of the new dataset (default: the M of SRC)"},
     "seed": {"default": None, "help": "the new router seed (default: SRC's seed + 1)"},

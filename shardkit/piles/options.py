@@ -14,6 +14,7 @@ from shardkit._util import check_int, check_most, parse_size
 from shardkit.errors import ConfigError
 from shardkit.options import check_bools, check_choices, meta
 from shardkit.storage import check_storage_options
+from shardkit.tar.compression import check_compression, check_level
 from shardkit.tar.scan import BLOCK
 
 # the smallest pile that holds a sample: one 512-byte header (empty data) and the trailer
@@ -68,6 +69,11 @@ class PileOptions:
             or writes, given to fsspec as they are (``{"endpoint_url": ..., "anon": True}``);
             without them the store's usual environment applies (``AWS_ENDPOINT_URL``,
             ``AWS_PROFILE``...). Never written, logged or shown.
+        compression: ``"zstd"`` or ``"gzip"`` compresses each pile whole as it is assembled
+            (``pile-000000.tar.zst``, ``.tar.gz``: still readable by ``tar``, ``tarfile`` and
+            webdataset); None writes plain tars. The loader decompresses in its prefetch thread.
+        compression_level: the codec's level (zstd 1-22, gzip 1-9); None: the codec's default
+            (zstd 3, gzip 6, chosen by ``benchmarks/compression.py``).
         key_prefix: ``"unit"`` prefixes each key with its input shard's name, for shards whose
             keys restart at ``000000`` (:func:`pile` and what runs on it; :func:`preprocess`
             takes keys from its function and refuses it); ``"none"`` keeps the keys.
@@ -135,6 +141,19 @@ class PileOptions:
         ),
     )
 
+    compression: str | None = field(
+        default=None,
+        metadata=meta(
+            help="compress each pile whole: zstd (pile-000000.tar.zst) or gzip (.tar.gz); default: plain tar",
+            metavar="CODEC",
+            yaml="output",
+        ),
+    )
+    compression_level: int | None = field(
+        default=None,
+        metadata=meta(help="the codec's level (zstd 1-22, default 3; gzip 1-9, default 6)", metavar="L", yaml="output"),
+    )
+
     storage_options: Mapping[str, Any] | None = field(
         default=None,
         repr=False,  # may hold secrets
@@ -150,6 +169,8 @@ class PileOptions:
         check_choices(self)
         check_ray_address(self.ray_address, self.executor)
         check_bools(self)
+        check_compression(self.compression)
+        check_level(self.compression, self.compression_level)
         if self.max_pile_bytes is not None:
             limit = parse_size(self.max_pile_bytes, what="max_pile_bytes")
             if limit < MIN_PILE_BYTES:
@@ -162,3 +183,8 @@ class PileOptions:
     @property
     def max_bytes(self) -> int | None:
         return self.max_pile_bytes  # type: ignore[return-value]
+
+    @property
+    def level(self) -> int | None:
+        """The compression level in effect: ``compression_level``, or the codec's default."""
+        return check_level(self.compression, self.compression_level)

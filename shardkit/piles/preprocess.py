@@ -98,6 +98,8 @@ def preprocess(
     executor: str = "local",
     ray_address: str | None = None,
     resume: bool = False,
+    compression: str | None = None,
+    compression_level: int | None = None,
 ) -> Manifest:
     """Run ``fn`` on every input unit and write its samples into M random piles in ``out``.
 
@@ -136,6 +138,8 @@ def preprocess(
             ``executor="ray"`` runs them as Ray tasks, byte-identical to the local executor.
             The staging directory (inside ``out``, or ``TMPDIR`` for a remote ``out``) must
             then be a path every node of the cluster sees.
+        compression, compression_level: ``"zstd"`` or ``"gzip"`` compresses each pile whole
+            as it is assembled (``pile-000000.tar.zst``); see :class:`~shardkit.PileOptions`.
 
     Sample keys must be unique across all inputs. A key a unit repeats fails that unit (as
     ``fn`` raising would); a key two units share is refused when they land in one pile, found
@@ -165,6 +169,8 @@ def preprocess(
         "executor": executor,
         "ray_address": ray_address,
         "resume": resume,
+        "compression": compression,
+        "compression_level": compression_level,
     }
     options = from_call(PileOptions, options, keywords)
     if not callable(fn):
@@ -367,6 +373,8 @@ def pile(
     executor: str = "local",
     ray_address: str | None = None,
     resume: bool = False,
+    compression: str | None = None,
+    compression_level: int | None = None,
 ) -> Manifest:
     """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.
 
@@ -408,6 +416,8 @@ def pile(
         "executor": executor,
         "ray_address": ray_address,
         "resume": resume,
+        "compression": compression,
+        "compression_level": compression_level,
     }
     options = from_call(PileOptions, options, keywords)
     storage.use(check_paths("inputs", inputs), options.storage_options)  # before the inputs are listed

@@ -47,6 +47,8 @@ def repile(
     executor: str = "local",
     ray_address: str | None = None,
     resume: bool = False,
+    compression: str | None = None,
+    compression_level: int | None = None,
 ) -> Manifest:
     """Pass 1 again over a dataset's piles, with a new seed, into a new dataset.
 
@@ -60,6 +62,8 @@ def repile(
         piles: M of the new dataset (default: the M of ``src``).
         workers, max_pile_bytes, overwrite, quiet, storage_options, executor, ray_address,
             resume: as in :func:`shardkit.pile`.
+        compression, compression_level: how the new piles are compressed (see
+            :class:`~shardkit.PileOptions`); the source's piles may be compressed or not.
 
     Returns:
         The new dataset's manifest.
@@ -86,6 +90,8 @@ def repile(
         "executor": executor,
         "ray_address": ray_address,
         "resume": resume,
+        "compression": compression,
+        "compression_level": compression_level,
     }
     if options is None:
         # the source's M and the next seed, unless given
