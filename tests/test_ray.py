@@ -178,3 +178,11 @@ def test_the_ray_benchmark_runs_and_checks_the_bytes():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ratio" in done.stdout and "ms a task" in done.stdout and "outputs byte-identical: yes" in done.stdout
+
+
+def test_compressed_piles_merged_on_ray_equal_local(tmp_path, cluster):
+    one = _run(tmp_path / "local", compression="zstd", max_pile_bytes=4096)
+    on_ray = _run(tmp_path / "ray", compression="zstd", max_pile_bytes=4096, executor="ray", ray_address=cluster.address)
+    assert on_ray == one and one.split_piles > 0
+    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+    assert all(p.name.endswith(".tar.zst") for p in on_ray.piles)
