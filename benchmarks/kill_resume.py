@@ -82,7 +82,9 @@ def child(out: str, workers: int, executor: str, resume: bool, log: str | None, 
         f"import sys; sys.path.insert(0, {str(HERE)!r}); import kill_resume; "
         f"kill_resume.run_job({out!r}, workers={workers}, executor={executor!r}, resume={resume}, log={log!r}, address={address!r})"
     )
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Ray workers import fn's module by name: this folder goes on their path
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
 
 
 def files(directory: str) -> dict[str, bytes]:
