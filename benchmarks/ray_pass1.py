@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                     times[name].append(time.perf_counter() - start)
                     print(f"run {r}: {name:5} {times[name][-1]:7.2f} s  ({m.samples:,} samples, {m.bytes / 1e6:,.0f} MB)", flush=True)
                 assert _files(os.path.join(work, f"local-{r}")) == _files(os.path.join(work, f"ray-{r}")), "outputs differ"
-            tasks = -(-units // chunk_units(units))
+            tasks = -(-units // chunk_units(units, 2))
             empty = []
             for r in range(repeats):
                 start = time.perf_counter()

@@ -27,7 +27,7 @@ def test_the_simulation_counts_what_the_router_draws():
 
 
 def test_the_formulas_bound_the_simulation():
-    shape = scale.Shape(samples=400_000, units=300, piles=400, executor="ray", sample_bytes=64 << 10)
+    shape = scale.Shape(samples=400_000, units=300, piles=400, executor="ray", sample_bytes=64 << 10, workers=100)
     planned, found = scale.plan(shape), scale.simulate(shape)
     assert planned["writers"] == 300 // 2  # 2 units a task, at most 256 tasks
     assert found["driver_segments"] <= planned["driver_segments"] == 300 * 400

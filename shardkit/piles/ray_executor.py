@@ -1,7 +1,7 @@
 """Run pass 1's input units as Ray tasks, on this machine or across a cluster (``executor="ray"``).
 
-The units are cut into contiguous chunks whose size depends only on the number of units, and
-each chunk is one Ray task. A task writes its own part directory, named from its chunk
+The units are cut into contiguous chunks, four a CPU of the cluster (at most 256), and each
+chunk is one Ray task. A task writes its own part directory, named from its chunk
 (``part-u000000120-000000135``), clearing it first: when Ray retries a task whose worker died,
 the retry replaces the first attempt's files, so no sample is lost or written twice. The driver
 keeps the :class:`~shardkit.piles.executor.Tally` as tasks finish and raises a failing unit
@@ -39,14 +39,22 @@ RETRIES = 3
 # the most tasks a job is cut into: each task writes a part file per pile, so this bounds the
 # files publishing merges; more tasks balance a cluster better and redo less when one is retried
 MAX_TASKS = 256
+# tasks per CPU of the cluster: enough to balance uneven units, few enough that the part files
+# (2 x tasks x M) and the merge's fan-in stay small (a task a unit cost 1.4x the local executor
+# on 2 CPUs, 4 a CPU 1.1x: benchmarks/ray_pass1.py)
+TASKS_PER_CPU = 4
 _POLL = 1.0  # seconds between progress bar refreshes while no task finishes
 
 INSTALL_HINT = "executor='ray' needs Ray: pip install 'shardkit[ray]'"
 
 
-def chunk_units(units: int) -> int:
-    """Units per task: a function of the number of units only, never of the cluster's size."""
-    return max(1, -(-units // MAX_TASKS))
+def chunk_units(units: int, cpus: int) -> int:
+    """Units per task: :data:`TASKS_PER_CPU` tasks a CPU of the cluster, at most :data:`MAX_TASKS`.
+
+    The output does not depend on it (publishing orders bytes by unit), and a resumed job may
+    cut its chunks differently: a chunk only holds units no commit names.
+    """
+    return max(1, -(-units // min(MAX_TASKS, TASKS_PER_CPU * max(1, cpus))))
 
 
 def _import_ray() -> Any:
@@ -81,8 +89,7 @@ def run_ray(
     """Process the units ``todo`` names as Ray tasks; one Part per task, in unit order.
 
     The chunks are cut from all the units (``todo`` only leaves out those a resumed job has
-    done), so a chunk's part directory has the same name in every run. ``attempt`` is unused:
-    the names come from the unit ranges.
+    done) and named from their unit ranges, so ``attempt`` is unused.
 
     ``buffer_size`` is the total: it is shared by the tasks the cluster runs at once.
 
@@ -100,7 +107,7 @@ def run_ray(
         job_ref = ray.put(job)
     except Exception as e:  # fn (or a transform's state) that cloudpickle cannot send
         raise ConfigError(f"fn cannot be sent to Ray workers ({type(e).__name__}: {e})") from e
-    size = chunk_units(len(units))
+    size = chunk_units(len(units), cpus)
     chunks = {}
     for chunk in cut(todo, size):
         indexed = [(i, units[i]) for i in chunk]

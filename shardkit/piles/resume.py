@@ -2,8 +2,7 @@
 
 Pass 1 stages its part files in one directory per output (:func:`staging_path`), with one
 subdirectory per process or Ray task. Now and then, and when it finishes, a process *commits*
-its subdirectory: it writes out its buffers, makes the part files durable, then writes
-:data:`COMMIT` atomically, a record of the units it has done (and skipped) and how long each
+its subdirectory: it writes out its buffers, then renames :data:`COMMIT` into place, a record of the units it has done (and skipped) and how long each
 part file and key-hash file was at that moment. Bytes written after the last commit belong to
 no record; a unit is done once a record names it.
 
@@ -84,12 +83,20 @@ class Commit:
     nbytes: int
 
 
-def write_commit(directory: str, commit: Commit, paths: Sequence[str]) -> None:
-    """Make ``paths`` (the part and key-hash files) durable, then record ``commit`` atomically."""
-    storage.sync_files([p for p in paths if os.path.exists(p)])
+def write_commit(directory: str, commit: Commit) -> None:
+    """Record ``commit`` atomically (a rename), once its part files are written.
+
+    Nothing is synced to disk here (a sync per commit costs more than a task's work on a busy
+    disk): after a lost machine a record may survive bytes that did not, and the size and
+    CRC-32 check at resume finds it. Publishing syncs the piles before the manifest names them.
+    """
     commit = dataclasses.replace(commit, failures=[f.portable() for f in commit.failures])
     payload = pickle.dumps(commit, protocol=pickle.HIGHEST_PROTOCOL)
-    storage.write_bytes(os.path.join(directory, COMMIT), _MAGIC + struct.pack("<I", manifest.checksum(payload)) + payload)
+    path = os.path.join(directory, COMMIT)
+    with storage.guard(path, "write"):
+        with open(path + ".tmp", "wb") as f:
+            f.write(_MAGIC + struct.pack("<I", manifest.checksum(payload)) + payload)
+        os.replace(path + ".tmp", path)
 
 
 def read_commit(directory: str) -> Commit | None:

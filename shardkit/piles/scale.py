@@ -11,7 +11,7 @@ Nothing is read or written.
     shape = Shape(samples=10**9, units=10**4, piles=10**4, sample_bytes=4096, executor="ray")
     print(format_plan(plan(shape), simulate(shape)))     # or: shardkit plan --samples 1e9 ...
 
-The formulas (P writers: ``workers`` processes, or ``min(units, 256)`` Ray tasks; n samples of
+The formulas (P writers: ``workers`` processes, or ``min(units, 4 x CPUs, 256)`` Ray tasks; n samples of
 b bytes; M piles; s = n / M):
 
 - part files on the staging disk: 2 P M (the bytes and the 8-byte key hashes); each pile is
@@ -37,7 +37,7 @@ import numpy as np
 from shardkit._util import format_size
 from shardkit.piles import router
 from shardkit.piles.publish import capacity
-from shardkit.piles.ray_executor import MAX_TASKS
+from shardkit.piles.ray_executor import chunk_units
 
 # bytes of one segment row the driver keeps: unit, start, end, samples (int64 each)
 SEGMENT_BYTES = 32
@@ -68,7 +68,7 @@ class Shape:
 def writers(shape: Shape) -> int:
     """Processes or tasks that each write a part per pile."""
     if shape.executor == "ray":
-        return math.ceil(shape.units / max(1, math.ceil(shape.units / MAX_TASKS)))
+        return math.ceil(shape.units / chunk_units(shape.units, shape.workers))
     return min(shape.workers, shape.units)
 
 

@@ -21,7 +21,7 @@ from shardkit.codecs import Codecs
 from shardkit.errors import Failure, InputError, RemoteTraceback, SampleError, ShardkitError
 from shardkit.piles import canonical, resume, router
 from shardkit.piles.encode import encode_sample
-from shardkit.piles.parts import ADVICE, PileSink, keys_path, part_file
+from shardkit.piles.parts import ADVICE, PileSink, part_file
 from shardkit.tar.keys import repeated_key, sample_at
 from shardkit.tar.shard import read_shard
 
@@ -198,7 +198,6 @@ class UnitWriter:
         if self.broken:
             return
         sink = self.sink
-        paths = [path for p in range(self.job.piles) for path in (sink.part(p), keys_path(sink.part(p)))]
         record = resume.Commit(
             sizes=list(sink.sizes),
             crcs=list(sink.crcs),
@@ -210,7 +209,7 @@ class UnitWriter:
             samples=self.samples,
             nbytes=self.nbytes,
         )
-        resume.write_commit(sink.directory, record, paths)
+        resume.write_commit(sink.directory, record)
         self.committed = time.monotonic()
 
     def commit_due(self) -> None:
