@@ -139,3 +139,23 @@ def test_keys_ledger_matches_what_is_read(pair):
 def test_bad_blends_are_config_errors_naming_what_is_wrong(pair, call, message):
     with pytest.raises(shardkit.ConfigError, match=message.replace("(", r"\(")):
         call(pair)
+
+
+def test_torch_dataloader_workers_read_the_blend_and_resume(pair):
+    pytest.importorskip("torch")
+    from shardkit.torch import ShardkitDataLoader, ShardkitDataset
+
+    options = {"weights": {"web": 0.7, "code": 0.3}, "batch_size": 10, "decode": False, "seed": 2}
+    alone = sorted(keys(shardkit.loader(pair, **options)))
+    ds = ShardkitDataset(pair, **options)
+    dl = ShardkitDataLoader(ds, num_workers=2)
+    assert sorted(keys(dl)) == alone  # the same batches, taken in turns by the two workers
+    ds.set_epoch(0)
+    it = iter(dl)
+    for _ in range(5):
+        next(it)
+    state = dl.state_dict()
+    rest = [list(b["__key__"]) for b in it]
+    again = ShardkitDataLoader(ShardkitDataset(pair, **options), num_workers=2)
+    again.load_state_dict(state)
+    assert keys(again) == rest
