@@ -46,6 +46,10 @@ def compare(weights: tuple[float, ...], batch: int, batches: int, seed: int = 0)
     return deviations(tight, target), deviations(iid, target)
 
 
+def _cell(d: dict[str, np.ndarray], s: int) -> str:
+    return f"{d['mean'][s]:.2f} / {d['max'][s]:.2f} / {d['over1'][s]:.1%} / {d['sd'][s]:.2f}"
+
+
 def composition_table(batches: int) -> list[str]:
     rows = [
         "| mixture | batch | source | target | shardkit mean / max / >1 off / sd | iid draw mean / max / >1 off / sd |",
@@ -57,8 +61,7 @@ def composition_table(batches: int) -> list[str]:
             total = sum(weights)
             shown = range(len(weights)) if len(weights) <= 3 else [0]
             for s in shown:
-                cell = lambda d: f"{d['mean'][s]:.2f} / {d['max'][s]:.2f} / {d['over1'][s]:.1%} / {d['sd'][s]:.2f}"  # noqa: E731
-                rows.append(f"| {name} | {batch} | {s} | {batch * weights[s] / total:.2f} | {cell(tight)} | {cell(iid)} |")
+                rows.append(f"| {name} | {batch} | {s} | {batch * weights[s] / total:.2f} | {_cell(tight, s)} | {_cell(iid, s)} |")
     return rows
 
 
@@ -94,7 +97,9 @@ def through_the_loader(root: str, samples: int, repeats: int) -> list[str]:
 
     one = rate(lambda: shardkit.loader(whole, batch_size=256, decode=False))
     two = rate(lambda: shardkit.loader(blend, weights={"a": 0.7, "b": 0.3}, batch_size=256, decode=False))
-    lines.append(f"read, batch 256, 512-byte samples: one dataset {one:,.0f} samples/s, blend of two {two:,.0f} samples/s ({two / one:.2f}x)")
+    lines.append(
+        f"read, batch 256, 512-byte samples: one dataset {one:,.0f} samples/s, blend of two {two:,.0f} samples/s ({two / one:.2f}x)"
+    )
     return lines
 
 

@@ -159,3 +159,14 @@ def test_torch_dataloader_workers_read_the_blend_and_resume(pair):
     again = ShardkitDataLoader(ShardkitDataset(pair, **options), num_workers=2)
     again.load_state_dict(state)
     assert keys(again) == rest
+
+
+def test_many_piles_to_a_cell_never_stall_the_reader(tmp_path, monkeypatch):
+    from shardkit.loading import blend_loader
+
+    monkeypatch.setattr(blend_loader, "CELL", 16)  # so an epoch spans many cells and many piles
+    many = {"a": make(tmp_path, "a", 400, piles=40, seed=1), "b": make(tmp_path, "b", 200, piles=25, seed=2)}
+    for extra in ({}, {"mix": 3, "prefetch": 0}):
+        loader = shardkit.loader(many, weights={"a": 2, "b": 1}, batch_size=4, decode=False, **extra)
+        batches = keys(loader) + keys(loader)
+        assert len(of("b", batches)) == 400 and len(set(of("b", batches))) == 200

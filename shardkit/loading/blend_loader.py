@@ -49,9 +49,8 @@ log = logging.getLogger(__name__)
 
 FORMAT = "shardkit.blend"
 VERSION = 1
-# positions handed out per block
-CHUNK = 1 << 15
-# a pile's use is tracked to cells of about this many positions (it may be held up to one cell longer)
+# blocks are cells of about this many positions (whole batches); a pile's use is tracked to the
+# cells it is read in, so it may be loaded up to a cell early and released up to a cell late
 CELL = 4096
 
 
@@ -174,8 +173,9 @@ class BlendSchedule:
     def _chunks(self, a: int, b: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """``(global position, piles, index)`` runs covering global positions ``a .. b - 1``."""
         at = self.stream_at(a)
-        for x in range(a, b, CHUNK):
-            y = min(b, x + CHUNK)
+        # one block a cell, as the uses count them: the piles a block needs are in use together
+        for x in range(a, b, self._cell()):
+            y = min(b, x + self._cell())
             src = sources(self.frames, x, y)
             piles, index = np.empty(y - x, np.int64), np.empty(y - x, np.int64)
             for s in range(len(self.source.parts)):
@@ -198,10 +198,14 @@ class BlendSchedule:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate([p for _, p, _ in parts]), np.concatenate([i for _, _, i in parts])
 
+    def _cell(self) -> int:
+        """Positions per cell: whole frames, about :data:`CELL`."""
+        return max(1, CELL // self.frames.frame) * self.frames.frame
+
     def _cell_counts(self, a: int) -> tuple[int, np.ndarray]:
         """Cell size and, per cell from global position ``a`` (on a frame boundary), the running count of each source."""
         width = self.frames.frame
-        per = max(1, CELL // width)
+        per = self._cell() // width
         f0, f1 = a // width, -(-self.hi // width)
         rows = []
         for x in range(f0, f1, per * 256):
