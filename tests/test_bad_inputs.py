@@ -277,7 +277,7 @@ API: dict[str, Api] = {
     "loader-int": Api(lambda c: L(5), ConfigError, "source: expected a path, URL or pattern, or a list of them, got 5"),
     "loader-none": Api(lambda c: L(None), ConfigError, "source: expected a path, URL or pattern, or a list of them, got None"),
     "loader-bytes": Api(lambda c: L(b"data/"), ConfigError, "source: expected a path, URL or pattern, or a list of them, got b'data/'"),
-    "loader-mapping": Api(lambda c: L({"a": 1}), ConfigError, "source: expected a path, URL or pattern, or a list of them, got a mapping"),
+    "loader-mapping": Api(lambda c: L({"a": 1}), ConfigError, "blend: source 'a': expected a path or a mapping with 'path', got 1"),
     "loader-int-in-list": Api(lambda c: L([c.shard, 5]), ConfigError, "source[1]: expected a path or URL, got 5"),
     "loader-empty-string": Api(lambda c: L(""), ConfigError, "source: expected a path or URL, got ''"),
     "loader-missing-shard": Api(lambda c: L(c.missing + ".tar"), DatasetNotFoundError, "$missing.tar: no such file"),
