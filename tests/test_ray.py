@@ -186,3 +186,37 @@ def test_compressed_piles_merged_on_ray_equal_local(tmp_path, cluster):
     assert on_ray == one and one.split_piles > 0
     assert _files(tmp_path / "ray") == _files(tmp_path / "local")
     assert all(p.name.endswith(".tar.zst") for p in on_ray.piles)
+
+
+def test_a_lost_node_is_retried_and_nothing_is_lost_or_doubled(tmp_path, cluster):
+    import threading
+
+    log = tmp_path / "where.log"
+
+    def slow(unit):
+        with open(log, "a") as f:  # which node started the unit
+            f.write(f"{ray.get_runtime_context().get_node_id()} {unit}\n")
+        time.sleep(0.4)
+        yield from three(unit)
+
+    expected = _run(tmp_path / "local", three)
+    node = cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+
+    def remove_once_busy():  # the node goes while a unit runs on it
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and node.node_id not in (log.read_text() if log.exists() else ""):
+            time.sleep(0.02)
+        cluster.remove_node(node, allow_graceful=False)
+
+    remover = threading.Thread(target=remove_once_busy)
+    remover.start()
+    try:
+        result = _run(tmp_path / "ray", slow, executor="ray", ray_address=cluster.address)
+    finally:
+        remover.join()
+    started = [line.split() for line in log.read_text().splitlines()]
+    assert any(where == node.node_id for where, _ in started), "no unit ran on the node that was lost"
+    assert len(started) > UNITS  # the lost node's units ran again elsewhere
+    assert result == expected
+    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
