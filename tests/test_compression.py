@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import uuid
 
@@ -138,7 +139,7 @@ def test_info_shows_the_compression_and_ratio(datasets):
     assert summary.compression == "zstd" and plain.compression is None and plain.ratio is None
     assert summary.tar_bytes == plain.bytes and summary.ratio == pytest.approx(plain.bytes / summary.bytes)
     assert summary.loader_ram() == plain.loader_ram()  # the loader holds the tars
-    out = subprocess.run(["shardkit", "info", datasets["zstd"]], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "shardkit", "info", datasets["zstd"]], capture_output=True, text=True, check=True).stdout
     assert f"(zstd, {summary.ratio:.2f}x smaller:" in out
 
 
