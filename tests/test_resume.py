@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -92,6 +93,7 @@ def test_leftovers_are_refused_without_resume_and_discarded_with_overwrite(tmp_p
     [
         ({"seed": 12}, "seed was 11, is 12"),
         ({"piles": 7}, "piles was 6, is 7"),
+        ({"repeat": "cls:1=2"}, "repeat was None, is shardkit.piles.repeat.ByField"),
         ({"units": list(range(kill_resume.UNITS - 1))}, "units was 48, is 47"),
         ({"units": list(range(1, kill_resume.UNITS + 1))}, "the input units differ"),
         ({"fn": lambda unit: kill_resume.slow_samples(unit)}, "fn was kill_resume._logging, is test_resume.<lambda>"),
@@ -138,6 +140,20 @@ def test_a_committed_part_that_fails_its_check_is_done_again(tmp_path, reference
     redone = _resume(out, tmp_path, workers=2)
     assert len(redone) == kill_resume.UNITS  # its units were all in the damaged directory
     assert done > 0 and "does not match its checksum" in caplog.text
+    assert kill_resume.files(out) == reference
+
+
+def test_two_commits_naming_one_unit_keep_the_first(tmp_path, reference, caplog):
+    # what a Ray task of a killed run can leave: a second committed directory with units a later
+    # run wrote too; the later one by name is dropped and its units are done once
+    out = str(tmp_path / "out")
+    done = _interrupt(out, tmp_path, workers=1)
+    staging = resume.staging_path(out)
+    (directory,) = resume._committed(staging)
+    shutil.copytree(directory, os.path.join(staging, "part-zzzzzzzz-w0"))
+    redone = _resume(out, tmp_path, workers=1)
+    assert len(redone) == kill_resume.UNITS - done
+    assert "part-zzzzzzzz-w0: holds units another committed part holds" in caplog.text
     assert kill_resume.files(out) == reference
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from shardkit._util import check_int, check_most, parse_size
 from shardkit.errors import ConfigError
 from shardkit.options import check_bools, check_choices, meta
+from shardkit.piles.repeat import check_rule
 from shardkit.storage import check_storage_options
 from shardkit.tar.compression import check_compression, check_level
 from shardkit.tar.scan import BLOCK
@@ -79,10 +80,15 @@ class PileOptions:
             takes keys from its function and refuses it); ``"none"`` keeps the keys.
         executor: ``"local"`` runs the units in ``workers`` processes here; ``"ray"`` runs them
             as Ray tasks (``pip install 'shardkit[ray]'``), the output byte-identical either way.
+        repeat: oversampling at pile creation: ``repeat(sample) -> int`` copies of each sample
+            (0 drops it), each routed to its own uniformly drawn pile, copy i keyed
+            ``f"{key}_r{i}"``; or ``{"field": "cls", "counts": {"3": 4}, "default": 1}``, or its
+            text form ``"cls:3=4"``, to repeat by a field's value. The manifest records the
+            rule and how many samples got each count (``extra["repeat"]``).
         ray_address: the Ray cluster to use with ``executor="ray"``: None starts (or reuses) a
             Ray on this machine; ``"auto"``, ``"host:port"`` or ``"ray://host:10001"`` connects.
 
-    ``workers``, ``on_error``, ``key_prefix``, ``executor``, ``ray_address`` and ``resume`` describe a job over input units:
+    ``workers``, ``on_error``, ``key_prefix``, ``executor``, ``ray_address``, ``resume`` and ``repeat`` describe a job over input units:
     :class:`PileWriter` writes in the calling process and refuses values other than the defaults.
 
     Example:
@@ -141,6 +147,16 @@ class PileOptions:
         ),
     )
 
+    repeat: Any = field(
+        default=None,
+        metadata=meta(
+            help="oversample at pile creation: copies of each sample by a field's value, FIELD:VALUE=N,... "
+            "(cls:3=4,7=2; *=N sets the rest), each copy routed to its own pile as KEY_r1, KEY_r2...",
+            metavar="RULE",
+            yaml="job",
+        ),
+    )
+
     compression: str | None = field(
         default=None,
         metadata=meta(
@@ -169,6 +185,7 @@ class PileOptions:
         check_choices(self)
         check_ray_address(self.ray_address, self.executor)
         check_bools(self)
+        object.__setattr__(self, "repeat", check_rule(self.repeat))
         check_compression(self.compression)
         check_level(self.compression, self.compression_level)
         if self.max_pile_bytes is not None:

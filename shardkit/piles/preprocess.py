@@ -23,7 +23,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,8 @@ from shardkit.codecs import DEFAULT, Codecs, check_codecs
 from shardkit.errors import ConfigError, SampleError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call
-from shardkit.piles import resume
+from shardkit.piles import canonical, resume
+from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.executor import Executor, Tally, run_local
 from shardkit.piles.options import PileOptions
@@ -50,7 +52,7 @@ log = logging.getLogger(__name__)
 _MAX_LISTED_SKIPS = 1000
 
 
-_RESERVED_EXTRA = ("units", "skipped", "over_max_pile_bytes")
+_RESERVED_EXTRA = ("units", "skipped", "over_max_pile_bytes", "repeat")
 # the multiprocessing start methods mp_context may name
 _START_METHODS = ("fork", "spawn", "forkserver")
 
@@ -100,6 +102,7 @@ def preprocess(
     resume: bool = False,
     compression: str | None = None,
     compression_level: int | None = None,
+    repeat: Any = None,
 ) -> Manifest:
     """Run ``fn`` on every input unit and write its samples into M random piles in ``out``.
 
@@ -140,6 +143,11 @@ def preprocess(
             then be a path every node of the cluster sees.
         compression, compression_level: ``"zstd"`` or ``"gzip"`` compresses each pile whole
             as it is assembled (``pile-000000.tar.zst``); see :class:`~shardkit.PileOptions`.
+        repeat: oversampling: ``repeat(sample) -> int`` copies of each sample ``fn`` yields (0
+            drops it), each routed to its own pile, copy i keyed ``f"{key}_r{i}"``; or
+            ``{"field": "cls", "counts": {"3": 4}}`` (see :class:`~shardkit.PileOptions`). The
+            first epoch is a uniform permutation of the copies; ``manifest.extra["repeat"]``
+            records the rule and how many samples got each count.
 
     Sample keys must be unique across all inputs. A key a unit repeats fails that unit (as
     ``fn`` raising would); a key two units share is refused when they land in one pile, found
@@ -171,6 +179,7 @@ def preprocess(
         "resume": resume,
         "compression": compression,
         "compression_level": compression_level,
+        "repeat": repeat,
     }
     options = from_call(PileOptions, options, keywords)
     if not callable(fn):
@@ -187,6 +196,7 @@ def preprocess(
         max_pile_bytes=options.max_bytes,
         codecs=check_codecs(codecs),
         on_error=options.on_error,
+        repeat=options.repeat,
     )
     return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
 
@@ -245,6 +255,14 @@ def _run(
     return result
 
 
+def _shard_samples(url: str, *, unit_prefix: bool) -> Iterator[Mapping[str, Any]]:
+    """The samples of one input shard, as :func:`pile` routes them; keys prefixed with the
+    shard's stem when ``unit_prefix`` (the same bytes as the byte-range copy writes)."""
+    prefix = canonical.unit_prefix(url) if unit_prefix else ""
+    for sample in iter_shard(url):
+        yield {**sample, "__key__": prefix + sample["__key__"]} if prefix else sample
+
+
 def _fingerprint(job: UnitWork, units: Sequence[Any]) -> dict[str, Any]:
     """What a resumed job must share with the interrupted one (see :func:`resume.fingerprint`)."""
     codecs = {ext: resume.describe_fn(fn) for ext, fn in sorted(job.codecs.encoders.items())}
@@ -255,6 +273,7 @@ def _fingerprint(job: UnitWork, units: Sequence[Any]) -> dict[str, Any]:
         "shards": job.shards,
         "key_prefix": job.key_prefix,
         "encoders": hashlib.sha256(json.dumps(codecs, sort_keys=True).encode()).hexdigest()[:16],
+        "repeat": None if job.repeat is None else resume.describe_fn(job.repeat),
     }
     return resume.fingerprint(units, job.fn, options)
 
@@ -325,6 +344,11 @@ def _publish(
         failures = sorted(tally.failures, key=lambda f: f.index)
         extra["skipped"] = [skip_record(f, units[f.index]) for f in failures[:_MAX_LISTED_SKIPS]]
     fields = set().union(*(part.fields for part in parts))
+    if options.repeat is not None:
+        factors: Counter[int] = Counter()
+        for part in parts:
+            factors.update(part.factors)
+        extra["repeat"] = repeat_rules.record(options.repeat, factors)
     # piles are assembled in parallel: merging is copying and checksumming, which release the GIL
     with bar(total=len(runs), desc="merging", unit="pile", quiet=tally.quiet) as merging:
         result = publish(
@@ -375,6 +399,7 @@ def pile(
     resume: bool = False,
     compression: str | None = None,
     compression_level: int | None = None,
+    repeat: Any = None,
 ) -> Manifest:
     """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.
 
@@ -418,6 +443,7 @@ def pile(
         "resume": resume,
         "compression": compression,
         "compression_level": compression_level,
+        "repeat": repeat,
     }
     options = from_call(PileOptions, options, keywords)
     storage.use(check_paths("inputs", inputs), options.storage_options)  # before the inputs are listed
@@ -432,4 +458,7 @@ def pile(
         shards=True,
         key_prefix=options.key_prefix,
     )
+    if options.repeat is not None:  # copies get keys of their own: samples are decoded, not copied as byte ranges
+        fn = functools.partial(_shard_samples, unit_prefix=options.key_prefix == "unit")
+        job = dataclasses.replace(job, fn=fn, shards=False, key_prefix="none", repeat=options.repeat)
     return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=None)

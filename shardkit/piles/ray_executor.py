@@ -89,7 +89,8 @@ def run_ray(
     """Process the units ``todo`` names as Ray tasks; one Part per task, in unit order.
 
     The chunks are cut from all the units (``todo`` only leaves out those a resumed job has
-    done) and named from their unit ranges, so ``attempt`` is unused.
+    done) and named from ``attempt`` and their unit ranges (a retried task starts over in its
+    own directory).
 
     ``buffer_size`` is the total: it is shared by the tasks the cluster runs at once.
 
@@ -111,7 +112,7 @@ def run_ray(
     chunks = {}
     for chunk in cut(todo, size):
         indexed = [(i, units[i]) for i in chunk]
-        chunks[task.remote(job_ref, indexed, staging, max(1, buffer_size // cpus))] = (chunk[0], chunk[-1])
+        chunks[task.remote(job_ref, indexed, staging, attempt, max(1, buffer_size // cpus))] = (chunk[0], chunk[-1])
     pending = list(chunks)
     parts: dict[int, Part] = {}
     try:
@@ -183,10 +184,10 @@ def _get(ray: Any, ref: Any, what: str) -> Any:
         raise e.as_instanceof_cause() from None
 
 
-def _run_task(job: UnitWork, chunk: list[tuple[int, Any]], staging: str, buffer_size: int) -> tuple[Part, ChunkDone]:
+def _run_task(job: UnitWork, chunk: list[tuple[int, Any]], staging: str, attempt: str, buffer_size: int) -> tuple[Part, ChunkDone]:
     """One Ray task: write the units of ``chunk`` into the chunk's own part directory."""
     storage.remote.restore(job.storage)
-    directory = chunk_directory(staging, chunk[0][0], chunk[-1][0])
+    directory = chunk_directory(staging, attempt, chunk[0][0], chunk[-1][0])
     shutil.rmtree(directory, ignore_errors=True)  # a retried task starts over: nothing is written twice
     writer = UnitWriter(job, directory, buffer_size)
     reply = run_chunk(writer, chunk)

@@ -38,7 +38,7 @@ import types
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit import manifest, storage
@@ -69,7 +69,8 @@ class Commit:
 
     ``sizes[p]``/``crcs[p]``: length and CRC-32 of part file p; ``counts[p]``: its samples (and
     8-byte key hashes); ``segments[p]``: its ``[unit, start, end, samples]`` rows; ``units``: the
-    units written completely; ``failures``: the units skipped (``on_error="skip"``).
+    units written completely; ``failures``: the units skipped (``on_error="skip"``);
+    ``factors``: input samples by their number of copies (with a repeat rule).
     """
 
     sizes: list[int]
@@ -81,6 +82,7 @@ class Commit:
     failures: list[Failure]
     samples: int
     nbytes: int
+    factors: dict[int, int] = field(default_factory=dict)
 
 
 def write_commit(directory: str, commit: Commit) -> None:
@@ -182,6 +184,13 @@ def fingerprint(units: Sequence[Any], fn: Callable[..., Any], options: Mapping[s
     }
 
 
+def _shown(value: Any) -> str:
+    """An option's value in a message: a function (a :func:`describe_fn` record) by its name."""
+    if isinstance(value, dict) and isinstance(value.get("name"), str):
+        return value["name"]
+    return repr(value)
+
+
 def _differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     said = []
     for key in sorted(set(then) | set(now)):
@@ -195,7 +204,7 @@ def _differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
         elif key == "fn" and isinstance(a, dict) and isinstance(b, dict):
             said.append(f"fn was {a.get('name')}, is {b.get('name')}")
         elif key != "inputs":
-            said.append(f"{key} was {a!r}, is {b!r}")
+            said.append(f"{key} was {_shown(a)}, is {_shown(b)}")
     return said
 
 
@@ -340,15 +349,22 @@ def _clear(path: str, keep: set[str]) -> None:
 
 
 def _checked(found: Mapping[str, Commit]) -> dict[str, Commit]:
-    """The commits whose part files check (name, size, CRC-32), their tails cut to the commit."""
+    """The commits whose part files check (name, size, CRC-32), their tails cut to the commit;
+    of two that name one unit, the first by directory name."""
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="shardkit-resume") as pool:
         problems = list(pool.map(lambda item: _check_dir(*item), found.items()))
-    kept = {}
+    kept: dict[str, Commit] = {}
+    claimed: set[int] = set()
     for (directory, commit), problem in zip(found.items(), problems, strict=True):
+        units = {*commit.units, *(f.index for f in commit.failures)}
+        if problem is None and units & claimed:
+            # a task a killed run left on a cluster committed units a later run did again
+            problem = f"holds units another committed part holds ({min(units & claimed)}...)"
         if problem is None:
             kept[directory] = commit
+            claimed |= units
         else:
-            log.warning("%s: %s; its %d units are processed again", directory, problem, len(commit.units) + len(commit.failures))
+            log.warning("%s: %s; its %d units are processed again", directory, problem, len(units))
     return kept
 
 

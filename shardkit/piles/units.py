@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from shardkit import errors, storage
 from shardkit.codecs import Codecs
 from shardkit.errors import Failure, InputError, RemoteTraceback, SampleError, ShardkitError
 from shardkit.piles import canonical, resume, router
+from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.encode import encode_sample
 from shardkit.piles.parts import ADVICE, PileSink, part_file
 from shardkit.tar.keys import repeated_key, sample_at
@@ -43,6 +45,8 @@ class UnitWork:
     on_error: str
     shards: bool = False
     key_prefix: str = "none"
+    # copies of each sample (see shardkit.piles.repeat); None writes each once
+    repeat: repeat_rules.Rule | None = None
     # the parent's storage options by bucket: a spawned worker reads remote units with them too
     storage: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
 
@@ -81,12 +85,14 @@ def skip_record(failure: Failure, unit: Any) -> dict[str, Any]:
 
 @dataclass
 class Part:
-    """What one process wrote: per-pile part files, their segments and CRC-32s, the field extensions."""
+    """What one process wrote: per-pile part files, their segments and CRC-32s, the field
+    extensions, and input samples by their number of copies (with a repeat rule)."""
 
     paths: list[str]
     segments: list[Any]
     fields: set[str]
     crcs: list[int]
+    factors: dict[int, int] = field(default_factory=dict)
 
 
 def part_directory(staging: str, attempt: str, worker: int) -> str:
@@ -94,13 +100,16 @@ def part_directory(staging: str, attempt: str, worker: int) -> str:
     return os.path.join(staging, f"{attempt}-w{worker}")
 
 
-def chunk_directory(staging: str, first: int, last: int) -> str:
-    """Where the task running input units ``first..last`` keeps its part files (one task a chunk)."""
-    return os.path.join(staging, f"part-u{first:09d}-{last:09d}")
+def chunk_directory(staging: str, attempt: str, first: int, last: int) -> str:
+    """Where the task of the run ``attempt`` running input units ``first..last`` keeps its part
+    files (one task a chunk): a retry of the task replaces its own files, and a task an earlier,
+    killed run left running on the cluster never writes where this run does."""
+    return os.path.join(staging, f"{attempt}-u{first:09d}-{last:09d}")
 
 
-def _encoded(job: UnitWork, unit: Any) -> Iterator[tuple[str, bytes, list[str]]]:
-    """(key, bytes, extensions) of each sample of one unit; anything raised by ``fn`` or the encoder is a UnitFailed."""
+def _encoded(job: UnitWork, unit: Any, factors: Counter[int]) -> Iterator[tuple[str, bytes, list[str]]]:
+    """(key, bytes, extensions) of each sample of one unit, each copy ``job.repeat`` asks for
+    (counted in ``factors``); anything raised by ``fn``, the rule or the encoder is a UnitFailed."""
     try:
         samples = job.fn(unit)
         if samples is None or isinstance(samples, (Mapping, str, bytes)) or not isinstance(samples, Iterable):
@@ -108,8 +117,16 @@ def _encoded(job: UnitWork, unit: Any) -> Iterator[tuple[str, bytes, list[str]]]
         for sample in samples:
             if not isinstance(sample, Mapping):
                 raise TypeError(f"fn yielded a {type(sample).__name__}, expected a sample dict with '__key__'")
-            data, exts = encode_sample(sample, job.codecs, max_pile_bytes=job.max_pile_bytes)
-            yield sample["__key__"], data, exts
+            if job.repeat is None:
+                data, exts = encode_sample(sample, job.codecs, max_pile_bytes=job.max_pile_bytes)
+                yield sample["__key__"], data, exts
+                continue
+            count = repeat_rules.copies(job.repeat, sample)
+            factors[count] += 1
+            for copy in range(count):
+                key = repeat_rules.copy_key(sample["__key__"], copy) if isinstance(sample.get("__key__"), str) else sample.get("__key__")
+                data, exts = encode_sample({**sample, "__key__": key}, job.codecs, max_pile_bytes=job.max_pile_bytes)
+                yield key, data, exts
     except Exception as e:
         raise UnitFailed(str(e)) from e
 
@@ -126,6 +143,8 @@ class UnitWriter:
         self.job = job
         self.sink = PileSink(directory, job.piles, buffer_size)
         self.fields: set[str] = set()
+        # input samples by the number of copies written of each (with a repeat rule)
+        self.factors: Counter[int] = Counter()
         # what the next commit records: the units done and skipped, and their totals
         self.done: list[int] = []
         self.failures: list[Failure] = []
@@ -145,8 +164,9 @@ class UnitWriter:
         # is found when the piles are merged. Memory: the unit's keys, while it runs.
         ordinals: dict[str, int] = {}
         samples = nbytes = 0
+        factors: Counter[int] = Counter()
         # errors from the sink (a full disk) are not the unit's fault: they escape UnitFailed
-        for key, data, exts in _encoded(self.job, unit):
+        for key, data, exts in _encoded(self.job, unit, factors):
             if ordinals.setdefault(key, samples) != samples:
                 error = SampleError(repeated_key(key, sample_at(samples), sample_at(ordinals[key])) + ADVICE)
                 raise UnitFailed(str(error)) from error
@@ -156,6 +176,7 @@ class UnitWriter:
             nbytes += len(data)
         # a unit's fields count once it succeeded: a skipped unit leaves no trace
         self.fields |= seen
+        self.factors.update(factors)
         return samples, nbytes
 
     def _copy_shard(self, index: int, url: str) -> tuple[int, int]:
@@ -204,6 +225,7 @@ class UnitWriter:
             counts=list(sink.counts),
             segments=list(sink.segments),
             fields=set(self.fields),
+            factors=dict(self.factors),
             units=list(self.done),
             failures=list(self.failures),
             samples=self.samples,
@@ -220,17 +242,17 @@ class UnitWriter:
     def finish(self) -> Part:
         """Flush the buffers and commit; returns what this process wrote."""
         self.commit()
-        return part_of(self.sink.directory, self.job.piles, self.sink.segments, self.fields, self.sink.crcs)
+        return part_of(self.sink.directory, self.job.piles, self.sink.segments, self.fields, self.sink.crcs, dict(self.factors))
 
 
-def part_of(directory: str, piles: int, segments: list[Any], fields: set[str], crcs: list[int]) -> Part:
+def part_of(directory: str, piles: int, segments: list[Any], fields: set[str], crcs: list[int], factors: dict[int, int]) -> Part:
     """The :class:`Part` of the part directory ``directory``."""
-    return Part([part_file(directory, p) for p in range(piles)], segments, fields, crcs)
+    return Part([part_file(directory, p) for p in range(piles)], segments, fields, crcs, factors)
 
 
 def reused_part(directory: str, commit: resume.Commit) -> Part:
     """The :class:`Part` an earlier run committed in ``directory``."""
-    return part_of(directory, len(commit.sizes), commit.segments, commit.fields, commit.crcs)
+    return part_of(directory, len(commit.sizes), commit.segments, commit.fields, commit.crcs, commit.factors)
 
 
 # the task that asks a worker for its part: everything it wrote

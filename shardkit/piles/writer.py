@@ -39,7 +39,7 @@ from shardkit.piles.publish import Run, publish
 log = logging.getLogger(__name__)
 
 # options of jobs over input units (worker processes, skipping units, keys of input shards)
-_JOB_ONLY = ("workers", "on_error", "key_prefix", "executor", "ray_address", "resume")
+_JOB_ONLY = ("workers", "on_error", "key_prefix", "executor", "ray_address", "resume", "repeat")
 
 
 def _in_process(options: PileOptions) -> PileOptions:

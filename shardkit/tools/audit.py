@@ -52,7 +52,8 @@ class DatasetInfo:
 
     ``bytes`` is the piles' size as stored; for compressed piles (``compression`` names the
     codec) ``tar_bytes`` is the size of the tars inside, and ``pile_bytes`` and
-    :meth:`loader_ram` count those: what a loader holds in memory.
+    :meth:`loader_ram` count those: what a loader holds in memory. ``repeat`` is what pass 1
+    recorded of its oversampling (the rule, and input samples by their number of copies).
 
         summary = info("data/")
         print(f"{summary.samples} samples in {summary.piles} piles")
@@ -76,6 +77,7 @@ class DatasetInfo:
     largest_piles: tuple[int, ...]
     compression: str | None = None
     tar_bytes: int = 0
+    repeat: dict[str, Any] | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -108,6 +110,7 @@ class DatasetInfo:
             "pile_bytes": vars(self.pile_bytes),
             "compression": self.compression,
             "tar_bytes": self.tar_bytes,
+            "repeat": self.repeat,
             "loader_ram": {f"mix={k}": self.loader_ram(mix=k) for k in (1, 2, 4)},
         }
 
@@ -151,6 +154,7 @@ def info(directory: str, *, storage_options: Mapping[str, Any] | None = None) ->
         largest_piles=tuple(sorted((p.tar_size for p in m.piles), reverse=True)[:64]),
         compression=", ".join(sorted({p.compression for p in m.piles if p.compression is not None})) or None,
         tar_bytes=m.tar_bytes,
+        repeat=m.extra["repeat"] if isinstance(m.extra.get("repeat"), dict) else None,
     )
 
 
