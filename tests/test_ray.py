@@ -220,3 +220,35 @@ def test_a_lost_node_is_retried_and_nothing_is_lost_or_doubled(tmp_path, cluster
     assert len(started) > UNITS  # the lost node's units ran again elsewhere
     assert result == expected
     assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+
+
+class _Ray:
+    """What connect() asks of Ray: whether a session is open, and how it starts one."""
+
+    def __init__(self, open_: bool) -> None:
+        self.open, self.calls = open_, []
+
+    def is_initialized(self) -> bool:
+        return self.open
+
+    def init(self, **kwargs):
+        self.calls.append(kwargs.get("address"))
+
+
+@pytest.mark.parametrize(
+    ("open_", "address", "env", "expected"),
+    [
+        (False, None, None, ["local"]),  # never a Ray another process (a killed run) left here
+        (False, None, "10.0.0.1:6379", [None]),  # a job Ray runs: Ray reads RAY_ADDRESS itself
+        (False, "auto", None, ["auto"]),
+        (True, "auto", None, []),  # an open session is used as it is
+    ],
+)
+def test_connect_starts_its_own_ray_unless_told_where(monkeypatch, open_, address, env, expected):
+    if env is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    ray = _Ray(open_)
+    ray_executor.connect(ray, address)
+    assert ray.calls == expected

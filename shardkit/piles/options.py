@@ -85,8 +85,10 @@ class PileOptions:
             ``f"{key}_r{i}"``; or ``{"field": "cls", "counts": {"3": 4}, "default": 1}``, or its
             text form ``"cls:3=4"``, to repeat by a field's value. The manifest records the
             rule and how many samples got each count (``extra["repeat"]``).
-        ray_address: the Ray cluster to use with ``executor="ray"``: None starts (or reuses) a
-            Ray on this machine; ``"auto"``, ``"host:port"`` or ``"ray://host:10001"`` connects.
+        ray_address: the Ray cluster to use with ``executor="ray"``: None starts a Ray on this
+            machine for the job (or uses the session the process has open, or the cluster
+            ``RAY_ADDRESS`` names); ``"auto"`` (the cluster ``ray start`` made here),
+            ``"host:port"`` or ``"ray://host:10001"`` connects.
 
     ``workers``, ``on_error``, ``key_prefix``, ``executor``, ``ray_address``, ``resume`` and ``repeat`` describe a job over input units:
     :class:`PileWriter` writes in the calling process and refuses values other than the defaults.

@@ -23,6 +23,7 @@ units and the parts' bookkeeping, never the part files.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -66,11 +67,15 @@ def _import_ray() -> Any:
 
 
 def connect(ray: Any, address: str | None) -> None:
-    """Start or join Ray: None starts a light one here (or uses the session already open)."""
+    """Start or join Ray: None starts a light one here for this process (or uses the session
+    already open, or the cluster ``RAY_ADDRESS`` names, as a job Ray runs is given)."""
     if ray.is_initialized():
         return  # an open session is used as it is, whatever address it was opened with
     if address is None:
-        ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
+        # "local": never join a Ray another process started here, such as the one a killed run
+        # of this job left behind, still shutting down
+        local = None if os.environ.get("RAY_ADDRESS") else "local"
+        ray.init(address=local, ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
     else:
         ray.init(address=address, ignore_reinit_error=True)
 
