@@ -35,7 +35,9 @@ if TYPE_CHECKING:
         StorageError,
         WorkerError,
     )
-    from shardkit.loading.loader import Loader, loader
+    from shardkit.loading.blend_loader import loader
+    from shardkit.loading.blend_spec import Blend, BlendSource
+    from shardkit.loading.loader import Loader
     from shardkit.loading.options import LoaderOptions
     from shardkit.manifest import Manifest, PileInfo
     from shardkit.piles.options import PileOptions
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
 
 
 _WHERE = {
+    "Blend": "shardkit.loading.blend_spec",
+    "BlendSource": "shardkit.loading.blend_spec",
     "Codecs": "shardkit.codecs",
     "ConfigError": "shardkit.errors",
     "CorruptShardError": "shardkit.errors",
@@ -74,7 +78,7 @@ _WHERE = {
     "compare_shuffles": "shardkit.tools",
     "info": "shardkit.tools",
     "load_job": "shardkit.cli",
-    "loader": "shardkit.loading.loader",
+    "loader": "shardkit.loading.blend_loader",
     "pile": "shardkit.piles.preprocess",
     "pile_kwargs": "shardkit.cli",
     "preprocess": "shardkit.piles.preprocess",
@@ -112,6 +116,8 @@ sys.modules[__name__].__class__ = _Facade
 
 
 __all__ = [
+    "Blend",
+    "BlendSource",
     "Codecs",
     "ConfigError",
     "CorruptShardError",

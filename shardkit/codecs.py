@@ -137,6 +137,11 @@ class Codecs:
         """Use ``fn(value) -> bytes`` for fields named ``ext`` (bytes and str always pass as is)."""
         self._encoders[ext.lower()] = fn
 
+    @property
+    def encoders(self) -> dict[str, Encoder]:
+        """The encoders by extension (a copy)."""
+        return dict(self._encoders)
+
     def register_decoder(self, ext: str, fn: Decoder) -> None:
         """Use ``fn(bytes) -> value`` for fields named ``ext``."""
         self._decoders[ext.lower()] = fn

@@ -17,6 +17,7 @@ from typing import Any
 from shardkit import storage
 from shardkit._util import check_path
 from shardkit.errors import DatasetNotFoundError, ManifestError, StorageError
+from shardkit.tar.compression import CODECS
 
 MANIFEST = "shardkit.json"
 FORMAT = "shardkit"
@@ -40,12 +41,36 @@ def format_checksum(crc: int) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class PileInfo:
-    """One pile: file name relative to the dataset, sample count, byte size, checksum."""
+    """One pile: file name relative to the dataset, sample count, byte size, checksum.
+
+    ``bytes`` and ``checksum`` are the file's as stored. A compressed pile
+    (``pile-000000.tar.zst``) also names its ``compression`` and the size and checksum of the
+    tar inside (``tar_bytes``, ``tar_checksum``): what a loader holds in memory. A plain pile
+    has None there, and its manifest entry does not hold these fields at all.
+
+        info.tar_size        # bytes in memory once read: tar_bytes, or bytes for a plain pile
+    """
 
     name: str
     samples: int
     bytes: int
     checksum: str
+    compression: str | None = None
+    tar_bytes: int | None = None
+    tar_checksum: str | None = None
+
+    @property
+    def tar_size(self) -> int:
+        """The tar's size: what a reader holds in memory (the file's size for a plain pile)."""
+        return self.bytes if self.tar_bytes is None else self.tar_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest entry: the compression fields only for a compressed pile."""
+        return {k: v for k, v in asdict(self).items() if v is not None or k not in _COMPRESSED}
+
+
+# the optional fields of a compressed pile's entry: all three, or none
+_COMPRESSED = ("compression", "tar_bytes", "tar_checksum")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +91,13 @@ class Manifest:
 
     @property
     def bytes(self) -> int:
+        """Bytes of the pile files as stored (compressed or not)."""
         return sum(p.bytes for p in self.piles)
+
+    @property
+    def tar_bytes(self) -> int:
+        """Bytes of the piles' tars, uncompressed: what readers hold in memory."""
+        return sum(p.tar_size for p in self.piles)
 
     def to_json(self) -> str:
         doc = {
@@ -80,7 +111,7 @@ class Manifest:
             "skipped_units": self.skipped_units,
             "split_piles": self.split_piles,
             "extra": self.extra,
-            "piles": [asdict(p) for p in self.piles],
+            "piles": [p.to_dict() for p in self.piles],
         }
         return json.dumps(doc, indent=1, sort_keys=False) + "\n"
 
@@ -117,7 +148,24 @@ def _pile(p: Any, at: str) -> PileInfo:
     checksum = _expect(p, "checksum", str, at)
     if not _CHECKSUM.fullmatch(checksum):
         raise ManifestError(f"{at}: field 'checksum': expected 'crc32:' and 8 lowercase hex digits, got {checksum!r}")
-    return PileInfo(name=name, samples=_count(p, "samples", at), bytes=_count(p, "bytes", at), checksum=checksum)
+    return PileInfo(name=name, samples=_count(p, "samples", at), bytes=_count(p, "bytes", at), checksum=checksum, **_compressed(p, at))
+
+
+def _compressed(p: dict[str, Any], at: str) -> dict[str, Any]:
+    """A compressed pile's codec, tar size and tar checksum (none of them for a plain pile)."""
+    given = [key for key in _COMPRESSED if p.get(key) is not None]
+    if not given:
+        return {}
+    if len(given) != len(_COMPRESSED):
+        missing = ", ".join(repr(k) for k in _COMPRESSED if k not in given)
+        raise ManifestError(f"{at}: a compressed pile needs {', '.join(map(repr, _COMPRESSED))}; missing {missing}")
+    codec = _expect(p, "compression", str, at)
+    if codec not in CODECS:
+        raise ManifestError(f"{at}: field 'compression': expected one of {', '.join(map(repr, CODECS))}, got {codec!r}")
+    tar_checksum = _expect(p, "tar_checksum", str, at)
+    if not _CHECKSUM.fullmatch(tar_checksum):
+        raise ManifestError(f"{at}: field 'tar_checksum': expected 'crc32:' and 8 lowercase hex digits, got {tar_checksum!r}")
+    return {"compression": codec, "tar_bytes": _count(p, "tar_bytes", at), "tar_checksum": tar_checksum}
 
 
 def _piles(doc: dict[str, Any], where: str) -> tuple[PileInfo, ...]:
@@ -169,7 +217,7 @@ def parse(text: str, where: str) -> Manifest:
     return manifest
 
 
-_PILE = re.compile(r"^pile-(\d+)(?:-\d+)*(?:\.v\d+)?\.tar$")
+_PILE = re.compile(r"^pile-(\d+)(?:-\d+)*(?:\.v\d+)?\.tar(?:\.zst|\.gz)?$")
 
 
 def original_piles(m: Manifest) -> int:

@@ -25,6 +25,7 @@ class Stream(enum.IntEnum):
     WDS_BUFFER = 0x57_44_53_31  # (seed, epoch): reference WebDataset-style buffer picks
     DEMO = 0x44_45_4D_4F  # (seed,): the demo's synthetic images
     SUBSAMPLE = 0x53_55_42_53  # (seed,): positions sampled by quality metrics on huge orders
+    BLEND = 0x42_4C_4E_44  # (seed, epoch, part): a blend's schedule (part 0: its phase, then in-batch orders)
 
 
 _ARITY = {
@@ -36,6 +37,7 @@ _ARITY = {
     Stream.WDS_BUFFER: 2,
     Stream.DEMO: 1,
     Stream.SUBSAMPLE: 1,
+    Stream.BLEND: 3,
 }
 
 

@@ -18,11 +18,9 @@ the hidden directory and leaves any dataset already in the output untouched.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
-import mmap
 import os
 import re
 import shutil
@@ -39,11 +37,13 @@ from shardkit.loading import plan
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.options import check_bools, check_choices, from_call, meta, specs
-from shardkit.piles.options import KEY_PREFIX, MAX_PILES, PileOptions
+from shardkit.piles.options import EXECUTORS, KEY_PREFIX, MAX_PILES, PileOptions, check_ray_address
 from shardkit.piles.output import claim
+from shardkit.piles.pack import Pack, Packed
 from shardkit.piles.publish import free_names, install, remove_strays
 from shardkit.storage import write_chunks
-from shardkit.tar import index, scan, write
+from shardkit.tar import compression, index, scan, write
+from shardkit.tar.compression import check_compression, check_level
 from shardkit.tar.keys import first_repeat, repeated_key, sample_at
 
 log = logging.getLogger(__name__)
@@ -53,11 +53,11 @@ DEFAULT_MEMORY = "1GiB"
 # webdataset.ShardWriter's defaults, used when neither limit is given
 DEFAULT_MAXCOUNT = 100_000
 DEFAULT_MAXSIZE = 3_000_000_000
-_SHARD = re.compile(r"^shard-\d{6,}(\.v\d+)?\.tar$")
+_SHARD = re.compile(r"^shard-\d{6,}(\.v\d+)?\.tar(\.zst|\.gz)?$")
 
 
-def shard_name(index: int) -> str:
-    return f"shard-{index:06d}.tar"
+def shard_name(index: int, codec: str | None = None) -> str:
+    return f"shard-{index:06d}.tar{compression.suffix(codec)}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,9 +76,14 @@ class ShuffleOptions:
             defaults apply: 100,000 samples and 3 GB.
         seed: seeds pass 1's router, the pile order and each pile's permutation.
         workers: processes for pass 1 (the output is identical for any number).
+        executor, ray_address: where pass 1's input units and merge run (see
+            :class:`~shardkit.PileOptions`); pass 2 runs here.
         overwrite: replace a dataset already in the output directory.
         key_prefix: ``"unit"`` prefixes each key with its input shard's name, for shards whose
             keys restart at ``000000`` (see :func:`shardkit.pile`); keys must be unique.
+        compression, compression_level: ``"zstd"`` or ``"gzip"`` writes each output shard
+            compressed whole (``shard-000000.tar.zst``), as :class:`~shardkit.PileOptions` does
+            for piles; ``maxsize`` still counts the tar's bytes. The temporary piles stay plain.
 
     Example:
         opts = ShuffleOptions(piles=64, maxcount=10_000, seed=1)
@@ -116,6 +121,22 @@ class ShuffleOptions:
     storage_options: Mapping[str, Any] | None = field(
         default=None, repr=False, metadata=meta(help=specs(PileOptions)["storage_options"].help or "", yaml="job")
     )
+    # pass 1's executor, read by it
+    executor: str = field(default="local", metadata=meta(help=specs(PileOptions)["executor"].help or "", choices=EXECUTORS, yaml="job"))
+    ray_address: str | None = field(
+        default=None, metadata=meta(help=specs(PileOptions)["ray_address"].help or "", metavar="ADDR", yaml="job")
+    )
+    compression: str | None = field(
+        default=None,
+        metadata=meta(
+            help="compress each output shard whole: zstd (shard-000000.tar.zst) or gzip (.tar.gz); default: plain tar",
+            metavar="CODEC",
+            yaml="output",
+        ),
+    )
+    compression_level: int | None = field(
+        default=None, metadata=meta(help=specs(PileOptions)["compression_level"].help or "", metavar="L", yaml="output")
+    )
 
     def __post_init__(self) -> None:
         storage.check_storage_options(self.storage_options)
@@ -126,12 +147,20 @@ class ShuffleOptions:
         check_int("maxcount", self.maxcount, low=1, none=True)
         check_choices(self)
         check_bools(self)
+        check_ray_address(self.ray_address, self.executor)
+        check_compression(self.compression)
+        check_level(self.compression, self.compression_level)
         for name in ("memory", "maxsize"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, parse_size(value, what=name))
         if self.maxsize is not None and self.maxsize < 3 * scan.BLOCK:  # type: ignore[operator]
             raise ConfigError(f"maxsize: expected at least {3 * scan.BLOCK} bytes (one header, one block, the trailer), got {self.maxsize}")
+
+    @property
+    def level(self) -> int | None:
+        """The compression level in effect: ``compression_level``, or the codec's default."""
+        return check_level(self.compression, self.compression_level)
 
     def limits(self) -> tuple[int | None, int | None]:
         """(maxcount, maxsize) in effect."""
@@ -156,17 +185,22 @@ class ShardRoller:
     starts with the key the shard before it ends with (a reader of the shards in sequence would
     merge the two): piles hold unique keys, but two piles may not.
 
+    With ``pack``, each shard is compressed whole on its way to disk (``shard-000000.tar.zst``);
+    the limits count the tar's bytes.
+
         roller = ShardRoller("staging/", maxcount=1000, maxsize=None)
         roller.extend(pile_bytes, starts, ends, keys)
         infos = roller.close()
     """
 
-    def __init__(self, directory: str, *, maxcount: int | None, maxsize: int | None) -> None:
+    def __init__(self, directory: str, *, maxcount: int | None, maxsize: int | None, pack: Pack | None = None) -> None:
         self.directory = directory
         self.maxcount = maxcount
         self.maxsize = maxsize
+        self.pack = pack
         self.shards: list[PileInfo] = []
         self._fd: int | None = None
+        self._packed: Packed | None = None
         self._count = 0
         self._bytes = 0
         self._crc = 0
@@ -210,14 +244,19 @@ class ShardRoller:
         # a new shard takes at least one sample, however large
         return max(take, 0) if self._fd is not None else max(take, 1)
 
+    def _name(self, index: int) -> str:
+        return shard_name(index, None if self.pack is None else self.pack.codec)
+
     def _path(self) -> str:
         """The shard being written (or about to be)."""
-        return os.path.join(self.directory, shard_name(len(self.shards)))
+        return os.path.join(self.directory, self._name(len(self.shards)))
 
     def _open(self, first: int) -> None:
-        name = shard_name(len(self.shards))
+        name = self._name(len(self.shards))
         with storage.guard(self._path(), "create"):
             self._fd = os.open(self._path(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | storage.O_BINARY, 0o644)
+        if self.pack is not None:
+            self._packed = Packed(self._fd, self.pack)
         if self.maxsize is not None and first + len(write.TRAILER) > self.maxsize:
             log.warning("%s: one sample of %d bytes is over maxsize=%d: it gets a shard of its own", name, first, self.maxsize)
 
@@ -233,21 +272,24 @@ class ShardRoller:
             for chunk in chunks:  # in output order, as a reader of the shard sums them
                 crc = checksum(chunk, crc)
             with storage.guard(self._path(), "write", size=sum(map(len, chunks))):
-                write_chunks(self._fd, chunks)
+                if self._packed is not None:
+                    self._packed.write(b"".join(chunks))  # one call into the codec per batch, not per sample
+                else:
+                    write_chunks(self._fd, chunks)
         self._crc = crc
         self._count += len(starts)
         self._bytes += int((ends - starts).sum())
 
     def _refuse_repeats(self) -> None:
         """Raise if a key is in the open shard twice, or starts it where the last one ended."""
-        name = shard_name(len(self.shards))
+        name = self._name(len(self.shards))
         keys, offsets = np.concatenate(self._keys), np.concatenate(self._offsets).tolist()
         pair = first_repeat(keys)
         if pair is not None:
             i, j = pair
             said = repeated_key(bytes(keys[i]), sample_at(i, f"offset {offsets[i]}"), sample_at(j, f"offset {offsets[j]}"))
         elif self._last is not None and len(keys) and bytes(keys[0]) == self._last[0]:
-            before = f"the last sample of {shard_name(len(self.shards) - 1)} (offset {self._last[1]})"
+            before = f"the last sample of {self._name(len(self.shards) - 1)} (offset {self._last[1]})"
             said = repeated_key(bytes(keys[0]), sample_at(0, "offset 0"), before)
         else:
             self._last = (bytes(keys[-1]), offsets[-1]) if len(keys) else None
@@ -262,16 +304,27 @@ class ShardRoller:
         if self._keys:
             self._refuse_repeats()
             self._keys, self._offsets = [], []
+        packed = self._packed
         with storage.guard(self._path(), "write", size=len(write.TRAILER)):
-            write_chunks(self._fd, [write.TRAILER])
+            if packed is not None:
+                packed.write(write.TRAILER)
+                packed.finish()
+            else:
+                write_chunks(self._fd, [write.TRAILER])
             os.fsync(self._fd)  # durable before the manifest that lists it
         os.close(self._fd)
-        self._fd = None
-        crc = manifest.checksum(write.TRAILER, self._crc)
-        name = shard_name(len(self.shards))
-        self.shards.append(
-            PileInfo(name=name, samples=self._count, bytes=self._bytes + len(write.TRAILER), checksum=manifest.format_checksum(crc))
-        )
+        self._fd, self._packed = None, None
+        crc = manifest.format_checksum(manifest.checksum(write.TRAILER, self._crc))
+        name, size = self._name(len(self.shards)), self._bytes + len(write.TRAILER)
+        if packed is None:
+            self.shards.append(PileInfo(name=name, samples=self._count, bytes=size, checksum=crc))
+        else:
+            stored = manifest.format_checksum(packed.crc)
+            codec = packed.packer.codec
+            info = PileInfo(
+                name=name, samples=self._count, bytes=packed.size, checksum=stored, compression=codec, tar_bytes=size, tar_checksum=crc
+            )
+            self.shards.append(info)
         self._count = self._bytes = self._crc = 0
 
     def close(self) -> list[PileInfo]:
@@ -302,6 +355,8 @@ def _pass1(urls: list[str], directory: str, *, piles: int, max_pile_bytes: int |
         workers=opts.workers,
         key_prefix=opts.key_prefix,
         storage_options=opts.storage_options,
+        executor=opts.executor,
+        ray_address=opts.ray_address,
     )
     return pile(urls, directory, options=options, quiet=quiet)
 
@@ -309,7 +364,7 @@ def _pass1(urls: list[str], directory: str, *, piles: int, max_pile_bytes: int |
 def _pass2(piles_dir: str, piles: Manifest, staging: str, opts: ShuffleOptions, quiet: bool) -> list[PileInfo]:
     """Write the piles' samples, each pile permuted, in a random pile order, into output shards."""
     maxcount, maxsize = opts.limits()
-    roller = ShardRoller(staging, maxcount=maxcount, maxsize=maxsize)
+    roller = ShardRoller(staging, maxcount=maxcount, maxsize=maxsize, pack=Pack.of(opts))
     try:
         with _util.bar(total=piles.samples, desc="pass 2", unit="sample", quiet=quiet) as progress:
             # the order is the loader's epoch 0 over these piles: one definition of "shuffled"
@@ -341,14 +396,7 @@ def _copy_pile(url: str, info: PileInfo, permutation: np.ndarray, roller: ShardR
         keys = layout.sample_keys(starts[:-1])[permutation]
         roller.extend(buf, bounds[:-1][permutation], bounds[1:][permutation], keys)
     finally:
-        _unmap(buf)
-
-
-def _unmap(buf: storage.Buffer) -> None:
-    if isinstance(buf, mmap.mmap):
-        # views still held by a traceback in flight keep the map alive: it goes with them
-        with contextlib.suppress(BufferError):
-            buf.close()
+        storage.unmap(buf)
 
 
 def shuffle(
@@ -365,15 +413,20 @@ def shuffle(
     overwrite: bool = False,
     quiet: bool = False,
     key_prefix: str = "none",
+    executor: str = "local",
+    ray_address: str | None = None,
+    compression: str | None = None,
+    compression_level: int | None = None,
 ) -> Manifest:
     """Shuffle existing WebDataset shards into ``out/shard-000000.tar ...`` plus ``shardkit.json``.
 
     Args:
         inputs: shard URLs, globs or brace patterns (``raw/shard-{000000..000099}.tar``); read in
-            order, ``.tar.gz`` accepted.
+            order, ``.tar.zst`` and ``.tar.gz`` accepted.
         out: output directory; it holds only the shards and the manifest when done.
         options: a :class:`ShuffleOptions`, instead of the keyword options below (not both).
-        piles, memory, maxcount, maxsize, seed, workers, overwrite, key_prefix: see :class:`ShuffleOptions`.
+        piles, memory, maxcount, maxsize, seed, workers, overwrite, key_prefix, executor,
+            ray_address, compression, compression_level: see :class:`ShuffleOptions`.
         quiet: no progress bars.
 
     Returns:
@@ -392,6 +445,10 @@ def shuffle(
         "workers": workers,
         "overwrite": overwrite,
         "key_prefix": key_prefix,
+        "executor": executor,
+        "ray_address": ray_address,
+        "compression": compression,
+        "compression_level": compression_level,
     }
     opts = from_call(ShuffleOptions, options, keywords)
     _util.check_bool("quiet", quiet)

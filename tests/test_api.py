@@ -8,7 +8,7 @@ import sys
 import shardkit
 
 PUBLIC = {
-    "Codecs", "ConfigError", "CorruptShardError", "DatasetExistsError", "DatasetInfo", "DatasetNotFoundError",
+    "Blend", "BlendSource", "Codecs", "ConfigError", "CorruptShardError", "DatasetExistsError", "DatasetInfo", "DatasetNotFoundError",
     "DecodeError", "InputError", "Loader", "LoaderOptions", "Manifest", "ManifestError", "PileInfo", "PileOptions",
     "PileTooLargeError", "PileWriter", "Problem", "QualityReport", "SampleError", "ShardkitError", "ShuffleOptions", "StorageError",
     "WorkerError",

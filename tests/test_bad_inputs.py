@@ -277,7 +277,7 @@ API: dict[str, Api] = {
     "loader-int": Api(lambda c: L(5), ConfigError, "source: expected a path, URL or pattern, or a list of them, got 5"),
     "loader-none": Api(lambda c: L(None), ConfigError, "source: expected a path, URL or pattern, or a list of them, got None"),
     "loader-bytes": Api(lambda c: L(b"data/"), ConfigError, "source: expected a path, URL or pattern, or a list of them, got b'data/'"),
-    "loader-mapping": Api(lambda c: L({"a": 1}), ConfigError, "source: expected a path, URL or pattern, or a list of them, got a mapping"),
+    "loader-mapping": Api(lambda c: L({"a": 1}), ConfigError, "blend: source 'a': expected a path or a mapping with 'path', got 1"),
     "loader-int-in-list": Api(lambda c: L([c.shard, 5]), ConfigError, "source[1]: expected a path or URL, got 5"),
     "loader-empty-string": Api(lambda c: L(""), ConfigError, "source: expected a path or URL, got ''"),
     "loader-missing-shard": Api(lambda c: L(c.missing + ".tar"), DatasetNotFoundError, "$missing.tar: no such file"),
@@ -683,7 +683,9 @@ def test_a_corrupt_gzip_shard_is_skipped_and_counted_by_the_loader(place, on_err
     keys = sorted(s["__key__"] for s in loader)
     assert len(keys) == 12  # both good shards, whole
     assert loader.stats.skipped_piles == 1
-    assert loader.stats.errors == [f"{place.bad_gz}: not valid gzip (Error -3 while decompressing data: invalid block type)"]
+    assert loader.stats.errors == [
+        f"{place.bad_gz}: not valid gzip: corrupt or truncated (Error -3 while decompressing data: invalid block type)"
+    ]
 
 
 def test_a_corrupt_gzip_shard_is_skipped_and_counted_by_pile(place, tmp_path):

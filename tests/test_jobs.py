@@ -67,7 +67,7 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         (VALID.replace("piles: 4", "piles: 0"), "output.piles: expected an integer >= 1, got 0"),
         (
             VALID.replace("piles: 4", "pilez: 4"),
-            "output.pilez: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite)",
+            "output.pilez: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite, compression, compression_level)",
         ),
         (VALID.replace("piles: 4", "seed: 1"), "output.piles: missing (required)"),
         (
@@ -80,11 +80,11 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         (VALID + "on_error: ignore\n", "on_error: expected one of raise, skip, got 'ignore'"),
         (
             VALID + "colour: blue\n",
-            "colour: unknown field (expected one of: args, executor, fn, inputs, job, on_error, output, ray_address, samples, storage_options, transform, workers)",
+            "colour: unknown field (expected one of: args, executor, fn, inputs, job, on_error, output, ray_address, repeat, resume, samples, storage_options, transform, workers)",
         ),
         (
             VALID + "samples: 3\n",
-            "samples: unknown field (expected one of: job, inputs, transform, fn, args, output, workers, on_error, executor, ray_address, storage_options)",
+            "samples: unknown field (expected one of: job, inputs, transform, fn, args, output, resume, workers, on_error, executor, ray_address, repeat, storage_options)",
         ),
         (VALID.replace("inputs: data/*.jsonl", "inputs: []"), "inputs: expected a path or a non-empty list of paths, got a list"),
         (VALID.replace("inputs: data/*.jsonl", "inputs: [data/a.jsonl, 3]"), "inputs[1]: expected a path, got 3"),
@@ -110,7 +110,7 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         ),
         (
             "job: pile\ninputs: data/a.jsonl\noutput: {path: o, piles: 2, memory: 1MiB}\n",
-            "output.memory: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite)",
+            "output.memory: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite, compression, compression_level)",
         ),
     ],
 )

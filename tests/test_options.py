@@ -215,9 +215,12 @@ def test_pile_kwargs_are_the_keywords_of_preprocess():
         "seed": 0,
         "max_pile_bytes": "2GiB",
         "overwrite": False,
+        "resume": False,
         "on_error": "skip",
         "executor": "local",
         "ray_address": None,
+        "compression": None,
+        "repeat": None,
         "quiet": True,
     }
     assert set(kwargs) <= set(inspect.signature(shardkit.preprocess).parameters)
@@ -235,7 +238,8 @@ def test_every_yaml_key_is_an_option_field(tmp_path, kind, cls):
     # every field a YAML job takes, set to a value other than its default, reaches the options
     values = {"piles": 3, "seed": 9, "max_pile_bytes": "1MiB", "buffer_size": "2MiB", "overwrite": True, "workers": 2}
     values |= {"on_error": "skip", "memory": "3MiB", "maxcount": 10, "maxsize": "5MiB", "storage_options": {"anon": True}}
-    values |= {"executor": "ray", "ray_address": "auto"}
+    values |= {"executor": "ray", "ray_address": "auto", "resume": True, "compression": "zstd", "compression_level": 5}
+    values |= {"repeat": "cls:1=2"}
     output = {name: values[name] for name in yaml_names(cls, "output")}
     top = {name: values[name] for name in yaml_names(cls, "job")}
     text = f"job: {kind}\ninputs: a.tar\noutput: {{path: o, {', '.join(f'{k}: {v}' for k, v in output.items())}}}\n"

@@ -284,10 +284,10 @@ def test_a_failure_while_merging_in_threads_leaves_no_dataset(tmp_path, monkeypa
 
     real = publish._assemble
 
-    def failing(runs, dst):
+    def failing(runs, dst, *rest):
         if dst.endswith("pile-000003.tar"):
             raise error("disk gone")
-        return real(runs, dst)
+        return real(runs, dst, *rest)
 
     monkeypatch.setattr(publish, "_assemble", failing)
     out = tmp_path / "out"

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import shardkit
 from shardkit.cli import main
+from shardkit.piles import ray_executor
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'shardkit[ray]'): executor='ray' is not tested")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
@@ -26,7 +28,7 @@ PILES = 4
 def cluster():
     """A head and one worker node, one CPU each; Ray workers import this checkout and these tests."""
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), *([old] if old else [])])
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks"), *([old] if old else [])])
     ray.shutdown()
     c = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     c.add_node(num_cpus=1)
@@ -115,3 +117,106 @@ def test_without_ray_executor_ray_asks_for_the_extra(tmp_path, monkeypatch):
     with pytest.raises(shardkit.ConfigError, match=r"pip install 'shardkit\[ray\]'"):
         _run(tmp_path / "out", executor="ray")
     assert not (tmp_path / "out" / "shardkit.json").exists()
+
+
+def test_the_pile_merge_runs_in_ray_workers_and_a_killed_one_is_retried(tmp_path, cluster):
+    marker = tmp_path / "killed"
+
+    def work(item):
+        if item == 2 and not marker.exists():
+            marker.write_text("once")
+            os.kill(os.getpid(), 9)
+        return item * 10, os.getpid()
+
+    done = []
+    results = ray_executor.ray_map(work, list(range(5)), done.append, address=cluster.address)
+    assert marker.exists(), "the worker was never killed"
+    assert [r[0] for r in results] == [0, 10, 20, 30, 40] and done == [1] * 5
+    assert os.getpid() not in {pid for _, pid in results}
+
+
+def test_a_killed_ray_driver_resumes_on_ray_or_locally_byte_identical(tmp_path, cluster):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import kill_resume
+
+    reference = str(tmp_path / "reference")
+    kill_resume.run_job(reference, workers=1, executor="local", resume=False)
+    for n, resumed_on in enumerate(["ray", "local"]):
+        out = str(tmp_path / f"out{n}")
+        proc = kill_resume.child(out, 1, "ray", resume=False, log=str(tmp_path / "a.log"), address=cluster.address)
+        try:
+            while kill_resume.committed(out) < 6:
+                assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+                time.sleep(0.05)
+        finally:
+            proc.kill()
+            proc.wait()
+        done = kill_resume.committed(out)
+        address = cluster.address if resumed_on == "ray" else None
+        redone = kill_resume.run_job(out, workers=1, executor=resumed_on, resume=True, log=str(tmp_path / "resumed.log"), address=address)
+        assert len(redone) == kill_resume.UNITS - done
+        assert kill_resume.files(out) == kill_resume.files(reference)
+
+
+def test_shuffle_and_repile_run_pass_1_on_ray(tmp_path, cluster):
+    src = tmp_path / "src"
+    shardkit.preprocess(range(8), three, src, piles=3, quiet=True)
+    for name, extra in (("local", {}), ("ray", {"executor": "ray", "ray_address": cluster.address})):
+        shardkit.shuffle(str(src / "pile-*.tar"), tmp_path / f"shuffled-{name}", piles=2, maxcount=5, quiet=True, **extra)
+        shardkit.repile(src, tmp_path / f"repiled-{name}", quiet=True, **extra)
+    assert _files(tmp_path / "shuffled-ray") == _files(tmp_path / "shuffled-local")
+    assert _files(tmp_path / "repiled-ray") == _files(tmp_path / "repiled-local")
+    assert main(["repile", str(src), "-o", str(tmp_path / "cli"), "--executor", "ray", "--ray-address", cluster.address, "-q"]) == 0
+    assert _files(tmp_path / "cli") == _files(tmp_path / "repiled-local")
+
+
+def test_the_ray_benchmark_runs_and_checks_the_bytes():
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "ray_pass1.py"), "--size", "smoke"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ratio" in done.stdout and "ms a task" in done.stdout and "outputs byte-identical: yes" in done.stdout
+
+
+def test_compressed_piles_merged_on_ray_equal_local(tmp_path, cluster):
+    one = _run(tmp_path / "local", compression="zstd", max_pile_bytes=4096)
+    on_ray = _run(tmp_path / "ray", compression="zstd", max_pile_bytes=4096, executor="ray", ray_address=cluster.address)
+    assert on_ray == one and one.split_piles > 0
+    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+    assert all(p.name.endswith(".tar.zst") for p in on_ray.piles)
+
+
+def test_a_lost_node_is_retried_and_nothing_is_lost_or_doubled(tmp_path, cluster):
+    import threading
+
+    log = tmp_path / "where.log"
+
+    def slow(unit):
+        with open(log, "a") as f:  # which node started the unit
+            f.write(f"{ray.get_runtime_context().get_node_id()} {unit}\n")
+        time.sleep(0.4)
+        yield from three(unit)
+
+    expected = _run(tmp_path / "local", three)
+    node = cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+
+    def remove_once_busy():  # the node goes while a unit runs on it
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and node.node_id not in (log.read_text() if log.exists() else ""):
+            time.sleep(0.02)
+        cluster.remove_node(node, allow_graceful=False)
+
+    remover = threading.Thread(target=remove_once_busy)
+    remover.start()
+    try:
+        result = _run(tmp_path / "ray", slow, executor="ray", ray_address=cluster.address)
+    finally:
+        remover.join()
+    started = [line.split() for line in log.read_text().splitlines()]
+    assert any(where == node.node_id for where, _ in started), "no unit ran on the node that was lost"
+    assert len(started) > UNITS  # the lost node's units ran again elsewhere
+    assert result == expected
+    assert _files(tmp_path / "ray") == _files(tmp_path / "local")

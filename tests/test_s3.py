@@ -336,7 +336,7 @@ def test_an_overwrite_killed_mid_upload_leaves_the_old_dataset(s3, faulty_s3, tm
         proc.kill()
         proc.wait()
     faulty_s3.latency = 0.0
-    assert [n for n in os.listdir(temp) if n.startswith(".shardkit-staging-")]  # the dead job's
+    assert [n for n in os.listdir(temp) if n.startswith(".shardkit-pass1-")]  # the dead job's
     # the old dataset is whole; what the dead job uploaded is listed as beside it
     assert shardkit.manifest.read(s3.url("ds")) == old
     assert len(_epoch(s3.url("ds"))) == old.samples

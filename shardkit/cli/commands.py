@@ -103,7 +103,7 @@ def _info_table(summary: Any) -> str:
         ("dataset", f"{summary.path}  ({summary.kind}, seed {summary.seed}, {summary.created_by})"),
         ("samples", f"{summary.samples:,}"),
         ("fields", ", ".join(summary.fields) or "-"),
-        ("bytes", format_size(summary.bytes)),
+        ("bytes", _stored_size(summary)),
         ("piles", f"{summary.piles:,}" + (f"  ({summary.split_piles} oversized piles were split)" if summary.split_piles else "")),
         ("samples/pile", f"min {s.min:,}  mean {s.mean:,.1f}  max {s.max:,}"),
     ]
@@ -112,9 +112,28 @@ def _info_table(summary: Any) -> str:
     rows.append(("bytes/pile", f"min {format_size(b.min)}  mean {format_size(b.mean)}  max {format_size(b.max)}"))
     ram = "  ".join(f"mix={k}: {format_size(summary.loader_ram(mix=k))}" for k in (2, 4))
     rows.append(("loader RAM", f"{format_size(summary.loader_ram())} (two largest piles; {ram})"))
+    if summary.repeat:
+        rows.append(("repeat", _repeat_row(summary.repeat)))
     if summary.skipped_units:
         rows.append(("skipped", f"{summary.skipped_units} input units failed and were skipped"))
     return "\n".join(f"{k:<13} {v}" for k, v in rows)
+
+
+def _repeat_row(repeat: dict[str, Any]) -> str:
+    """``by cls; 1000 samples written as 1250: x0 250, x1 500, x3 250``."""
+    rule = repeat.get("rule")
+    by = f"by {rule['field']}" if isinstance(rule, dict) and "field" in rule else f"by {rule}"
+    factors = "  ".join(f"x{k} {v:,}" for k, v in (repeat.get("factors") or {}).items())
+    return f"{by}; {repeat.get('input_samples', 0):,} samples written as {repeat.get('written_samples', 0):,}: {factors}"
+
+
+def _stored_size(summary: Any) -> str:
+    """``1.2 GiB`` for plain piles; ``420 MiB (zstd, 2.9x smaller: 1.2 GiB of tar)`` for compressed ones."""
+    from shardkit._util import format_size
+
+    if summary.compression is None:
+        return format_size(summary.bytes)
+    return f"{format_size(summary.bytes)} ({summary.compression}, {summary.ratio:.2f}x smaller: {format_size(summary.tar_bytes)} of tar)"
 
 
 def _run_info(args: argparse.Namespace) -> int:
@@ -124,6 +143,68 @@ def _run_info(args: argparse.Namespace) -> int:
 
     summary = info(args.directory)
     print(json.dumps(summary.to_dict(), indent=1) if args.json else _info_table(summary))
+    return 0
+
+
+# --- plan: what a pass-1 job costs at scale, without running it ------------------------------
+
+
+def _count(text: str) -> int:
+    """``1e9``, ``10**9`` written as 1e9, or ``1000000000``: a whole count."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count such as 1000 or 1e9, got {text!r}") from None
+    if value < 1 or value != int(value):
+        raise argparse.ArgumentTypeError(f"expected a whole count >= 1, got {text!r}")
+    return int(value)
+
+
+@command
+def _register_plan(sub: Any) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="dry run of pass 1 at scale: files, objects, requests, fan-in and memory, nothing written",
+        description=(
+            "Print what a pass-1 job of the given shape costs: part files, objects and PUT requests\n"
+            "(for an object-store output), the merge's fan-in, a task's buffer and the driver's memory,\n"
+            "from formulas, and beside them the same counts from routing every sample with the real\n"
+            "router (seeded by unit and ordinal). Nothing is read or written."
+        ),
+        epilog="example:\n  shardkit plan --samples 1e9 --units 1e4 --piles 1e4 --executor ray",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--samples", type=_count, required=True, help="samples in the dataset (1e9 is fine)")
+    p.add_argument("--units", type=_count, required=True, help="input units (files, shards)")
+    p.add_argument("--piles", type=_count, required=True, help="piles M")
+    p.add_argument("--sample-bytes", default="4KiB", metavar="SIZE", help="mean bytes a sample (default 4KiB)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local", help="local worker processes, or Ray tasks")
+    p.add_argument("--workers", type=int, default=8, help="processes at once: local workers, or the Ray cluster's CPUs (default 8)")
+    p.add_argument("--max-pile-bytes", default=None, metavar="SIZE", help="split piles over SIZE, as pass 1 would")
+    p.add_argument("--local", action="store_true", help="the output is a local directory, not an object store")
+    p.add_argument("--no-simulate", action="store_true", help="formulas only (the simulation routes every sample)")
+    p.set_defaults(handler=_run_plan)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from shardkit._util import bar, parse_size
+    from shardkit.piles import scale
+
+    shape = scale.Shape(
+        samples=args.samples,
+        units=args.units,
+        piles=args.piles,
+        sample_bytes=parse_size(args.sample_bytes, what="--sample-bytes"),
+        executor=args.executor,
+        workers=args.workers,
+        remote=not args.local,
+        max_pile_bytes=None if args.max_pile_bytes is None else parse_size(args.max_pile_bytes, what="--max-pile-bytes"),
+    )
+    simulated = None
+    if not args.no_simulate:
+        with bar(total=shape.units, desc="routing", unit="unit", quiet=False) as progress:
+            simulated = scale.simulate(shape, progress=progress.update)
+    print(scale.format_plan(scale.plan(shape), simulated))
     return 0
 
 
@@ -372,7 +453,18 @@ def _quality(args: argparse.Namespace) -> int:
 
 
 # the PileOptions fields `shardkit repile` takes; piles and seed default to the source's
-REPILE_FLAGS = ("piles", "seed", "workers", "max_pile_bytes", "overwrite")
+REPILE_FLAGS = (
+    "piles",
+    "seed",
+    "workers",
+    "max_pile_bytes",
+    "overwrite",
+    "resume",
+    "executor",
+    "ray_address",
+    "compression",
+    "compression_level",
+)
 REPILE_DEFAULTS: dict[str, dict[str, Any]] = {
     "piles": {"default": None, "required": False, "help": "piles of the new dataset (default: the M of SRC)"},
     "seed": {"default": None, "help": "the new router seed (default: SRC's seed + 1)"},

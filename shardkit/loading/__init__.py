@@ -8,12 +8,16 @@ next piles in a background thread; :mod:`~shardkit.loading.decode` and
 :mod:`~shardkit.loading.batch` turn raw samples into what is yielded, here or in worker
 processes; :mod:`~shardkit.loading.loader` puts it together, with :mod:`~shardkit.loading.on_error`
 (skip or raise) and :mod:`~shardkit.loading.state` (exact resume). :mod:`~shardkit.loading.torch`
-adapts it to PyTorch's DataLoader.
+adapts it to PyTorch's DataLoader. Blends of several datasets: :mod:`~shardkit.loading.blend_spec`
+(what is asked), :mod:`~shardkit.loading.blend` (the pure schedule of sources) and
+:mod:`~shardkit.loading.blend_loader` (the loader, and ``loader()``, which takes one dataset or a blend).
 """
 
 from __future__ import annotations
 
-from shardkit.loading.loader import Loader, loader
+from shardkit.loading.blend_loader import BlendLoader, loader
+from shardkit.loading.blend_spec import Blend, BlendSource
+from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions
 
-__all__ = ["Loader", "LoaderOptions", "loader"]
+__all__ = ["Blend", "BlendLoader", "BlendSource", "Loader", "LoaderOptions", "loader"]

@@ -1,8 +1,9 @@
 """Read one pile, checked against its manifest entry: the pile read path of the loader and ``verify``.
 
 Reading is two halves. :func:`fetch` takes the bytes and checks them (size limit, manifest
-size, CRC-32) and scans the headers with numpy: all of it mostly without the GIL, so the loader's
-prefetch thread does it. :func:`open_pile` finishes the index and checks the sample count.
+size, CRC-32), decompresses a compressed pile (``pile-000000.tar.zst``) and checks the tar
+inside against its own size and CRC-32, and scans the headers with numpy: all of it mostly
+without the GIL, so the loader's prefetch thread does it and the pile in memory is a plain tar. :func:`open_pile` finishes the index and checks the sample count.
 ``verify`` runs the same checks and lists every problem instead of raising the first
 (:func:`byte_problems`).
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from shardkit import manifest, storage
 from shardkit.errors import CorruptShardError, ManifestError, PileTooLargeError
 from shardkit.manifest import PileInfo
-from shardkit.tar import scan
+from shardkit.tar import compression, scan
 from shardkit.tar.scan import Chain
 from shardkit.tar.shard import Shard, read_shard
 
@@ -54,6 +55,32 @@ def byte_problems(url: str, buf: storage.Buffer, expected: PileInfo, *, checksum
     return found
 
 
+def tar_problem(buf: storage.Buffer, expected: PileInfo) -> str | None:
+    """The message when a compressed pile's tar (decompressed, so its size was checked) is not
+    the one the manifest's ``tar_checksum`` names."""
+    crc = manifest.format_checksum(manifest.checksum(buf))
+    if expected.tar_checksum is not None and crc != expected.tar_checksum:
+        return f"the tar inside has checksum {crc}, the manifest says {expected.tar_checksum}: the bytes changed after writing"
+    return None
+
+
+def unpack(url: str, stored: storage.Buffer, expected: PileInfo, *, checksum: bool = True) -> storage.Buffer:
+    """The tar of a pile as its manifest entry describes it: ``stored`` itself for a plain pile,
+    else decompressed and checked against ``tar_bytes`` (and ``tar_checksum`` when ``checksum``).
+
+    Raises:
+        CorruptShardError: naming ``url``: not the codec's data, truncated or corrupt, or a tar
+            of another size or checksum than the manifest's.
+    """
+    if expected.compression is None:
+        return stored
+    tar = compression.decompress(stored, expected.compression, url, size=expected.tar_bytes)
+    problem = tar_problem(tar, expected) if checksum else None
+    if problem is not None:
+        raise CorruptShardError(f"{url}: {problem}")
+    return tar
+
+
 def count_problem(shard: Shard, expected: PileInfo) -> str | None:
     """The message when ``shard`` holds another number of samples than its manifest entry says."""
     if len(shard) != expected.samples:
@@ -72,9 +99,11 @@ def fetch(
 ) -> Fetched:
     """A pile's bytes, checked (size limit, manifest size and checksum) and scanned.
 
-    Without ``expected`` (a plain shard, no manifest) a ``.tar.gz`` is decompressed in memory.
-    A pile in an object store is read as ``reads`` says (concurrent ranges, a cache) and read
-    again when its bytes come back wrong.
+    Without ``expected`` (a plain shard, no manifest) a ``.tar.zst`` or ``.tar.gz`` is
+    decompressed in memory. A pile in an object store is read as ``reads`` says (concurrent
+    ranges, a cache; a cache keeps compressed piles compressed) and read again when its bytes
+    come back wrong. A compressed pile is checked as stored, then decompressed (see
+    :func:`unpack`); ``max_bytes`` applies to its tar, the memory it takes.
 
     Raises:
         PileTooLargeError, CorruptShardError, DatasetNotFoundError.
@@ -85,11 +114,25 @@ def fetch(
         if max_bytes is not None and len(buf) > max_bytes:
             raise PileTooLargeError(f"{url}: decompresses to {len(buf)} bytes, over the memory limit max_pile_bytes={max_bytes}")
         return Fetched(url, buf, scan.scan(buf), checked=False)
+    if expected.compression is not None:
+        _check_limit(url, expected.tar_size, max_bytes)
+        stored = _stored(url, expected, max_bytes=None, verify=verify, mapped=True, reads=reads)
+        try:
+            buf = unpack(url, stored, expected, checksum=verify)
+        finally:
+            storage.unmap(stored)
+    else:
+        buf = _stored(url, expected, max_bytes=max_bytes, verify=verify, mapped=mapped, reads=reads)
+    return Fetched(url, buf, scan.scan(buf, checksums=not verify), checked=verify)
+
+
+def _stored(
+    url: str, expected: PileInfo, *, max_bytes: int | None, verify: bool, mapped: bool, reads: storage.RemoteReads | None
+) -> storage.Buffer:
+    """The pile's file as stored, checked against the manifest's size and (``verify``) checksum."""
     if storage.is_remote(url):  # the manifest's size decides; the read finds an object of another size
         _check_limit(url, expected.bytes, max_bytes)
-        check = _checker(url, expected, verify)
-        buf = storage.read_checked(url, size=expected.bytes, check=check, reads=reads)
-        return Fetched(url, buf, scan.scan(buf, checksums=not verify), checked=verify)
+        return storage.read_checked(url, size=expected.bytes, check=_checker(url, expected, verify), reads=reads)
     # one look at the size, before any byte is read: over the limit, or not what the manifest says
     nbytes = storage.size(url)
     _check_limit(url, nbytes, max_bytes)
@@ -99,7 +142,7 @@ def fetch(
     problems = byte_problems(url, buf, expected, checksum=verify)
     if problems:
         raise CorruptShardError(f"{url}: {problems[0][1]}")
-    return Fetched(url, buf, scan.scan(buf, checksums=not verify), checked=verify)
+    return buf
 
 
 def _check_limit(url: str, nbytes: int, max_bytes: int | None) -> None:

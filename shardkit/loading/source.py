@@ -29,15 +29,16 @@ from shardkit._util import check_paths
 from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError
 from shardkit.loading.pile import Fetched, fetch, open_pile
 from shardkit.manifest import PileInfo
+from shardkit.tar import compression
 from shardkit.tar.shard import Shard, read_shard
 
 SourceLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 log = logging.getLogger(__name__)
 
-_SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+_SHARD_SUFFIXES = compression.SHARD_SUFFIXES
 # what an interrupted pass 1 leaves: piles, a staging directory, but no manifest
-_UNFINISHED = re.compile(r"^(pile-\d{6,}(-\d{3})*\.tar|\.shardkit-.*)$")
+_UNFINISHED = re.compile(r"^(pile-\d{6,}(-\d{3})*\.tar(\.zst|\.gz)?|\.shardkit-.*)$")
 
 _counts_cache: dict[tuple[str, int, int], int] = {}
 _cache_lock = threading.Lock()

@@ -30,6 +30,8 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 from shardkit._util import check_int
 from shardkit.errors import ConfigError
 from shardkit.loading import plan
+from shardkit.loading.blend_loader import BlendedSource, BlendLoader, is_blend, resolve_blend
+from shardkit.loading.blend_spec import Blend
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.source import SourceLike, resolve
@@ -113,7 +115,8 @@ class ShardkitDataset(IterableDataset):
     ``DataLoader(ds, batch_size=None)``.
 
     Args:
-        source: what :func:`shardkit.loader` takes.
+        source: what :func:`shardkit.loader` takes: one dataset, or a blend (with ``weights=``
+            and ``epoch_size=`` among the options, as there).
         **options: :func:`shardkit.loader` options; ``num_workers`` here means decode processes
             per DataLoader worker and is usually left at 0.
 
@@ -134,11 +137,16 @@ class ShardkitDataset(IterableDataset):
             ...
     """
 
-    def __init__(self, source: SourceLike, **options: Any) -> None:
+    def __init__(self, source: SourceLike | Blend, **options: Any) -> None:
+        weights, epoch_size = options.pop("weights", None), options.pop("epoch_size", None)
         opts = LoaderOptions.from_dict(options)
         rank, world = resolve_world(opts.rank, opts.world_size)
         self.options = replace(opts, rank=rank, world_size=world)
-        self.source = resolve(source)  # counted once here, not once per worker
+        # counted once here, not once per worker
+        if is_blend(source) or weights is not None or epoch_size is not None:
+            self.source = resolve_blend(Blend(source, weights=weights, epoch_size=epoch_size), self.options)
+        else:
+            self.source = resolve(source)  # type: ignore[arg-type]
         self._fingerprint = self.source.fingerprint()
         # shared with the workers, fork, spawn or forkserver. No lock: the main process writes
         # between iterations, each worker reads once as its iteration starts, and a slot written
@@ -199,7 +207,8 @@ class ShardkitDataset(IterableDataset):
             given, turn = round_robin(self._counts(workers), taken)
             role = (turn + worker) % workers  # the DataLoader asks worker 0 first: it takes the next turn
             position = given[role] * (self.options.batch_size or 1)
-        loader = Loader(self.source, replace(self.options, worker=(role, workers)))
+        make = BlendLoader if isinstance(self.source, BlendedSource) else Loader
+        loader = make(self.source, replace(self.options, worker=(role, workers)))
         position = min(position, loader.samples_per_epoch)
         loader.load_state_dict(
             make_state(epoch=epoch, position=position, options=loader.options, dataset=self._fingerprint, samples=self.source.samples)

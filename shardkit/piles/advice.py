@@ -41,7 +41,7 @@ def sparse_piles(manifest: Manifest, piles: int, where: str) -> str | None:
     if piles <= max(n, 1):
         return None
     empty = sum(p.samples == 0 for p in manifest.piles)
-    data = sum(p.bytes - len(TRAILER) for p in manifest.piles if p.samples)  # an empty pile is only a trailer
+    data = sum(p.tar_size - len(TRAILER) for p in manifest.piles if p.samples)  # an empty pile is only a trailer
     suggested = max(1, min(n, math.ceil(2 * data / _SUGGESTED_MEMORY)))
     others = " and most others hold one sample" if empty < len(manifest.piles) else ""
     return (

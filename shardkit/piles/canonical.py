@@ -30,7 +30,7 @@ import numpy as np
 
 from shardkit.codecs import DEFAULT, Codecs
 from shardkit.piles.encode import check_key, encode_sample
-from shardkit.tar import index, scan, write
+from shardkit.tar import compression, index, scan, write
 from shardkit.tar.keys import refuse_repeat
 
 if TYPE_CHECKING:
@@ -52,13 +52,13 @@ class Samples:
 
 
 def unit_prefix(url: str) -> str:
-    """The key prefix for a shard's samples: its file name without ``.tar``/``.tar.gz``, then ``/``.
+    """The key prefix for a shard's samples: its file name without ``.tar`` (or ``.tar.zst``, ``.tar.gz``...), then ``/``.
 
     Raises:
         SampleError: the stem cannot start a key (a ``..`` or ``__name__`` stem, a control character).
     """
     name = url.rstrip("/").rsplit("/", 1)[-1]
-    for suffix in (".tar.gz", ".tgz", ".tar"):
+    for suffix in sorted(compression.SHARD_SUFFIXES, key=len, reverse=True):
         if name.endswith(suffix) and len(name) > len(suffix):
             name = name[: -len(suffix)]
             break

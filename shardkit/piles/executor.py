@@ -6,14 +6,18 @@ which bytes), keeping the parent's :class:`Tally` (counts, skipped units, progre
 The result does not depend on the executor or its number of workers: each unit's samples are
 routed by ``(seed, unit, ordinal)`` and publishing orders every pile's bytes by unit.
 
-Every executor is an :class:`Executor`: ``run(job, units, staging, *, buffer_size, tally)``;
+Every executor is an :class:`Executor`: ``run(job, units, staging, *, todo, attempt, buffer_size,
+tally)`` processes the units whose indices are in ``todo`` (all of them, or those a resumed job
+has not done) into part directories named from ``attempt`` (or from their unit range) that
+commit as they go (:mod:`shardkit.piles.resume`);
 :func:`shardkit.piles.preprocess` picks the one a job's options name. The local executor runs
 the units in this process (``workers=1``) or hands them out in small chunks to a
 :class:`shardkit.workers.Pool`, two chunks in flight per worker, so fast workers take more and
 the parent always knows which units a worker holds.
 
-    tally = Tally(len(units), quiet=True)
-    parts = run_local(job, units, staging, buffer_size=64 << 20, workers=4, tally=tally)
+    tally = Tally(units, quiet=True)
+    parts = run_local(job, units, staging, todo=range(len(units)), attempt="part-1a2b3c4d",
+                      buffer_size=64 << 20, workers=4, tally=tally)
 
 The Ray executor (``executor="ray"``) is in :mod:`shardkit.piles.ray_executor`, imported only
 when asked for.
@@ -56,12 +60,14 @@ class Tally:
         self.quiet = quiet
         self.bar = bar(total=len(units), desc="piling", unit="unit", quiet=quiet)
 
-    def add(self, units: int, samples: int, nbytes: int, failures: Sequence[Failure] = ()) -> None:
+    def add(self, units: int, samples: int, nbytes: int, failures: Sequence[Failure] = (), *, log_failures: bool = True) -> None:
+        """Count finished units; ``log_failures=False`` for skips an earlier run of a resumed job logged."""
         self.samples += samples
         self.bytes += nbytes
         for failure in failures:
-            unit = describe(self.units[failure.index])
-            log.warning("skipping input unit %d (%s): %s: %s", failure.index, unit, failure.kind, failure.message)
+            if log_failures:
+                unit = describe(self.units[failure.index])
+                log.warning("skipping input unit %d (%s): %s: %s", failure.index, unit, failure.kind, failure.message)
             self.failures.append(failure)
         rate = self.samples / max(time.perf_counter() - self.start, 1e-9)
         self.bar.set_postfix_str(f"{self.samples} samples, {format_size(self.bytes)}, {rate:.0f} samples/s", refresh=False)
@@ -69,9 +75,12 @@ class Tally:
 
 
 class Executor(Protocol):
-    """Runs ``units`` into part files under ``staging``, keeping ``tally``; one Part per writer."""
+    """Runs ``units[i]`` for each ``i`` in ``todo`` into part files under ``staging``, keeping
+    ``tally``; one Part per writer."""
 
-    def __call__(self, job: UnitWork, units: Sequence[Any], staging: str, *, buffer_size: int, tally: Tally) -> list[Part]: ...
+    def __call__(
+        self, job: UnitWork, units: Sequence[Any], staging: str, *, todo: Sequence[int], attempt: str, buffer_size: int, tally: Tally
+    ) -> list[Part]: ...
 
 
 def chunk_size(units: int, workers: int) -> int:
@@ -80,9 +89,18 @@ def chunk_size(units: int, workers: int) -> int:
 
 
 def run_local(
-    job: UnitWork, units: Sequence[Any], staging: str, *, buffer_size: int, workers: int, tally: Tally, mp_context: str | None = None
+    job: UnitWork,
+    units: Sequence[Any],
+    staging: str,
+    *,
+    todo: Sequence[int],
+    attempt: str,
+    buffer_size: int,
+    workers: int,
+    tally: Tally,
+    mp_context: str | None = None,
 ) -> list[Part]:
-    """Process ``units`` here (``workers=1``) or in ``workers`` processes; one Part per process.
+    """Process the units ``todo`` names here (``workers=1``) or in ``workers`` processes; one Part per process.
 
     ``buffer_size`` is the total: each worker buffers its share.
 
@@ -90,34 +108,40 @@ def run_local(
         the unit's error (:func:`~shardkit.piles.units.unit_error`) when one fails and
         ``job.on_error`` is ``"raise"``; InputError when a worker dies holding units.
     """
+    workers = min(workers, len(todo))
+    if not todo:
+        return []
     if workers <= 1:
-        return [_run_here(job, units, staging, buffer_size, tally)]
-    return _run_pool(job, units, staging, buffer_size // workers, workers, tally, mp_context)
+        return [_run_here(job, units, todo, part_directory(staging, attempt, 0), buffer_size, tally)]
+    return _run_pool(
+        job, units, todo, functools.partial(UnitWorker, job, staging, attempt, buffer_size // workers), workers, tally, mp_context
+    )
 
 
-def _run_here(job: UnitWork, units: Sequence[Any], staging: str, buffer_size: int, tally: Tally) -> Part:
-    writer = UnitWriter(job, part_directory(staging, 0), buffer_size)
-    for index, unit in enumerate(units):
-        result = writer.attempt(index, unit)
+def _run_here(job: UnitWork, units: Sequence[Any], todo: Sequence[int], directory: str, buffer_size: int, tally: Tally) -> Part:
+    writer = UnitWriter(job, directory, buffer_size)
+    for index in todo:
+        result = writer.attempt(index, units[index])
         if isinstance(result, Failure):
             if job.on_error == "raise":
-                raise unit_error(result, unit)
+                raise unit_error(result, units[index])
             tally.add(1, 0, 0, [result])
         else:
             tally.add(1, *result)
+        writer.commit_due()
     return writer.finish()
 
 
 def _run_pool(
-    job: UnitWork, units: Sequence[Any], staging: str, buffer_size: int, workers: int, tally: Tally, context: str | None
+    job: UnitWork, units: Sequence[Any], todo: Sequence[int], handler: Any, workers: int, tally: Tally, context: str | None
 ) -> list[Part]:
-    size = chunk_size(len(units), workers)
-    indexed = list(enumerate(units))
+    size = chunk_size(len(todo), workers)
+    indexed = [(i, units[i]) for i in todo]
     chunks: deque[Chunk] = deque(indexed[i : i + size] for i in range(0, len(indexed), size))
     held: list[deque[Chunk]] = [deque() for _ in range(workers)]
     parts: dict[int, Part] = {}
     try:
-        pool = Pool(workers, functools.partial(UnitWorker, job, staging, buffer_size), name="shardkit-pile", context=context)
+        pool = Pool(workers, handler, name="shardkit-pile", context=context)
     except (pickle.PicklingError, TypeError, AttributeError) as e:  # spawn and forkserver pickle the job: fn must survive dill
         raise ConfigError(f"fn cannot be sent to worker processes ({type(e).__name__}: {e}); use workers=1 or mp_context='fork'") from e
     with pool:

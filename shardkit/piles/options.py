@@ -13,7 +13,9 @@ from typing import Any
 from shardkit._util import check_int, check_most, parse_size
 from shardkit.errors import ConfigError
 from shardkit.options import check_bools, check_choices, meta
+from shardkit.piles.repeat import check_rule
 from shardkit.storage import check_storage_options
+from shardkit.tar.compression import check_compression, check_level
 from shardkit.tar.scan import BLOCK
 
 # the smallest pile that holds a sample: one 512-byte header (empty data) and the trailer
@@ -28,6 +30,14 @@ ON_ERROR = ("raise", "skip")
 KEY_PREFIX = ("none", "unit")
 # where the input units run: processes of this machine, or tasks of a Ray cluster
 EXECUTORS = ("local", "ray")
+
+
+def check_ray_address(address: Any, executor: str) -> None:
+    """Refuse a Ray address that is not a non-empty string, or one given without ``executor="ray"``."""
+    if address is not None and (not isinstance(address, str) or not address):
+        raise ConfigError(f"ray_address: expected a Ray address ('auto', 'host:port', 'ray://host:10001') or None, got {address!r}")
+    if address is not None and executor != "ray":
+        raise ConfigError(f"ray_address: only used with executor='ray', got executor={executor!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +56,13 @@ class PileOptions:
             single sample larger than it is a ``SampleError`` when written. At least 1536.
         buffer_size: bytes buffered in memory before part files are appended to (the total
             across workers).
-        overwrite: replace a dataset already in the output directory.
+        overwrite: replace a dataset already in the output directory (and discard what an
+            interrupted job left there).
+        resume: continue a job that was interrupted (killed, Ctrl-C, a lost machine) from the
+            parts it committed, processing only the units it had not finished; the result is
+            byte-identical to an uninterrupted run. The inputs, ``fn`` and the options that
+            change the bytes must be those of the interrupted job (checked). Without it, such
+            leftovers are refused.
         workers: processes running the input units; the output is byte-identical for any number.
         on_error: ``"raise"`` stops the job at the first failing input unit; ``"skip"`` drops
             every sample of a failing unit, logs it and counts it in the manifest.
@@ -54,15 +70,25 @@ class PileOptions:
             or writes, given to fsspec as they are (``{"endpoint_url": ..., "anon": True}``);
             without them the store's usual environment applies (``AWS_ENDPOINT_URL``,
             ``AWS_PROFILE``...). Never written, logged or shown.
+        compression: ``"zstd"`` or ``"gzip"`` compresses each pile whole as it is assembled
+            (``pile-000000.tar.zst``, ``.tar.gz``: still readable by ``tar``, ``tarfile`` and
+            webdataset); None writes plain tars. The loader decompresses in its prefetch thread.
+        compression_level: the codec's level (zstd 1-22, gzip 1-9); None: the codec's default
+            (zstd 3, gzip 6, chosen by ``benchmarks/compression.py``).
         key_prefix: ``"unit"`` prefixes each key with its input shard's name, for shards whose
             keys restart at ``000000`` (:func:`pile` and what runs on it; :func:`preprocess`
             takes keys from its function and refuses it); ``"none"`` keeps the keys.
         executor: ``"local"`` runs the units in ``workers`` processes here; ``"ray"`` runs them
             as Ray tasks (``pip install 'shardkit[ray]'``), the output byte-identical either way.
+        repeat: oversampling at pile creation: ``repeat(sample) -> int`` copies of each sample
+            (0 drops it), each routed to its own uniformly drawn pile, copy i keyed
+            ``f"{key}_r{i}"``; or ``{"field": "cls", "counts": {"3": 4}, "default": 1}``, or its
+            text form ``"cls:3=4"``, to repeat by a field's value. The manifest records the
+            rule and how many samples got each count (``extra["repeat"]``).
         ray_address: the Ray cluster to use with ``executor="ray"``: None starts (or reuses) a
             Ray on this machine; ``"auto"``, ``"host:port"`` or ``"ray://host:10001"`` connects.
 
-    ``workers``, ``on_error``, ``key_prefix``, ``executor`` and ``ray_address`` describe a job over input units:
+    ``workers``, ``on_error``, ``key_prefix``, ``executor``, ``ray_address``, ``resume`` and ``repeat`` describe a job over input units:
     :class:`PileWriter` writes in the calling process and refuses values other than the defaults.
 
     Example:
@@ -82,6 +108,13 @@ class PileOptions:
         default="64MiB", metadata=meta(help="bytes buffered in memory before part files are written", metavar="SIZE", yaml="output")
     )
     overwrite: bool = field(default=False, metadata=meta(help="replace a dataset already in the output directory", yaml="output"))
+    resume: bool = field(
+        default=False,
+        metadata=meta(
+            help="continue an interrupted job from the parts it committed; the inputs, fn and options must be the same",
+            yaml="job",
+        ),
+    )
     workers: int = field(default=1, metadata=meta(help="worker processes; the output is identical for any number", metavar="N", yaml="job"))
     on_error: str = field(
         default="raise",
@@ -114,6 +147,29 @@ class PileOptions:
         ),
     )
 
+    repeat: Any = field(
+        default=None,
+        metadata=meta(
+            help="oversample at pile creation: copies of each sample by a field's value, FIELD:VALUE=N,... "
+            "(cls:3=4,7=2; *=N sets the rest), each copy routed to its own pile as KEY_r1, KEY_r2...",
+            metavar="RULE",
+            yaml="job",
+        ),
+    )
+
+    compression: str | None = field(
+        default=None,
+        metadata=meta(
+            help="compress each pile whole: zstd (pile-000000.tar.zst) or gzip (.tar.gz); default: plain tar",
+            metavar="CODEC",
+            yaml="output",
+        ),
+    )
+    compression_level: int | None = field(
+        default=None,
+        metadata=meta(help="the codec's level (zstd 1-22, default 3; gzip 1-9, default 6)", metavar="L", yaml="output"),
+    )
+
     storage_options: Mapping[str, Any] | None = field(
         default=None,
         repr=False,  # may hold secrets
@@ -127,13 +183,11 @@ class PileOptions:
         check_int("seed", self.seed, low=0)
         check_int("workers", self.workers, low=1)
         check_choices(self)
-        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
-            raise ConfigError(
-                f"ray_address: expected a Ray address ('auto', 'host:port', 'ray://host:10001') or None, got {self.ray_address!r}"
-            )
-        if self.ray_address is not None and self.executor != "ray":
-            raise ConfigError(f"ray_address: only used with executor='ray', got executor={self.executor!r}")
+        check_ray_address(self.ray_address, self.executor)
         check_bools(self)
+        object.__setattr__(self, "repeat", check_rule(self.repeat))
+        check_compression(self.compression)
+        check_level(self.compression, self.compression_level)
         if self.max_pile_bytes is not None:
             limit = parse_size(self.max_pile_bytes, what="max_pile_bytes")
             if limit < MIN_PILE_BYTES:
@@ -146,3 +200,8 @@ class PileOptions:
     @property
     def max_bytes(self) -> int | None:
         return self.max_pile_bytes  # type: ignore[return-value]
+
+    @property
+    def level(self) -> int | None:
+        """The compression level in effect: ``compression_level``, or the codec's default."""
+        return check_level(self.compression, self.compression_level)

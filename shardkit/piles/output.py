@@ -53,7 +53,9 @@ STAGING_PREFIX = ".shardkit-staging-"
 JOURNAL = ".shardkit-install-{token}.json"
 # what a job leaves behind when it dies: staging and temporary directories, journals, half-written files
 LEFTOVERS = re.compile(r"\.shardkit-(staging|shuffle|install)-.*|.*\.partial-[0-9a-f]{32}")
-PILE_FILE = re.compile(r"pile-.*\.tar")
+# seconds a job waits for a held lock before it says another job is writing
+_LOCK_GRACE = 2.0
+PILE_FILE = re.compile(r"pile-.*\.tar(\.zst|\.gz)?")
 
 
 @dataclass
@@ -255,6 +257,10 @@ def _lock(out: str, token: str) -> int:
     """
     lock = os.path.join(out, LOCK)
     fd = storage.lock_file(lock, wait=False)
+    deadline = time.monotonic() + _LOCK_GRACE
+    while fd is None and time.monotonic() < deadline:  # the worker processes of a job just killed take a moment to die
+        time.sleep(0.05)
+        fd = storage.lock_file(lock, wait=False)
     if fd is None:
         raise DatasetExistsError(
             f"{out}: another job is writing here ({_read_holder(lock)}); wait for it to finish (a dead job's lock is released by "

@@ -31,6 +31,11 @@ ADVICE = (
 )
 
 
+def part_file(directory: str, pile: int) -> str:
+    """Pile ``pile``'s part file in the part directory ``directory``."""
+    return os.path.join(directory, f"{pile:06d}.part")
+
+
 def keys_path(part: str) -> str:
     """The file of key hashes beside the part file ``part``: 8 bytes a sample, in the part's order."""
     return part.removesuffix(".part") + ".keys"
@@ -72,7 +77,7 @@ class PileSink:
         self._last: list[tuple[str, int] | None] = [None] * piles
 
     def part(self, pile: int) -> str:
-        return os.path.join(self.directory, f"{pile:06d}.part")
+        return part_file(self.directory, pile)
 
     def _record(self, pile: int, unit: int, nbytes: int, samples: int) -> None:
         start = self.sizes[pile]

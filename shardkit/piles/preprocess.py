@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import os
-import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,16 +32,18 @@ import numpy as np
 from shardkit import storage
 from shardkit._util import bar, check_bool, check_path, check_paths, format_size, shown
 from shardkit.codecs import DEFAULT, Codecs, check_codecs
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, SampleError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call
+from shardkit.piles import canonical, resume
+from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.executor import Executor, Tally, run_local
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import Output, claim
 from shardkit.piles.parts import SEGMENT, check_keys
-from shardkit.piles.publish import Run, publish
-from shardkit.piles.units import Part, UnitWork, describe, skip_record
+from shardkit.piles.publish import Mapper, Run, publish
+from shardkit.piles.units import Part, UnitWork, describe, reused_part, skip_record
 from shardkit.tar.shard import iter_shard
 
 log = logging.getLogger(__name__)
@@ -49,7 +52,7 @@ log = logging.getLogger(__name__)
 _MAX_LISTED_SKIPS = 1000
 
 
-_RESERVED_EXTRA = ("units", "skipped", "over_max_pile_bytes")
+_RESERVED_EXTRA = ("units", "skipped", "over_max_pile_bytes", "repeat")
 # the multiprocessing start methods mp_context may name
 _START_METHODS = ("fork", "spawn", "forkserver")
 
@@ -96,6 +99,10 @@ def preprocess(
     storage_options: Mapping[str, Any] | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    resume: bool = False,
+    compression: str | None = None,
+    compression_level: int | None = None,
+    repeat: Any = None,
 ) -> Manifest:
     """Run ``fn`` on every input unit and write its samples into M random piles in ``out``.
 
@@ -128,10 +135,19 @@ def preprocess(
             URL (``s3://bucket/prefix``): part files are then staged in the local temporary
             directory (``TMPDIR``; up to the dataset's size, freed pile by pile) and each pile
             is uploaded once, the manifest last.
+        resume: continue a job that was interrupted, from the parts it committed (see
+            :class:`~shardkit.PileOptions`); byte-identical to an uninterrupted run.
         executor, ray_address: where the units run (see :class:`~shardkit.PileOptions`):
             ``executor="ray"`` runs them as Ray tasks, byte-identical to the local executor.
             The staging directory (inside ``out``, or ``TMPDIR`` for a remote ``out``) must
             then be a path every node of the cluster sees.
+        compression, compression_level: ``"zstd"`` or ``"gzip"`` compresses each pile whole
+            as it is assembled (``pile-000000.tar.zst``); see :class:`~shardkit.PileOptions`.
+        repeat: oversampling: ``repeat(sample) -> int`` copies of each sample ``fn`` yields (0
+            drops it), each routed to its own pile, copy i keyed ``f"{key}_r{i}"``; or
+            ``{"field": "cls", "counts": {"3": 4}}`` (see :class:`~shardkit.PileOptions`). The
+            first epoch is a uniform permutation of the copies; ``manifest.extra["repeat"]``
+            records the rule and how many samples got each count.
 
     Sample keys must be unique across all inputs. A key a unit repeats fails that unit (as
     ``fn`` raising would); a key two units share is refused when they land in one pile, found
@@ -160,6 +176,10 @@ def preprocess(
         "storage_options": storage_options,
         "executor": executor,
         "ray_address": ray_address,
+        "resume": resume,
+        "compression": compression,
+        "compression_level": compression_level,
+        "repeat": repeat,
     }
     options = from_call(PileOptions, options, keywords)
     if not callable(fn):
@@ -176,6 +196,7 @@ def preprocess(
         max_pile_bytes=options.max_bytes,
         codecs=check_codecs(codecs),
         on_error=options.on_error,
+        repeat=options.repeat,
     )
     return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
 
@@ -200,29 +221,72 @@ def _run(
     if (advice := too_many_piles(options.piles, check_path("out", out))) is not None:
         log.warning(advice)
     output = claim(out, overwrite=options.overwrite)
-    staging = output.staging()
-    workers = min(workers, len(units))
+    try:
+        stage = resume.open_staging(output.path, _fingerprint(job, units), resume=options.resume, overwrite=options.overwrite)
+    except BaseException:
+        output.release()
+        raise
     try:
         tally = Tally(units, quiet=quiet)
+        reused = [reused_part(directory, commit) for directory, commit in stage.commits.items()]
+        for commit in stage.commits.values():
+            tally.add(len(commit.units) + len(commit.failures), commit.samples, commit.nbytes, commit.failures, log_failures=False)
+        todo = stage.todo(len(units))
+        run, mapper = _executor(options, workers, mp_context)
         with tally.bar:
-            run = _executor(options, workers, mp_context)
-            parts = run(job, units, staging, buffer_size=int(options.buffer_size), tally=tally)
-        result = _publish(output, staging, parts, options, {**(extra or {}), "units": len(units)}, tally, workers, units)
+            parts = run(job, units, stage.path, todo=todo, attempt=stage.attempt(), buffer_size=int(options.buffer_size), tally=tally)
+        staging = os.path.join(stage.path, "piles")
+        storage.makedirs(staging)
+        threads = min(workers, len(units))
+        extra = {**(extra or {}), "units": len(units)}
+        try:
+            result = _publish(output, staging, [*reused, *parts], options, extra, tally, threads, units, mapper)
+        except SampleError:
+            stage.remove()  # two inputs share a key: the job must change before it can succeed, so nothing is to resume
+            raise
+        stage.remove()  # published: nothing left to resume
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        # an interrupted job leaves its committed parts for resume=True (the next job refuses
+        # them without it); whatever happens, the output and the staging directory are let go
+        stage.release()
         output.release()
     if (advice := sparse_piles(result, options.piles, output.path)) is not None:
         log.warning(advice)
     return result
 
 
-def _executor(options: PileOptions, workers: int, mp_context: str | None) -> Executor:
-    """The executor ``options.executor`` names; Ray is imported only when it is asked for."""
+def _shard_samples(url: str, *, unit_prefix: bool) -> Iterator[Mapping[str, Any]]:
+    """The samples of one input shard, as :func:`pile` routes them; keys prefixed with the
+    shard's stem when ``unit_prefix`` (the same bytes as the byte-range copy writes)."""
+    prefix = canonical.unit_prefix(url) if unit_prefix else ""
+    for sample in iter_shard(url):
+        yield {**sample, "__key__": prefix + sample["__key__"]} if prefix else sample
+
+
+def _fingerprint(job: UnitWork, units: Sequence[Any]) -> dict[str, Any]:
+    """What a resumed job must share with the interrupted one (see :func:`resume.fingerprint`)."""
+    codecs = {ext: resume.describe_fn(fn) for ext, fn in sorted(job.codecs.encoders.items())}
+    options = {
+        "piles": job.piles,
+        "seed": job.seed,
+        "max_pile_bytes": job.max_pile_bytes,
+        "shards": job.shards,
+        "key_prefix": job.key_prefix,
+        "encoders": hashlib.sha256(json.dumps(codecs, sort_keys=True).encode()).hexdigest()[:16],
+        "repeat": None if job.repeat is None else resume.describe_fn(job.repeat),
+    }
+    return resume.fingerprint(units, job.fn, options)
+
+
+def _executor(options: PileOptions, workers: int, mp_context: str | None) -> tuple[Executor, Mapper | None]:
+    """The executor ``options.executor`` names, and where it merges the piles (None: threads
+    here); Ray is imported only when it is asked for."""
     if options.executor == "ray":
         from shardkit.piles import ray_executor
 
-        return functools.partial(ray_executor.run_ray, address=options.ray_address)
-    return functools.partial(run_local, workers=workers, mp_context=mp_context)
+        address = options.ray_address
+        return functools.partial(ray_executor.run_ray, address=address), functools.partial(ray_executor.ray_map, address=address)
+    return functools.partial(run_local, workers=workers, mp_context=mp_context), None
 
 
 def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray, units: Sequence[Any]) -> tuple[np.ndarray, int]:
@@ -265,6 +329,7 @@ def _publish(
     tally: Tally,
     workers: int,
     units: Sequence[Any],
+    mapper: Mapper | None,
 ) -> Manifest:
     skipped = np.array(sorted(f.index for f in tally.failures), dtype=np.int64)
     runs, counts = [], []
@@ -279,6 +344,11 @@ def _publish(
         failures = sorted(tally.failures, key=lambda f: f.index)
         extra["skipped"] = [skip_record(f, units[f.index]) for f in failures[:_MAX_LISTED_SKIPS]]
     fields = set().union(*(part.fields for part in parts))
+    if options.repeat is not None:
+        factors: Counter[int] = Counter()
+        for part in parts:
+            factors.update(part.factors)
+        extra["repeat"] = repeat_rules.record(options.repeat, factors)
     # piles are assembled in parallel: merging is copying and checksumming, which release the GIL
     with bar(total=len(runs), desc="merging", unit="pile", quiet=tally.quiet) as merging:
         result = publish(
@@ -292,6 +362,7 @@ def _publish(
             extra=extra,
             threads=workers,
             progress=merging.update,
+            mapper=mapper,
         )
     elapsed = time.perf_counter() - tally.start
     log.info(
@@ -325,6 +396,10 @@ def pile(
     storage_options: Mapping[str, Any] | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    resume: bool = False,
+    compression: str | None = None,
+    compression_level: int | None = None,
+    repeat: Any = None,
 ) -> Manifest:
     """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.
 
@@ -365,6 +440,10 @@ def pile(
         "storage_options": storage_options,
         "executor": executor,
         "ray_address": ray_address,
+        "resume": resume,
+        "compression": compression,
+        "compression_level": compression_level,
+        "repeat": repeat,
     }
     options = from_call(PileOptions, options, keywords)
     storage.use(check_paths("inputs", inputs), options.storage_options)  # before the inputs are listed
@@ -379,4 +458,7 @@ def pile(
         shards=True,
         key_prefix=options.key_prefix,
     )
+    if options.repeat is not None:  # copies get keys of their own: samples are decoded, not copied as byte ranges
+        fn = functools.partial(_shard_samples, unit_prefix=options.key_prefix == "unit")
+        job = dataclasses.replace(job, fn=fn, shards=False, key_prefix="none", repeat=options.repeat)
     return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=None)

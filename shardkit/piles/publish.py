@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import json
 import logging
 import math
 import os
@@ -32,7 +34,8 @@ from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import router
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import Output
-from shardkit.tar import index, write
+from shardkit.piles.pack import Pack, Packed
+from shardkit.tar import compression, index, write
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +74,36 @@ class Run:
 
 @dataclass(frozen=True)
 class _Staged:
-    """A finished pile file in the staging directory, waiting to be moved into place."""
+    """A finished pile file in the staging directory, waiting to be moved into place.
+
+    ``size`` and ``crc`` are the file's; a compressed pile also has its tar's (``tar``).
+    """
 
     path: str
     name: str
     samples: int
     size: int
     crc: int
+    compression: str | None = None
+    tar: tuple[int, int] | None = None  # (size, crc) of the tar inside a compressed pile
+
+    @property
+    def tar_size(self) -> int:
+        return self.size if self.tar is None else self.tar[0]
+
+    def info(self) -> PileInfo:
+        """Its manifest entry."""
+        if self.tar is None:
+            return PileInfo(name=self.name, samples=self.samples, bytes=self.size, checksum=manifest.format_checksum(self.crc))
+        return PileInfo(
+            name=self.name,
+            samples=self.samples,
+            bytes=self.size,
+            checksum=manifest.format_checksum(self.crc),
+            compression=self.compression,
+            tar_bytes=self.tar[0],
+            tar_checksum=manifest.format_checksum(self.tar[1]),
+        )
 
 
 def _old_files(out: str) -> list[str]:
@@ -91,32 +117,42 @@ def _old_files(out: str) -> list[str]:
         return []
 
 
-def _assemble(runs: Sequence[Run], dst: str) -> int:
-    """Make ``dst`` a finished pile from its runs; returns its CRC-32."""
+def _assemble(runs: Sequence[Run], dst: str, pack: Pack | None = None) -> tuple[int, Packed | None]:
+    """Make ``dst`` a finished pile from its runs; returns its tar's CRC-32 and, when ``pack``
+    compresses it on the way (one pass over the bytes), what was written. The part files stay."""
     runs = [r for r in runs if r.length]
     only = runs[0] if len(runs) == 1 else None
-    if only is not None and only.crc is not None and only.offset == 0 and os.path.getsize(only.path) == only.length:
-        os.replace(only.path, dst)
-        with open(dst, "ab") as f:
+    if pack is None and only is not None and only.crc is not None and only.offset == 0 and os.path.getsize(only.path) == only.length:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dst)
+        try:  # a second name for the part file: no copy, and a merge run again still finds its part
+            os.link(only.path, dst)
+        except OSError:
+            shutil.copyfile(only.path, dst)
+        with open(dst, "ab") as f:  # the part grows too: a merge run again copies its first `length` bytes
             f.write(write.TRAILER)
-        return manifest.checksum(write.TRAILER, only.crc)
+        return manifest.checksum(write.TRAILER, only.crc), None
     crc = 0
     buffer = memoryview(bytearray(_COPY_CHUNK))
     with contextlib.ExitStack() as stack:
         out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o644)
         stack.callback(os.close, out)
+        packed = None if pack is None else Packed(out, pack, sum(run.length for run in runs) + len(write.TRAILER))
+        put: Callable[[Any], None] = functools.partial(storage.write_fully, out) if packed is None else packed.write
         sources: dict[str, BinaryIO] = {}  # one handle per part file, however many runs it has
         for run in runs:
             src = sources.get(run.path)
             if src is None:
                 src = sources[run.path] = stack.enter_context(open(run.path, "rb", buffering=0))
-            crc = _copy_range(src, out, run, crc, buffer)
-        storage.write_fully(out, write.TRAILER)
-    return manifest.checksum(write.TRAILER, crc)
+            crc = _copy_range(src, put, run, crc, buffer)
+        put(write.TRAILER)
+        if packed is not None:
+            packed.finish()
+    return manifest.checksum(write.TRAILER, crc), packed
 
 
-def _copy_range(src: BinaryIO, out: int, run: Run, crc: int, buffer: memoryview) -> int:
-    """Append ``run``'s bytes of ``src`` to the file ``out``; returns ``crc`` continued over them."""
+def _copy_range(src: BinaryIO, put: Callable[[Any], None], run: Run, crc: int, buffer: memoryview) -> int:
+    """Pass ``run``'s bytes of ``src`` to ``put``; returns ``crc`` continued over them."""
     src.seek(run.offset)
     done = 0
     while done < run.length:
@@ -125,7 +161,7 @@ def _copy_range(src: BinaryIO, out: int, run: Run, crc: int, buffer: memoryview)
             raise CorruptShardError(f"{run.path}: part file ends early: expected {run.length} bytes at offset {run.offset}, got {done}")
         chunk = buffer[:n]
         crc = manifest.checksum(chunk, crc)
-        storage.write_fully(out, chunk)
+        put(chunk)
         done += n
     return crc
 
@@ -142,8 +178,11 @@ def capacity(limit: int | None, samples: int, nbytes: int) -> int | None:
     return max(1, math.floor(0.9 * limit * samples / max(nbytes, 1)))
 
 
-def _split(data: bytes, name: str, *, capacity: int, seed: int, trail: tuple[int, ...], staging: str) -> list[_Staged]:
-    """Write the pile ``data`` as the random sub-piles :func:`shardkit.router.sub_piles` draws."""
+def _split(
+    data: bytes, name: str, *, capacity: int, seed: int, trail: tuple[int, ...], staging: str, pack: Pack | None = None
+) -> list[_Staged]:
+    """Write the pile ``data`` as the random sub-piles :func:`shardkit.router.sub_piles` draws,
+    each compressed by ``pack`` when given."""
     layout = index.index(data, name, checked=True)  # assembled here, its checksum just computed
     bounds = layout.sample_bounds(layout.samples()).tolist()
     stem = name[: -len(".tar")]
@@ -154,51 +193,99 @@ def _split(data: bytes, name: str, *, capacity: int, seed: int, trail: tuple[int
         sub_name = stem + "".join(f"-{part:03d}" for part in leaf[len(trail) :]) + ".tar"
         sub = b"".join([*(data[bounds[i] : bounds[i + 1]] for i in samples), write.TRAILER])
         path = os.path.join(staging, sub_name)
+        staged = _Staged(path, sub_name, len(samples), len(sub), manifest.checksum(sub))
+        if pack is not None:
+            tar = (len(sub), staged.crc)
+            sub = compression.compress(sub, pack.codec, level=pack.level)
+            staged = _Staged(
+                path, sub_name + compression.suffix(pack.codec), len(samples), len(sub), manifest.checksum(sub), pack.codec, tar
+            )
         with open(path, "wb") as f:
             f.write(sub)
-        pieces.append(_Staged(path, sub_name, len(samples), len(sub), manifest.checksum(sub)))
+        pieces.append(staged)
     return pieces
 
 
-def _finish_pile(p: int, runs: Sequence[Run], count: int, seed: int, most: int | None, staging: str) -> tuple[list[_Staged], bool]:
-    """Assemble pile ``p`` in the staging directory; split it if it holds over ``most`` samples."""
-    name = pile_name(p)
-    path = os.path.join(staging, name)
-    with storage.guard(path, "write", size=sum(run.length for run in runs) + len(write.TRAILER)):
-        crc = _assemble(runs, path)
-    for run in runs:  # each part file holds one pile's bytes: gone once the pile is made, so disk peaks near 1x the data
+@dataclass(frozen=True)
+class PileWork:
+    """What it takes to finish pile ``pile``: its runs and sample count, the split settings, and
+    the compression (``pack``)."""
+
+    pile: int
+    runs: Sequence[Run]
+    count: int
+    seed: int
+    most: int | None
+    staging: str
+    pack: Pack | None = None
+
+
+def finish_pile(work: PileWork) -> tuple[list[_Staged], bool]:
+    """Assemble a pile in the staging directory, compressed by ``work.pack`` when given; split it
+    (then compress each sub-pile) if it holds over ``work.most`` samples.
+
+    Safe to run again after it was interrupted (a Ray task retried): the part files are removed
+    only once a record of the finished pile is written, and a record found is the answer.
+    """
+    name = pile_name(work.pile)
+    path = os.path.join(work.staging, name)
+    record = path + ".done"
+    if os.path.exists(record):
+        return _read_record(record)
+    splits = work.most is not None and work.count > work.most  # an empty pile is never split
+    tar_size = sum(run.length for run in work.runs) + len(write.TRAILER)
+    with storage.guard(path, "write", size=tar_size):
+        crc, packed = _assemble(work.runs, path, None if splits else work.pack)
+    size = os.path.getsize(path)
+    if not splits:
+        if packed is None:
+            result = [_Staged(path, name, work.count, size, crc)], False
+        else:
+            codec = packed.packer.codec
+            result = [_Staged(path, name + compression.suffix(codec), work.count, packed.size, packed.crc, codec, (tar_size, crc))], False
+    else:
+        assert work.most is not None
+        with _SPLITTING, storage.guard(work.staging, "write the split piles", size=size):
+            data = storage.read_bytes(path)
+            os.unlink(path)
+            pieces = _split(data, name, capacity=work.most, seed=work.seed, trail=(work.pile,), staging=work.staging, pack=work.pack)
+        log.info(
+            "%s holds %d samples, over the %d that fit max_pile_bytes on average: split into %d random sub-piles",
+            name,
+            work.count,
+            work.most,
+            len(pieces),
+        )
+        result = pieces, True
+    # renamed into place but not synced: it guards against a process that dies, as a retry needs
+    with open(record + ".tmp", "w") as f:
+        json.dump([[dataclasses.astuple(p) for p in result[0]], result[1]], f)
+    os.replace(record + ".tmp", record)
+    for run in work.runs:  # each part file holds one pile's bytes: gone once the pile is made, so disk peaks near 1x the data
         with contextlib.suppress(FileNotFoundError):
             os.unlink(run.path)
-    size = os.path.getsize(path)
-    if most is None or count <= most:  # an empty pile is never split
-        return [_Staged(path, name, count, size, crc)], False
-    with _SPLITTING, storage.guard(staging, "write the split piles", size=size):
-        data = storage.read_bytes(path)
-        os.unlink(path)
-        pieces = _split(data, name, capacity=most, seed=seed, trail=(p,), staging=staging)
-    log.info(
-        "%s holds %d samples, over the %d that fit max_pile_bytes on average: split into %d random sub-piles",
-        name,
-        count,
-        most,
-        len(pieces),
-    )
-    return pieces, True
+    return result
+
+
+def _read_record(record: str) -> tuple[list[_Staged], bool]:
+    pieces, split = json.loads(storage.read_bytes(record))
+    staged = [_Staged(*piece) for piece in pieces]
+    return [dataclasses.replace(p, tar=tuple(p.tar)) if p.tar is not None else p for p in staged], bool(split)
 
 
 def _over_limit(pieces: Sequence[_Staged], limit: int | None) -> list[dict[str, Any]]:
     """The piles still larger than ``limit`` (samples of very uneven size), each logged."""
     over = []
     for piece in pieces:
-        if limit is not None and piece.size > limit:
+        if limit is not None and piece.tar_size > limit:
             log.warning(
                 "%s is %d bytes, over max_pile_bytes=%d: splits go by sample count to keep the shuffle uniform, "
                 "and its samples are larger than average",
                 piece.name,
-                piece.size,
+                piece.tar_size,
                 limit,
             )
-            over.append({"name": piece.name, "bytes": piece.size})
+            over.append({"name": piece.name, "bytes": piece.tar_size})
     return over
 
 
@@ -225,6 +312,11 @@ def _map(fn: Callable[[T], R], items: Sequence[T], threads: int, progress: Calla
         return [f.result() for f in futures]
 
 
+# runs ``fn`` over ``items`` (the piles to finish) somewhere, in parallel; results in order, with
+# ``progress(1)`` as each is done: threads here by default, Ray tasks with executor="ray"
+Mapper = Callable[[Callable[[Any], Any], Sequence[Any], Callable[[int], Any] | None], list[Any]]
+
+
 def publish(
     output: Output,
     runs: Sequence[Sequence[Run]],
@@ -237,6 +329,7 @@ def publish(
     extra: dict[str, Any] | None = None,
     threads: int = 1,
     progress: Callable[[int], Any] | None = None,
+    mapper: Mapper | None = None,
 ) -> Manifest:
     """Assemble each pile from its runs, split oversized piles, move them in, write the manifest.
 
@@ -251,10 +344,14 @@ def publish(
         counts: ``counts[p]`` is pile p's sample count.
         threads: piles assembled at once; the result is the same for any number.
         progress: called with 1 as each pile is finished.
+        mapper: where the piles are assembled (:data:`Mapper`; default: ``threads`` threads
+            here). The staging directory must be a path wherever it runs them.
     """
     total = sum(run.length for pile_runs in runs for run in pile_runs)
     most = capacity(options.max_bytes, sum(counts), total)
-    finished = _map(lambda p: _finish_pile(p, runs[p], counts[p], options.seed, most, staging), range(len(runs)), threads, progress)
+    pack = Pack.of(options)
+    work = [PileWork(p, runs[p], counts[p], options.seed, most, staging, pack) for p in range(len(runs))]
+    finished = _map(finish_pile, work, threads, progress) if mapper is None else mapper(finish_pile, work, progress)
     split = sum(was_split for _, was_split in finished)
     pieces = [piece for staged, _ in finished for piece in staged]
     if not output.remote:
@@ -263,9 +360,7 @@ def publish(
     pieces = [dataclasses.replace(piece, name=name) for piece, name in zip(pieces, names, strict=True)]
     over = _over_limit(pieces, options.max_bytes)
     extra = {**(extra or {}), "over_max_pile_bytes": over} if over else extra
-    infos = [
-        PileInfo(name=piece.name, samples=piece.samples, bytes=piece.size, checksum=manifest.format_checksum(piece.crc)) for piece in pieces
-    ]
+    infos = [piece.info() for piece in pieces]
     result = Manifest(
         piles=tuple(infos),
         seed=options.seed,
@@ -283,13 +378,14 @@ def publish(
 
 def free_names(out: str, names: Sequence[str]) -> list[str]:
     """Names for new files in ``out`` that no file there has: each of ``names`` as it is, else
-    ``STEM.vN.tar`` with the smallest free N. An overwrite's files then never replace the old
-    dataset's before its manifest is replaced."""
+    ``STEM.vN.tar`` (``STEM.vN.tar.zst``) with the smallest free N. An overwrite's files then
+    never replace the old dataset's before its manifest is replaced."""
     taken = set(storage.listdir(out, missing_ok=True))
     chosen = []
     for name in names:
         if name in taken:
-            stem, suffix = name.rsplit(".", 1)
+            at = name.rfind(".tar")
+            stem, suffix = (name[:at], name[at + 1 :]) if at > 0 else name.rsplit(".", 1)
             version = 1
             while f"{stem}.v{version}.{suffix}" in taken:
                 version += 1

@@ -44,6 +44,11 @@ def repile(
     overwrite: bool = False,
     quiet: bool = False,
     storage_options: Mapping[str, Any] | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
+    resume: bool = False,
+    compression: str | None = None,
+    compression_level: int | None = None,
 ) -> Manifest:
     """Pass 1 again over a dataset's piles, with a new seed, into a new dataset.
 
@@ -55,7 +60,10 @@ def repile(
         seed: the new router seed (default: the source's seed + 1); must differ from the one
             ``src`` was written with.
         piles: M of the new dataset (default: the M of ``src``).
-        workers, max_pile_bytes, overwrite, quiet, storage_options: as in :func:`shardkit.pile`.
+        workers, max_pile_bytes, overwrite, quiet, storage_options, executor, ray_address,
+            resume: as in :func:`shardkit.pile`.
+        compression, compression_level: how the new piles are compressed (see
+            :class:`~shardkit.PileOptions`); the source's piles may be compressed or not.
 
     Returns:
         The new dataset's manifest.
@@ -79,6 +87,11 @@ def repile(
         "max_pile_bytes": max_pile_bytes,
         "overwrite": overwrite,
         "storage_options": storage_options,
+        "executor": executor,
+        "ray_address": ray_address,
+        "resume": resume,
+        "compression": compression,
+        "compression_level": compression_level,
     }
     if options is None:
         # the source's M and the next seed, unless given

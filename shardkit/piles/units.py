@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,9 +20,10 @@ from typing import Any
 from shardkit import errors, storage
 from shardkit.codecs import Codecs
 from shardkit.errors import Failure, InputError, RemoteTraceback, SampleError, ShardkitError
-from shardkit.piles import canonical, router
+from shardkit.piles import canonical, resume, router
+from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.encode import encode_sample
-from shardkit.piles.parts import ADVICE, PileSink
+from shardkit.piles.parts import ADVICE, PileSink, part_file
 from shardkit.tar.keys import repeated_key, sample_at
 from shardkit.tar.shard import read_shard
 
@@ -42,6 +45,8 @@ class UnitWork:
     on_error: str
     shards: bool = False
     key_prefix: str = "none"
+    # copies of each sample (see shardkit.piles.repeat); None writes each once
+    repeat: repeat_rules.Rule | None = None
     # the parent's storage options by bucket: a spawned worker reads remote units with them too
     storage: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
 
@@ -80,26 +85,31 @@ def skip_record(failure: Failure, unit: Any) -> dict[str, Any]:
 
 @dataclass
 class Part:
-    """What one process wrote: per-pile part files, their segments and CRC-32s, the field extensions."""
+    """What one process wrote: per-pile part files, their segments and CRC-32s, the field
+    extensions, and input samples by their number of copies (with a repeat rule)."""
 
     paths: list[str]
     segments: list[Any]
     fields: set[str]
     crcs: list[int]
+    factors: dict[int, int] = field(default_factory=dict)
 
 
-def part_directory(staging: str, worker: int) -> str:
-    """Where process ``worker`` keeps its part files inside the staging directory."""
-    return os.path.join(staging, f"part-{worker}")
+def part_directory(staging: str, attempt: str, worker: int) -> str:
+    """Where process ``worker`` of the run ``attempt`` keeps its part files inside the staging directory."""
+    return os.path.join(staging, f"{attempt}-w{worker}")
 
 
-def chunk_directory(staging: str, first: int, last: int) -> str:
-    """Where the task running input units ``first..last`` keeps its part files (one task a chunk)."""
-    return os.path.join(staging, f"part-u{first:09d}-{last:09d}")
+def chunk_directory(staging: str, attempt: str, first: int, last: int) -> str:
+    """Where the task of the run ``attempt`` running input units ``first..last`` keeps its part
+    files (one task a chunk): a retry of the task replaces its own files, and a task an earlier,
+    killed run left running on the cluster never writes where this run does."""
+    return os.path.join(staging, f"{attempt}-u{first:09d}-{last:09d}")
 
 
-def _encoded(job: UnitWork, unit: Any) -> Iterator[tuple[str, bytes, list[str]]]:
-    """(key, bytes, extensions) of each sample of one unit; anything raised by ``fn`` or the encoder is a UnitFailed."""
+def _encoded(job: UnitWork, unit: Any, factors: Counter[int]) -> Iterator[tuple[str, bytes, list[str]]]:
+    """(key, bytes, extensions) of each sample of one unit, each copy ``job.repeat`` asks for
+    (counted in ``factors``); anything raised by ``fn``, the rule or the encoder is a UnitFailed."""
     try:
         samples = job.fn(unit)
         if samples is None or isinstance(samples, (Mapping, str, bytes)) or not isinstance(samples, Iterable):
@@ -107,8 +117,16 @@ def _encoded(job: UnitWork, unit: Any) -> Iterator[tuple[str, bytes, list[str]]]
         for sample in samples:
             if not isinstance(sample, Mapping):
                 raise TypeError(f"fn yielded a {type(sample).__name__}, expected a sample dict with '__key__'")
-            data, exts = encode_sample(sample, job.codecs, max_pile_bytes=job.max_pile_bytes)
-            yield sample["__key__"], data, exts
+            if job.repeat is None:
+                data, exts = encode_sample(sample, job.codecs, max_pile_bytes=job.max_pile_bytes)
+                yield sample["__key__"], data, exts
+                continue
+            count = repeat_rules.copies(job.repeat, sample)
+            factors[count] += 1
+            for copy in range(count):
+                key = repeat_rules.copy_key(sample["__key__"], copy) if isinstance(sample.get("__key__"), str) else sample.get("__key__")
+                data, exts = encode_sample({**sample, "__key__": key}, job.codecs, max_pile_bytes=job.max_pile_bytes)
+                yield key, data, exts
     except Exception as e:
         raise UnitFailed(str(e)) from e
 
@@ -116,7 +134,7 @@ def _encoded(job: UnitWork, unit: Any) -> Iterator[tuple[str, bytes, list[str]]]
 class UnitWriter:
     """Runs ``fn`` on units and routes their samples into one :class:`PileSink` (one per process).
 
-    writer = UnitWriter(job, "out/.shardkit-staging-x/part-0", buffer_size=64 << 20)
+    writer = UnitWriter(job, "out/.shardkit-pass1/part-1a2b3c4d-w0", buffer_size=64 << 20)
     samples, nbytes = writer.run(0, "shard-000.tar")
     part = writer.finish()
     """
@@ -125,6 +143,15 @@ class UnitWriter:
         self.job = job
         self.sink = PileSink(directory, job.piles, buffer_size)
         self.fields: set[str] = set()
+        # input samples by the number of copies written of each (with a repeat rule)
+        self.factors: Counter[int] = Counter()
+        # what the next commit records: the units done and skipped, and their totals
+        self.done: list[int] = []
+        self.failures: list[Failure] = []
+        self.samples = self.nbytes = 0
+        self.committed = time.monotonic()
+        # a unit failed and the job stops: its bytes so far are in the parts, so never commit again
+        self.broken = False
 
     def run(self, index: int, unit: Any) -> tuple[int, int]:
         """Write every sample of ``unit``; returns (samples, bytes). Raises UnitFailed."""
@@ -137,8 +164,9 @@ class UnitWriter:
         # is found when the piles are merged. Memory: the unit's keys, while it runs.
         ordinals: dict[str, int] = {}
         samples = nbytes = 0
+        factors: Counter[int] = Counter()
         # errors from the sink (a full disk) are not the unit's fault: they escape UnitFailed
-        for key, data, exts in _encoded(self.job, unit):
+        for key, data, exts in _encoded(self.job, unit, factors):
             if ordinals.setdefault(key, samples) != samples:
                 error = SampleError(repeated_key(key, sample_at(samples), sample_at(ordinals[key])) + ADVICE)
                 raise UnitFailed(str(error)) from error
@@ -148,6 +176,7 @@ class UnitWriter:
             nbytes += len(data)
         # a unit's fields count once it succeeded: a skipped unit leaves no trace
         self.fields |= seen
+        self.factors.update(factors)
         return samples, nbytes
 
     def _copy_shard(self, index: int, url: str) -> tuple[int, int]:
@@ -166,17 +195,64 @@ class UnitWriter:
         return count, int(found.sizes.sum())
 
     def attempt(self, index: int, unit: Any) -> tuple[int, int] | Failure:
-        """Like :meth:`run`, but a failing unit comes back as a :class:`Failure`."""
+        """Like :meth:`run`, but a failing unit comes back as a :class:`Failure`; either way the
+        unit counts as done (written, or skipped) at the next commit, unless the job is to
+        stop at a failing unit."""
         try:
-            return self.run(index, unit)
+            samples, nbytes = self.run(index, unit)
         except UnitFailed as e:
             cause = e.__cause__ if e.__cause__ is not None else e
-            return Failure.capture(cause, index=index)
+            failure = Failure.capture(cause, index=index)
+            if self.job.on_error == "raise":
+                self.broken = True
+            else:
+                self.failures.append(failure)
+            return failure
+        self.done.append(index)
+        self.samples += samples
+        self.nbytes += nbytes
+        return samples, nbytes
+
+    def commit(self) -> None:
+        """Write the buffers out and record, durably, which units this directory holds whole."""
+        self.sink.flush()
+        if self.broken:
+            return
+        sink = self.sink
+        record = resume.Commit(
+            sizes=list(sink.sizes),
+            crcs=list(sink.crcs),
+            counts=list(sink.counts),
+            segments=list(sink.segments),
+            fields=set(self.fields),
+            factors=dict(self.factors),
+            units=list(self.done),
+            failures=list(self.failures),
+            samples=self.samples,
+            nbytes=self.nbytes,
+        )
+        resume.write_commit(sink.directory, record)
+        self.committed = time.monotonic()
+
+    def commit_due(self) -> None:
+        """Commit when :data:`resume.COMMIT_SECONDS` have passed since the last commit."""
+        if time.monotonic() - self.committed >= resume.COMMIT_SECONDS:
+            self.commit()
 
     def finish(self) -> Part:
-        """Flush the buffers; returns what this process wrote."""
-        self.sink.flush()
-        return Part([self.sink.part(p) for p in range(self.job.piles)], self.sink.segments, self.fields, self.sink.crcs)
+        """Flush the buffers and commit; returns what this process wrote."""
+        self.commit()
+        return part_of(self.sink.directory, self.job.piles, self.sink.segments, self.fields, self.sink.crcs, dict(self.factors))
+
+
+def part_of(directory: str, piles: int, segments: list[Any], fields: set[str], crcs: list[int], factors: dict[int, int]) -> Part:
+    """The :class:`Part` of the part directory ``directory``."""
+    return Part([part_file(directory, p) for p in range(piles)], segments, fields, crcs, factors)
+
+
+def reused_part(directory: str, commit: resume.Commit) -> Part:
+    """The :class:`Part` an earlier run committed in ``directory``."""
+    return part_of(directory, len(commit.sizes), commit.segments, commit.fields, commit.crcs, commit.factors)
 
 
 # the task that asks a worker for its part: everything it wrote
@@ -198,18 +274,20 @@ class UnitWorker:
     :class:`Part` when sent :data:`FINISH`. With ``on_error="raise"`` a chunk stops at its first
     failing unit (the parent raises it).
 
-        pool = Pool(2, functools.partial(UnitWorker, job, staging, buffer_size), name="shardkit-pile")
+        pool = Pool(2, functools.partial(UnitWorker, job, staging, "part-1a2b3c4d", buffer_size), name="shardkit-pile")
     """
 
-    def __init__(self, job: UnitWork, staging: str, buffer_size: int, k: int) -> None:
+    def __init__(self, job: UnitWork, staging: str, attempt: str, buffer_size: int, k: int) -> None:
         storage.remote.restore(job.storage)
         self.job = job
-        self.writer = UnitWriter(job, part_directory(staging, k), buffer_size)
+        self.writer = UnitWriter(job, part_directory(staging, attempt, k), buffer_size)
 
     def __call__(self, task: Any) -> ChunkDone | Part:
         if task == FINISH:
             return self.writer.finish()
-        return run_chunk(self.writer, task)
+        reply = run_chunk(self.writer, task)
+        self.writer.commit_due()
+        return reply
 
 
 def run_chunk(writer: UnitWriter, chunk: Sequence[tuple[int, Any]]) -> ChunkDone:

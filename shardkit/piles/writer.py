@@ -39,7 +39,7 @@ from shardkit.piles.publish import Run, publish
 log = logging.getLogger(__name__)
 
 # options of jobs over input units (worker processes, skipping units, keys of input shards)
-_JOB_ONLY = ("workers", "on_error", "key_prefix", "executor", "ray_address")
+_JOB_ONLY = ("workers", "on_error", "key_prefix", "executor", "ray_address", "resume", "repeat")
 
 
 def _in_process(options: PileOptions) -> PileOptions:
@@ -64,7 +64,8 @@ class PileWriter:
         options: a :class:`PileOptions` instead of the keyword options below (not both). Its
             ``workers``, ``on_error`` and ``key_prefix`` describe jobs over input units: the
             writer writes in the calling process and refuses values other than the defaults.
-        piles, seed, max_pile_bytes, buffer_size, overwrite, storage_options: see :class:`PileOptions`;
+        piles, seed, max_pile_bytes, buffer_size, overwrite, storage_options, compression,
+            compression_level: see :class:`PileOptions`;
             ``piles`` is required without ``options``.
         codecs: encoders by extension (default :data:`shardkit.codecs.DEFAULT`).
 
@@ -84,6 +85,8 @@ class PileWriter:
         overwrite: bool = False,
         codecs: Codecs | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        compression: str | None = None,
+        compression_level: int | None = None,
     ) -> None:
         keywords = {
             "piles": piles,
@@ -92,6 +95,8 @@ class PileWriter:
             "buffer_size": buffer_size,
             "overwrite": overwrite,
             "storage_options": storage_options,
+            "compression": compression,
+            "compression_level": compression_level,
         }
         self.options = _in_process(from_call(PileOptions, options, keywords))
         if (advice := too_many_piles(self.options.piles, f"PileWriter({check_path('out', path)!r})")) is not None:

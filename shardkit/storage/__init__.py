@@ -33,6 +33,7 @@ from shardkit.storage.local import (
     lock_file,
     map_open,
     sync_files,
+    unmap,
     write_chunks,
     write_fully,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "size",
     "storage_error",
     "sync_files",
+    "unmap",
     "upload",
     "use",
     "write_bytes",

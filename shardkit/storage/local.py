@@ -33,6 +33,14 @@ def map_open(f: BinaryIO) -> Buffer:
     return f.read()
 
 
+def unmap(buf: Buffer) -> None:
+    """Let go of a buffer :func:`map_open` made now, not when it is collected (bytes: nothing to do)."""
+    if isinstance(buf, mmap.mmap):
+        # views still held by a traceback in flight keep the map alive: it goes with them
+        with contextlib.suppress(BufferError):
+            buf.close()
+
+
 def lock_file(path: str, *, wait: bool) -> int | None:
     """A descriptor holding the exclusive ``flock`` of ``path`` (created if missing); None when
     another process holds it and ``wait`` is off. The kernel drops the lock when its holder dies.

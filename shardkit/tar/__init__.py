@@ -1,5 +1,5 @@
 """The tar format and nothing else: write members, find and walk headers, group members into
-samples, and read a whole shard (plain or ``.tar.gz``) into memory.
+samples, and read a whole shard (plain or compressed) into memory.
 
 This folder knows nothing of piles, manifests, loaders or the CLI; everything above it reads and
 writes tars through these modules:
@@ -9,6 +9,7 @@ writes tars through these modules:
 - :mod:`~shardkit.tar.walk`: the header-by-header walk that handles the rest and names errors;
 - :mod:`~shardkit.tar.index`: members grouped into WebDataset samples, as arrays;
 - :mod:`~shardkit.tar.keys`: key hashes and the one check (and wording) for a repeated key;
+- :mod:`~shardkit.tar.compression`: whole-shard zstd and gzip: suffixes, magic bytes, codecs;
 - :mod:`~shardkit.tar.shard`: :class:`Shard`, a whole shard in memory, samples by number.
 """
 

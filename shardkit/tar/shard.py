@@ -1,6 +1,6 @@
 """Read a whole tar shard into memory once, index its samples, and hand them out by number.
 
-One sequential read (a ``.tar.gz`` is decompressed in memory), one pass over the headers, then
+One sequential read (a ``.tar.zst`` or ``.tar.gz`` is decompressed in memory), one pass over the headers, then
 any sample by index in any order. This is the read side of every shard shardkit touches: the
 loader's piles, re-piling, the eager shuffle and ``verify`` all go through :class:`Shard`.
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from shardkit import storage
 from shardkit.errors import CorruptShardError
-from shardkit.tar import index, scan
+from shardkit.tar import compression, index, scan
 from shardkit.tar.keys import refuse_repeat
 from shardkit.tar.scan import BLOCK, Chain
 from shardkit.tar.walk import walk
@@ -185,27 +185,24 @@ def _sampler(keys: list[str], buf: storage.Buffer, spans: list[tuple[str, list[i
 
 
 def read_shard(url: str, *, mapped: bool = False) -> storage.Buffer:
-    """The bytes of a tar shard; ``.tar.gz``/``.tgz`` shards are decompressed in memory.
+    """The bytes of a tar shard; a compressed one (``.tar.zst``, ``.tar.gz``, ``.tgz``) is
+    decompressed in memory (see :mod:`shardkit.tar.compression`).
 
     ``mapped``: a local shard may come back as a read-only memory map (see
     :func:`shardkit.storage.map_bytes`); it reads like bytes.
+
+    Raises:
+        CorruptShardError: a compressed shard whose data is not its codec's, or is truncated or corrupt.
     """
     buf: Any = storage.map_bytes(url) if mapped else storage.read_bytes(url)
-    if url.endswith((".gz", ".tgz")):
-        import gzip
-        import zlib
-
-        try:
-            buf = gzip.decompress(buf)
-        except (OSError, EOFError, zlib.error) as e:
-            raise CorruptShardError(f"{url}: not valid gzip ({e})") from None
-    return buf
+    codec = compression.from_name(url)
+    return buf if codec is None else compression.decompress(buf, codec, url)
 
 
 def iter_shard(url: str) -> Iterator[Sample]:
     """Every sample of a WebDataset tar shard, raw bytes, in archive order.
 
-    ``.tar.gz``/``.tgz`` shards are decompressed in memory. A key that names two samples (its
+    Compressed shards (``.tar.zst``, ``.tar.gz``) are decompressed in memory. A key that names two samples (its
     members are not adjacent) is refused, as :func:`shardkit.pile` refuses it.
     """
     yield from Shard(url, read_shard(url), unique=True)

@@ -17,13 +17,13 @@ from typing import Any
 
 from shardkit import _util, manifest, storage
 from shardkit.errors import CorruptShardError, StorageError
-from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile
+from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile, tar_problem
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles.output import LEFTOVERS, LOCK
-from shardkit.tar import scan
+from shardkit.tar import compression, scan
 from shardkit.tar.keys import repeated_key, sample_at
 
-_SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+_SHARD_SUFFIXES = compression.SHARD_SUFFIXES
 _MAX_DUPLICATES = 10  # duplicate keys reported one by one per pile; the rest are counted
 
 
@@ -50,6 +50,11 @@ class DatasetInfo:
     gives: n/M and sqrt(n/M * (1 - 1/M)). They describe piles written by pass 1; the fixed-size
     shards of :func:`shardkit.shuffle` (``kind == "shuffled"``) are not random in size.
 
+    ``bytes`` is the piles' size as stored; for compressed piles (``compression`` names the
+    codec) ``tar_bytes`` is the size of the tars inside, and ``pile_bytes`` and
+    :meth:`loader_ram` count those: what a loader holds in memory. ``repeat`` is what pass 1
+    recorded of its oversampling (the rule, and input samples by their number of copies).
+
         summary = info("data/")
         print(f"{summary.samples} samples in {summary.piles} piles")
         print(summary.loader_ram(mix=2))   # bytes of RAM a loader mixing 2 piles needs
@@ -70,6 +75,14 @@ class DatasetInfo:
     expected_mean: float
     expected_sd: float
     largest_piles: tuple[int, ...]
+    compression: str | None = None
+    tar_bytes: int = 0
+    repeat: dict[str, Any] | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        """How many times smaller compression made the piles (tar bytes / stored bytes), or None."""
+        return self.tar_bytes / self.bytes if self.compression is not None and self.bytes else None
 
     def loader_ram(self, *, mix: int = 1, prefetch: int = 1) -> int:
         """Bytes of pile data a loader holds at its peak: its resident piles, the largest ones.
@@ -95,6 +108,9 @@ class DatasetInfo:
             "split_piles": self.split_piles,
             "pile_samples": vars(self.pile_samples) | {"expected_mean": self.expected_mean, "expected_sd": self.expected_sd},
             "pile_bytes": vars(self.pile_bytes),
+            "compression": self.compression,
+            "tar_bytes": self.tar_bytes,
+            "repeat": self.repeat,
             "loader_ram": {f"mix={k}": self.loader_ram(mix=k) for k in (1, 2, 4)},
         }
 
@@ -132,10 +148,13 @@ def info(directory: str, *, storage_options: Mapping[str, Any] | None = None) ->
         skipped_units=m.skipped_units,
         split_piles=m.split_piles,
         pile_samples=Spread.of([p.samples for p in m.piles]),
-        pile_bytes=Spread.of([p.bytes for p in m.piles]),
+        pile_bytes=Spread.of([p.tar_size for p in m.piles]),
         expected_mean=mean,
         expected_sd=sd,
-        largest_piles=tuple(sorted((p.bytes for p in m.piles), reverse=True)[:64]),
+        largest_piles=tuple(sorted((p.tar_size for p in m.piles), reverse=True)[:64]),
+        compression=", ".join(sorted({p.compression for p in m.piles if p.compression is not None})) or None,
+        tar_bytes=m.tar_bytes,
+        repeat=m.extra["repeat"] if isinstance(m.extra.get("repeat"), dict) else None,
     )
 
 
@@ -143,8 +162,9 @@ def info(directory: str, *, storage_options: Mapping[str, Any] | None = None) ->
 class Problem:
     """One thing :func:`verify` found wrong.
 
-    ``kind`` is one of ``missing``, ``unreadable``, ``size``, ``checksum``, ``structure``,
-    ``count``, ``duplicate`` (two samples of a pile share a key) for a pile listed in the
+    ``kind`` is one of ``missing``, ``unreadable``, ``size``, ``checksum`` (of the file, or of
+    the tar inside a compressed pile), ``compressed`` (a compressed pile that does not
+    decompress to its tar), ``structure``, ``count``, ``duplicate`` (two samples of a pile share a key) for a pile listed in the
     manifest, ``extra`` (a shard file the manifest does not list) or ``leftover`` (a temporary
     file or directory an interrupted job left behind).
 
@@ -176,6 +196,14 @@ def _check_pile(directory: str, pile: PileInfo) -> list[Problem]:
         message = str(e).removeprefix(f"{url}: ") if isinstance(e, StorageError) else f"cannot be read ({e.strerror or e})"
         return [Problem(name=pile.name, kind="unreadable", message=message)]
     found = [Problem(name=pile.name, kind=kind, message=message) for kind, message in byte_problems(url, buf, pile)]
+    if pile.compression is not None:  # the file checked as stored, now the tar inside
+        try:
+            buf = compression.decompress(buf, pile.compression, url, size=pile.tar_bytes)
+        except CorruptShardError as e:
+            return [*found, Problem(name=pile.name, kind="compressed", message=str(e).removeprefix(f"{url}: "))]
+        problem = tar_problem(buf, pile)
+        if problem is not None:
+            found.append(Problem(name=pile.name, kind="checksum", message=problem))
     try:
         # unchecked: every header checksum is summed and the careful walk names the first bad one
         shard = open_pile(Fetched(url, buf, scan.scan(buf), checked=False))
@@ -239,7 +267,8 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
 def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str, Any] | None = None) -> list[Problem]:
     """Check every pile of a dataset against its manifest; returns what is wrong (``[]`` if nothing).
 
-    Each listed pile must exist, have the recorded size and checksum, be a well-formed tar
+    Each listed pile must exist, have the recorded size and checksum (a compressed pile: the
+    file's, then the tar's it decompresses to), be a well-formed tar
     (every header checksum, no truncation, no unsafe or non-regular member, no sample with two
     members of one extension), hold the recorded number of samples and no two samples with one
     key (the first ten per pile are listed with both positions). Shard files the manifest

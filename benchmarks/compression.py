@@ -1,0 +1,256 @@
+"""Compressed piles against plain ones: write and read samples/s, and bytes saved.
+
+Two kinds of samples: ~5 KB JSON records (compressible text) and JPEG images (already
+compressed). For each, the same samples are written with ``PileWriter`` plain, with zstd and
+with gzip at several levels, then read back whole with ``shardkit.loader(decode=False)`` (the
+prefetch thread decompresses; the figure is what a training loop would see). Every
+configuration runs once per round and the rounds are repeated, so all of them share the
+machine's ups and downs; the table shows medians. The piles are in the page cache when read
+(they were just written), so reads measure CPU, not the disk: compression gains more where
+the disk or network is the bottleneck.
+
+The last lines split one zstd pile's read into its parts (read the file, decompress, check,
+index), for the default level, to show what bounds the read.
+
+    python benchmarks/compression.py                     # ~100 MB of JSON, ~60 MB of JPEG, 3 rounds
+    python benchmarks/compression.py --json-samples 2000 --jpeg-samples 200 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import shardkit
+from shardkit import manifest, storage
+from shardkit.loading.pile import fetch
+from shardkit.tar import compression
+
+LEVELS = {"zstd": [1, 3, 6, 9], "gzip": [1, 6]}
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "her",
+    "an",
+    "were",
+    "which",
+    "are",
+    "this",
+    "be",
+    "has",
+    "had",
+    "not",
+    "but",
+    "one",
+    "also",
+    "their",
+    "they",
+    "its",
+    "first",
+    "new",
+    "more",
+    "who",
+    "after",
+    "two",
+    "been",
+    "other",
+    "time",
+    "city",
+    "year",
+    "years",
+    "people",
+    "world",
+    "school",
+    "during",
+    "university",
+    "state",
+    "national",
+    "team",
+    "music",
+    "including",
+    "known",
+    "season",
+    "american",
+    "series",
+    "british",
+    "film",
+    "government",
+    "war",
+    "history",
+]
+
+
+def json_samples(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` JSON records of about 5 KB: an id, a title, a body of common words, some numbers."""
+    rng = np.random.default_rng(seed)
+    words = np.array(_WORDS)
+    out = []
+    for i in range(n):
+        body = " ".join(words[rng.integers(0, len(words), size=720)].tolist())
+        doc = {"id": i, "title": " ".join(words[rng.integers(0, len(words), size=6)].tolist()), "text": body}
+        doc |= {"score": float(rng.random()), "tokens": rng.integers(0, 50_000, size=40).tolist(), "lang": "en"}
+        out.append({"__key__": f"{i:09d}", "json": json.dumps(doc).encode()})
+    return out
+
+
+def jpeg_samples(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` JPEG images of 160x160 (about 15-20 KB each): smooth gradients plus noise, quality 90."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:160, 0:160]
+    out = []
+    for i in range(n):
+        base = (x * rng.uniform(0.5, 1.5) + y * rng.uniform(0.5, 1.5))[..., None] + rng.uniform(0, 255, size=3)
+        pixels = np.clip(base + rng.normal(0, 40, size=(160, 160, 3)), 0, 255).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG", quality=90)
+        out.append({"__key__": f"{i:09d}", "jpg": buf.getvalue(), "cls": str(i % 10).encode()})
+    return out
+
+
+def write(samples: list[dict[str, Any]], out: str, piles: int, codec: str | None, level: int | None) -> float:
+    """Seconds to write ``samples`` into ``out`` (removed first)."""
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.perf_counter()
+    with shardkit.PileWriter(out, piles=piles, seed=0, compression=codec, compression_level=level) as w:
+        for sample in samples:
+            w.write(sample)
+    return time.perf_counter() - start
+
+
+def read(out: str) -> tuple[float, int]:
+    """Seconds to read every sample of ``out`` through the loader (decode=False), and the count."""
+    start = time.perf_counter()
+    count = 0
+    with shardkit.loader(out, seed=0, decode=False) as loader:
+        for _ in loader:
+            count += 1
+    return time.perf_counter() - start, count
+
+
+def configs() -> list[tuple[str, str | None, int | None]]:
+    return [("plain", None, None), *((f"{c} {level}", c, level) for c in ("zstd", "gzip") for level in LEVELS[c])]
+
+
+def measure(samples: list[dict[str, Any]], root: str, piles: int, repeats: int) -> dict[str, dict[str, Any]]:
+    """Medians of ``repeats`` rounds; each round writes and reads every configuration once."""
+    runs: dict[str, dict[str, list[float]]] = {name: {"write": [], "read": []} for name, _, _ in configs()}
+    sizes: dict[str, int] = {}
+    for _ in range(repeats):
+        for name, codec, level in configs():
+            out = os.path.join(root, name.replace(" ", "-"))
+            runs[name]["write"].append(write(samples, out, piles, codec, level))
+            seconds, count = read(out)
+            if count != len(samples):
+                raise SystemExit(f"{out}: read {count} samples, wrote {len(samples)}")
+            runs[name]["read"].append(seconds)
+            sizes[name] = manifest.read(out).bytes
+    n = len(samples)
+    return {
+        name: {
+            "write_per_s": n / statistics.median(r["write"]),
+            "read_per_s": n / statistics.median(r["read"]),
+            "bytes": sizes[name],
+        }
+        for name, r in runs.items()
+    }
+
+
+def table(title: str, figures: dict[str, dict[str, Any]]) -> str:
+    plain = figures["plain"]
+    lines = [
+        f"### {title}",
+        "",
+        "| piles | write samples/s | vs plain | read samples/s | vs plain | bytes | saved |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, f in figures.items():
+        lines.append(
+            f"| {name} | {f['write_per_s']:,.0f} | {f['write_per_s'] / plain['write_per_s']:.2f}x | {f['read_per_s']:,.0f} | "
+            f"{f['read_per_s'] / plain['read_per_s']:.2f}x | {f['bytes'] / 1e6:,.1f} MB | {1 - f['bytes'] / plain['bytes']:.0%} |"
+        )
+    return "\n".join(lines)
+
+
+def _best(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def profile(root: str, repeats: int) -> str:
+    """One zstd pile (default level) read in parts: where a compressed read's time goes."""
+    level = compression.DEFAULT_LEVEL["zstd"]
+    out = os.path.join(root, f"zstd-{level}")
+    info = manifest.read(out).piles[0]
+    url = os.path.join(out, info.name)
+    plain = manifest.read(os.path.join(root, "plain")).piles[0]
+    stored = storage.read_bytes(url)
+    parts = {
+        "read the .tar.zst": _best(lambda: storage.read_bytes(url), repeats),
+        "decompress": _best(lambda: compression.decompress(stored, "zstd", url, size=info.tar_bytes), repeats),
+        "checksum the tar": _best(lambda: manifest.checksum(compression.decompress(stored, "zstd", url)), repeats)
+        - _best(lambda: compression.decompress(stored, "zstd", url), repeats),
+        "whole fetch (checked, scanned)": _best(lambda: fetch(url, expected=info), repeats),
+        "plain pile fetch": _best(lambda: fetch(os.path.join(root, "plain", plain.name), expected=plain), repeats),
+    }
+    mb = (info.tar_bytes or 0) / 1e6
+    lines = [f"one zstd-{level} pile: {info.samples} samples, {mb:.1f} MB of tar, {info.bytes / 1e6:.1f} MB stored"]
+    for what, seconds in parts.items():
+        lines.append(f"  {what:<32} {seconds * 1e3:8.1f} ms  ({mb / max(seconds, 1e-9):,.0f} MB/s of tar)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json-samples", type=int, default=20_000, help="~5 KB JSON records")
+    parser.add_argument("--jpeg-samples", type=int, default=3_000, help="JPEG images (~20 KB)")
+    parser.add_argument("--piles", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds; the table shows medians")
+    parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory, removed after)")
+    args = parser.parse_args()
+    root = args.dir or tempfile.mkdtemp(prefix="shardkit-compression-")
+    try:
+        print(f"cpus {os.cpu_count()}, zstd threads per stream {min(4, os.cpu_count() or 1)}, repeats {args.repeats} (medians)\n")
+        for title, make, n in (("~5 KB JSON samples", json_samples, args.json_samples), ("JPEG samples", jpeg_samples, args.jpeg_samples)):
+            samples = make(n)
+            size = sum(len(v) for s in samples for k, v in s.items() if k != "__key__") / n
+            figures = measure(samples, os.path.join(root, title.split()[-2]), args.piles, args.repeats)
+            print(table(f"{title} ({n:,} samples, mean {size / 1e3:.1f} KB, {args.piles} piles)", figures), "\n")
+            if make is json_samples:
+                print(profile(os.path.join(root, title.split()[-2]), args.repeats), "\n")
+    finally:
+        if args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

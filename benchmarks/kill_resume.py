@@ -1,0 +1,175 @@
+"""Kill pass 1's driver with SIGKILL at random moments, resume it, and compare the bytes.
+
+Each round starts a pass-1 job (``shardkit.preprocess``) in a child process and kills it
+(``kill -9``) after a random delay, sometimes several times in a row, each kill followed by a
+run with ``resume=True``; the last run is let finish. The dataset it publishes must be
+byte-identical (every file, the manifest included) to one written by an uninterrupted run, and
+the resumed runs must have redone only the units no commit named. The executor and the number
+of workers may change between the runs of one round.
+
+    python benchmarks/kill_resume.py                    # 20 rounds, local executor, 1-2 workers
+    python benchmarks/kill_resume.py --rounds 5 --ray   # Ray runs too (a local Ray per run)
+
+It prints one row a round: when each kill came, how many units were committed when it did,
+how many units the finishing runs processed, and whether the bytes matched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+UNITS = 48
+SAMPLES = 12  # per unit
+PILES = 6
+
+
+def slow_samples(unit: int):
+    """A unit's samples, made slowly enough (80 ms a unit) that a kill lands in the middle of a job."""
+    time.sleep(0.08)
+    for k in range(SAMPLES):
+        yield {"__key__": f"u{unit:04d}-{k:02d}", "txt": f"unit {unit} sample {k} " * (1 + (unit * 7 + k) % 13)}
+
+
+def run_job(out: str, *, workers: int, executor: str, resume: bool, log: str | None = None, address: str | None = None) -> list[int]:
+    """The job every run of a round runs (in this process); ``log`` gets the units this run
+    processed, which are returned too."""
+    import shardkit
+    from shardkit.piles import resume as resume_module
+
+    every = resume_module.COMMIT_SECONDS
+    resume_module.COMMIT_SECONDS = 0.0  # commit after every chunk: kills find committed work
+    if log:
+        Path(log).write_text("")
+    fn = _logging(log) if log else slow_samples
+    ray = {"ray_address": address} if executor == "ray" and address else {}
+    units = list(range(UNITS))
+    try:
+        shardkit.preprocess(units, fn, out, piles=PILES, seed=11, workers=workers, executor=executor, resume=resume, quiet=True, **ray)
+    finally:
+        resume_module.COMMIT_SECONDS = every
+    return [int(x) for x in Path(log).read_text().split()] if log else []
+
+
+class _logging:
+    """``slow_samples``, noting each unit it is called on in a file (appends are atomic lines)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __repr__(self) -> str:  # the job's fingerprint sees fn by name and code, not by the log's path
+        return "slow_samples"
+
+    def __call__(self, unit: int):
+        with open(self.path, "a") as f:
+            f.write(f"{unit}\n")
+        yield from slow_samples(unit)
+
+
+def child(out: str, workers: int, executor: str, resume: bool, log: str | None, address: str | None = None) -> subprocess.Popen:
+    """Start a run in a child process."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(HERE)!r}); import kill_resume; "
+        f"kill_resume.run_job({out!r}, workers={workers}, executor={executor!r}, resume={resume}, log={log!r}, address={address!r})"
+    )
+    # Ray workers import fn's module by name: this folder goes on their path
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+
+
+def files(directory: str) -> dict[str, bytes]:
+    """Every visible file of a dataset directory and its bytes."""
+    return {name: Path(directory, name).read_bytes() for name in sorted(os.listdir(directory)) if not name.startswith(".")}
+
+
+def committed(out: str) -> int:
+    """Units the commits in ``out``'s staging directory name (0 when there is none)."""
+    from shardkit.piles import resume
+
+    staging = resume.staging_path(out)
+    if not os.path.isdir(staging):
+        return 0
+    return sum(len(c.units) + len(c.failures) for c in resume._committed(staging).values())
+
+
+def one_round(reference: dict[str, bytes], work: str, rng: random.Random, *, kills: int, executors: list[str]) -> dict:
+    """Kill a job ``kills`` times at random moments, resume after each, let the last run finish."""
+    out = os.path.join(work, "out")
+    shutil.rmtree(out, ignore_errors=True)
+    row: dict = {"kills": [], "committed": [], "redone": 0}
+    for k in range(kills + 1):
+        log = os.path.join(work, f"units-{k}.log")
+        Path(log).write_text("")
+        proc = child(out, rng.choice([1, 2]), rng.choice(executors), resume=k > 0, log=log)
+        if k < kills:
+            delay = rng.uniform(0.4, 2.4)
+            try:
+                proc.wait(delay)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            if proc.returncode == 0:  # finished before the kill: nothing left to resume
+                row["finished_early"] = True
+                break
+            row["kills"].append(round(delay, 2))
+            row["committed"].append(committed(out))
+        else:
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise RuntimeError(f"the finishing run failed ({proc.returncode}): {err.decode()[-2000:]}")
+            units = [int(x) for x in Path(log).read_text().split()]
+            row["redone"] = len(units)
+            row["expected"] = UNITS - row["committed"][-1] if row["committed"] else UNITS
+    row["identical"] = files(out) == reference
+    row["staging_left"] = os.path.exists(os.path.join(out, ".shardkit-pass1"))
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ray", action="store_true", help="let some runs use executor='ray' (a local Ray each)")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    executors = ["local", "ray"] if args.ray else ["local"]
+    with tempfile.TemporaryDirectory() as work:
+        ref = os.path.join(work, "reference")
+        run_job(ref, workers=1, executor="local", resume=False)
+        reference = files(ref)
+        rows = []
+        for r in range(args.rounds):
+            row = one_round(reference, work, rng, kills=rng.choice([1, 1, 2, 3]), executors=executors)
+            rows.append(row)
+            if not args.json:
+                end = (
+                    "the last resumed run finished before its kill"
+                    if row.get("finished_early")
+                    else f"the finishing run processed {row['redone']} units (expected {row['expected']})"
+                )
+                print(
+                    f"round {r:2d}: killed at {row['kills']} s with {row['committed']} of {UNITS} units committed; "
+                    f"{end}; identical={row['identical']}, staging left={row['staging_left']}",
+                    flush=True,
+                )
+    if args.json:
+        print(json.dumps(rows))
+    bad = [r for r in rows if not r["identical"] or r["staging_left"] or r["redone"] != r.get("expected", r["redone"])]
+    kills = sum(len(r["kills"]) for r in rows)
+    print(f"{len(rows)} rounds, {kills} kills -9 of the driver: {len(rows) - len(bad)} rounds byte-identical and exact")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

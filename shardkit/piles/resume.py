@@ -1,0 +1,390 @@
+"""Resume an interrupted pass 1: the job's fingerprint, committed part directories, and their check.
+
+Pass 1 stages its part files in one directory per output (:func:`staging_path`), with one
+subdirectory per process or Ray task. Now and then, and when it finishes, a process *commits*
+its subdirectory: it writes out its buffers, then renames :data:`COMMIT` into place, a record of the units it has done (and skipped) and how long each
+part file and key-hash file was at that moment. Bytes written after the last commit belong to
+no record; a unit is done once a record names it.
+
+A job that dies (kill -9, Ctrl-C, a lost machine) leaves the staging directory, with
+:data:`JOB` describing the job. Run again with ``resume=True``, it checks that the job is the
+same one (:func:`fingerprint`: inputs, ``fn``, options and seed), checks every committed part
+file by name, size and CRC-32, cuts the uncommitted tail off, and hands the committed parts on:
+only the units no record names are processed again. Publishing orders every pile's bytes by
+unit, so the result is byte-identical to a run that never stopped. Without ``resume``, a staging
+directory holding committed work is refused (:func:`open_staging`), saying how to resume or to
+discard it.
+
+    staging = open_staging(output, job_doc, resume=True, overwrite=False)
+    print(len(staging.commits), "parts reused;", len(staging.todo(units)), "units left")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import os
+import pickle
+import shutil
+import struct
+import tempfile
+import time
+import types
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardkit import manifest, storage
+from shardkit._util import VERSION
+from shardkit.errors import ConfigError, DatasetExistsError, Failure
+from shardkit.piles.parts import keys_path, part_file
+
+log = logging.getLogger(__name__)
+
+# the staging directory of a local output's pass 1, inside it (a remote output's is local: TMPDIR)
+STAGING = ".shardkit-pass1"
+# the job's fingerprint, written when its staging directory is made
+JOB = "job.json"
+# the record a committed part directory holds
+COMMIT = "commit"
+# held by the job that uses a staging directory, so a second job on the same output fails
+LOCK = ".lock"
+_MAGIC = b"shardkit-commit-1\n"
+# seconds between the commits of a process that keeps working: what a kill can cost it
+COMMIT_SECONDS = 15.0
+# the key-hash files hold 8 bytes a sample
+_HASH_BYTES = 8
+
+
+@dataclass
+class Commit:
+    """What a part directory held when it was last committed.
+
+    ``sizes[p]``/``crcs[p]``: length and CRC-32 of part file p; ``counts[p]``: its samples (and
+    8-byte key hashes); ``segments[p]``: its ``[unit, start, end, samples]`` rows; ``units``: the
+    units written completely; ``failures``: the units skipped (``on_error="skip"``);
+    ``factors``: input samples by their number of copies (with a repeat rule).
+    """
+
+    sizes: list[int]
+    crcs: list[int]
+    counts: list[int]
+    segments: list[Any]
+    fields: set[str]
+    units: list[int]
+    failures: list[Failure]
+    samples: int
+    nbytes: int
+    factors: dict[int, int] = field(default_factory=dict)
+
+
+def write_commit(directory: str, commit: Commit) -> None:
+    """Record ``commit`` atomically (a rename), once its part files are written.
+
+    Nothing is synced to disk here (a sync per commit costs more than a task's work on a busy
+    disk): after a lost machine a record may survive bytes that did not, and the size and
+    CRC-32 check at resume finds it. Publishing syncs the piles before the manifest names them.
+    """
+    commit = dataclasses.replace(commit, failures=[f.portable() for f in commit.failures])
+    payload = pickle.dumps(commit, protocol=pickle.HIGHEST_PROTOCOL)
+    path = os.path.join(directory, COMMIT)
+    with storage.guard(path, "write"):
+        with open(path + ".tmp", "wb") as f:
+            f.write(_MAGIC + struct.pack("<I", manifest.checksum(payload)) + payload)
+        os.replace(path + ".tmp", path)
+
+
+def read_commit(directory: str) -> Commit | None:
+    """The commit a part directory holds; None when it holds none or one that does not check."""
+    try:
+        with open(os.path.join(directory, COMMIT), "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    head = len(_MAGIC) + 4
+    if not data.startswith(_MAGIC) or len(data) < head:
+        return None
+    (crc,) = struct.unpack("<I", data[len(_MAGIC) : head])
+    if manifest.checksum(data[head:]) != crc:
+        return None
+    try:
+        commit = pickle.loads(data[head:])
+    except Exception:
+        return None
+    return commit if isinstance(commit, Commit) else None
+
+
+# -- the job's fingerprint ---------------------------------------------------------------------
+
+
+def _code_digest(code: types.CodeType, h: Any) -> None:
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code_digest(const, h)
+        else:
+            h.update(repr(const).encode())
+
+
+def describe_fn(fn: Callable[..., Any]) -> dict[str, str]:
+    """``fn``'s qualified name and a hash of its code (its bytecode and constants, or its source);
+    ``code`` is ``""`` when there is no code to hash (a builtin, a callable object's C method)."""
+    inner = fn
+    bound = ""
+    while isinstance(inner, functools.partial):
+        bound += repr((inner.args, sorted(inner.keywords.items())))
+        inner = inner.func
+    if inspect.isroutine(inner) or inspect.isclass(inner):
+        target, func = inner, inspect.unwrap(inner)
+    else:  # a callable object: its class's __call__, and what it holds when its repr shows it
+        target, func = type(inner), type(inner).__call__
+        shown = repr(inner)
+        bound += "" if " at 0x" in shown else shown
+    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return {"name": name, "code": ""}
+    h = hashlib.sha256(bound.encode())
+    _code_digest(code, h)
+    return {"name": name, "code": h.hexdigest()[:16]}
+
+
+def _unit_bytes(unit: Any) -> bytes:
+    if isinstance(unit, (str, os.PathLike)):
+        return os.fspath(unit).encode("utf-8", "surrogateescape")
+    try:
+        return pickle.dumps(unit, protocol=4)
+    except Exception:
+        return repr(unit).encode("utf-8", "backslashreplace")
+
+
+def fingerprint(units: Sequence[Any], fn: Callable[..., Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """What a resumed job must share with the one that left the parts: the shardkit version, the
+    input units (their number and a hash of each in order), ``fn`` (by :func:`describe_fn`) and
+    ``options`` (those that change the bytes written: M, seed, max_pile_bytes, codecs...)."""
+    h = hashlib.sha256()
+    for unit in units:
+        data = _unit_bytes(unit)
+        h.update(struct.pack("<Q", len(data)))
+        h.update(data)
+    return {
+        "shardkit": VERSION,
+        "units": len(units),
+        "inputs": h.hexdigest()[:32],
+        "fn": describe_fn(fn),
+        **{k: options[k] for k in sorted(options)},
+    }
+
+
+def _shown(value: Any) -> str:
+    """An option's value in a message: a function (a :func:`describe_fn` record) by its name."""
+    if isinstance(value, dict) and isinstance(value.get("name"), str):
+        return value["name"]
+    return repr(value)
+
+
+def _differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    said = []
+    for key in sorted(set(then) | set(now)):
+        a, b = then.get(key), now.get(key)
+        if a == b or key == "started":
+            continue
+        if key == "inputs" and then.get("units") == now.get("units"):
+            said.append(f"the input units differ (the same number, {b and now.get('units')}, but other values or order)")
+        elif key == "fn" and isinstance(a, dict) and isinstance(b, dict) and a.get("name") == b.get("name"):
+            said.append(f"fn {b.get('name')} has other code than it had")
+        elif key == "fn" and isinstance(a, dict) and isinstance(b, dict):
+            said.append(f"fn was {a.get('name')}, is {b.get('name')}")
+        elif key != "inputs":
+            said.append(f"{key} was {_shown(a)}, is {_shown(b)}")
+    return said
+
+
+# -- the staging directory ---------------------------------------------------------------------
+
+
+def staging_path(out: str) -> str:
+    """Where pass 1 into ``out`` stages its parts: inside a local output; for an object-store
+    output, in the local temporary directory under a name derived from the URL."""
+    if not storage.is_remote(out):
+        return os.path.join(out, STAGING)
+    return os.path.join(tempfile.gettempdir(), f"{STAGING}-{hashlib.sha256(out.encode()).hexdigest()[:16]}")
+
+
+@dataclass
+class Staging:
+    """The staging directory of a pass-1 job, and what earlier runs of the same job committed in it.
+
+    ``commits`` maps each reused part directory to its (checked) commit.
+    """
+
+    path: str
+    commits: dict[str, Commit]
+    lock_fd: int = -1
+
+    def done(self) -> set[int]:
+        """Units a reused commit names, written or skipped."""
+        return {u for c in self.commits.values() for u in c.units} | {f.index for c in self.commits.values() for f in c.failures}
+
+    def todo(self, count: int) -> list[int]:
+        """The units of ``range(count)`` still to process, in order."""
+        done = self.done()
+        return [i for i in range(count) if i not in done]
+
+    def attempt(self) -> str:
+        """A name prefix for the part directories of this run, none an earlier run used."""
+        return f"part-{uuid.uuid4().hex[:8]}"
+
+    def remove(self) -> None:
+        """The job is published: remove the staging directory."""
+        self.release()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def release(self) -> None:
+        """Let the directory go; removed unless it holds committed work (for ``resume=True``). Idempotent."""
+        if self.lock_fd < 0:
+            return
+        if not _committed(self.path):
+            shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self.lock_fd)
+        self.lock_fd = -1
+
+
+def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: bool) -> Staging:
+    """Take the staging directory of the pass-1 job ``job`` (its :func:`fingerprint`) into ``out``.
+
+    A fresh job gets an empty directory. Leftovers of an earlier run that committed work are
+    refused without ``resume`` (discarded with ``overwrite``); with ``resume`` they must come from
+    the same job, and every committed part is checked and reused (a part that fails its check is
+    removed, and its units are processed again).
+
+    Raises:
+        DatasetExistsError: leftovers holding committed work, without ``resume`` or ``overwrite``;
+            or another job is using the directory.
+        ConfigError: ``resume`` and the leftovers come from a different job (each difference named).
+    """
+    path = staging_path(out)
+    with storage.guard(path, "create the staging directory"):
+        os.makedirs(path, exist_ok=True)
+    fd = storage.lock_file(os.path.join(path, LOCK), wait=False)
+    if fd is None:
+        raise DatasetExistsError(f"{out}: another pass-1 job is writing into {path}; wait for it to finish")
+    try:
+        staging = Staging(path, {}, fd)
+        before = _read_job(path)
+        found = _committed(path)
+        if found and not resume and not overwrite:
+            units = sum(len(c.units) + len(c.failures) for c in found.values())
+            started = before.get("started", "?") if before else "?"
+            raise DatasetExistsError(
+                f"{out}: holds an interrupted pass 1 ({units} of {before.get('units', '?') if before else '?'} input units "
+                f"committed, started {started}, in {path}); run the same job again with resume=True (--resume, "
+                "YAML resume: true) to continue it, or with overwrite=True (--overwrite) to discard it"
+            )
+        if resume and found:
+            said = _differences(before or {}, job)
+            if said:
+                raise ConfigError(
+                    f"{out}: cannot resume: the interrupted pass 1 in {path} was another job: {'; '.join(said)}. "
+                    "Compared: the input units (in order), fn (qualified name and a hash of its code), the options that change "
+                    "the bytes, and the shardkit version. Run it as it was, or pass overwrite=True (--overwrite) to start over"
+                )
+            staging.commits = _checked(found)
+            _clear(path, keep=set(staging.commits))
+            if staging.commits:
+                log.info("%s: resuming: %d committed parts reused, %d units done", out, len(staging.commits), len(staging.done()))
+        else:
+            _clear(path, keep=set())
+        started = before.get("started") if (before and staging.commits) else None
+        doc = {**job, "started": started or time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        storage.write_bytes(os.path.join(path, JOB), json.dumps(doc, indent=1, sort_keys=True).encode())
+    except BaseException:
+        os.close(fd)
+        raise
+    return staging
+
+
+def _read_job(path: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(path, JOB), "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _committed(path: str) -> dict[str, Commit]:
+    """The part directories in ``path`` that hold a sound commit."""
+    found = {}
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return {}
+    for name in names:
+        directory = os.path.join(path, name)
+        if os.path.isdir(directory) and (commit := read_commit(directory)) is not None:
+            found[directory] = commit
+    return found
+
+
+def _clear(path: str, keep: set[str]) -> None:
+    """Remove everything in the staging directory but its lock and the directories in ``keep``."""
+    for name in os.listdir(path):
+        entry = os.path.join(path, name)
+        if name == LOCK or entry in keep:
+            continue
+        if os.path.isdir(entry) and not os.path.islink(entry):
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry)
+
+
+def _checked(found: Mapping[str, Commit]) -> dict[str, Commit]:
+    """The commits whose part files check (name, size, CRC-32), their tails cut to the commit;
+    of two that name one unit, the first by directory name."""
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="shardkit-resume") as pool:
+        problems = list(pool.map(lambda item: _check_dir(*item), found.items()))
+    kept: dict[str, Commit] = {}
+    claimed: set[int] = set()
+    for (directory, commit), problem in zip(found.items(), problems, strict=True):
+        units = {*commit.units, *(f.index for f in commit.failures)}
+        if problem is None and units & claimed:
+            # a task a killed run left on a cluster committed units a later run did again
+            problem = f"holds units another committed part holds ({min(units & claimed)}...)"
+        if problem is None:
+            kept[directory] = commit
+            claimed |= units
+        else:
+            log.warning("%s: %s; its %d units are processed again", directory, problem, len(units))
+    return kept
+
+
+def _check_dir(directory: str, commit: Commit) -> str | None:
+    for pile, (size, crc, count) in enumerate(zip(commit.sizes, commit.crcs, commit.counts, strict=True)):
+        part = part_file(directory, pile)
+        for path, length in ((part, size), (keys_path(part), count * _HASH_BYTES)):
+            have = os.path.getsize(path) if os.path.exists(path) else 0  # a pile no unit wrote to has no file
+            if have < length:
+                return f"{os.path.basename(path)} holds {have} bytes, the commit says {length}"
+            if have > length:
+                os.truncate(path, length)  # written after the commit: belongs to no unit that is done
+        if size and _crc(part, size) != crc:
+            return f"{os.path.basename(part)} does not match its checksum"
+    return None
+
+
+def _crc(path: str, size: int) -> int:
+    crc = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(min(1 << 20, size)):
+            crc = manifest.checksum(chunk, crc)
+    return crc

@@ -1,0 +1,177 @@
+"""Whole-shard compression: the codecs (zstd, gzip), their file suffixes and magic bytes, a
+streaming compressor, and decompression whose every failure names the shard.
+
+A compressed shard is one tar compressed whole (``pile-000000.tar.zst``, ``.tar.gz``), never
+member by member, so ``tar --zstd``, ``tar -z``, Python's ``tarfile`` and webdataset read it as
+they read any compressed tar. zstd frames carry their content size and a checksum; zstd is
+always run with at least one worker thread, because its output is then the same for any number
+of threads (one thread and eight give identical bytes, so piles stay byte-identical whatever
+machine wrote them). gzip goes through zlib-ng, which is faster than the standard zlib.
+
+    packer = Compressor("zstd", level=3, size=len(tar))
+    data = packer.compress(tar) + packer.finish()
+    assert decompress(data, "zstd", "x.tar.zst", size=len(tar)) == tar
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from shardkit._util import check_int, shown
+from shardkit.errors import ConfigError, CorruptShardError
+
+# the codecs, in the order they are offered; None (no compression) is the default everywhere
+CODECS = ("zstd", "gzip")
+SUFFIX = {"zstd": ".zst", "gzip": ".gz"}
+# other endings a shard compressed with the codec may have (read, never written)
+_READ_SUFFIXES = {"zstd": (".tar.zst", ".tzst", ".zst"), "gzip": (".tar.gz", ".tgz", ".gz")}
+# the names of tar shards, plain or compressed, that readers and listings recognise
+SHARD_SUFFIXES = (".tar", *(ending for endings in _READ_SUFFIXES.values() for ending in endings if ending.startswith((".tar", ".t"))))
+MAGIC = {"zstd": b"\x28\xb5\x2f\xfd", "gzip": b"\x1f\x8b"}
+# the levels each codec takes, and the default (chosen by benchmarks/compression.py: see BENCHMARKS.md)
+LEVELS = {"zstd": (1, 22), "gzip": (1, 9)}
+DEFAULT_LEVEL = {"zstd": 3, "gzip": 6}
+# zstd workers for one stream: more than this gains little, and piles are compressed several at once
+_MAX_THREADS = 4
+
+
+def check_compression(value: Any, *, name: str = "compression") -> str | None:
+    """``value`` if it is a codec name or None; else a ConfigError listing the choices."""
+    if value is None or (isinstance(value, str) and value in CODECS):
+        return value
+    choices = ", ".join(repr(c) for c in CODECS)
+    raise ConfigError(f"{name}: expected one of {choices} or None (no compression), got {shown(value)}")
+
+
+def check_level(codec: str | None, level: Any) -> int | None:
+    """The level ``codec`` compresses at: ``level`` checked against the codec's range, or its default.
+
+    Raises:
+        ConfigError: a level without a codec, or one outside the codec's range.
+    """
+    if codec is None:
+        if level is not None:
+            raise ConfigError(f"compression_level: only used with a compression ({', '.join(CODECS)}), got {shown(level)}")
+        return None
+    if level is None:
+        return DEFAULT_LEVEL[codec]
+    low, high = LEVELS[codec]
+    return check_int("compression_level", level, low=low, high=high)
+
+
+def suffix(codec: str | None) -> str:
+    """What a compressed tar's name ends with after ``.tar``: ``.zst``, ``.gz`` or nothing."""
+    return SUFFIX[codec] if codec is not None else ""
+
+
+def from_name(name: str) -> str | None:
+    """The codec a shard's file name says it is compressed with (``a.tar.zst``: zstd), or None."""
+    lowered = name.lower()
+    for codec, endings in _READ_SUFFIXES.items():
+        if lowered.endswith(endings):
+            return codec
+    return None
+
+
+def sniff(buf: Any) -> str | None:
+    """The codec whose magic bytes ``buf`` starts with, or None (a plain tar, or neither)."""
+    head = bytes(buf[:4])
+    for codec, magic in MAGIC.items():
+        if head.startswith(magic):
+            return codec
+    return None
+
+
+class Compressor:
+    """Compress one stream (a whole tar) with ``codec``, chunk by chunk.
+
+    Args:
+        codec: ``"zstd"`` or ``"gzip"``.
+        level: the codec's level (see :func:`check_level`).
+        size: the stream's length when known: zstd writes it into the frame header, so a reader
+            allocates the output once.
+
+    Example:
+        packer = Compressor("gzip", level=6)
+        out = b"".join(packer.compress(chunk) for chunk in chunks) + packer.finish()
+    """
+
+    def __init__(self, codec: str, *, level: int, size: int | None = None) -> None:
+        self.codec = codec
+        if codec == "zstd":
+            import zstandard
+
+            threads = max(1, min(_MAX_THREADS, os.cpu_count() or 1))
+            packer = zstandard.ZstdCompressor(level=level, threads=threads, write_checksum=True)
+            self._stream: Any = packer.compressobj(size=-1 if size is None else size)
+        elif codec == "gzip":
+            from zlib_ng import zlib_ng
+
+            # wbits 31: a gzip member (header and CRC trailer), with mtime 0, so output is reproducible
+            self._stream = zlib_ng.compressobj(level, zlib_ng.DEFLATED, 31)
+        else:
+            check_compression(codec)
+
+    def compress(self, data: Any) -> bytes:
+        """The compressed bytes ready after ``data`` (often none: codecs buffer)."""
+        return self._stream.compress(data)
+
+    def finish(self) -> bytes:
+        """The rest of the compressed stream, its end included. Call once, last."""
+        return self._stream.flush()
+
+
+def compress(data: Any, codec: str, *, level: int) -> bytes:
+    """``data`` compressed whole with ``codec`` (see :class:`Compressor`)."""
+    packer = Compressor(codec, level=level, size=len(data))
+    return packer.compress(data) + packer.finish()
+
+
+def decompress(buf: Any, codec: str, url: str, *, size: int | None = None) -> bytes:
+    """The tar inside the compressed shard ``buf`` read from ``url``.
+
+    ``size``, the tar's length when a manifest says it, is checked; without it a stream of
+    several zstd frames or gzip members (what parallel compressors write) is read whole.
+
+    Raises:
+        CorruptShardError: naming ``url``: not this codec's data (wrong magic bytes), a stream
+            that ends early (truncated), corrupt data or a failed checksum, or a tar of another
+            length than ``size``.
+    """
+    magic = MAGIC[codec]
+    head = bytes(buf[: len(magic)])
+    if head != magic:
+        found = " ".join(f"{b:02x}" for b in head) or "an empty file"
+        raise CorruptShardError(f"{url}: not {codec} data: expected the magic bytes {' '.join(f'{b:02x}' for b in magic)}, found {found}")
+    try:
+        out = _zstd(buf, size) if codec == "zstd" else _gzip(buf)
+    except Exception as e:  # the codecs' own errors (zstd.ZstdError, zlib.error, EOFError...): say which shard and why
+        raise CorruptShardError(f"{url}: not valid {codec}: corrupt or truncated ({_reason(e)})") from None
+    if size is not None and len(out) != size:
+        raise CorruptShardError(f"{url}: decompresses to {len(out)} bytes, the manifest says {size} (the tar inside changed)")
+    return out
+
+
+def _zstd(buf: Any, size: int | None) -> bytes:
+    import zstandard
+
+    unpacker = zstandard.ZstdDecompressor()
+    if size is not None:  # one frame of known size (shardkit's own piles): one allocation, no copy
+        return unpacker.decompress(buf, max_output_size=size)
+    with unpacker.stream_reader(buf, read_across_frames=True, read_size=1 << 20) as reader:
+        out = reader.read()
+    if not isinstance(out, bytes):
+        out = bytes(out)
+    return out
+
+
+def _gzip(buf: Any) -> bytes:
+    from zlib_ng import gzip_ng
+
+    return gzip_ng.decompress(memoryview(buf))  # a view: it takes bytes-like objects, not a memory map itself
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return text.removeprefix("decompression error: ").removeprefix("zstd decompress error: ")

@@ -1,0 +1,172 @@
+"""Blending datasets in the loader: shares per batch, each source's own order, ranks, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+
+import shardkit
+from shardkit.loading.blend_loader import BlendLoader
+
+
+def make(root, name: str, n: int, *, piles: int, seed: int, field: str = "txt") -> str:
+    out = os.path.join(root, name)
+    with shardkit.PileWriter(out, piles=piles, seed=seed) as w:
+        for i in range(n):
+            w.write({"__key__": f"{name}{i:05d}", field: f"{name} {i}", "cls": i})
+    return out
+
+
+@pytest.fixture
+def pair(tmp_path):
+    return {"web": make(tmp_path, "web", 300, piles=4, seed=1), "code": make(tmp_path, "code", 100, piles=3, seed=2)}
+
+
+def keys(loader) -> list[list[str]]:
+    return [list(b["__key__"]) for b in loader]
+
+
+def of(source: str, batches) -> list[str]:
+    return [k for b in batches for k in b if k.startswith(source)]
+
+
+def test_every_batch_holds_each_share_and_each_source_continues_its_stream(pair):
+    loader = shardkit.loader(pair, weights={"web": 0.7, "code": 0.3}, batch_size=16, decode=False, seed=4)
+    assert isinstance(loader, BlendLoader) and loader.source.shares == (280, 120)
+    epochs = [keys(loader) for _ in range(3)]
+    for batches in epochs:
+        assert all(abs(len(of("web", [b])) - 16 * 0.7) < 1 for b in batches)
+        assert len(of("code", batches)) == 120
+    # each source is an endless stream of its own permutations: no sample twice before all were read
+    code = [k for batches in epochs for k in of("code", batches)]
+    web = [k for batches in epochs for k in of("web", batches)]
+    for stream, n in ((code, 100), (web, 300)):
+        for a in range(0, len(stream) - n + 1, n):
+            assert len(set(stream[a : a + n])) == n
+    # and each source's order is the one it has alone, epoch by epoch of its own
+    alone = [k["__key__"] for k in shardkit.loader(pair["code"], decode=False, seed=4)]
+    assert code[:100] == alone
+
+
+def test_counts_and_repeats_and_list_form(pair):
+    blend = shardkit.Blend([{"name": "web", "path": pair["web"], "count": 50}, {"name": "code", "path": pair["code"], "repeat": 1.5}])
+    loader = shardkit.loader(blend, batch_size=10, decode=False)
+    batches = keys(loader)
+    assert len(of("web", batches)) == 50 and len(of("code", batches)) == 150
+    assert all(len(of("web", [b])) in (2, 3) for b in batches)
+    same = shardkit.loader(
+        {"web": {"path": pair["web"], "count": 50}, "code": {"path": pair["code"], "repeat": 1.5}}, batch_size=10, decode=False
+    )
+    assert keys(same) == batches
+
+
+def test_ranks_get_equal_counts_and_read_disjoint_stretches(pair):
+    per_rank = [
+        keys(shardkit.loader(pair, weights={"web": 2, "code": 1}, epoch_size=333, batch_size=8, world_size=3, rank=r, decode=False))
+        for r in range(3)
+    ]
+    assert {len(b) for b in per_rank} == {13}  # 333 -> 312 positions: 13 batches of 8 on each of 3 ranks
+    every = [k for batches in per_rank for b in batches for k in b]
+    assert len(every) == 312
+    assert len(set(of("web", [every]))) == len(of("web", [every])) == 208
+    padded = shardkit.loader(pair, weights={"web": 2, "code": 1}, epoch_size=333, batch_size=8, world_size=3, rank=0, drop_last=False)
+    assert len(padded) == 14  # drop_last=False reads on into the sources instead of wrapping round
+
+
+@pytest.mark.parametrize("extra", [{}, {"mix": 2, "num_workers": 1}], ids=["plain", "mix-workers"])
+def test_resume_mid_epoch_is_exact(pair, extra):
+    def make_loader():
+        return shardkit.loader(pair, weights={"web": 0.6, "code": 0.4}, batch_size=12, decode=False, seed=9, **extra)
+
+    with make_loader() as first:
+        keys(first)  # into epoch 1, where the sources are mid-stream
+        it = iter(first)
+        for _ in range(7):
+            next(it)
+        state = json.loads(json.dumps(first.state_dict()))
+        rest = [list(b["__key__"]) for b in it]
+    assert state["format"] == "shardkit.blend" and state["epoch"] == 1
+    assert set(state["sources"]) == {"web", "code"} and state["sources"]["code"]["epoch"] >= 1
+    with make_loader() as second:
+        second.load_state_dict(state)
+        assert keys(second) == rest
+        assert second.epoch == 2
+
+
+def test_a_state_of_other_shares_is_refused_naming_the_source(pair):
+    state = shardkit.loader(pair, weights={"web": 0.6, "code": 0.4}, batch_size=10).state_dict()
+    other = shardkit.loader(pair, weights={"web": 0.5, "code": 0.5}, batch_size=10)
+    with pytest.raises(shardkit.ConfigError, match="source 'web': the state has share=240, this blend has share=200"):
+        other.load_state_dict(state)
+
+
+def test_different_fields_collate_with_none_and_say_so(tmp_path, pair, caplog):
+    img = make(tmp_path, "img", 60, piles=2, seed=5, field="bin")
+    with caplog.at_level(logging.INFO, logger="shardkit.loading.blend_loader"):
+        loader = shardkit.loader({"web": pair["web"], "img": img}, weights={"web": 1, "img": 1}, batch_size=6, decode=False, epoch_size=60)
+    assert "different fields" in caplog.text
+    batch = next(iter(loader))
+    assert len(batch["txt"]) == 6 and batch["txt"].count(None) == 3 and batch["bin"].count(None) == 3
+
+
+def test_keys_ledger_matches_what_is_read(pair):
+    loader = shardkit.loader(pair, weights={"web": 0.7, "code": 0.3}, batch_size=10, world_size=2, rank=1, decode=False)
+    assert loader.keys(3)[1] == keys(loader)[3]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda p: shardkit.loader(p, weights={"web": -1, "code": 1}), "weight of 'web' is -1; expected a number >= 0"),
+        (lambda p: shardkit.loader(p, weights={"web": 0, "code": 0}), "are all zero"),
+        (lambda p: shardkit.loader(p, weights={}), "naming every source"),
+        (lambda p: shardkit.loader(p, weights={"web": 1, "cod": 1}), "weights name 'cod', which is not a source"),
+        (lambda p: shardkit.loader(p, weights={"web": 1}), "no weight for source 'code'"),
+        (lambda p: shardkit.loader([{"name": "web", "path": p["web"]}, {"name": "web", "path": p["code"]}]), "'web' is listed twice"),
+        (lambda p: shardkit.loader({"a": p["web"], "b": p["web"]}), "sources 'a' and 'b' are the same dataset"),
+        (lambda p: shardkit.loader({"web": {"path": p["web"], "weight": 1, "count": 3}}), "has weight and count"),
+        (lambda p: shardkit.loader({"web": {"path": p["web"], "weight": 1}, "code": p["code"]}), "'code' has no weight while others do"),
+        (lambda p: shardkit.loader(p, epoch_size=100), "epoch_size is the size weights share"),
+        (lambda p: shardkit.loader({"web": {"path": p["web"], "count": 1.5}}), "count of 'web' is 1.5; expected an integer >= 0"),
+        (lambda p: shardkit.loader({}), "no sources"),
+        (lambda p: shardkit.loader(p, weights={"web": 1, "code": 1}, epoch_size=10, batch_size=8, world_size=2), "no whole batch"),
+        (lambda p: shardkit.Blend.from_dict({"sources": p, "weight": {}}), "unknown key 'weight'"),
+    ],
+)
+def test_bad_blends_are_config_errors_naming_what_is_wrong(pair, call, message):
+    with pytest.raises(shardkit.ConfigError, match=message.replace("(", r"\(")):
+        call(pair)
+
+
+def test_torch_dataloader_workers_read_the_blend_and_resume(pair):
+    pytest.importorskip("torch")
+    from shardkit.torch import ShardkitDataLoader, ShardkitDataset
+
+    options = {"weights": {"web": 0.7, "code": 0.3}, "batch_size": 10, "decode": False, "seed": 2}
+    alone = sorted(keys(shardkit.loader(pair, **options)))
+    ds = ShardkitDataset(pair, **options)
+    dl = ShardkitDataLoader(ds, num_workers=2)
+    assert sorted(keys(dl)) == alone  # the same batches, taken in turns by the two workers
+    ds.set_epoch(0)
+    it = iter(dl)
+    for _ in range(5):
+        next(it)
+    state = dl.state_dict()
+    rest = [list(b["__key__"]) for b in it]
+    again = ShardkitDataLoader(ShardkitDataset(pair, **options), num_workers=2)
+    again.load_state_dict(state)
+    assert keys(again) == rest
+
+
+def test_many_piles_to_a_cell_never_stall_the_reader(tmp_path, monkeypatch):
+    from shardkit.loading import blend_loader
+
+    monkeypatch.setattr(blend_loader, "CELL", 16)  # so an epoch spans many cells and many piles
+    many = {"a": make(tmp_path, "a", 400, piles=40, seed=1), "b": make(tmp_path, "b", 200, piles=25, seed=2)}
+    for extra in ({}, {"mix": 3, "prefetch": 0}):
+        loader = shardkit.loader(many, weights={"a": 2, "b": 1}, batch_size=4, decode=False, **extra)
+        batches = keys(loader) + keys(loader)
+        assert len(of("b", batches)) == 400 and len(set(of("b", batches))) == 200

@@ -1,0 +1,46 @@
+"""The pass-1 dry run: its formulas agree with routing every sample through the real router."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from shardkit.cli import main
+from shardkit.piles import router, scale
+
+
+def test_the_simulation_counts_what_the_router_draws():
+    shape = scale.Shape(samples=12_345, units=17, piles=23, sample_bytes=100, max_pile_bytes=40_000)
+    found = scale.simulate(shape)
+    sizes = np.zeros(23, dtype=np.int64)
+    segments = 0
+    for unit in range(17):
+        hits = np.bincount(router.route(piles=23, seed=0, unit=unit, count=12_345 // 17 + (unit < 12_345 % 17)), minlength=23)
+        sizes += hits
+        segments += int(np.count_nonzero(hits))
+    assert found["samples"] == 12_345 == sizes.sum()
+    assert found["largest_pile"] == sizes.max() and found["driver_segments"] == segments
+    most = math.floor(0.9 * 40_000 / 100)
+    assert found["split_piles"] == int(np.count_nonzero(sizes > most)) > 0
+
+
+def test_the_formulas_bound_the_simulation():
+    shape = scale.Shape(samples=400_000, units=300, piles=400, executor="ray", sample_bytes=64 << 10, workers=100)
+    planned, found = scale.plan(shape), scale.simulate(shape)
+    assert planned["writers"] == 300 // 2  # 2 units a task, at most 256 tasks
+    assert found["driver_segments"] <= planned["driver_segments"] == 300 * 400
+    assert abs(found["pile_sd"] - planned["pile_sd"]) < 0.15 * planned["pile_sd"]
+    # 62.5 MiB piles go up in 16 MiB requests, each pile as one multipart upload (+2)
+    assert planned["put_requests"] == 400 * (4 + 2) + 1 + 4
+    assert planned["objects"] == 401 and planned["staging_files"] == 2 * 150 * 400
+
+
+def test_the_plan_command_prints_the_table(capsys):
+    assert main(["plan", "--samples", "1e5", "--units", "1e2", "--piles", "16", "--executor", "ray"]) == 0
+    out = capsys.readouterr().out
+    assert "driver memory" in out and "PUT requests" in out and "simulated" in out
+    with pytest.raises(SystemExit):
+        main(["plan", "--samples", "10", "--units", "0.5", "--piles", "2"])
+    assert "--units: expected a whole count >= 1, got '0.5'" in capsys.readouterr().err
