@@ -10,6 +10,7 @@ import pytest
 
 import shardkit
 from shardkit.loading.blend_loader import BlendLoader
+from shardkit.loading.loader import Loader
 
 
 def make(root, name: str, n: int, *, piles: int, seed: int, field: str = "txt") -> str:
@@ -101,6 +102,26 @@ def test_a_state_of_other_shares_is_refused_naming_the_source(pair):
     other = shardkit.loader(pair, weights={"web": 0.5, "code": 0.5}, batch_size=10)
     with pytest.raises(shardkit.ConfigError, match="source 'web': the state has share=240, this blend has share=200"):
         other.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"world_size": 3, "rank": 0}, "world_size=2, this blend has world_size=3"),
+        ({"batch_size": 5}, "batch_size=10, this blend has batch_size=5"),
+    ],
+)
+def test_a_blend_resumes_only_on_its_own_world_size_and_batch_size(pair, change, message):
+    options = {"weights": {"web": 0.6, "code": 0.4}, "batch_size": 10, "world_size": 2, "rank": 1, "decode": False}
+    loader = shardkit.loader(pair, **options)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    it.close()
+    for taken in (state, Loader.state_dict(loader)):  # a blend state, and the plain one shardkit.torch takes
+        other = shardkit.loader(pair, **(options | change))
+        with pytest.raises(shardkit.ConfigError, match=f"{message}; a blend resumes only on the world_size and batch_size"):
+            other.load_state_dict(taken)
 
 
 def test_different_fields_collate_with_none_and_say_so(tmp_path, pair, caplog):
