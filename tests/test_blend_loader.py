@@ -180,6 +180,10 @@ def test_torch_dataloader_workers_read_the_blend_and_resume(pair):
     again = ShardkitDataLoader(ShardkitDataset(pair, **options), num_workers=2)
     again.load_state_dict(state)
     assert keys(again) == rest
+    with pytest.raises(shardkit.ConfigError, match="num_workers=2, this DataLoader has num_workers=3; a blend resumes only with as many"):
+        ShardkitDataLoader(ShardkitDataset(pair, **options), num_workers=3).load_state_dict(state)
+    with pytest.raises(shardkit.ConfigError, match="world_size=1, this blend has world_size=2; a blend resumes only on the world_size"):
+        ShardkitDataset(pair, world_size=2, rank=0, **options).load_state_dict(state)
 
 
 def test_many_piles_to_a_cell_never_stall_the_reader(tmp_path, monkeypatch):
