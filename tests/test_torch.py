@@ -332,7 +332,7 @@ torch_phase = st.tuples(st.integers(1, 4), st.sampled_from([None, 4, 8]), st.sam
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(specs=st.lists(torch_phase, min_size=2, max_size=4), drop_last=st.booleans())
 def test_resume_across_world_sizes_and_workers_reads_each_sample_once(odd_dataset, specs, drop_last):
     read, states = read_phases(odd_dataset, specs, drop_last=drop_last)
@@ -393,3 +393,21 @@ def test_a_state_of_another_dataset_is_refused(odd_dataset, tmp_path):
     _, states = read_phases(odd_dataset, [(2, 4, 0, 3), (3, 4, 0, 2), (1, 4, 0, 0)], drop_last=False)
     with pytest.raises(shardkit.ConfigError, match="fingerprint"):
         ShardkitDataset(other, batch_size=4, decode=False, world_size=3, rank=0, seed=3).load_state_dict(states[1])
+
+
+def test_spawned_persistent_workers_resume_a_state_of_other_ranks(odd_dataset):
+    """The phases of a state taken on 3 ranks reach workers spawned before it was loaded."""
+    head, state = [], None
+    for rank in range(3):
+        dl = ShardkitDataLoader(
+            ShardkitDataset(odd_dataset, batch_size=4, decode=False, drop_last=False, world_size=3, rank=rank), num_workers=2
+        )
+        head += flat_keys(itertools.islice(dl, 5))
+        state = dl.state_dict()
+    ds = ShardkitDataset(odd_dataset, batch_size=4, decode=False, drop_last=False, world_size=1, rank=0)
+    dl = ShardkitDataLoader(ds, num_workers=2, multiprocessing_context="spawn", persistent_workers=True)
+    list(dl)  # epoch 0; the workers start here
+    dl.load_state_dict(state)
+    rest = flat_keys(dl)
+    assert sorted(head + rest) == sorted(s["__key__"] for s in make_samples(N))
+    assert dl.state_dict()["epoch"] == 1
