@@ -10,6 +10,7 @@ import pytest
 
 import shardkit
 from shardkit.loading.blend_loader import BlendLoader
+from shardkit.loading.loader import Loader
 
 
 def make(root, name: str, n: int, *, piles: int, seed: int, field: str = "txt") -> str:
@@ -103,6 +104,26 @@ def test_a_state_of_other_shares_is_refused_naming_the_source(pair):
         other.load_state_dict(state)
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"world_size": 3, "rank": 0}, "world_size=2, this blend has world_size=3"),
+        ({"batch_size": 5}, "batch_size=10, this blend has batch_size=5"),
+    ],
+)
+def test_a_blend_resumes_only_on_its_own_world_size_and_batch_size(pair, change, message):
+    options = {"weights": {"web": 0.6, "code": 0.4}, "batch_size": 10, "world_size": 2, "rank": 1, "decode": False}
+    loader = shardkit.loader(pair, **options)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    it.close()
+    for taken in (state, Loader.state_dict(loader)):  # a blend state, and the plain one shardkit.torch takes
+        other = shardkit.loader(pair, **(options | change))
+        with pytest.raises(shardkit.ConfigError, match=f"{message}; a blend resumes only on the world_size and batch_size"):
+            other.load_state_dict(taken)
+
+
 def test_different_fields_collate_with_none_and_say_so(tmp_path, pair, caplog):
     img = make(tmp_path, "img", 60, piles=2, seed=5, field="bin")
     with caplog.at_level(logging.INFO, logger="shardkit.loading.blend_loader"):
@@ -159,6 +180,10 @@ def test_torch_dataloader_workers_read_the_blend_and_resume(pair):
     again = ShardkitDataLoader(ShardkitDataset(pair, **options), num_workers=2)
     again.load_state_dict(state)
     assert keys(again) == rest
+    with pytest.raises(shardkit.ConfigError, match="num_workers=2, this DataLoader has num_workers=3; a blend resumes only with as many"):
+        ShardkitDataLoader(ShardkitDataset(pair, **options), num_workers=3).load_state_dict(state)
+    with pytest.raises(shardkit.ConfigError, match="world_size=1, this blend has world_size=2; a blend resumes only on the world_size"):
+        ShardkitDataset(pair, world_size=2, rank=0, **options).load_state_dict(state)
 
 
 def test_many_piles_to_a_cell_never_stall_the_reader(tmp_path, monkeypatch):

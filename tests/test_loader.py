@@ -155,8 +155,7 @@ def test_state_after_a_finished_epoch_starts_the_next(dataset):
     ("change", "message"),
     [
         (dict(seed=1), "seed=0"),
-        (dict(batch_size=4), "batch_size"),
-        (dict(world_size=2, rank=0), "world_size"),
+        (dict(drop_last=False), "drop_last"),
         (dict(mix=2), "mix"),
     ],
 )

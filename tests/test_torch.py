@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import logging
@@ -12,11 +13,12 @@ import sys
 import textwrap
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardkit
 from tests.conftest import make_samples
+from tests.test_elastic import check_reads
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'shardkit[torch]')")
 
@@ -190,12 +192,13 @@ def test_plain_dataloader_states(odd_dataset):
         ds.state_dict(yielded=10**6)
     again = ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0)
     again.load_state_dict(state)
-    with pytest.raises(shardkit.ConfigError, match="num_workers=2, this DataLoader has num_workers=0 or 1"):
-        list(torch.utils.data.DataLoader(again, batch_size=None, num_workers=0))
-    with pytest.raises(shardkit.ConfigError, match="num_workers=2, this DataLoader has num_workers=3"):
-        ShardkitDataLoader(again, num_workers=3).load_state_dict(state)
     rest = [b["__key__"] for b in torch.utils.data.DataLoader(again, batch_size=None, num_workers=2)]
     assert head + rest == [b["__key__"] for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)]
+    for workers in (0, 3):  # other numbers of workers read the same samples, split anew
+        other = ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0)
+        ShardkitDataLoader(other, num_workers=workers).load_state_dict(state)
+        rest_elsewhere = [b["__key__"] for b in ShardkitDataLoader(other, num_workers=workers)]
+        assert sorted(k for b in head + rest_elsewhere for k in b) == sorted(k for b in head + rest for k in b)
     with pytest.raises(shardkit.ConfigError, match="seed"):
         ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0, seed=1).load_state_dict(state)
 
@@ -294,3 +297,117 @@ def test_spawned_persistent_workers_follow_set_epoch_and_resume(odd_dataset):
     assert head + [b["__key__"] for b in it] == reference != first
     dl.load_state_dict(state)
     assert head + [b["__key__"] for b in dl] == reference
+
+
+# -- resume on another world size, batch size or number of DataLoader workers ---------------------
+
+
+def read_phases(path, specs, *, drop_last, epoch=1, **extra):
+    """Read ``epoch`` through ShardkitDataLoaders in phases ``(world, batch, workers, steps)`` (the
+    last to the epoch's end), each rank of a phase resumed from the state the phase before left.
+    Returns the samples each rank read in each phase and the states after each phase."""
+    state, read, states = None, [], []
+    for i, (world, batch, workers, steps) in enumerate(specs):
+        last = i == len(specs) - 1
+        ranks, taken = [], []
+        for rank in range(world):
+            ds = ShardkitDataset(path, batch_size=batch, decode=False, drop_last=drop_last, world_size=world, rank=rank, seed=3, **extra)
+            dl = ShardkitDataLoader(ds, num_workers=workers)
+            ds.set_epoch(epoch)
+            if state is not None:
+                dl.load_state_dict(state)
+            ranks.append(flat_keys(dl if last else itertools.islice(dl, steps)))
+            taken.append(json.loads(json.dumps(dl.state_dict())))
+        assert all(t == taken[0] for t in taken), "ranks move in step: every rank's state is the same"
+        assert len({len(r) for r in ranks}) == 1, "every rank reads as many samples"
+        state = taken[0]
+        read.append(ranks)
+        states.append(state)
+        if state["epoch"] == epoch + 1:
+            break
+    return read, states
+
+
+torch_phase = st.tuples(st.integers(1, 4), st.sampled_from([None, 4, 8]), st.sampled_from([0, 2, 3]), st.integers(0, 9))
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(specs=st.lists(torch_phase, min_size=2, max_size=4), drop_last=st.booleans())
+def test_resume_across_world_sizes_and_workers_reads_each_sample_once(odd_dataset, specs, drop_last):
+    read, states = read_phases(odd_dataset, specs, drop_last=drop_last)
+    assert (states[-1]["epoch"], states[-1]["taken"], states[-1]["done"]) == (2, 0, [])
+    counts = collections.Counter(int(k[1:]) for phase in read for rank in phase for k in rank)
+    used = specs[: len(read)]
+    world, batch = used[-1][0], used[-1][1] or 1
+    check_reads(counts, N, drop_last=drop_last, padding=sum(w - 1 for w, *_ in used), dropped=world * batch + world)
+
+
+def test_a_resumed_split_is_a_pure_function_of_the_state(odd_dataset):
+    specs = [(3, 4, 2, 5), (2, 8, 0, 3), (4, 4, 3, 0)]
+    first, states = read_phases(odd_dataset, specs, drop_last=False)
+    again, _ = read_phases(odd_dataset, specs, drop_last=False)
+    assert first == again
+    # a phase is recorded once the next one starts: the first one's two workers took turns over 5 batches
+    assert states[1]["done"] == [{"world_size": 3, "batch_size": 4, "read": [12, 8]}]
+    assert {k: states[1][k] for k in ("world_size", "batch_size", "workers", "taken")} == {
+        "world_size": 2,
+        "batch_size": 8,
+        "workers": 1,
+        "taken": 3,
+    }
+
+
+def test_the_state_does_not_grow_with_the_dataset(odd_dataset, tmp_path):
+    big = str(tmp_path / "big")
+    with shardkit.PileWriter(big, piles=6, seed=1) as w:
+        for s in make_samples(20 * N):
+            w.write(s)
+    specs = [(4, 4, 2, 3), (3, 8, 0, 2), (2, 4, 3, 4), (3, 4, 2, 1), (1, 4, 0, 0)]
+    small_state, big_state = (read_phases(path, specs, drop_last=True)[1][-2] for path in (odd_dataset, big))
+    assert len(small_state["done"]) == len(big_state["done"]) == 3
+    assert small_state["done"] == big_state["done"], "what was read is counted in batches, not in samples of the dataset"
+    assert abs(len(json.dumps(big_state)) - len(json.dumps(small_state))) <= 4, "only the sample count has more digits"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"seed": 4}, "the state was taken with seed=3, this loader has seed=4"),
+        ({"drop_last": True}, "the state was taken with drop_last=False, this loader has drop_last=True"),
+        ({"mix": 2}, "the state was taken with mix=1, this loader has mix=2"),
+    ],
+)
+def test_a_state_of_other_order_options_is_refused_on_any_world_size(odd_dataset, change, message):
+    _, states = read_phases(odd_dataset, [(2, 4, 0, 3), (3, 4, 0, 2), (1, 4, 0, 0)], drop_last=False)
+    options = dict(batch_size=4, decode=False, drop_last=False, world_size=3, rank=0, seed=3)
+    with pytest.raises(shardkit.ConfigError, match=message):
+        ShardkitDataset(odd_dataset, **(options | change)).load_state_dict(states[1])
+
+
+def test_a_state_of_another_dataset_is_refused(odd_dataset, tmp_path):
+    other = str(tmp_path / "other")
+    with shardkit.PileWriter(other, piles=6, seed=2) as w:
+        for s in make_samples(N, seed=1):
+            w.write(s)
+    _, states = read_phases(odd_dataset, [(2, 4, 0, 3), (3, 4, 0, 2), (1, 4, 0, 0)], drop_last=False)
+    with pytest.raises(shardkit.ConfigError, match="fingerprint"):
+        ShardkitDataset(other, batch_size=4, decode=False, world_size=3, rank=0, seed=3).load_state_dict(states[1])
+
+
+def test_spawned_persistent_workers_resume_a_state_of_other_ranks(odd_dataset):
+    """The phases of a state taken on 3 ranks reach workers spawned before it was loaded."""
+    head, state = [], None
+    for rank in range(3):
+        dl = ShardkitDataLoader(
+            ShardkitDataset(odd_dataset, batch_size=4, decode=False, drop_last=False, world_size=3, rank=rank), num_workers=2
+        )
+        head += flat_keys(itertools.islice(dl, 5))
+        state = dl.state_dict()
+    ds = ShardkitDataset(odd_dataset, batch_size=4, decode=False, drop_last=False, world_size=1, rank=0)
+    dl = ShardkitDataLoader(ds, num_workers=2, multiprocessing_context="spawn", persistent_workers=True)
+    list(dl)  # epoch 0; the workers start here
+    dl.load_state_dict(state)
+    rest = flat_keys(dl)
+    assert sorted(head + rest) == sorted(s["__key__"] for s in make_samples(N))
+    assert dl.state_dict()["epoch"] == 1

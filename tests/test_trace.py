@@ -56,3 +56,25 @@ def test_a_step_past_the_epoch_is_refused(piles, capsys):
         loader.keys(-1)
     assert main(["trace", piles, "--step", "10", "--batch-size", "100"]) == 1
     assert "past the end of the epoch" in capsys.readouterr().err
+
+
+def test_trace_follows_a_resume_on_other_ranks(piles, tmp_path, capsys):
+    """A run of 3 ranks stopped after 4 steps of epoch 1 and resumed on 2: step 4 on is theirs."""
+    options = {"decode": False, "batch_size": 8, "seed": 3}
+    before = [shardkit.loader(piles, rank=r, world_size=3, **options) for r in range(3)]
+    read = []
+    for loader in before:
+        loader.set_epoch(1)
+        it = iter(loader)
+        read.append([list(next(it)["__key__"]) for _ in range(4)])
+    state = before[0].state_dict()
+    after = [shardkit.loader(piles, rank=r, world_size=2, **options) for r in range(2)]
+    for loader in after:
+        loader.load_state_dict(state)
+    rest = [[list(b["__key__"]) for b in loader] for loader in after]
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    trace = ["trace", piles, "--epoch", "1", "--batch-size", "8", "--world-size", "2", "--seed", "3", "--state", str(path), "--json"]
+    for step, expected in [(2, [r[2] for r in read]), (4, [r[0] for r in rest]), (4 + len(rest[0]) - 1, [r[-1] for r in rest])]:
+        assert main([*trace[:2], "--step", str(step), *trace[2:]]) == 0
+        assert json.loads(capsys.readouterr().out) == {str(r): k for r, k in enumerate(expected)}

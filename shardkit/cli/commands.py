@@ -359,6 +359,11 @@ def _register_trace(sub: Any) -> None:
     parser.add_argument("--step", type=int, required=True, metavar="K", help="the step (batch number within the epoch, from 0)")
     parser.add_argument("--epoch", type=int, default=0, metavar="E", help="the epoch (default 0)")
     add_option_flags(parser, LoaderOptions, TRACE_FLAGS, overrides={"world_size": {"default": 1, "help": "ranks of the run (default 1)"}})
+    parser.add_argument(
+        "--state",
+        metavar="FILE",
+        help="a loader state (JSON) the run resumed from on other ranks: steps of its epoch count on from before the change",
+    )
     parser.add_argument("--json", action="store_true", help="print {rank: [keys]} as JSON")
     _verbose_flag(parser)
     parser.set_defaults(handler=_trace)
@@ -370,7 +375,11 @@ def _trace(args: argparse.Namespace) -> int:
     from shardkit.loading.loader import Loader
 
     options = LoaderOptions(decode=False, rank=0, **option_values(args, TRACE_FLAGS))
-    keys = Loader(args.source, options).keys(args.step, epoch=args.epoch)
+    loader = Loader(args.source, options)
+    if args.state:
+        with open(args.state, encoding="utf-8") as f:
+            loader.load_state_dict(json.load(f))
+    keys = loader.keys(args.step, epoch=args.epoch)
     if args.json:
         print(json.dumps({str(rank): k for rank, k in enumerate(keys)}, indent=1))
     else:

@@ -37,12 +37,13 @@ from shardkit.errors import ConfigError
 from shardkit.loading import plan
 from shardkit.loading.blend import Frames, apportion, composition, epoch_length, sources, taken_before
 from shardkit.loading.blend_spec import Blend, BlendSource
+from shardkit.loading.elastic import Phase
 from shardkit.loading.loader import Loader
 from shardkit.loading.loader import loader as plain_loader
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.source import Source, resolve
 from shardkit.loading.state import FORMAT as PLAIN_FORMAT
-from shardkit.loading.state import ORDER_OPTIONS, check_format, check_identity, make_state
+from shardkit.loading.state import ORDER_OPTIONS, SPLIT_OPTIONS, check_format, check_identity, make_state
 from shardkit.options import from_call
 
 log = logging.getLogger(__name__)
@@ -268,7 +269,24 @@ class BlendLoader(Loader):
         options = replace(options, rank=rank, world_size=world)
         super().__init__(blend if isinstance(blend, BlendedSource) else resolve_blend(blend, options), options)
 
-    def _schedule(self, epoch: int) -> BlendSchedule:  # type: ignore[override]
+    def _span(self) -> tuple[int, int]:
+        """This rank's (and worker's) contiguous slice of the blend epoch's positions."""
+        o = self.options
+        assert o.rank is not None and o.world_size is not None
+        index, workers = o.worker
+        return plan.slice_span(
+            self.source.samples,
+            world=o.world_size,
+            rank=o.rank,
+            drop_last=o.drop_last,
+            batch_size=o.batch_size,
+            workers=workers,
+            worker=index,
+        )
+
+    def _schedule(self, epoch: int, done: tuple[Phase, ...] = ()) -> BlendSchedule:  # type: ignore[override]
+        if done:  # load_state_dict refuses such a state first
+            raise ConfigError("a blend cannot resume an epoch begun on another world_size or batch_size")
         return BlendSchedule(self.source, epoch, *self._span(), self.options)
 
     def keys(self, step: int, *, epoch: int | None = None) -> list[list[str]]:
@@ -294,7 +312,7 @@ class BlendLoader(Loader):
         plain_state = super().state_dict()
         epoch, position = plain_state["epoch"], plain_state["position"]
         state: dict[str, Any] = {"format": FORMAT, "version": VERSION, "epoch": epoch, "position": position}
-        state.update({name: plain_state[name] for name in ORDER_OPTIONS})
+        state.update({name: plain_state[name] for name in ORDER_OPTIONS + SPLIT_OPTIONS})
         state.update(dataset=self._fingerprint, samples=self.source.length, sources=self._positions(epoch, position))
         return state
 
@@ -322,9 +340,11 @@ class BlendLoader(Loader):
                 options (each difference is named).
         """
         if isinstance(state, dict) and state.get("format") == PLAIN_FORMAT:
+            check_same_split(state, self.options)
             super().load_state_dict(state)
             return
         state = check_format(state, FORMAT, VERSION, "shardkit blend")
+        check_same_split(state, self.options)
         taken = state.get("sources")
         if not isinstance(taken, dict) or sorted(taken) != sorted(self.source.names):
             shown = sorted(taken) if isinstance(taken, dict) else taken
@@ -350,6 +370,20 @@ class BlendLoader(Loader):
         mine = self._positions(self._epoch, self._start)
         if any((taken[n].get("epoch"), taken[n].get("position")) != (mine[n]["epoch"], mine[n]["position"]) for n in mine):
             raise ConfigError("load_state_dict: the sources' positions in the state do not follow from its epoch and position")
+
+
+def check_same_split(state: dict[str, Any], options: LoaderOptions) -> None:
+    """Refuse a state taken with another world size or batch size (or after a change of them):
+    a blend's slices are contiguous stretches of its schedule, and what another split of an
+    epoch left is not one."""
+    for name in SPLIT_OPTIONS:
+        if state.get(name) != getattr(options, name):
+            raise ConfigError(
+                f"load_state_dict: the state was taken with {name}={state.get(name)!r}, this blend has {name}={getattr(options, name)!r}; "
+                "a blend resumes only on the world_size and batch_size it was taken with (a single dataset resumes on others)"
+            )
+    if state.get("done"):
+        raise ConfigError("load_state_dict: the state's epoch was begun on another world_size or batch_size, which a blend cannot resume")
 
 
 def is_blend(source: Any) -> bool:

@@ -32,9 +32,10 @@ from shardkit import storage
 from shardkit._util import check_int
 from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError, Failure, ShardkitError
-from shardkit.loading import plan
+from shardkit.loading import elastic, plan
 from shardkit.loading.batch import Result, ShardBlock, Step, cut_tasks
 from shardkit.loading.decode import Transform
+from shardkit.loading.elastic import Phase
 from shardkit.loading.on_error import LoaderStats, Policy
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.prefetch import PileReader
@@ -74,7 +75,9 @@ class Loader:
         self._plain = codecs is None and self.options.map is None and self.options.batch_size is None
         self._epoch = 0
         self._start = 0
+        self._done: tuple[Phase, ...] = ()  # phases of the epoch read before a change of world size
         self._running: int | None = None  # epoch of the iteration in progress (or abandoned)
+        self._running_done: tuple[Phase, ...] = ()
         self._position = 0
         self._cursor: tuple[int, Iterator[int]] | None = None  # (block end, its index iterator) on the hot path
         self._active: weakref.ref[Iterator[Any]] | None = None
@@ -82,23 +85,26 @@ class Loader:
         self._closed = False
 
     # -- sizes and order ---------------------------------------------------------------------
-    def _span(self) -> tuple[int, int]:
+    def _ranges(self, done: tuple[Phase, ...]) -> list[elastic.Range]:
+        """The global ranges this loader reads of an epoch whose phases ``done`` were read before."""
         o = self.options
         assert o.rank is not None and o.world_size is not None
-        return plan.slice_span(
-            self.source.samples,
-            world=o.world_size,
-            rank=o.rank,
-            drop_last=o.drop_last,
-            batch_size=o.batch_size,
-            workers=o.worker[1],
-            worker=o.worker[0],
+        rest = elastic.remaining(self.source.samples, done, drop_last=o.drop_last)
+        index, workers = o.worker
+        return elastic.share(
+            rest, world=o.world_size, rank=o.rank, drop_last=o.drop_last, batch_size=o.batch_size, workers=workers, worker=index
         )
 
-    def _schedule(self, epoch: int) -> plan.Schedule:
+    def _schedule(self, epoch: int, done: tuple[Phase, ...] = ()) -> plan.Schedule:
         o = self.options
         order = plan.EpochOrder(self.source.counts, seed=o.seed, epoch=epoch, shuffle=o.shuffle, mix=o.mix)
-        return plan.Schedule(order, *self._span())
+        return plan.Schedule.over(order, self._ranges(done))
+
+    def _done_in(self, epoch: int) -> tuple[Phase, ...]:
+        """The phases read before a change of world size in ``epoch`` (the one being read or resumed)."""
+        if self._running is not None:
+            return self._running_done if epoch == self._running else ()
+        return self._done if epoch == self._epoch else ()
 
     def keys(self, step: int, *, epoch: int | None = None) -> list[list[str]]:
         """The keys of the samples global step ``step`` reads on every rank: ``keys[rank]`` is
@@ -121,17 +127,33 @@ class Loader:
         check_int("epoch", epoch, low=0, none=True)
         o = self.options
         assert o.world_size is not None
-        order = plan.EpochOrder(
-            self.source.counts, seed=o.seed, epoch=self._epoch if epoch is None else epoch, shuffle=o.shuffle, mix=o.mix
-        )
-        per = o.batch_size or 1
-        if step >= len(self):
-            raise ConfigError(f"step: {step} is past the end of the epoch ({len(self)} steps a rank)")
+        epoch = self._epoch if epoch is None else epoch
+        order = plan.EpochOrder(self.source.counts, seed=o.seed, epoch=epoch, shuffle=o.shuffle, mix=o.mix)
+        # an epoch resumed on other world sizes numbers its steps on through its phases
+        phases: list[tuple[int, int | None, Phase | None]] = [(p.world_size, p.batch_size, p) for p in self._done_in(epoch)]
+        phases.append((o.world_size, o.batch_size, None))
+        rest, first = elastic.whole(self.source.samples), 0
+        for world, batch, phase in phases:
+            if phase is not None and len(phase.read) > 1:
+                raise ConfigError(f"epoch {epoch} was resumed from a state of several DataLoader workers: its steps are not one loader's")
+            per = batch or 1
+            size = elastic.worker_lengths(rest, world=world, drop_last=o.drop_last, batch_size=batch, workers=1)[0]
+            steps = -(-(size if phase is None else phase.read[0]) // per)
+            if step < first + steps:
+                return self._step_keys(order, rest, world, batch, step - first)
+            first += steps
+            if phase is not None:
+                rest = elastic.after(rest, phase, drop_last=o.drop_last)
+        raise ConfigError(f"step: {step} is past the end of the epoch ({first} steps a rank)")
+
+    def _step_keys(self, order: plan.EpochOrder, rest: list[elastic.Range], world: int, batch: int | None, step: int) -> list[list[str]]:
+        """The keys each of ``world`` ranks reads at ``step`` of a phase splitting ``rest``."""
+        per = batch or 1
         names: dict[int, list[str]] = {}
         found = []
-        for rank in range(o.world_size):
-            span = plan.rank_span(self.source.samples, world=o.world_size, rank=rank, drop_last=o.drop_last, batch_size=o.batch_size)
-            schedule = plan.Schedule(order, *span)
+        for rank in range(world):
+            ranges = elastic.share(rest, world=world, rank=rank, drop_last=self.options.drop_last, batch_size=batch)
+            schedule = plan.Schedule.over(order, ranges)
             piles, index = schedule.take(step * per, min((step + 1) * per, len(schedule)))
             for pile in set(piles.tolist()) - names.keys():
                 names[pile] = self.source.open(pile, self.source.fetch(pile, reads=self._reads)).keys
@@ -140,9 +162,10 @@ class Loader:
 
     @property
     def samples_per_epoch(self) -> int:
-        """Samples (positions) this rank reads per epoch, padding included."""
-        lo, hi = self._span()
-        return hi - lo if self.source.samples else 0
+        """Samples (positions) this rank reads per epoch, padding included: in an epoch resumed
+        on another world size, those of its slice of what was left."""
+        epoch = self._epoch if self._running is None else self._running
+        return elastic.length(self._ranges(self._done_in(epoch)))
 
     def __len__(self) -> int:
         """Batches (or samples, unbatched) this rank yields per epoch; equal on every rank."""
@@ -164,7 +187,8 @@ class Loader:
         """
         check_int("epoch", epoch, low=0)
         resuming = self._running is None and epoch == self._epoch
-        self._epoch, self._start, self._running = epoch, self._start if resuming else 0, None
+        self._epoch, self._running = epoch, None
+        self._start, self._done = (self._start, self._done) if resuming else (0, ())
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -178,14 +202,15 @@ class Loader:
             # start the processes before the reader thread exists: forking copies no thread state
             step = self._step
             self._workers = Pool(self.options.num_workers, lambda k: step, name="shardkit-worker")
-        epoch, start = self._epoch, self._start
-        gen = self._run(epoch, start)
+        epoch, start, done = self._epoch, self._start, self._done
+        gen = self._run(epoch, start, done)
         self._active = weakref.ref(gen)
         return gen
 
-    def _run(self, epoch: int, start: int) -> Iterator[Any]:
+    def _run(self, epoch: int, start: int, done: tuple[Phase, ...]) -> Iterator[Any]:
         self._running, self._position, self._start, self._cursor = epoch, start, 0, None
-        sched = self._schedule(epoch)
+        self._running_done, self._done = done, ()
+        sched = self._schedule(epoch, done)
         uses = sched.uses(start)
         slots = max(1, plan.peak(uses)) + self.options.prefetch
         read = self._reader()
@@ -201,7 +226,7 @@ class Loader:
             reader.close()
         if self.stats.skipped_samples > skipped:
             log.warning("epoch %d: skipped %d samples (on_error=%r)", epoch, self.stats.skipped_samples - skipped, self.options.on_error)
-        self._epoch, self._running, self._position, self._cursor = epoch + 1, None, 0, None
+        self._epoch, self._running, self._position, self._cursor, self._running_done = epoch + 1, None, 0, None, ()
 
     def _reader(self) -> Callable[[int], Fetched]:
         # the thread maps, checksums and scans headers with numpy (all mostly without the GIL);
@@ -216,7 +241,7 @@ class Loader:
         active: list[plan.PileUse] = []
         pulled = 0
 
-        def need(pile: int) -> Shard | None:
+        def need(pile: int, at: int) -> Shard | None:
             nonlocal pulled
             while pile not in resident:
                 item = reader.get()
@@ -224,6 +249,11 @@ class Loader:
                     raise RuntimeError(f"internal error: the pile reader ended before pile {pile}")
                 use = uses[pulled]
                 pulled += 1
+                if use.last < at:
+                    # a use no block needed (with mix > 1, at the end of a piece of the slice):
+                    # its slot goes back at once, or the next piece's piles could not all load
+                    reader.release()
+                    continue
                 active.append(use)
                 resident[use.pile] = self._accept(item, use)
             return resident[pile]
@@ -232,10 +262,10 @@ class Loader:
             piles = block.piles
             first = int(piles[0])
             if piles[-1] == first and (piles == first).all():
-                yield ShardBlock(block.start, block.index.tolist(), [need(first)])
+                yield ShardBlock(block.start, block.index.tolist(), [need(first, block.start)])
             else:
                 distinct, which = np.unique(piles, return_inverse=True)
-                yield ShardBlock(block.start, block.index.tolist(), [need(p) for p in distinct.tolist()], which.tolist())
+                yield ShardBlock(block.start, block.index.tolist(), [need(p, block.start) for p in distinct.tolist()], which.tolist())
             end = block.start + len(piles)
             for use in [u for u in active if u.last < end]:
                 active.remove(use)
@@ -300,10 +330,17 @@ class Loader:
         """Where this rank is: the position after the last item yielded, as a small JSON-able dict.
 
         Taken between batches, it lets a new loader on the same data and options yield exactly
-        the rest of the epoch. Any rank's state resumes every rank (they move in step).
+        the rest of the epoch. Ranks move in step, so every rank's state is the same and any one
+        of them resumes every rank, with the same world size and batch size or others (see
+        :meth:`load_state_dict`).
         """
-        epoch, position = (self._running, self._where()) if self._running is not None else (self._epoch, self._start)
-        return make_state(epoch=epoch, position=position, options=self.options, dataset=self._fingerprint, samples=self.source.samples)
+        if self._running is not None:
+            epoch, position, done = self._running, self._where(), self._running_done
+        else:
+            epoch, position, done = self._epoch, self._start, self._done
+        return make_state(
+            epoch=epoch, position=position, options=self.options, dataset=self._fingerprint, samples=self.source.samples, done=done
+        )
 
     def _where(self) -> int:
         """The slice position after the last item yielded."""
@@ -315,16 +352,21 @@ class Loader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields the rest of that epoch.
 
+        The state may come from a job with another ``world_size`` or ``batch_size`` (a state of
+        any of its ranks): then the rest of the epoch is every sample no rank had read, split
+        among this job's ranks in equal shares by the usual rules (``drop_last`` drops what
+        does not fill a batch on every rank, or pads by wrapping round), in an order that is a
+        pure function of the state. This composes over any number of changes; the state grows
+        by a few integers per change.
+
         Raises:
             ConfigError: the state is malformed, or was taken on other data or with options that
                 change the order (each difference is named).
         """
         src = self.source
-        epoch, position = check_state(
-            state, options=self.options, dataset=self._fingerprint, samples=src.samples, name=src.name, length=self.samples_per_epoch
-        )
+        resume = check_state(state, options=self.options, dataset=self._fingerprint, samples=src.samples, name=src.name)
         self._stop_active()
-        self._epoch, self._start, self._running = epoch, position, None
+        self._epoch, self._start, self._done, self._running = resume.epoch, resume.position, resume.done, None
 
     # -- lifecycle -------------------------------------------------------------------------
     def _stop_active(self) -> None:

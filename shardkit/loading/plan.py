@@ -369,6 +369,21 @@ class Schedule:
             self.pieces.append((at - lo, g, g + size))
             at += size
 
+    @classmethod
+    def over(cls, order: EpochOrder, ranges: Sequence[tuple[int, int]]) -> Schedule:
+        """The schedule that reads the global ranges ``[a, b)`` of ``ranges`` one after the other
+        (what is left of an epoch after a change of world size: :mod:`shardkit.loading.elastic`)."""
+        sched = cls(order, 0, 0)
+        at = 0
+        for a, b in ranges:
+            if not 0 <= a <= b <= order.total:
+                raise ValueError(f"range [{a}, {b}) is not within the epoch's {order.total} positions")
+            if a < b:
+                sched.pieces.append((at, a, b))
+                at += b - a
+        sched.hi = at
+        return sched
+
     def __len__(self) -> int:
         return self.hi - self.lo if self.order.total else 0
 

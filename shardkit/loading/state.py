@@ -1,44 +1,74 @@
 """Loader state dicts: small and JSON-able, and refused with the reason when they do not fit.
 
+A state records the epoch, the position of a rank in its slice, the options that fix the order,
+the world size and batch size that split it, and the phases of the epoch read before the last
+change of those (:mod:`shardkit.loading.elastic`). Ranks move in step, so every rank's state is
+the same: any one of them resumes all ranks, on the same world size or another.
+
 state = make_state(epoch=2, position=512, options=opts, dataset="3539d8ee", samples=10_000)
-epoch, position = check_state(state, options=opts, dataset="3539d8ee", samples=10_000,
-                              name="data/", length=5_000)
+resume = check_state(state, options=opts, dataset="3539d8ee", samples=10_000, name="data/")
+resume.epoch, resume.position, resume.done
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shardkit._util import check_int
 from shardkit.errors import ConfigError
+from shardkit.loading import elastic
+from shardkit.loading.elastic import Phase
 from shardkit.loading.options import LoaderOptions
 
 FORMAT = "shardkit.loader"
-VERSION = 1
-# options that change the order or the slicing: a state taken with other values cannot resume
-ORDER_OPTIONS = ("seed", "shuffle", "mix", "batch_size", "drop_last", "world_size")
+# version 2 adds "done", the phases read before a change of world size or batch size; a
+# version 1 state (which has none) reads as a version 2 state with none
+VERSION = 2
+READS = (1, 2)
+# options that change the order itself: a state taken with other values cannot resume
+ORDER_OPTIONS = ("seed", "shuffle", "mix", "drop_last")
+# options that split the order among ranks: a state taken with other values resumes on what is
+# left of its epoch (its phase ends and the loader's starts)
+SPLIT_OPTIONS = ("world_size", "batch_size")
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Where a loader with given options resumes: ``position`` in its slice of the epoch's
+    ``epoch`` that the phases ``done`` left."""
+
+    epoch: int
+    position: int
+    done: tuple[Phase, ...] = ()
 
 
 def identity(options: LoaderOptions, dataset: str, samples: int) -> dict[str, Any]:
-    """What a state must match to resume: the order options and the data's fingerprint and size."""
-    found: dict[str, Any] = {name: getattr(options, name) for name in ORDER_OPTIONS}
+    """What a state records of the loader: the order and split options and the data's fingerprint and size."""
+    found: dict[str, Any] = {name: getattr(options, name) for name in ORDER_OPTIONS + SPLIT_OPTIONS}
     found.update(dataset=dataset, samples=samples)
     return found
 
 
-def make_state(*, epoch: int, position: int, options: LoaderOptions, dataset: str, samples: int) -> dict[str, Any]:
-    """The state of a rank at ``position`` (samples read) of ``epoch``."""
+def make_state(
+    *, epoch: int, position: int, options: LoaderOptions, dataset: str, samples: int, done: Sequence[Phase] = ()
+) -> dict[str, Any]:
+    """The state of a rank at ``position`` (samples read) of its slice of ``epoch`` (after the phases ``done``)."""
     state: dict[str, Any] = {"format": FORMAT, "version": VERSION, "epoch": epoch, "position": position}
     state.update(identity(options, dataset, samples))
+    state["done"] = [phase.to_dict() for phase in done]
     return state
 
 
-def check_format(state: Any, fmt: str, version: int, what: str) -> dict[str, Any]:
-    """``state`` if it is a dict of format ``fmt`` and version ``version``, else a ConfigError."""
+def check_format(state: Any, fmt: str, version: int | tuple[int, ...], what: str) -> dict[str, Any]:
+    """``state`` if it is a dict of format ``fmt`` and a version in ``version``, else a ConfigError."""
+    versions = version if isinstance(version, tuple) else (version,)
     if not isinstance(state, dict) or state.get("format") != fmt:
         raise ConfigError(f"load_state_dict: not a {what} state (expected 'format': {fmt!r})")
-    if state.get("version") != version:
-        raise ConfigError(f"load_state_dict: state version {state.get('version')!r}, this shardkit reads version {version}")
+    if state.get("version") not in versions:
+        read = " or ".join(map(str, versions))
+        raise ConfigError(f"load_state_dict: state version {state.get('version')!r}, this shardkit reads version {read}")
     return state
 
 
@@ -57,18 +87,68 @@ def check_identity(state: dict[str, Any], *, options: LoaderOptions, dataset: st
             )
 
 
-def check_state(state: Any, *, options: LoaderOptions, dataset: str, samples: int, name: str, length: int) -> tuple[int, int]:
-    """``(epoch, position)`` of a state taken on the same data with the same order options.
+def check_split(state: dict[str, Any]) -> tuple[int, int | None]:
+    """The world size and batch size a state was taken with."""
+    world = check_int("load_state_dict: world_size", state.get("world_size"), low=1)
+    return world, check_int("load_state_dict: batch_size", state.get("batch_size"), low=1, none=True)
+
+
+def check_done(state: dict[str, Any], *, samples: int, drop_last: bool) -> tuple[tuple[Phase, ...], list[elastic.Range]]:
+    """The phases a state records as read before its own, and the ranges of the epoch they left."""
+    found = state.get("done", [])
+    if not isinstance(found, list):
+        raise ConfigError(f"load_state_dict: done: expected a list of phases, got {type(found).__name__}")
+    done = []
+    for i, item in enumerate(found):
+        where = f"load_state_dict: done[{i}]"
+        if not isinstance(item, dict) or set(item) != {"world_size", "batch_size", "read"} or not isinstance(item["read"], list):
+            raise ConfigError(f"{where}: expected {{'world_size': int, 'batch_size': int or None, 'read': [int, ...]}}, got {item!r}")
+        world = check_int(f"{where}.world_size", item["world_size"], low=1)
+        batch = check_int(f"{where}.batch_size", item["batch_size"], low=1, none=True)
+        read = tuple(check_int(f"{where}.read[{w}]", n, low=0) for w, n in enumerate(item["read"]))
+        done.append(Phase(world, batch, read))
+    try:
+        return tuple(done), elastic.remaining(samples, done, drop_last=drop_last)
+    except ValueError as e:
+        raise ConfigError(f"load_state_dict: {e}") from None
+
+
+def check_state(state: Any, *, options: LoaderOptions, dataset: str, samples: int, name: str) -> Resume:
+    """Where a loader with ``options`` resumes a state taken on the same data with the same order options.
+
+    A state taken with another world size or batch size ends its phase there: the loader reads
+    what is left of the epoch, split among its own ranks (:mod:`shardkit.loading.elastic`).
 
     Raises:
         ConfigError: the state is malformed, was taken on other data (fingerprint or sample
-            count differ), with other order options (each is named), or points off the epoch
+            count differ), with other order options (each is named), or points off its slice
             or off a batch boundary.
     """
-    state = check_format(state, FORMAT, VERSION, "shardkit loader")
+    state = check_format(state, FORMAT, READS, "shardkit loader")
     check_identity(state, options=options, dataset=dataset, samples=samples, name=name)
     epoch = check_int("load_state_dict: epoch", state.get("epoch"), low=0)
+    world, batch = check_split(state)
+    done, rest = check_done(state, samples=samples, drop_last=options.drop_last)
+    index, workers = options.worker
+    length = elastic.length(
+        elastic.share(rest, world=world, rank=0, drop_last=options.drop_last, batch_size=batch, workers=workers, worker=index)
+    )
     position = check_int("load_state_dict: position", state.get("position"), low=0, high=length)
-    if options.batch_size and position % options.batch_size and position != length:
-        raise ConfigError(f"load_state_dict: position {position} is not on a batch boundary (batch_size={options.batch_size})")
-    return epoch, position
+    if batch and position % batch and position != length:
+        raise ConfigError(f"load_state_dict: position {position} is not on a batch boundary (batch_size={batch})")
+    if (world, batch) == (options.world_size, options.batch_size):
+        return Resume(epoch, position, done)
+    return close(Resume(epoch, position, done), Phase(world, batch, (position,)), rest, drop_last=options.drop_last)
+
+
+def close(resume: Resume, phase: Phase, rest: Sequence[elastic.Range], *, drop_last: bool) -> Resume:
+    """``resume`` with its phase, which read as far as ``phase`` says, ended: the next one starts.
+
+    A phase that read nothing is dropped; one that read all of its slices ended the epoch.
+    """
+    if not any(phase.read):
+        return Resume(resume.epoch, 0, resume.done)
+    sizes = elastic.worker_lengths(rest, world=phase.world_size, drop_last=drop_last, batch_size=phase.batch_size, workers=len(phase.read))
+    if list(phase.read) == sizes:
+        return Resume(resume.epoch + 1, 0)
+    return Resume(resume.epoch, 0, (*resume.done, phase))

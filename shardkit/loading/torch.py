@@ -4,7 +4,9 @@ Each DataLoader worker reads its own contiguous share of its rank's slice of the
 batch boundaries), so no sample is read twice and every rank yields the same count. Rank and
 world size come from the options, ``RANK``/``WORLD_SIZE`` or an initialized torch.distributed.
 The epoch and a resume point live in shared memory, so ``set_epoch`` and ``load_state_dict``
-in the main process reach the workers, persistent or not.
+in the main process reach the workers, persistent or not. A state resumes on another world
+size, batch size or number of DataLoader workers: the rest of the epoch is every sample not yet
+read, split anew (:mod:`shardkit.loading.elastic`).
 
     ds = ShardkitDataset("data/", batch_size=64, seed=0)
     dl = ShardkitDataLoader(ds, num_workers=4)      # a DataLoader that counts for state_dict()
@@ -15,10 +17,11 @@ in the main process reach the workers, persistent or not.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
@@ -29,22 +32,27 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 
 from shardkit._util import check_int
 from shardkit.errors import ConfigError
-from shardkit.loading import plan
-from shardkit.loading.blend_loader import BlendedSource, BlendLoader, is_blend, resolve_blend
+from shardkit.loading import elastic
+from shardkit.loading.blend_loader import BlendedSource, BlendLoader, check_same_split, is_blend, resolve_blend
 from shardkit.loading.blend_spec import Blend
+from shardkit.loading.elastic import Phase
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.source import SourceLike, resolve
-from shardkit.loading.state import check_format, check_identity, identity, make_state
+from shardkit.loading.state import Resume, check_done, check_format, check_identity, check_split, close, identity, make_state
 
 __all__ = ["ShardkitDataLoader", "ShardkitDataset", "round_robin"]
 
 log = logging.getLogger(__name__)
 
 FORMAT = "shardkit.torch"
-VERSION = 1
-# slots of the shared array
-_EPOCH, _RESUME_EPOCH, _RESUME_TAKEN, _RESUME_WORKERS, _WORKERS, _DONE = range(6)
+# version 2 adds "done", the phases of the epoch read before a change of world size, batch size
+# or number of workers; a version 1 state reads as one with none
+VERSION = 2
+READS = (1, 2)
+# slots of the shared array (_RESUME_PHASES: bytes of JSON in the phases buffer)
+_EPOCH, _RESUME_EPOCH, _RESUME_TAKEN, _RESUME_WORKERS, _WORKERS, _DONE, _RESUME_WORLD, _RESUME_BATCH, _RESUME_PHASES = range(9)
+PHASE_BYTES = 1 << 16  # room for the phases of about a thousand changes in one epoch
 
 
 def round_robin(counts: Sequence[int], taken: int) -> tuple[list[int], int]:
@@ -69,6 +77,47 @@ def round_robin(counts: Sequence[int], taken: int) -> tuple[list[int], int]:
         if left and c > lo:
             given[w], left, turn = given[w] + 1, left - 1, w + 1
     return given, turn % max(1, len(counts))
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """Where a state left its epoch: after the phases ``done``, each of ``world_size`` ranks
+    (batch size ``batch_size``, ``workers`` DataLoader workers) had yielded ``taken`` items."""
+
+    epoch: int
+    taken: int
+    workers: int
+    world_size: int
+    batch_size: int | None
+    done: tuple[Phase, ...] = ()
+
+
+def worker_items(rest: Sequence[elastic.Range], *, world: int, batch_size: int | None, workers: int, drop_last: bool) -> list[int]:
+    """Items (batches, or samples) each DataLoader worker of a rank yields of what ``rest`` holds."""
+    unit = batch_size or 1
+    sizes = elastic.worker_lengths(rest, world=world, drop_last=drop_last, batch_size=batch_size, workers=workers)
+    return [-(-n // unit) for n in sizes]
+
+
+def settle(point: Point, *, world: int, batch_size: int | None, workers: int, samples: int, drop_last: bool) -> Point:
+    """``point`` for ranks of ``world``, ``batch_size`` and ``workers`` DataLoader workers. Pure.
+
+    Unchanged when they are the point's own. Otherwise the point's phase ends where each of its
+    workers had got to (the DataLoader's turns, :func:`round_robin`) and a new phase starts.
+    """
+    if (point.world_size, point.batch_size, point.workers) == (world, batch_size, workers):
+        return point
+    resume = Resume(point.epoch, 0, point.done)
+    if point.taken:
+        rest = elastic.remaining(samples, point.done, drop_last=drop_last)
+        items = worker_items(rest, world=point.world_size, batch_size=point.batch_size, workers=point.workers, drop_last=drop_last)
+        given, _ = round_robin(items, point.taken)
+        sizes = elastic.worker_lengths(
+            rest, world=point.world_size, drop_last=drop_last, batch_size=point.batch_size, workers=point.workers
+        )
+        read = tuple(min(g * (point.batch_size or 1), size) for g, size in zip(given, sizes, strict=True))
+        resume = close(resume, Phase(point.world_size, point.batch_size, read), rest, drop_last=drop_last)
+    return Point(resume.epoch, 0, workers, world, batch_size, resume.done)
 
 
 def _batched_again(dataset: Any, caller: Any) -> bool:
@@ -125,9 +174,11 @@ class ShardkitDataset(IterableDataset):
     the same epoch again (a warning says so).
 
     Resume: :meth:`state_dict` records the epoch and how many items the DataLoader yielded;
-    :meth:`load_state_dict` makes the next iteration yield exactly the rest of that epoch, in
-    the same order, with ``num_workers=0`` or with as many DataLoader workers as when the state
-    was taken (each worker skips what it had given and they take turns where they left off).
+    :meth:`load_state_dict` makes the next iteration yield exactly the rest of that epoch. With
+    the same world size, batch size and number of DataLoader workers, it is the same order
+    (each worker skips what it had given and they take turns where they left off); with others,
+    it is every sample no worker of any rank had read, split anew among the ranks and workers
+    (equal counts on every rank). A blend resumes only with the same ones.
     With workers, only the DataLoader knows how many items it yielded: use
     :class:`ShardkitDataLoader`, or pass the count to :meth:`state_dict`.
 
@@ -151,7 +202,8 @@ class ShardkitDataset(IterableDataset):
         # shared with the workers, fork, spawn or forkserver. No lock: the main process writes
         # between iterations, each worker reads once as its iteration starts, and a slot written
         # by workers (_WORKERS, _DONE) is one aligned 64-bit word
-        self._shared = RawArray("q", [0, -1, 0, 0, 0, 0])
+        self._shared = RawArray("q", [0, -1, 0, 0, 0, 0, 0, 0, 0])
+        self._phases = RawArray("c", PHASE_BYTES)  # the resume point's phases, as JSON
         self._yielded = 0  # items this process yielded in its current iteration (num_workers=0)
 
     # -- epochs --------------------------------------------------------------------------------
@@ -169,17 +221,37 @@ class ShardkitDataset(IterableDataset):
         return int(self._shared[_EPOCH])
 
     def __len__(self) -> int:
-        """Batches (or samples) this rank yields per epoch, all workers together."""
-        return sum(self._counts(1))
+        """Batches (or samples) this rank yields per epoch, all workers together (an epoch
+        resumed on another world size yields what is left of it, which is no more)."""
+        return self._phase_length(self._fresh(0))
 
-    def _counts(self, workers: int) -> list[int]:
-        """Items each of ``workers`` DataLoader workers yields per epoch."""
+    def _phase_length(self, point: Point) -> int:
+        """Items a rank yields in the phase of ``point``, from its start."""
+        rest = elastic.remaining(self.source.samples, point.done, drop_last=self.options.drop_last)
         o = self.options
-        assert o.rank is not None and o.world_size is not None
-        lo, hi = plan.rank_span(self.source.samples, world=o.world_size, rank=o.rank, drop_last=o.drop_last, batch_size=o.batch_size)
-        unit = o.batch_size or 1
-        spans = [plan.worker_span(lo, hi, workers=workers, worker=w, batch_size=o.batch_size) for w in range(workers)]
-        return [-(-(b - a) // unit) if self.source.samples else 0 for a, b in spans]
+        return sum(worker_items(rest, world=point.world_size, batch_size=point.batch_size, workers=point.workers, drop_last=o.drop_last))
+
+    def _fresh(self, epoch: int) -> Point:
+        """The start of ``epoch`` on this dataset's ranks."""
+        o = self.options
+        assert o.world_size is not None
+        return Point(epoch, 0, 1, o.world_size, o.batch_size)
+
+    def _pending(self, epoch: int) -> Point:
+        """Where ``epoch`` starts: the loaded state's point if it is that epoch's."""
+        s = self._shared
+        if s[_RESUME_EPOCH] != epoch:
+            return self._fresh(epoch)
+        done = json.loads(bytes(self._phases[: s[_RESUME_PHASES]]) or b"[]")
+        phases, _ = check_done({"done": done}, samples=self.source.samples, drop_last=self.options.drop_last)
+        return Point(epoch, int(s[_RESUME_TAKEN]), int(s[_RESUME_WORKERS]), int(s[_RESUME_WORLD]), int(s[_RESUME_BATCH]) or None, phases)
+
+    def _settle(self, point: Point, workers: int) -> Point:
+        o = self.options
+        assert o.world_size is not None
+        return settle(
+            point, world=o.world_size, batch_size=o.batch_size, workers=workers, samples=self.source.samples, drop_last=o.drop_last
+        )
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -189,29 +261,38 @@ class ShardkitDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         s = self._shared  # read once, at the start: the main process may change it later
         epoch, done = int(s[_EPOCH]), int(s[_DONE])
-        resume = (int(s[_RESUME_TAKEN]), int(s[_RESUME_WORKERS])) if s[_RESUME_EPOCH] == epoch else (0, 1)
+        pending = self._pending(epoch)
         s[_WORKERS] = info.num_workers if info is not None else 0
         if worker == 0 and done == epoch + 1:
             log.warning("epoch %d is read again from its start: call set_epoch() before each epoch (as with DistributedSampler)", epoch)
-        loader = self._resumed_loader(epoch, *resume, worker=worker, workers=workers)
+        if isinstance(self.source, BlendedSource) and pending.taken and pending.workers != workers:
+            raise ConfigError(
+                f"load_state_dict: the state was taken with {_workers(pending.workers)}, this DataLoader has {_workers(workers)}; "
+                "a blend resumes only with as many DataLoader workers"
+            )
+        loader = self._resumed_loader(self._settle(pending, workers), worker=worker, workers=workers)
         return self._iterate(loader, epoch, first=worker == 0, main=info is None)
 
-    def _resumed_loader(self, epoch: int, taken: int, taken_by: int, *, worker: int, workers: int) -> Loader:
-        """The loader of DataLoader worker ``worker``, past what the resume point had taken."""
-        role, position = worker, 0
-        if taken:
-            if taken_by != workers:
-                raise ConfigError(
-                    f"load_state_dict: the state was taken with {_workers(taken_by)}, this DataLoader has {_workers(workers)}"
-                )
-            given, turn = round_robin(self._counts(workers), taken)
-            role = (turn + worker) % workers  # the DataLoader asks worker 0 first: it takes the next turn
-            position = given[role] * (self.options.batch_size or 1)
+    def _resumed_loader(self, point: Point, *, worker: int, workers: int) -> Loader:
+        """The loader of DataLoader worker ``worker``, past what ``point`` (on this split) had taken."""
+        o = self.options
+        rest = elastic.remaining(self.source.samples, point.done, drop_last=o.drop_last)
+        items = worker_items(rest, world=point.world_size, batch_size=o.batch_size, workers=workers, drop_last=o.drop_last)
+        given, turn = round_robin(items, point.taken)
+        role = (turn + worker) % workers  # the DataLoader asks worker 0 first: it takes the next turn
+        size = elastic.worker_lengths(rest, world=point.world_size, drop_last=o.drop_last, batch_size=o.batch_size, workers=workers)[role]
         make = BlendLoader if isinstance(self.source, BlendedSource) else Loader
-        loader = make(self.source, replace(self.options, worker=(role, workers)))
-        position = min(position, loader.samples_per_epoch)
+        loader = make(self.source, replace(o, worker=(role, workers)))
+        position = min(given[role] * (o.batch_size or 1), size)
         loader.load_state_dict(
-            make_state(epoch=epoch, position=position, options=loader.options, dataset=self._fingerprint, samples=self.source.samples)
+            make_state(
+                epoch=point.epoch,
+                position=position,
+                options=loader.options,
+                dataset=self._fingerprint,
+                samples=self.source.samples,
+                done=point.done,
+            )
         )
         return loader
 
@@ -252,31 +333,47 @@ class ShardkitDataset(IterableDataset):
                     "use ShardkitDataLoader, or pass state_dict(yielded=...) (items the DataLoader yielded in this iteration)"
                 )
             yielded = self._yielded
-        resumed = int(s[_RESUME_TAKEN]) if s[_RESUME_EPOCH] == epoch else 0
-        taken, length = resumed + yielded, len(self)
-        if taken > length:
-            raise ConfigError(f"state_dict: yielded={yielded} is more than the {length - resumed} items this iteration has")
-        taken_by = max(1, workers) if yielded else int(s[_RESUME_WORKERS]) if resumed else 1
-        if taken == length:  # the epoch is over: the next one starts from its beginning
-            epoch, taken, taken_by = epoch + 1, 0, 1
-        state: dict[str, Any] = {"format": FORMAT, "version": VERSION, "epoch": epoch, "taken": taken, "workers": taken_by}
+        point = self._pending(epoch)
+        if yielded:  # the iteration read on this dataset's split, from where the point settles on it
+            point = self._settle(point, max(1, workers))
+            point = replace(point, taken=point.taken + yielded)
+        length = self._phase_length(point)
+        if point.taken > length:
+            raise ConfigError(f"state_dict: yielded={yielded} is more than the {length - point.taken + yielded} items this iteration has")
+        if point.taken == length:  # the epoch is over: the next one starts from its beginning
+            point = self._fresh(point.epoch + 1)
+        state: dict[str, Any] = {"format": FORMAT, "version": VERSION, "epoch": point.epoch, "taken": point.taken, "workers": point.workers}
         state.update(identity(self.options, self._fingerprint, self.source.samples))
+        state.update(world_size=point.world_size, batch_size=point.batch_size, done=[phase.to_dict() for phase in point.done])
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration yield exactly the rest of the epoch ``state`` was taken in.
 
+        The state may come from a job with another world size, batch size or number of
+        DataLoader workers (any rank's state: ranks move in step); see the class docstring.
+
         Raises:
             ConfigError: the state is malformed, or was taken on other data or with options that
-                change the order (each difference is named). A different number of DataLoader
-                workers is refused when the iteration starts.
+                change the order (each difference is named); for a blend, with another world
+                size or batch size (another number of workers is refused when the iteration starts).
         """
-        state = check_format(state, FORMAT, VERSION, "shardkit.torch dataset")
+        state = check_format(state, FORMAT, READS, "shardkit.torch dataset")
         check_identity(state, options=self.options, dataset=self._fingerprint, samples=self.source.samples, name=self.source.name)
+        if isinstance(self.source, BlendedSource):
+            check_same_split(state, self.options)
         epoch = check_int("load_state_dict: epoch", state.get("epoch"), low=0)
-        taken = check_int("load_state_dict: taken", state.get("taken"), low=0, high=max(1, len(self)) - 1)
+        world, batch = check_split(state)
         workers = check_int("load_state_dict: workers", state.get("workers"), low=1)
+        done, _ = check_done(state, samples=self.source.samples, drop_last=self.options.drop_last)
+        length = self._phase_length(Point(epoch, 0, workers, world, batch, done))
+        taken = check_int("load_state_dict: taken", state.get("taken"), low=0, high=max(1, length) - 1)
+        phases = json.dumps([phase.to_dict() for phase in done]).encode()
+        if len(phases) > PHASE_BYTES:
+            raise ConfigError(f"load_state_dict: done: {len(done)} phases are more than shardkit.torch holds in one epoch")
         s = self._shared
+        self._phases[: len(phases)] = phases
+        s[_RESUME_WORLD], s[_RESUME_BATCH], s[_RESUME_PHASES] = world, batch or 0, len(phases)
         s[_EPOCH], s[_RESUME_EPOCH], s[_RESUME_TAKEN], s[_RESUME_WORKERS], s[_DONE] = epoch, epoch, taken, workers, 0
         self._yielded = 0
 
@@ -318,11 +415,12 @@ class ShardkitDataLoader(DataLoader):
         return self.dataset.state_dict(yielded=self._yielded)  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the dataset at ``state`` (taken with as many workers as this DataLoader has)."""
-        state = check_format(state, FORMAT, VERSION, "shardkit.torch dataset")
+        """Resume the dataset at ``state`` (with any number of workers; a blend's with as many as this DataLoader has)."""
+        state = check_format(state, FORMAT, READS, "shardkit.torch dataset")
         taken_by = state.get("workers")
-        if state.get("taken") and taken_by != max(1, self.num_workers):
+        if isinstance(self.dataset.source, BlendedSource) and state.get("taken") and taken_by != max(1, self.num_workers):  # type: ignore[attr-defined]
             raise ConfigError(
-                f"load_state_dict: the state was taken with {_workers(taken_by)}, this DataLoader has {_workers(self.num_workers)}"
+                f"load_state_dict: the state was taken with {_workers(taken_by)}, this DataLoader has {_workers(self.num_workers)}; "
+                "a blend resumes only with as many DataLoader workers"
             )
         self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
