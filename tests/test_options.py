@@ -235,8 +235,10 @@ def test_every_yaml_key_is_an_option_field(tmp_path, kind, cls):
     # every field a YAML job takes, set to a value other than its default, reaches the options
     values = {"piles": 3, "seed": 9, "max_pile_bytes": "1MiB", "buffer_size": "2MiB", "overwrite": True, "workers": 2}
     values |= {"on_error": "skip", "memory": "3MiB", "maxcount": 10, "maxsize": "5MiB", "storage_options": {"anon": True}}
-    values |= {"executor": "ray", "ray_address": "auto"}
+    values |= {"executor": "ray", "ray_address": "auto", "mode": "append", "window": 3}
     output = {name: values[name] for name in yaml_names(cls, "output")}
+    if "mode" in output:
+        output["overwrite"] = False  # an append adds to the dataset there: it refuses to replace it
     top = {name: values[name] for name in yaml_names(cls, "job")}
     text = f"job: {kind}\ninputs: a.tar\noutput: {{path: o, {', '.join(f'{k}: {v}' for k, v in output.items())}}}\n"
     text += "".join(f"{k}: {v}\n" for k, v in top.items())

@@ -76,9 +76,10 @@ def _pile(args: argparse.Namespace) -> int:
     result = pile(args.inputs, args.out, options=options_from_args(PileOptions, args, PILE_COMMAND_FLAGS), quiet=args.quiet)
     skipped = f", {result.skipped_units} input shards skipped" if result.skipped_units else ""
     split = f", {result.split_piles} oversized piles split" if result.split_piles else ""
+    generation = f", generation {result.generation}" if result.generation else ""
     print(
         f"{args.out}: {result.samples} samples in {len(result.piles)} piles, {format_size(result.bytes)}, "
-        f"{time.perf_counter() - start:.1f}s{skipped}{split}"
+        f"{time.perf_counter() - start:.1f}s{skipped}{split}{generation}"
     )
     return 0
 

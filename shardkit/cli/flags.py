@@ -1,7 +1,7 @@
 """Command-line flags made from option fields, and the pass-1 flags every preprocessing script shares.
 
 parser = argparse.ArgumentParser()
-add_pile_args(parser)     # --piles --workers --seed --max-pile-bytes --overwrite --on-error --executor --ray-address --quiet
+add_pile_args(parser)     # --piles --workers --seed --max-pile-bytes --overwrite --on-error --executor --ray-address --mode --window --append --quiet
 shardkit.preprocess(units, fn, out, **pile_kwargs(parser.parse_args()))
 """
 
@@ -21,7 +21,7 @@ from shardkit.piles.options import PileOptions
 T = TypeVar("T")
 
 # the PileOptions fields every preprocessing script takes as flags, in --help order
-PILE_FLAGS = ("piles", "workers", "seed", "max_pile_bytes", "overwrite", "on_error", "executor", "ray_address")
+PILE_FLAGS = ("piles", "workers", "seed", "max_pile_bytes", "overwrite", "on_error", "executor", "ray_address", "mode", "window")
 
 
 def add_option_flags(
@@ -125,11 +125,20 @@ def storage_options(pairs: Sequence[str] | None) -> dict[str, Any] | None:
 def add_pile_args(parser: argparse.ArgumentParser) -> None:
     """Add the pass-1 flags every preprocessing script shares.
 
-    ``--piles --workers --seed --max-pile-bytes --overwrite --on-error --executor --ray-address --quiet``; turn the parsed
+    ``--piles --workers --seed --max-pile-bytes --overwrite --on-error --executor --ray-address --mode --window
+    --append --quiet``; turn the parsed
     namespace into keyword arguments for :func:`shardkit.preprocess` with :func:`pile_kwargs`.
     """
     group = parser.add_argument_group("piles (pass 1 of the shuffle)")
     add_option_flags(group, PileOptions, PILE_FLAGS)
+    group.add_argument(
+        "--append",
+        dest="mode",
+        action="store_const",
+        const="append",
+        default=argparse.SUPPRESS,
+        help="the same as --mode append: add the samples to the dataset in the output as its next generation",
+    )
     group.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 

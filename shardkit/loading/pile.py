@@ -12,7 +12,7 @@ prefetch thread does it. :func:`open_pile` finishes the index and checks the sam
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardkit import manifest, storage
@@ -21,6 +21,7 @@ from shardkit.manifest import PileInfo
 from shardkit.tar import scan
 from shardkit.tar.scan import Chain
 from shardkit.tar.shard import Shard, read_shard
+from shardkit.tar.write import TRAILER
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +86,18 @@ def fetch(
         if max_bytes is not None and len(buf) > max_bytes:
             raise PileTooLargeError(f"{url}: decompresses to {len(buf)} bytes, over the memory limit max_pile_bytes={max_bytes}")
         return Fetched(url, buf, scan.scan(buf), checked=False)
+    buf = _checked_bytes(url, expected, max_bytes=max_bytes, verify=verify, mapped=mapped, reads=reads)
+    return Fetched(url, buf, scan.scan(buf, checksums=not verify), checked=verify)
+
+
+def _checked_bytes(
+    url: str, expected: PileInfo, *, max_bytes: int | None, verify: bool, mapped: bool, reads: storage.RemoteReads | None
+) -> storage.Buffer:
+    """The bytes of the file ``url``, checked against its manifest entry (size, and checksum when ``verify``)."""
     if storage.is_remote(url):  # the manifest's size decides; the read finds an object of another size
         _check_limit(url, expected.bytes, max_bytes)
         check = _checker(url, expected, verify)
-        buf = storage.read_checked(url, size=expected.bytes, check=check, reads=reads)
-        return Fetched(url, buf, scan.scan(buf, checksums=not verify), checked=verify)
+        return storage.read_checked(url, size=expected.bytes, check=check, reads=reads)
     # one look at the size, before any byte is read: over the limit, or not what the manifest says
     nbytes = storage.size(url)
     _check_limit(url, nbytes, max_bytes)
@@ -99,7 +107,36 @@ def fetch(
     problems = byte_problems(url, buf, expected, checksum=verify)
     if problems:
         raise CorruptShardError(f"{url}: {problems[0][1]}")
-    return Fetched(url, buf, scan.scan(buf, checksums=not verify), checked=verify)
+    return buf
+
+
+def fetch_segments(
+    url: str,
+    segments: Sequence[str],
+    *,
+    expected: PileInfo,
+    max_bytes: int | None = None,
+    verify: bool = True,
+    reads: storage.RemoteReads | None = None,
+) -> Fetched:
+    """A pile that is several segment files (``segments``, their URLs): each read and checked
+    against its own manifest entry, then joined as one tar without the inner end-of-archive
+    trailers (a stream reader stops at the first). ``url`` names the pile.
+
+    Raises:
+        PileTooLargeError, CorruptShardError (naming the segment file), DatasetNotFoundError.
+    """
+    _check_limit(url, expected.bytes, max_bytes)
+    bodies: list[storage.Buffer | memoryview] = []
+    for seg_url, seg in zip(segments, expected.segments or (), strict=True):
+        info = PileInfo(name=seg.name, samples=seg.samples, bytes=seg.bytes, checksum=seg.checksum)
+        buf = _checked_bytes(seg_url, info, max_bytes=None, verify=verify, mapped=True, reads=reads)
+        if len(buf) < len(TRAILER) or buf[len(buf) - len(TRAILER) :] != TRAILER:
+            raise CorruptShardError(f"{seg_url}: segment of {url} does not end with the end-of-archive trailer (two zero blocks)")
+        bodies.append(memoryview(buf)[: len(buf) - len(TRAILER)])
+    joined = b"".join([*bodies, TRAILER])
+    bodies.clear()
+    return Fetched(url, joined, scan.scan(joined, checksums=not verify), checked=verify)
 
 
 def _check_limit(url: str, nbytes: int, max_bytes: int | None) -> None:

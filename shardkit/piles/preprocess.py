@@ -34,6 +34,7 @@ from shardkit.codecs import DEFAULT, Codecs, check_codecs
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call
+from shardkit.piles import append
 from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.executor import Executor, Tally, run_local
 from shardkit.piles.options import PileOptions
@@ -96,6 +97,8 @@ def preprocess(
     storage_options: Mapping[str, Any] | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    mode: str = "create",
+    window: int | str | None = None,
 ) -> Manifest:
     """Run ``fn`` on every input unit and write its samples into M random piles in ``out``.
 
@@ -132,6 +135,10 @@ def preprocess(
             ``executor="ray"`` runs them as Ray tasks, byte-identical to the local executor.
             The staging directory (inside ``out``, or ``TMPDIR`` for a remote ``out``) must
             then be a path every node of the cluster sees.
+        mode, window: ``mode="append"`` adds the samples to the dataset in ``out`` as its next
+            generation, keeping only the last ``window`` generations (``3``) or those of the last
+            ``window`` (``"90d"``) when given (see :class:`~shardkit.PileOptions` and the README,
+            "Growing datasets").
 
     Sample keys must be unique across all inputs. A key a unit repeats fails that unit (as
     ``fn`` raising would); a key two units share is refused when they land in one pile, found
@@ -160,6 +167,8 @@ def preprocess(
         "storage_options": storage_options,
         "executor": executor,
         "ray_address": ray_address,
+        "mode": mode,
+        "window": window,
     }
     options = from_call(PileOptions, options, keywords)
     if not callable(fn):
@@ -199,15 +208,18 @@ def _run(
         raise ConfigError(f"mp_context: expected one of {', '.join(map(repr, _START_METHODS))} or None, got {shown(mp_context)}")
     if (advice := too_many_piles(options.piles, check_path("out", out))) is not None:
         log.warning(advice)
-    output = claim(out, overwrite=options.overwrite)
+    output = claim(out, overwrite=options.overwrite or options.mode == "append")
     staging = output.staging()
     workers = min(workers, len(units))
     try:
+        base = append.start(output, options)  # None unless mode="append"
+        if base is not None:
+            job = dataclasses.replace(job, generation=base.generation)
         tally = Tally(units, quiet=quiet)
         with tally.bar:
             run = _executor(options, workers, mp_context)
             parts = run(job, units, staging, buffer_size=int(options.buffer_size), tally=tally)
-        result = _publish(output, staging, parts, options, {**(extra or {}), "units": len(units)}, tally, workers, units)
+        result = _publish(output, staging, parts, options, {**(extra or {}), "units": len(units)}, tally, workers, units, base)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         output.release()
@@ -265,6 +277,7 @@ def _publish(
     tally: Tally,
     workers: int,
     units: Sequence[Any],
+    base: append.Base | None = None,
 ) -> Manifest:
     skipped = np.array(sorted(f.index for f in tally.failures), dtype=np.int64)
     runs, counts = [], []
@@ -281,7 +294,7 @@ def _publish(
     fields = set().union(*(part.fields for part in parts))
     # piles are assembled in parallel: merging is copying and checksumming, which release the GIL
     with bar(total=len(runs), desc="merging", unit="pile", quiet=tally.quiet) as merging:
-        result = publish(
+        result = (publish if base is None else functools.partial(append.finish, base))(
             output,
             runs,
             counts,
@@ -325,6 +338,8 @@ def pile(
     storage_options: Mapping[str, Any] | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    mode: str = "create",
+    window: int | str | None = None,
 ) -> Manifest:
     """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.
 
@@ -365,6 +380,8 @@ def pile(
         "storage_options": storage_options,
         "executor": executor,
         "ray_address": ray_address,
+        "mode": mode,
+        "window": window,
     }
     options = from_call(PileOptions, options, keywords)
     storage.use(check_paths("inputs", inputs), options.storage_options)  # before the inputs are listed

@@ -85,7 +85,7 @@ def _old_files(out: str) -> list[str]:
     if not manifest.is_dataset(out):
         return []
     try:
-        return [p.name for p in manifest.read(out).piles]
+        return manifest.read(out).files()
     except ShardkitError as e:
         log.warning("%s: the old manifest is unreadable, its files are left in place: %s", out, e)
         return []
@@ -113,6 +113,12 @@ def _assemble(runs: Sequence[Run], dst: str) -> int:
             crc = _copy_range(src, out, run, crc, buffer)
         storage.write_fully(out, write.TRAILER)
     return manifest.checksum(write.TRAILER, crc)
+
+
+def assemble_pile(runs: Sequence[Run], path: str) -> int:
+    """Write ``path``, a finished tar of ``runs``' bytes and the trailer; returns its CRC-32."""
+    with storage.guard(path, "write", size=sum(run.length for run in runs) + len(write.TRAILER)):
+        return _assemble(runs, path)
 
 
 def _copy_range(src: BinaryIO, out: int, run: Run, crc: int, buffer: memoryview) -> int:
@@ -319,7 +325,7 @@ def remove_strays(out: str, stray: re.Pattern[str]) -> None:
         storage.remove(storage.join(out, name))
 
 
-def install(output: Output, files: Sequence[str], result: Manifest) -> None:
+def install(output: Output, files: Sequence[str], result: Manifest, *, names: Sequence[str] | None = None, keep: bool = False) -> None:
     """Swap a finished dataset in: ``files[i]`` (staged elsewhere) becomes ``result.piles[i]``,
     then the manifest goes in, last. The one place a dataset is published, for pass 1, the eager
     shuffle and repile.
@@ -332,20 +338,24 @@ def install(output: Output, files: Sequence[str], result: Manifest) -> None:
     the old dataset or the new one whole. Into an object store the files are uploaded, several at
     once, and the manifest is one request, made after every upload succeeded.
 
+    ``names`` (default: the piles' names) are the names ``files`` take; ``keep`` leaves the old
+    dataset's files in place (an append's new manifest still lists them).
+
     Raises:
         DatasetExistsError: the output's manifest changed while the job ran.
     """
     out = output.path
-    old = set(_old_files(out))
-    output.journal([pile.name for pile in result.piles], sorted(old))
+    old = set() if keep else set(_old_files(out))
+    names = [pile.name for pile in result.piles] if names is None else list(names)
+    output.journal(names, sorted(old))
     moved: list[str] = []
     try:
         if output.remote:
-            _upload_all(files, [pile.name for pile in result.piles], out, moved)
+            _upload_all(files, names, out, moved)
         else:
-            for path, pile in zip(files, result.piles, strict=True):
-                _move_new(path, os.path.join(out, pile.name))
-                moved.append(pile.name)
+            for path, name in zip(files, names, strict=True):
+                _move_new(path, os.path.join(out, name))
+                moved.append(name)
             storage.fsync_dir(out)
         output.check_unchanged()
         manifest.write(out, result)

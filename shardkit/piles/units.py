@@ -42,6 +42,8 @@ class UnitWork:
     on_error: str
     shards: bool = False
     key_prefix: str = "none"
+    # 0 for a new dataset; an append's generation (its samples are routed by it)
+    generation: int = 0
     # the parent's storage options by bucket: a spawned worker reads remote units with them too
     storage: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
 
@@ -130,7 +132,7 @@ class UnitWriter:
         """Write every sample of ``unit``; returns (samples, bytes). Raises UnitFailed."""
         if self.job.shards:
             return self._copy_shard(index, unit)
-        route = router.PileRouter(piles=self.job.piles, seed=self.job.seed, unit=index).next
+        route = router.PileRouter(piles=self.job.piles, seed=self.job.seed, unit=index, generation=self.job.generation).next
         add = self.sink.add
         seen: set[str] = set()
         # a key the unit repeats is the unit's fault (skipped with it); one another unit has too
@@ -160,7 +162,7 @@ class UnitWriter:
             raise UnitFailed(str(e)) from e
         count = len(found.chunks)
         if count:  # canonical_samples refused a key the shard repeats; one another unit has is found at the merge
-            piles = router.route(piles=self.job.piles, seed=self.job.seed, unit=index, count=count)
+            piles = router.route(piles=self.job.piles, seed=self.job.seed, unit=index, count=count, generation=self.job.generation)
             self.sink.extend(index, piles, found.chunks, found.sizes, found.keys, mapped=isinstance(buf, mmap.mmap))
         self.fields |= found.fields
         return count, int(found.sizes.sum())

@@ -1,0 +1,218 @@
+"""Datasets that grow: append as segments, generations, the moving window, keys across generations."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import shardkit
+from shardkit import manifest
+from shardkit.cli.main import main
+
+LOADER_SEED = 100_000  # loader seeds kept apart from writer seeds
+
+
+def _write(out: str, keys: list[str], *, seed: int = 0, piles: int = 2, **options) -> shardkit.Manifest:
+    with shardkit.PileWriter(out, piles=piles, seed=seed, **options) as w:
+        for key in keys:
+            w.write({"__key__": key, "bin": key.encode()})
+    assert w.manifest is not None
+    return w.manifest
+
+
+def _append(out: str, keys: list[str], **options) -> shardkit.Manifest:
+    return _write(out, keys, mode="append", **options)
+
+
+def _keys(out: str, seed: int = 0) -> list[str]:
+    with shardkit.loader(out, decode=False, seed=seed) as loader:
+        return [s["__key__"] for s in loader]
+
+
+def _position_table(generations: list[list[str]], window: int | None, trials: int, tmp_path) -> np.ndarray:
+    """How often each key of the window comes at each position of the first epoch, over ``trials``
+    datasets written (and appended to) with seeds 0..trials-1 and read by the real loader."""
+    kept = [k for g in generations[-window if window else 0 :] for k in g]
+    table = np.zeros((len(kept), len(kept)), dtype=np.int64)
+    out = os.path.join(tmp_path, "ds")
+    for seed in range(trials):
+        shutil.rmtree(out, ignore_errors=True)
+        _write(out, generations[0], seed=seed)
+        for keys in generations[1:]:
+            _append(out, keys, seed=seed, window=window)
+        order = _keys(out, seed=LOADER_SEED + seed)
+        assert sorted(order) == sorted(kept)
+        for position, key in enumerate(order):
+            table[kept.index(key), position] += 1
+    return table
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("generations", "window"),
+    [([["a0", "a1", "a2"], ["b0", "b1"]], None), ([["a0", "a1"], ["b0", "b1", "b2"], ["c0", "c1"]], 2)],
+    ids=["append", "window"],
+)
+def test_first_epoch_over_the_union_is_uniform(tmp_path, generations, window):
+    # a new generation's samples must not cluster (at the end, in their own piles): every key is
+    # equally likely at every position, as after one pass 1 over the union
+    trials = 150
+    table = _position_table(generations, window, trials, tmp_path)
+    chi2 = stats.chisquare(table.ravel())
+    assert chi2.pvalue > 1e-4, table
+    # old and new samples alike: the mean position of the last generation's keys is the middle
+    last = len(generations[-1])
+    mean = (table[-last:] * np.arange(table.shape[1])).sum() / (last * trials)
+    assert abs(mean - (table.shape[1] - 1) / 2) < 0.3, table
+
+
+def test_append_adds_segments_and_leaves_the_old_files_alone(tmp_path):
+    out = str(tmp_path / "ds")
+    first = _write(out, [f"a{i:03d}" for i in range(40)], piles=3, seed=7)
+    before = {n: (tmp_path / "ds" / n).read_bytes() for n in first.files()}
+    old_loader = shardkit.loader(out, decode=False, seed=1)
+    result = shardkit.preprocess(
+        [0, 1], lambda u: ({"__key__": f"b{u}-{i}", "bin": b"new"} for i in range(10)), out, piles=3, seed=7, mode="append", quiet=True
+    )
+    assert result.generation == 1 and result.samples == 60
+    assert {n: (tmp_path / "ds" / n).read_bytes() for n in first.files()} == before
+    for p, pile in enumerate(result.piles):
+        assert pile.name == f"pile-{p:06d}.tar"
+        assert [s.generation for s in pile.segments] == [0, 1]
+        assert pile.segments[1].name == f"pile-{p:06d}.g000001.tar"
+    # a loader opened on generation 0 keeps reading it; a new one reads both generations
+    assert sorted(s["__key__"] for s in old_loader) == sorted(f"a{i:03d}" for i in range(40))
+    assert len(set(_keys(out))) == 60
+    assert manifest.read_generation(out, 0) == first
+
+
+def test_the_segments_of_a_pile_are_read_as_one_tar_by_any_reader(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1", "a2"], piles=1)
+    _append(out, ["b0", "b1"], piles=1)
+    (pile,) = manifest.read(out).piles
+    # the inner trailers are left out: one stream, as tarfile reads it
+    import tarfile
+
+    from shardkit.loading.source import resolve
+
+    source = resolve(out)
+    buf = source.fetch(0).buf
+    assert len(buf) == pile.bytes
+    with tarfile.open(fileobj=__import__("io").BytesIO(bytes(buf))) as tar:
+        assert sorted(m.name.split(".")[0] for m in tar.getmembers()) == ["a0", "a1", "a2", "b0", "b1"]
+
+
+def test_a_key_already_in_the_dataset_is_refused_and_nothing_is_published(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, [f"a{i}" for i in range(20)])
+    seen = (tmp_path / "ds" / "shardkit.json").read_bytes()
+    with pytest.raises(shardkit.SampleError, match=r"key 'a7' of this append .* is already in the dataset, in pile-00000\d\.tar"):
+        _append(out, ["new", "a7"])
+    assert (tmp_path / "ds" / "shardkit.json").read_bytes() == seen
+    _append(out, ["b0"])
+    with pytest.raises(shardkit.SampleError, match=r"key 'b0' .* in pile-00000\d\.g000001\.tar \(generation 1\)"):
+        _append(out, ["b0"])
+
+
+def test_a_key_twice_in_one_append_is_refused_across_piles(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0"], piles=1)
+    # two units with one key land in different piles: pass 1 checks within a pile only
+    fn = lambda u: [{"__key__": "dup" if u in (0, 5) else f"k{u}", "bin": b"x"}]  # noqa: E731
+    with pytest.raises(shardkit.SampleError, match="has the key 'dup'"):  # one pile: pass 1's own check
+        shardkit.preprocess(list(range(8)), fn, out, piles=1, mode="append", quiet=True)
+    out2 = str(tmp_path / "ds2")
+    _write(out2, ["a0"], piles=64)
+    with pytest.raises(shardkit.SampleError, match=r"key 'dup' is in pile-\d+\.g000001\.tar and in .* both written by this append"):
+        shardkit.preprocess(list(range(8)), fn, out2, piles=64, mode="append", quiet=True)
+
+
+def test_bad_appends_name_what_differs(tmp_path, caplog):
+    out = str(tmp_path / "ds")
+    with pytest.raises(shardkit.DatasetNotFoundError, match="no shardkit dataset to append to"):
+        _append(out, ["a"])
+    _write(out, ["a0", "a1"], piles=2, seed=3)
+    with pytest.raises(shardkit.ConfigError, match=r"piles: .* has 2 piles, this append asks for 4"):
+        _append(out, ["b"], piles=4, seed=3)
+    with pytest.raises(shardkit.ConfigError, match=r"seed: .* written with seed=3, this append has seed=5"):
+        _append(out, ["b"], piles=2, seed=5)
+    with pytest.raises(shardkit.ConfigError, match="cannot also replace it"):
+        _append(out, ["b"], piles=2, seed=3, overwrite=True)
+    with pytest.raises(shardkit.ConfigError, match="window: only used with mode='append'"):
+        _write(str(tmp_path / "other"), ["b"], window=2)
+    with pytest.raises(shardkit.ConfigError, match="window: expected a duration like 90d"):
+        _append(out, ["b"], piles=2, seed=3, window="soon")
+    with caplog.at_level(logging.WARNING), shardkit.PileWriter(out, piles=2, seed=3, mode="append") as w:
+        w.write({"__key__": "c0", "txt": "other fields"})
+    assert "generation 1 has fields ['txt'], the dataset had ['bin']" in caplog.text
+    assert w.manifest.fields == ("bin", "txt")
+
+
+def test_a_second_append_while_one_runs_fails_at_once_and_the_first_wins(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1"])
+    with shardkit.PileWriter(out, piles=2, mode="append") as first:
+        first.write({"__key__": "b0", "bin": b"x"})
+        with pytest.raises(shardkit.DatasetExistsError, match="another job is writing here"):
+            _append(out, ["c0"])
+    assert manifest.read(out).generation == 1
+    assert sorted(_keys(out)) == ["a0", "a1", "b0"]
+
+
+def test_window_by_count_retires_old_generations_in_the_same_manifest(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1"])
+    _append(out, ["b0", "b1"], window=2)
+    m = _append(out, ["c0", "c1"], window=2)
+    assert m.generation == 2 and sorted(m.generations) == [1, 2]
+    assert sorted(_keys(out)) == ["b0", "b1", "c0", "c1"]
+    assert {s.generation for p in m.piles for s in p.segments} <= {1, 2}
+    # the retired files are still there (gc deletes them), and generation 1 still reads all it had
+    assert (tmp_path / "ds" / "pile-000000.tar").exists()
+    assert manifest.read_generation(out, 1).samples == 4
+
+
+def test_window_by_time_keeps_the_generations_written_within_it(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1"])
+    os.utime(tmp_path / "ds" / "shardkit.json", (1, 1))  # generation 0 written long ago
+    m = _append(out, ["b0", "b1"], window="90d")
+    assert sorted(m.generations) == [1]
+    assert sorted(_keys(out)) == ["b0", "b1"]
+    m = _append(out, ["c0"], window="1h")
+    assert sorted(m.generations) == [1, 2]
+
+
+def test_cli_append_and_yaml_mode_append(tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    _write(str(src / "one"), [f"x{i}" for i in range(6)], piles=1)
+    _write(str(src / "two"), [f"y{i}" for i in range(4)], piles=1)
+    out = str(tmp_path / "ds")
+    assert main(["pile", str(src / "one" / "pile-000000.tar"), "-o", out, "--piles", "2", "-q"]) == 0
+    assert main(["pile", str(src / "two" / "pile-000000.tar"), "-o", out, "--piles", "2", "--append", "-q"]) == 0
+    assert "generation 1" in capsys.readouterr().out
+    assert sorted(_keys(out)) == sorted([f"x{i}" for i in range(6)] + [f"y{i}" for i in range(4)])
+    job = tmp_path / "job.yaml"
+    job.write_text(f"job: pile\ninputs: {src / 'one' / 'pile-000000.tar'}\noutput: {{path: {out}, piles: 2, mode: append}}\n")
+    assert main(["run", str(job), "-q"]) == 1  # the same keys again
+    assert "already in the dataset" in capsys.readouterr().err
+    assert manifest.read(out).generation == 1
+
+
+def test_plan_counts_follow_the_segments(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, [f"a{i}" for i in range(30)], piles=3)
+    m = _append(out, [f"b{i}" for i in range(30)], piles=3)
+    counts = Counter()
+    with shardkit.loader(out, decode=False) as loader:
+        for pile in loader.source.piles:
+            counts[os.path.basename(pile.url)] = pile.samples
+    assert counts == {p.name: p.samples for p in m.piles}
