@@ -216,3 +216,65 @@ def test_plan_counts_follow_the_segments(tmp_path):
         for pile in loader.source.piles:
             counts[os.path.basename(pile.url)] = pile.samples
     assert counts == {p.name: p.samples for p in m.piles}
+
+
+# --- loader states pin a generation; gc ---------------------------------------------------------
+
+
+def test_a_state_resumes_on_its_generation_after_an_append(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, [f"a{i:03d}" for i in range(40)], piles=4)
+    with shardkit.loader(out, decode=False, batch_size=5, seed=2) as loader:
+        batches = iter(loader)
+        head = [k for _ in range(3) for k in next(batches)["__key__"]]
+        state = loader.state_dict()
+        rest = [k for b in batches for k in b["__key__"]]
+    assert state["generation"] == 0
+    _append(out, [f"b{i:03d}" for i in range(40)], piles=4)
+    resumed = shardkit.loader(out, decode=False, batch_size=5, seed=2)
+    assert resumed.source.generation == 1 and len(resumed) == 16
+    resumed.load_state_dict(state)
+    assert resumed.source.generation == 0
+    assert [k for b in resumed for k in b["__key__"]] == rest and len(head + rest) == 40
+    # the latest generation's own state resumes on it
+    latest = shardkit.loader(out, decode=False, batch_size=5, seed=2)
+    state = latest.state_dict()
+    assert state["generation"] == 1
+    shardkit.loader(out, decode=False, batch_size=5, seed=2).load_state_dict(state)
+
+
+def test_gc_deletes_retired_files_after_the_grace_and_a_state_on_them_fails_naming_its_generation(tmp_path, capsys):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1", "a2"])
+    state = shardkit.loader(out, decode=False).state_dict()
+    _append(out, ["b0", "b1"], window=1)
+    _append(out, ["c0", "c1"], window=1)
+    before = set(os.listdir(out))
+    report = shardkit.gc(out, grace="1h")  # generations 0 and 1 were replaced seconds ago
+    assert report.deleted == [] and report.kept_generations == [0, 1, 2]
+    assert main(["gc", out, "--grace", "0s", "--dry-run"]) == 0
+    assert "would delete" in capsys.readouterr().out and set(os.listdir(out)) == before
+    report = shardkit.gc(out, grace=0)
+    assert report.kept_generations == [2] and report.freed > 0
+    left = set(os.listdir(out))
+    assert left == {"shardkit.json", *manifest.read(out).files()}
+    assert all(".g000002." in n for n in left if n.startswith("pile-"))
+    assert sorted(_keys(out)) == ["c0", "c1"]
+    with pytest.raises(shardkit.DatasetNotFoundError, match="generation 0 is gone"):
+        shardkit.loader(out, decode=False).load_state_dict(state)
+
+
+def test_a_state_fails_naming_its_generation_when_its_files_are_deleted(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1", "a2"])
+    state = shardkit.loader(out, decode=False).state_dict()
+    _append(out, ["b0"], window=1)
+    os.unlink(tmp_path / "ds" / "pile-000000.tar")
+    with pytest.raises(shardkit.DatasetNotFoundError, match=r"generation 0 is gone: 1 of its files were deleted \(pile-000000.tar"):
+        shardkit.loader(out, decode=False).load_state_dict(state)
+
+
+def test_gc_refuses_a_directory_without_a_dataset(tmp_path):
+    with pytest.raises(shardkit.DatasetNotFoundError):
+        shardkit.gc(str(tmp_path / "nothing"))
+    assert not (tmp_path / "nothing").exists()
