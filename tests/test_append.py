@@ -278,3 +278,32 @@ def test_gc_refuses_a_directory_without_a_dataset(tmp_path):
     with pytest.raises(shardkit.DatasetNotFoundError):
         shardkit.gc(str(tmp_path / "nothing"))
     assert not (tmp_path / "nothing").exists()
+
+
+# --- object stores ------------------------------------------------------------------------------
+
+
+def test_append_to_s3_reads_back_through_the_cache(s3, tmp_path):
+    url = s3.url("ds")
+    _write(url, [f"a{i}" for i in range(12)], piles=3)
+    m = _append(url, [f"b{i}" for i in range(9)], piles=3)
+    assert m.generation == 1 and m.samples == 21
+    cache = str(tmp_path / "cache")
+    for _ in range(2):  # the second epoch from the cache
+        with shardkit.loader(url, decode=False, cache_dir=cache) as loader:
+            assert sorted(s["__key__"] for s in loader) == sorted([f"a{i}" for i in range(12)] + [f"b{i}" for i in range(9)])
+
+
+def test_two_appends_racing_on_s3_one_wins_and_no_manifest_is_lost(s3):
+    url = s3.url("ds")
+    _write(url, ["a0", "a1", "a2"], piles=2)
+    loser = shardkit.PileWriter(url, piles=2, mode="append")
+    loser.write({"__key__": "l0", "bin": b"x"})
+    winner = _append(url, ["w0", "w1"], piles=2)
+    with pytest.raises(shardkit.DatasetExistsError, match="changed while this job ran"):
+        loser.close()
+    assert manifest.read(url) == winner
+    objects = {name for path in s3.client().find(s3.path("ds")) if not (name := path.rsplit("/", 1)[1]).startswith(".")}
+    assert objects == {"shardkit.json", "shardkit.g000000.json", *winner.files()}  # the loser's uploads are gone
+    assert sorted(_keys(url)) == ["a0", "a1", "a2", "w0", "w1"]
+    assert manifest.read_generation(url, 0).samples == 3

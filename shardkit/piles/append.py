@@ -56,9 +56,9 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def segment_name(pile: int, generation: int) -> str:
-    """``pile-000003.g000002.tar``: generation 2's segment of pile 3."""
-    return f"{pile_name(pile).removesuffix('.tar')}.g{generation:06d}.tar"
+def segment_name(pile: int, generation: int, token: str = "") -> str:
+    """``pile-000003.g000002.tar``: generation 2's segment of pile 3 (``token`` goes after a dash)."""
+    return f"{pile_name(pile).removesuffix('.tar')}.g{generation:06d}{'-' + token if token else ''}.tar"
 
 
 def start(output: Output, options: PileOptions) -> Base | None:
@@ -122,9 +122,12 @@ def finish(
     out = output.path
     new: dict[int, Segment] = {}
     staged: list[str] = []
+    # an object store has no lock: two appends may race to one generation, and the loser must not
+    # replace (then delete) the winner's objects, so there each job's segment names are its own
+    token = output.token[:8] if output.remote else ""
     for p, pile_runs in enumerate(runs):
         if counts[p]:
-            new[p] = _write_segment(pile_runs, counts[p], segment_name(p, g), g, staging)
+            new[p] = _write_segment(pile_runs, counts[p], segment_name(p, g, token), g, staging)
             staged += [os.path.join(staging, new[p].name), os.path.join(staging, keys_name(new[p].name))]
         if progress is not None:
             progress(1)
@@ -138,7 +141,7 @@ def finish(
             first.append(p)
         segments = [s for s in segments if s.generation in keep] + ([new[p]] if p in new else [])
         piles.append(joined(segments, pile_name(p)))
-    staged += _first_keys(out, [old.piles[p] for p in first], staging)
+    first_keys = _first_keys(out, [old.piles[p] for p in first], staging)
     _check_unique(out, [s for pile in piles for s in pile.segments or () if s.generation != g], list(new.values()), staging)
     retired = sorted(set(generations) - keep)
     if retired:
@@ -167,6 +170,12 @@ def finish(
     if not storage.exists(keep_copy):
         storage.write_bytes(keep_copy, base.seen)
     install(output, staged, result, names=[os.path.basename(path) for path in staged], keep=True)
+    # shared by every append that races to this generation: put in only by the one that won
+    for path in first_keys:
+        if output.remote:
+            storage.upload(path, storage.join(out, os.path.basename(path)))
+        else:
+            os.replace(path, os.path.join(out, os.path.basename(path)))
     log.info("%s: generation %d adds %d samples in %d segments; %d samples in all", out, g, sum(counts), len(new), result.samples)
     return result
 
@@ -226,9 +235,17 @@ def _check_unique(out: str, old: Sequence[Segment], new: Sequence[Segment], stag
 
 
 def _read_keys(url: str, staging: str) -> bytes:
-    """A segment's key hashes: in the dataset, or (a pile's first) just made in ``staging``."""
+    """A segment's key hashes: just made in ``staging`` (a pile's first), in the dataset, or (a
+    file that went missing: it is only an index) made again from the segment."""
     local = os.path.join(staging, os.path.basename(url))
-    return storage.read_bytes(local if os.path.exists(local) else url)
+    if os.path.exists(local):
+        return storage.read_bytes(local)
+    try:
+        return storage.read_bytes(url)
+    except DatasetNotFoundError:
+        segment = url.removesuffix(".keys") + ".tar"
+        log.info("%s is missing: reading the keys of %s instead", url, segment)
+        return np.sort(_hashes(Shard(segment, storage.read_bytes(segment)).keys)).tobytes()
 
 
 def _confirm(out: str, hashes: np.ndarray, theirs: Sequence[Segment], new: Sequence[Segment], staging: str, where: str) -> None:
