@@ -307,3 +307,17 @@ def test_two_appends_racing_on_s3_one_wins_and_no_manifest_is_lost(s3):
     assert objects == {"shardkit.json", "shardkit.g000000.json", *winner.files()}  # the loser's uploads are gone
     assert sorted(_keys(url)) == ["a0", "a1", "a2", "w0", "w1"]
     assert manifest.read_generation(url, 0).samples == 3
+
+
+def test_verify_checks_each_segment_and_the_loader_names_a_bad_one(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1", "a2", "a3"], piles=1)
+    _append(out, ["b0", "b1"], piles=1)
+    assert shardkit.verify(out, quiet=True) == []
+    segment = tmp_path / "ds" / "pile-000000.g000001.tar"
+    data = bytearray(segment.read_bytes())
+    data[600] ^= 1
+    segment.write_bytes(bytes(data))
+    assert [(p.name, p.kind) for p in shardkit.verify(out, quiet=True)] == [("pile-000000.g000001.tar", "checksum")]
+    with pytest.raises(shardkit.CorruptShardError, match=r"pile-000000\.g000001\.tar: checksum is crc32:"):
+        _keys(out)

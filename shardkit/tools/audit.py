@@ -211,8 +211,16 @@ def _duplicate_keys(name: str, keys: list[str], offsets: list[int]) -> list[Prob
     return found
 
 
+def _files(pile: PileInfo) -> list[PileInfo]:
+    """The files a pile is read from, each as an entry of its own: the pile, or its segments
+    (every one a whole tar checked on its own; an append checked their keys unique)."""
+    if pile.segments is None:
+        return [pile]
+    return [PileInfo(name=s.name, samples=s.samples, bytes=s.bytes, checksum=s.checksum) for s in pile.segments]
+
+
 def _unlisted(directory: str, m: Manifest) -> list[Problem]:
-    listed = {p.name for p in m.piles} | {manifest.MANIFEST}
+    listed = set(m.files()) | {manifest.MANIFEST}
     found = []
     for name in storage.listdir(directory):
         if name in listed:
@@ -259,7 +267,8 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
     problems: list[Problem] = []
     with _util.bar(total=m.bytes, desc="verify", unit="B", quiet=quiet, unit_scale=True, unit_divisor=1024) as progress:
         for pile in m.piles:
-            problems.extend(_check_pile(directory, pile))
+            for part in _files(pile):
+                problems.extend(_check_pile(directory, part))
             progress.update(pile.bytes)
     problems.extend(_unlisted(directory, m))
     return problems
