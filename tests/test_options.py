@@ -156,7 +156,18 @@ def test_job_only_options_are_refused_where_they_mean_nothing(tmp_path):
 # ---- the CLI and YAML read the fields ---------------------------------------------------------
 
 # flags of a command that are not options (the command's own arguments and UI switches)
-_NOT_OPTIONS = {"-h", "--help", "-o", "--out", "-q", "--quiet", "-v", "--verbose", "--storage-option"}
+_NOT_OPTIONS = {
+    "-h",
+    "--help",
+    "-o",
+    "--out",
+    "-q",
+    "--quiet",
+    "-v",
+    "--verbose",
+    "--storage-option",
+    "--append",
+}  # --append: --mode append, shorter
 
 
 def _flags(command: str) -> dict[str, argparse.Action]:
@@ -218,9 +229,12 @@ def test_pile_kwargs_are_the_keywords_of_preprocess():
         "on_error": "skip",
         "executor": "local",
         "ray_address": None,
+        "mode": "create",
+        "window": None,
         "quiet": True,
     }
     assert set(kwargs) <= set(inspect.signature(shardkit.preprocess).parameters)
+    assert pile_kwargs(parser.parse_args(["--piles", "4", "--append", "--window", "90d"]))["mode"] == "append"
 
 
 @pytest.mark.parametrize(("kind", "cls"), [("pile", shardkit.PileOptions), ("shuffle", shardkit.ShuffleOptions)])
