@@ -38,8 +38,8 @@ from shardkit.loading.decode import Transform
 from shardkit.loading.on_error import LoaderStats, Policy
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.prefetch import PileReader
-from shardkit.loading.source import Fetched, Source, SourceLike, resolve
-from shardkit.loading.state import check_state, make_state
+from shardkit.loading.source import Fetched, Source, SourceLike, at_generation, resolve
+from shardkit.loading.state import check_state, make_state, pinned_generation
 from shardkit.options import from_call
 from shardkit.tar.shard import Shard
 from shardkit.workers import Pool
@@ -303,7 +303,14 @@ class Loader:
         the rest of the epoch. Any rank's state resumes every rank (they move in step).
         """
         epoch, position = (self._running, self._where()) if self._running is not None else (self._epoch, self._start)
-        return make_state(epoch=epoch, position=position, options=self.options, dataset=self._fingerprint, samples=self.source.samples)
+        return make_state(
+            epoch=epoch,
+            position=position,
+            options=self.options,
+            dataset=self._fingerprint,
+            samples=self.source.samples,
+            generation=self.source.generation,
+        )
 
     def _where(self) -> int:
         """The slice position after the last item yielded."""
@@ -315,16 +322,30 @@ class Loader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields the rest of that epoch.
 
+        A state taken on generation g of a dataset that grows resumes on generation g, whatever
+        the latest is, while g's files exist; the next :func:`loader` reads the latest.
+
         Raises:
             ConfigError: the state is malformed, or was taken on other data or with options that
                 change the order (each difference is named).
+            DatasetNotFoundError: the state's generation is gone (its files were deleted).
         """
+        self._pin(pinned_generation(state))
         src = self.source
         epoch, position = check_state(
             state, options=self.options, dataset=self._fingerprint, samples=src.samples, name=src.name, length=self.samples_per_epoch
         )
         self._stop_active()
         self._epoch, self._start, self._running = epoch, position, None
+
+    def _pin(self, generation: int | None) -> None:
+        """Read generation ``generation`` of the dataset from now on (a state taken on it resumes)."""
+        if generation is None or self.source.generation is None or generation == self.source.generation:
+            return
+        self._stop_active()
+        self.source = at_generation(self.source.name, generation)
+        self._fingerprint = self.source.fingerprint()
+        log.info("%s: reading generation %d, the one the state was taken on", self.source.name, generation)
 
     # -- lifecycle -------------------------------------------------------------------------
     def _stop_active(self) -> None:
