@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from shardkit.piles.repile import repile
     from shardkit.piles.writer import PileWriter
     from shardkit.shuffle import ShuffleOptions, shuffle
-    from shardkit.tools import DatasetInfo, Problem, QualityReport, compare_shuffles, info, verify
+    from shardkit.tools import DatasetInfo, Problem, QualityReport, compare_shuffles, gc, info, verify
 
 
 _WHERE = {
@@ -76,6 +76,7 @@ _WHERE = {
     "WorkerError": "shardkit.errors",
     "add_pile_args": "shardkit.cli",
     "compare_shuffles": "shardkit.tools",
+    "gc": "shardkit.tools",
     "info": "shardkit.tools",
     "load_job": "shardkit.cli",
     "loader": "shardkit.loading.blend_loader",
@@ -144,6 +145,7 @@ __all__ = [
     "__version__",
     "add_pile_args",
     "compare_shuffles",
+    "gc",
     "info",
     "load_job",
     "loader",

@@ -205,6 +205,24 @@ def parse_size(value: int | float | str, *, what: str = "size") -> int:
     return int(number)
 
 
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([smhdw])\s*$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(value: str | int | float, *, what: str) -> float:
+    """Seconds in ``"90d"``, ``"1h"``, ``"30m"``, ``"45s"``, ``"2w"`` (or a number of seconds).
+
+    Raises:
+        ConfigError: not a duration; the message names ``what``.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    match = _DURATION.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise ConfigError(f"{what}: expected a duration like 90d, 12h, 30m or 45s, got {shown(value)}")
+    return float(match.group(1)) * _SECONDS[match.group(2)]
+
+
 def format_size(n: float) -> str:
     """Format a byte count for people: ``1536`` -> ``"1.5 KiB"``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -1,7 +1,10 @@
 """shardkit.json: the dataset manifest, read, validated and written atomically (always last).
 
 A directory is a shardkit dataset exactly when it holds this file, so a job that dies before
-the end never leaves something that looks like a whole dataset.
+the end never leaves something that looks like a whole dataset. A dataset that grows has
+generations: generation g's manifest is also kept as ``shardkit.g<g>.json`` (see
+:func:`generation_name`), and a pile may be a list of immutable segment files (:class:`Segment`),
+read as one tar.
 """
 
 from __future__ import annotations
@@ -11,17 +14,21 @@ import json
 import mmap
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit import storage
 from shardkit._util import check_path
 from shardkit.errors import DatasetNotFoundError, ManifestError, StorageError
 from shardkit.tar.compression import CODECS
+from shardkit.tar.write import TRAILER
 
 MANIFEST = "shardkit.json"
 FORMAT = "shardkit"
 FORMAT_VERSION = 1
+# a dataset that grows (generations, segmented piles); plain manifests stay version 1 so older readers read them
+GROWING_VERSION = 2
 
 
 try:  # zlib-ng computes the same CRC-32 with carry-less multiplication: ~12 GB/s here, zlib ~3.6
@@ -39,6 +46,60 @@ def format_checksum(crc: int) -> str:
     return f"crc32:{crc:08x}"
 
 
+# the optional fields of a compressed file's entry (a pile or a segment): all three, or none
+_COMPRESSED = ("compression", "tar_bytes", "tar_checksum")
+
+
+def _entry(info: Any) -> dict[str, Any]:
+    """A pile's or segment's manifest entry: the compression fields only for a compressed file."""
+    doc = {"name": info.name, "samples": info.samples, "bytes": info.bytes, "checksum": info.checksum}
+    if info.compression is not None:
+        doc.update(compression=info.compression, tar_bytes=info.tar_bytes, tar_checksum=info.tar_checksum)
+    return doc
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segment:
+    """One immutable file of a pile that grows: its name, samples, bytes, checksum, generation.
+
+    The file is a whole tar (with its end-of-archive trailer), or one compressed whole like a
+    pile (``pile-000003.g000001.tar.zst``, with ``compression``, ``tar_bytes`` and
+    ``tar_checksum`` as a compressed pile has them); a pile of several segments is their tars
+    concatenated without the inner trailers. Beside it, ``<stem>.keys`` holds the sorted 64-bit
+    hashes of its keys (see :func:`keys_name`), so an append checks its keys against the
+    dataset's without reading the old data.
+    """
+
+    name: str
+    samples: int
+    bytes: int
+    checksum: str
+    generation: int
+    compression: str | None = None
+    tar_bytes: int | None = None
+    tar_checksum: str | None = None
+
+    @property
+    def tar_size(self) -> int:
+        """The size of the tar it holds (the file's size when it is not compressed)."""
+        return self.bytes if self.tar_bytes is None else self.tar_bytes
+
+    def info(self) -> PileInfo:
+        """The segment as a file entry of its own, checked and read as a pile is."""
+        return PileInfo(
+            name=self.name,
+            samples=self.samples,
+            bytes=self.bytes,
+            checksum=self.checksum,
+            compression=self.compression,
+            tar_bytes=self.tar_bytes,
+            tar_checksum=self.tar_checksum,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**_entry(self), "generation": self.generation}
+
+
 @dataclass(frozen=True, kw_only=True)
 class PileInfo:
     """One pile: file name relative to the dataset, sample count, byte size, checksum.
@@ -47,6 +108,11 @@ class PileInfo:
     (``pile-000000.tar.zst``) also names its ``compression`` and the size and checksum of the
     tar inside (``tar_bytes``, ``tar_checksum``): what a loader holds in memory. A plain pile
     has None there, and its manifest entry does not hold these fields at all.
+
+    ``segments`` is None for a pile that is one file, ``name``. Otherwise the pile is those
+    segment files read as one tar (an empty tuple: an empty pile), ``name`` names the pile,
+    ``bytes`` is the size of the concatenated tar and ``checksum`` a checksum of the segments'
+    checksums; each segment says how it is stored (compressed or not).
 
         info.tar_size        # bytes in memory once read: tar_bytes, or bytes for a plain pile
     """
@@ -58,19 +124,74 @@ class PileInfo:
     compression: str | None = None
     tar_bytes: int | None = None
     tar_checksum: str | None = None
+    segments: tuple[Segment, ...] | None = None
 
     @property
     def tar_size(self) -> int:
         """The tar's size: what a reader holds in memory (the file's size for a plain pile)."""
         return self.bytes if self.tar_bytes is None else self.tar_bytes
 
+    @property
+    def files(self) -> list[str]:
+        """The file names this pile is read from."""
+        return [self.name] if self.segments is None else [s.name for s in self.segments]
+
+    @property
+    def parts(self) -> list[PileInfo]:
+        """The files this pile is read from, each as an entry of its own (itself, or its segments)."""
+        return [self] if self.segments is None else [s.info() for s in self.segments]
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of its files as stored (compressed or not)."""
+        return sum(part.bytes for part in self.parts)
+
     def to_dict(self) -> dict[str, Any]:
-        """The manifest entry: the compression fields only for a compressed pile."""
-        return {k: v for k, v in asdict(self).items() if v is not None or k not in _COMPRESSED}
+        """The manifest entry: the compression fields only for a compressed pile, the segments
+        only for a pile that has them."""
+        doc = _entry(self)
+        if self.segments is not None:
+            doc["segments"] = [s.to_dict() for s in self.segments]
+        return doc
 
 
-# the optional fields of a compressed pile's entry: all three, or none
-_COMPRESSED = ("compression", "tar_bytes", "tar_checksum")
+_STEM = re.compile(r"\.tar(?:\.zst|\.gz)?$")
+
+
+def keys_name(segment: str) -> str:
+    """The file of sorted key hashes beside a segment or pile: ``pile-000003.g000001.keys``
+    (for ``pile-000003.g000001.tar`` or ``.tar.zst``)."""
+    return _STEM.sub("", segment) + ".keys"
+
+
+def generation_name(generation: int) -> str:
+    """The file that keeps generation ``generation``'s manifest: ``shardkit.g000003.json``."""
+    return f"shardkit.g{generation:06d}.json"
+
+
+GENERATION_FILE = re.compile(r"shardkit\.g(\d{6,})\.json")
+
+
+def joined(segments: Sequence[Segment], name: str) -> PileInfo:
+    """The pile ``name`` that is ``segments`` read as one tar, without reading a byte.
+
+    ``bytes`` is the size of the concatenated tar (each segment's end-of-archive trailer but the
+    last left out); ``checksum`` is a CRC-32 of the segments' checksums: each segment file is
+    checked against its own when it is read.
+    """
+    digest = checksum(" ".join(s.checksum for s in segments).encode())
+    body = sum(s.tar_size - TRAILER_BYTES for s in segments)
+    return PileInfo(
+        name=name,
+        samples=sum(s.samples for s in segments),
+        bytes=body + TRAILER_BYTES,
+        checksum=format_checksum(digest),
+        segments=tuple(segments),
+    )
+
+
+# the end-of-archive trailer shardkit writes at the end of every pile and segment
+TRAILER_BYTES = len(TRAILER)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +205,21 @@ class Manifest:
     skipped_units: int = 0
     split_piles: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # a dataset that grows: this manifest's generation, and when each generation it holds was written
+    generation: int = 0
+    generations: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def grows(self) -> bool:
+        """The dataset has generations or segmented piles (format version 2)."""
+        return self.generation > 0 or bool(self.generations) or any(p.segments is not None for p in self.piles)
+
+    def files(self) -> list[str]:
+        """Every file this manifest lists: piles, segments and the key hashes beside segments."""
+        found = []
+        for p in self.piles:
+            found += p.files if p.segments is None else [n for s in p.segments for n in (s.name, keys_name(s.name))]
+        return found
 
     @property
     def samples(self) -> int:
@@ -91,8 +227,8 @@ class Manifest:
 
     @property
     def bytes(self) -> int:
-        """Bytes of the pile files as stored (compressed or not)."""
-        return sum(p.bytes for p in self.piles)
+        """Bytes of the pile and segment files as stored (compressed or not)."""
+        return sum(p.stored_bytes for p in self.piles)
 
     @property
     def tar_bytes(self) -> int:
@@ -102,7 +238,7 @@ class Manifest:
     def to_json(self) -> str:
         doc = {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
+            "format_version": GROWING_VERSION if self.grows else FORMAT_VERSION,
             "created_by": self.created_by,
             "seed": self.seed,
             "samples": self.samples,
@@ -113,6 +249,9 @@ class Manifest:
             "extra": self.extra,
             "piles": [p.to_dict() for p in self.piles],
         }
+        if self.grows:
+            doc["generation"] = self.generation
+            doc["generations"] = {str(g): t for g, t in sorted(self.generations.items())}
         return json.dumps(doc, indent=1, sort_keys=False) + "\n"
 
 
@@ -139,7 +278,8 @@ def _count(doc: dict[str, Any], key: str, where: str, default: int | None = None
     return value
 
 
-def _pile(p: Any, at: str) -> PileInfo:
+def _file(p: Any, at: str) -> tuple[str, int, int, str]:
+    """name, samples, bytes and checksum of a pile or segment entry."""
     if not isinstance(p, dict):
         raise ManifestError(f"{at}: expected an object, got {p!r}")
     name = _expect(p, "name", str, at)
@@ -148,11 +288,11 @@ def _pile(p: Any, at: str) -> PileInfo:
     checksum = _expect(p, "checksum", str, at)
     if not _CHECKSUM.fullmatch(checksum):
         raise ManifestError(f"{at}: field 'checksum': expected 'crc32:' and 8 lowercase hex digits, got {checksum!r}")
-    return PileInfo(name=name, samples=_count(p, "samples", at), bytes=_count(p, "bytes", at), checksum=checksum, **_compressed(p, at))
+    return name, _count(p, "samples", at), _count(p, "bytes", at), checksum
 
 
 def _compressed(p: dict[str, Any], at: str) -> dict[str, Any]:
-    """A compressed pile's codec, tar size and tar checksum (none of them for a plain pile)."""
+    """A compressed file's codec, tar size and tar checksum (none of them for a plain one)."""
     given = [key for key in _COMPRESSED if p.get(key) is not None]
     if not given:
         return {}
@@ -166,6 +306,36 @@ def _compressed(p: dict[str, Any], at: str) -> dict[str, Any]:
     if not _CHECKSUM.fullmatch(tar_checksum):
         raise ManifestError(f"{at}: field 'tar_checksum': expected 'crc32:' and 8 lowercase hex digits, got {tar_checksum!r}")
     return {"compression": codec, "tar_bytes": _count(p, "tar_bytes", at), "tar_checksum": tar_checksum}
+
+
+def _pile(p: Any, at: str) -> PileInfo:
+    name, samples, nbytes, checksum = _file(p, at)
+    if p.get("segments") is None:
+        return PileInfo(name=name, samples=samples, bytes=nbytes, checksum=checksum, **_compressed(p, at))
+    if _compressed(p, at):
+        raise ManifestError(f"{at}: pile {name!r} has segments and compression fields; each segment says how it is compressed")
+    segments = []
+    for i, doc in enumerate(_expect(p, "segments", list, at)):
+        where = f"{at}: segments[{i}]"
+        seg_name, count, size, crc = _file(doc, where)
+        generation = _count(doc, "generation", where)
+        segments.append(Segment(name=seg_name, samples=count, bytes=size, checksum=crc, generation=generation, **_compressed(doc, where)))
+    pile = joined(segments, name)
+    if (pile.samples, pile.bytes) != (samples, nbytes):
+        raise ManifestError(
+            f"{at}: pile {name!r} says {samples} samples and {nbytes} bytes, its segments add up to {pile.samples} and {pile.bytes}"
+        )
+    return pile
+
+
+def _generations(doc: dict[str, Any], where: str) -> dict[int, str]:
+    found = _expect(doc, "generations", dict, where) if "generations" in doc else {}
+    times = {}
+    for key, value in found.items():
+        if not key.isdigit() or not isinstance(value, str):
+            raise ManifestError(f"{where}: field 'generations': expected generation numbers mapped to times, got {key!r}: {value!r}")
+        times[int(key)] = value
+    return times
 
 
 def _piles(doc: dict[str, Any], where: str) -> tuple[PileInfo, ...]:
@@ -200,8 +370,8 @@ def parse(text: str, where: str) -> Manifest:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ManifestError(f'{where}: not a shardkit manifest (expected "format": "{FORMAT}")')
     version = _expect(doc, "format_version", int, where)
-    if version > FORMAT_VERSION:
-        raise ManifestError(f"{where}: format_version {version} is newer than this shardkit reads ({FORMAT_VERSION}); upgrade shardkit")
+    if version > GROWING_VERSION:
+        raise ManifestError(f"{where}: format_version {version} is newer than this shardkit reads ({GROWING_VERSION}); upgrade shardkit")
     manifest = Manifest(
         piles=_piles(doc, where),
         seed=_count(doc, "seed", where),
@@ -210,6 +380,8 @@ def parse(text: str, where: str) -> Manifest:
         skipped_units=_count(doc, "skipped_units", where, default=0),
         split_piles=_count(doc, "split_piles", where, default=0),
         extra=_expect(doc, "extra", dict, where) if "extra" in doc else {},
+        generation=_count(doc, "generation", where, default=0),
+        generations=_generations(doc, where),
     )
     for total in ("samples", "bytes"):  # optional summaries: when present they must add up
         if total in doc and _count(doc, total, where) != getattr(manifest, total):
@@ -217,7 +389,15 @@ def parse(text: str, where: str) -> Manifest:
     return manifest
 
 
-_PILE = re.compile(r"^pile-(\d+)(?:-\d+)*(?:\.v\d+)?\.tar(?:\.zst|\.gz)?$")
+_PILE = re.compile(r"^pile-(\d+)(?:-\d+)*(?:\.v\d+)?(?:\.g\d+)?\.tar(?:\.zst|\.gz)?$")
+# a whole pile pass 1 wrote (not split): pile-000012.tar, .v1.tar after an overwrite, .tar.zst compressed
+_WHOLE_PILE = re.compile(r"^pile-(\d{6,})(?:\.v\d+)?\.tar(?:\.zst|\.gz)?$")
+
+
+def whole_pile(name: str) -> int | None:
+    """The index of the pile ``name`` names when it is a whole pile (not a sub-pile of a split), else None."""
+    match = _WHOLE_PILE.match(name)
+    return int(match.group(1)) if match else None
 
 
 def original_piles(m: Manifest) -> int:
@@ -261,3 +441,30 @@ def read(directory: str) -> Manifest:
 def write(directory: str, manifest: Manifest) -> None:
     """Write the manifest atomically. Call this last: it is what makes a dataset whole."""
     storage.write_bytes(storage.join(directory, MANIFEST), manifest.to_json().encode("utf-8"))
+
+
+def read_generation(directory: str, generation: int) -> Manifest:
+    """The manifest of generation ``generation`` of a dataset that grows (the latest one's, or
+    the copy :func:`generation_name` keeps).
+
+    Raises:
+        DatasetNotFoundError: that generation's manifest is gone (removed by ``shardkit gc``, or
+            never published); ManifestError: it is not a valid manifest.
+    """
+    latest = read(directory)
+    if latest.generation == generation:
+        return latest
+    url = storage.join(directory, generation_name(generation))
+    try:
+        text = storage.read_bytes(url).decode("utf-8")
+    except DatasetNotFoundError:
+        raise DatasetNotFoundError(
+            f"{directory}: generation {generation} is gone (no {generation_name(generation)}; the dataset is at generation "
+            f"{latest.generation}, and shardkit gc removes the files of generations no manifest needs)"
+        ) from None
+    except UnicodeDecodeError:
+        raise ManifestError(f"{url}: not UTF-8 text") from None
+    found = parse(text, url)
+    if found.generation != generation:
+        raise ManifestError(f"{url}: holds generation {found.generation}, expected {generation}")
+    return found

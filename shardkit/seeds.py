@@ -17,6 +17,7 @@ class Stream(enum.IntEnum):
     """The tag of each stream, and the values it is keyed by."""
 
     ROUTE = 0x52_4F_55_54  # (seed, unit): the pile of each sample in pass 1
+    APPEND = 0x41_50_4E_44  # (seed, generation, unit): the pile of each sample an append adds
     SPLIT = 0x53_50_4C_54  # (seed, depth, *path): sub-piles of an oversized pile
     PILE_ORDER = 0x50_4F_52_44  # (seed, epoch): the order piles are read in
     IN_PILE = 0x49_4E_50_4C  # (seed, epoch, pile): the order within one pile
@@ -30,6 +31,7 @@ class Stream(enum.IntEnum):
 
 _ARITY = {
     Stream.ROUTE: 2,
+    Stream.APPEND: 3,
     Stream.PILE_ORDER: 2,
     Stream.IN_PILE: 3,
     Stream.MIX: 3,

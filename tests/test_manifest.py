@@ -76,7 +76,7 @@ def _set(value, *path):
         (_delete("fields"), r"m.json: missing field 'fields'"),
         (_set("other", "format"), r'm.json: not a shardkit manifest \(expected "format": "shardkit"\)'),
         (_set("1", "format_version"), r"m.json: field 'format_version': expected int"),
-        (_set(99, "format_version"), r"m.json: format_version 99 is newer than this shardkit reads \(1\); upgrade shardkit"),
+        (_set(99, "format_version"), r"m.json: format_version 99 is newer than this shardkit reads \(2\); upgrade shardkit"),
         (_set(34, "samples"), r"m.json: 'samples' is 34 but the piles add up to 33"),
         (_set("abc", "skipped_units"), r"m.json: field 'skipped_units': expected int, got 'abc'"),
         (_set(-1, "split_piles"), r"m.json: field 'split_piles': expected a non-negative int, got -1"),

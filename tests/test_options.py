@@ -156,7 +156,18 @@ def test_job_only_options_are_refused_where_they_mean_nothing(tmp_path):
 # ---- the CLI and YAML read the fields ---------------------------------------------------------
 
 # flags of a command that are not options (the command's own arguments and UI switches)
-_NOT_OPTIONS = {"-h", "--help", "-o", "--out", "-q", "--quiet", "-v", "--verbose", "--storage-option"}
+_NOT_OPTIONS = {
+    "-h",
+    "--help",
+    "-o",
+    "--out",
+    "-q",
+    "--quiet",
+    "-v",
+    "--verbose",
+    "--storage-option",
+    "--append",
+}  # --append: --mode append, shorter
 
 
 def _flags(command: str) -> dict[str, argparse.Action]:
@@ -221,9 +232,12 @@ def test_pile_kwargs_are_the_keywords_of_preprocess():
         "ray_address": None,
         "compression": None,
         "repeat": None,
+        "mode": "create",
+        "window": None,
         "quiet": True,
     }
     assert set(kwargs) <= set(inspect.signature(shardkit.preprocess).parameters)
+    assert pile_kwargs(parser.parse_args(["--piles", "4", "--append", "--window", "90d"]))["mode"] == "append"
 
 
 @pytest.mark.parametrize(("kind", "cls"), [("pile", shardkit.PileOptions), ("shuffle", shardkit.ShuffleOptions)])
@@ -240,7 +254,10 @@ def test_every_yaml_key_is_an_option_field(tmp_path, kind, cls):
     values |= {"on_error": "skip", "memory": "3MiB", "maxcount": 10, "maxsize": "5MiB", "storage_options": {"anon": True}}
     values |= {"executor": "ray", "ray_address": "auto", "resume": True, "compression": "zstd", "compression_level": 5}
     values |= {"repeat": "cls:1=2"}
+    values |= {"mode": "append", "window": 3}
     output = {name: values[name] for name in yaml_names(cls, "output")}
+    if "mode" in output:
+        output["overwrite"] = False  # an append adds to the dataset there: it refuses to replace it
     top = {name: values[name] for name in yaml_names(cls, "job")}
     text = f"job: {kind}\ninputs: a.tar\noutput: {{path: o, {', '.join(f'{k}: {v}' for k, v in output.items())}}}\n"
     text += "".join(f"{k}: {v}\n" for k, v in top.items())

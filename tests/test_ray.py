@@ -188,6 +188,21 @@ def test_compressed_piles_merged_on_ray_equal_local(tmp_path, cluster):
     assert all(p.name.endswith(".tar.zst") for p in on_ray.piles)
 
 
+def test_an_append_on_ray_writes_the_segments_a_local_append_writes(tmp_path, cluster):
+    def later(unit):
+        yield from ({**s, "__key__": "new-" + s["__key__"]} for s in three(unit))
+
+    for name, kwargs in (("local", {}), ("ray", {"executor": "ray", "ray_address": cluster.address})):
+        _run(tmp_path / name, compression="zstd")
+        grown = _run(tmp_path / name, later, mode="append", compression="zstd", **kwargs)
+        assert grown.generation == 1 and grown.samples == 6 * UNITS
+    local, on_ray = shardkit.manifest.read(tmp_path / "local"), shardkit.manifest.read(tmp_path / "ray")
+    assert on_ray.piles == local.piles
+    assert {k: v for k, v in _files(tmp_path / "ray").items() if k.startswith("pile-")} == {
+        k: v for k, v in _files(tmp_path / "local").items() if k.startswith("pile-")
+    }
+
+
 def test_a_lost_node_is_retried_and_nothing_is_lost_or_doubled(tmp_path, cluster):
     import threading
 

@@ -76,9 +76,10 @@ def _pile(args: argparse.Namespace) -> int:
     result = pile(args.inputs, args.out, options=options_from_args(PileOptions, args, PILE_COMMAND_FLAGS), quiet=args.quiet)
     skipped = f", {result.skipped_units} input shards skipped" if result.skipped_units else ""
     split = f", {result.split_piles} oversized piles split" if result.split_piles else ""
+    generation = f", generation {result.generation}" if result.generation else ""
     print(
         f"{args.out}: {result.samples} samples in {len(result.piles)} piles, {format_size(result.bytes)}, "
-        f"{time.perf_counter() - start:.1f}s{skipped}{split}"
+        f"{time.perf_counter() - start:.1f}s{skipped}{split}{generation}"
     )
     return 0
 
@@ -247,6 +248,37 @@ def _register_verify(sub: Any) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no 'ok' line")
     _verbose_flag(p)
     p.set_defaults(handler=_run_verify)
+
+
+def _run_gc(args: argparse.Namespace) -> int:
+    from shardkit._util import format_size
+    from shardkit.tools.collect import gc
+
+    report = gc(args.directory, grace=args.grace, dry_run=args.dry_run)
+    did = "would delete" if args.dry_run else "deleted"
+    kept = ", ".join(map(str, report.kept_generations))
+    print(f"{args.directory}: {did} {len(report.deleted)} files ({format_size(report.freed)}); generations kept: {kept}")
+    return 0
+
+
+@command
+def _register_gc(sub: Any) -> None:
+    p = sub.add_parser(
+        "gc",
+        help="delete the segment files of a growing dataset that no current manifest lists",
+        description=(
+            "Delete the pile and segment files no manifest needs: those the current manifest does not list and\n"
+            "no generation replaced less than --grace ago lists (a loader pinned to it may still read them).\n"
+            "The manifests of older generations go too, so a state taken on one fails naming it."
+        ),
+        epilog="example:\n  shardkit gc data/train --grace 1h",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("directory", metavar="DIR", help="a shardkit dataset directory")
+    p.add_argument("--grace", default="1h", metavar="DURATION", help="keep the files of generations replaced within this long (default 1h)")
+    p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
+    _verbose_flag(p)
+    p.set_defaults(handler=_run_gc)
 
 
 # every ShuffleOptions field is a flag of `shardkit shuffle`

@@ -1,7 +1,7 @@
 """Command-line flags made from option fields, and the pass-1 flags every preprocessing script shares.
 
 parser = argparse.ArgumentParser()
-add_pile_args(parser)     # --piles --workers --seed --max-pile-bytes --overwrite --resume --on-error --executor --ray-address --compression --repeat --quiet
+add_pile_args(parser)     # --piles --workers --seed --max-pile-bytes --overwrite --resume --on-error --executor --ray-address --compression --repeat --mode --window --append --quiet
 shardkit.preprocess(units, fn, out, **pile_kwargs(parser.parse_args()))
 """
 
@@ -33,6 +33,8 @@ PILE_FLAGS = (
     "ray_address",
     "compression",
     "repeat",
+    "mode",
+    "window",
 )
 
 
@@ -137,12 +139,20 @@ def storage_options(pairs: Sequence[str] | None) -> dict[str, Any] | None:
 def add_pile_args(parser: argparse.ArgumentParser) -> None:
     """Add the pass-1 flags every preprocessing script shares.
 
-    ``--piles --workers --seed --max-pile-bytes --overwrite --resume --on-error --executor --ray-address --compression --repeat --quiet``;
-    turn the parsed
+    ``--piles --workers --seed --max-pile-bytes --overwrite --resume --on-error --executor --ray-address --compression
+    --repeat --mode --window --append --quiet``; turn the parsed
     namespace into keyword arguments for :func:`shardkit.preprocess` with :func:`pile_kwargs`.
     """
     group = parser.add_argument_group("piles (pass 1 of the shuffle)")
     add_option_flags(group, PileOptions, PILE_FLAGS)
+    group.add_argument(
+        "--append",
+        dest="mode",
+        action="store_const",
+        const="append",
+        default=argparse.SUPPRESS,
+        help="the same as --mode append: add the samples to the dataset in the output as its next generation",
+    )
     group.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 

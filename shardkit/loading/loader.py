@@ -39,8 +39,8 @@ from shardkit.loading.elastic import Phase
 from shardkit.loading.on_error import LoaderStats, Policy
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.prefetch import PileReader
-from shardkit.loading.source import Fetched, Source, SourceLike, resolve
-from shardkit.loading.state import check_state, make_state
+from shardkit.loading.source import Fetched, Source, SourceLike, at_generation, resolve
+from shardkit.loading.state import check_state, make_state, pinned_generation
 from shardkit.options import from_call
 from shardkit.tar.shard import Shard
 from shardkit.workers import Pool
@@ -339,7 +339,13 @@ class Loader:
         else:
             epoch, position, done = self._epoch, self._start, self._done
         return make_state(
-            epoch=epoch, position=position, options=self.options, dataset=self._fingerprint, samples=self.source.samples, done=done
+            epoch=epoch,
+            position=position,
+            options=self.options,
+            dataset=self._fingerprint,
+            samples=self.source.samples,
+            done=done,
+            generation=self.source.generation,
         )
 
     def _where(self) -> int:
@@ -359,14 +365,28 @@ class Loader:
         pure function of the state. This composes over any number of changes; the state grows
         by a few integers per change.
 
+        A state taken on generation g of a dataset that grows resumes on generation g, whatever
+        the latest is, while g's files exist; the next :func:`loader` reads the latest.
+
         Raises:
             ConfigError: the state is malformed, or was taken on other data or with options that
                 change the order (each difference is named).
+            DatasetNotFoundError: the state's generation is gone (its files were deleted).
         """
+        self._pin(pinned_generation(state))
         src = self.source
         resume = check_state(state, options=self.options, dataset=self._fingerprint, samples=src.samples, name=src.name)
         self._stop_active()
         self._epoch, self._start, self._done, self._running = resume.epoch, resume.position, resume.done, None
+
+    def _pin(self, generation: int | None) -> None:
+        """Read generation ``generation`` of the dataset from now on (a state taken on it resumes)."""
+        if generation is None or self.source.generation is None or generation == self.source.generation:
+            return
+        self._stop_active()
+        self.source = at_generation(self.source.name, generation)
+        self._fingerprint = self.source.fingerprint()
+        log.info("%s: reading generation %d, the one the state was taken on", self.source.name, generation)
 
     # -- lifecycle -------------------------------------------------------------------------
     def _stop_active(self) -> None:

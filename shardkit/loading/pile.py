@@ -13,7 +13,7 @@ without the GIL, so the loader's prefetch thread does it and the pile in memory 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardkit import manifest, storage
@@ -22,6 +22,7 @@ from shardkit.manifest import PileInfo
 from shardkit.tar import compression, scan
 from shardkit.tar.scan import Chain
 from shardkit.tar.shard import Shard, read_shard
+from shardkit.tar.write import TRAILER
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,11 @@ def fetch(
         if max_bytes is not None and len(buf) > max_bytes:
             raise PileTooLargeError(f"{url}: decompresses to {len(buf)} bytes, over the memory limit max_pile_bytes={max_bytes}")
         return Fetched(url, buf, scan.scan(buf), checked=False)
+    if expected.segments is not None and url.endswith(expected.name):  # a pile that grew: its segment files, beside it
+        at = url[: len(url) - len(expected.name)]
+        return fetch_segments(
+            url, [at + s.name for s in expected.segments], expected=expected, max_bytes=max_bytes, verify=verify, reads=reads
+        )
     if expected.compression is not None:
         _check_limit(url, expected.tar_size, max_bytes)
         stored = _stored(url, expected, max_bytes=None, verify=verify, mapped=True, reads=reads)
@@ -143,6 +149,42 @@ def _stored(
     if problems:
         raise CorruptShardError(f"{url}: {problems[0][1]}")
     return buf
+
+
+def fetch_segments(
+    url: str,
+    segments: Sequence[str],
+    *,
+    expected: PileInfo,
+    max_bytes: int | None = None,
+    verify: bool = True,
+    reads: storage.RemoteReads | None = None,
+) -> Fetched:
+    """A pile that is several segment files (``segments``, their URLs): each read and checked
+    against its own manifest entry (a compressed one decompressed, see :func:`unpack`), then joined as one tar without the inner end-of-archive
+    trailers (a stream reader stops at the first). ``url`` names the pile.
+
+    Raises:
+        PileTooLargeError, CorruptShardError (naming the segment file), DatasetNotFoundError.
+    """
+    _check_limit(url, expected.tar_size, max_bytes)
+    bodies: list[storage.Buffer | memoryview] = []
+    for seg_url, seg in zip(segments, expected.segments or (), strict=True):
+        info = seg.info()
+        stored = _stored(seg_url, info, max_bytes=None, verify=verify, mapped=True, reads=reads)
+        if info.compression is None:
+            buf = stored
+        else:
+            try:
+                buf = unpack(seg_url, stored, info, checksum=verify)
+            finally:
+                storage.unmap(stored)
+        if len(buf) < len(TRAILER) or buf[len(buf) - len(TRAILER) :] != TRAILER:
+            raise CorruptShardError(f"{seg_url}: segment of {url} does not end with the end-of-archive trailer (two zero blocks)")
+        bodies.append(memoryview(buf)[: len(buf) - len(TRAILER)])
+    joined = b"".join([*bodies, TRAILER])
+    bodies.clear()
+    return Fetched(url, joined, scan.scan(joined, checksums=not verify), checked=verify)
 
 
 def _check_limit(url: str, nbytes: int, max_bytes: int | None) -> None:

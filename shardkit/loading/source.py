@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from shardkit import manifest, storage
 from shardkit._util import check_paths
 from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError
-from shardkit.loading.pile import Fetched, fetch, open_pile
+from shardkit.loading.pile import Fetched, fetch, fetch_segments, open_pile
 from shardkit.manifest import PileInfo
 from shardkit.tar import compression
 from shardkit.tar.shard import Shard, read_shard
@@ -51,6 +51,8 @@ class Pile:
     url: str
     samples: int
     info: PileInfo | None = None
+    # the URLs of its segment files, for a pile that is several (see shardkit.manifest.Segment)
+    segments: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class Source:
 
     name: str
     piles: tuple[Pile, ...]
+    # the manifest's generation (None: plain tar shards, which have none)
+    generation: int | None = None
 
     @property
     def counts(self) -> list[int]:
@@ -79,6 +83,8 @@ class Source:
         """Pile ``index``'s checked bytes and the vectorized half of its index (see
         :func:`shardkit.loading.pile.fetch`): the work a background thread can do without the GIL."""
         pile = self.piles[index]
+        if pile.segments is not None and pile.info is not None:
+            return fetch_segments(pile.url, pile.segments, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads)
         return fetch(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads)
 
     def open(self, index: int, fetched: Fetched) -> Shard:
@@ -114,7 +120,7 @@ def resolve(source: SourceLike, *, skip: Callable[[BaseException, str], None] | 
         root = os.fspath(source)
         m = _manifest(root)
         if m is not None:
-            return Source(root, tuple(Pile(storage.join(root, p.name), p.samples, p) for p in m.piles))
+            return of_manifest(root, m)
         if _is_directory(root):
             raise _not_a_dataset(root)
     urls = storage.expand(source)
@@ -129,6 +135,33 @@ def resolve(source: SourceLike, *, skip: Callable[[BaseException, str], None] | 
         shown,
     )
     return found
+
+
+def of_manifest(root: str, m: manifest.Manifest) -> Source:
+    """The piles the manifest ``m`` of the dataset ``root`` lists."""
+    piles = []
+    for p in m.piles:
+        segments = None if p.segments is None else tuple(storage.join(root, s.name) for s in p.segments)
+        piles.append(Pile(storage.join(root, p.name), p.samples, p, segments))
+    return Source(root, tuple(piles), m.generation)
+
+
+def at_generation(root: str, generation: int) -> Source:
+    """The dataset ``root`` as generation ``generation`` of it listed it, every file checked present.
+
+    Raises:
+        DatasetNotFoundError: that generation's manifest or one of its files is gone (named,
+            with the generation).
+    """
+    m = manifest.read_generation(root, generation)
+    present = set(storage.listdir(root))
+    missing = [name for p in m.piles if p.samples for name in p.files if name not in present]
+    if missing:
+        raise DatasetNotFoundError(
+            f"{root}: generation {generation} is gone: {len(missing)} of its files were deleted ({missing[0]}, ...); "
+            "shardkit gc removes the files of generations no current manifest lists once their grace period is over"
+        )
+    return of_manifest(root, m)
 
 
 def _manifest(root: str) -> manifest.Manifest | None:

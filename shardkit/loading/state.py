@@ -52,13 +52,30 @@ def identity(options: LoaderOptions, dataset: str, samples: int) -> dict[str, An
 
 
 def make_state(
-    *, epoch: int, position: int, options: LoaderOptions, dataset: str, samples: int, done: Sequence[Phase] = ()
+    *,
+    epoch: int,
+    position: int,
+    options: LoaderOptions,
+    dataset: str,
+    samples: int,
+    done: Sequence[Phase] = (),
+    generation: int | None = None,
 ) -> dict[str, Any]:
-    """The state of a rank at ``position`` (samples read) of its slice of ``epoch`` (after the phases ``done``)."""
+    """The state of a rank at ``position`` (samples read) of its slice of ``epoch`` (after the
+    phases ``done``); ``generation`` pins the dataset's generation it was taken on (None: plain
+    shards, which have none)."""
     state: dict[str, Any] = {"format": FORMAT, "version": VERSION, "epoch": epoch, "position": position}
     state.update(identity(options, dataset, samples))
     state["done"] = [phase.to_dict() for phase in done]
+    if generation is not None:
+        state["generation"] = generation
     return state
+
+
+def pinned_generation(state: Any) -> int | None:
+    """The dataset generation a state was taken on, or None when it names none."""
+    generation = state.get("generation") if isinstance(state, dict) else None
+    return None if generation is None else check_int("load_state_dict: generation", generation, low=0)
 
 
 def check_format(state: Any, fmt: str, version: int | tuple[int, ...], what: str) -> dict[str, Any]:

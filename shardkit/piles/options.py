@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardkit._util import check_int, check_most, parse_size
+from shardkit._util import check_int, check_most, parse_duration, parse_size
 from shardkit.errors import ConfigError
 from shardkit.options import check_bools, check_choices, meta
 from shardkit.piles.repeat import check_rule
@@ -30,6 +30,8 @@ ON_ERROR = ("raise", "skip")
 KEY_PREFIX = ("none", "unit")
 # where the input units run: processes of this machine, or tasks of a Ray cluster
 EXECUTORS = ("local", "ray")
+# what a job does with the output: write a new dataset, or add a generation to the one there
+MODES = ("create", "append")
 
 
 def check_ray_address(address: Any, executor: str) -> None:
@@ -89,6 +91,13 @@ class PileOptions:
             machine for the job (or uses the session the process has open, or the cluster
             ``RAY_ADDRESS`` names); ``"auto"`` (the cluster ``ray start`` made here),
             ``"host:port"`` or ``"ray://host:10001"`` connects.
+        mode: ``"create"`` writes a new dataset; ``"append"`` adds the samples to the dataset
+            in the output as its next generation: each sample goes to one of its M piles drawn
+            at random, as a new segment file, and a new manifest is published (see the README,
+            "Growing datasets"). ``piles`` and ``seed`` must be the dataset's.
+        window: with ``mode="append"``, keep only the last ``window`` generations (an int), or
+            the generations written in the last ``window`` (``"90d"``, ``"12h"``): older ones
+            leave the manifest in the same update (``shardkit gc`` deletes their files later).
 
     ``workers``, ``on_error``, ``key_prefix``, ``executor``, ``ray_address``, ``resume`` and ``repeat`` describe a job over input units:
     :class:`PileWriter` writes in the calling process and refuses values other than the defaults.
@@ -172,6 +181,19 @@ class PileOptions:
         metadata=meta(help="the codec's level (zstd 1-22, default 3; gzip 1-9, default 6)", metavar="L", yaml="output"),
     )
 
+    mode: str = field(
+        default="create",
+        metadata=meta(help="create a new dataset, or append a generation to the one in the output", choices=MODES, yaml="output"),
+    )
+    window: int | str | None = field(
+        default=None,
+        metadata=meta(
+            help="with mode append: keep the last K generations (an integer) or those of the last DURATION (90d, 12h)",
+            metavar="K|DURATION",
+            yaml="output",
+        ),
+    )
+
     storage_options: Mapping[str, Any] | None = field(
         default=None,
         repr=False,  # may hold secrets
@@ -198,6 +220,23 @@ class PileOptions:
                 )
             object.__setattr__(self, "max_pile_bytes", limit)
         object.__setattr__(self, "buffer_size", parse_size(self.buffer_size, what="buffer_size"))
+        self._check_window()
+
+    def _check_window(self) -> None:
+        if self.mode == "append" and self.overwrite:
+            raise ConfigError("overwrite: mode='append' adds to the dataset in the output; it cannot also replace it")
+        window = self.window
+        if window is None:
+            return
+        if self.mode != "append":
+            raise ConfigError(f"window: only used with mode='append' (it retires old generations), got mode={self.mode!r}")
+        if isinstance(window, str) and window.strip().isdigit():
+            window = int(window)  # from the command line or YAML
+        if isinstance(window, int) and not isinstance(window, bool):
+            check_int("window", window, low=1)
+        else:
+            parse_duration(window, what="window")
+        object.__setattr__(self, "window", window)
 
     @property
     def max_bytes(self) -> int | None:

@@ -309,7 +309,7 @@ def _undo_installs(out: str) -> None:
     if not journals:
         return
     try:
-        listed = {p.name for p in manifest.read(out).piles} if manifest.is_dataset(out) else set()
+        listed = set(manifest.read(out).files()) if manifest.is_dataset(out) else set()
     except ShardkitError:
         return  # no sound manifest to tell ours from theirs: leave everything for the user
     for journal in journals:

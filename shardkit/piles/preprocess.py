@@ -35,7 +35,7 @@ from shardkit.codecs import DEFAULT, Codecs, check_codecs
 from shardkit.errors import ConfigError, SampleError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call
-from shardkit.piles import canonical, resume
+from shardkit.piles import append, canonical, resume
 from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.executor import Executor, Tally, run_local
@@ -103,6 +103,8 @@ def preprocess(
     compression: str | None = None,
     compression_level: int | None = None,
     repeat: Any = None,
+    mode: str = "create",
+    window: int | str | None = None,
 ) -> Manifest:
     """Run ``fn`` on every input unit and write its samples into M random piles in ``out``.
 
@@ -148,6 +150,10 @@ def preprocess(
             ``{"field": "cls", "counts": {"3": 4}}`` (see :class:`~shardkit.PileOptions`). The
             first epoch is a uniform permutation of the copies; ``manifest.extra["repeat"]``
             records the rule and how many samples got each count.
+        mode, window: ``mode="append"`` adds the samples to the dataset in ``out`` as its next
+            generation, keeping only the last ``window`` generations (``3``) or those of the last
+            ``window`` (``"90d"``) when given (see :class:`~shardkit.PileOptions` and the README,
+            "Growing datasets").
 
     Sample keys must be unique across all inputs. A key a unit repeats fails that unit (as
     ``fn`` raising would); a key two units share is refused when they land in one pile, found
@@ -180,6 +186,8 @@ def preprocess(
         "compression": compression,
         "compression_level": compression_level,
         "repeat": repeat,
+        "mode": mode,
+        "window": window,
     }
     options = from_call(PileOptions, options, keywords)
     if not callable(fn):
@@ -220,8 +228,11 @@ def _run(
         raise ConfigError(f"mp_context: expected one of {', '.join(map(repr, _START_METHODS))} or None, got {shown(mp_context)}")
     if (advice := too_many_piles(options.piles, check_path("out", out))) is not None:
         log.warning(advice)
-    output = claim(out, overwrite=options.overwrite)
+    output = claim(out, overwrite=options.overwrite or options.mode == "append")
     try:
+        base = append.start(output, options)  # None unless mode="append"
+        if base is not None:  # its samples are routed by the generation, which the fingerprint then names
+            job = dataclasses.replace(job, generation=base.generation)
         stage = resume.open_staging(output.path, _fingerprint(job, units), resume=options.resume, overwrite=options.overwrite)
     except BaseException:
         output.release()
@@ -240,7 +251,7 @@ def _run(
         threads = min(workers, len(units))
         extra = {**(extra or {}), "units": len(units)}
         try:
-            result = _publish(output, staging, [*reused, *parts], options, extra, tally, threads, units, mapper)
+            result = _publish(output, staging, [*reused, *parts], options, extra, tally, threads, units, mapper, base)
         except SampleError:
             stage.remove()  # two inputs share a key: the job must change before it can succeed, so nothing is to resume
             raise
@@ -275,6 +286,8 @@ def _fingerprint(job: UnitWork, units: Sequence[Any]) -> dict[str, Any]:
         "encoders": hashlib.sha256(json.dumps(codecs, sort_keys=True).encode()).hexdigest()[:16],
         "repeat": None if job.repeat is None else resume.describe_fn(job.repeat),
     }
+    if job.generation:  # an append routes by the generation it writes: another one's parts are of no use
+        options["generation"] = job.generation
     return resume.fingerprint(units, job.fn, options)
 
 
@@ -330,6 +343,7 @@ def _publish(
     workers: int,
     units: Sequence[Any],
     mapper: Mapper | None,
+    base: append.Base | None = None,
 ) -> Manifest:
     skipped = np.array(sorted(f.index for f in tally.failures), dtype=np.int64)
     runs, counts = [], []
@@ -351,7 +365,7 @@ def _publish(
         extra["repeat"] = repeat_rules.record(options.repeat, factors)
     # piles are assembled in parallel: merging is copying and checksumming, which release the GIL
     with bar(total=len(runs), desc="merging", unit="pile", quiet=tally.quiet) as merging:
-        result = publish(
+        result = (publish if base is None else functools.partial(append.finish, base))(
             output,
             runs,
             counts,
@@ -400,6 +414,8 @@ def pile(
     compression: str | None = None,
     compression_level: int | None = None,
     repeat: Any = None,
+    mode: str = "create",
+    window: int | str | None = None,
 ) -> Manifest:
     """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.
 
@@ -444,6 +460,8 @@ def pile(
         "compression": compression,
         "compression_level": compression_level,
         "repeat": repeat,
+        "mode": mode,
+        "window": window,
     }
     options = from_call(PileOptions, options, keywords)
     storage.use(check_paths("inputs", inputs), options.storage_options)  # before the inputs are listed

@@ -111,7 +111,7 @@ def _old_files(out: str) -> list[str]:
     if not manifest.is_dataset(out):
         return []
     try:
-        return [p.name for p in manifest.read(out).piles]
+        return manifest.read(out).files()
     except ShardkitError as e:
         log.warning("%s: the old manifest is unreadable, its files are left in place: %s", out, e)
         return []
@@ -149,6 +149,13 @@ def _assemble(runs: Sequence[Run], dst: str, pack: Pack | None = None) -> tuple[
         if packed is not None:
             packed.finish()
     return manifest.checksum(write.TRAILER, crc), packed
+
+
+def assemble_pile(runs: Sequence[Run], path: str, pack: Pack | None = None) -> tuple[int, Packed | None]:
+    """Write ``path``, a finished tar of ``runs``' bytes and the trailer (compressed by ``pack``
+    when given); returns the tar's CRC-32 and, compressed, what was written."""
+    with storage.guard(path, "write", size=sum(run.length for run in runs) + len(write.TRAILER)):
+        return _assemble(runs, path, pack)
 
 
 def _copy_range(src: BinaryIO, put: Callable[[Any], None], run: Run, crc: int, buffer: memoryview) -> int:
@@ -289,7 +296,7 @@ def _over_limit(pieces: Sequence[_Staged], limit: int | None) -> list[dict[str, 
     return over
 
 
-def _map(fn: Callable[[T], R], items: Sequence[T], threads: int, progress: Callable[[int], Any] | None) -> list[R]:
+def map_threads(fn: Callable[[T], R], items: Sequence[T], threads: int, progress: Callable[[int], Any] | None) -> list[R]:
     """``[fn(x) for x in items]`` on up to ``threads`` threads; the first error cancels the rest."""
     if threads <= 1 or len(items) <= 1:
         results = []
@@ -351,7 +358,7 @@ def publish(
     most = capacity(options.max_bytes, sum(counts), total)
     pack = Pack.of(options)
     work = [PileWork(p, runs[p], counts[p], options.seed, most, staging, pack) for p in range(len(runs))]
-    finished = _map(finish_pile, work, threads, progress) if mapper is None else mapper(finish_pile, work, progress)
+    finished = map_threads(finish_pile, work, threads, progress) if mapper is None else mapper(finish_pile, work, progress)
     split = sum(was_split for _, was_split in finished)
     pieces = [piece for staged, _ in finished for piece in staged]
     if not output.remote:
@@ -415,7 +422,7 @@ def remove_strays(out: str, stray: re.Pattern[str]) -> None:
         storage.remove(storage.join(out, name))
 
 
-def install(output: Output, files: Sequence[str], result: Manifest) -> None:
+def install(output: Output, files: Sequence[str], result: Manifest, *, names: Sequence[str] | None = None, keep: bool = False) -> None:
     """Swap a finished dataset in: ``files[i]`` (staged elsewhere) becomes ``result.piles[i]``,
     then the manifest goes in, last. The one place a dataset is published, for pass 1, the eager
     shuffle and repile.
@@ -428,20 +435,24 @@ def install(output: Output, files: Sequence[str], result: Manifest) -> None:
     the old dataset or the new one whole. Into an object store the files are uploaded, several at
     once, and the manifest is one request, made after every upload succeeded.
 
+    ``names`` (default: the piles' names) are the names ``files`` take; ``keep`` leaves the old
+    dataset's files in place (an append's new manifest still lists them).
+
     Raises:
         DatasetExistsError: the output's manifest changed while the job ran.
     """
     out = output.path
-    old = set(_old_files(out))
-    output.journal([pile.name for pile in result.piles], sorted(old))
+    old = set() if keep else set(_old_files(out))
+    names = [pile.name for pile in result.piles] if names is None else list(names)
+    output.journal(names, sorted(old))
     moved: list[str] = []
     try:
         if output.remote:
-            _upload_all(files, [pile.name for pile in result.piles], out, moved)
+            _upload_all(files, names, out, moved)
         else:
-            for path, pile in zip(files, result.piles, strict=True):
-                _move_new(path, os.path.join(out, pile.name))
-                moved.append(pile.name)
+            for path, name in zip(files, names, strict=True):
+                _move_new(path, os.path.join(out, name))
+                moved.append(name)
             storage.fsync_dir(out)
         output.check_unchanged()
         manifest.write(out, result)
@@ -466,4 +477,4 @@ def _upload_all(files: Sequence[str], names: Sequence[str], out: str, moved: lis
             moved.append(names[i])
         os.unlink(files[i])
 
-    _map(send, range(len(files)), UPLOADS, None)
+    map_threads(send, range(len(files)), UPLOADS, None)

@@ -100,5 +100,5 @@ def repile(
     options = from_call(PileOptions, options, keywords)
     if options.seed == m.seed:
         raise ConfigError(f"seed: {src} was written with seed {m.seed}; repile needs a different seed for new pile membership")
-    inputs = [storage.join(src, p.name) for p in m.piles]
+    inputs = [storage.join(src, name) for p in m.piles for name in p.files]  # a pile that grew: each of its segment files
     return pile(inputs, dst, options=options, quiet=quiet)

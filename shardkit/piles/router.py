@@ -1,8 +1,10 @@
-"""The pile router: which pile each sample goes to, a pure function of (seed, unit, ordinal).
+"""The pile router: which pile each sample goes to, a pure function of (seed, generation, unit, ordinal).
 
 The choice never looks at the data, which is what makes pass 1 of the two-pass shuffle exact.
 Draws come in blocks from a generator seeded by ``(seed, unit)``, so the pile of the k-th sample
 of unit u is the same whichever process handles u, and output does not depend on worker count.
+An append (generation g > 0) draws from ``(seed, g, unit)``: its samples land in piles
+independent of every earlier generation's.
 
     router = PileRouter(piles=64, seed=0, unit=3)
     pile = router.next()  # the pile of sample 0 of unit 3
@@ -24,9 +26,9 @@ class PileRouter:
 
     __slots__ = ("_block", "_pos", "_rng", "piles")
 
-    def __init__(self, *, piles: int, seed: int, unit: int = 0) -> None:
+    def __init__(self, *, piles: int, seed: int, unit: int = 0, generation: int = 0) -> None:
         self.piles = piles
-        self._rng = stream(Stream.ROUTE, seed, unit)
+        self._rng = _stream(seed, generation, unit)
         self._block: list[int] = []
         self._pos = 0
 
@@ -39,9 +41,13 @@ class PileRouter:
         return pile
 
 
-def route(*, piles: int, seed: int, unit: int, count: int) -> np.ndarray:
+def _stream(seed: int, generation: int, unit: int) -> np.random.Generator:
+    return stream(Stream.ROUTE, seed, unit) if generation == 0 else stream(Stream.APPEND, seed, generation, unit)
+
+
+def route(*, piles: int, seed: int, unit: int, count: int, generation: int = 0) -> np.ndarray:
     """The piles of samples ``0..count-1`` of ``unit``: the same values ``PileRouter`` yields."""
-    rng = stream(Stream.ROUTE, seed, unit)
+    rng = _stream(seed, generation, unit)
     blocks = [rng.integers(0, piles, size=_BLOCK) for _ in range(-(-count // _BLOCK))]
     return np.concatenate(blocks)[:count] if blocks else np.zeros(0, dtype=np.int64)
 

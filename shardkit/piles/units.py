@@ -47,6 +47,8 @@ class UnitWork:
     key_prefix: str = "none"
     # copies of each sample (see shardkit.piles.repeat); None writes each once
     repeat: repeat_rules.Rule | None = None
+    # 0 for a new dataset; an append's generation (its samples are routed by it)
+    generation: int = 0
     # the parent's storage options by bucket: a spawned worker reads remote units with them too
     storage: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
 
@@ -157,7 +159,7 @@ class UnitWriter:
         """Write every sample of ``unit``; returns (samples, bytes). Raises UnitFailed."""
         if self.job.shards:
             return self._copy_shard(index, unit)
-        route = router.PileRouter(piles=self.job.piles, seed=self.job.seed, unit=index).next
+        route = router.PileRouter(piles=self.job.piles, seed=self.job.seed, unit=index, generation=self.job.generation).next
         add = self.sink.add
         seen: set[str] = set()
         # a key the unit repeats is the unit's fault (skipped with it); one another unit has too
@@ -189,7 +191,7 @@ class UnitWriter:
             raise UnitFailed(str(e)) from e
         count = len(found.chunks)
         if count:  # canonical_samples refused a key the shard repeats; one another unit has is found at the merge
-            piles = router.route(piles=self.job.piles, seed=self.job.seed, unit=index, count=count)
+            piles = router.route(piles=self.job.piles, seed=self.job.seed, unit=index, count=count, generation=self.job.generation)
             self.sink.extend(index, piles, found.chunks, found.sizes, found.keys, mapped=isinstance(buf, mmap.mmap))
         self.fields |= found.fields
         return count, int(found.sizes.sum())

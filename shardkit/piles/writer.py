@@ -14,6 +14,7 @@ dataset for a whole one.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -28,7 +29,7 @@ from shardkit.codecs import Codecs, check_codecs
 from shardkit.errors import ConfigError, SampleError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call, specs
-from shardkit.piles import router
+from shardkit.piles import append, router
 from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.encode import encode_sample
 from shardkit.piles.options import PileOptions
@@ -67,6 +68,9 @@ class PileWriter:
         piles, seed, max_pile_bytes, buffer_size, overwrite, storage_options, compression,
             compression_level: see :class:`PileOptions`;
             ``piles`` is required without ``options``.
+        mode, window: ``mode="append"`` adds the samples to the dataset at ``path`` as its next
+            generation (``piles`` and ``seed`` must be the dataset's); ``window`` keeps the last
+            K generations, or those of the last ``"90d"`` (see :class:`PileOptions`).
         codecs: encoders by extension (default :data:`shardkit.codecs.DEFAULT`).
 
     Leaving the ``with`` block on an exception (Ctrl-C included) removes the staging files and
@@ -87,8 +91,12 @@ class PileWriter:
         storage_options: Mapping[str, Any] | None = None,
         compression: str | None = None,
         compression_level: int | None = None,
+        mode: str = "create",
+        window: int | str | None = None,
     ) -> None:
         keywords = {
+            "mode": mode,
+            "window": window,
             "piles": piles,
             "seed": seed,
             "max_pile_bytes": max_pile_bytes,
@@ -102,15 +110,18 @@ class PileWriter:
         if (advice := too_many_piles(self.options.piles, f"PileWriter({check_path('out', path)!r})")) is not None:
             log.warning(advice)
         storage.use(path, self.options.storage_options)
-        self._output = claim(path, overwrite=self.options.overwrite)  # held until close() or abort()
+        appending = self.options.mode == "append"
+        self._output = claim(path, overwrite=self.options.overwrite or appending)  # held until close() or abort()
         self.path = self._output.path
         self._staging = self._output.staging()
         try:
+            self._base = append.start(self._output, self.options)  # None unless mode="append"
             self._sink = PileSink(self._staging, self.options.piles, self.options.buffer_size)  # type: ignore[arg-type]
         except BaseException:
             self._output.release()
             raise
-        self._router = router.PileRouter(piles=self.options.piles, seed=self.options.seed)
+        generation = 0 if self._base is None else self._base.generation
+        self._router = router.PileRouter(piles=self.options.piles, seed=self.options.seed, generation=generation)
         self._codecs = check_codecs(codecs)
         self._fields: set[str] = set()
         self._closed = False
@@ -154,7 +165,7 @@ class PileWriter:
                 for p in range(self.options.piles):
                     check_keys([np.frombuffer(sink.segments[p], dtype=np.int64).reshape(-1, SEGMENT)], [sink.part(p)], p)
                 runs = [[Run(sink.part(p), 0, sink.sizes[p], sink.crcs[p])] for p in range(self.options.piles)]
-                self.manifest = publish(
+                self.manifest = (publish if self._base is None else functools.partial(append.finish, self._base))(
                     self._output, runs, self._sink.counts, options=self.options, fields=self._fields, staging=self._staging
                 )
                 if (advice := sparse_piles(self.manifest, self.options.piles, f"PileWriter({self.path!r})")) is not None:

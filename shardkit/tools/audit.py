@@ -152,7 +152,7 @@ def info(directory: str, *, storage_options: Mapping[str, Any] | None = None) ->
         expected_mean=mean,
         expected_sd=sd,
         largest_piles=tuple(sorted((p.tar_size for p in m.piles), reverse=True)[:64]),
-        compression=", ".join(sorted({p.compression for p in m.piles if p.compression is not None})) or None,
+        compression=", ".join(sorted({f.compression for p in m.piles for f in p.parts if f.compression is not None})) or None,
         tar_bytes=m.tar_bytes,
         repeat=m.extra["repeat"] if isinstance(m.extra.get("repeat"), dict) else None,
     )
@@ -240,7 +240,7 @@ def _duplicate_keys(name: str, keys: list[str], offsets: list[int]) -> list[Prob
 
 
 def _unlisted(directory: str, m: Manifest) -> list[Problem]:
-    listed = {p.name for p in m.piles} | {manifest.MANIFEST}
+    listed = set(m.files()) | {manifest.MANIFEST}
     found = []
     for name in storage.listdir(directory):
         if name in listed:
@@ -288,7 +288,8 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
     problems: list[Problem] = []
     with _util.bar(total=m.bytes, desc="verify", unit="B", quiet=quiet, unit_scale=True, unit_divisor=1024) as progress:
         for pile in m.piles:
-            problems.extend(_check_pile(directory, pile))
-            progress.update(pile.bytes)
+            for part in pile.parts:  # a pile that grew: each segment file checked on its own (an append checked their keys unique)
+                problems.extend(_check_pile(directory, part))
+            progress.update(pile.stored_bytes)
     problems.extend(_unlisted(directory, m))
     return problems

@@ -1,0 +1,495 @@
+"""Datasets that grow: append as segments, generations, the moving window, keys across generations."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import shardkit
+from shardkit import manifest
+from shardkit.cli.main import main
+
+LOADER_SEED = 100_000  # loader seeds kept apart from writer seeds
+
+
+def _write(out: str, keys: list[str], *, seed: int = 0, piles: int = 2, **options) -> shardkit.Manifest:
+    with shardkit.PileWriter(out, piles=piles, seed=seed, **options) as w:
+        for key in keys:
+            w.write({"__key__": key, "bin": key.encode()})
+    assert w.manifest is not None
+    return w.manifest
+
+
+def _append(out: str, keys: list[str], **options) -> shardkit.Manifest:
+    return _write(out, keys, mode="append", **options)
+
+
+def _keys(out: str, seed: int = 0) -> list[str]:
+    with shardkit.loader(out, decode=False, seed=seed) as loader:
+        return [s["__key__"] for s in loader]
+
+
+def _position_table(generations: list[list[str]], window: int | None, trials: int, tmp_path) -> np.ndarray:
+    """How often each key of the window comes at each position of the first epoch, over ``trials``
+    datasets written (and appended to) with seeds 0..trials-1 and read by the real loader."""
+    kept = [k for g in generations[-window if window else 0 :] for k in g]
+    table = np.zeros((len(kept), len(kept)), dtype=np.int64)
+    out = os.path.join(tmp_path, "ds")
+    for seed in range(trials):
+        shutil.rmtree(out, ignore_errors=True)
+        _write(out, generations[0], seed=seed)
+        for keys in generations[1:]:
+            _append(out, keys, seed=seed, window=window)
+        order = _keys(out, seed=LOADER_SEED + seed)
+        assert sorted(order) == sorted(kept)
+        for position, key in enumerate(order):
+            table[kept.index(key), position] += 1
+    return table
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("generations", "window"),
+    [([["a0", "a1", "a2"], ["b0", "b1"]], None), ([["a0", "a1"], ["b0", "b1", "b2"], ["c0", "c1"]], 2)],
+    ids=["append", "window"],
+)
+def test_first_epoch_over_the_union_is_uniform(tmp_path, generations, window):
+    # a new generation's samples must not cluster (at the end, in their own piles): every key is
+    # equally likely at every position, as after one pass 1 over the union
+    trials = 150
+    table = _position_table(generations, window, trials, tmp_path)
+    chi2 = stats.chisquare(table.ravel())
+    assert chi2.pvalue > 1e-4, table
+    # old and new samples alike: the mean position of the last generation's keys is the middle
+    last = len(generations[-1])
+    mean = (table[-last:] * np.arange(table.shape[1])).sum() / (last * trials)
+    assert abs(mean - (table.shape[1] - 1) / 2) < 0.3, table
+
+
+def test_append_adds_segments_and_leaves_the_old_files_alone(tmp_path):
+    out = str(tmp_path / "ds")
+    first = _write(out, [f"a{i:03d}" for i in range(40)], piles=3, seed=7)
+    before = {n: (tmp_path / "ds" / n).read_bytes() for n in first.files()}
+    old_loader = shardkit.loader(out, decode=False, seed=1)
+    result = shardkit.preprocess(
+        [0, 1], lambda u: ({"__key__": f"b{u}-{i}", "bin": b"new"} for i in range(10)), out, piles=3, seed=7, mode="append", quiet=True
+    )
+    assert result.generation == 1 and result.samples == 60
+    assert {n: (tmp_path / "ds" / n).read_bytes() for n in first.files()} == before
+    for p, pile in enumerate(result.piles):
+        assert pile.name == f"pile-{p:06d}.tar"
+        assert [s.generation for s in pile.segments] == [0, 1]
+        assert pile.segments[1].name == f"pile-{p:06d}.g000001.tar"
+    # a loader opened on generation 0 keeps reading it; a new one reads both generations
+    assert sorted(s["__key__"] for s in old_loader) == sorted(f"a{i:03d}" for i in range(40))
+    assert len(set(_keys(out))) == 60
+    assert manifest.read_generation(out, 0) == first
+
+
+def test_the_segments_of_a_pile_are_read_as_one_tar_by_any_reader(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1", "a2"], piles=1)
+    _append(out, ["b0", "b1"], piles=1)
+    (pile,) = manifest.read(out).piles
+    # the inner trailers are left out: one stream, as tarfile reads it
+    import tarfile
+
+    from shardkit.loading.source import resolve
+
+    source = resolve(out)
+    buf = source.fetch(0).buf
+    assert len(buf) == pile.bytes
+    with tarfile.open(fileobj=__import__("io").BytesIO(bytes(buf))) as tar:
+        assert sorted(m.name.split(".")[0] for m in tar.getmembers()) == ["a0", "a1", "a2", "b0", "b1"]
+
+
+def test_a_key_already_in_the_dataset_is_refused_and_nothing_is_published(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, [f"a{i}" for i in range(20)])
+    seen = (tmp_path / "ds" / "shardkit.json").read_bytes()
+    with pytest.raises(shardkit.SampleError, match=r"key 'a7' of this append .* is already in the dataset, in pile-00000\d\.tar"):
+        _append(out, ["new", "a7"])
+    assert (tmp_path / "ds" / "shardkit.json").read_bytes() == seen
+    _append(out, ["b0"])
+    with pytest.raises(shardkit.SampleError, match=r"key 'b0' .* in pile-00000\d\.g000001\.tar \(generation 1\)"):
+        _append(out, ["b0"])
+
+
+def test_a_key_twice_in_one_append_is_refused_across_piles(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0"], piles=1)
+    # two units with one key land in different piles: pass 1 checks within a pile only
+    fn = lambda u: [{"__key__": "dup" if u in (0, 5) else f"k{u}", "bin": b"x"}]  # noqa: E731
+    with pytest.raises(shardkit.SampleError, match="has the key 'dup'"):  # one pile: pass 1's own check
+        shardkit.preprocess(list(range(8)), fn, out, piles=1, mode="append", quiet=True)
+    out2 = str(tmp_path / "ds2")
+    _write(out2, ["a0"], piles=64)
+    with pytest.raises(shardkit.SampleError, match=r"key 'dup' is in pile-\d+\.g000001\.tar and in .* both written by this append"):
+        shardkit.preprocess(list(range(8)), fn, out2, piles=64, mode="append", quiet=True)
+
+
+def test_bad_appends_name_what_differs(tmp_path, caplog):
+    out = str(tmp_path / "ds")
+    with pytest.raises(shardkit.DatasetNotFoundError, match="no shardkit dataset to append to"):
+        _append(out, ["a"])
+    _write(out, ["a0", "a1"], piles=2, seed=3)
+    with pytest.raises(shardkit.ConfigError, match=r"piles: .* has 2 piles, this append asks for 4"):
+        _append(out, ["b"], piles=4, seed=3)
+    with pytest.raises(shardkit.ConfigError, match=r"seed: .* written with seed=3, this append has seed=5"):
+        _append(out, ["b"], piles=2, seed=5)
+    with pytest.raises(shardkit.ConfigError, match="cannot also replace it"):
+        _append(out, ["b"], piles=2, seed=3, overwrite=True)
+    with pytest.raises(shardkit.ConfigError, match="window: only used with mode='append'"):
+        _write(str(tmp_path / "other"), ["b"], window=2)
+    with pytest.raises(shardkit.ConfigError, match="window: expected a duration like 90d"):
+        _append(out, ["b"], piles=2, seed=3, window="soon")
+    with caplog.at_level(logging.WARNING), shardkit.PileWriter(out, piles=2, seed=3, mode="append") as w:
+        w.write({"__key__": "c0", "txt": "other fields"})
+    assert "generation 1 has fields ['txt'], the dataset had ['bin']" in caplog.text
+    assert w.manifest.fields == ("bin", "txt")
+
+
+def test_a_second_append_while_one_runs_fails_at_once_and_the_first_wins(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1"])
+    with shardkit.PileWriter(out, piles=2, mode="append") as first:
+        first.write({"__key__": "b0", "bin": b"x"})
+        with pytest.raises(shardkit.DatasetExistsError, match="another job is writing here"):
+            _append(out, ["c0"])
+    assert manifest.read(out).generation == 1
+    assert sorted(_keys(out)) == ["a0", "a1", "b0"]
+
+
+def test_window_by_count_retires_old_generations_in_the_same_manifest(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1"])
+    _append(out, ["b0", "b1"], window=2)
+    m = _append(out, ["c0", "c1"], window=2)
+    assert m.generation == 2 and sorted(m.generations) == [1, 2]
+    assert sorted(_keys(out)) == ["b0", "b1", "c0", "c1"]
+    assert {s.generation for p in m.piles for s in p.segments} <= {1, 2}
+    # the retired files are still there (gc deletes them), and generation 1 still reads all it had
+    assert (tmp_path / "ds" / "pile-000000.tar").exists()
+    assert manifest.read_generation(out, 1).samples == 4
+
+
+def test_window_by_time_keeps_the_generations_written_within_it(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1"])
+    os.utime(tmp_path / "ds" / "shardkit.json", (1, 1))  # generation 0 written long ago
+    m = _append(out, ["b0", "b1"], window="90d")
+    assert sorted(m.generations) == [1]
+    assert sorted(_keys(out)) == ["b0", "b1"]
+    m = _append(out, ["c0"], window="1h")
+    assert sorted(m.generations) == [1, 2]
+
+
+def test_cli_append_and_yaml_mode_append(tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    _write(str(src / "one"), [f"x{i}" for i in range(6)], piles=1)
+    _write(str(src / "two"), [f"y{i}" for i in range(4)], piles=1)
+    out = str(tmp_path / "ds")
+    assert main(["pile", str(src / "one" / "pile-000000.tar"), "-o", out, "--piles", "2", "-q"]) == 0
+    assert main(["pile", str(src / "two" / "pile-000000.tar"), "-o", out, "--piles", "2", "--append", "-q"]) == 0
+    assert "generation 1" in capsys.readouterr().out
+    assert sorted(_keys(out)) == sorted([f"x{i}" for i in range(6)] + [f"y{i}" for i in range(4)])
+    job = tmp_path / "job.yaml"
+    job.write_text(f"job: pile\ninputs: {src / 'one' / 'pile-000000.tar'}\noutput: {{path: {out}, piles: 2, mode: append}}\n")
+    assert main(["run", str(job), "-q"]) == 1  # the same keys again
+    assert "already in the dataset" in capsys.readouterr().err
+    assert manifest.read(out).generation == 1
+
+
+def test_plan_counts_follow_the_segments(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, [f"a{i}" for i in range(30)], piles=3)
+    m = _append(out, [f"b{i}" for i in range(30)], piles=3)
+    counts = Counter()
+    with shardkit.loader(out, decode=False) as loader:
+        for pile in loader.source.piles:
+            counts[os.path.basename(pile.url)] = pile.samples
+    assert counts == {p.name: p.samples for p in m.piles}
+
+
+# --- loader states pin a generation; gc ---------------------------------------------------------
+
+
+def test_a_state_resumes_on_its_generation_after_an_append(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, [f"a{i:03d}" for i in range(40)], piles=4)
+    with shardkit.loader(out, decode=False, batch_size=5, seed=2) as loader:
+        batches = iter(loader)
+        head = [k for _ in range(3) for k in next(batches)["__key__"]]
+        state = loader.state_dict()
+        rest = [k for b in batches for k in b["__key__"]]
+    assert state["generation"] == 0
+    _append(out, [f"b{i:03d}" for i in range(40)], piles=4)
+    resumed = shardkit.loader(out, decode=False, batch_size=5, seed=2)
+    assert resumed.source.generation == 1 and len(resumed) == 16
+    resumed.load_state_dict(state)
+    assert resumed.source.generation == 0
+    assert [k for b in resumed for k in b["__key__"]] == rest and len(head + rest) == 40
+    # the latest generation's own state resumes on it
+    latest = shardkit.loader(out, decode=False, batch_size=5, seed=2)
+    state = latest.state_dict()
+    assert state["generation"] == 1
+    shardkit.loader(out, decode=False, batch_size=5, seed=2).load_state_dict(state)
+
+
+def test_a_state_of_two_ranks_resumes_its_generation_on_three(tmp_path):
+    # pinning a generation and changing the number of ranks, in one state
+    out = str(tmp_path / "ds")
+    _write(out, [f"a{i:03d}" for i in range(60)], piles=4)
+    read: list[str] = []
+    for rank in range(2):
+        with shardkit.loader(out, decode=False, batch_size=5, seed=3, world_size=2, rank=rank) as loader:
+            batches = iter(loader)
+            read += [k for _ in range(2) for k in next(batches)["__key__"]]
+            state = loader.state_dict()
+    _append(out, [f"b{i:03d}" for i in range(30)], piles=4)
+    rest: list[str] = []
+    for rank in range(3):
+        resumed = shardkit.loader(out, decode=False, batch_size=5, seed=3, world_size=3, rank=rank)
+        resumed.load_state_dict(state)
+        assert resumed.source.generation == 0
+        rest += [k for b in resumed for k in b["__key__"]]
+    assert len(read) == 20 and len(rest) == 30  # 40 left: two whole batches on each of three ranks
+    assert len(set(read + rest)) == 50 and all(k.startswith("a") for k in read + rest)
+
+
+def test_gc_deletes_retired_files_after_the_grace_and_a_state_on_them_fails_naming_its_generation(tmp_path, capsys):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1", "a2"])
+    state = shardkit.loader(out, decode=False).state_dict()
+    _append(out, ["b0", "b1"], window=1)
+    _append(out, ["c0", "c1"], window=1)
+    before = set(os.listdir(out))
+    report = shardkit.gc(out, grace="1h")  # generations 0 and 1 were replaced seconds ago
+    assert report.deleted == [] and report.kept_generations == [0, 1, 2]
+    assert main(["gc", out, "--grace", "0s", "--dry-run"]) == 0
+    assert "would delete" in capsys.readouterr().out and set(os.listdir(out)) == before
+    report = shardkit.gc(out, grace=0)
+    assert report.kept_generations == [2] and report.freed > 0
+    left = set(os.listdir(out))
+    assert left == {"shardkit.json", *manifest.read(out).files()}
+    assert all(".g000002." in n for n in left if n.startswith("pile-"))
+    assert sorted(_keys(out)) == ["c0", "c1"]
+    with pytest.raises(shardkit.DatasetNotFoundError, match="generation 0 is gone"):
+        shardkit.loader(out, decode=False).load_state_dict(state)
+
+
+def test_a_state_fails_naming_its_generation_when_its_files_are_deleted(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1", "a2"])
+    state = shardkit.loader(out, decode=False).state_dict()
+    _append(out, ["b0"], window=1)
+    os.unlink(tmp_path / "ds" / "pile-000000.tar")
+    with pytest.raises(shardkit.DatasetNotFoundError, match=r"generation 0 is gone: 1 of its files were deleted \(pile-000000.tar"):
+        shardkit.loader(out, decode=False).load_state_dict(state)
+
+
+def test_gc_refuses_a_directory_without_a_dataset(tmp_path):
+    with pytest.raises(shardkit.DatasetNotFoundError):
+        shardkit.gc(str(tmp_path / "nothing"))
+    assert not (tmp_path / "nothing").exists()
+
+
+# --- object stores ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"])
+def test_append_to_s3_reads_back_through_the_cache(s3, tmp_path, codec):
+    url = s3.url(f"ds-{codec}")
+    _write(url, [f"a{i}" for i in range(12)], piles=3, compression=codec)
+    m = _append(url, [f"b{i}" for i in range(9)], piles=3, compression=codec)
+    assert m.generation == 1 and m.samples == 21
+    assert all(s.compression == codec for p in m.piles for s in p.segments)
+    assert shardkit.verify(url, quiet=True) == []
+    cache = str(tmp_path / "cache")
+    for _ in range(2):  # the second epoch from the cache
+        with shardkit.loader(url, decode=False, cache_dir=cache) as loader:
+            assert sorted(s["__key__"] for s in loader) == sorted([f"a{i}" for i in range(12)] + [f"b{i}" for i in range(9)])
+
+
+def test_two_appends_racing_on_s3_one_wins_and_no_manifest_is_lost(s3):
+    url = s3.url("ds")
+    _write(url, ["a0", "a1", "a2"], piles=2)
+    loser = shardkit.PileWriter(url, piles=2, mode="append")
+    loser.write({"__key__": "l0", "bin": b"x"})
+    winner = _append(url, ["w0", "w1"], piles=2)
+    with pytest.raises(shardkit.DatasetExistsError, match="changed while this job ran"):
+        loser.close()
+    assert manifest.read(url) == winner
+    objects = {name for path in s3.client().find(s3.path("ds")) if not (name := path.rsplit("/", 1)[1]).startswith(".")}
+    assert objects == {"shardkit.json", "shardkit.g000000.json", *winner.files()}  # the loser's uploads are gone
+    assert sorted(_keys(url)) == ["a0", "a1", "a2", "w0", "w1"]
+    assert manifest.read_generation(url, 0).samples == 3
+
+
+def test_verify_checks_each_segment_and_the_loader_names_a_bad_one(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1", "a2", "a3"], piles=1)
+    _append(out, ["b0", "b1"], piles=1)
+    assert shardkit.verify(out, quiet=True) == []
+    segment = tmp_path / "ds" / "pile-000000.g000001.tar"
+    data = bytearray(segment.read_bytes())
+    data[600] ^= 1
+    segment.write_bytes(bytes(data))
+    assert [(p.name, p.kind) for p in shardkit.verify(out, quiet=True)] == [("pile-000000.g000001.tar", "checksum")]
+    with pytest.raises(shardkit.CorruptShardError, match=r"pile-000000\.g000001\.tar: checksum is crc32:"):
+        _keys(out)
+
+
+# --- with compression, repeat= and resume=True --------------------------------------------------
+
+
+def test_append_onto_a_compressed_dataset_writes_compressed_segments_any_reader_checks(tmp_path):
+    out = str(tmp_path / "ds")
+    first = _write(out, [f"a{i:02d}" for i in range(30)], piles=3, compression="zstd")
+    assert all(p.name.endswith(".tar.zst") for p in first.piles)
+    zstd = _append(out, [f"b{i:02d}" for i in range(20)], piles=3, compression="zstd")
+    plain = _append(out, [f"c{i:02d}" for i in range(10)], piles=3)  # a dataset may mix plain and compressed segments
+    gzip = _append(out, [f"d{i:02d}" for i in range(10)], piles=3, compression="gzip", compression_level=1)
+    assert gzip.generation == 3 and gzip.samples == 70
+    for p, pile in enumerate(gzip.piles):
+        names = [s.name for s in pile.segments if s.generation in (0, 1)]
+        assert names == [f"pile-{p:06d}.tar.zst", f"pile-{p:06d}.g000001.tar.zst"][: len(names)]
+        for segment in pile.segments:
+            suffix = {0: ".tar.zst", 1: ".tar.zst", 2: ".tar", 3: ".tar.gz"}[segment.generation]
+            assert segment.name.endswith(suffix)
+            assert (segment.compression is None) == (suffix == ".tar")
+            assert (tmp_path / "ds" / manifest.keys_name(segment.name)).exists()
+    assert manifest.read(out) == gzip  # the segments' compression fields go through the manifest
+    assert gzip.tar_bytes == sum(p.bytes for p in gzip.piles) and gzip.bytes < gzip.tar_bytes
+    assert sorted(_keys(out)) == sorted(f"{c}{i:02d}" for c, n in zip("abcd", (30, 20, 10, 10), strict=True) for i in range(n))
+    assert shardkit.verify(out, quiet=True) == []
+    assert shardkit.info(out).compression == "gzip, zstd"
+    # keys stay unique against compressed segments, whatever the old and new ones are stored as
+    with pytest.raises(shardkit.SampleError, match=r"key 'a07' .* already in the dataset, in pile-00000\d\.tar\.zst \(generation 0\)"):
+        _append(out, ["a07"], piles=3)
+    with pytest.raises(shardkit.SampleError, match=r"key 'b03' .* in pile-00000\d\.g000001\.tar\.zst \(generation 1\)"):
+        _append(out, ["b03"], piles=3, compression="zstd")
+    assert manifest.read(out) == gzip and zstd.generation == 1 and plain.generation == 2
+    # a state taken on a compressed generation resumes on it; gc keeps what the manifest lists
+    assert [g for g in shardkit.gc(out, grace=0).kept_generations] == [3]
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir() if p.name.startswith("pile-")) == sorted(
+        n for n in gzip.files() if n.startswith("pile-")
+    )
+    assert shardkit.verify(out, quiet=True) == []
+
+
+def test_a_damaged_compressed_segment_is_named_by_verify_and_the_loader(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1", "a2"], piles=1, compression="zstd")
+    _append(out, ["b0", "b1"], piles=1, compression="zstd")
+    segment = tmp_path / "ds" / "pile-000000.g000001.tar.zst"
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 1
+    segment.write_bytes(bytes(data))
+    assert next((p.name, p.kind) for p in shardkit.verify(out, quiet=True)) == ("pile-000000.g000001.tar.zst", "checksum")
+    with pytest.raises(shardkit.CorruptShardError, match=r"pile-000000\.g000001\.tar\.zst: checksum is crc32:"):
+        _keys(out)
+
+
+def test_append_with_repeat_routes_each_copy_like_a_sample(tmp_path):
+    out = str(tmp_path / "ds")
+
+    def fn(unit):
+        for k in range(20):
+            yield {"__key__": f"g{unit}-{k:02d}", "cls": str(k % 2), "bin": b"x" * 50}
+
+    first = shardkit.preprocess([0], fn, out, piles=4, seed=5, repeat="cls:1=3", quiet=True)
+    grown = shardkit.preprocess([1], fn, out, piles=4, seed=5, repeat="cls:1=3", mode="append", quiet=True)
+    assert first.samples == 40 and grown.samples == 80 and grown.generation == 1
+    keys = _keys(out)
+    assert len(keys) == len(set(keys)) == 80
+    assert {k for k in keys if k.startswith("g1-01")} == {"g1-01", "g1-01_r1", "g1-01_r2"}
+    assert grown.extra["repeat"]["generation"] == 1 and grown.extra["repeat"]["written_samples"] == 40
+    # the copies of the appended samples spread over the piles as the samples do
+    new = Counter(s.samples for pile in grown.piles for s in pile.segments if s.generation == 1)
+    assert sum(new.elements()) == 40 and len([p for p in grown.piles if any(s.generation == 1 for s in p.segments)]) > 1
+    # a copy's key is unique across generations too: the same input appended again is refused
+    with pytest.raises(shardkit.SampleError, match=r"key 'g1-\d\d(_r\d)?' of this append"):
+        shardkit.preprocess([1], fn, out, piles=4, seed=5, repeat="cls:1=3", mode="append", quiet=True)
+
+
+# the unit _unit_samples stops at (Ctrl-C), when set: the job's fn stays one function, by name and code
+_STOP: dict[str, int | None] = {"at": None}
+
+
+def _unit_samples(unit):
+    if unit == _STOP["at"]:
+        raise KeyboardInterrupt
+    for k in range(6):
+        yield {"__key__": f"u{unit:02d}-{k}", "txt": f"unit {unit} sample {k}"}
+
+
+def _interrupted_append(out: str, units: list[int], stop_at: int) -> None:
+    """An append that stops (Ctrl-C) at unit ``stop_at``, after the units before it were committed."""
+    from shardkit.piles import resume
+
+    every, resume.COMMIT_SECONDS = resume.COMMIT_SECONDS, 0.0
+    _STOP["at"] = stop_at
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", quiet=True)
+    finally:
+        resume.COMMIT_SECONDS = every
+        _STOP["at"] = None
+
+
+def test_an_interrupted_append_resumes_to_the_same_segments(tmp_path):
+    from shardkit.piles import resume
+
+    units = list(range(4, 16))
+    reference = str(tmp_path / "reference")
+    shardkit.preprocess([0, 1, 2, 3], _unit_samples, reference, piles=3, seed=2, quiet=True)
+    whole = shardkit.preprocess(units, _unit_samples, reference, piles=3, seed=2, mode="append", quiet=True)
+    out = str(tmp_path / "out")
+    shardkit.preprocess([0, 1, 2, 3], _unit_samples, out, piles=3, seed=2, quiet=True)
+    _interrupted_append(out, units, stop_at=10)
+    assert manifest.read(out).generation == 0 and os.path.isdir(resume.staging_path(out))
+    with pytest.raises(shardkit.DatasetExistsError, match="holds an interrupted pass 1"):
+        shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", quiet=True)
+    resumed = shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", resume=True, quiet=True)
+    assert resumed.generation == 1 and resumed.piles == whole.piles
+    for pile in whole.piles:
+        for segment in pile.segments:
+            assert (tmp_path / "out" / segment.name).read_bytes() == (tmp_path / "reference" / segment.name).read_bytes()
+    assert not os.path.exists(resume.staging_path(out))
+
+
+def test_an_interrupted_append_does_not_resume_onto_another_generation(tmp_path):
+    units = list(range(4, 10))
+    out = str(tmp_path / "out")
+    shardkit.preprocess([0, 1, 2, 3], _unit_samples, out, piles=3, seed=2, quiet=True)
+    _interrupted_append(out, units, stop_at=7)
+    _append(out, ["other"], piles=3, seed=2)  # another writer published generation 1 meanwhile
+    with pytest.raises(shardkit.ConfigError, match=r"cannot resume: .* generation was 1, is 2"):
+        shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", resume=True, quiet=True)
+
+
+def test_repile_reads_every_segment_of_a_grown_compressed_dataset(tmp_path):
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    _write(src, [f"a{i:02d}" for i in range(12)], piles=3, compression="zstd")
+    _append(src, [f"b{i:02d}" for i in range(8)], piles=3)
+    _append(src, [f"c{i:02d}" for i in range(8)], piles=3, compression="gzip")
+    result = shardkit.repile(src, dst, piles=2, quiet=True)
+    assert result.samples == 28 and result.generation == 0
+    assert sorted(_keys(dst)) == sorted(_keys(src))
+
+
+def test_an_append_that_grows_a_pile_over_max_pile_bytes_says_so(tmp_path, caplog):
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1"], piles=1, max_pile_bytes="8KiB")
+    with caplog.at_level(logging.WARNING):
+        grown = _append(out, [f"b{i:02d}" for i in range(20)], piles=1, max_pile_bytes="8KiB")
+    assert grown.piles[0].bytes > 8192 and len(grown.piles) == 1
+    assert "1 piles are over max_pile_bytes=8192 after this append (the largest, pile-000000.tar" in caplog.text
