@@ -119,16 +119,15 @@ def _encoded(job: UnitWork, unit: Any, factors: Counter[int]) -> Iterator[tuple[
         for sample in samples:
             if not isinstance(sample, Mapping):
                 raise TypeError(f"fn yielded a {type(sample).__name__}, expected a sample dict with '__key__'")
-            if job.repeat is None:
-                data, exts = encode_sample(sample, job.codecs, max_pile_bytes=job.max_pile_bytes)
-                yield sample["__key__"], data, exts
-                continue
-            count = repeat_rules.copies(job.repeat, sample)
-            factors[count] += 1
+            count = 1
+            if job.repeat is not None:
+                count = repeat_rules.copies(job.repeat, sample)
+                factors[count] += 1
             for copy in range(count):
-                key = repeat_rules.copy_key(sample["__key__"], copy) if isinstance(sample.get("__key__"), str) else sample.get("__key__")
-                data, exts = encode_sample({**sample, "__key__": key}, job.codecs, max_pile_bytes=job.max_pile_bytes)
-                yield key, data, exts
+                # copy 0 is the sample as it is; once it encoded, its key is a valid str to extend
+                written = sample if copy == 0 else {**sample, "__key__": repeat_rules.copy_key(sample["__key__"], copy)}
+                data, exts = encode_sample(written, job.codecs, max_pile_bytes=job.max_pile_bytes)
+                yield written["__key__"], data, exts
     except Exception as e:
         raise UnitFailed(str(e)) from e
 
