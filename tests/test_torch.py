@@ -302,26 +302,31 @@ def test_spawned_persistent_workers_follow_set_epoch_and_resume(odd_dataset):
 # -- resume on another world size, batch size or number of DataLoader workers ---------------------
 
 
-def read_phases(path, specs, *, drop_last, epoch=1, **extra):
+def read_phases(path, specs, *, drop_last, epoch=1, batches=None, **extra):
     """Read ``epoch`` through ShardkitDataLoaders in phases ``(world, batch, workers, steps)`` (the
     last to the epoch's end), each rank of a phase resumed from the state the phase before left.
-    Returns the samples each rank read in each phase and the states after each phase."""
+    Returns the samples each rank read in each phase and the states after each phase; appends to
+    ``batches`` each phase's steps, a step being every rank's keys."""
     state, read, states = None, [], []
     for i, (world, batch, workers, steps) in enumerate(specs):
         last = i == len(specs) - 1
-        ranks, taken = [], []
+        ranks, taken, by_rank = [], [], []
         for rank in range(world):
             ds = ShardkitDataset(path, batch_size=batch, decode=False, drop_last=drop_last, world_size=world, rank=rank, seed=3, **extra)
             dl = ShardkitDataLoader(ds, num_workers=workers)
             ds.set_epoch(epoch)
             if state is not None:
                 dl.load_state_dict(state)
-            ranks.append(flat_keys(dl if last else itertools.islice(dl, steps)))
+            got = [flat_keys([b]) for b in (dl if last else itertools.islice(dl, steps))]
+            ranks.append([k for b in got for k in b])
+            by_rank.append(got)
             taken.append(json.loads(json.dumps(dl.state_dict())))
         assert all(t == taken[0] for t in taken), "ranks move in step: every rank's state is the same"
         assert len({len(r) for r in ranks}) == 1, "every rank reads as many samples"
         state = taken[0]
         read.append(ranks)
+        if batches is not None:
+            batches += [list(step) for step in zip(*by_rank, strict=True)]
         states.append(state)
         if state["epoch"] == epoch + 1:
             break
@@ -356,6 +361,35 @@ def test_a_resumed_split_is_a_pure_function_of_the_state(odd_dataset):
         "workers": 1,
         "taken": 3,
     }
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+@pytest.mark.parametrize("specs", [[(2, 4, 2, 0)], [(3, 4, 2, 5), (2, 8, 0, 3), (2, 4, 3, 0)], [(1, None, 2, 7), (3, None, 3, 0)]])
+def test_the_ledger_names_each_dataloader_step_through_workers_and_changes(odd_dataset, specs):
+    steps: list[list[list[str]]] = []
+    _, states = read_phases(odd_dataset, specs, drop_last=False, batches=steps)
+    world, batch, workers, _ = specs[-1]
+    ds = ShardkitDataset(odd_dataset, batch_size=batch, decode=False, drop_last=False, world_size=world, rank=0, seed=3)
+    dl = ShardkitDataLoader(ds, num_workers=workers)
+    if len(states) > 1:
+        dl.load_state_dict(states[-2])  # the state the last phase resumed from
+    assert [dl.keys(k, epoch=1) for k in range(len(steps))] == steps
+    with pytest.raises(shardkit.ConfigError, match=f"step: {len(steps)} is past the end of the epoch"):
+        dl.keys(len(steps), epoch=1)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+def test_trace_reads_a_torch_state_and_dataloader_workers(odd_dataset, tmp_path, capsys):
+    from shardkit.cli.main import main
+
+    steps: list[list[list[str]]] = []
+    _, states = read_phases(odd_dataset, [(3, 4, 2, 5), (2, 8, 3, 0)], drop_last=False, batches=steps)
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(states[-2]))
+    trace = [odd_dataset, "--epoch", "1", "--batch-size", "8", "--world-size", "2", "--seed", "3", "--no-drop-last"]
+    for step in (0, 4, 5, len(steps) - 1):  # before the change (3 ranks of 4, 2 workers) and after
+        assert main(["trace", *trace, "--step", str(step), "--state", str(path), "--dataloader-workers", "3", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == {str(r): k for r, k in enumerate(steps[step])}
 
 
 def test_the_state_does_not_grow_with_the_dataset(odd_dataset, tmp_path):

@@ -394,7 +394,15 @@ def _register_trace(sub: Any) -> None:
     parser.add_argument(
         "--state",
         metavar="FILE",
-        help="a loader state (JSON) the run resumed from on other ranks: steps of its epoch count on from before the change",
+        help="a loader or shardkit.torch state (JSON) the run resumed from on other ranks: steps of its epoch count on "
+        "from before the change",
+    )
+    parser.add_argument(
+        "--dataloader-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="num_workers of the run's DataLoader under shardkit.torch: its workers take turns, and K counts its steps (default 0)",
     )
     parser.add_argument("--json", action="store_true", help="print {rank: [keys]} as JSON")
     _verbose_flag(parser)
@@ -404,14 +412,25 @@ def _register_trace(sub: Any) -> None:
 def _trace(args: argparse.Namespace) -> int:
     import json
 
+    from shardkit._util import check_int
+    from shardkit.loading import turns
     from shardkit.loading.loader import Loader
 
     options = LoaderOptions(decode=False, rank=0, **option_values(args, TRACE_FLAGS))
     loader = Loader(args.source, options)
+    workers = check_int("--dataloader-workers", args.dataloader_workers, low=0)
+    done = None
     if args.state:
         with open(args.state, encoding="utf-8") as f:
-            loader.load_state_dict(json.load(f))
-    keys = loader.keys(args.step, epoch=args.epoch)
+            state = json.load(f)
+        if isinstance(state, dict) and state.get("format") == turns.FORMAT:
+            source = loader.source
+            point = turns.parse(state, options=loader.options, dataset=source.fingerprint(), samples=source.samples, name=source.name)
+            done = turns.done_before(point, options=loader.options, samples=source.samples, workers=max(1, workers))
+            done = done if point.epoch == args.epoch else ()
+        else:
+            loader.load_state_dict(state)
+    keys = loader.keys(args.step, epoch=args.epoch, num_workers=workers, done=done)
     if args.json:
         print(json.dumps({str(rank): k for rank, k in enumerate(keys)}, indent=1))
     else:

@@ -289,8 +289,17 @@ class BlendLoader(Loader):
             raise ConfigError("a blend cannot resume an epoch begun on another world_size or batch_size")
         return BlendSchedule(self.source, epoch, *self._span(), self.options)
 
-    def keys(self, step: int, *, epoch: int | None = None) -> list[list[str]]:
-        """The keys of the samples global step ``step`` reads on every rank (see :meth:`shardkit.Loader.keys`)."""
+    def keys(self, step: int, *, epoch: int | None = None, num_workers: int = 0, done: Sequence[Phase] | None = None) -> list[list[str]]:
+        """The keys of the samples global step ``step`` reads on every rank (see :meth:`shardkit.Loader.keys`).
+
+        Raises:
+            ConfigError: ``num_workers`` over 1 or phases ``done``: a blend's ledger counts the
+                steps of one loader per rank, not resumed on other ranks.
+        """
+        if check_int("num_workers", num_workers, low=0) > 1 or done:
+            raise ConfigError(
+                "keys: the ledger of a blend counts one loader's steps per rank: no DataLoader workers, not resumed on other ranks"
+            )
         check_int("step", step, low=0)
         check_int("epoch", epoch, low=0, none=True)
         o = self.options

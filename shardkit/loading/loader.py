@@ -22,7 +22,7 @@ import logging
 import operator
 import os
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -32,7 +32,7 @@ from shardkit import storage
 from shardkit._util import check_int
 from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError, Failure, ShardkitError
-from shardkit.loading import elastic, plan
+from shardkit.loading import elastic, plan, turns
 from shardkit.loading.batch import Result, ShardBlock, Step, cut_tasks
 from shardkit.loading.decode import Transform
 from shardkit.loading.elastic import Phase
@@ -106,18 +106,24 @@ class Loader:
             return self._running_done if epoch == self._running else ()
         return self._done if epoch == self._epoch else ()
 
-    def keys(self, step: int, *, epoch: int | None = None) -> list[list[str]]:
+    def keys(self, step: int, *, epoch: int | None = None, num_workers: int = 0, done: Sequence[Phase] | None = None) -> list[list[str]]:
         """The keys of the samples global step ``step`` reads on every rank: ``keys[rank]`` is
         that rank's batch (its sample, unbatched), in order. The ledger of a run.
 
         Computed from the epoch plan, which depends only on (seed, epoch, piles, options): no
         training run is needed, and only the piles holding those samples are read, for their
         keys. ``epoch`` defaults to the one the loader reads next. It is the plan's order: a
-        sample skipped under ``on_error`` is listed, and inside ``shardkit.torch`` DataLoader
-        workers, whose batches interleave, the step is the loader's, not the DataLoader's.
+        sample skipped under ``on_error`` is listed. For a run under ``shardkit.torch``, pass
+        the DataLoader's ``num_workers``: its workers take turns, and ``step`` counts the
+        DataLoader's batches (``ShardkitDataLoader.keys`` does this). An epoch resumed on other
+        ranks counts its steps on from before the change.
 
             loader = shardkit.loader("data/", batch_size=256, world_size=8, rank=0)
             loader.keys(4711, epoch=2)[3]      # the keys rank 3 read at step 4711 of epoch 2
+
+        Args:
+            done: the phases of the epoch read before a change of ranks (default: those of the
+                state this loader resumed, in its epoch).
 
         Raises:
             ConfigError: ``step`` or ``epoch`` is not an integer >= 0, or the step is past the
@@ -125,36 +131,32 @@ class Loader:
         """
         check_int("step", step, low=0)
         check_int("epoch", epoch, low=0, none=True)
+        workers = max(1, check_int("num_workers", num_workers, low=0))
         o = self.options
         assert o.world_size is not None
         epoch = self._epoch if epoch is None else epoch
+        done = self._done_in(epoch) if done is None else tuple(done)
+        at = turns.locate(
+            step,
+            samples=self.source.samples,
+            done=done,
+            world=o.world_size,
+            batch_size=o.batch_size,
+            workers=workers,
+            drop_last=o.drop_last,
+        )
+        if isinstance(at, int):
+            raise ConfigError(f"step: {step} is past the end of the epoch ({at} steps a rank)")
         order = plan.EpochOrder(self.source.counts, seed=o.seed, epoch=epoch, shuffle=o.shuffle, mix=o.mix)
-        # an epoch resumed on other world sizes numbers its steps on through its phases
-        phases: list[tuple[int, int | None, Phase | None]] = [(p.world_size, p.batch_size, p) for p in self._done_in(epoch)]
-        phases.append((o.world_size, o.batch_size, None))
-        rest, first = elastic.whole(self.source.samples), 0
-        for world, batch, phase in phases:
-            if phase is not None and len(phase.read) > 1:
-                raise ConfigError(f"epoch {epoch} was resumed from a state of several DataLoader workers: its steps are not one loader's")
-            per = batch or 1
-            size = elastic.worker_lengths(rest, world=world, drop_last=o.drop_last, batch_size=batch, workers=1)[0]
-            steps = -(-(size if phase is None else phase.read[0]) // per)
-            if step < first + steps:
-                return self._step_keys(order, rest, world, batch, step - first)
-            first += steps
-            if phase is not None:
-                rest = elastic.after(rest, phase, drop_last=o.drop_last)
-        raise ConfigError(f"step: {step} is past the end of the epoch ({first} steps a rank)")
-
-    def _step_keys(self, order: plan.EpochOrder, rest: list[elastic.Range], world: int, batch: int | None, step: int) -> list[list[str]]:
-        """The keys each of ``world`` ranks reads at ``step`` of a phase splitting ``rest``."""
-        per = batch or 1
+        per = at.batch_size or 1
         names: dict[int, list[str]] = {}
         found = []
-        for rank in range(world):
-            ranges = elastic.share(rest, world=world, rank=rank, drop_last=self.options.drop_last, batch_size=batch)
+        for rank in range(at.world):
+            ranges = elastic.share(
+                at.rest, world=at.world, rank=rank, drop_last=o.drop_last, batch_size=at.batch_size, workers=at.workers, worker=at.worker
+            )
             schedule = plan.Schedule.over(order, ranges)
-            piles, index = schedule.take(step * per, min((step + 1) * per, len(schedule)))
+            piles, index = schedule.take(at.item * per, min((at.item + 1) * per, len(schedule)))
             for pile in set(piles.tolist()) - names.keys():
                 names[pile] = self.source.open(pile, self.source.fetch(pile, reads=self._reads)).keys
             found.append([names[p][i] for p, i in zip(piles.tolist(), index.tolist(), strict=True)])

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import replace
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
@@ -35,89 +35,19 @@ from shardkit.errors import ConfigError
 from shardkit.loading import elastic
 from shardkit.loading.blend_loader import BlendedSource, BlendLoader, check_same_split, is_blend, resolve_blend
 from shardkit.loading.blend_spec import Blend
-from shardkit.loading.elastic import Phase
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.source import SourceLike, resolve
-from shardkit.loading.state import Resume, check_done, check_format, check_identity, check_split, close, identity, make_state
+from shardkit.loading.state import check_done, check_format, identity, make_state
+from shardkit.loading.turns import FORMAT, READS, VERSION, Point, parse, round_robin, settle, worker_items
 
 __all__ = ["ShardkitDataLoader", "ShardkitDataset", "round_robin"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = "shardkit.torch"
-# version 2 adds "done", the phases of the epoch read before a change of world size, batch size
-# or number of workers; a version 1 state reads as one with none
-VERSION = 2
-READS = (1, 2)
 # slots of the shared array (_RESUME_PHASES: bytes of JSON in the phases buffer)
 _EPOCH, _RESUME_EPOCH, _RESUME_TAKEN, _RESUME_WORKERS, _WORKERS, _DONE, _RESUME_WORLD, _RESUME_BATCH, _RESUME_PHASES = range(9)
 PHASE_BYTES = 1 << 16  # room for the phases of about a thousand changes in one epoch
-
-
-def round_robin(counts: Sequence[int], taken: int) -> tuple[list[int], int]:
-    """How many items each worker gave after ``taken`` items of a DataLoader, and whose turn is next.
-
-    A ``DataLoader`` (with ``in_order=True``, its default) asks its workers in turn, 0, 1, ...,
-    starting at 0 every epoch, and passes over a worker whose iterator has ended; worker ``w``
-    gives ``counts[w]`` items in all.
-
-    Example:
-        round_robin([3, 1, 3], 5)  # ([2, 1, 2], 0)
-    """
-    if not 0 <= taken <= sum(counts):
-        raise ValueError(f"taken={taken} is not between 0 and {sum(counts)}")
-    lo, hi = 0, max(counts, default=0)
-    while lo < hi:  # the number of whole rounds: the most r with sum(min(c, r)) <= taken
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if sum(min(c, mid) for c in counts) <= taken else (lo, mid - 1)
-    given = [min(c, lo) for c in counts]
-    left, turn = taken - sum(given), 0
-    for w, c in enumerate(counts):
-        if left and c > lo:
-            given[w], left, turn = given[w] + 1, left - 1, w + 1
-    return given, turn % max(1, len(counts))
-
-
-@dataclass(frozen=True, slots=True)
-class Point:
-    """Where a state left its epoch: after the phases ``done``, each of ``world_size`` ranks
-    (batch size ``batch_size``, ``workers`` DataLoader workers) had yielded ``taken`` items."""
-
-    epoch: int
-    taken: int
-    workers: int
-    world_size: int
-    batch_size: int | None
-    done: tuple[Phase, ...] = ()
-
-
-def worker_items(rest: Sequence[elastic.Range], *, world: int, batch_size: int | None, workers: int, drop_last: bool) -> list[int]:
-    """Items (batches, or samples) each DataLoader worker of a rank yields of what ``rest`` holds."""
-    unit = batch_size or 1
-    sizes = elastic.worker_lengths(rest, world=world, drop_last=drop_last, batch_size=batch_size, workers=workers)
-    return [-(-n // unit) for n in sizes]
-
-
-def settle(point: Point, *, world: int, batch_size: int | None, workers: int, samples: int, drop_last: bool) -> Point:
-    """``point`` for ranks of ``world``, ``batch_size`` and ``workers`` DataLoader workers. Pure.
-
-    Unchanged when they are the point's own. Otherwise the point's phase ends where each of its
-    workers had got to (the DataLoader's turns, :func:`round_robin`) and a new phase starts.
-    """
-    if (point.world_size, point.batch_size, point.workers) == (world, batch_size, workers):
-        return point
-    resume = Resume(point.epoch, 0, point.done)
-    if point.taken:
-        rest = elastic.remaining(samples, point.done, drop_last=drop_last)
-        items = worker_items(rest, world=point.world_size, batch_size=point.batch_size, workers=point.workers, drop_last=drop_last)
-        given, _ = round_robin(items, point.taken)
-        sizes = elastic.worker_lengths(
-            rest, world=point.world_size, drop_last=drop_last, batch_size=point.batch_size, workers=point.workers
-        )
-        read = tuple(min(g * (point.batch_size or 1), size) for g, size in zip(given, sizes, strict=True))
-        resume = close(resume, Phase(point.world_size, point.batch_size, read), rest, drop_last=drop_last)
-    return Point(resume.epoch, 0, workers, world, batch_size, resume.done)
 
 
 def _batched_again(dataset: Any, caller: Any) -> bool:
@@ -311,6 +241,22 @@ class ShardkitDataset(IterableDataset):
         if first and complete:
             self._shared[_DONE] = epoch + 1
 
+    # -- the ledger ----------------------------------------------------------------------------
+    def keys(self, step: int, *, epoch: int | None = None, num_workers: int = 0) -> list[list[str]]:
+        """The keys of the samples DataLoader step ``step`` of ``epoch`` reads on every rank
+        (``keys[rank]``), for a DataLoader of ``num_workers`` workers; see :meth:`shardkit.Loader.keys`.
+
+        An epoch resumed from a loaded state counts its steps from the start of the epoch, through
+        the phases the state records and then this dataset's ranks, batch size and workers.
+        ``ShardkitDataLoader.keys`` passes its own ``num_workers``.
+        """
+        check_int("num_workers", num_workers, low=0)
+        epoch = int(self._shared[_EPOCH]) if epoch is None else check_int("epoch", epoch, low=0)
+        done = self._settle(self._pending(epoch), max(1, num_workers)).done
+        make = BlendLoader if isinstance(self.source, BlendedSource) else Loader
+        with make(self.source, self.options) as loader:
+            return loader.keys(step, epoch=epoch, num_workers=num_workers, done=done)
+
     # -- resume --------------------------------------------------------------------------------
     def state_dict(self, yielded: int | None = None) -> dict[str, Any]:
         """Where the current epoch stands, as a small JSON-able dict.
@@ -358,16 +304,10 @@ class ShardkitDataset(IterableDataset):
                 change the order (each difference is named); for a blend, with another world
                 size or batch size (another number of workers is refused when the iteration starts).
         """
-        state = check_format(state, FORMAT, READS, "shardkit.torch dataset")
-        check_identity(state, options=self.options, dataset=self._fingerprint, samples=self.source.samples, name=self.source.name)
+        point = parse(state, options=self.options, dataset=self._fingerprint, samples=self.source.samples, name=self.source.name)
         if isinstance(self.source, BlendedSource):
             check_same_split(state, self.options)
-        epoch = check_int("load_state_dict: epoch", state.get("epoch"), low=0)
-        world, batch = check_split(state)
-        workers = check_int("load_state_dict: workers", state.get("workers"), low=1)
-        done, _ = check_done(state, samples=self.source.samples, drop_last=self.options.drop_last)
-        length = self._phase_length(Point(epoch, 0, workers, world, batch, done))
-        taken = check_int("load_state_dict: taken", state.get("taken"), low=0, high=max(1, length) - 1)
+        epoch, taken, workers, world, batch, done = point.epoch, point.taken, point.workers, point.world_size, point.batch_size, point.done
         phases = json.dumps([phase.to_dict() for phase in done]).encode()
         if len(phases) > PHASE_BYTES:
             raise ConfigError(f"load_state_dict: done: {len(done)} phases are more than shardkit.torch holds in one epoch")
@@ -413,6 +353,14 @@ class ShardkitDataLoader(DataLoader):
     def state_dict(self) -> dict[str, Any]:
         """The dataset's state after the items this DataLoader yielded (see :meth:`ShardkitDataset.state_dict`)."""
         return self.dataset.state_dict(yielded=self._yielded)  # type: ignore[attr-defined]
+
+    def keys(self, step: int, *, epoch: int | None = None) -> list[list[str]]:
+        """The keys of the samples this DataLoader's step ``step`` reads on every rank (see
+        :meth:`ShardkitDataset.keys`).
+
+            dl.keys(4711, epoch=2)[3]      # what rank 3's DataLoader yielded at step 4711 of epoch 2
+        """
+        return self.dataset.keys(step, epoch=epoch, num_workers=self.num_workers)  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume the dataset at ``state`` (with any number of workers; a blend's with as many as this DataLoader has)."""
