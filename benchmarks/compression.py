@@ -3,14 +3,16 @@
 Two kinds of samples: ~5 KB JSON records (compressible text) and JPEG images (already
 compressed). For each, the same samples are written with ``PileWriter`` plain, with zstd and
 with gzip at several levels, then read back whole with ``shardkit.loader(decode=False)`` (the
-prefetch thread decompresses; the figure is what a training loop would see). Every
+prefetch thread decompresses; the figure is what a training loop would see). zstd piles are
+read three ways: as written (frames and a seek table) decompressed by 1 and by 2 threads, and
+re-encoded as one frame without a table (the format before frames, read by one thread). Every
 configuration runs once per round and the rounds are repeated, so all of them share the
 machine's ups and downs; the table shows medians. The piles are in the page cache when read
 (they were just written), so reads measure CPU, not the disk: compression gains more where
 the disk or network is the bottleneck.
 
 The last lines split one zstd pile's read into its parts (read the file, decompress, check,
-index), for the default level, to show what bounds the read.
+index), for the default level, to show what bounds the read, and compare frame sizes.
 
     python benchmarks/compression.py                     # ~100 MB of JSON, ~60 MB of JPEG, 3 rounds
     python benchmarks/compression.py --json-samples 2000 --jpeg-samples 200 --repeats 1
@@ -19,6 +21,8 @@ index), for the default level, to show what bounds the read.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -26,7 +30,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -34,7 +38,7 @@ import numpy as np
 import shardkit
 from shardkit import manifest, storage
 from shardkit.loading.pile import fetch
-from shardkit.tar import compression
+from shardkit.tar import compression, zstd_frames
 
 LEVELS = {"zstd": [1, 3, 6, 9], "gzip": [1, 6]}
 _WORDS = [
@@ -153,27 +157,70 @@ def read(out: str) -> tuple[float, int]:
     return time.perf_counter() - start, count
 
 
+@contextlib.contextmanager
+def decompress_threads(threads: int | None) -> Iterator[None]:
+    """Cap the threads that decompress one pile (the loader has no option for it: it takes one a
+    core, a few at most); None leaves the default."""
+    default = zstd_frames.MAX_THREADS
+    zstd_frames.MAX_THREADS = default if threads is None else threads
+    try:
+        yield
+    finally:
+        zstd_frames.MAX_THREADS = default
+
+
+def single_frame(src: str, out: str, level: int) -> None:
+    """``src``'s zstd piles re-encoded as one frame each, without a seek table: the format
+    before frames (libzstd with two worker threads), manifest rewritten to match."""
+    import zstandard
+
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    m = manifest.read(src)
+    piles = []
+    for info in m.piles:
+        tar = compression.decompress(storage.read_bytes(os.path.join(src, info.name)), "zstd", info.name)
+        data = zstandard.ZstdCompressor(level=level, threads=2, write_checksum=True).compress(tar)
+        storage.write_bytes(os.path.join(out, info.name), data)
+        piles.append(dataclasses.replace(info, bytes=len(data), checksum=manifest.format_checksum(manifest.checksum(data))))
+    manifest.write(out, dataclasses.replace(m, piles=tuple(piles)))
+
+
+# how each zstd dataset is read: (name suffix, threads, re-encoded as one frame)
+ZSTD_READS = [("1 frame", 1, True), ("frames, 1 thread", 1, False), ("frames, 2 threads", 2, False)]
+
+
 def configs() -> list[tuple[str, str | None, int | None]]:
     return [("plain", None, None), *((f"{c} {level}", c, level) for c in ("zstd", "gzip") for level in LEVELS[c])]
 
 
 def measure(samples: list[dict[str, Any]], root: str, piles: int, repeats: int) -> dict[str, dict[str, Any]]:
-    """Medians of ``repeats`` rounds; each round writes and reads every configuration once."""
-    runs: dict[str, dict[str, list[float]]] = {name: {"write": [], "read": []} for name, _, _ in configs()}
+    """Medians of ``repeats`` rounds; each round writes and reads every configuration once
+    (a zstd one is read each way of :data:`ZSTD_READS`)."""
+    runs: dict[str, dict[str, list[float]]] = {}
     sizes: dict[str, int] = {}
     for _ in range(repeats):
         for name, codec, level in configs():
             out = os.path.join(root, name.replace(" ", "-"))
-            runs[name]["write"].append(write(samples, out, piles, codec, level))
-            seconds, count = read(out)
-            if count != len(samples):
-                raise SystemExit(f"{out}: read {count} samples, wrote {len(samples)}")
-            runs[name]["read"].append(seconds)
-            sizes[name] = manifest.read(out).bytes
+            seconds = write(samples, out, piles, codec, level)
+            reads = [(name, None, out)]
+            if codec == "zstd":
+                single_frame(out, out + "-single", level or compression.DEFAULT_LEVEL["zstd"])
+                reads = [(f"{name}, {how}", threads, out + "-single" if single else out) for how, threads, single in ZSTD_READS]
+            for label, threads, where in reads:
+                with decompress_threads(threads):
+                    took, count = read(where)
+                if count != len(samples):
+                    raise SystemExit(f"{where}: read {count} samples, wrote {len(samples)}")
+                run = runs.setdefault(label, {"write": [], "read": []})
+                run["read"].append(took)
+                if where == out:  # the single-frame copy was not written by shardkit: no write time
+                    run["write"].append(seconds)
+                sizes[label] = manifest.read(where).bytes
     n = len(samples)
     return {
         name: {
-            "write_per_s": n / statistics.median(r["write"]),
+            "write_per_s": n / statistics.median(r["write"]) if r["write"] else None,
             "read_per_s": n / statistics.median(r["read"]),
             "bytes": sizes[name],
         }
@@ -190,8 +237,10 @@ def table(title: str, figures: dict[str, dict[str, Any]]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, f in figures.items():
+        written = "" if f["write_per_s"] is None else f"{f['write_per_s']:,.0f}"
+        ratio = "" if f["write_per_s"] is None else f"{f['write_per_s'] / plain['write_per_s']:.2f}x"
         lines.append(
-            f"| {name} | {f['write_per_s']:,.0f} | {f['write_per_s'] / plain['write_per_s']:.2f}x | {f['read_per_s']:,.0f} | "
+            f"| {name} | {written} | {ratio} | {f['read_per_s']:,.0f} | "
             f"{f['read_per_s'] / plain['read_per_s']:.2f}x | {f['bytes'] / 1e6:,.1f} MB | {1 - f['bytes'] / plain['bytes']:.0%} |"
         )
     return "\n".join(lines)
@@ -207,18 +256,24 @@ def _best(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def profile(root: str, repeats: int) -> str:
-    """One zstd pile (default level) read in parts: where a compressed read's time goes."""
+    """One zstd pile (default level) read in parts: where a compressed read's time goes; then
+    the same tar cut into frames of several sizes."""
     level = compression.DEFAULT_LEVEL["zstd"]
     out = os.path.join(root, f"zstd-{level}")
     info = manifest.read(out).piles[0]
     url = os.path.join(out, info.name)
     plain = manifest.read(os.path.join(root, "plain")).piles[0]
     stored = storage.read_bytes(url)
+    single = storage.read_bytes(os.path.join(out + "-single", info.name))
+    tar = compression.decompress(stored, "zstd", url)
     parts = {
         "read the .tar.zst": _best(lambda: storage.read_bytes(url), repeats),
-        "decompress": _best(lambda: compression.decompress(stored, "zstd", url, size=info.tar_bytes), repeats),
-        "checksum the tar": _best(lambda: manifest.checksum(compression.decompress(stored, "zstd", url)), repeats)
-        - _best(lambda: compression.decompress(stored, "zstd", url), repeats),
+        "decompress, 1 frame": _best(lambda: compression.decompress(single, "zstd", url, size=info.tar_bytes), repeats),
+        "decompress, frames, 1 thread": _best(lambda: compression.decompress(stored, "zstd", url, size=info.tar_bytes, threads=1), repeats),
+        "decompress, frames, 2 threads": _best(
+            lambda: compression.decompress(stored, "zstd", url, size=info.tar_bytes, threads=2), repeats
+        ),
+        "checksum the tar": _best(lambda: manifest.checksum(tar), repeats),
         "whole fetch (checked, scanned)": _best(lambda: fetch(url, expected=info), repeats),
         "plain pile fetch": _best(lambda: fetch(os.path.join(root, "plain", plain.name), expected=plain), repeats),
     }
@@ -226,6 +281,14 @@ def profile(root: str, repeats: int) -> str:
     lines = [f"one zstd-{level} pile: {info.samples} samples, {mb:.1f} MB of tar, {info.bytes / 1e6:.1f} MB stored"]
     for what, seconds in parts.items():
         lines.append(f"  {what:<32} {seconds * 1e3:8.1f} ms  ({mb / max(seconds, 1e-9):,.0f} MB/s of tar)")
+    lines.append(f"the same tar in frames of (default {zstd_frames.FRAME_SIZE >> 20} MiB):")
+    for mib in (1, 2, 4, 8):
+        writer = zstd_frames.FrameWriter(level=level, frame_size=mib << 20)
+        data = writer.compress(tar) + writer.finish()
+        times = [_best(lambda t=t, d=data: compression.decompress(d, "zstd", url, threads=t), repeats) for t in (1, 2)]  # type: ignore[misc]
+        lines.append(
+            f"  {mib} MiB: {len(data) / 1e6:.2f} MB stored; decompress 1 thread {times[0] * 1e3:.1f} ms, 2 threads {times[1] * 1e3:.1f} ms"
+        )
     return "\n".join(lines)
 
 
@@ -239,7 +302,8 @@ def main() -> None:
     args = parser.parse_args()
     root = args.dir or tempfile.mkdtemp(prefix="shardkit-compression-")
     try:
-        print(f"cpus {os.cpu_count()}, zstd threads per stream {min(4, os.cpu_count() or 1)}, repeats {args.repeats} (medians)\n")
+        threads = zstd_frames.threads_for(1 << 20)
+        print(f"cpus {os.cpu_count()}, zstd decompress threads per pile {threads} by default, repeats {args.repeats} (medians)\n")
         for title, make, n in (("~5 KB JSON samples", json_samples, args.json_samples), ("JPEG samples", jpeg_samples, args.jpeg_samples)):
             samples = make(n)
             size = sum(len(v) for s in samples for k, v in s.items() if k != "__key__") / n

@@ -4,6 +4,7 @@ cached), checked by verify, shown by info, readable by other tools, and refused 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import shutil
@@ -68,7 +69,8 @@ def test_round_trip_and_several_frames(codec):
     ("damage", "message"),
     [
         (lambda b: b[: len(b) // 2], r"not valid \w+: corrupt or truncated"),
-        (lambda b: b[:40] + bytes([b[40] ^ 0x55]) + b[41:], r"not valid \w+: corrupt or truncated"),
+        # a seekable zstd pile names the frame too
+        (lambda b: b[:40] + bytes([b[40] ^ 0x55]) + b[41:], r"(zstd frame 0 of 1 \(bytes 0-\d+\): )?not valid \w+: corrupt or truncated"),
         (lambda b: b"PK\x03\x04" + b[4:], r"not \w+ data: expected the magic bytes .*, found 50 4b"),
         (lambda b: b"", r"not \w+ data: expected the magic bytes .*, found an empty file"),
     ],
@@ -324,6 +326,150 @@ def test_the_benchmark_prints_both_tables_and_the_profile(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "### ~5 KB JSON samples (60 samples" in out and "### JPEG samples (12 samples" in out
-    for row in ("| plain |", "| zstd 3 |", "| gzip 6 |"):
+    for row in ("| plain |", "| zstd 3, 1 frame |", "| zstd 3, frames, 1 thread |", "| zstd 3, frames, 2 threads |", "| gzip 6 |"):
         assert out.count(row) == 2
-    assert "one zstd-3 pile:" in out and "decompress" in out
+    assert "one zstd-3 pile:" in out and "decompress, frames, 2 threads" in out and "  2 MiB:" in out
+
+
+# --- zstd frames and the seek table ---------------------------------------------------------------
+
+
+def _framed(data, frame_size=4096):
+    from shardkit.tar import zstd_frames
+
+    writer = zstd_frames.FrameWriter(level=3, frame_size=frame_size)
+    # uneven chunks: frames are cut by position in the stream, not by how it was handed over
+    cuts = [0, *range(1000, len(data), 1777), len(data)]
+    return b"".join(writer.compress(data[a:b]) for a, b in itertools.pairwise(cuts)) + writer.finish()
+
+
+def _text(n):
+    return b"".join(b"%08d alpha beta gamma\n" % i for i in range(n))
+
+
+def test_zstd_piles_are_frames_of_a_fixed_size_with_a_seekable_table():
+    import struct
+
+    from shardkit.tar import zstd_frames
+
+    data = _text(5000)  # 130,000 bytes: 31 frames of 4 KiB and a short one
+    packed = _framed(data)
+    assert packed == _framed(data) and packed == _framed(data, 4096)  # the same bytes every time
+    count, descriptor, magic = struct.unpack("<IBI", packed[-9:])
+    assert (count, descriptor, magic) == (-(-len(data) // 4096), 0, 0x8F92EAB1)
+    start = len(packed) - 9 - 8 * count - 8
+    assert struct.unpack_from("<II", packed, start) == (0x184D2A5E, 8 * count + 9)
+    frames = zstd_frames.table(packed, "a", size=len(data))
+    assert [f.size for f in frames] == [4096] * (count - 1) + [len(data) - 4096 * (count - 1)]
+    assert frames[-1].start + frames[-1].stored == start
+    for threads in (1, 2, 3, None):
+        assert compression.decompress(packed, "zstd", "a", size=len(data), threads=threads) == data
+
+
+def test_the_default_writer_cuts_frames_independently_of_how_the_tar_arrives():
+    data = _text(200_000)  # 5.2 MB: three frames of the default size
+    whole = compression.compress(data, "zstd", level=3)
+    streamed = compression.Compressor("zstd", level=3)
+    chunks = b"".join(streamed.compress(data[i : i + 100_003]) for i in range(0, len(data), 100_003)) + streamed.finish()
+    assert whole == chunks
+    assert len(compression.zstd_frames.table(whole, "a")) == 3
+
+
+@pytest.mark.skipif(shutil.which("zstd") is None or shutil.which("tar") is None, reason="needs the zstd and tar programs")
+def test_zstd_and_tar_read_a_framed_pile(datasets, tmp_path):
+    packed = manifest.read(datasets["zstd"]).piles[0]
+    path = os.path.join(datasets["zstd"], packed.name)
+    plain = storage.read_bytes(os.path.join(datasets[None], manifest.read(datasets[None]).piles[0].name))
+    assert subprocess.run(["zstd", "-dc", path], capture_output=True, check=True).stdout == plain
+    listed = subprocess.run(["tar", "--zstd", "-tf", path], capture_output=True, check=True, text=True).stdout.split()
+    assert len(listed) == packed.samples
+    big = _framed(_text(5000))  # many frames: readers skip the seek table
+    (tmp_path / "big.zst").write_bytes(big)
+    assert subprocess.run(["zstd", "-dc", str(tmp_path / "big.zst")], capture_output=True, check=True).stdout == _text(5000)
+
+
+def test_a_stream_reader_reads_a_framed_pile_whole():
+    import zstandard
+
+    data = _text(5000)
+    with zstandard.ZstdDecompressor().stream_reader(_framed(data), read_across_frames=True) as reader:
+        assert reader.read() == data
+
+
+def test_old_single_frame_piles_and_joined_files_read_as_streams():
+    import zstandard
+
+    data = _text(5000)
+    single = zstandard.ZstdCompressor(level=3, threads=2, write_checksum=True).compress(data)
+    assert compression.zstd_frames.table(single, "a") is None
+    assert compression.decompress(single, "zstd", "a", size=len(data)) == data
+    joined = _framed(data) + _framed(data)  # the last table lists only the second half
+    assert compression.zstd_frames.table(joined, "a") is None
+    assert compression.decompress(joined, "zstd", "a", size=2 * len(data)) == data + data
+
+
+def _entry(packed, i, stored, size):
+    import struct
+
+    count = struct.unpack_from("<I", packed, len(packed) - 9)[0]
+    at = len(packed) - 9 - 8 * count + 8 * i
+    return packed[:at] + struct.pack("<II", stored, size) + packed[at + 8 :]
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        # a flipped byte inside frame 3: the frame's own checksum or its decoder says so
+        (
+            lambda b, f: b[: f[3].start + 100] + bytes([b[f[3].start + 100] ^ 0x55]) + b[f[3].start + 101 :],
+            r"zstd frame 3 of 32 \(bytes \d+-\d+\): not valid zstd",
+        ),
+        (
+            lambda b, f: _entry(b, 5, f[5].stored + 10, f[5].size),
+            r"the seek table's 32 frames take \d+ bytes, but the table starts at byte \d+",
+        ),
+        (
+            lambda b, f: _entry(_entry(b, 5, f[5].stored + 10, f[5].size), 6, f[6].stored - 10, f[6].size),
+            r"zstd frame 6 of 32 \(bytes \d+-\d+\): not valid zstd",
+        ),
+        (
+            lambda b, f: _entry(_entry(b, 5, f[5].stored - 10, f[5].size), 6, f[6].stored + 10, f[6].size),
+            r"zstd frame 5 of 32 \(bytes \d+-\d+\): ",
+        ),
+        (
+            lambda b, f: _entry(b, 7, f[7].stored, f[7].size + 1),
+            r"the seek table's frames hold 130001 bytes of tar, the manifest says 130000",
+        ),
+        (
+            lambda b, f: _entry(_entry(b, 7, f[7].stored, f[7].size + 1), 8, f[8].stored, f[8].size - 1),
+            r"zstd frame 7 of 32 .*: decompresses to 4096 bytes, the seek table says 4097",
+        ),
+        (lambda b, f: b[:-20] + b[-9:], r"the seek table of 32 frames should start at byte \d+ with a skippable frame header"),
+        (
+            lambda b, f: b[: len(b) // 2] + b[-(8 * 32 + 17) :],
+            r"the seek table's 32 frames take \d+ bytes, but the table starts at byte \d+ \(truncated or damaged\)",
+        ),
+        (lambda b, f: b[:12] + b[-9:], r"the seek table lists 32 frames, more than its 21-byte file holds"),
+    ],
+)
+def test_a_damaged_framed_pile_names_the_pile_and_the_frame(damage, message):
+    from shardkit.tar import zstd_frames
+
+    data = _text(5000)
+    packed = _framed(data)
+    frames = zstd_frames.table(packed, "a")
+    url = "x/pile-000003.tar.zst"
+    with pytest.raises(CorruptShardError, match=rf"^{url}: {message}"):
+        compression.decompress(damage(packed, frames), "zstd", url, size=len(data), threads=2)
+
+
+def test_decompressing_threads_end_with_the_read():
+    import threading
+
+    before = threading.active_count()
+    packed = _framed(_text(50_000))
+    for _ in range(3):
+        compression.decompress(packed, "zstd", "a", threads=3)
+    with pytest.raises(CorruptShardError):
+        compression.decompress(packed[:2000] + b"\0" * 100 + packed[2100:], "zstd", "a", threads=3)
+    assert threading.active_count() == before

@@ -6,7 +6,7 @@ piles needs around them: the tar's size and CRC-32 (for the manifest's ``tar_byt
 ``tar_checksum``) are the caller's, the compressed file's are counted here.
 
     pack = Pack.of(options)                      # None: plain tars
-    packed = Packed(fd, pack, size=tar_size)
+    packed = Packed(fd, pack)
     packed.write(chunk); ...; packed.finish()    # then packed.size, packed.crc
 """
 
@@ -36,9 +36,9 @@ class Packed:
     """The writing end of a compressed pile: a tar's bytes in, compressed bytes out to ``fd``,
     their size and CRC-32 counted as they are written."""
 
-    def __init__(self, fd: int, pack: Pack, size: int | None = None) -> None:
+    def __init__(self, fd: int, pack: Pack) -> None:
         self.fd = fd
-        self.packer = compression.Compressor(pack.codec, level=pack.level, size=size)
+        self.packer = compression.Compressor(pack.codec, level=pack.level)
         self.size = 0
         self.crc = 0
 

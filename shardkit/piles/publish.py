@@ -137,7 +137,7 @@ def _assemble(runs: Sequence[Run], dst: str, pack: Pack | None = None) -> tuple[
     with contextlib.ExitStack() as stack:
         out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o644)
         stack.callback(os.close, out)
-        packed = None if pack is None else Packed(out, pack, sum(run.length for run in runs) + len(write.TRAILER))
+        packed = None if pack is None else Packed(out, pack)
         put: Callable[[Any], None] = functools.partial(storage.write_fully, out) if packed is None else packed.write
         sources: dict[str, BinaryIO] = {}  # one handle per part file, however many runs it has
         for run in runs:

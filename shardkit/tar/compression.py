@@ -3,23 +3,25 @@ streaming compressor, and decompression whose every failure names the shard.
 
 A compressed shard is one tar compressed whole (``pile-000000.tar.zst``, ``.tar.gz``), never
 member by member, so ``tar --zstd``, ``tar -z``, Python's ``tarfile`` and webdataset read it as
-they read any compressed tar. zstd frames carry their content size and a checksum; zstd is
-always run with at least one worker thread, because its output is then the same for any number
-of threads (one thread and eight give identical bytes, so piles stay byte-identical whatever
-machine wrote them). gzip goes through zlib-ng, which is faster than the standard zlib.
+they read any compressed tar. zstd writes independent frames of a fixed size with a seek table
+(:mod:`shardkit.tar.zstd_frames`), so a reader decompresses a pile on several threads; the bytes
+depend only on the tar and the level, not on the machine or its threads, so piles stay
+byte-identical whatever wrote them. Every zstd frame carries its content size and a checksum.
+Older piles (one frame, no table) and other tools' files are read as a stream. gzip goes
+through zlib-ng, which is faster than the standard zlib.
 
-    packer = Compressor("zstd", level=3, size=len(tar))
+    packer = Compressor("zstd", level=3)
     data = packer.compress(tar) + packer.finish()
     assert decompress(data, "zstd", "x.tar.zst", size=len(tar)) == tar
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from shardkit._util import check_int, shown
 from shardkit.errors import ConfigError, CorruptShardError
+from shardkit.tar import zstd_frames
 
 # the codecs, in the order they are offered; None (no compression) is the default everywhere
 CODECS = ("zstd", "gzip")
@@ -32,8 +34,6 @@ MAGIC = {"zstd": b"\x28\xb5\x2f\xfd", "gzip": b"\x1f\x8b"}
 # the levels each codec takes, and the default (chosen by benchmarks/compression.py: see BENCHMARKS.md)
 LEVELS = {"zstd": (1, 22), "gzip": (1, 9)}
 DEFAULT_LEVEL = {"zstd": 3, "gzip": 6}
-# zstd workers for one stream: more than this gains little, and piles are compressed several at once
-_MAX_THREADS = 4
 
 
 def check_compression(value: Any, *, name: str = "compression") -> str | None:
@@ -89,22 +89,16 @@ class Compressor:
     Args:
         codec: ``"zstd"`` or ``"gzip"``.
         level: the codec's level (see :func:`check_level`).
-        size: the stream's length when known: zstd writes it into the frame header, so a reader
-            allocates the output once.
 
     Example:
         packer = Compressor("gzip", level=6)
         out = b"".join(packer.compress(chunk) for chunk in chunks) + packer.finish()
     """
 
-    def __init__(self, codec: str, *, level: int, size: int | None = None) -> None:
+    def __init__(self, codec: str, *, level: int) -> None:
         self.codec = codec
         if codec == "zstd":
-            import zstandard
-
-            threads = max(1, min(_MAX_THREADS, os.cpu_count() or 1))
-            packer = zstandard.ZstdCompressor(level=level, threads=threads, write_checksum=True)
-            self._stream: Any = packer.compressobj(size=-1 if size is None else size)
+            self._stream: Any = zstd_frames.FrameWriter(level=level)
         elif codec == "gzip":
             from zlib_ng import zlib_ng
 
@@ -119,31 +113,37 @@ class Compressor:
 
     def finish(self) -> bytes:
         """The rest of the compressed stream, its end included. Call once, last."""
-        return self._stream.flush()
+        return self._stream.finish() if self.codec == "zstd" else self._stream.flush()
 
 
 def compress(data: Any, codec: str, *, level: int) -> bytes:
     """``data`` compressed whole with ``codec`` (see :class:`Compressor`)."""
-    packer = Compressor(codec, level=level, size=len(data))
+    packer = Compressor(codec, level=level)
     return packer.compress(data) + packer.finish()
 
 
-def decompress(buf: Any, codec: str, url: str, *, size: int | None = None) -> bytes:
+def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threads: int | None = None) -> bytes:
     """The tar inside the compressed shard ``buf`` read from ``url``.
 
-    ``size``, the tar's length when a manifest says it, is checked; without it a stream of
-    several zstd frames or gzip members (what parallel compressors write) is read whole.
+    A zstd shard with a seek table is decompressed frame by frame on ``threads`` threads (None:
+    one a core, a few at most; see :func:`zstd_frames.threads_for`); any other zstd or gzip
+    stream, of one frame or member or several, is read whole as a stream. ``size``, the tar's
+    length when a manifest says it, is checked.
 
     Raises:
         CorruptShardError: naming ``url``: not this codec's data (wrong magic bytes), a stream
-            that ends early (truncated), corrupt data or a failed checksum, or a tar of another
-            length than ``size``.
+            that ends early (truncated), corrupt data or a failed checksum (naming the frame when
+            there is a seek table), a seek table that disagrees with the file, or a tar of
+            another length than ``size``.
     """
     magic = MAGIC[codec]
     head = bytes(buf[: len(magic)])
     if head != magic:
         found = " ".join(f"{b:02x}" for b in head) or "an empty file"
         raise CorruptShardError(f"{url}: not {codec} data: expected the magic bytes {' '.join(f'{b:02x}' for b in magic)}, found {found}")
+    frames = zstd_frames.table(buf, url, size=size) if codec == "zstd" else None
+    if frames is not None:
+        return zstd_frames.decompress(buf, frames, url, threads=threads)
     try:
         out = _zstd(buf, size) if codec == "zstd" else _gzip(buf)
     except Exception as e:  # the codecs' own errors (zstd.ZstdError, zlib.error, EOFError...): say which shard and why
@@ -157,7 +157,7 @@ def _zstd(buf: Any, size: int | None) -> bytes:
     import zstandard
 
     unpacker = zstandard.ZstdDecompressor()
-    if size is not None:  # one frame of known size (shardkit's own piles): one allocation, no copy
+    if size is not None and zstandard.frame_content_size(buf) == size:  # one frame holding it all (older piles): one allocation
         return unpacker.decompress(buf, max_output_size=size)
     with unpacker.stream_reader(buf, read_across_frames=True, read_size=1 << 20) as reader:
         out = reader.read()

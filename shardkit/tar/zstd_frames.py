@@ -1,0 +1,240 @@
+"""Seekable zstd: a tar compressed as independent frames of a fixed size with a seek table at the
+end, and decompressed frame by frame on a few threads straight into one buffer.
+
+libzstd decompresses one frame on one core; independent frames are what lets several cores share
+a pile. The layout is zstd's own seekable format (``contrib/seekable_format`` in the zstd
+repository): the frames, then a skippable frame (magic ``0x184D2A5E``) holding one entry per
+frame (compressed size, decompressed size) and a footer (frame count, descriptor, magic
+``0x8F92EAB1``). Readers that do not know the table skip it, so ``zstd -d``, ``tar --zstd`` and any
+zstd stream reader read the file as the concatenated frames it is. Frames are cut every
+``FRAME_SIZE`` bytes of tar and each is compressed alone, so the bytes depend on the tar and the
+level only: not on the machine, nor on how many threads wrote or read them.
+
+    writer = FrameWriter(level=3)
+    data = writer.compress(tar) + writer.finish()
+    assert decompress(data, table(data, "x.tar.zst"), "x.tar.zst") == tar
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import struct
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from shardkit.errors import CorruptShardError
+
+# tar bytes per frame: 2 MiB keeps level 3's whole 2 MiB window (the size costs under 0.5%
+# against one frame) and gives a 100 MB pile 50 pieces to share among threads (benchmarks/compression.py)
+FRAME_SIZE = 2 << 20
+# threads decompressing one pile: more gains little, and a loader's other work needs cores too
+MAX_THREADS = 4
+SKIPPABLE_MAGIC = 0x184D2A5E
+SEEKABLE_MAGIC = 0x8F92EAB1
+_FOOTER = struct.Struct("<IBI")  # frame count, descriptor, seekable magic
+_HEADER = struct.Struct("<II")  # skippable magic, size of what follows
+_CHECKSUM_FLAG = 0x80
+_RESERVED_BITS = 0x7C
+# the seekable format's limit: a frame count past it is a damaged footer, not a real file
+_MAX_FRAMES = 0x8000000
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One frame of a seekable file: where it is stored and where its bytes go in the tar."""
+
+    start: int  # offset in the compressed file
+    stored: int  # compressed size
+    offset: int  # offset in the tar
+    size: int  # decompressed size
+
+
+class FrameWriter:
+    """Compress one stream as frames of ``frame_size`` bytes, then the seek table.
+
+    Args:
+        level: the zstd level.
+        frame_size: tar bytes per frame (fixed: it decides the bytes written).
+
+    Example:
+        writer = FrameWriter(level=3)
+        out = b"".join(writer.compress(chunk) for chunk in chunks) + writer.finish()
+    """
+
+    def __init__(self, *, level: int, frame_size: int = FRAME_SIZE) -> None:
+        import zstandard
+
+        # no worker threads: one frame's bytes are then libzstd's single-threaded output, the same everywhere
+        self._packer = zstandard.ZstdCompressor(level=level, write_checksum=True)
+        self._frame_size = frame_size
+        self._pending = bytearray()
+        self._entries: list[tuple[int, int]] = []
+
+    def compress(self, data: Any) -> bytes:
+        """The frames completed by ``data`` (none until ``frame_size`` bytes have come)."""
+        view = memoryview(data).cast("B")
+        out = []
+        if self._pending:
+            take = self._frame_size - len(self._pending)
+            self._pending += view[:take]
+            view = view[take:]
+            if len(self._pending) == self._frame_size:
+                out.append(self._frame(self._pending))
+                self._pending = bytearray()
+        while len(view) >= self._frame_size:  # whole frames straight from the input: no copy
+            out.append(self._frame(view[: self._frame_size]))
+            view = view[self._frame_size :]
+        self._pending += view
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """The last (short) frame and the seek table. Call once, last."""
+        last = self._frame(self._pending) if self._pending or not self._entries else b""
+        self._pending = bytearray()
+        return last + seek_table(self._entries)
+
+    def _frame(self, data: Any) -> bytes:
+        frame = self._packer.compress(data)
+        self._entries.append((len(frame), len(data)))
+        return frame
+
+
+def seek_table(entries: Sequence[tuple[int, int]]) -> bytes:
+    """The seek table frame for ``entries`` (compressed size, decompressed size), without checksums."""
+    body = b"".join(struct.pack("<II", stored, size) for stored, size in entries)
+    footer = _FOOTER.pack(len(entries), 0, SEEKABLE_MAGIC)
+    return _HEADER.pack(SKIPPABLE_MAGIC, len(body) + len(footer)) + body + footer
+
+
+def table(buf: Any, url: str, *, size: int | None = None) -> list[Frame] | None:
+    """The frames ``buf``'s seek table lists, or None when it has no table that lists all of it
+    (an older single-frame pile, another tool's file, seekable files joined end to end, a table
+    of a later format version): read it as a stream then, which checks every frame all the same.
+
+    Raises:
+        CorruptShardError: naming ``url``: a table whose entries do not add up to the file
+            (truncated, or damaged), or to ``size`` (the tar's length the manifest says).
+    """
+    end = len(buf)
+    if end < _HEADER.size + _FOOTER.size or struct.unpack_from("<I", buf, end - 4)[0] != SEEKABLE_MAGIC:
+        return None
+    count, descriptor, _ = _FOOTER.unpack_from(buf, end - _FOOTER.size)
+    if descriptor & _RESERVED_BITS:  # a later version of the format: the frames are still a stream
+        return None
+    width = 12 if descriptor & _CHECKSUM_FLAG else 8
+    start = end - _FOOTER.size - count * width - _HEADER.size
+    if count > _MAX_FRAMES or start < 0:
+        raise CorruptShardError(f"{url}: the seek table lists {count} frames, more than its {end}-byte file holds (truncated?)")
+    magic, length = _HEADER.unpack_from(buf, start)
+    if magic != SKIPPABLE_MAGIC or length != count * width + _FOOTER.size:
+        raise CorruptShardError(
+            f"{url}: the seek table of {count} frames should start at byte {start} with a skippable frame header "
+            f"of size {count * width + _FOOTER.size}, found magic {magic:#010x} and size {length}"
+        )
+    frames, stored_at, tar_at = [], 0, 0
+    for i in range(count):
+        stored, frame_size = struct.unpack_from("<II", buf, start + _HEADER.size + i * width)
+        frames.append(Frame(stored_at, stored, tar_at, frame_size))
+        stored_at, tar_at = stored_at + stored, tar_at + frame_size
+    if stored_at > start:
+        raise CorruptShardError(
+            f"{url}: the seek table's {count} frames take {stored_at} bytes, but the table starts at byte {start} (truncated or damaged)"
+        )
+    if stored_at < start:  # frames before the listed ones (seekable files joined end to end): a stream, then
+        return None
+    if size is not None and tar_at != size:
+        raise CorruptShardError(f"{url}: the seek table's frames hold {tar_at} bytes of tar, the manifest says {size}")
+    return frames
+
+
+def threads_for(frames: int, threads: int | None = None) -> int:
+    """How many threads decompress ``frames`` frames: ``threads`` if given, else one a core this
+    process may use, at most :data:`MAX_THREADS`; never more than there are frames."""
+    if threads is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = min(cores, MAX_THREADS)
+    return max(1, min(threads, frames))
+
+
+def decompress(buf: Any, frames: Sequence[Frame], url: str, *, threads: int | None = None) -> bytes:
+    """The tar of the seekable file ``buf`` whose frames ``table`` found, decompressed on
+    ``threads`` threads (see :func:`threads_for`) into one buffer.
+
+    Raises:
+        CorruptShardError: naming ``url``, the frame and its offset: corrupt data, a failed
+            checksum, or a frame that holds more or fewer bytes than its table entry says.
+    """
+    out, view = _output(sum(f.size for f in frames))
+    source = memoryview(buf)
+    try:
+        run = _runner(url, len(frames), source, view)
+        workers = threads_for(len(frames), threads)
+        if workers == 1:
+            for i, frame in enumerate(frames):
+                run(i, frame)
+        else:  # libzstd lets go of the GIL while it decompresses, so the threads share the cores
+            with ThreadPoolExecutor(workers, thread_name_prefix="shardkit-zstd") as pool:
+                for future in [pool.submit(run, i, frame) for i, frame in enumerate(frames)]:
+                    future.result()
+    finally:
+        view.release()
+        source.release()
+    return out if isinstance(out, bytes) else bytes(out)
+
+
+def _runner(url: str, count: int, source: memoryview, view: memoryview) -> Callable[[int, Frame], None]:
+    """Decompress one frame into its place in ``view``; a failure names the frame."""
+    import zstandard
+
+    def run(i: int, frame: Frame) -> None:
+        where = f"{url}: zstd frame {i} of {count} (bytes {frame.start}-{frame.start + frame.stored})"
+        if frame.size == 0:  # an empty or skippable frame: nothing of the tar in it
+            return
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(source[frame.start : frame.start + frame.stored]) as reader:
+                # an exact-size output with the whole frame at hand: libzstd decodes it in one pass, in place
+                got = reader.readinto(view[frame.offset : frame.offset + frame.size])
+                extra = reader.readinto(bytearray(1)) if got == frame.size else 0
+        except Exception as e:  # zstd's own errors (ZstdError...): say which pile and frame
+            reason = (str(e) or type(e).__name__).removeprefix("zstd decompress error: ")
+            raise CorruptShardError(f"{where}: not valid zstd: corrupt or truncated ({reason})") from None
+        if got != frame.size or extra:
+            found = "more" if extra else str(got)
+            raise CorruptShardError(f"{where}: decompresses to {found} bytes, the seek table says {frame.size}")
+
+    return run
+
+
+# CPython's bytes keep their data at this offset in the object (the 1 is the trailing NUL)
+_BYTES_DATA = bytes.__basicsize__ - 1
+
+
+def _output(size: int) -> tuple[bytes | bytearray, memoryview]:
+    """``size`` uninitialised bytes and a writable view of them.
+
+    Readers take the tar as bytes (slices are bytes again), and a fresh bytes object reuses the
+    allocator's warm pages where a zeroed bytearray or a new memory map would fault in new ones
+    (measured: page faults cost as much as decompressing). The threads fill it in place before
+    anyone else sees it, as C code fills the bytes it is about to return.
+    """
+    new = _new_bytes()
+    if new is None:  # pragma: no cover - not CPython: a bytearray, copied to bytes at the end
+        scratch = bytearray(size)
+        return scratch, memoryview(scratch)
+    out = new(None, size)
+    return out, memoryview((ctypes.c_char * size).from_address(id(out) + _BYTES_DATA)).cast("B")
+
+
+@functools.cache
+def _new_bytes() -> Any:
+    """CPython's ``PyBytes_FromStringAndSize``, or None where there is no such API."""
+    try:
+        new = ctypes.pythonapi.PyBytes_FromStringAndSize
+    except (AttributeError, OSError):  # pragma: no cover - PyPy and others
+        return None
+    new.restype, new.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_ssize_t)
+    return new
