@@ -68,6 +68,11 @@ class Segment:
     concatenated without the inner trailers. Beside it, ``<stem>.keys`` holds the sorted 64-bit
     hashes of its keys (see :func:`keys_name`), so an append checks its keys against the
     dataset's without reading the old data.
+
+    ``resolution`` and ``leaf`` say which samples it may hold: those whose draw u (see
+    :func:`shardkit.piles.router.draws`) has ``floor(u * resolution) == leaf``. Any file holds
+    leaf 0 of resolution 1 (the default, which the manifest then leaves out); a pile an append
+    split into leaves is made of finer ones.
     """
 
     name: str
@@ -78,6 +83,8 @@ class Segment:
     compression: str | None = None
     tar_bytes: int | None = None
     tar_checksum: str | None = None
+    resolution: int = 1
+    leaf: int = 0
 
     @property
     def tar_size(self) -> int:
@@ -97,7 +104,10 @@ class Segment:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**_entry(self), "generation": self.generation}
+        doc = {**_entry(self), "generation": self.generation}
+        if self.resolution != 1:
+            doc.update(resolution=self.resolution, leaf=self.leaf)
+        return doc
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,13 +329,34 @@ def _pile(p: Any, at: str) -> PileInfo:
         where = f"{at}: segments[{i}]"
         seg_name, count, size, crc = _file(doc, where)
         generation = _count(doc, "generation", where)
-        segments.append(Segment(name=seg_name, samples=count, bytes=size, checksum=crc, generation=generation, **_compressed(doc, where)))
+        segments.append(
+            Segment(
+                name=seg_name,
+                samples=count,
+                bytes=size,
+                checksum=crc,
+                generation=generation,
+                **_compressed(doc, where),
+                **_leaf(doc, where),
+            )
+        )
     pile = joined(segments, name)
     if (pile.samples, pile.bytes) != (samples, nbytes):
         raise ManifestError(
             f"{at}: pile {name!r} says {samples} samples and {nbytes} bytes, its segments add up to {pile.samples} and {pile.bytes}"
         )
     return pile
+
+
+def _leaf(doc: dict[str, Any], at: str) -> dict[str, Any]:
+    """A segment's resolution (a power of two) and leaf below it; none for a whole one (1 and 0)."""
+    resolution = _count(doc, "resolution", at, default=1)
+    if resolution < 1 or resolution & (resolution - 1):
+        raise ManifestError(f"{at}: field 'resolution': expected a power of two (1, 2, 4, ...), got {resolution}")
+    leaf = _count(doc, "leaf", at, default=0)
+    if leaf >= resolution:
+        raise ManifestError(f"{at}: field 'leaf': expected 0 to {resolution - 1} (below its resolution {resolution}), got {leaf}")
+    return {"resolution": resolution, "leaf": leaf}
 
 
 def _generations(doc: dict[str, Any], where: str) -> dict[int, str]:
@@ -389,7 +420,8 @@ def parse(text: str, where: str) -> Manifest:
     return manifest
 
 
-_PILE = re.compile(r"^pile-(\d+)(?:-\d+)*(?:\.v\d+)?(?:\.g\d+)?\.tar(?:\.zst|\.gz)?$")
+# a pile, a sub-pile of a split (pile-000012-001.tar) or a leaf of a pile an append split (pile-000012.r4-1.tar)
+_PILE = re.compile(r"^pile-(\d+)(?:-\d+)*(?:\.r\d+-\d+)?(?:\.v\d+)?(?:\.g\d+)?\.tar(?:\.zst|\.gz)?$")
 # a whole pile pass 1 wrote (not split): pile-000012.tar, .v1.tar after an overwrite, .tar.zst compressed
 _WHOLE_PILE = re.compile(r"^pile-(\d{6,})(?:\.v\d+)?\.tar(?:\.zst|\.gz)?$")
 
@@ -400,9 +432,23 @@ def whole_pile(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def pile_number(name: str) -> int | None:
+    """The pile of the M pass 1 drew that ``name`` is or is part of (a split's sub-pile, an
+    append's leaf); None for a name shardkit's writers do not give piles."""
+    match = _PILE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def leaf_name(pile: int, resolution: int, leaf: int) -> str:
+    """The name of leaf ``leaf`` of ``resolution`` of pile ``pile``: ``pile-000003.r4-1.tar``
+    (``pile-000003.tar`` at resolution 1). It names a pile made of segments, never a file."""
+    return f"pile-{pile:06d}.tar" if resolution == 1 else f"pile-{pile:06d}.r{resolution}-{leaf}.tar"
+
+
 def original_piles(m: Manifest) -> int:
-    """The M a dataset was written with: split sub-piles (``pile-000012-001.tar``) count once."""
-    bases = [int(match.group(1)) for p in m.piles if (match := _PILE.match(p.name))]
+    """The M a dataset was written with: split sub-piles (``pile-000012-001.tar``) and an
+    append's leaves (``pile-000012.r4-1.tar``) count once."""
+    bases = [number for p in m.piles if (number := pile_number(p.name)) is not None]
     if len(bases) != len(m.piles):
         return len(m.piles)
     return max(bases) + 1 if bases else 0

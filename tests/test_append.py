@@ -431,7 +431,7 @@ def _unit_samples(unit):
         yield {"__key__": f"u{unit:02d}-{k}", "txt": f"unit {unit} sample {k}"}
 
 
-def _interrupted_append(out: str, units: list[int], stop_at: int) -> None:
+def _interrupted_append(out: str, units: list[int], stop_at: int, **options) -> None:
     """An append that stops (Ctrl-C) at unit ``stop_at``, after the units before it were committed."""
     from shardkit.piles import resume
 
@@ -439,27 +439,30 @@ def _interrupted_append(out: str, units: list[int], stop_at: int) -> None:
     _STOP["at"] = stop_at
     try:
         with pytest.raises(KeyboardInterrupt):
-            shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", quiet=True)
+            shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", quiet=True, **options)
     finally:
         resume.COMMIT_SECONDS = every
         _STOP["at"] = None
 
 
-def test_an_interrupted_append_resumes_to_the_same_segments(tmp_path):
+@pytest.mark.parametrize("options", [{}, {"max_pile_bytes": 4096}], ids=["whole", "split"])
+def test_an_interrupted_append_resumes_to_the_same_segments(tmp_path, options):
+    # split: 4 KiB holds 3 samples, so pass 1 splits piles and the append rewrites them into leaves
     from shardkit.piles import resume
 
     units = list(range(4, 16))
     reference = str(tmp_path / "reference")
-    shardkit.preprocess([0, 1, 2, 3], _unit_samples, reference, piles=3, seed=2, quiet=True)
-    whole = shardkit.preprocess(units, _unit_samples, reference, piles=3, seed=2, mode="append", quiet=True)
+    shardkit.preprocess([0, 1, 2, 3], _unit_samples, reference, piles=3, seed=2, quiet=True, **options)
+    whole = shardkit.preprocess(units, _unit_samples, reference, piles=3, seed=2, mode="append", quiet=True, **options)
     out = str(tmp_path / "out")
-    shardkit.preprocess([0, 1, 2, 3], _unit_samples, out, piles=3, seed=2, quiet=True)
-    _interrupted_append(out, units, stop_at=10)
+    shardkit.preprocess([0, 1, 2, 3], _unit_samples, out, piles=3, seed=2, quiet=True, **options)
+    _interrupted_append(out, units, stop_at=10, **options)
     assert manifest.read(out).generation == 0 and os.path.isdir(resume.staging_path(out))
     with pytest.raises(shardkit.DatasetExistsError, match="holds an interrupted pass 1"):
-        shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", quiet=True)
-    resumed = shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", resume=True, quiet=True)
+        shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", quiet=True, **options)
+    resumed = shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", resume=True, quiet=True, **options)
     assert resumed.generation == 1 and resumed.piles == whole.piles
+    assert any(s.resolution > 1 for p in whole.piles for s in p.segments) == bool(options)
     for pile in whole.piles:
         for segment in pile.segments:
             assert (tmp_path / "out" / segment.name).read_bytes() == (tmp_path / "reference" / segment.name).read_bytes()
@@ -484,12 +487,3 @@ def test_repile_reads_every_segment_of_a_grown_compressed_dataset(tmp_path):
     result = shardkit.repile(src, dst, piles=2, quiet=True)
     assert result.samples == 28 and result.generation == 0
     assert sorted(_keys(dst)) == sorted(_keys(src))
-
-
-def test_an_append_that_grows_a_pile_over_max_pile_bytes_says_so(tmp_path, caplog):
-    out = str(tmp_path / "ds")
-    _write(out, ["a0", "a1"], piles=1, max_pile_bytes="8KiB")
-    with caplog.at_level(logging.WARNING):
-        grown = _append(out, [f"b{i:02d}" for i in range(20)], piles=1, max_pile_bytes="8KiB")
-    assert grown.piles[0].bytes > 8192 and len(grown.piles) == 1
-    assert "1 piles are over max_pile_bytes=8192 after this append (the largest, pile-000000.tar" in caplog.text

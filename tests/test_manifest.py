@@ -121,3 +121,46 @@ def test_a_bad_manifest_is_an_error_from_the_cli_naming_the_file(tmp_path, capsy
     assert main(["info", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "shardkit.json: field 'skipped_units'" in err and "Traceback" not in err
+
+
+def _leaf_example() -> Manifest:
+    segments = (
+        manifest.Segment(
+            name="pile-000001.g000000.r4-2.tar", samples=3, bytes=4096, checksum="crc32:00000001", generation=0, resolution=4, leaf=2
+        ),
+        manifest.Segment(
+            name="pile-000001.g000001.r4-2.tar", samples=2, bytes=3072, checksum="crc32:00000002", generation=1, resolution=4, leaf=2
+        ),
+    )
+    return Manifest(piles=(manifest.joined(segments, "pile-000001.r4-2.tar"),), seed=3, fields=(), created_by="t", generation=1)
+
+
+def test_a_segment_records_its_leaf_and_old_manifests_mean_the_whole_pile():
+    m = _leaf_example()
+    assert manifest.parse(m.to_json(), "m.json") == m
+    doc = json.loads(m.to_json())
+    assert doc["piles"][0]["segments"][0]["resolution"] == 4 and doc["piles"][0]["segments"][0]["leaf"] == 2
+    for segment in doc["piles"][0]["segments"]:  # written before segments had leaves
+        del segment["resolution"], segment["leaf"]
+    old = manifest.parse(json.dumps(doc), "m.json")
+    assert [(s.resolution, s.leaf) for s in old.piles[0].segments] == [(1, 0), (1, 0)]
+    assert "resolution" not in json.dumps(json.loads(old.to_json())["piles"][0]["segments"][0])
+    assert manifest.original_piles(m) == 2 and manifest.pile_number("pile-000001.r4-2.tar") == 1
+    assert manifest.whole_pile("pile-000001.r4-2.tar") is None and manifest.leaf_name(1, 4, 2) == "pile-000001.r4-2.tar"
+
+
+@pytest.mark.parametrize(
+    ("resolution", "leaf", "message"),
+    [
+        (3, 0, r"segments\[0\]: field 'resolution': expected a power of two \(1, 2, 4, ...\), got 3"),
+        (0, 0, r"segments\[0\]: field 'resolution': expected a power of two \(1, 2, 4, ...\), got 0"),
+        ("4", 0, r"segments\[0\]: field 'resolution': expected int, got '4'"),
+        (4, 4, r"segments\[0\]: field 'leaf': expected 0 to 3 \(below its resolution 4\), got 4"),
+        (4, -1, r"segments\[0\]: field 'leaf': expected a non-negative int, got -1"),
+    ],
+)
+def test_a_bad_leaf_is_named(resolution, leaf, message):
+    doc = json.loads(_leaf_example().to_json())
+    doc["piles"][0]["segments"][0].update(resolution=resolution, leaf=leaf)
+    with pytest.raises(ManifestError, match=r"m.json: piles\[0\]: " + message):
+        manifest.parse(json.dumps(doc), "m.json")

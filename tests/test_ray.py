@@ -188,16 +188,19 @@ def test_compressed_piles_merged_on_ray_equal_local(tmp_path, cluster):
     assert all(p.name.endswith(".tar.zst") for p in on_ray.piles)
 
 
-def test_an_append_on_ray_writes_the_segments_a_local_append_writes(tmp_path, cluster):
+@pytest.mark.parametrize("limit", [None, 4096], ids=["whole", "split"])
+def test_an_append_on_ray_writes_the_segments_a_local_append_writes(tmp_path, cluster, limit):
+    # split: pass 1 splits piles into sub-piles, the append rewrites them into leaves on the driver
     def later(unit):
         yield from ({**s, "__key__": "new-" + s["__key__"]} for s in three(unit))
 
     for name, kwargs in (("local", {}), ("ray", {"executor": "ray", "ray_address": cluster.address})):
-        _run(tmp_path / name, compression="zstd")
-        grown = _run(tmp_path / name, later, mode="append", compression="zstd", **kwargs)
+        _run(tmp_path / name, compression="zstd", max_pile_bytes=limit)
+        grown = _run(tmp_path / name, later, mode="append", compression="zstd", max_pile_bytes=limit, **kwargs)
         assert grown.generation == 1 and grown.samples == 6 * UNITS
     local, on_ray = shardkit.manifest.read(tmp_path / "local"), shardkit.manifest.read(tmp_path / "ray")
     assert on_ray.piles == local.piles
+    assert any(s.resolution > 1 for p in local.piles for s in p.segments) == (limit is not None)
     assert {k: v for k, v in _files(tmp_path / "ray").items() if k.startswith("pile-")} == {
         k: v for k, v in _files(tmp_path / "local").items() if k.startswith("pile-")
     }

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from shardkit.piles.router import PileRouter, route, split_assignment
+from shardkit.piles.router import PileRouter, draws, leaves, resolution, route, split_assignment
 
 
 @settings(max_examples=60, deadline=None)
@@ -54,3 +54,33 @@ def test_split_assignment_is_deterministic_uniform_and_tagged_apart():
     assert stats.chisquare(np.bincount(a)).pvalue > 1e-4
     # a split never reuses the routing stream of a unit
     assert not np.array_equal(a[:100], route(piles=4, seed=3, unit=5, count=100))
+
+
+# --- the leaf draws of piles an append splits ---------------------------------------------------
+
+
+def test_a_draw_depends_on_the_seed_and_the_key_only():
+    keys = [f"k{i}" for i in range(2000)]
+    a = draws(7, keys)
+    assert a.dtype == np.uint64 and np.array_equal(a, draws(7, keys))
+    assert np.array_equal(a[::-1], draws(7, keys[::-1]))  # nothing of a key's neighbours or position
+    assert np.array_equal(a[:5], draws(7, [k.encode() for k in keys[:5]]))  # str or its UTF-8 bytes
+    assert not np.array_equal(a, draws(8, keys))
+    assert stats.chisquare(np.bincount(leaves(a, 16), minlength=16)).pvalue > 1e-4
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**80), keys=st.lists(st.text(min_size=1), min_size=1, max_size=50, unique=True), bits=st.integers(0, 20))
+def test_leaves_nest_across_powers_of_two(seed, keys, bits):
+    drawn = draws(seed, keys)
+    fine = leaves(drawn, 2 ** (bits + 1))
+    assert np.array_equal(fine // 2, leaves(drawn, 2**bits))
+    # floor(u * k) with u = draw / 2**64, in exact integers rather than by the shift
+    assert leaves(drawn, 2**bits).tolist() == [int(h) * 2**bits // 2**64 for h in drawn.tolist()]
+
+
+def test_resolution_is_the_smallest_power_of_two_that_fits():
+    assert [resolution(n, 5) for n in (0, 5, 6, 10, 11, 20, 21, 40, 41)] == [1, 1, 2, 2, 4, 4, 8, 8, 16]
+    assert resolution(10**6, None) == 1
+    with pytest.raises(ValueError, match="power of two"):
+        leaves(np.zeros(3, dtype=np.uint64), 3)

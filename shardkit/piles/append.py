@@ -10,6 +10,12 @@ lists the old segments and the new ones, and replacing ``shardkit.json`` is the 
 (the old generation's manifest is kept as ``shardkit.g<old>.json``, so a loader pinned to it
 still reads it). A ``window`` leaves the oldest generations' segments out of the new manifest.
 
+A pile that grows past ``max_pile_bytes`` is split into random leaves by each sample's keyed
+draw (:mod:`shardkit.piles.leaves`): segments already fine enough are regrouped as they are,
+coarser ones are rewritten once into finer files (a pile doubles before it is rewritten
+again), and the first epoch over the window stays an exactly uniform permutation. The piles of
+a dataset pass 1 split into sub-piles are such segments too.
+
 Keys stay unique across generations without reading the old data: beside each segment,
 ``<segment>.keys`` holds the sorted 64-bit hashes of its keys, and the new keys' hashes are
 compared with them; only a hash that meets one is read back to compare the keys themselves.
@@ -32,18 +38,16 @@ import numpy as np
 from shardkit import manifest, storage
 from shardkit._util import parse_duration
 from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
-from shardkit.manifest import Manifest, PileInfo, Segment, generation_name, joined, keys_name, whole_pile
+from shardkit.manifest import Manifest, PileInfo, Segment, generation_name, joined, keys_name, leaf_name
+from shardkit.piles import leaves, router
+from shardkit.piles.leaves import HASH, Names, segments_by_pile
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import Output
 from shardkit.piles.pack import Pack
-from shardkit.piles.publish import Mapper, Run, assemble_pile, install, map_threads, pile_name
-from shardkit.tar import compression
-from shardkit.tar.keys import key_hashes
+from shardkit.piles.publish import Mapper, Run, assemble_pile, capacity, install, map_threads
 from shardkit.tar.shard import Shard
 
 log = logging.getLogger(__name__)
-
-_HASH = np.dtype("<u8")
 
 
 @dataclass(frozen=True)
@@ -59,19 +63,13 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def segment_name(pile: int, generation: int, token: str = "", codec: str | None = None) -> str:
-    """``pile-000003.g000002.tar``: generation 2's segment of pile 3 (``token`` goes after a dash;
-    ``codec`` adds its suffix: ``.tar.zst``)."""
-    return f"{pile_name(pile).removesuffix('.tar')}.g{generation:06d}{'-' + token if token else ''}.tar{compression.suffix(codec)}"
-
-
 def start(output: Output, options: PileOptions) -> Base | None:
     """The dataset ``output`` holds, checked against ``options``; None unless ``options.mode`` is ``"append"``.
 
     Raises:
         DatasetNotFoundError: there is no dataset to append to.
-        ConfigError: ``piles`` or ``seed`` is not the dataset's (both values named), or its
-            piles were split into sub-piles (an append does not route into sub-piles).
+        ConfigError: ``piles`` or ``seed`` is not the dataset's (both values named), or a pile
+            of it is not named after one of its piles (not a dataset pass 1 wrote).
     """
     if options.mode != "append":
         return None
@@ -89,13 +87,7 @@ def start(output: Output, options: PileOptions) -> Base | None:
         )
     if old.seed != options.seed:
         raise ConfigError(f"seed: {out} was written with seed={old.seed}, this append has seed={options.seed}; pass seed={old.seed}")
-    # a pile is whole (pile-000003.tar, .v1.tar after an overwrite, .tar.zst compressed) or the segments an append made
-    split = [p.name for i, p in enumerate(old.piles) if p.segments is None and whole_pile(p.name) != i]
-    if split or len(old.piles) != piles:
-        raise ConfigError(
-            f"{out}: its piles were split into sub-piles ({split[0] if split else old.piles[-1].name}, ...); "
-            "appending to such a dataset is not supported: write it with a larger max_pile_bytes or more piles"
-        )
+    segments_by_pile(old, piles, out)  # each pile, sub-pile or leaf must belong to one of the M piles
     return Base(old, old.generation + 1, output.manifest_seen)
 
 
@@ -114,74 +106,59 @@ def finish(
     progress: Callable[[int], Any] | None = None,
     mapper: Mapper | None = None,
 ) -> Manifest:
-    """Publish the new generation: each pile's runs become its new segment, the keys are checked
-    unique across generations, the window retires old generations, the manifest goes in last.
+    """Publish the new generation: each pile's runs become its new segments, the keys are checked
+    unique across generations, the window retires old generations, piles over
+    ``max_pile_bytes`` are split into leaves, the manifest goes in last.
 
     Takes the arguments of :func:`shardkit.piles.publish.publish`. Segments are written here, on
     ``threads`` threads (``mapper`` is not used: with ``executor="ray"`` the driver writes them).
-    With ``options.compression`` each segment is compressed whole. The new generation's
-    ``extra["repeat"]`` (a repeat rule's record) names its generation.
+    With ``options.compression`` each segment (new or rewritten) is compressed whole. The new
+    generation's ``extra["repeat"]`` (a repeat rule's record) names its generation.
 
     Raises:
         SampleError: a new key is already in the dataset, or twice in this append.
         DatasetExistsError: the manifest changed while the job ran (another writer).
+        CorruptShardError: a segment to be rewritten is not what the manifest says.
     """
     old, g = base.manifest, base.generation
     out = output.path
-    new: dict[int, Segment] = {}
-    staged: list[str] = []
-    # an object store has no lock: two appends may race to one generation, and the loser must not
-    # replace (then delete) the winner's objects, so there each job's segment names are its own
-    token = output.token[:8] if output.remote else ""
-    pack = Pack.of(options)
-    codec = None if pack is None else pack.codec
-    work = [(runs[p], counts[p], segment_name(p, g, token, codec), g, staging, pack) for p in range(len(runs))]
-    for p, segment in enumerate(map_threads(_write_segment, work, threads, progress)):
-        if segment is not None:
-            new[p] = segment
-            staged += [os.path.join(staging, segment.name), os.path.join(staging, keys_name(segment.name))]
     generations = _times(old, out)
     generations[g] = now()
     keep = _kept(generations, options.window, g)
-    piles, first = [], []
-    for p, pile in enumerate(old.piles):
-        segments = list(pile.segments) if pile.segments is not None else _as_segment(pile)
-        if pile.segments is None and pile.samples:
-            first.append(p)
-        segments = [s for s in segments if s.generation in keep] + ([new[p]] if p in new else [])
-        piles.append(joined(segments, pile_name(p)))
-    first_keys = _first_keys(out, [old.piles[p] for p in first], staging)
-    _check_unique(out, [s for pile in piles for s in pile.segments or () if s.generation != g], list(new.values()), staging)
-    over = sorted((p for p in piles if options.max_bytes is not None and p.bytes > options.max_bytes), key=lambda p: -p.bytes)
-    if over:
-        log.warning(
-            "%s: %d piles are over max_pile_bytes=%d after this append (the largest, %s, holds %d bytes of tar); an append never "
-            "splits piles: repile the dataset (shardkit repile) to split them, or pass a larger max_pile_bytes to the loader",
-            out,
-            len(over),
-            options.max_bytes,
-            over[0].name,
-            over[0].bytes,
-        )
-    retired = sorted(set(generations) - keep)
-    if retired:
-        log.info("%s: generations %s leave the window (%s); shardkit gc deletes their files", out, _span(retired), options.window)
-    if set(fields) != set(old.fields):
-        log.warning(
-            "%s: generation %d has fields %s, the dataset had %s; the manifest lists both",
-            out,
-            g,
-            sorted(fields) or "none",
-            list(old.fields) or "none",
-        )
+    kept = [[s for s in segments if s.generation in keep] for segments in segments_by_pile(old, len(runs), out)]
+    resolutions = _resolutions(kept, runs, counts, options.max_bytes)
+    pack = Pack.of(options)
+    # an object store has no lock: two appends may race to one generation, and the loser must not
+    # replace (then delete) the winner's objects, so there each job's segment names are its own
+    names = Names(set(storage.listdir(out)), output.token[:8] if output.remote else "", None if pack is None else pack.codec)
+    work = [(runs[p], counts[p], resolutions[p], names.of(p, g, resolutions[p]), g, staging, pack, old.seed) for p in range(len(runs))]
+    new = map_threads(_write_segments, work, threads, progress)
+    first = [p for p in old.piles if p.segments is None and p.samples and 0 in keep]
+    first_keys = _first_keys(out, first, staging)
+    _check_unique(out, [s for segments in kept for s in segments], [s for made in new for s in made], staging)
+    grouped = [_regroup(out, p, kept[p], resolutions[p], names, staging, pack, old.seed) for p in range(len(runs))]
+    piles = []
+    for p, (by_leaf, _) in enumerate(grouped):
+        k = resolutions[p]
+        for segment in new[p]:
+            by_leaf[segment.leaf].append(segment)
+        # an empty leaf is left out; pile p keeps one entry (maybe empty) so the dataset's M stays readable
+        piles += [joined(by_leaf[j], leaf_name(p, k, j)) for j in range(k) if by_leaf[j] or k == 1]
+    staged = [
+        os.path.join(staging, path)
+        for segment in [*(s for made in new for s in made), *(s for _, rewritten in grouped for s in rewritten)]
+        for path in (segment.name, keys_name(segment.name))
+    ]
+    _log_changes(out, g, old, sorted(set(generations) - keep), fields, resolutions, grouped, counts, options)
+    over = _over_limit(out, piles, options.max_bytes)
     result = Manifest(
         piles=tuple(piles),
         seed=old.seed,
         fields=tuple(sorted(set(fields) | set(old.fields))),
         created_by=old.created_by,
         skipped_units=old.skipped_units + skipped_units,
-        split_piles=old.split_piles,
-        extra=_extra(old.extra, extra or {}, g),
+        split_piles=sum(k > 1 for k in resolutions),
+        extra=_extra(old.extra, extra or {}, g, over),
         generation=g,
         generations={k: t for k, t in generations.items() if k in keep},
     )
@@ -196,34 +173,157 @@ def finish(
             storage.upload(path, storage.join(out, os.path.basename(path)))
         else:
             os.replace(path, os.path.join(out, os.path.basename(path)))
-    log.info("%s: generation %d adds %d samples in %d segments; %d samples in all", out, g, sum(counts), len(new), result.samples)
+    log.info("%s: generation %d adds %d samples in %d segments; %d samples in all", out, g, sum(counts), sum(map(len, new)), result.samples)
     return result
 
 
-def _extra(old: dict[str, Any], new: dict[str, Any], generation: int) -> dict[str, Any]:
+def _resolutions(kept: Sequence[Sequence[Segment]], runs: Sequence[Sequence[Run]], counts: Sequence[int], limit: int | None) -> list[int]:
+    """The leaves each pile is split into: from its count and the capacity of the dataset-wide
+    totals (never from which samples it holds, nor from when they came: that keeps the first
+    epoch exactly uniform)."""
+    samples = sum(s.samples for segments in kept for s in segments) + sum(counts)
+    body = sum(s.tar_size - manifest.TRAILER_BYTES for segments in kept for s in segments)
+    most = capacity(limit, samples, body + sum(run.length for pile in runs for run in pile))
+    return [router.resolution(sum(s.samples for s in segments) + count, most) for segments, count in zip(kept, counts, strict=True)]
+
+
+def _regroup(
+    out: str, pile: int, kept: Sequence[Segment], resolution: int, names: Names, staging: str, pack: Pack | None, seed: int
+) -> tuple[list[list[Segment]], list[Segment]]:
+    """Pile ``pile``'s kept segments by leaf at ``resolution``, and the segments rewritten (into
+    ``staging``) from those coarser than it, one generation at a time (one file per leaf each)."""
+    by_leaf: list[list[Segment]] = [[] for _ in range(resolution)]
+    coarse: dict[int, list[Segment]] = {}
+    for segment in kept:
+        j = leaves.place(segment, resolution)
+        if j is None:
+            coarse.setdefault(segment.generation, []).append(segment)
+        else:
+            by_leaf[j].append(segment)
+    rewritten: list[Segment] = []
+    for generation, segments in sorted(coarse.items()):
+        rewritten += leaves.rewrite(
+            [storage.join(out, s.name) for s in segments],
+            segments,
+            seed=seed,
+            resolution=resolution,
+            name=names.of(pile, generation, resolution),
+            staging=staging,
+            pack=pack,
+        )
+    for piece in rewritten:
+        by_leaf[piece.leaf].append(piece)
+    for segments in by_leaf:  # oldest first, as a pile's segments always were
+        segments.sort(key=lambda s: s.generation)
+    return by_leaf, rewritten
+
+
+def _log_changes(
+    out: str,
+    g: int,
+    old: Manifest,
+    retired: list[int],
+    fields: set[str],
+    resolutions: Sequence[int],
+    grouped: Sequence[tuple[list[list[Segment]], list[Segment]]],
+    counts: Sequence[int],
+    options: PileOptions,
+) -> None:
+    """Say what this append changed besides adding samples: leaves, rewrites, the window, fields."""
+    for p, (_, rewritten) in enumerate(grouped):
+        if rewritten:
+            log.info(
+                "%s: pile %d is split into %d leaves: %d samples rewritten into %d segment files (%d bytes of tar)",
+                out,
+                p,
+                resolutions[p],
+                sum(s.samples for s in rewritten),
+                len(rewritten),
+                sum(s.tar_size for s in rewritten),
+            )
+    moved = [s for _, rewritten in grouped for s in rewritten]
+    if any(k > 1 for k in resolutions):
+        log.info(
+            "%s: generation %d: %d piles are split into leaves (up to %d); %d bytes of old segments rewritten for it, "
+            "%d samples (of %d new)",
+            out,
+            g,
+            sum(k > 1 for k in resolutions),
+            max(resolutions),
+            sum(s.tar_size for s in moved),
+            sum(s.samples for s in moved),
+            sum(counts),
+        )
+    if old.split_piles and options.max_bytes is None:
+        log.warning(
+            "%s: the dataset had %d piles split into sub-piles, and this append has no max_pile_bytes, so it joins them back into "
+            "whole piles (nothing is rewritten); pass the max_pile_bytes the dataset was written with to keep them split",
+            out,
+            old.split_piles,
+        )
+    if retired:
+        log.info("%s: generations %s leave the window (%s); shardkit gc deletes their files", out, _span(retired), options.window)
+    if set(fields) != set(old.fields):
+        log.warning(
+            "%s: generation %d has fields %s, the dataset had %s; the manifest lists both",
+            out,
+            g,
+            sorted(fields) or "none",
+            list(old.fields) or "none",
+        )
+
+
+def _over_limit(out: str, piles: Sequence[PileInfo], limit: int | None) -> list[dict[str, Any]]:
+    """The piles over ``limit`` after the split, as ``extra["over_max_pile_bytes"]`` lists them; logged."""
+    over = sorted((p for p in piles if limit is not None and p.tar_size > limit), key=lambda p: -p.tar_size)
+    if over:
+        log.warning(
+            "%s: %d piles are over max_pile_bytes=%d after this append (the largest, %s, holds %d bytes of tar): piles are split "
+            "by sample count alone and each sample's leaf is drawn at random, which keeps the first epoch uniform, so a leaf may "
+            "hold more than its share of samples, or samples larger than average; a loader needs max_pile_bytes=%d",
+            out,
+            len(over),
+            limit,
+            over[0].name,
+            over[0].tar_size,
+            over[0].tar_size,
+        )
+    return [{"name": p.name, "bytes": p.tar_size} for p in over]
+
+
+def _extra(old: dict[str, Any], new: dict[str, Any], generation: int, over: list[dict[str, Any]]) -> dict[str, Any]:
     """The grown dataset's ``extra``: the old one updated with the new generation's; a repeat
-    rule's record says which generation it describes."""
+    rule's record says which generation it describes, ``over_max_pile_bytes`` which piles are
+    over the limit now."""
     if isinstance(new.get("repeat"), dict):
         new = {**new, "repeat": {**new["repeat"], "generation": generation}}
-    return {**old, **new}
+    grown = {**old, **new, "over_max_pile_bytes": over}
+    if not over:
+        del grown["over_max_pile_bytes"]
+    return grown
 
 
-def _write_segment(work: tuple[Sequence[Run], int, str, int, str, Pack | None]) -> Segment | None:
-    """Assemble one pile's new samples into a segment file in ``staging`` (compressed whole by
-    ``pack``), with its key hashes beside it; None when the pile gets no sample."""
-    runs, count, name, generation, staging, pack = work
+def _write_segments(work: tuple[Sequence[Run], int, int, Callable[[int], str], int, str, Pack | None, int]) -> list[Segment]:
+    """Write one pile's new samples as segment files in ``staging`` (compressed whole by
+    ``pack``), with their key hashes beside them: one file, or one per leaf at ``resolution``
+    when the pile is split (leaf j's named ``name(j)``); none when the pile gets no sample."""
+    runs, count, resolution, name, generation, staging, pack, seed = work
     if not count:
-        return None
-    path = os.path.join(staging, name)
+        return []
+    if resolution > 1:
+        return leaves.split_runs(
+            runs, count, seed=seed, resolution=resolution, name=name, generation=generation, staging=staging, pack=pack
+        )
+    path = os.path.join(staging, name(0))
     crc, packed = assemble_pile(runs, path, pack)
     size = os.path.getsize(path)
     checksum = manifest.format_checksum(crc)
     if packed is None:
-        segment = Segment(name=name, samples=count, bytes=size, checksum=checksum, generation=generation)
+        segment = Segment(name=os.path.basename(path), samples=count, bytes=size, checksum=checksum, generation=generation)
     else:
         tar_size = sum(run.length for run in runs) + manifest.TRAILER_BYTES
         segment = Segment(
-            name=name,
+            name=os.path.basename(path),
             samples=count,
             bytes=packed.size,
             checksum=manifest.format_checksum(packed.crc),
@@ -232,43 +332,8 @@ def _write_segment(work: tuple[Sequence[Run], int, str, int, str, Pack | None]) 
             tar_bytes=tar_size,
             tar_checksum=checksum,
         )
-    _write_keys(path, Shard(path, _tar(path, segment.info())).keys)
-    return segment
-
-
-def _tar(url: str, info: PileInfo) -> bytes:
-    """The tar in the file ``url`` (decompressed when ``info`` says it is compressed)."""
-    data = storage.read_bytes(url)
-    return data if info.compression is None else compression.decompress(data, info.compression, url, size=info.tar_bytes)
-
-
-def _hashes(keys: Sequence[str]) -> np.ndarray:
-    return key_hashes(np.array([k.encode("utf-8", "surrogateescape") for k in keys], dtype=bytes)).astype(_HASH)
-
-
-def _write_keys(segment: str, keys: Sequence[str]) -> str:
-    path = keys_name(segment)
-    with storage.guard(path, "write"), open(path, "wb") as f:
-        f.write(np.sort(_hashes(keys)).tobytes())
-    return path
-
-
-def _as_segment(pile: PileInfo) -> list[Segment]:
-    """A pile written whole (by pass 1) as generation 0's segment of itself; none when empty."""
-    if not pile.samples:
-        return []
-    return [
-        Segment(
-            name=pile.name,
-            samples=pile.samples,
-            bytes=pile.bytes,
-            checksum=pile.checksum,
-            generation=0,
-            compression=pile.compression,
-            tar_bytes=pile.tar_bytes,
-            tar_checksum=pile.tar_checksum,
-        )
-    ]
+    leaves.write_keys(path, leaves.hashes(Shard(path, leaves.read_tar(path, segment)).keys))
+    return [segment]
 
 
 def _first_keys(out: str, piles: Sequence[PileInfo], staging: str) -> list[str]:
@@ -278,20 +343,20 @@ def _first_keys(out: str, piles: Sequence[PileInfo], staging: str) -> list[str]:
     staged = []
     for pile in piles:
         url = storage.join(out, pile.name)
-        keys = Shard(url, _tar(url, pile)).keys
-        staged.append(_write_keys(os.path.join(staging, pile.name), keys))
+        keys = Shard(url, leaves.read_tar(url, pile)).keys
+        staged.append(leaves.write_keys(os.path.join(staging, pile.name), leaves.hashes(keys)))
     return staged
 
 
 def _check_unique(out: str, old: Sequence[Segment], new: Sequence[Segment], staging: str) -> None:
     """Refuse a key of ``new`` (segments in ``staging``) that an ``old`` segment or another new one has."""
-    hashes = [np.fromfile(keys_name(os.path.join(staging, s.name)), dtype=_HASH) for s in new]
-    mine = np.sort(np.concatenate([*hashes, np.zeros(0, dtype=_HASH)]))
+    hashes = [np.fromfile(keys_name(os.path.join(staging, s.name)), dtype=HASH) for s in new]
+    mine = np.sort(np.concatenate([*hashes, np.zeros(0, dtype=HASH)]))
     repeated = np.unique(mine[1:][mine[1:] == mine[:-1]])
     if len(repeated):
         _confirm(out, repeated, new, new, staging, "this append")
     for segment in old:
-        theirs = np.frombuffer(_read_keys(out, segment, staging), dtype=_HASH)
+        theirs = np.frombuffer(_read_keys(out, segment, staging), dtype=HASH)
         met = theirs[np.isin(theirs, mine)]
         if len(met):
             _confirm(out, met, [segment], new, staging, f"{segment.name} (generation {segment.generation})")
@@ -310,7 +375,7 @@ def _read_keys(out: str, segment: Segment, staging: str) -> bytes:
     except DatasetNotFoundError:
         data = storage.join(out, segment.name)
         log.info("%s is missing: reading the keys of %s instead", url, data)
-        return np.sort(_hashes(Shard(data, _tar(data, segment.info())).keys)).tobytes()
+        return np.sort(leaves.hashes(Shard(data, leaves.read_tar(data, segment)).keys)).tobytes()
 
 
 def _confirm(out: str, hashes: np.ndarray, theirs: Sequence[Segment], new: Sequence[Segment], staging: str, where: str) -> None:
@@ -336,8 +401,8 @@ def _keys_with(hashes: np.ndarray, files: Sequence[tuple[str, Segment]]) -> list
     """(key, file name) of every sample of ``files`` (URL, segment) whose key hash is in ``hashes``."""
     found = []
     for url, segment in files:
-        keys = Shard(url, _tar(url, segment.info())).keys
-        hit = np.isin(_hashes(keys), hashes)
+        keys = Shard(url, leaves.read_tar(url, segment)).keys
+        hit = np.isin(leaves.hashes(keys), hashes)
         found += [(keys[i], os.path.basename(url)) for i in np.flatnonzero(hit).tolist()]
     return found
 

@@ -94,7 +94,9 @@ class PileOptions:
         mode: ``"create"`` writes a new dataset; ``"append"`` adds the samples to the dataset
             in the output as its next generation: each sample goes to one of its M piles drawn
             at random, as a new segment file, and a new manifest is published (see the README,
-            "Growing datasets"). ``piles`` and ``seed`` must be the dataset's.
+            "Growing datasets"). ``piles`` and ``seed`` must be the dataset's; with
+            ``max_pile_bytes`` (pass the dataset's), piles grown past it are split into random
+            leaves, rewriting only what is not already fine enough.
         window: with ``mode="append"``, keep only the last ``window`` generations (an int), or
             the generations written in the last ``window`` (``"90d"``, ``"12h"``): older ones
             leave the manifest in the same update (``shardkit gc`` deletes their files later).

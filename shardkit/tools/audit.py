@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit import _util, manifest, storage
-from shardkit.errors import CorruptShardError, StorageError
+from shardkit.errors import CorruptShardError, ManifestError, StorageError
 from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile, tar_problem
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles.output import LEFTOVERS, LOCK
@@ -240,9 +240,12 @@ def _duplicate_keys(name: str, keys: list[str], offsets: list[int]) -> list[Prob
 
 
 def _unlisted(directory: str, m: Manifest) -> list[Problem]:
-    listed = set(m.files()) | {manifest.MANIFEST}
+    names = storage.listdir(directory)
+    # an older generation's files (retired by a window, or rewritten when an append split a
+    # pile) are a pinned loader's until shardkit gc removes them: not strays
+    listed = set(m.files()) | {manifest.MANIFEST} | _older_files(directory, names)
     found = []
-    for name in storage.listdir(directory):
+    for name in names:
         if name in listed:
             continue
         if LEFTOVERS.fullmatch(name) or name == LOCK:
@@ -264,6 +267,20 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
     return found
 
 
+def _older_files(directory: str, names: list[str]) -> set[str]:
+    """The files the kept manifests of older generations list (their key hashes too), and those manifests."""
+    found: set[str] = set()
+    for name in names:
+        if manifest.GENERATION_FILE.fullmatch(name):
+            url = storage.join(directory, name)
+            try:
+                files = manifest.parse(storage.read_bytes(url).decode("utf-8"), url).files()
+            except (ManifestError, UnicodeDecodeError):
+                continue  # not a manifest: its files are reported as what they are
+            found |= {name, *files, *(manifest.keys_name(f) for f in files)}
+    return found
+
+
 def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str, Any] | None = None) -> list[Problem]:
     """Check every pile of a dataset against its manifest; returns what is wrong (``[]`` if nothing).
 
@@ -271,8 +288,9 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
     file's, then the tar's it decompresses to), be a well-formed tar
     (every header checksum, no truncation, no unsafe or non-regular member, no sample with two
     members of one extension), hold the recorded number of samples and no two samples with one
-    key (the first ten per pile are listed with both positions). Shard files the manifest
-    does not list and temporaries left by an interrupted job are reported too.
+    key (the first ten per pile are listed with both positions). Shard files neither the manifest
+    nor a kept older generation's manifest lists, and temporaries left by an interrupted job,
+    are reported too.
 
     Args:
         quiet: no progress bar (there is none anyway when stderr is not a terminal).
