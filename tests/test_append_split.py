@@ -207,3 +207,15 @@ def test_two_splitting_appends_racing_on_s3_leave_the_winners_files(s3):
     assert sorted(_keys(url)) == sorted([f"a{i}" for i in range(10)] + [f"w{i}" for i in range(6)])
     # the loser's install journal stays until the next job writing here (as without splits)
     assert [p.kind for p in shardkit.verify(url, quiet=True)] == ["leftover"]
+
+
+def test_an_append_without_max_pile_bytes_keeps_the_datasets_limit(tmp_path, caplog):
+    out = str(tmp_path / "ds")
+    first = _write(out, [f"a{i}" for i in range(12)], piles=1, max_pile_bytes=SMALL)
+    assert first.extra["max_pile_bytes"] == SMALL and len(first.piles) > 1  # pass 1 split the one pile
+    with caplog.at_level(logging.INFO, logger="shardkit.piles.append"):
+        grown = _append(out, [f"b{i}" for i in range(12)], piles=1)
+    assert "the dataset's 4096 is used" in caplog.text
+    assert grown.extra["max_pile_bytes"] == SMALL
+    assert len(grown.piles) >= 4 and all(p.tar_size <= 2 * SMALL for p in grown.piles), "still split, not joined back"
+    assert sorted(_keys(out)) == sorted([f"a{i}" for i in range(12)] + [f"b{i}" for i in range(12)])

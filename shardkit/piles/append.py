@@ -26,6 +26,7 @@ compared with them; only a hash that meets one is read back to compare the keys 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
@@ -44,7 +45,7 @@ from shardkit.piles.leaves import HASH, Names, segments_by_pile
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import Output
 from shardkit.piles.pack import Pack
-from shardkit.piles.publish import Mapper, Run, assemble_pile, capacity, install, map_threads
+from shardkit.piles.publish import LIMIT, Mapper, Run, assemble_pile, capacity, install, limit_record, map_threads
 from shardkit.tar.shard import Shard
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ def finish(
     """
     old, g = base.manifest, base.generation
     out = output.path
+    options = _with_limit(options, old)
     generations = _times(old, out)
     generations[g] = now()
     keep = _kept(generations, options.window, g)
@@ -158,7 +160,7 @@ def finish(
         created_by=old.created_by,
         skipped_units=old.skipped_units + skipped_units,
         split_piles=sum(k > 1 for k in resolutions),
-        extra=_extra(old.extra, extra or {}, g, over),
+        extra=_extra(old.extra, limit_record(extra, options), g, over),
         generation=g,
         generations={k: t for k, t in generations.items() if k in keep},
     )
@@ -289,6 +291,16 @@ def _over_limit(out: str, piles: Sequence[PileInfo], limit: int | None) -> list[
             over[0].tar_size,
         )
     return [{"name": p.name, "bytes": p.tar_size} for p in over]
+
+
+def _with_limit(options: PileOptions, old: Manifest) -> PileOptions:
+    """``options``, with the ``max_pile_bytes`` the dataset was written with when they give none:
+    an append that forgot it keeps the dataset's piles split, not joined back into whole ones."""
+    recorded = old.extra.get(LIMIT)
+    if options.max_bytes is not None or not isinstance(recorded, int) or isinstance(recorded, bool) or recorded < 1:
+        return options
+    log.info("max_pile_bytes: none given, the dataset's %d is used", recorded)
+    return dataclasses.replace(options, max_pile_bytes=recorded)
 
 
 def _extra(old: dict[str, Any], new: dict[str, Any], generation: int, over: list[dict[str, Any]]) -> dict[str, Any]:

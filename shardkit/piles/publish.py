@@ -173,6 +173,18 @@ def _copy_range(src: BinaryIO, put: Callable[[Any], None], run: Run, crc: int, b
     return crc
 
 
+# where a dataset keeps the max_pile_bytes it was written with, for the appends that follow
+LIMIT = "max_pile_bytes"
+
+
+def limit_record(extra: dict[str, Any] | None, options: PileOptions) -> dict[str, Any]:
+    """``extra`` with the ``max_pile_bytes`` of ``options`` recorded, when they have one."""
+    extra = dict(extra or {})
+    if options.max_bytes is not None:
+        extra[LIMIT] = options.max_bytes
+    return extra
+
+
 def capacity(limit: int | None, samples: int, nbytes: int) -> int | None:
     """Samples a pile may hold before it is split: 90% of ``limit`` at the dataset's mean sample size.
 
@@ -366,7 +378,8 @@ def publish(
     names = free_names(output.path, [piece.name for piece in pieces])
     pieces = [dataclasses.replace(piece, name=name) for piece, name in zip(pieces, names, strict=True)]
     over = _over_limit(pieces, options.max_bytes)
-    extra = {**(extra or {}), "over_max_pile_bytes": over} if over else extra
+    extra = limit_record(extra, options)
+    extra = {**extra, "over_max_pile_bytes": over} if over else extra
     infos = [piece.info() for piece in pieces]
     result = Manifest(
         piles=tuple(infos),
