@@ -425,8 +425,10 @@ def _trace(args: argparse.Namespace) -> int:
             state = json.load(f)
         if isinstance(state, dict) and state.get("format") == turns.FORMAT:
             source = loader.source
-            point = turns.parse(state, options=loader.options, dataset=source.fingerprint(), samples=source.samples, name=source.name)
-            done = turns.done_before(point, options=loader.options, samples=source.samples, workers=max(1, workers))
+            point = turns.parse(
+                state, options=loader.options, dataset=source.fingerprint(), samples=source.samples, name=source.name, rest=source.rest
+            )
+            done = turns.done_before(point, options=loader.options, rest=source.rest, workers=max(1, workers))
             done = done if point.epoch == args.epoch else ()
         else:
             loader.load_state_dict(state)

@@ -9,7 +9,9 @@ next piles in a background thread; :mod:`~shardkit.loading.decode` and
 processes; :mod:`~shardkit.loading.loader` puts it together, with :mod:`~shardkit.loading.on_error`
 (skip or raise) and :mod:`~shardkit.loading.state` (exact resume). :mod:`~shardkit.loading.torch`
 adapts it to PyTorch's DataLoader. Blends of several datasets: :mod:`~shardkit.loading.blend_spec`
-(what is asked), :mod:`~shardkit.loading.blend` (the pure schedule of sources) and
+(what is asked), :mod:`~shardkit.loading.blend` (the pure schedule of sources),
+:mod:`~shardkit.loading.blend_source` (the sources as one list of piles, and each epoch's shape),
+:mod:`~shardkit.loading.blend_schedule` (what a rank reads of an epoch) and
 :mod:`~shardkit.loading.blend_loader` (the loader, and ``loader()``, which takes one dataset or a blend).
 """
 

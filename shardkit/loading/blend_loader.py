@@ -2,16 +2,19 @@
 
 Each source is read through its own pile plan (:class:`~shardkit.loading.plan.EpochOrder`, the
 same seed as the blend), as an endless stream: its epoch 0 order, then its epoch 1 order, and so
-on. Blend epoch ``e`` takes positions ``e * n .. (e + 1) * n - 1`` of source ``s``'s stream
-(``n`` its share of an epoch), so a source that gives fewer samples than it holds continues
-where it stopped in the next blend epoch, one that gives more runs on into its next
-permutation, and no sample of a source comes twice before all of it was read. Which source
-fills each position is :mod:`~shardkit.loading.blend`'s schedule, a pure function of (seed,
-epoch, shares, batch size): every batch holds each source's share to within one sample.
+on. Each blend epoch takes the next stretch of every source's stream (its share of the epoch),
+so a source that gives fewer samples than it holds continues where it stopped in the next blend
+epoch, one that gives more runs on into its next permutation, and no sample of a source comes
+twice before all of it was read. Which source fills each position is
+:mod:`~shardkit.loading.blend`'s schedule, a pure function of (seed, epoch, shares, batch size):
+every batch holds each source's share to within one sample.
 
-A rank's slice takes a contiguous stretch of every source's stream; the piles of all sources are
-one list for the loader's reader, so prefetch, ``mix``, workers, ``on_error`` and resume work as
-for one dataset. Memory: about ``mix + 1`` piles per source being read plus ``prefetch``.
+Ranks split the positions of a blend epoch as :mod:`~shardkit.loading.elastic` splits any
+epoch, so a state resumes on another world size, batch size or number of DataLoader workers
+(:mod:`~shardkit.loading.blend_source` says how the rest of such an epoch is shaped). The piles
+of all sources are one list for the loader's reader, so prefetch, ``mix``, workers, ``on_error``
+and resume work as for one dataset. Memory: about ``mix + 1`` piles per source being read plus
+``prefetch``.
 
     with shardkit.loader({"web": "data/web", "code": "data/code"}, weights={"web": 0.7, "code": 0.3},
                          batch_size=256) as loader:
@@ -20,237 +23,35 @@ for one dataset. Memory: about ``mix + 1`` piles per source being read plus ``pr
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import json
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from shardkit import manifest, storage
 from shardkit._util import check_int
 from shardkit.errors import ConfigError
-from shardkit.loading import plan
-from shardkit.loading.blend import Frames, apportion, composition, epoch_length, sources, taken_before
+from shardkit.loading.blend_schedule import BlendSchedule
+from shardkit.loading.blend_source import Anchor, BlendedSource, resolve_blend
 from shardkit.loading.blend_spec import Blend, BlendSource
-from shardkit.loading.elastic import Phase
+from shardkit.loading.elastic import Phase, Range
 from shardkit.loading.loader import Loader
 from shardkit.loading.loader import loader as plain_loader
 from shardkit.loading.options import LoaderOptions, resolve_world
-from shardkit.loading.source import Source, resolve
-from shardkit.loading.state import FORMAT as PLAIN_FORMAT
-from shardkit.loading.state import ORDER_OPTIONS, SPLIT_OPTIONS, check_format, check_identity, make_state
+from shardkit.loading.state import check_done, check_format, check_identity, check_order, check_position, check_split, make_state
 from shardkit.options import from_call
 
 log = logging.getLogger(__name__)
 
 FORMAT = "shardkit.blend"
-VERSION = 1
-# blocks are cells of about this many positions (whole batches); a pile's use is tracked to the
-# cells it is read in, so it may be loaded up to a cell early and released up to a cell late
-CELL = 4096
-
-
-@dataclass(frozen=True)
-class BlendedSource(Source):
-    """The piles of every source, one list (source ``s``'s piles from ``offsets[s]``), and the
-    epoch's shape: ``shares[s]`` positions of source ``s`` in each epoch of ``length``."""
-
-    names: tuple[str, ...] = ()
-    parts: tuple[Source, ...] = ()
-    shares: tuple[int, ...] = ()
-    length: int = 0
-
-    @property
-    def samples(self) -> int:  # type: ignore[override]
-        return self.length
-
-    @property
-    def offsets(self) -> list[int]:
-        return np.concatenate(([0], np.cumsum([len(p.piles) for p in self.parts]))).tolist()
-
-    def fingerprint(self) -> str:
-        doc = [[n, p.fingerprint(), p.samples, c] for n, p, c in zip(self.names, self.parts, self.shares, strict=True)]
-        return hashlib.sha256(json.dumps([doc, self.length]).encode()).hexdigest()[:16]
-
-
-def resolve_blend(blend: Blend, options: LoaderOptions) -> BlendedSource:
-    """Each source resolved, and each one's positions per epoch for these options (rank, batch).
-
-    Raises:
-        ConfigError: two sources are the same dataset, a source with a share holds no samples,
-            or the epoch holds no whole batch on every rank.
-    """
-    assert options.world_size is not None
-    parts = []
-    for s in blend.sources:
-        storage.use(s.path, options.storage_options)
-        parts.append(resolve(s.path))
-    seen: dict[str, str] = {}
-    for name, part in zip(blend.names, parts, strict=True):
-        other = seen.setdefault(part.fingerprint(), name)
-        if other != name:
-            raise ConfigError(
-                f"blend: sources {other!r} and {name!r} are the same dataset ({part.name}); list it once, with a larger share"
-            )
-    wanted = blend.counts([p.samples for p in parts])
-    frame = options.batch_size or 1
-    length = epoch_length(sum(wanted), world=options.world_size, frame=frame, drop_last=options.drop_last)
-    if length == 0:
-        raise ConfigError(
-            f"blend: an epoch of {sum(wanted)} positions holds no whole batch of {frame} on each of {options.world_size} ranks; "
-            "raise the shares or epoch_size, or set drop_last=False"
-        )
-    shares = apportion(wanted, length)
-    if shares != wanted:
-        log.info("blend: epoch of %d positions made %d (whole batches on every rank): shares %s", sum(wanted), length, shares)
-    piles = tuple(p for part in parts for p in part.piles)
-    name = "blend(" + ", ".join(blend.names) + ")"
-    found = BlendedSource(name, piles, names=tuple(blend.names), parts=tuple(parts), shares=tuple(shares), length=length)
-    _say_fields(found)
-    return found
-
-
-def _say_fields(source: BlendedSource) -> None:
-    """One log line when the sources' manifests list different fields: how batches collate then."""
-    fields = {n: manifest.read(p.name).fields for n, p in zip(source.names, source.parts, strict=True) if p.piles and p.piles[0].info}
-    if len({tuple(sorted(f)) for f in fields.values()}) > 1:
-        shown = "; ".join(f"{n}: {', '.join(sorted(f))}" for n, f in fields.items())
-        log.info(
-            "blend: the sources hold different fields (%s); a batch holds every field any of its samples has, "
-            "with None where a sample lacks it (the default collate)",
-            shown,
-        )
-
-
-class BlendSchedule:
-    """What one rank (or worker) reads of a blend epoch: positions ``[lo, hi)``, as blocks and pile uses.
-
-    Example:
-        sched = BlendSchedule(source, epoch=0, lo=0, hi=512, options=opts)
-        uses, blocks = sched.uses(), list(sched.blocks())
-    """
-
-    def __init__(self, source: BlendedSource, epoch: int, lo: int, hi: int, options: LoaderOptions) -> None:
-        self.source, self.epoch, self.lo, self.hi, self.options = source, epoch, lo, hi, options
-        self.frames = Frames(source.shares, frame=options.batch_size or 1, seed=options.seed, epoch=epoch)
-        self._offsets = source.offsets
-        self._orders: dict[tuple[int, int], plan.EpochOrder] = {}
-
-    def __len__(self) -> int:
-        return self.hi - self.lo
-
-    def stream_at(self, pos: int) -> np.ndarray:
-        """Each source's stream position at global position ``pos`` of this epoch."""
-        return self.epoch * np.asarray(self.source.shares, dtype=np.int64) + taken_before(self.frames, pos)
-
-    def _order(self, s: int, cycle: int) -> plan.EpochOrder:
-        key = (s, cycle)
-        if key not in self._orders:
-            if len(self._orders) > 2 * len(self.source.parts):
-                self._orders.pop(next(iter(self._orders)))
-            o = self.options
-            self._orders[key] = plan.EpochOrder(self.source.parts[s].counts, seed=o.seed, epoch=cycle, shuffle=o.shuffle, mix=o.mix)
-        return self._orders[key]
-
-    def _cycles(self, s: int, p0: int, p1: int) -> Iterator[tuple[int, int, int]]:
-        """``(source epoch, first, end)`` pieces of stream positions ``p0 .. p1 - 1`` of source ``s``."""
-        n = self.source.parts[s].samples
-        for cycle in range(p0 // n, -(-p1 // n)):
-            yield cycle, max(p0, cycle * n) - cycle * n, min(p1, (cycle + 1) * n) - cycle * n
-
-    def _stream(self, s: int, p0: int, p1: int) -> tuple[np.ndarray, np.ndarray]:
-        piles, index = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-        for cycle, a, b in self._cycles(s, p0, p1):
-            p, i = self._order(s, cycle).take(a, b)
-            piles.append(p + self._offsets[s])
-            index.append(i)
-        return np.concatenate(piles), np.concatenate(index)
-
-    def _chunks(self, a: int, b: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """``(global position, piles, index)`` runs covering global positions ``a .. b - 1``."""
-        at = self.stream_at(a)
-        # one block a cell, as the uses count them: the piles a block needs are in use together
-        for x in range(a, b, self._cell()):
-            y = min(b, x + self._cell())
-            src = sources(self.frames, x, y)
-            piles, index = np.empty(y - x, np.int64), np.empty(y - x, np.int64)
-            for s in range(len(self.source.parts)):
-                mask = src == s
-                count = int(np.count_nonzero(mask))
-                if count:
-                    piles[mask], index[mask] = self._stream(s, int(at[s]), int(at[s]) + count)
-                    at[s] += count
-            yield x, piles, index
-
-    def blocks(self, start: int = 0) -> Iterator[plan.Block]:
-        """Blocks covering slice positions ``start .. len(self) - 1`` in order."""
-        for x, piles, index in self._chunks(self.lo + start, self.hi):
-            yield plan.Block(x - self.lo, piles, index)
-
-    def take(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Piles and in-pile indices of slice positions ``start .. stop - 1`` (materialized)."""
-        parts = list(self._chunks(self.lo + start, self.lo + stop))
-        if not parts:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return np.concatenate([p for _, p, _ in parts]), np.concatenate([i for _, _, i in parts])
-
-    def _cell(self) -> int:
-        """Positions per cell: whole frames, about :data:`CELL`."""
-        return max(1, CELL // self.frames.frame) * self.frames.frame
-
-    def _cell_counts(self, a: int) -> tuple[int, np.ndarray]:
-        """Cell size and, per cell from global position ``a`` (on a frame boundary), the running count of each source."""
-        width = self.frames.frame
-        per = self._cell() // width
-        f0, f1 = a // width, -(-self.hi // width)
-        rows = []
-        for x in range(f0, f1, per * 256):
-            y = min(f1, x + per * 256)
-            comp = composition(self.frames, x, y)
-            cells = np.add.reduceat(comp, np.arange(0, y - x, per), axis=0)
-            rows.append(cells)
-        counts = np.concatenate(rows) if rows else np.zeros((0, len(self.source.parts)), np.int64)
-        return per * width, np.cumsum(counts, axis=0)
-
-    def uses(self, start: int = 0) -> list[plan.PileUse]:
-        """Pile uses from slice position ``start`` on, in load order; bounds rounded out to cells."""
-        a = self.lo + start
-        if a >= self.hi:
-            return []
-        size, running = self._cell_counts(a)
-        at, end = self.stream_at(a), self.stream_at(self.hi)
-        last_pos = len(self) - 1
-        found: list[plan.PileUse] = []
-        for s in range(len(self.source.parts)):
-            n = self.source.parts[s].samples
-            for cycle, x, y in self._cycles(s, int(at[s]), int(end[s])):
-                for use in self._order(s, cycle).uses(x, y):
-                    # stream offsets from a -> the cells holding them -> slice positions
-                    k = np.array([use.first, use.last]) + cycle * n - int(at[s])
-                    cell = np.searchsorted(running[:, s], k, side="right")
-                    first = start + int(cell[0]) * size
-                    last = min(last_pos, start + (int(cell[1]) + 1) * size - 1)
-                    found.append(plan.PileUse(use.pile + self._offsets[s], first, last))
-        return _merged(sorted(found, key=lambda u: (u.first, u.pile)))
-
-
-def _merged(uses: Sequence[plan.PileUse]) -> list[plan.PileUse]:
-    """``uses`` with overlapping uses of one pile (a pile ending one source epoch and starting the next) made one."""
-    out: list[plan.PileUse] = []
-    open_: dict[int, int] = {}  # pile -> its latest use in out
-    for u in uses:
-        j = open_.get(u.pile)
-        if j is not None and out[j].last >= u.first:
-            out[j] = plan.PileUse(u.pile, out[j].first, max(out[j].last, u.last))
-            continue
-        open_[u.pile] = len(out)
-        out.append(u)
-    return out
+# version 2 adds "done" (the phases of the epoch read before a change of split) and each
+# source's "start" (its stream position when the epoch began) and "wanted"; a version 1 state
+# (taken before a blend could change split) reads as one with none
+VERSION = 2
+READS = (1, 2)
 
 
 class BlendLoader(Loader):
@@ -268,131 +69,111 @@ class BlendLoader(Loader):
         rank, world = resolve_world(options.rank, options.world_size)
         options = replace(options, rank=rank, world_size=world)
         super().__init__(blend if isinstance(blend, BlendedSource) else resolve_blend(blend, options), options)
+        self._anchor = Anchor()  # where the epoch a state resumed began, in every source's stream
 
-    def _span(self) -> tuple[int, int]:
-        """This rank's (and worker's) contiguous slice of the blend epoch's positions."""
-        o = self.options
-        assert o.rank is not None and o.world_size is not None
-        index, workers = o.worker
-        return plan.slice_span(
-            self.source.samples,
-            world=o.world_size,
-            rank=o.rank,
-            drop_last=o.drop_last,
-            batch_size=o.batch_size,
-            workers=workers,
-            worker=index,
-        )
-
-    def _schedule(self, epoch: int, done: tuple[Phase, ...] = ()) -> BlendSchedule:  # type: ignore[override]
-        if done:  # load_state_dict refuses such a state first
-            raise ConfigError("a blend cannot resume an epoch begun on another world_size or batch_size")
-        return BlendSchedule(self.source, epoch, *self._span(), self.options)
-
-    def keys(self, step: int, *, epoch: int | None = None, num_workers: int = 0, done: Sequence[Phase] | None = None) -> list[list[str]]:
-        """The keys of the samples global step ``step`` reads on every rank (see :meth:`shardkit.Loader.keys`).
-
-        Raises:
-            ConfigError: ``num_workers`` over 1 or phases ``done``: a blend's ledger counts the
-                steps of one loader per rank, not resumed on other ranks.
-        """
-        if check_int("num_workers", num_workers, low=0) > 1 or done:
-            raise ConfigError(
-                "keys: the ledger of a blend counts one loader's steps per rank: no DataLoader workers, not resumed on other ranks"
-            )
-        check_int("step", step, low=0)
-        check_int("epoch", epoch, low=0, none=True)
+    def _starts(self, epoch: int) -> np.ndarray:
         o = self.options
         assert o.world_size is not None
-        if step >= len(self):
-            raise ConfigError(f"step: {step} is past the end of the epoch ({len(self)} steps a rank)")
-        per = o.batch_size or 1
-        found = []
-        for rank in range(o.world_size):
-            lo, hi = plan.rank_span(self.source.samples, world=o.world_size, rank=rank, drop_last=o.drop_last, batch_size=o.batch_size)
-            sched = BlendSchedule(self.source, self._epoch if epoch is None else epoch, lo, hi, o)
-            piles, index = sched.take(step * per, min((step + 1) * per, len(sched)))
-            opened = {p: self.source.open(p, self.source.fetch(p, reads=self._reads)).keys for p in set(piles.tolist())}
-            found.append([opened[p][i] for p, i in zip(piles.tolist(), index.tolist(), strict=True)])
-        return found
+        return self.source.starts(self._anchor, epoch, seed=o.seed, world=o.world_size, batch_size=o.batch_size, drop_last=o.drop_last)
+
+    def _over(self, epoch: int, done: Sequence[Phase], ranges: Sequence[Range], world: int, batch_size: int | None) -> BlendSchedule:  # type: ignore[override]
+        o = self.options
+        frames = self.source.frames(seed=o.seed, epoch=epoch, done=done, world=world, batch_size=batch_size, drop_last=o.drop_last)
+        return BlendSchedule(self.source, frames, self._starts(epoch), ranges, o)
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's position, with each source's: its epoch and position in that epoch's order."""
-        plain_state = super().state_dict()
-        epoch, position = plain_state["epoch"], plain_state["position"]
-        state: dict[str, Any] = {"format": FORMAT, "version": VERSION, "epoch": epoch, "position": position}
-        state.update({name: plain_state[name] for name in ORDER_OPTIONS + SPLIT_OPTIONS})
-        state.update(dataset=self._fingerprint, samples=self.source.length, sources=self._positions(epoch, position))
+        """This rank's position (see :meth:`shardkit.Loader.state_dict`), with each source's
+        stream position when the epoch began (``start``) and where this rank stands in it."""
+        epoch, position, done = self._point()
+        o = self.options
+        state = make_state(epoch=epoch, position=position, options=o, dataset=self._fingerprint, samples=self.source.samples, done=done)
+        state.update(format=FORMAT, version=VERSION)
+        sched = self._over(epoch, done, self._ranges(done), o.world_size, o.batch_size)  # type: ignore[arg-type]
+        at = sched.stream_at(sched.global_at(position))
+        state["sources"] = source_fields(self.source, sched.start.tolist())
+        for name, part, p in zip(self.source.names, self.source.parts, at.tolist(), strict=True):
+            # where this rank stands in each source's stream (for a reader: not read back)
+            state["sources"][name].update(epoch=int(p) // part.samples, position=int(p) % part.samples)
         return state
 
-    def _positions(self, epoch: int, position: int) -> dict[str, dict[str, Any]]:
-        lo, _ = self._span()
-        at = BlendSchedule(self.source, epoch, lo, lo, self.options).stream_at(lo + position)
-        src = self.source
-        return {
-            name: {
-                "dataset": part.fingerprint(),
-                "samples": part.samples,
-                "share": share,
-                "epoch": int(p) // part.samples,
-                "position": int(p) % part.samples,
-            }
-            for name, part, share, p in zip(src.names, src.parts, src.shares, at.tolist(), strict=True)
-        }
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a blend ``state`` (or a plain loader state of this same blend, as
-        ``shardkit.torch`` makes): the next iteration yields the rest of that epoch.
+        """Continue from a blend ``state``: the next iteration yields the rest of that epoch.
+
+        The state may come from another world size, batch size or number of ``shardkit.torch``
+        DataLoader workers, and from several changes in one epoch. What holds then:
+
+        * the rest of the epoch is every position of it no rank had read, each once, split in
+          equal shares among this job's ranks; it is rounded *up* to whole batches on every rank
+          (whatever ``drop_last``) by reading on into the sources, and the next epoch starts
+          where each source stopped, so no sample of a source comes twice before all of it
+          was read, and none is skipped;
+        * the order of the rest is a pure function of the state, which grows by a few integers
+          per change;
+        * the mixture: while every phase keeps the batch size the epoch began with (any world
+          sizes and workers), every batch of the rest is a whole batch of the epoch's schedule,
+          holding each source's share to within one sample. Once a phase has another batch
+          size, a batch is a stretch of that schedule cut across its batches (and across what
+          other ranks had read): its whole batches are within one sample, the parts at its ends
+          are random draws, so a source may be off by a few samples in a batch; over the rest
+          of the epoch every source still gives exactly its unread positions.
 
         Raises:
             ConfigError: the state is malformed, or was taken on other sources, shares or order
                 options (each difference is named).
         """
-        if isinstance(state, dict) and state.get("format") == PLAIN_FORMAT:
-            check_same_split(state, self.options)
-            super().load_state_dict(state)
-            return
-        state = check_format(state, FORMAT, VERSION, "shardkit blend")
-        check_same_split(state, self.options)
-        taken = state.get("sources")
-        if not isinstance(taken, dict) or sorted(taken) != sorted(self.source.names):
-            shown = sorted(taken) if isinstance(taken, dict) else taken
-            raise ConfigError(f"load_state_dict: the state was taken on sources {shown!r}, this blend has {sorted(self.source.names)}")
-        mine = self._positions(0, 0)
-        for name, ours in mine.items():
-            theirs = taken[name] if isinstance(taken[name], dict) else {}
-            for key in ("dataset", "samples", "share"):
-                if theirs.get(key) != ours[key]:
-                    raise ConfigError(
-                        f"load_state_dict: source {name!r}: the state has {key}={theirs.get(key)!r}, this blend has {key}={ours[key]!r}"
-                    )
-        check_identity(state, options=self.options, dataset=self._fingerprint, samples=self.source.samples, name=self.source.name)
-        super().load_state_dict(
-            make_state(
-                epoch=state.get("epoch"),
-                position=state.get("position"),
-                options=self.options,
-                dataset=self._fingerprint,
-                samples=self.source.samples,
-            )  # type: ignore[arg-type]
-        )
-        mine = self._positions(self._epoch, self._start)
-        if any((taken[n].get("epoch"), taken[n].get("position")) != (mine[n]["epoch"], mine[n]["position"]) for n in mine):
-            raise ConfigError("load_state_dict: the sources' positions in the state do not follow from its epoch and position")
+        state = check_format(state, FORMAT, READS, "shardkit blend")
+        start = check_sources(
+            state, self.source, drop_last=self.options.drop_last, legacy=state["version"] == 1
+        )  # first: a difference is named by source
+        if state["version"] == 1:  # its fingerprint was of its split too; the sources matched
+            check_order(state, self.options)
+        else:
+            check_identity(state, options=self.options, dataset=self._fingerprint, samples=self.source.samples, name=self.source.name)
+        resume = check_position(state, options=self.options, rest=self.source.rest)
+        anchor = Anchor(resume.epoch, start, resume.done)
+        if resume.epoch != state["epoch"]:  # the state's phase had read all it split: the next epoch follows on
+            world, batch = check_split(state)
+            done, _ = check_done(state, rest=self.source.rest, world=world, batch_size=batch, drop_last=self.options.drop_last)
+            o, taken = self.options, Anchor(state["epoch"], start, done)
+            following = self.source.starts(taken, resume.epoch, seed=o.seed, world=world, batch_size=batch, drop_last=o.drop_last)
+            anchor = Anchor(resume.epoch, tuple(following.tolist()))
+        self._resume(resume)
+        self._anchor = anchor
 
 
-def check_same_split(state: dict[str, Any], options: LoaderOptions) -> None:
-    """Refuse a state taken with another world size or batch size (or after a change of them):
-    a blend's slices are contiguous stretches of its schedule, and what another split of an
-    epoch left is not one."""
-    for name in SPLIT_OPTIONS:
-        if state.get(name) != getattr(options, name):
-            raise ConfigError(
-                f"load_state_dict: the state was taken with {name}={state.get(name)!r}, this blend has {name}={getattr(options, name)!r}; "
-                "a blend resumes only on the world_size and batch_size it was taken with (a single dataset resumes on others)"
-            )
-    if state.get("done"):
-        raise ConfigError("load_state_dict: the state's epoch was begun on another world_size or batch_size, which a blend cannot resume")
+def check_sources(state: dict[str, Any], source: BlendedSource, *, drop_last: bool, legacy: bool = False) -> tuple[int, ...]:
+    """Each source's stream position when the state's epoch began, once the state's sources are
+    ``source``'s (the first difference named by source). ``legacy``: a version 1 blend state,
+    which records each source's share on its own split and no start."""
+    taken = state.get("sources")
+    if not isinstance(taken, dict) or sorted(taken) != sorted(source.names):
+        shown = sorted(taken) if isinstance(taken, dict) else taken
+        raise ConfigError(f"load_state_dict: the state was taken on sources {shown!r}, this blend has {sorted(source.names)}")
+    epoch = check_int("load_state_dict: epoch", state.get("epoch"), low=0)
+    if legacy:  # its epoch began on its own split
+        world, batch = check_split(state)
+        asked = ("share", source.shape(world=world, batch_size=batch, drop_last=drop_last)[1])
+    else:
+        asked = ("wanted", list(source.wanted))
+    starts = []
+    for name, part, count in zip(source.names, source.parts, asked[1], strict=True):
+        theirs = taken[name] if isinstance(taken[name], dict) else {}
+        for field, ours in (("dataset", part.fingerprint()), ("samples", part.samples), (asked[0], count)):
+            if theirs.get(field) != ours:
+                raise ConfigError(
+                    f"load_state_dict: source {name!r}: the state has {field}={theirs.get(field)!r}, this blend has {field}={ours!r}"
+                )
+        start = epoch * count if legacy else theirs.get("start")
+        starts.append(check_int(f"load_state_dict: sources[{name!r}].start", start, low=0))
+    return tuple(starts)
+
+
+def source_fields(source: BlendedSource, starts: Sequence[int]) -> dict[str, dict[str, Any]]:
+    """What a state records of each source: what identifies it, and its stream position when the epoch began."""
+    return {
+        name: {"dataset": part.fingerprint(), "samples": part.samples, "wanted": wanted, "start": int(start)}
+        for name, part, wanted, start in zip(source.names, source.parts, source.wanted, starts, strict=True)
+    }
 
 
 def is_blend(source: Any) -> bool:

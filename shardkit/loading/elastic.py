@@ -15,6 +15,10 @@ each worker of a rank got (one number without DataLoader workers): a few integer
 whatever the size of the dataset. The ranges left are recomputed from them, so the order of the
 rest of the epoch is a pure function of ``(seed, epoch, counts, phases)``.
 
+An order may have an *open end* (a blend's, whose sources read on): then each phase first
+rounds what it splits up to whole batches on every rank with positions after the last one yet
+(:func:`grown`), so no phase pads or drops, and the ranges stay in global order.
+
     rest = remaining(1000, [Phase(8, 32, (96,))], drop_last=True)
     ranges = share(rest, world=6, rank=2, drop_last=True, batch_size=32)
 """
@@ -137,18 +141,55 @@ def after(rest: Sequence[Range], phase: Phase, *, drop_last: bool) -> list[Range
     return [g for a, b in left for g in _cut(rest, starts, a, b)]
 
 
-def remaining(total: int, done: Sequence[Phase], *, drop_last: bool) -> list[Range]:
+def remaining(total: int, done: Sequence[Phase], *, drop_last: bool, open_end: bool = False) -> list[Range]:
     """The global ranges of an epoch of ``total`` positions that the phases ``done`` left unread.
+
+    ``open_end``: the order runs on past ``total`` (a blend's sources read on), and each phase
+    first rounds what it splits up to whole batches on every rank with the positions after the
+    last one yet (:func:`grown`), so it pads nothing and drops nothing.
 
     Raises:
         ValueError: a phase that cannot have read what the phases before it left (the message
             says which, counting from 0).
     """
-    rest = whole(total)
+    return _fold(total, done, drop_last=drop_last, open_end=open_end)[0]
+
+
+def rest_for(
+    total: int, done: Sequence[Phase], *, world: int, batch_size: int | None, drop_last: bool, open_end: bool = False
+) -> list[Range]:
+    """The global ranges a phase of ``world`` ranks of ``batch_size`` splits after the phases ``done``."""
+    rest, end = _fold(total, done, drop_last=drop_last, open_end=open_end)
+    return grown(rest, end, world=world, batch_size=batch_size) if open_end else rest
+
+
+def extent(total: int, done: Sequence[Phase], *, world: int, batch_size: int | None, drop_last: bool) -> int:
+    """Where an order with an open end stops once a phase of ``world`` and ``batch_size`` after ``done`` read all it splits."""
+    rest, end = _fold(total, done, drop_last=drop_last, open_end=True)
+    return end + -length(rest) % (world * (batch_size or 1))
+
+
+def grown(rest: Sequence[Range], end: int, *, world: int, batch_size: int | None) -> list[Range]:
+    """``rest`` with positions ``end, end + 1, ..`` after it, up to whole batches on each of ``world`` ranks."""
+    unit = world * (batch_size or 1)
+    more = -length(rest) % unit
+    if not more:
+        return list(rest)
+    if rest and rest[-1][1] == end:  # one range, not two touching ones
+        return [*rest[:-1], (rest[-1][0], end + more)]
+    return [*rest, (end, end + more)]
+
+
+def _fold(total: int, done: Sequence[Phase], *, drop_last: bool, open_end: bool) -> tuple[list[Range], int]:
+    """What the phases ``done`` left, and where the order ends after what they read on into."""
+    rest, end = whole(total), total
     for i, phase in enumerate(done):
+        if open_end:
+            rest = grown(rest, end, world=phase.world_size, batch_size=phase.batch_size)
+            end = max(end, rest[-1][1]) if rest else end
         try:
             check_phase(rest, phase, drop_last=drop_last)
         except ValueError as e:
             raise ValueError(f"done[{i}]: {e}") from None
         rest = after(rest, phase, drop_last=drop_last)
-    return rest
+    return rest, end

@@ -40,7 +40,7 @@ from shardkit.loading.on_error import LoaderStats, Policy
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.prefetch import PileReader
 from shardkit.loading.source import Fetched, Source, SourceLike, at_generation, resolve
-from shardkit.loading.state import check_state, make_state, pinned_generation
+from shardkit.loading.state import Resume, check_state, make_state, pinned_generation
 from shardkit.options import from_call
 from shardkit.tar.shard import Shard
 from shardkit.workers import Pool
@@ -85,11 +85,11 @@ class Loader:
         self._closed = False
 
     # -- sizes and order ---------------------------------------------------------------------
-    def _ranges(self, done: tuple[Phase, ...]) -> list[elastic.Range]:
+    def _ranges(self, done: Sequence[Phase]) -> list[elastic.Range]:
         """The global ranges this loader reads of an epoch whose phases ``done`` were read before."""
         o = self.options
         assert o.rank is not None and o.world_size is not None
-        rest = elastic.remaining(self.source.samples, done, drop_last=o.drop_last)
+        rest = self.source.rest(done, world=o.world_size, batch_size=o.batch_size, drop_last=o.drop_last)
         index, workers = o.worker
         return elastic.share(
             rest, world=o.world_size, rank=o.rank, drop_last=o.drop_last, batch_size=o.batch_size, workers=workers, worker=index
@@ -97,8 +97,17 @@ class Loader:
 
     def _schedule(self, epoch: int, done: tuple[Phase, ...] = ()) -> plan.Schedule:
         o = self.options
+        assert o.world_size is not None
+        return self._over(epoch, done, self._ranges(done), o.world_size, o.batch_size)
+
+    def _over(
+        self, epoch: int, done: Sequence[Phase], ranges: Sequence[elastic.Range], world: int, batch_size: int | None
+    ) -> plan.Schedule:
+        """The schedule reading the global ``ranges`` of ``epoch`` (split by ``world`` ranks of
+        ``batch_size`` after the phases ``done``, which a blend's schedule depends on)."""
+        o = self.options
         order = plan.EpochOrder(self.source.counts, seed=o.seed, epoch=epoch, shuffle=o.shuffle, mix=o.mix)
-        return plan.Schedule.over(order, self._ranges(done))
+        return plan.Schedule.over(order, ranges)
 
     def _done_in(self, epoch: int) -> tuple[Phase, ...]:
         """The phases read before a change of world size in ``epoch`` (the one being read or resumed)."""
@@ -138,7 +147,7 @@ class Loader:
         done = self._done_in(epoch) if done is None else tuple(done)
         at = turns.locate(
             step,
-            samples=self.source.samples,
+            rest=self.source.rest,
             done=done,
             world=o.world_size,
             batch_size=o.batch_size,
@@ -147,7 +156,6 @@ class Loader:
         )
         if isinstance(at, int):
             raise ConfigError(f"step: {step} is past the end of the epoch ({at} steps a rank)")
-        order = plan.EpochOrder(self.source.counts, seed=o.seed, epoch=epoch, shuffle=o.shuffle, mix=o.mix)
         per = at.batch_size or 1
         names: dict[int, list[str]] = {}
         found = []
@@ -155,7 +163,7 @@ class Loader:
             ranges = elastic.share(
                 at.rest, world=at.world, rank=rank, drop_last=o.drop_last, batch_size=at.batch_size, workers=at.workers, worker=at.worker
             )
-            schedule = plan.Schedule.over(order, ranges)
+            schedule = self._over(epoch, done[: at.phase], ranges, at.world, at.batch_size)
             piles, index = schedule.take(at.item * per, min((at.item + 1) * per, len(schedule)))
             for pile in set(piles.tolist()) - names.keys():
                 names[pile] = self.source.open(pile, self.source.fetch(pile, reads=self._reads)).keys
@@ -336,10 +344,7 @@ class Loader:
         of them resumes every rank, with the same world size and batch size or others (see
         :meth:`load_state_dict`).
         """
-        if self._running is not None:
-            epoch, position, done = self._running, self._where(), self._running_done
-        else:
-            epoch, position, done = self._epoch, self._start, self._done
+        epoch, position, done = self._point()
         return make_state(
             epoch=epoch,
             position=position,
@@ -349,6 +354,12 @@ class Loader:
             done=done,
             generation=self.source.generation,
         )
+
+    def _point(self) -> tuple[int, int, tuple[Phase, ...]]:
+        """The epoch, this rank's position in its slice, and the phases read before (what a state records)."""
+        if self._running is not None:
+            return self._running, self._where(), self._running_done
+        return self._epoch, self._start, self._done
 
     def _where(self) -> int:
         """The slice position after the last item yielded."""
@@ -377,7 +388,11 @@ class Loader:
         """
         self._pin(pinned_generation(state))
         src = self.source
-        resume = check_state(state, options=self.options, dataset=self._fingerprint, samples=src.samples, name=src.name)
+        resume = check_state(state, options=self.options, dataset=self._fingerprint, samples=src.samples, name=src.name, rest=src.rest)
+        self._resume(resume)
+
+    def _resume(self, resume: Resume) -> None:
+        """Read from ``resume`` on: the next iteration yields the rest of its epoch."""
         self._stop_active()
         self._epoch, self._start, self._done, self._running = resume.epoch, resume.position, resume.done, None
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from shardkit import manifest, storage
 from shardkit._util import check_paths
 from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError
+from shardkit.loading import elastic
+from shardkit.loading.elastic import Phase, Range
 from shardkit.loading.pile import Fetched, fetch, fetch_segments, open_pile
 from shardkit.manifest import PileInfo
 from shardkit.tar import compression
@@ -71,6 +73,11 @@ class Source:
     @property
     def samples(self) -> int:
         return sum(p.samples for p in self.piles)
+
+    def rest(self, done: Sequence[Phase], *, world: int, batch_size: int | None, drop_last: bool) -> list[Range]:
+        """The global ranges of an epoch that ranks of ``world`` and ``batch_size`` split after the
+        phases ``done`` (see :mod:`shardkit.loading.elastic`)."""
+        return elastic.remaining(self.samples, done, drop_last=drop_last)
 
     def fingerprint(self) -> str:
         """Changes whenever a pile is added, removed, renamed, resized or rewritten."""

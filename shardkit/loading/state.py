@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from shardkit._util import check_int
 from shardkit.errors import ConfigError
@@ -97,6 +97,11 @@ def check_identity(state: dict[str, Any], *, options: LoaderOptions, dataset: st
             f"{state.get('samples')} samples); this loader reads {name} (fingerprint {dataset}, {samples} samples). "
             "Resuming would not continue the same order."
         )
+    check_order(state, options)
+
+
+def check_order(state: dict[str, Any], options: LoaderOptions) -> None:
+    """Refuse a state taken with other options that change the order (the first difference named)."""
     for option in ORDER_OPTIONS:
         if state.get(option) != getattr(options, option):
             raise ConfigError(
@@ -110,8 +115,19 @@ def check_split(state: dict[str, Any]) -> tuple[int, int | None]:
     return world, check_int("load_state_dict: batch_size", state.get("batch_size"), low=1, none=True)
 
 
-def check_done(state: dict[str, Any], *, samples: int, drop_last: bool) -> tuple[tuple[Phase, ...], list[elastic.Range]]:
-    """The phases a state records as read before its own, and the ranges of the epoch they left."""
+class RestOf(Protocol):
+    """The global ranges of an epoch a phase of ``world`` ranks of ``batch_size`` splits after the
+    phases ``done`` (:meth:`shardkit.loading.source.Source.rest`); ValueError for phases that
+    cannot be."""
+
+    def __call__(self, done: Sequence[Phase], *, world: int, batch_size: int | None, drop_last: bool) -> list[elastic.Range]: ...
+
+
+def check_done(
+    state: dict[str, Any], *, rest: RestOf, world: int, batch_size: int | None, drop_last: bool
+) -> tuple[tuple[Phase, ...], list[elastic.Range]]:
+    """The phases a state records as read before its own, and the ranges of the epoch its own
+    phase (``world`` ranks of ``batch_size``) splits after them."""
     found = state.get("done", [])
     if not isinstance(found, list):
         raise ConfigError(f"load_state_dict: done: expected a list of phases, got {type(found).__name__}")
@@ -120,21 +136,22 @@ def check_done(state: dict[str, Any], *, samples: int, drop_last: bool) -> tuple
         where = f"load_state_dict: done[{i}]"
         if not isinstance(item, dict) or set(item) != {"world_size", "batch_size", "read"} or not isinstance(item["read"], list):
             raise ConfigError(f"{where}: expected {{'world_size': int, 'batch_size': int or None, 'read': [int, ...]}}, got {item!r}")
-        world = check_int(f"{where}.world_size", item["world_size"], low=1)
+        world_ = check_int(f"{where}.world_size", item["world_size"], low=1)
         batch = check_int(f"{where}.batch_size", item["batch_size"], low=1, none=True)
         read = tuple(check_int(f"{where}.read[{w}]", n, low=0) for w, n in enumerate(item["read"]))
-        done.append(Phase(world, batch, read))
+        done.append(Phase(world_, batch, read))
     try:
-        return tuple(done), elastic.remaining(samples, done, drop_last=drop_last)
+        return tuple(done), rest(done, world=world, batch_size=batch_size, drop_last=drop_last)
     except ValueError as e:
         raise ConfigError(f"load_state_dict: {e}") from None
 
 
-def check_state(state: Any, *, options: LoaderOptions, dataset: str, samples: int, name: str) -> Resume:
+def check_state(state: Any, *, options: LoaderOptions, dataset: str, samples: int, name: str, rest: RestOf) -> Resume:
     """Where a loader with ``options`` resumes a state taken on the same data with the same order options.
 
     A state taken with another world size or batch size ends its phase there: the loader reads
-    what is left of the epoch, split among its own ranks (:mod:`shardkit.loading.elastic`).
+    what is left of the epoch, split among its own ranks (:mod:`shardkit.loading.elastic`);
+    ``rest`` says what each phase splits.
 
     Raises:
         ConfigError: the state is malformed, was taken on other data (fingerprint or sample
@@ -143,19 +160,24 @@ def check_state(state: Any, *, options: LoaderOptions, dataset: str, samples: in
     """
     state = check_format(state, FORMAT, READS, "shardkit loader")
     check_identity(state, options=options, dataset=dataset, samples=samples, name=name)
+    return check_position(state, options=options, rest=rest)
+
+
+def check_position(state: dict[str, Any], *, options: LoaderOptions, rest: RestOf) -> Resume:
+    """Where a loader with ``options`` resumes ``state`` (whose data and order options were checked)."""
     epoch = check_int("load_state_dict: epoch", state.get("epoch"), low=0)
     world, batch = check_split(state)
-    done, rest = check_done(state, samples=samples, drop_last=options.drop_last)
+    done, left = check_done(state, rest=rest, world=world, batch_size=batch, drop_last=options.drop_last)
     index, workers = options.worker
     length = elastic.length(
-        elastic.share(rest, world=world, rank=0, drop_last=options.drop_last, batch_size=batch, workers=workers, worker=index)
+        elastic.share(left, world=world, rank=0, drop_last=options.drop_last, batch_size=batch, workers=workers, worker=index)
     )
     position = check_int("load_state_dict: position", state.get("position"), low=0, high=length)
     if batch and position % batch and position != length:
         raise ConfigError(f"load_state_dict: position {position} is not on a batch boundary (batch_size={batch})")
     if (world, batch) == (options.world_size, options.batch_size):
         return Resume(epoch, position, done)
-    return close(Resume(epoch, position, done), Phase(world, batch, (position,)), rest, drop_last=options.drop_last)
+    return close(Resume(epoch, position, done), Phase(world, batch, (position,)), left, drop_last=options.drop_last)
 
 
 def close(resume: Resume, phase: Phase, rest: Sequence[elastic.Range], *, drop_last: bool) -> Resume:

@@ -5,7 +5,7 @@ batch boundaries), so no sample is read twice and every rank yields the same cou
 world size come from the options, ``RANK``/``WORLD_SIZE`` or an initialized torch.distributed.
 The epoch and a resume point live in shared memory, so ``set_epoch`` and ``load_state_dict``
 in the main process reach the workers, persistent or not. A state resumes on another world
-size, batch size or number of DataLoader workers: the rest of the epoch is every sample not yet
+size, batch size or number of DataLoader workers (a blend too): the rest of the epoch is every sample not yet
 read, split anew (:mod:`shardkit.loading.elastic`).
 
     ds = ShardkitDataset("data/", batch_size=64, seed=0)
@@ -33,11 +33,15 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 from shardkit._util import check_int
 from shardkit.errors import ConfigError
 from shardkit.loading import elastic
-from shardkit.loading.blend_loader import BlendedSource, BlendLoader, check_same_split, is_blend, resolve_blend
+from shardkit.loading.blend_loader import FORMAT as BLEND_FORMAT
+from shardkit.loading.blend_loader import VERSION as BLEND_VERSION
+from shardkit.loading.blend_loader import BlendLoader, check_sources, is_blend, source_fields
+from shardkit.loading.blend_source import Anchor, BlendedSource, resolve_blend
 from shardkit.loading.blend_spec import Blend
+from shardkit.loading.elastic import Phase
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
-from shardkit.loading.source import SourceLike, resolve
+from shardkit.loading.source import Source, SourceLike, resolve
 from shardkit.loading.state import check_done, check_format, identity, make_state
 from shardkit.loading.turns import FORMAT, READS, VERSION, Point, parse, round_robin, settle, worker_items
 
@@ -45,8 +49,8 @@ __all__ = ["ShardkitDataLoader", "ShardkitDataset", "round_robin"]
 
 log = logging.getLogger(__name__)
 
-# slots of the shared array (_RESUME_PHASES: bytes of JSON in the phases buffer)
-_EPOCH, _RESUME_EPOCH, _RESUME_TAKEN, _RESUME_WORKERS, _WORKERS, _DONE, _RESUME_WORLD, _RESUME_BATCH, _RESUME_PHASES = range(9)
+# slots of the shared array (_RESUME_PHASES, _ANCHOR: bytes of JSON in the phases and anchor buffers)
+_EPOCH, _RESUME_EPOCH, _RESUME_TAKEN, _RESUME_WORKERS, _WORKERS, _DONE, _RESUME_WORLD, _RESUME_BATCH, _RESUME_PHASES, _ANCHOR = range(10)
 PHASE_BYTES = 1 << 16  # room for the phases of about a thousand changes in one epoch
 
 
@@ -80,10 +84,6 @@ def _rebatching(batch_size: int, loader_batch: int | None = None) -> ConfigError
     )
 
 
-def _workers(count: Any) -> str:
-    return "num_workers=0 or 1" if isinstance(count, int) and count <= 1 else f"num_workers={count}"
-
-
 class ShardkitDataset(IterableDataset):
     """A shardkit dataset for ``torch.utils.data.DataLoader`` (use ``batch_size=None`` there and
     batch here, so batches are formed from the shuffled order).
@@ -108,7 +108,8 @@ class ShardkitDataset(IterableDataset):
     the same world size, batch size and number of DataLoader workers, it is the same order
     (each worker skips what it had given and they take turns where they left off); with others,
     it is every sample no worker of any rank had read, split anew among the ranks and workers
-    (equal counts on every rank). A blend resumes only with the same ones.
+    (equal counts on every rank); a blend's rest is shaped as
+    :meth:`shardkit.loading.blend_loader.BlendLoader.load_state_dict` says.
     With workers, only the DataLoader knows how many items it yielded: use
     :class:`ShardkitDataLoader`, or pass the count to :meth:`state_dict`.
 
@@ -124,16 +125,18 @@ class ShardkitDataset(IterableDataset):
         rank, world = resolve_world(opts.rank, opts.world_size)
         self.options = replace(opts, rank=rank, world_size=world)
         # counted once here, not once per worker
+        self.source: Source | BlendedSource
         if is_blend(source) or weights is not None or epoch_size is not None:
             self.source = resolve_blend(Blend(source, weights=weights, epoch_size=epoch_size), self.options)
         else:
-            self.source = resolve(source)  # type: ignore[arg-type]
+            self.source = resolve(source)  # type: ignore[arg-type]  # a Blend was taken above
         self._fingerprint = self.source.fingerprint()
         # shared with the workers, fork, spawn or forkserver. No lock: the main process writes
         # between iterations, each worker reads once as its iteration starts, and a slot written
         # by workers (_WORKERS, _DONE) is one aligned 64-bit word
-        self._shared = RawArray("q", [0, -1, 0, 0, 0, 0, 0, 0, 0])
+        self._shared = RawArray("q", [0, -1, 0, 0, 0, 0, 0, 0, 0, 0])
         self._phases = RawArray("c", PHASE_BYTES)  # the resume point's phases, as JSON
+        self._anchor = RawArray("c", PHASE_BYTES)  # a blend's Anchor (where its sources stood), as JSON
         self._yielded = 0  # items this process yielded in its current iteration (num_workers=0)
 
     # -- epochs --------------------------------------------------------------------------------
@@ -157,9 +160,13 @@ class ShardkitDataset(IterableDataset):
 
     def _phase_length(self, point: Point) -> int:
         """Items a rank yields in the phase of ``point``, from its start."""
-        rest = elastic.remaining(self.source.samples, point.done, drop_last=self.options.drop_last)
+        rest = self._rest(point)
         o = self.options
         return sum(worker_items(rest, world=point.world_size, batch_size=point.batch_size, workers=point.workers, drop_last=o.drop_last))
+
+    def _rest(self, point: Point) -> list[elastic.Range]:
+        """What the phase of ``point`` splits of its epoch."""
+        return self.source.rest(point.done, world=point.world_size, batch_size=point.batch_size, drop_last=self.options.drop_last)
 
     def _fresh(self, epoch: int) -> Point:
         """The start of ``epoch`` on this dataset's ranks."""
@@ -173,15 +180,14 @@ class ShardkitDataset(IterableDataset):
         if s[_RESUME_EPOCH] != epoch:
             return self._fresh(epoch)
         done = json.loads(bytes(self._phases[: s[_RESUME_PHASES]]) or b"[]")
-        phases, _ = check_done({"done": done}, samples=self.source.samples, drop_last=self.options.drop_last)
-        return Point(epoch, int(s[_RESUME_TAKEN]), int(s[_RESUME_WORKERS]), int(s[_RESUME_WORLD]), int(s[_RESUME_BATCH]) or None, phases)
+        world, batch = int(s[_RESUME_WORLD]), int(s[_RESUME_BATCH]) or None
+        phases, _ = check_done({"done": done}, rest=self.source.rest, world=world, batch_size=batch, drop_last=self.options.drop_last)
+        return Point(epoch, int(s[_RESUME_TAKEN]), int(s[_RESUME_WORKERS]), world, batch, phases)
 
     def _settle(self, point: Point, workers: int) -> Point:
         o = self.options
         assert o.world_size is not None
-        return settle(
-            point, world=o.world_size, batch_size=o.batch_size, workers=workers, samples=self.source.samples, drop_last=o.drop_last
-        )
+        return settle(point, world=o.world_size, batch_size=o.batch_size, workers=workers, rest=self._rest(point), drop_last=o.drop_last)
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -195,36 +201,44 @@ class ShardkitDataset(IterableDataset):
         s[_WORKERS] = info.num_workers if info is not None else 0
         if worker == 0 and done == epoch + 1:
             log.warning("epoch %d is read again from its start: call set_epoch() before each epoch (as with DistributedSampler)", epoch)
-        if isinstance(self.source, BlendedSource) and pending.taken and pending.workers != workers:
-            raise ConfigError(
-                f"load_state_dict: the state was taken with {_workers(pending.workers)}, this DataLoader has {_workers(workers)}; "
-                "a blend resumes only with as many DataLoader workers"
-            )
         loader = self._resumed_loader(self._settle(pending, workers), worker=worker, workers=workers)
         return self._iterate(loader, epoch, first=worker == 0, main=info is None)
 
     def _resumed_loader(self, point: Point, *, worker: int, workers: int) -> Loader:
         """The loader of DataLoader worker ``worker``, past what ``point`` (on this split) had taken."""
         o = self.options
-        rest = elastic.remaining(self.source.samples, point.done, drop_last=o.drop_last)
+        rest = self._rest(point)
         items = worker_items(rest, world=point.world_size, batch_size=o.batch_size, workers=workers, drop_last=o.drop_last)
         given, turn = round_robin(items, point.taken)
         role = (turn + worker) % workers  # the DataLoader asks worker 0 first: it takes the next turn
         size = elastic.worker_lengths(rest, world=point.world_size, drop_last=o.drop_last, batch_size=o.batch_size, workers=workers)[role]
-        make = BlendLoader if isinstance(self.source, BlendedSource) else Loader
-        loader = make(self.source, replace(o, worker=(role, workers)))
+        split = replace(o, worker=(role, workers))
+        loader = BlendLoader(self.source, split) if isinstance(self.source, BlendedSource) else Loader(self.source, split)
         position = min(given[role] * (o.batch_size or 1), size)
-        loader.load_state_dict(
-            make_state(
-                epoch=point.epoch,
-                position=position,
-                options=loader.options,
-                dataset=self._fingerprint,
-                samples=self.source.samples,
-                done=point.done,
-            )
+        state = make_state(
+            epoch=point.epoch,
+            position=position,
+            options=loader.options,
+            dataset=self._fingerprint,
+            samples=self.source.samples,
+            done=point.done,
         )
+        if isinstance(self.source, BlendedSource):
+            state.update(format=BLEND_FORMAT, version=BLEND_VERSION, sources=source_fields(self.source, self._starts(point.epoch)))
+        loader.load_state_dict(state)
         return loader
+
+    def _starts(self, epoch: int) -> list[int]:
+        """A blend's stream position of each source when ``epoch`` begins (see :class:`Anchor`)."""
+        assert isinstance(self.source, BlendedSource)
+        s, o = self._shared, self.options
+        assert o.world_size is not None
+        found = json.loads(bytes(self._anchor[: s[_ANCHOR]]) or b"{}")
+        anchor = (
+            Anchor(found["epoch"], tuple(found["start"]), tuple(Phase(w, b, tuple(r)) for w, b, r in found["done"])) if found else Anchor()
+        )
+        starts = self.source.starts(anchor, epoch, seed=o.seed, world=o.world_size, batch_size=o.batch_size, drop_last=o.drop_last)
+        return starts.tolist()
 
     def _iterate(self, loader: Loader, epoch: int, *, first: bool, main: bool) -> Iterator[Any]:
         if main:
@@ -253,9 +267,16 @@ class ShardkitDataset(IterableDataset):
         check_int("num_workers", num_workers, low=0)
         epoch = int(self._shared[_EPOCH]) if epoch is None else check_int("epoch", epoch, low=0)
         done = self._settle(self._pending(epoch), max(1, num_workers)).done
-        make = BlendLoader if isinstance(self.source, BlendedSource) else Loader
-        with make(self.source, self.options) as loader:
-            return loader.keys(step, epoch=epoch, num_workers=num_workers, done=done)
+        if not isinstance(self.source, BlendedSource):
+            with Loader(self.source, self.options) as loader:
+                return loader.keys(step, epoch=epoch, num_workers=num_workers, done=done)
+        with BlendLoader(self.source, self.options) as blend:  # told where each source stood when the epoch began
+            state = make_state(
+                epoch=epoch, position=0, options=blend.options, dataset=self._fingerprint, samples=self.source.samples, done=done
+            )
+            state.update(format=BLEND_FORMAT, version=BLEND_VERSION, sources=source_fields(self.source, self._starts(epoch)))
+            blend.load_state_dict(state)
+            return blend.keys(step, epoch=epoch, num_workers=num_workers, done=done)
 
     # -- resume --------------------------------------------------------------------------------
     def state_dict(self, yielded: int | None = None) -> dict[str, Any]:
@@ -291,6 +312,8 @@ class ShardkitDataset(IterableDataset):
         state: dict[str, Any] = {"format": FORMAT, "version": VERSION, "epoch": point.epoch, "taken": point.taken, "workers": point.workers}
         state.update(identity(self.options, self._fingerprint, self.source.samples))
         state.update(world_size=point.world_size, batch_size=point.batch_size, done=[phase.to_dict() for phase in point.done])
+        if isinstance(self.source, BlendedSource):
+            state["sources"] = source_fields(self.source, self._starts(point.epoch))
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -301,13 +324,24 @@ class ShardkitDataset(IterableDataset):
 
         Raises:
             ConfigError: the state is malformed, or was taken on other data or with options that
-                change the order (each difference is named); for a blend, with another world
-                size or batch size (another number of workers is refused when the iteration starts).
+                change the order (each difference is named); for a blend, on other sources or
+                shares (the source is named).
         """
-        point = parse(state, options=self.options, dataset=self._fingerprint, samples=self.source.samples, name=self.source.name)
-        if isinstance(self.source, BlendedSource):
-            check_same_split(state, self.options)
+        state = check_format(state, FORMAT, READS, "shardkit.torch dataset")
+        blend = isinstance(self.source, BlendedSource)
+        start = check_sources(state, self.source, drop_last=self.options.drop_last) if isinstance(self.source, BlendedSource) else ()
+        o = self.options
+        point = parse(
+            state, options=o, dataset=self._fingerprint, samples=self.source.samples, name=self.source.name, rest=self.source.rest
+        )
         epoch, taken, workers, world, batch, done = point.epoch, point.taken, point.workers, point.world_size, point.batch_size, point.done
+        if blend:  # where the sources stood; the phases are those read before the epoch goes on here
+            settled = self._settle(point, workers)
+            anchor = json.dumps({"epoch": epoch, "start": start, "done": [list(p.to_dict().values()) for p in settled.done]}).encode()
+            if len(anchor) > PHASE_BYTES:
+                raise ConfigError(f"load_state_dict: done: {len(done)} phases are more than shardkit.torch holds in one epoch")
+            self._anchor[: len(anchor)] = anchor
+            self._shared[_ANCHOR] = len(anchor)
         phases = json.dumps([phase.to_dict() for phase in done]).encode()
         if len(phases) > PHASE_BYTES:
             raise ConfigError(f"load_state_dict: done: {len(done)} phases are more than shardkit.torch holds in one epoch")
@@ -363,12 +397,5 @@ class ShardkitDataLoader(DataLoader):
         return self.dataset.keys(step, epoch=epoch, num_workers=self.num_workers)  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the dataset at ``state`` (with any number of workers; a blend's with as many as this DataLoader has)."""
-        state = check_format(state, FORMAT, READS, "shardkit.torch dataset")
-        taken_by = state.get("workers")
-        if isinstance(self.dataset.source, BlendedSource) and state.get("taken") and taken_by != max(1, self.num_workers):  # type: ignore[attr-defined]
-            raise ConfigError(
-                f"load_state_dict: the state was taken with {_workers(taken_by)}, this DataLoader has {_workers(self.num_workers)}; "
-                "a blend resumes only with as many DataLoader workers"
-            )
+        """Resume the dataset at ``state`` (taken with any number of workers)."""
         self.dataset.load_state_dict(state)  # type: ignore[attr-defined]

@@ -21,7 +21,7 @@ from shardkit._util import check_int
 from shardkit.loading import elastic
 from shardkit.loading.elastic import Phase
 from shardkit.loading.options import LoaderOptions
-from shardkit.loading.state import Resume, check_done, check_format, check_identity, check_split, close
+from shardkit.loading.state import RestOf, Resume, check_done, check_format, check_identity, check_split, close
 
 FORMAT = "shardkit.torch"
 # version 2 adds "done", the phases of the epoch read before a change of world size, batch size
@@ -74,17 +74,17 @@ def worker_items(rest: Sequence[elastic.Range], *, world: int, batch_size: int |
     return [-(-n // unit) for n in sizes]
 
 
-def settle(point: Point, *, world: int, batch_size: int | None, workers: int, samples: int, drop_last: bool) -> Point:
+def settle(point: Point, *, world: int, batch_size: int | None, workers: int, rest: Sequence[elastic.Range], drop_last: bool) -> Point:
     """``point`` for ranks of ``world``, ``batch_size`` and ``workers`` DataLoader workers. Pure.
 
-    Unchanged when they are the point's own. Otherwise the point's phase ends where each of its
-    workers had got to (the DataLoader's turns, :func:`round_robin`) and a new phase starts.
+    ``rest`` is what the point's own phase splits. Unchanged when those are the point's own.
+    Otherwise the point's phase ends where each of its workers had got to (the DataLoader's
+    turns, :func:`round_robin`) and a new phase starts.
     """
     if (point.world_size, point.batch_size, point.workers) == (world, batch_size, workers):
         return point
     resume = Resume(point.epoch, 0, point.done)
     if point.taken:
-        rest = elastic.remaining(samples, point.done, drop_last=drop_last)
         items = worker_items(rest, world=point.world_size, batch_size=point.batch_size, workers=point.workers, drop_last=drop_last)
         given, _ = round_robin(items, point.taken)
         sizes = elastic.worker_lengths(
@@ -97,9 +97,11 @@ def settle(point: Point, *, world: int, batch_size: int | None, workers: int, sa
 
 @dataclass(frozen=True, slots=True)
 class StepAt:
-    """Where a step is read: in the phase splitting ``rest`` among ``world`` ranks of
-    ``batch_size`` and ``workers`` workers each, as item ``item`` of worker ``worker``."""
+    """Where a step is read: in the phase after the first ``phase`` phases of the epoch, which
+    splits ``rest`` among ``world`` ranks of ``batch_size`` and ``workers`` workers each, as item
+    ``item`` of worker ``worker``."""
 
+    phase: int
     rest: list[elastic.Range]
     world: int
     batch_size: int | None
@@ -109,28 +111,28 @@ class StepAt:
 
 
 def locate(
-    step: int, *, samples: int, done: Sequence[Phase], world: int, batch_size: int | None, workers: int, drop_last: bool
+    step: int, *, rest: RestOf, done: Sequence[Phase], world: int, batch_size: int | None, workers: int, drop_last: bool
 ) -> StepAt | int:
     """Where DataLoader step ``step`` of an epoch is read, counting on through the phases ``done``
     and then the phase of ``world`` ranks, ``batch_size`` and ``workers`` workers; past the end
-    of the epoch, the number of steps it has."""
-    rest, first = elastic.whole(samples), 0
+    of the epoch, the number of steps it has. ``rest`` gives what each phase splits (a source's
+    :meth:`rest`)."""
+    first = 0
     phases: list[tuple[int, int | None, int, Phase | None]] = [(p.world_size, p.batch_size, len(p.read), p) for p in done]
     phases.append((world, batch_size, workers, None))
-    for w, b, n, phase in phases:
-        items = worker_items(rest, world=w, batch_size=b, workers=n, drop_last=drop_last)
+    for i, (w, b, n, phase) in enumerate(phases):
+        span = rest(done[:i], world=w, batch_size=b, drop_last=drop_last)
+        items = worker_items(span, world=w, batch_size=b, workers=n, drop_last=drop_last)
         # a finished phase gave the items its workers read; the turns they took are the full phase's
         count = sum(items) if phase is None else sum(-(-r // (b or 1)) for r in phase.read)
         if step < first + count:
             given, turn = round_robin(items, step - first)
-            return StepAt(rest, w, b, n, turn, given[turn])
+            return StepAt(i, span, w, b, n, turn, given[turn])
         first += count
-        if phase is not None:
-            rest = elastic.after(rest, phase, drop_last=drop_last)
     return first
 
 
-def parse(state: Any, *, options: LoaderOptions, dataset: str, samples: int, name: str) -> Point:
+def parse(state: Any, *, options: LoaderOptions, dataset: str, samples: int, name: str, rest: RestOf) -> Point:
     """Where the ``shardkit.torch`` state ``state`` left its epoch, checked against the data
     (``dataset`` fingerprint, ``samples``) and ``options``' order.
 
@@ -143,15 +145,16 @@ def parse(state: Any, *, options: LoaderOptions, dataset: str, samples: int, nam
     epoch = check_int("load_state_dict: epoch", state.get("epoch"), low=0)
     world, batch = check_split(state)
     workers = check_int("load_state_dict: workers", state.get("workers"), low=1)
-    done, rest = check_done(state, samples=samples, drop_last=options.drop_last)
-    length = sum(worker_items(rest, world=world, batch_size=batch, workers=workers, drop_last=options.drop_last))
+    done, span = check_done(state, rest=rest, world=world, batch_size=batch, drop_last=options.drop_last)
+    length = sum(worker_items(span, world=world, batch_size=batch, workers=workers, drop_last=options.drop_last))
     taken = check_int("load_state_dict: taken", state.get("taken"), low=0, high=max(1, length) - 1)
     return Point(epoch, taken, workers, world, batch, done)
 
 
-def done_before(point: Point, *, options: LoaderOptions, samples: int, workers: int) -> tuple[Phase, ...]:
+def done_before(point: Point, *, options: LoaderOptions, rest: RestOf, workers: int) -> tuple[Phase, ...]:
     """The phases of ``point``'s epoch read before a DataLoader of ``workers`` workers on
     ``options``' ranks and batch size continues it (the point's own phase ends if they differ)."""
-    world = options.world_size
+    world, drop_last = options.world_size, options.drop_last
     assert world is not None
-    return settle(point, world=world, batch_size=options.batch_size, workers=workers, samples=samples, drop_last=options.drop_last).done
+    span = rest(point.done, world=point.world_size, batch_size=point.batch_size, drop_last=drop_last)
+    return settle(point, world=world, batch_size=options.batch_size, workers=workers, rest=span, drop_last=drop_last).done
