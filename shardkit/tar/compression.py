@@ -125,8 +125,8 @@ def compress(data: Any, codec: str, *, level: int) -> bytes:
 def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threads: int | None = None) -> bytes:
     """The tar inside the compressed shard ``buf`` read from ``url``.
 
-    A zstd shard with a seek table is decompressed frame by frame on ``threads`` threads (None:
-    one a core, a few at most; see :func:`zstd_frames.threads_for`); any other zstd or gzip
+    A zstd shard with a seek table has its frames decompressed on ``threads`` of libzstd's
+    threads (None: one a core, a few at most; see :func:`zstd_frames.decompress`); any other zstd or gzip
     stream, of one frame or member or several, is read whole as a stream. ``size``, the tar's
     length when a manifest says it, is checked.
 
