@@ -34,6 +34,8 @@ MAGIC = {"zstd": b"\x28\xb5\x2f\xfd", "gzip": b"\x1f\x8b"}
 # the levels each codec takes, and the default (chosen by benchmarks/compression.py: see BENCHMARKS.md)
 LEVELS = {"zstd": (1, 22), "gzip": (1, 9)}
 DEFAULT_LEVEL = {"zstd": 3, "gzip": 6}
+# compressed bytes a stream is read by: past the manifest's size, what one piece decompresses to is all that is read
+_PIECE = 1 << 20
 
 
 def check_compression(value: Any, *, name: str = "compression") -> str | None:
@@ -149,21 +151,42 @@ def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threa
     except Exception as e:  # the codecs' own errors (zstd.ZstdError, zlib.error, EOFError...): say which shard and why
         raise CorruptShardError(f"{url}: not valid {codec}: corrupt or truncated ({_reason(e)})") from None
     if size is not None and len(out) != size:
-        raise CorruptShardError(f"{url}: decompresses to {len(out)} bytes, the manifest says {size} (the tar inside changed)")
+        found = f"over {size}" if len(out) > size else str(len(out))
+        raise CorruptShardError(f"{url}: decompresses to {found} bytes, the manifest says {size} (the tar inside changed)")
     return out
 
 
 def _zstd(buf: Any, size: int | None) -> bytes:
+    """The frames of ``buf`` decompressed one after another; at most ``size`` bytes and a piece
+    more, so a stream that holds more than the manifest says is not read whole first.
+
+    Raises:
+        EOFError: the last frame ends early (truncated).
+    """
     import zstandard
 
     unpacker = zstandard.ZstdDecompressor()
     if size is not None and zstandard.frame_content_size(buf) == size:  # one frame holding it all (older piles): one allocation
         return unpacker.decompress(buf, max_output_size=size)
-    with unpacker.stream_reader(buf, read_across_frames=True, read_size=1 << 20) as reader:
-        out = reader.read()
-    if not isinstance(out, bytes):
-        out = bytes(out)
-    return out
+    view = memoryview(buf)
+    parts, total, frame, begins = [], 0, None, 0
+    try:
+        for at in range(0, len(view), _PIECE):
+            piece: Any = view[at : at + _PIECE]
+            while piece:
+                if frame is None:
+                    frame, begins = unpacker.decompressobj(), at + min(_PIECE, len(view) - at) - len(piece)
+                parts.append(frame.decompress(piece))
+                total += len(parts[-1])
+                # only the decoder sees where a frame ends: a stream that stops inside one is truncated
+                piece, frame = (frame.unused_data, None) if frame.eof else (b"", frame)
+            if size is not None and total > size:
+                return b"".join(parts)
+    finally:
+        view.release()
+    if frame is not None:
+        raise EOFError(f"the frame at byte {begins} ends early, at byte {len(buf)}")
+    return b"".join(parts)
 
 
 def _gzip(buf: Any) -> bytes:

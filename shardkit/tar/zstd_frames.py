@@ -39,6 +39,10 @@ _CHECKSUM_FLAG = 0x80
 _RESERVED_BITS = 0x7C
 # the seekable format's limit: a frame count past it is a damaged footer, not a real file
 _MAX_FRAMES = 0x8000000
+# a zstd frame header's longest (magic, descriptor, window, dictionary id, content size), and a
+# block's most output: a block takes 4 bytes at least (3 of header, one repeated byte)
+_MAX_HEADER = 18
+_BLOCK = 128 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +178,12 @@ def decompress(buf: Any, frames: Sequence[Frame], url: str, *, threads: int | No
     import zstandard
 
     listed = [f for f in frames if f.size]  # an empty or skippable frame holds nothing of the tar
+    source = memoryview(buf)
+    try:
+        for i, f in enumerate(frames):
+            _check_frame(source[f.start : f.start + f.stored], f, _where(url, frames, i))
+    finally:
+        source.release()
     if not listed:
         return b""
     source = memoryview(buf)
@@ -191,6 +201,33 @@ def decompress(buf: Any, frames: Sequence[Frame], url: str, *, threads: int | No
     return b"".join(out[i] for i in range(len(out)))
 
 
+def _check_frame(stored: memoryview, frame: Frame, where: str) -> None:
+    """Refuse a frame whose header disagrees with its table entry, before any of its output is
+    allocated (a forged size must not cost gigabytes), and one listed as empty that holds data."""
+    import zstandard
+
+    try:
+        content = zstandard.frame_content_size(bytes(stored[:_MAX_HEADER]))
+        if frame.size == 0 and content == 0:  # listed as empty: nothing must come out of it, nor follow it
+            unpacker = zstandard.ZstdDecompressor().decompressobj()
+            if unpacker.decompress(stored) or not unpacker.eof or unpacker.unused_data:
+                raise CorruptShardError(f"{where}: listed as empty, but it is not one empty or skippable frame")
+    except zstandard.ZstdError as e:
+        raise CorruptShardError(f"{where}: not a zstd frame ({e})") from None
+    finally:
+        stored.release()
+    if content == -1:  # no size in the header (another tool's): at most what its blocks can hold
+        content = None if frame.size > (frame.stored // 4 + 1) * _BLOCK else frame.size
+    if content != frame.size:
+        said = "more than its blocks can hold" if content is None else f"{content} bytes"
+        raise CorruptShardError(f"{where}: its header says it holds {said}, the seek table says {frame.size}")
+
+
+def _where(url: str, frames: Sequence[Frame], i: int) -> str:
+    frame = frames[i]
+    return f"{url}: zstd frame {i} of {len(frames)} (bytes {frame.start}-{frame.start + frame.stored})"
+
+
 _ITEM = re.compile(r"error decompressing item (\d+): (.*)")
 _SIZES = re.compile(r"decompressed (\d+) bytes; expected (\d+)")
 
@@ -200,8 +237,7 @@ def _frame_error(url: str, frames: Sequence[Frame], listed: Sequence[Frame], mes
     found = _ITEM.search(message)
     if found is None or int(found.group(1)) >= len(listed):
         return CorruptShardError(f"{url}: not valid zstd: corrupt or truncated ({message})")
-    frame = listed[int(found.group(1))]
-    where = f"{url}: zstd frame {frames.index(frame)} of {len(frames)} (bytes {frame.start}-{frame.start + frame.stored})"
+    where = _where(url, frames, frames.index(listed[int(found.group(1))]))
     reason = found.group(2)
     sizes = _SIZES.match(reason)
     if sizes is not None:
