@@ -216,8 +216,10 @@ def _check_frame(stored: memoryview, frame: Frame, where: str) -> None:
         raise CorruptShardError(f"{where}: not a zstd frame ({e})") from None
     finally:
         stored.release()
-    if content == -1:  # no size in the header (another tool's): at most what its blocks can hold
-        content = None if frame.size > (frame.stored // 4 + 1) * _BLOCK else frame.size
+    if content == -1:  # no size in the header (another tool's): the table's, checked as it decompresses
+        content = frame.size
+    if content > (frame.stored // 4 + 1) * _BLOCK:  # a forged header and table alike: more than its blocks can hold
+        content = None
     if content != frame.size:
         said = "more than its blocks can hold" if content is None else f"{content} bytes"
         raise CorruptShardError(f"{where}: its header says it holds {said}, the seek table says {frame.size}")
