@@ -244,3 +244,9 @@ def test_a_splitting_append_killed_in_its_install_leaves_files_verify_calls_left
     assert grown.generation == 1 and shardkit.verify(out, quiet=True) == []
     assert sorted(_keys(out)) == sorted([f"{c}{i:02d}" for c in "ab" for i in range(30)])
 
+
+def test_the_kill_campaign_on_splitting_appends_runs_clean_for_two_rounds():
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "kill_append.py")
+    done = subprocess.run([sys.executable, script, "--rounds", "2", "--seed", "3"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 rounds identical to an uninterrupted append, 0 failed" in done.stdout
