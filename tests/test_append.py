@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -487,3 +490,28 @@ def test_repile_reads_every_segment_of_a_grown_compressed_dataset(tmp_path):
     result = shardkit.repile(src, dst, piles=2, quiet=True)
     assert result.samples == 28 and result.generation == 0
     assert sorted(_keys(dst)) == sorted(_keys(src))
+
+
+def _units(unit: int):
+    for k in range(3):
+        yield {"__key__": f"u{unit:03d}-{k}", "bin": b"x" * 100}
+
+
+def test_an_append_killed_after_it_published_does_not_stop_the_next_one(tmp_path):
+    # SIGKILL between the new manifest and the removal of pass 1's staging: its committed parts
+    # are of a generation the dataset has, not an interrupted job for the next append to refuse
+    out = str(tmp_path / "ds")
+    shardkit.preprocess(range(4), _units, out, piles=2, quiet=True)
+    code = (
+        "import os, signal, sys; sys.path.insert(0, sys.argv[2]); import shardkit; from shardkit.piles import resume; "
+        "from test_append import _units; resume.Staging.remove = lambda self: os.kill(os.getpid(), signal.SIGKILL); "
+        "shardkit.preprocess(range(10, 14), _units, sys.argv[1], piles=2, mode='append', quiet=True)"
+    )
+    died = subprocess.run([sys.executable, "-c", code, out, os.path.dirname(__file__)], capture_output=True)
+    assert died.returncode == -signal.SIGKILL, died.stderr.decode()
+    assert manifest.read(out).generation == 1 and os.path.isdir(os.path.join(out, ".shardkit-pass1"))
+    for resume in (False, True):
+        grown = shardkit.preprocess(range(20 + 4 * resume, 24 + 4 * resume), _units, out, piles=2, mode="append", resume=resume, quiet=True)
+        assert grown.generation == 2 + resume
+    assert not os.path.exists(os.path.join(out, ".shardkit-pass1"))
+    assert sorted(_keys(out)) == sorted(f"u{u:03d}-{k}" for u in [*range(4), *range(10, 14), *range(20, 28)] for k in range(3))

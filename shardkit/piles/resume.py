@@ -264,7 +264,9 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
     A fresh job gets an empty directory. Leftovers of an earlier run that committed work are
     refused without ``resume`` (discarded with ``overwrite``); with ``resume`` they must come from
     the same job, and every committed part is checked and reused (a part that fails its check is
-    removed, and its units are processed again).
+    removed, and its units are processed again). Without ``resume`` the leftovers of an append
+    whose generation the dataset already has (killed after it published) are cleared: nobody can
+    resume them.
 
     Raises:
         DatasetExistsError: leftovers holding committed work, without ``resume`` or ``overwrite``;
@@ -280,7 +282,7 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
     try:
         staging = Staging(path, {}, fd)
         before = _read_job(path)
-        found = _committed(path)
+        found = {} if not resume and _published(before, job) else _committed(path)
         if found and not resume and not overwrite:
             units = sum(len(c.units) + len(c.failures) for c in found.values())
             started = before.get("started", "?") if before else "?"
@@ -310,6 +312,17 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
         os.close(fd)
         raise
     return staging
+
+
+def _published(before: Mapping[str, Any] | None, job: Mapping[str, Any]) -> bool:
+    """The leftovers are an append's whose generation the dataset already has (killed after its
+    manifest went in, or another writer's came first): a fresh job clears them, as no job can
+    resume them (``resume=True`` still says why it cannot)."""
+    then, now = (before or {}).get("generation"), job.get("generation")
+    if isinstance(then, int) and isinstance(now, int) and then < now:
+        log.info("removing the staging of the append of generation %d: it was published (the dataset is past it)", then)
+        return True
+    return False
 
 
 def _read_job(path: str) -> dict[str, Any] | None:

@@ -10,13 +10,14 @@ sequential read of the dataset and holds one pile in memory at a time.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shardkit import _util, manifest, storage
-from shardkit.errors import CorruptShardError, ManifestError, StorageError
+from shardkit.errors import CorruptShardError, ManifestError, ShardkitError, StorageError
 from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile, tar_problem
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles.output import LEFTOVERS, LOCK
@@ -166,7 +167,8 @@ class Problem:
     the tar inside a compressed pile), ``compressed`` (a compressed pile that does not
     decompress to its tar), ``structure``, ``count``, ``duplicate`` (two samples of a pile share a key) for a pile listed in the
     manifest, ``extra`` (a shard file the manifest does not list) or ``leftover`` (a temporary
-    file or directory an interrupted job left behind).
+    file or directory an interrupted job left behind, or a file an install its journal names moved
+    in before the job died).
 
         for problem in verify("data/"):
             print(problem)          # "pile-000003.tar: checksum is crc32:..., the manifest says ..."
@@ -244,11 +246,12 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
     # an older generation's files (retired by a window, or rewritten when an append split a
     # pile) are a pinned loader's until shardkit gc removes them: not strays
     listed = set(m.files()) | {manifest.MANIFEST} | _older_files(directory, names)
+    installing = _journaled(directory, names)
     found = []
     for name in names:
         if name in listed:
             continue
-        if LEFTOVERS.fullmatch(name) or name == LOCK:
+        if LEFTOVERS.fullmatch(name) or name == LOCK or name in installing:
             found.append(
                 Problem(
                     name=name,
@@ -264,6 +267,20 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
                     message="shard file not listed in the manifest (readers ignore it; an interrupted overwrite leaves such files)",
                 )
             )
+    return found
+
+
+def _journaled(directory: str, names: list[str]) -> set[str]:
+    """The files the install journals name: moved in by a job that died before its manifest
+    (the next job writing here removes those the manifest does not list)."""
+    found: set[str] = set()
+    for name in names:
+        if name.startswith(".shardkit-install-") and name.endswith(".json"):
+            try:
+                doc: Any = json.loads(storage.read_bytes(storage.join(directory, name)))
+                found |= {n for n in doc.get("files", []) if isinstance(n, str)}
+            except (ShardkitError, ValueError, AttributeError, TypeError):
+                continue  # not a journal: the journal itself is reported as a leftover
     return found
 
 
