@@ -478,7 +478,10 @@ def test_an_interrupted_append_does_not_resume_onto_another_generation(tmp_path)
     shardkit.preprocess([0, 1, 2, 3], _unit_samples, out, piles=3, seed=2, quiet=True)
     _interrupted_append(out, units, stop_at=7)
     _append(out, ["other"], piles=3, seed=2)  # another writer published generation 1 meanwhile
-    with pytest.raises(shardkit.ConfigError, match=r"cannot resume: .* generation was 1, is 2"):
+    with pytest.raises(
+        shardkit.ConfigError,
+        match=r"cannot resume: .*\(generation was 1, is 2\): it was published, by this job before it stopped or by another writer",
+    ):
         shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", resume=True, quiet=True)
 
 
@@ -510,6 +513,10 @@ def test_an_append_killed_after_it_published_does_not_stop_the_next_one(tmp_path
     died = subprocess.run([sys.executable, "-c", code, out, os.path.dirname(__file__)], capture_output=True)
     assert died.returncode == -signal.SIGKILL, died.stderr.decode()
     assert manifest.read(out).generation == 1 and os.path.isdir(os.path.join(out, ".shardkit-pass1"))
+    problems = shardkit.verify(out)
+    assert {(p.name, p.kind) for p in problems} == {(".shardkit-lock", "leftover"), (".shardkit-pass1", "leftover")}, problems
+    with pytest.raises(shardkit.ConfigError, match=r"wrote generation 1, and the dataset has it now .* run again without resume=True"):
+        shardkit.preprocess(range(10, 14), _units, out, piles=2, mode="append", resume=True, quiet=True)
     for resume in (False, True):
         grown = shardkit.preprocess(range(20 + 4 * resume, 24 + 4 * resume), _units, out, piles=2, mode="append", resume=resume, quiet=True)
         assert grown.generation == 2 + resume

@@ -293,6 +293,12 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
             )
         if resume and found:
             said = _differences(before or {}, job)
+            if said and _was_published(before, job):
+                raise ConfigError(
+                    f"{out}: cannot resume: the append in {path} wrote generation {(before or {}).get('generation')}, and the dataset "
+                    f"has it now ({'; '.join(said)}): it was published, by this job before it stopped or by another writer. "
+                    "Nothing of it can be resumed: run again without resume=True to append anew (its leftovers are cleared)"
+                )
             if said:
                 raise ConfigError(
                     f"{out}: cannot resume: the interrupted pass 1 in {path} was another job: {'; '.join(said)}. "
@@ -314,12 +320,18 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
     return staging
 
 
-def _published(before: Mapping[str, Any] | None, job: Mapping[str, Any]) -> bool:
+def _was_published(before: Mapping[str, Any] | None, job: Mapping[str, Any]) -> bool:
     """The leftovers are an append's whose generation the dataset already has (killed after its
-    manifest went in, or another writer's came first): a fresh job clears them, as no job can
-    resume them (``resume=True`` still says why it cannot)."""
+    manifest went in, or another writer's came first)."""
     then, now = (before or {}).get("generation"), job.get("generation")
-    if isinstance(then, int) and isinstance(now, int) and then < now:
+    return isinstance(then, int) and isinstance(now, int) and then < now
+
+
+def _published(before: Mapping[str, Any] | None, job: Mapping[str, Any]) -> bool:
+    """:func:`_was_published`, logged: a fresh job clears such leftovers, as no job can resume
+    them (``resume=True`` says why it cannot)."""
+    then = (before or {}).get("generation")
+    if _was_published(before, job):
         log.info("removing the staging of the append of generation %d: it was published (the dataset is past it)", then)
         return True
     return False

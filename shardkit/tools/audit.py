@@ -21,6 +21,7 @@ from shardkit.errors import CorruptShardError, ManifestError, ShardkitError, Sto
 from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile, tar_problem
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles.output import LEFTOVERS, LOCK
+from shardkit.piles.resume import STAGING as PASS1_STAGING
 from shardkit.tar import compression, scan
 from shardkit.tar.keys import repeated_key, sample_at
 
@@ -251,7 +252,16 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
     for name in names:
         if name in listed:
             continue
-        if LEFTOVERS.fullmatch(name) or name == LOCK or name in installing:
+        if name == PASS1_STAGING:
+            found.append(
+                Problem(
+                    name=name,
+                    kind="leftover",
+                    message="the committed parts of a pass 1 or append that did not finish: the same job run again with "
+                    "resume=True continues it; another job writing here clears it",
+                )
+            )
+        elif LEFTOVERS.fullmatch(name) or name == LOCK or name in installing:
             found.append(
                 Problem(
                     name=name,
