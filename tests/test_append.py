@@ -500,6 +500,13 @@ def _units(unit: int):
         yield {"__key__": f"u{unit:03d}-{k}", "bin": b"x" * 100}
 
 
+def run_killed(code: str, out: str) -> None:
+    """Run ``code`` in a child Python (``sys.argv[1]`` is ``out``, ``sys.argv[2]`` this directory)
+    that must die of SIGKILL, as the code arranges."""
+    died = subprocess.run([sys.executable, "-c", code, out, os.path.dirname(__file__)], capture_output=True)
+    assert died.returncode == -signal.SIGKILL, died.stderr.decode()
+
+
 def test_an_append_killed_after_it_published_does_not_stop_the_next_one(tmp_path):
     # SIGKILL between the new manifest and the removal of pass 1's staging: its committed parts
     # are of a generation the dataset has, not an interrupted job for the next append to refuse
@@ -510,8 +517,7 @@ def test_an_append_killed_after_it_published_does_not_stop_the_next_one(tmp_path
         "from test_append import _units; resume.Staging.remove = lambda self: os.kill(os.getpid(), signal.SIGKILL); "
         "shardkit.preprocess(range(10, 14), _units, sys.argv[1], piles=2, mode='append', quiet=True)"
     )
-    died = subprocess.run([sys.executable, "-c", code, out, os.path.dirname(__file__)], capture_output=True)
-    assert died.returncode == -signal.SIGKILL, died.stderr.decode()
+    run_killed(code, out)
     assert manifest.read(out).generation == 1 and os.path.isdir(os.path.join(out, ".shardkit-pass1"))
     problems = shardkit.verify(out)
     assert {(p.name, p.kind) for p in problems} == {(".shardkit-lock", "leftover"), (".shardkit-pass1", "leftover")}, problems

@@ -6,7 +6,6 @@ import itertools
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from scipy import stats
-from test_append import LOADER_SEED, _append, _keys, _write
+from test_append import LOADER_SEED, _append, _keys, _write, run_killed
 
 import shardkit
 from shardkit import manifest
@@ -234,8 +233,7 @@ def test_a_splitting_append_killed_in_its_install_leaves_files_verify_calls_left
         "manifest.write = lambda *a: os.kill(os.getpid(), signal.SIGKILL); "
         "_append(sys.argv[1], [f'b{i:02d}' for i in range(30)], seed=1, max_pile_bytes=4096)"
     )
-    died = subprocess.run([sys.executable, "-c", code, out, os.path.dirname(__file__)], capture_output=True)
-    assert died.returncode == -signal.SIGKILL, died.stderr.decode()
+    run_killed(code, out)
     moved = [n for n in os.listdir(out) if n.startswith("pile-") and ".g000001." in n]
     assert moved and manifest.read(out).generation == 0
     problems = shardkit.verify(out, quiet=True)

@@ -212,19 +212,18 @@ class ShardkitDataset(IterableDataset):
         given, turn = round_robin(items, point.taken)
         role = (turn + worker) % workers  # the DataLoader asks worker 0 first: it takes the next turn
         size = elastic.worker_lengths(rest, world=point.world_size, drop_last=o.drop_last, batch_size=o.batch_size, workers=workers)[role]
-        split = replace(o, worker=(role, workers))
-        loader = BlendLoader(self.source, split) if isinstance(self.source, BlendedSource) else Loader(self.source, split)
         position = min(given[role] * (o.batch_size or 1), size)
+        return self._loader_at(replace(o, worker=(role, workers)), point.epoch, position, point.done)
+
+    def _loader_at(self, options: LoaderOptions, epoch: int, position: int, done: tuple[Phase, ...]) -> Loader:
+        """A loader with ``options`` at ``position`` of its slice of ``epoch``, after the phases
+        ``done``; a blend's is told where each source stood when the epoch began."""
+        loader = BlendLoader(self.source, options) if isinstance(self.source, BlendedSource) else Loader(self.source, options)
         state = make_state(
-            epoch=point.epoch,
-            position=position,
-            options=loader.options,
-            dataset=self._fingerprint,
-            samples=self.source.samples,
-            done=point.done,
+            epoch=epoch, position=position, options=loader.options, dataset=self._fingerprint, samples=self.source.samples, done=done
         )
         if isinstance(self.source, BlendedSource):
-            state.update(format=BLEND_FORMAT, version=BLEND_VERSION, sources=source_fields(self.source, self._starts(point.epoch)))
+            state.update(format=BLEND_FORMAT, version=BLEND_VERSION, sources=source_fields(self.source, self._starts(epoch)))
         loader.load_state_dict(state)
         return loader
 
@@ -267,16 +266,8 @@ class ShardkitDataset(IterableDataset):
         check_int("num_workers", num_workers, low=0)
         epoch = int(self._shared[_EPOCH]) if epoch is None else check_int("epoch", epoch, low=0)
         done = self._settle(self._pending(epoch), max(1, num_workers)).done
-        if not isinstance(self.source, BlendedSource):
-            with Loader(self.source, self.options) as loader:
-                return loader.keys(step, epoch=epoch, num_workers=num_workers, done=done)
-        with BlendLoader(self.source, self.options) as blend:  # told where each source stood when the epoch began
-            state = make_state(
-                epoch=epoch, position=0, options=blend.options, dataset=self._fingerprint, samples=self.source.samples, done=done
-            )
-            state.update(format=BLEND_FORMAT, version=BLEND_VERSION, sources=source_fields(self.source, self._starts(epoch)))
-            blend.load_state_dict(state)
-            return blend.keys(step, epoch=epoch, num_workers=num_workers, done=done)
+        with self._loader_at(self.options, epoch, 0, done) as loader:
+            return loader.keys(step, epoch=epoch, num_workers=num_workers, done=done)
 
     # -- resume --------------------------------------------------------------------------------
     def state_dict(self, yielded: int | None = None) -> dict[str, Any]:

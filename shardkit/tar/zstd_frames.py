@@ -182,21 +182,16 @@ def decompress(buf: Any, frames: Sequence[Frame], url: str, *, threads: int | No
     try:
         for i, f in enumerate(frames):
             _check_frame(source[f.start : f.start + f.stored], f, _where(url, frames, i))
-    finally:
-        source.release()
-    if not listed:
-        return b""
-    source = memoryview(buf)
-    parts = [source[f.start : f.start + f.stored] for f in listed]
-    sizes = struct.pack(f"<{len(listed)}Q", *(f.size for f in listed))
-    try:
+        if not listed:
+            return b""
+        parts = [source[f.start : f.start + f.stored] for f in listed]
+        sizes = struct.pack(f"<{len(listed)}Q", *(f.size for f in listed))
         # never fewer than two threads: libzstd's one-thread path here measured 22 ms a 13 MB pile against 8
         workers = max(2, threads_for(len(listed), threads)) if len(listed) > 1 else 1
         out = zstandard.ZstdDecompressor().multi_decompress_to_buffer(parts, decompressed_sizes=sizes, threads=workers)
     except zstandard.ZstdError as e:
         raise _frame_error(url, frames, listed, str(e)) from None
     finally:
-        del parts
         source.release()
     return b"".join(out[i] for i in range(len(out)))
 
