@@ -528,3 +528,29 @@ def test_an_append_killed_after_it_published_does_not_stop_the_next_one(tmp_path
         assert grown.generation == 2 + resume
     assert not os.path.exists(os.path.join(out, ".shardkit-pass1"))
     assert sorted(_keys(out)) == sorted(f"u{u:03d}-{k}" for u in [*range(4), *range(10, 14), *range(20, 28)] for k in range(3))
+
+
+def test_gc_removes_the_staging_of_an_append_killed_after_it_published_and_keeps_an_unpublished_one(tmp_path):
+    out, staging = str(tmp_path / "ds"), str(tmp_path / "ds" / ".shardkit-pass1")
+    shardkit.preprocess(range(4), _units, out, piles=2, quiet=True)
+    killed = (
+        "import os, signal, sys; sys.path.insert(0, sys.argv[2]); import shardkit; from shardkit.piles import resume; "
+        "from test_append import _units; resume.{where} = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL); "
+        "shardkit.preprocess(range({first}, {first} + 4), _units, sys.argv[1], piles=2, mode='append', quiet=True)"
+    )
+    # killed before it published: its committed parts are the job's to resume, gc keeps them
+    run_killed(killed.format(where="manifest.write", first=10), out)
+    assert manifest.read(out).generation == 0 and os.path.isdir(staging)
+    assert ".shardkit-pass1" not in shardkit.gc(out, grace=0).deleted and os.path.isdir(staging)
+    said = {p.name: p.message for p in shardkit.verify(out, quiet=True)}
+    assert "resume=True continues it" in said[".shardkit-pass1"]
+    shardkit.preprocess(range(10, 14), _units, out, piles=2, mode="append", resume=True, quiet=True)
+    assert not os.path.exists(staging)
+    # killed after it published: gc removes the staging, which nobody can resume
+    run_killed(killed.format(where="Staging.remove", first=20), out)
+    assert manifest.read(out).generation == 2 and os.path.isdir(staging)
+    said = {p.name: p.message for p in shardkit.verify(out, quiet=True)}
+    assert "append of generation 2, which stopped after it published" in said[".shardkit-pass1"]
+    assert ".shardkit-pass1" in shardkit.gc(out, grace=0, dry_run=True).deleted and os.path.isdir(staging)
+    assert ".shardkit-pass1" in shardkit.gc(out, grace=0).deleted and not os.path.exists(staging)
+    assert shardkit.verify(out, quiet=True) == []

@@ -269,7 +269,8 @@ def _register_gc(sub: Any) -> None:
         description=(
             "Delete the pile and segment files no manifest needs: those the current manifest does not list and\n"
             "no generation replaced less than --grace ago lists (a loader pinned to it may still read them).\n"
-            "The manifests of older generations go too, so a state taken on one fails naming it."
+            "The manifests of older generations go too, so a state taken on one fails naming it, and so does\n"
+            "the staging directory of an append that was killed after it published."
         ),
         epilog="example:\n  shardkit gc data/train --grace 1h",
         formatter_class=argparse.RawDescriptionHelpFormatter,

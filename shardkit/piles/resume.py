@@ -320,6 +320,35 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
     return staging
 
 
+def published_staging(out: str, generation: int) -> int | None:
+    """The generation the pass-1 staging of ``out`` was an append of, if the dataset (now at
+    ``generation``) already has it: the append died after publishing, before it removed its
+    staging, and nobody can resume it. None when there is no such staging (none, a job's that
+    did not publish, or a new dataset's)."""
+    then = (_read_job(staging_path(out)) or {}).get("generation")
+    return then if isinstance(then, int) and then <= generation else None
+
+
+def remove_published(out: str, generation: int) -> bool:
+    """Remove the staging of an append ``out`` already has (see :func:`published_staging`),
+    unless a job holds it now; whether it was removed. The caller holds the output's claim, so
+    no job takes the staging while it goes."""
+    path = staging_path(out)
+    if published_staging(out, generation) is None:
+        return False
+    fd = storage.lock_file(os.path.join(path, LOCK), wait=False)
+    if fd is None:
+        return False  # a job took it: it clears the staging itself
+    try:
+        if published_staging(out, generation) is None:
+            return False
+        log.info("%s: removing %s, the staging of an append already published", out, path)
+        shutil.rmtree(path, ignore_errors=True)  # the lock file too: lock_file() copes with that
+    finally:
+        os.close(fd)
+    return True
+
+
 def _was_published(before: Mapping[str, Any] | None, job: Mapping[str, Any]) -> bool:
     """The leftovers are an append's whose generation the dataset already has (killed after its
     manifest went in, or another writer's came first)."""

@@ -20,8 +20,8 @@ from shardkit import _util, manifest, storage
 from shardkit.errors import CorruptShardError, ManifestError, ShardkitError, StorageError
 from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile, tar_problem
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.piles import resume
 from shardkit.piles.output import LEFTOVERS, LOCK
-from shardkit.piles.resume import STAGING as PASS1_STAGING
 from shardkit.tar import compression, scan
 from shardkit.tar.keys import repeated_key, sample_at
 
@@ -252,7 +252,16 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
     for name in names:
         if name in listed:
             continue
-        if name == PASS1_STAGING:
+        if name == resume.STAGING and (published := resume.published_staging(directory, m.generation)) is not None:
+            found.append(
+                Problem(
+                    name=name,
+                    kind="leftover",
+                    message=f"the staging of the append of generation {published}, which stopped after it published: "
+                    "shardkit gc or the next append removes it",
+                )
+            )
+        elif name == resume.STAGING:
             found.append(
                 Problem(
                     name=name,

@@ -3,7 +3,7 @@
 An append and a moving window never delete: the new manifest simply stops listing the oldest
 generations' segments, and a loader pinned to an older generation keeps reading that
 generation's files (its manifest is kept as ``shardkit.g<N>.json``). :func:`gc` deletes what
-none of them needs any more: a file is kept while the current manifest lists it, or while a
+none of them needs any more (and the staging an append left when it died after publishing): a file is kept while the current manifest lists it, or while a
 generation that lists it stopped being the current one less than ``grace`` ago (a loader may
 still be reading it). The manifests of generations older than that go too, after their files,
 so a state pinned to one of them fails naming its generation.
@@ -24,6 +24,7 @@ from shardkit import manifest, storage
 from shardkit._util import check_path, parse_duration
 from shardkit.errors import ManifestError
 from shardkit.manifest import GENERATION_FILE, Manifest, keys_name
+from shardkit.piles import resume
 from shardkit.piles.output import claim
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,13 @@ def gc(directory: str | os.PathLike[str], *, grace: str | int | float = "1h", dr
     manifest.read(out)  # no dataset: fail before claim() makes the directory
     output = claim(out, overwrite=True)  # no append publishes while files are being deleted
     try:
-        return _collect(output.path, manifest.read(output.path), seconds, dry_run)
+        latest = manifest.read(output.path)
+        report = _collect(output.path, latest, seconds, dry_run)
+        if resume.published_staging(output.path, latest.generation) is not None:
+            report.deleted.append(resume.STAGING)  # an append that died after it published
+            if not dry_run:
+                resume.remove_published(output.path, latest.generation)
+        return report
     finally:
         output.release()
 
