@@ -554,3 +554,24 @@ def test_gc_removes_the_staging_of_an_append_killed_after_it_published_and_keeps
     assert ".shardkit-pass1" in shardkit.gc(out, grace=0, dry_run=True).deleted and os.path.isdir(staging)
     assert ".shardkit-pass1" in shardkit.gc(out, grace=0).deleted and not os.path.exists(staging)
     assert shardkit.verify(out, quiet=True) == []
+
+
+def test_an_append_killed_while_it_removes_its_staging_leaves_a_leftover_gc_removes(tmp_path):
+    # SIGKILL in the middle of removing the staging (its job record already gone): what is left
+    # must not look like an interrupted job to resume, and the next job (or gc) removes it
+    out = str(tmp_path / "ds")
+    shardkit.preprocess(range(4), _units, out, piles=2, quiet=True)
+    code = (
+        "import os, shutil, signal, sys; sys.path.insert(0, sys.argv[2]); import shardkit; from test_append import _units\n"
+        "def half(path, **kw):\n"
+        "    os.unlink(os.path.join(path, 'job.json')); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "shutil.rmtree = half\n"
+        "shardkit.preprocess(range(10, 14), _units, sys.argv[1], piles=2, mode='append', quiet=True)"
+    )
+    run_killed(code, out)
+    assert manifest.read(out).generation == 1 and not os.path.exists(os.path.join(out, ".shardkit-pass1"))
+    left = [p for p in shardkit.verify(out, quiet=True) if p.name.startswith(".shardkit-pass1")]
+    assert len(left) == 1 and left[0].kind == "leftover" and "the next job writing here removes it" in left[0].message, left
+    shardkit.gc(out, grace=0)
+    assert shardkit.verify(out, quiet=True) == [] and not [n for n in os.listdir(out) if n.startswith(".shardkit-pass1")]
+    assert shardkit.preprocess(range(20, 24), _units, out, piles=2, mode="append", quiet=True).generation == 2

@@ -52,7 +52,7 @@ STAGING_LOCK = ".shardkit-staging.lock"
 STAGING_PREFIX = ".shardkit-staging-"
 JOURNAL = ".shardkit-install-{token}.json"
 # what a job leaves behind when it dies: staging and temporary directories, journals, half-written files
-LEFTOVERS = re.compile(r"\.shardkit-(staging|shuffle|install)-.*|.*\.partial-[0-9a-f]{32}")
+LEFTOVERS = re.compile(r"\.shardkit-(staging|shuffle|install|pass1-removed)-.*|.*\.partial-[0-9a-f]{32}")
 # seconds a job waits for a held lock before it says another job is writing
 _LOCK_GRACE = 2.0
 PILE_FILE = re.compile(r"pile-.*\.tar(\.zst|\.gz)?")

@@ -244,18 +244,30 @@ class Staging:
         return f"part-{uuid.uuid4().hex[:8]}"
 
     def remove(self) -> None:
-        """The job is published: remove the staging directory."""
+        """The job is published (or can never succeed as it is): remove the staging directory."""
+        _discard(self.path)
         self.release()
-        shutil.rmtree(self.path, ignore_errors=True)
 
     def release(self) -> None:
         """Let the directory go; removed unless it holds committed work (for ``resume=True``). Idempotent."""
         if self.lock_fd < 0:
             return
         if not _committed(self.path):
-            shutil.rmtree(self.path, ignore_errors=True)
+            _discard(self.path)
         os.close(self.lock_fd)
         self.lock_fd = -1
+
+
+def _discard(path: str) -> None:
+    """Remove a staging directory: renamed first, so a kill in the middle leaves a leftover by its
+    name (the next job writing here removes it), never a half-removed staging that looks like an
+    interrupted job."""
+    trash = f"{path}-removed-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: bool) -> Staging:
@@ -343,7 +355,7 @@ def remove_published(out: str, generation: int) -> bool:
         if published_staging(out, generation) is None:
             return False
         log.info("%s: removing %s, the staging of an append already published", out, path)
-        shutil.rmtree(path, ignore_errors=True)  # the lock file too: lock_file() copes with that
+        _discard(path)  # the lock file too: lock_file() copes with that
     finally:
         os.close(fd)
     return True
