@@ -267,6 +267,8 @@ def _discard(path: str) -> None:
         os.rename(path, trash)
     except FileNotFoundError:
         return
+    except OSError:
+        trash = path  # a filesystem that will not rename it: removed where it is
     shutil.rmtree(trash, ignore_errors=True)
 
 
