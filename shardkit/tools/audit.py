@@ -252,24 +252,16 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
     for name in names:
         if name in listed:
             continue
-        if name == resume.STAGING and (published := resume.published_staging(directory, m.generation)) is not None:
-            found.append(
-                Problem(
-                    name=name,
-                    kind="leftover",
-                    message=f"the staging of the append of generation {published}, which stopped after it published: "
-                    "shardkit gc or the next append removes it",
-                )
+        if name == resume.STAGING:
+            published = resume.published_staging(directory, m.generation)
+            said = (
+                "the committed parts of a pass 1 or append that did not finish: the same job run again with "
+                "resume=True continues it; another job writing here clears it"
+                if published is None
+                else f"the staging of the append of generation {published}, which stopped after it published: "
+                "shardkit gc or the next append removes it"
             )
-        elif name == resume.STAGING:
-            found.append(
-                Problem(
-                    name=name,
-                    kind="leftover",
-                    message="the committed parts of a pass 1 or append that did not finish: the same job run again with "
-                    "resume=True continues it; another job writing here clears it",
-                )
-            )
+            found.append(Problem(name=name, kind="leftover", message=said))
         elif LEFTOVERS.fullmatch(name) or name == LOCK or name in installing:
             found.append(
                 Problem(

@@ -3,10 +3,11 @@
 An append and a moving window never delete: the new manifest simply stops listing the oldest
 generations' segments, and a loader pinned to an older generation keeps reading that
 generation's files (its manifest is kept as ``shardkit.g<N>.json``). :func:`gc` deletes what
-none of them needs any more (and the staging an append left when it died after publishing): a file is kept while the current manifest lists it, or while a
+none of them needs any more: a file is kept while the current manifest lists it, or while a
 generation that lists it stopped being the current one less than ``grace`` ago (a loader may
 still be reading it). The manifests of generations older than that go too, after their files,
-so a state pinned to one of them fails naming its generation.
+so a state pinned to one of them fails naming its generation, and so does the staging an
+append left when it died after it published.
 
     report = gc("data/train", grace="1h")
     report.deleted, report.freed           # file names, bytes
@@ -61,10 +62,13 @@ def gc(directory: str | os.PathLike[str], *, grace: str | int | float = "1h", dr
     try:
         latest = manifest.read(output.path)
         report = _collect(output.path, latest, seconds, dry_run)
-        if resume.published_staging(output.path, latest.generation) is not None:
-            report.deleted.append(resume.STAGING)  # an append that died after it published
-            if not dry_run:
-                resume.remove_published(output.path, latest.generation)
+        # the staging of an append that died after it published
+        if dry_run:
+            stale = resume.published_staging(output.path, latest.generation) is not None
+        else:
+            stale = resume.remove_published(output.path, latest.generation)
+        if stale:
+            report.deleted.append(resume.STAGING)
         return report
     finally:
         output.release()
