@@ -507,17 +507,22 @@ def run_killed(code: str, out: str) -> None:
     assert died.returncode == -signal.SIGKILL, died.stderr.decode()
 
 
+def append_killed_at(where: str, out: str, units: range) -> None:
+    """Append ``units`` to ``out`` in a child Python killed by SIGKILL when it calls ``resume.<where>``."""
+    code = (
+        "import os, signal, sys; sys.path.insert(0, sys.argv[2]); import shardkit; from shardkit.piles import resume; "
+        f"from test_append import _units; resume.{where} = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL); "
+        f"shardkit.preprocess(range({units.start}, {units.stop}), _units, sys.argv[1], piles=2, mode='append', quiet=True)"
+    )
+    run_killed(code, out)
+
+
 def test_an_append_killed_after_it_published_does_not_stop_the_next_one(tmp_path):
     # SIGKILL between the new manifest and the removal of pass 1's staging: its committed parts
     # are of a generation the dataset has, not an interrupted job for the next append to refuse
     out = str(tmp_path / "ds")
     shardkit.preprocess(range(4), _units, out, piles=2, quiet=True)
-    code = (
-        "import os, signal, sys; sys.path.insert(0, sys.argv[2]); import shardkit; from shardkit.piles import resume; "
-        "from test_append import _units; resume.Staging.remove = lambda self: os.kill(os.getpid(), signal.SIGKILL); "
-        "shardkit.preprocess(range(10, 14), _units, sys.argv[1], piles=2, mode='append', quiet=True)"
-    )
-    run_killed(code, out)
+    append_killed_at("Staging.remove", out, range(10, 14))
     assert manifest.read(out).generation == 1 and os.path.isdir(os.path.join(out, ".shardkit-pass1"))
     problems = shardkit.verify(out)
     assert {(p.name, p.kind) for p in problems} == {(".shardkit-lock", "leftover"), (".shardkit-pass1", "leftover")}, problems
@@ -533,13 +538,8 @@ def test_an_append_killed_after_it_published_does_not_stop_the_next_one(tmp_path
 def test_gc_removes_the_staging_of_an_append_killed_after_it_published_and_keeps_an_unpublished_one(tmp_path):
     out, staging = str(tmp_path / "ds"), str(tmp_path / "ds" / ".shardkit-pass1")
     shardkit.preprocess(range(4), _units, out, piles=2, quiet=True)
-    killed = (
-        "import os, signal, sys; sys.path.insert(0, sys.argv[2]); import shardkit; from shardkit.piles import resume; "
-        "from test_append import _units; resume.{where} = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL); "
-        "shardkit.preprocess(range({first}, {first} + 4), _units, sys.argv[1], piles=2, mode='append', quiet=True)"
-    )
     # killed before it published: its committed parts are the job's to resume, gc keeps them
-    run_killed(killed.format(where="manifest.write", first=10), out)
+    append_killed_at("manifest.write", out, range(10, 14))
     assert manifest.read(out).generation == 0 and os.path.isdir(staging)
     assert ".shardkit-pass1" not in shardkit.gc(out, grace=0).deleted and os.path.isdir(staging)
     said = {p.name: p.message for p in shardkit.verify(out, quiet=True)}
@@ -547,7 +547,7 @@ def test_gc_removes_the_staging_of_an_append_killed_after_it_published_and_keeps
     shardkit.preprocess(range(10, 14), _units, out, piles=2, mode="append", resume=True, quiet=True)
     assert not os.path.exists(staging)
     # killed after it published: gc removes the staging, which nobody can resume
-    run_killed(killed.format(where="Staging.remove", first=20), out)
+    append_killed_at("Staging.remove", out, range(20, 24))
     assert manifest.read(out).generation == 2 and os.path.isdir(staging)
     said = {p.name: p.message for p in shardkit.verify(out, quiet=True)}
     assert "append of generation 2, which stopped after it published" in said[".shardkit-pass1"]
