@@ -127,6 +127,13 @@ class S3Bucket:
         """``s3://bucket/path``."""
         return f"s3://{self.path(path)}"
 
+    def names(self, prefix: str) -> set[str]:
+        """The names of the objects under ``prefix`` now, listed without reading them (a job may be
+        deleting some while a test polls)."""
+        fs = self.client()
+        fs.invalidate_cache()  # its listings would not show what the code under test did since
+        return {path.rsplit("/", 1)[1] for path in fs.find(self.path(prefix))}
+
     def client(self, endpoint: str | None = None, **options: Any) -> Any:
         """An ``s3fs.S3FileSystem`` on this server (or on ``endpoint``), whatever the environment says.
 

@@ -93,7 +93,7 @@ def test_an_overwrite_on_s3_leaves_the_old_dataset_or_the_new_one(s3):
     with pytest.raises(shardkit.DatasetExistsError, match="already holds a shardkit dataset"):
         shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=4, seed=2, quiet=True)
     m = shardkit.preprocess(UNITS[:3], _identity, s3.url("ds"), piles=2, seed=2, overwrite=True, quiet=True)
-    names = set(_objects(s3, "ds"))
+    names = s3.names("ds")
     assert names == {p.name for p in m.piles} | {"shardkit.json"}  # the old piles are gone
     assert shardkit.verify(s3.url("ds"), quiet=True) == []
 
@@ -120,7 +120,7 @@ def test_an_upload_that_keeps_failing_fails_the_job_cleanly(s3, faulty_s3, monke
     assert "shardkit.json" not in _objects(s3, "ds")
     # the next job clears what this one left and writes the whole dataset
     m = shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=4, quiet=True)
-    assert set(_objects(s3, "ds")) == {p.name for p in m.piles} | {"shardkit.json"}
+    assert s3.names("ds") == {p.name for p in m.piles} | {"shardkit.json"}
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -330,7 +330,7 @@ def test_an_overwrite_killed_mid_upload_leaves_the_old_dataset(s3, faulty_s3, tm
     proc = subprocess.Popen([sys.executable, str(script)], env=dict(os.environ))
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any(n.startswith("pile-") and ".v" in n for n in _objects(s3, "ds")):
+        while time.monotonic() < deadline and not any(n.startswith("pile-") and ".v" in n for n in s3.names("ds")):
             time.sleep(0.05)
     finally:
         proc.kill()
@@ -346,7 +346,7 @@ def test_an_overwrite_killed_mid_upload_leaves_the_old_dataset(s3, faulty_s3, tm
     # the next job finds the dead one's journal and removes its objects before writing, and
     # removes its local staging (its lock is free)
     m = shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=4, overwrite=True, quiet=True)
-    assert set(_objects(s3, "ds")) == {p.name for p in m.piles} | {"shardkit.json"}
+    assert s3.names("ds") == {p.name for p in m.piles} | {"shardkit.json"}
     assert shardkit.verify(s3.url("ds"), quiet=True) == []
     assert os.listdir(temp) == []
 

@@ -25,12 +25,6 @@ def _identity(unit):
     return unit
 
 
-def _names(s3, prefix: str) -> set[str]:
-    fs = s3.client()
-    fs.invalidate_cache()
-    return {path.rsplit("/", 1)[1] for path in fs.find(s3.path(prefix))}
-
-
 def _keys(url: str) -> list[str]:
     return sorted(s["__key__"] for s in shardkit.loader(url, decode=False))
 
@@ -108,7 +102,7 @@ def test_a_job_killed_while_publishing_leaves_one_whole_dataset(s3, tmp_path, mo
     assert problems and all(p.warning for p in problems)  # the dead job's objects, listed beside it
     # the next job clears what the dead one left: its objects, its journal, its local staging
     m = shardkit.preprocess(UNITS, _identity, url, piles=4, overwrite=True, quiet=True)
-    assert _names(s3, "ds") == {p.name for p in m.piles} | {manifest.MANIFEST}
+    assert s3.names("ds") == {p.name for p in m.piles} | {manifest.MANIFEST}
     assert shardkit.verify(url, quiet=True) == []
     assert os.listdir(temp) == []
 
