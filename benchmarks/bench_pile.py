@@ -106,7 +106,9 @@ def _warm(paths: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", type=int, default=1024, help="MB of canonical shards (default 1024)")
     parser.add_argument("--shards", type=int, default=20)
     parser.add_argument("--piles", type=int, default=20)

@@ -104,7 +104,7 @@ def through_the_loader(root: str, samples: int, repeats: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     args = parser.parse_args(argv)
     size = SIZES[args.size]

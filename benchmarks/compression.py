@@ -295,7 +295,7 @@ def profile(root: str, repeats: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--json-samples", type=int, default=20_000, help="~5 KB JSON records")
     parser.add_argument("--jpeg-samples", type=int, default=3_000, help="JPEG images (~20 KB)")
     parser.add_argument("--piles", type=int, default=8)

@@ -71,7 +71,9 @@ QUICK = Preset(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="tiny data, one seed, two epochs: checks the script runs")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "convergence"), help="where the PNG, JSON and table go")
     parser.add_argument("--data", default=None, help="keep and reuse the generated data here (default: a temporary directory)")

@@ -282,7 +282,7 @@ def one_round(work: str, rng: random.Random, *, stops: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

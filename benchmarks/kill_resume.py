@@ -136,7 +136,7 @@ def one_round(reference: dict[str, bytes], work: str, rng: random.Random, *, kil
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ray", action="store_true", help="let some runs use executor='ray' (a local Ray each)")

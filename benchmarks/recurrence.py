@@ -41,7 +41,7 @@ def mean_recurrence(first: DatasetIndex, second: DatasetIndex, *, mix: int, batc
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=1_000_000)
     parser.add_argument("--piles", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=256)

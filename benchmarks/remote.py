@@ -535,7 +535,7 @@ def report(s: dict[str, dict[str, Any]], runs: dict[str, Any], context: dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--repeats", type=int, default=None, help="runs of each contender (default: 1 smoke, 3 otherwise)")
     parser.add_argument("--latency", type=float, default=0.020, help="seconds to the first byte of every response (default 0.020)")

@@ -36,7 +36,9 @@ PACKAGES = ("webdataset", "numpy", "pillow", "zlib-ng", "torch", "datasets", "mo
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", choices=tuple(cases.SIZES), default="small", help="data sizes and repeats (default small)")
     parser.add_argument("--out", default=None, help="results directory (default benchmarks/results/SIZE)")
     parser.add_argument("--data", default=None, help="where datasets are built and reused (default OUT/data)")

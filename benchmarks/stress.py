@@ -375,7 +375,7 @@ def table(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small slice of every row (the test suite runs this)")
     parser.add_argument("--rows", default="kill,writers,fuzz,diskfull,disk,soak", help="comma-separated rows to run")
     parser.add_argument("--kills", type=int, default=50)

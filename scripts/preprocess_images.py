@@ -24,18 +24,19 @@ import sys
 from collections.abc import Sequence
 
 import shardkit
-from shardkit.cli import guarded
+from shardkit.cli import ArgumentParser, add_version_flag, guarded
 from shardkit.piles.transforms import Images
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
+        prog="preprocess_images.py",
         description="Resize and re-encode a folder of class-labelled images (one subfolder per class) "
         "into M randomly chosen pile shards: fields jpg, cls (index by sorted class name) and json.",
         epilog="example: python scripts/preprocess_images.py raw/train --out piles/train --piles 256 --workers 8",
     )
     parser.add_argument("input_dir", metavar="INPUT_DIR", help="folder with one subfolder of images per class")
-    parser.add_argument("--out", required=True, metavar="OUT", help="output directory for pile-*.tar and shardkit.json")
+    parser.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory for pile-*.tar and shardkit.json")
     parser.add_argument(
         "--size", type=int, default=256, metavar="PX", help="resize the short side to PX pixels; 0 keeps the size (default 256)"
     )
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="images per work unit (default 64); with --on-error skip a broken image drops its whole unit, so use 1 to drop only it",
     )
     shardkit.add_pile_args(parser)
+    add_version_flag(parser)
     return parser
 
 
@@ -66,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         images = Images(size=args.size, quality=args.quality, images_per_unit=args.images_per_unit)
     except shardkit.ConfigError as e:
         parser.error(str(e))  # a bad flag value is a usage error: exit 2
-    return guarded(lambda: run(args, images))
+    return guarded(prog=parser.prog, run=lambda: run(args, images))
 
 
 if __name__ == "__main__":

@@ -23,20 +23,22 @@ import sys
 from collections.abc import Sequence
 
 import shardkit
-from shardkit.cli import guarded
+from shardkit.cli import ArgumentParser, add_version_flag, guarded
 from shardkit.piles.transforms import JsonLines
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
+        prog="preprocess_jsonl.py",
         description="Write JSON-lines records into M randomly chosen pile shards: one sample per line, "
         "its json field the line itself; key from '__key__' or 'id', else FILESTEM-LINENUMBER.",
         epilog="example: python scripts/preprocess_jsonl.py data/*.jsonl --out piles/ --piles 64 --workers 4",
     )
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="JSON-lines files (.jsonl or .jsonl.gz); each file is one work unit")
-    parser.add_argument("--out", required=True, metavar="OUT", help="output directory for pile-*.tar and shardkit.json")
+    parser.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory for pile-*.tar and shardkit.json")
     parser.add_argument("--key", default=None, metavar="FIELD", help="use this record field as the sample key")
     shardkit.add_pile_args(parser)
+    add_version_flag(parser)
     return parser
 
 
@@ -55,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = JsonLines(key=args.key)
     except shardkit.ConfigError as e:
         parser.error(str(e))  # a bad flag value is a usage error: exit 2
-    return guarded(lambda: run(args, records))
+    return guarded(prog=parser.prog, run=lambda: run(args, records))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ import pickle
 import traceback as _traceback
 from dataclasses import dataclass, field, replace
 
+from shardkit.redact import mask
+
 __all__ = [
     "ConfigError",
     "CorruptShardError",
@@ -48,7 +50,14 @@ __all__ = [
 
 
 class ShardkitError(Exception):
-    """Root of every error shardkit raises on purpose."""
+    """Root of every error shardkit raises on purpose.
+
+    Its message never shows a secret: credentials that reached it (a storage option's value, the
+    password of an endpoint URL, a signed header quoted from a client's error) read ``***``.
+    """
+
+    def __str__(self) -> str:
+        return mask(super().__str__())
 
 
 class ConfigError(ShardkitError, ValueError):

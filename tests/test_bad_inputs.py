@@ -739,9 +739,10 @@ def test_verify_lists_an_unreadable_pile_with_why(place, monkeypatch, capsys):
     assert out == [f"{place.data}: pile-00000{i}.tar: cannot read: permission denied" for i in range(2)]
 
 
-def test_verbose_shows_the_traceback_instead(place):
-    with pytest.raises(StorageError):
-        main(["-v", "verify", place.file])
+def test_verbose_shows_the_traceback_too(place, capsys):
+    assert main(["-v", "verify", place.file]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and "StorageError" in err and err.splitlines()[-1].startswith("shardkit verify: error: ")
 
 
 @pytest.mark.skipif(

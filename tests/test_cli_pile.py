@@ -78,7 +78,7 @@ def test_errors_exit_1_with_one_error_line(tmp_path, shards, capsys, args, messa
         argv += ["--piles", "2"]
     assert main(argv) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert err.startswith("shardkit pile: error: ") and message in err and err.count("\n") == 1
 
 
 def test_an_existing_dataset_needs_overwrite(tmp_path, shards, capsys):
@@ -119,6 +119,6 @@ def test_command_line_error_has_no_traceback(tmp_path):
         timeout=120,
     )
     assert done.returncode == 1
-    assert done.stderr.startswith(f"error: input unit 0 ('{bad}'): {bad}: member 0")
+    assert done.stderr.startswith(f"shardkit pile: error: input unit 0 ('{bad}'): {bad}: member 0")
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
     assert not (tmp_path / "out" / "shardkit.json").exists()

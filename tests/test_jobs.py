@@ -168,7 +168,7 @@ def test_cli_check_and_errors(job_dir, capsys):
     _write(job_dir, VALID.replace("piles: 4", "piles: sixty"))
     assert main(["run", path]) == 1
     captured = capsys.readouterr()
-    assert captured.err == f"error: {path}: output.piles: expected an integer >= 1, got 'sixty'\n" and captured.out == ""
+    assert captured.err == f"shardkit run: error: {path}: output.piles: expected an integer >= 1, got 'sixty'\n" and captured.out == ""
     assert main(["run", "--check", str(job_dir / "nope.yaml")]) == 1
     assert "no such job file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:

@@ -120,7 +120,7 @@ def test_a_bad_manifest_is_an_error_from_the_cli_naming_the_file(tmp_path, capsy
     (tmp_path / "shardkit.json").write_text(mutated(_set("abc", "skipped_units")))
     assert main(["info", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "shardkit.json: field 'skipped_units'" in err and "Traceback" not in err
+    assert err.startswith("shardkit info: error: ") and "shardkit.json: field 'skipped_units'" in err and "Traceback" not in err
 
 
 def _leaf_example() -> Manifest:

@@ -90,7 +90,10 @@ def test_images_script_errors(tmp_path, image_dir, capsys):
     assert script.main([str(image_dir), "--out", str(tmp_path / "o"), "--piles", "2"]) == 1
     err = capsys.readouterr().err
     cat = image_dir / "cat"
-    assert err == f"error: images: '{cat / 'img.0.jpg'}' and '{cat / 'img.0.png'}' would both get the sample key 'cat/img_0'; rename one\n"
+    assert (
+        err
+        == f"preprocess_images.py: error: images: '{cat / 'img.0.jpg'}' and '{cat / 'img.0.png'}' would both get the sample key 'cat/img_0'; rename one\n"
+    )
     assert script.main([str(tmp_path / "missing"), "--out", str(tmp_path / "o"), "--piles", "2"]) == 1
     assert "missing: no such folder" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
@@ -103,7 +106,7 @@ def test_images_script_broken_image_message_from_the_command_line(tmp_path, imag
     done = run_script("preprocess_images.py", str(image_dir), "--out", str(tmp_path / "o"), "--piles", "2")
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
-    assert done.stderr.startswith("error: input unit 0 (")
+    assert done.stderr.startswith("preprocess_images.py: error: input unit 0 (")
     assert f"{image_dir / 'dog' / 'broken.png'}: cannot read image" in done.stderr
 
 
@@ -152,7 +155,7 @@ def test_jsonl_script_names_file_and_line_of_a_bad_record(tmp_path, capsys, line
     out = tmp_path / "out"
     assert script.main([str(tmp_path / "good.jsonl"), str(tmp_path / "bad.jsonl"), "--out", str(out), "--piles", "2"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: input unit 1 (") and message in err
+    assert err.startswith("preprocess_jsonl.py: error: input unit 1 (") and message in err
     assert not (out / "shardkit.json").exists()
     assert (
         script.main([str(tmp_path / "good.jsonl"), str(tmp_path / "bad.jsonl"), "--out", str(out), "--piles", "2", "--on-error", "skip"])
@@ -167,4 +170,4 @@ def test_jsonl_script_malformed_line_from_the_command_line(tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"{tmp_path / 'data.jsonl'}: line 3: not valid JSON" in done.stderr
     missing = run_script("preprocess_jsonl.py", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o"), "--piles", "2")
-    assert missing.returncode == 1 and missing.stderr == f"error: {tmp_path / 'nope.jsonl'}: no such file\n"
+    assert missing.returncode == 1 and missing.stderr == f"preprocess_jsonl.py: error: {tmp_path / 'nope.jsonl'}: no such file\n"

@@ -281,7 +281,7 @@ def test_cli_shuffle(tmp_path, inputs, capsys):
     assert "300 samples in 3 shards" in capsys.readouterr().out
     assert main(["shuffle", inputs, "-o", out, "--piles", "3", "-q"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "already holds a shardkit dataset" in err and "Traceback" not in err
+    assert err.startswith("shardkit shuffle: error: ") and "already holds a shardkit dataset" in err and "Traceback" not in err
     assert main(["shuffle", str(tmp_path / "missing-*.tar"), "-o", out, "--overwrite", "-q"]) == 1
     assert "pattern matches no file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:

@@ -360,7 +360,7 @@ def _register_demo(sub: Any) -> None:
         "shards with webdataset.ShardWriter and as piles with shardkit, read both back, and compare speed, classes per "
         "batch and memory.",
     )
-    p.add_argument("--out", default=None, metavar="DIR", help="keep the data in DIR (default: a temporary directory, removed)")
+    p.add_argument("-o", "--out", default=None, metavar="DIR", help="keep the data in DIR (default: a temporary directory, removed)")
     p.add_argument("--samples", type=int, default=50_000, metavar="N", help="images in the dataset (default 50000)")
     p.add_argument("--piles", type=int, default=16, metavar="M", help="piles for shardkit (default 16)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the data, the piles and both shuffles (default 0)")

@@ -40,7 +40,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardkit import manifest, storage
+from shardkit import manifest, redact, storage
 from shardkit._util import check_path
 from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError, ShardkitError
 
@@ -243,7 +243,8 @@ def _whoami(token: str) -> bytes:
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv)[:300],
+        # storage option values hidden: the lock is a file any user of the directory may read
+        "command": redact.masked_command(sys.argv)[:300],
         "token": token,
     }
     return json.dumps(me, indent=1).encode()
@@ -282,7 +283,7 @@ def _read_holder(lock: str) -> str:
         try:
             with open(lock, "rb") as f:
                 holder = json.loads(f.read(1 << 16))
-            return f"pid {holder['pid']} on {holder['host']}, started {holder['started']}: {holder.get('command') or '?'}"
+            return redact.mask(f"pid {holder['pid']} on {holder['host']}, started {holder['started']}: {holder.get('command') or '?'}")
         except (OSError, ValueError, KeyError, TypeError):
             time.sleep(0.005)
     return "a job that has not said who it is"

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
-from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError
+from shardkit.errors import CorruptShardError, DatasetNotFoundError
 from shardkit.storage import remote, retry
 from shardkit.storage.local import (
     IOV_MAX,
@@ -37,6 +37,7 @@ from shardkit.storage.local import (
     write_chunks,
     write_fully,
 )
+from shardkit.storage.options import check_storage_options
 from shardkit.storage.paths import guard, is_remote, join, local_path, storage_error
 
 __all__ = [
@@ -82,14 +83,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _GROUP = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(\d+)\.\.(\d+)")
-
-
-def check_storage_options(options: Any) -> None:
-    """Refuse ``storage_options`` that are not None or a mapping with string keys (values unseen: they may be secrets)."""
-    if options is None:
-        return
-    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
-        raise ConfigError(f"storage_options: expected a mapping of option names to values (given to fsspec), got {type(options).__name__}")
 
 
 def use(sources: Any, options: Mapping[str, Any] | None) -> None:

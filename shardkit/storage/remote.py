@@ -19,6 +19,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from shardkit import redact
 from shardkit.errors import ConfigError
 from shardkit.storage import retry
 
@@ -57,6 +58,7 @@ def root(url: str) -> str:
 def use(urls: Iterable[str], options: Mapping[str, Any]) -> None:
     """Read the remote ones of ``urls`` (and everything in their buckets) with ``options``, given
     to fsspec as they are (``endpoint_url``, ``key``, ``secret``, ``anon``, ``client_kwargs``...)."""
+    redact.remember(options)
     with _lock:
         for url in urls:
             if scheme(url) is not None:
@@ -66,6 +68,7 @@ def use(urls: Iterable[str], options: Mapping[str, Any]) -> None:
 def use_everywhere(options: Mapping[str, Any]) -> None:
     """Read every remote URL that has no options of its own with ``options`` (the CLI's
     ``--storage-option``)."""
+    redact.remember(options)
     with _lock:
         _options[_EVERYWHERE] = dict(options)
 
@@ -78,6 +81,8 @@ def registered() -> dict[str, dict[str, Any]]:
 
 def restore(options: Mapping[str, Mapping[str, Any]]) -> None:
     """Make the storage options those :func:`registered` gave (in this process, or another)."""
+    for given in options.values():
+        redact.remember(given)
     with _lock:
         _options.clear()
         _options.update({k: dict(v) for k, v in options.items()})

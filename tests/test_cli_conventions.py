@@ -1,0 +1,117 @@
+"""The command line's conventions in the CLI and every script: -o/--out, -V, no abbreviations,
+errors that name the command and the typo."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from shardkit._util import VERSION
+from shardkit.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ("preprocess_images.py", "preprocess_jsonl.py")
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), ROOT / "scripts" / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _usage_error(argv: list[str], capsys, run=main) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        run(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def shard(dataset) -> str:
+    return str(Path(dataset) / "pile-000000.tar")
+
+
+@pytest.mark.parametrize("flag", ["-V", "--version"])
+def test_version(flag, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([flag])
+    assert exit_info.value.code == 0 and capsys.readouterr().out == f"shardkit {VERSION}\n"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_scripts_take_version_and_short_out(name, capsys, tmp_path):
+    script = _script(name)
+    with pytest.raises(SystemExit):
+        script.main(["-V"])
+    assert capsys.readouterr().out == f"{name} {VERSION}\n"
+    args = script.build_parser().parse_args(["x", "-o", str(tmp_path), "--piles", "2"])
+    assert args.out == str(tmp_path)
+
+
+@pytest.mark.parametrize("flag", ["-o", "--out"])
+def test_every_writing_command_takes_short_and_long_out(flag, shard, tmp_path, capsys):
+    for i, command in enumerate(("pile", "shuffle")):
+        out = str(tmp_path / f"o{i}")
+        assert main([command, shard, flag, out, "--piles", "2", "-q"]) == 0
+        assert (Path(out) / "shardkit.json").exists()
+
+
+def test_no_abbreviations(shard, tmp_path, capsys):
+    # --pile is not --piles: argparse's prefix matching is off
+    last = _usage_error(["pile", shard, "-o", str(tmp_path / "o"), "--pile", "4"], capsys)
+    assert last == "shardkit pile: error: unrecognized argument --pile (did you mean --piles?)"
+    last = _usage_error(["pile", shard, "-o", str(tmp_path / "o"), "--piles", "4", "--work", "2"], capsys)
+    assert last == "shardkit pile: error: unrecognized arguments: --work 2 (did you mean --workers?)"
+    assert not (tmp_path / "o").exists()
+    last = _usage_error(["--verb", "info", str(tmp_path)], capsys)
+    assert last.startswith("shardkit: error: unrecognized arguments: --verb")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_scripts_take_no_abbreviations(name, capsys, tmp_path):
+    last = _usage_error(["x", "--out", str(tmp_path), "--pile", "2"], capsys, run=_script(name).main)
+    assert last == f"{name}: error: unrecognized argument --pile (did you mean --piles?)"
+
+
+def test_a_typo_is_named_before_a_missing_required_flag(shard, tmp_path, capsys):
+    last = _usage_error(["pile", shard, "-o", str(tmp_path / "o"), "--piels", "4"], capsys)
+    assert last == "shardkit pile: error: unrecognized argument --piels (did you mean --piles?)"
+    last = _usage_error(["pile", shard, "-o", str(tmp_path / "o"), "--piels=4"], capsys)
+    assert last == "shardkit pile: error: unrecognized argument --piels (did you mean --piles?)"
+
+
+def test_a_missing_flag_is_still_named(shard, capsys):
+    last = _usage_error(["pile", shard, "--piles", "4"], capsys)
+    assert last == "shardkit pile: error: the following arguments are required: -o/--out"
+
+
+def test_an_unknown_command_suggests_the_closest(capsys):
+    last = _usage_error(["pilee", "x"], capsys)
+    assert re.fullmatch(r"shardkit: error: argument COMMAND: invalid choice: 'pilee' \(choose from .*\) \(did you mean pile\?\)", last)
+    last = _usage_error(["zzzz"], capsys)
+    assert "did you mean" not in last
+
+
+def test_a_bad_choice_suggests_the_closest(shard, tmp_path, capsys):
+    last = _usage_error(["pile", shard, "-o", str(tmp_path / "o"), "--piles", "2", "--on-error", "skp"], capsys)
+    assert last.startswith("shardkit pile: error: argument --on-error: invalid choice: 'skp'") and last.endswith("(did you mean skip?)")
+
+
+def test_usage_and_runtime_errors_name_the_subcommand(tmp_path, capsys):
+    assert main(["info", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.startswith("shardkit info: error: ")
+    last = _usage_error(["verify"], capsys)
+    assert last == "shardkit verify: error: the following arguments are required: DIR"
+
+
+def test_negative_numbers_and_repeated_short_flags_are_not_typos(tmp_path, capsys):
+    # -vv and a negative value look like flags to a naive check
+    assert main(["info", str(tmp_path), "-vv"]) == 1
+    assert "unrecognized" not in capsys.readouterr().err
+    assert _usage_error(["trace", str(tmp_path), "--epoch", "-1"], capsys).endswith("the following arguments are required: --step")
