@@ -127,6 +127,8 @@ def check_path(name: str, value: Any) -> str:
     text = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(text, str) or not text:
         raise ConfigError(f"{name}: expected a path or URL, got {shown(value)}")
+    if "\0" in text:  # the OS refuses it, as a ValueError from deep inside
+        raise ConfigError(f"{name}: a path or URL cannot hold a NUL character, got {shown(value)}")
     return text
 
 
@@ -207,6 +209,8 @@ def parse_size(value: int | float | str, *, what: str = "size") -> int:
 
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([smhdw])\s*$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# the longest duration taken: a thousand years, far inside what a datetime can add
+MAX_DURATION = 1000 * 366 * 86400
 
 
 def parse_duration(value: str | int | float, *, what: str) -> float:
@@ -216,11 +220,15 @@ def parse_duration(value: str | int | float, *, what: str) -> float:
         ConfigError: not a duration; the message names ``what``.
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-        return float(value)
-    match = _DURATION.match(value) if isinstance(value, str) else None
-    if match is None:
-        raise ConfigError(f"{what}: expected a duration like 90d, 12h, 30m or 45s, got {shown(value)}")
-    return float(match.group(1)) * _SECONDS[match.group(2)]
+        seconds = float(value)
+    else:
+        match = _DURATION.match(value) if isinstance(value, str) else None
+        if match is None:
+            raise ConfigError(f"{what}: expected a duration like 90d, 12h, 30m or 45s, got {shown(value)}")
+        seconds = float(match.group(1)) * _SECONDS[match.group(2)]
+    if not seconds <= MAX_DURATION:  # inf and overflow too
+        raise ConfigError(f"{what}: expected a duration of at most 1000 years, got {shown(value)}")
+    return seconds
 
 
 def format_size(n: float) -> str:

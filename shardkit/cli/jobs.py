@@ -189,7 +189,8 @@ def _load_yaml(text: str, source: str) -> Any:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        raise ConfigError(f"{source}: {where}not valid YAML ({getattr(e, 'problem', None) or e})") from None
+        why = " ".join(str(getattr(e, "problem", None) or e).split())  # one line: YAML's own spans several
+        raise ConfigError(f"{source}: {where}not valid YAML ({why})") from None
 
 
 # the keys of a job besides its options; the options' keys come from the option classes' fields
@@ -212,7 +213,7 @@ def parse_job(doc: Any, source: str) -> Job:
     top = Fields(doc, source=source, path="", allowed=_ALLOWED[kind])
     base = os.path.dirname(os.path.abspath(source))
     if kind == "demo":
-        out = top.sub("output", ("path",), required=False).take("path", schema.string)
+        out = top.sub("output", ("path",), required=False).take("path", schema.path)
         samples = top.take("samples", schema.positive_int, default=50_000)
         return DemoJob(source=source, output=_resolve(base, out) if out else None, samples=samples)
     inputs = tuple(_resolve(base, p) for p in top.take("inputs", schema.strings, required=True))
@@ -281,7 +282,7 @@ def _check(spec: Spec) -> Callable[[Any], Any]:
 
 
 def _output_path(output: Fields, base: str) -> str:
-    return _resolve(base, output.take("path", schema.string, required=True))
+    return _resolve(base, output.take("path", schema.path, required=True))
 
 
 def _parse_fn(top: Fields, base: str) -> transforms.Images | transforms.JsonLines | transforms.Shards | ImportedFn:

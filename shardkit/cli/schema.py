@@ -33,6 +33,14 @@ def string(value: Any) -> str:
     return value
 
 
+def path(value: Any) -> str:
+    """A path, URL or pattern: a non-empty string the OS can take (no NUL character)."""
+    text = string(value)
+    if "\0" in text:
+        raise ConfigError(f"expected a path, got {shown(value)} (a NUL character cannot be in a path)")
+    return text
+
+
 def anything(value: T) -> T:
     return value
 
@@ -58,7 +66,7 @@ def strings(value: Any) -> tuple[str, ...]:
     if not isinstance(items, list) or not items:
         raise ConfigError(f"expected a path or a non-empty list of paths, got {shown(value)}")
     for i, item in enumerate(items):
-        if not isinstance(item, str) or not item:
+        if not isinstance(item, str) or not item or "\0" in item:
             raise ConfigError(f"[{i}]: expected a path, got {shown(item)}")
     return tuple(items)
 

@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from shardkit._util import check_int
 from shardkit.errors import ConfigError
 from shardkit.loading.blend_schedule import BlendSchedule
 from shardkit.loading.blend_source import Anchor, BlendedSource, resolve_blend
@@ -41,12 +40,24 @@ from shardkit.loading.elastic import Phase, Range
 from shardkit.loading.loader import Loader
 from shardkit.loading.loader import loader as plain_loader
 from shardkit.loading.options import LoaderOptions, resolve_world
-from shardkit.loading.state import check_done, check_format, check_identity, check_order, check_position, check_split, make_state
+from shardkit.loading.state import (
+    bounded,
+    check_done,
+    check_epoch,
+    check_format,
+    check_identity,
+    check_order,
+    check_position,
+    check_split,
+    make_state,
+)
 from shardkit.options import from_call
 
 log = logging.getLogger(__name__)
 
 FORMAT = "shardkit.blend"
+# the furthest stream position a state may start a source at: int64 with room for epochs after it
+MAX_START = 1 << 56
 # version 2 adds "done" (the phases of the epoch read before a change of split) and each
 # source's "start" (its stream position when the epoch began) and "wanted"; a version 1 state
 # (taken before a blend could change split) reads as one with none
@@ -149,7 +160,7 @@ def check_sources(state: dict[str, Any], source: BlendedSource, *, drop_last: bo
     if not isinstance(taken, dict) or sorted(taken) != sorted(source.names):
         shown = sorted(taken) if isinstance(taken, dict) else taken
         raise ConfigError(f"load_state_dict: the state was taken on sources {shown!r}, this blend has {sorted(source.names)}")
-    epoch = check_int("load_state_dict: epoch", state.get("epoch"), low=0)
+    epoch = check_epoch(state)
     if legacy:  # its epoch began on its own split
         world, batch = check_split(state)
         asked = ("share", source.shape(world=world, batch_size=batch, drop_last=drop_last)[1])
@@ -164,7 +175,10 @@ def check_sources(state: dict[str, Any], source: BlendedSource, *, drop_last: bo
                     f"load_state_dict: source {name!r}: the state has {field}={theirs.get(field)!r}, this blend has {field}={ours!r}"
                 )
         start = epoch * count if legacy else theirs.get("start")
-        starts.append(check_int(f"load_state_dict: sources[{name!r}].start", start, low=0))
+        # a stream position: numpy holds it as int64, with room for the epoch's positions after it
+        starts.append(
+            bounded(f"load_state_dict: sources[{name!r}].start", start, low=0, most=MAX_START, why="int64, with room for epochs after it")
+        )
     return tuple(starts)
 
 

@@ -24,6 +24,9 @@ from shardkit.storage.remote import DEFAULT_CONCURRENCY
 ON_ERROR = ("raise", "skip", "warn")
 # the most piles a loader mixes: each is held in memory while it is drawn from
 MAX_MIX = 1024
+# bounds far past any real job, so that no option sizes a loop or a pool beyond reason
+MAX_THREADS = 1024
+MAX_WORLD = 1 << 20
 
 
 def _callable(name: str, value: Any) -> None:
@@ -105,6 +108,7 @@ class LoaderOptions:
     def __post_init__(self) -> None:
         check_storage_options(self.storage_options)
         check_int("remote_concurrency", self.remote_concurrency, low=1)
+        check_most("remote_concurrency", self.remote_concurrency, MAX_THREADS, "each is a request in flight")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise ConfigError(f"cache_dir: expected a local directory path or None, got {shown(self.cache_dir)}")
         if self.cache_limit is not None:
@@ -114,10 +118,13 @@ class LoaderOptions:
         check_int("batch_size", self.batch_size, low=1, none=True)
         check_int("seed", self.seed, low=0)
         check_int("num_workers", self.num_workers, low=0)
+        check_most("num_workers", self.num_workers, MAX_THREADS, "each is a process")
         check_int("prefetch", self.prefetch, low=0)
+        check_most("prefetch", self.prefetch, MAX_THREADS, "each is held in memory")
         check_int("mix", self.mix, low=1)
         check_most("mix", self.mix, MAX_MIX, "each pile mixed is held in memory")
         check_int("world_size", self.world_size, low=1, none=True)
+        check_most("world_size", self.world_size, MAX_WORLD, "ranks of one job")
         check_int("rank", self.rank, low=0, none=True)
         check_bools(self)
         _callable("map", self.map)

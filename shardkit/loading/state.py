@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from shardkit._util import check_int
+from shardkit._util import check_int, check_most, shown
 from shardkit.errors import ConfigError
 from shardkit.loading import elastic
 from shardkit.loading.elastic import Phase
-from shardkit.loading.options import LoaderOptions
+from shardkit.loading.options import MAX_WORLD, LoaderOptions
 
 FORMAT = "shardkit.loader"
 # version 2 adds "done", the phases read before a change of world size or batch size; a
@@ -32,6 +32,20 @@ ORDER_OPTIONS = ("seed", "shuffle", "mix", "drop_last")
 # options that split the order among ranks: a state taken with other values resumes on what is
 # left of its epoch (its phase ends and the loader's starts)
 SPLIT_OPTIONS = ("world_size", "batch_size")
+# bounds on what a state may say, far past any real job, so a tampered state is refused rather
+# than sized, looped over or overflowed: ranks, DataLoader workers a rank, phases in one epoch,
+# epochs, and samples or stream positions (int64 in numpy)
+MAX_WORKERS = 1 << 12
+MAX_PHASES = 1 << 12
+MAX_EPOCH = 1 << 40
+MAX_POSITION = 1 << 62
+
+
+def bounded(name: str, value: Any, *, low: int, most: int, why: str, none: bool = False) -> Any:
+    """``value`` checked as an integer >= ``low`` (or None, when ``none``) and at most ``most``."""
+    found = check_int(name, value, low=low, none=none)  # type: ignore[call-overload]
+    check_most(name, found, most, why)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +125,13 @@ def check_order(state: dict[str, Any], options: LoaderOptions) -> None:
 
 def check_split(state: dict[str, Any]) -> tuple[int, int | None]:
     """The world size and batch size a state was taken with."""
-    world = check_int("load_state_dict: world_size", state.get("world_size"), low=1)
-    return world, check_int("load_state_dict: batch_size", state.get("batch_size"), low=1, none=True)
+    world = bounded("load_state_dict: world_size", state.get("world_size"), low=1, most=MAX_WORLD, why="ranks of one job")
+    return world, bounded("load_state_dict: batch_size", state.get("batch_size"), low=1, most=MAX_POSITION, why="int64", none=True)
+
+
+def check_epoch(state: dict[str, Any]) -> int:
+    """The epoch a state was taken in."""
+    return bounded("load_state_dict: epoch", state.get("epoch"), low=0, most=MAX_EPOCH, why="epochs of one run")
 
 
 class RestOf(Protocol):
@@ -131,14 +150,18 @@ def check_done(
     found = state.get("done", [])
     if not isinstance(found, list):
         raise ConfigError(f"load_state_dict: done: expected a list of phases, got {type(found).__name__}")
+    if len(found) > MAX_PHASES:
+        raise ConfigError(f"load_state_dict: done: expected at most {MAX_PHASES} phases in one epoch, got {len(found)}")
     done = []
     for i, item in enumerate(found):
         where = f"load_state_dict: done[{i}]"
         if not isinstance(item, dict) or set(item) != {"world_size", "batch_size", "read"} or not isinstance(item["read"], list):
-            raise ConfigError(f"{where}: expected {{'world_size': int, 'batch_size': int or None, 'read': [int, ...]}}, got {item!r}")
-        world_ = check_int(f"{where}.world_size", item["world_size"], low=1)
-        batch = check_int(f"{where}.batch_size", item["batch_size"], low=1, none=True)
-        read = tuple(check_int(f"{where}.read[{w}]", n, low=0) for w, n in enumerate(item["read"]))
+            raise ConfigError(f"{where}: expected {{'world_size': int, 'batch_size': int or None, 'read': [int, ...]}}, got {shown(item)}")
+        world_ = bounded(f"{where}.world_size", item["world_size"], low=1, most=MAX_WORLD, why="ranks of one job")
+        batch = bounded(f"{where}.batch_size", item["batch_size"], low=1, most=MAX_POSITION, why="int64", none=True)
+        if not 1 <= len(item["read"]) <= MAX_WORKERS:
+            raise ConfigError(f"{where}.read: expected one count per worker, 1 to {MAX_WORKERS} of them, got {len(item['read'])}")
+        read = tuple(bounded(f"{where}.read[{w}]", n, low=0, most=MAX_POSITION, why="int64") for w, n in enumerate(item["read"]))
         done.append(Phase(world_, batch, read))
     try:
         return tuple(done), rest(done, world=world, batch_size=batch_size, drop_last=drop_last)
@@ -165,7 +188,7 @@ def check_state(state: Any, *, options: LoaderOptions, dataset: str, samples: in
 
 def check_position(state: dict[str, Any], *, options: LoaderOptions, rest: RestOf) -> Resume:
     """Where a loader with ``options`` resumes ``state`` (whose data and order options were checked)."""
-    epoch = check_int("load_state_dict: epoch", state.get("epoch"), low=0)
+    epoch = check_epoch(state)
     world, batch = check_split(state)
     done, left = check_done(state, rest=rest, world=world, batch_size=batch, drop_last=options.drop_last)
     index, workers = options.worker

@@ -21,7 +21,18 @@ from shardkit._util import check_int
 from shardkit.loading import elastic
 from shardkit.loading.elastic import Phase
 from shardkit.loading.options import LoaderOptions
-from shardkit.loading.state import RestOf, Resume, check_done, check_format, check_identity, check_split, close
+from shardkit.loading.state import (
+    MAX_WORKERS,
+    RestOf,
+    Resume,
+    bounded,
+    check_done,
+    check_epoch,
+    check_format,
+    check_identity,
+    check_split,
+    close,
+)
 
 FORMAT = "shardkit.torch"
 # version 2 adds "done", the phases of the epoch read before a change of world size, batch size
@@ -142,9 +153,10 @@ def parse(state: Any, *, options: LoaderOptions, dataset: str, samples: int, nam
     """
     state = check_format(state, FORMAT, READS, "shardkit.torch dataset")
     check_identity(state, options=options, dataset=dataset, samples=samples, name=name)
-    epoch = check_int("load_state_dict: epoch", state.get("epoch"), low=0)
+    epoch = check_epoch(state)
     world, batch = check_split(state)
-    workers = check_int("load_state_dict: workers", state.get("workers"), low=1)
+    # sized and looped over below: 2**40 workers would take hours before any check could fail
+    workers = bounded("load_state_dict: workers", state.get("workers"), low=1, most=MAX_WORKERS, why="DataLoader workers of a rank")
     done, span = check_done(state, rest=rest, world=world, batch_size=batch, drop_last=options.drop_last)
     length = sum(worker_items(span, world=world, batch_size=batch, workers=workers, drop_last=options.drop_last))
     taken = check_int("load_state_dict: taken", state.get("taken"), low=0, high=max(1, length) - 1)

@@ -22,6 +22,10 @@ from shardkit.tar.scan import BLOCK
 MIN_PILE_BYTES = 3 * BLOCK
 # the most piles a dataset may have: each is a file, and each worker keeps a buffer per pile
 MAX_PILES = 1_000_000
+# the most worker processes (or Ray tasks at once) of a job
+MAX_WORKERS = 1 << 14
+# the most generations a window keeps: each is a manifest read when the dataset opens
+MAX_WINDOW = 1_000_000
 
 
 # what a failing input unit does (pass 1), and how keys of input shards are kept: listed once,
@@ -208,6 +212,7 @@ class PileOptions:
         check_most("piles", self.piles, MAX_PILES, "each is a file")
         check_int("seed", self.seed, low=0)
         check_int("workers", self.workers, low=1)
+        check_most("workers", self.workers, MAX_WORKERS, "each is a process or a Ray task at once")
         check_choices(self)
         check_ray_address(self.ray_address, self.executor)
         check_bools(self)
@@ -235,7 +240,7 @@ class PileOptions:
         if isinstance(window, str) and window.strip().isdigit():
             window = int(window)  # from the command line or YAML
         if isinstance(window, int) and not isinstance(window, bool):
-            check_int("window", window, low=1)
+            check_int("window", window, low=1, high=MAX_WINDOW)
         else:
             parse_duration(window, what="window")
         object.__setattr__(self, "window", window)
