@@ -24,6 +24,14 @@ Rows:
   (part files are deleted as each pile is assembled, so it should stay near 1x).
 - soak: many epochs of a loader with prefetch and worker processes: every epoch exact, resident
   memory and thread count flat.
+- states: loader, blend and torch states with one place mutated (``2**40 + 1`` workers, a start
+  past int64, a wrong type, a key dropped...), loaded and read to the end of the epoch, each under
+  the timeout: a result or one line of ShardkitError (benchmarks/stress_inputs.py).
+- jobs: YAML jobs mutated the same way: refused by ``load_job`` (what ``shardkit run --check``
+  does) or run; a job ``--check`` accepts must not fail on a bad field when it runs.
+- secrets: canary credentials as ``--storage-option`` through CLI jobs at ``-vv`` against a moto
+  server (pile, append, verify, gc, info at ``-vvv``, a ``user:password`` endpoint, a job refused
+  by a lock); no file, object or printed line may hold one (benchmarks/stress_secrets.py).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the rows kept in modules of their own
 
 import shardkit
 from shardkit import manifest
@@ -367,6 +376,51 @@ def row_soak(work: str, epochs: int) -> Row:
 # ------------------------------------------------------------------------------------------ main
 
 
+# ------------------------------------------------------------- fuzzed states, fuzzed jobs, secrets
+
+
+def _input_row(name: str, cases: list, timeout: float) -> Row:
+    from stress_inputs import run_cases
+
+    row = Row(name)
+    row.tried, failures = run_cases(cases, timeout)
+    for failure in failures:
+        row.fail(failure[:300])
+    return row
+
+
+def row_states(work: str, trials: int, rng: random.Random, timeout: float) -> Row:
+    """Mutated loader, blend and torch states: loaded and read to the end of the epoch, or refused."""
+    from stress_inputs import state_cases
+
+    return _input_row("states: fuzzed loader, blend and torch states", state_cases(os.path.join(work, "states"), trials, rng), timeout)
+
+
+def row_jobs(work: str, trials: int, rng: random.Random, timeout: float) -> Row:
+    """Mutated YAML jobs: refused by load_job (run --check), or run without a ConfigError."""
+    from stress_inputs import job_cases
+
+    return _input_row("jobs: fuzzed YAML jobs, --check then run", job_cases(os.path.join(work, "jobs"), trials, rng), timeout)
+
+
+def row_secrets(work: str, quick: bool) -> Row:
+    """Canary credentials through CLI jobs at -vv against a moto server: files, objects and output searched."""
+    from stress_secrets import run_canary
+
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from s3_server import S3Bucket, start_moto
+
+    row = Row("secrets: canary credentials at -vv (places searched)")
+    place = os.path.join(work, "secrets")
+    os.makedirs(place, exist_ok=True)
+    with start_moto() as moto:
+        bucket = S3Bucket.create(moto.endpoint)
+        leaks, row.tried = run_canary(moto.endpoint, bucket.bucket, bucket.client(), place, quick=quick)
+    for leak in leaks:
+        row.fail(leak[:300])
+    return row
+
+
 def table(rows: list[Row]) -> str:
     lines = ["| row | tried | failed | notes |", "|---|---|---|---|"]
     for r in rows:
@@ -377,13 +431,15 @@ def table(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small slice of every row (the test suite runs this)")
-    parser.add_argument("--rows", default="kill,writers,fuzz,diskfull,disk,soak", help="comma-separated rows to run")
+    parser.add_argument("--rows", default="kill,writers,fuzz,diskfull,disk,soak,states,jobs,secrets", help="comma-separated rows to run")
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--writers", type=int, default=20)
     parser.add_argument("--fuzz", type=int, default=5000)
     parser.add_argument("--diskfull", type=int, default=6)
     parser.add_argument("--disk", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=50)
+    parser.add_argument("--states", type=int, default=2000, help="fuzzed loader, blend and torch states")
+    parser.add_argument("--jobs", type=int, default=2000, help="fuzzed YAML jobs")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a fuzz batch may go without an answer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default=None, help="scratch directory (default: a temporary one, removed)")
@@ -391,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR)  # the rows provoke warnings on purpose (plain shards, dead jobs' locks)
     if args.quick:
         args.kills, args.writers, args.fuzz, args.diskfull, args.disk, args.epochs = 3, 3, 100, 1, 1, 3
+        args.states, args.jobs = 100, 100
     rng = random.Random(args.seed)
     work = args.work or tempfile.mkdtemp(prefix="shardkit-stress-")
     runs: dict[str, Callable[[], Row]] = {
@@ -400,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         "diskfull": lambda: row_diskfull(work, args.diskfull),
         "disk": lambda: row_disk(work, args.disk),
         "soak": lambda: row_soak(work, args.epochs),
+        "states": lambda: row_states(work, args.states, rng, args.timeout),
+        "jobs": lambda: row_jobs(work, args.jobs, rng, args.timeout),
+        "secrets": lambda: row_secrets(work, args.quick),
     }
     rows = []
     try:

@@ -108,7 +108,7 @@ def test_cli_verify_exit_codes(dataset, capsys):
     assert main(["verify", "-q", dataset]) == 1
     out, err = capsys.readouterr()
     assert "pile-000001.tar: listed in the manifest but the file does not exist" in out
-    assert err.strip() == f"error: 1 problem(s) found in {dataset}"
+    assert err.strip() == f"shardkit verify: error: 1 problem(s) found in {dataset}"
 
 
 def test_cli_info_table_and_json(dataset, capsys):

@@ -46,7 +46,7 @@ def test_cli_demo_without_out_leaves_nothing(tmp_path, monkeypatch, capsys):
 
 def test_cli_demo_bad_value(capsys):
     assert main(["demo", "--samples", "0", "-q"]) == 1
-    assert capsys.readouterr().err == "error: samples: expected an integer >= 1, got 0\n"
+    assert capsys.readouterr().err == "shardkit demo: error: samples: expected an integer >= 1, got 0\n"
 
 
 def test_images_are_class_sorted_jpegs():

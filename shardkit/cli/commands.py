@@ -230,7 +230,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         print(f"{args.directory}: {'warning: ' if problem.warning else ''}{problem}")
     errors = [p for p in problems if not p.warning]
     if errors:
-        print(f"error: {len(errors)} problem(s) found in {args.directory}", file=sys.stderr)
+        print(f"shardkit verify: error: {len(errors)} problem(s) found in {args.directory}", file=sys.stderr)
         return 1
     if not args.quiet:
         print(f"{args.directory}: ok" + (f" ({len(problems)} warning(s))" if problems else ""))
