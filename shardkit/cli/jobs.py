@@ -214,7 +214,9 @@ def parse_job(doc: Any, source: str) -> Job:
     base = os.path.dirname(os.path.abspath(source))
     if kind == "demo":
         out = top.sub("output", ("path",), required=False).take("path", schema.path)
-        samples = top.take("samples", schema.positive_int, default=50_000)
+        from shardkit.tools.demo import MAX_DEMO
+
+        samples = top.take("samples", schema.count(MAX_DEMO, "the demo holds its whole dataset in memory"), default=50_000)
         return DemoJob(source=source, output=_resolve(base, out) if out else None, samples=samples)
     inputs = tuple(_resolve(base, p) for p in top.take("inputs", schema.strings, required=True))
     if kind == "shuffle":

@@ -21,6 +21,18 @@ def positive_int(value: Any) -> int:
     return check_int(None, value, low=1)
 
 
+def count(most: int, why: str) -> Callable[[Any], int]:
+    """An integer from 1 to ``most``; ``why`` says what the bound protects."""
+
+    def check(value: Any) -> int:
+        found = positive_int(value)
+        if found > most:
+            raise ConfigError(f"expected at most {most} ({why}), got {shown(value)}")
+        return found
+
+    return check
+
+
 def boolean(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"expected true or false, got {shown(value)}")

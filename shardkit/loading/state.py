@@ -89,7 +89,7 @@ def make_state(
 def pinned_generation(state: Any) -> int | None:
     """The dataset generation a state was taken on, or None when it names none."""
     generation = state.get("generation") if isinstance(state, dict) else None
-    return None if generation is None else check_int("load_state_dict: generation", generation, low=0)
+    return None if generation is None else bounded("load_state_dict: generation", generation, low=0, most=MAX_EPOCH, why="generations")
 
 
 def check_format(state: Any, fmt: str, version: int | tuple[int, ...], what: str) -> dict[str, Any]:

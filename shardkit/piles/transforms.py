@@ -21,11 +21,15 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from shardkit import storage
-from shardkit._util import check_int
+from shardkit._util import check_int, check_most
 from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
 from shardkit.tar.shard import iter_shard
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
+
+# the longest side an image may be resized to, and the most images a work unit holds
+MAX_SIDE = 1 << 16
+MAX_UNIT_IMAGES = 1 << 20
 
 
 def sample_key(relative: str) -> str:
@@ -76,8 +80,10 @@ class Images:
 
     def __post_init__(self) -> None:
         check_int("size", self.size, low=0)
+        check_most("size", self.size, MAX_SIDE, "pixels on a side, as PIL allows")
         check_int("quality", self.quality, low=1, high=100)
         check_int("images_per_unit", self.images_per_unit, low=1)
+        check_most("images_per_unit", self.images_per_unit, MAX_UNIT_IMAGES, "a unit's images are held by one worker")
 
     def prepare(self, inputs: Sequence[str]) -> tuple[list[list[ImageItem]], dict[str, Any]]:
         """Scan the folders; the units (images in a deterministic order) and ``{"classes": names}``.

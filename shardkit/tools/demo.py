@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit import _util
-from shardkit._util import check_int, ctrl_c_deferred, format_size
+from shardkit._util import check_int, check_most, ctrl_c_deferred, format_size
 from shardkit.loading.loader import loader as open_loader
 from shardkit.seeds import Stream, stream
 from shardkit.tools import quality
@@ -42,6 +42,9 @@ from shardkit.tools.orders import webdataset_order
 IMAGE_SIDE = 32
 # distinct images encoded per class; samples reuse them (encoding is not what is measured)
 _VARIANTS = 200
+
+# the most of anything the demo makes: it holds its whole synthetic dataset in memory
+MAX_DEMO = 10_000_000
 
 
 def make_images(samples: int, classes: int, seed: int) -> tuple[list[bytes], np.ndarray]:
@@ -257,6 +260,7 @@ def demo(
     """
     for name, value in (("samples", samples), ("classes", classes), ("piles", piles), ("batch_size", batch_size), ("buffer", buffer)):
         check_int(name, value, low=1)
+        check_most(name, value, MAX_DEMO, "the demo holds its whole dataset in memory")
     with contextlib.ExitStack() as stack:
         root = os.fspath(out) if out is not None else stack.enter_context(tempfile.TemporaryDirectory(prefix="shardkit-demo-"))
         progress = stack.enter_context(_util.bar(total=5, desc="demo", unit="step", quiet=quiet))
