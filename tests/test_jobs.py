@@ -80,7 +80,7 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         (VALID + "on_error: ignore\n", "on_error: expected one of raise, skip, got 'ignore'"),
         (
             VALID + "colour: blue\n",
-            "colour: unknown field (expected one of: args, executor, fn, inputs, job, on_error, output, ray_address, repeat, resume, samples, storage_options, transform, workers)",
+            "colour: unknown field (expected one of: args, executor, fn, format, inputs, job, on_error, output, ray_address, repeat, resume, samples, storage_options, transform, workers)",
         ),
         (
             VALID + "samples: 3\n",

@@ -64,8 +64,43 @@ def _register_pile(sub: Any) -> None:
     parser.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory for pile-*.tar and shardkit.json")
     add_pile_args(parser)
     add_option_flags(parser, PileOptions, [name for name in PILE_COMMAND_FLAGS if name not in PILE_FLAGS])
+    _reader_flags(parser)
     _verbose_flag(parser)
     parser.set_defaults(handler=_pile)
+
+
+def _reader_flags(parser: argparse.ArgumentParser) -> None:
+    """--format and --reader-arg: inputs other than tar shards (Parquet, Arrow, Hugging Face, MDS, litdata, CSV)."""
+    from shardkit.piles.readers import READERS, SHARDS
+
+    parser.add_argument(
+        "--format",
+        default=None,
+        choices=[*READERS, *SHARDS],
+        help="the inputs' format; default: from their suffixes (.parquet .arrow .feather .csv .tsv .tar) or, for a folder, "
+        "what wrote it (save_to_disk, MDS, litdata)",
+    )
+    parser.add_argument(
+        "--reader-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an argument of the format's reader, the value read as YAML: --reader-arg 'fields={image: jpg}' --reader-arg key=id",
+    )
+
+
+def _reader(args: argparse.Namespace) -> Any:
+    """The format ``--format`` and ``--reader-arg`` ask for: a name, a reader object, or None (detect)."""
+    if not args.reader_arg:
+        return args.format
+    from shardkit.cli.schema import reader_args
+    from shardkit.errors import ConfigError
+    from shardkit.piles import readers
+
+    name = args.format or readers.detect(args.inputs[0])
+    if name is None or name in readers.SHARDS:
+        raise ConfigError("--reader-arg: tar shards take no reader arguments (name the inputs' format with --format)")
+    return readers.make(name, **reader_args(args.reader_arg))
 
 
 def _pile(args: argparse.Namespace) -> int:
@@ -73,7 +108,8 @@ def _pile(args: argparse.Namespace) -> int:
     from shardkit.piles.preprocess import pile
 
     start = time.perf_counter()
-    result = pile(args.inputs, args.out, options=options_from_args(PileOptions, args, PILE_COMMAND_FLAGS), quiet=args.quiet)
+    options = options_from_args(PileOptions, args, PILE_COMMAND_FLAGS)
+    result = pile(args.inputs, args.out, options=options, quiet=args.quiet, format=_reader(args))
     skipped = f", {result.skipped_units} input shards skipped" if result.skipped_units else ""
     split = f", {result.split_piles} oversized piles split" if result.split_piles else ""
     generation = f", generation {result.generation}" if result.generation else ""

@@ -42,7 +42,7 @@ from shardkit.cli.schema import Fields
 from shardkit.errors import ConfigError, DatasetNotFoundError
 from shardkit.manifest import Manifest
 from shardkit.options import Spec, specs, yaml_names
-from shardkit.piles import transforms
+from shardkit.piles import readers, transforms
 from shardkit.piles.options import EXECUTORS, PileOptions
 from shardkit.piles.preprocess import pile, preprocess
 from shardkit.shuffle import ShuffleOptions, shuffle
@@ -120,6 +120,8 @@ class PileJob:
     inputs: tuple[str, ...]
     output: str
     options: PileOptions
+    # the inputs' reader (``format:`` and ``args:``), None for tar shards or to detect it
+    format: Any = None
 
     @property
     def workers(self) -> int:
@@ -134,7 +136,7 @@ class PileJob:
 class PreprocessJob(PileJob):
     """``job: preprocess``: a pile job whose samples come from a transform or ``fn`` per unit."""
 
-    fn: transforms.Images | transforms.JsonLines | transforms.Shards | ImportedFn
+    fn: transforms.Images | transforms.JsonLines | transforms.Shards | ImportedFn | Any
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,7 +198,7 @@ def _load_yaml(text: str, source: str) -> Any:
 # the keys of a job besides its options; the options' keys come from the option classes' fields
 _OWN = {
     "preprocess": ("job", "inputs", "transform", "fn", "args", "output"),
-    "pile": ("job", "inputs", "output"),
+    "pile": ("job", "inputs", "output", "format", "args"),
     "shuffle": ("job", "inputs", "output"),
     "demo": ("job", "output", "samples"),
 }
@@ -247,8 +249,9 @@ def _piling_job(top: Fields, kind: str, inputs: tuple[str, ...], base: str) -> P
     options = _options(PileOptions, top, output)
     out = _output_path(output, base)
     if kind == "pile":
+        reader = _parse_format(top, inputs)
         _check_inputs(top, inputs, folders=False)
-        return PileJob(source=top.source, inputs=inputs, output=out, options=options)
+        return PileJob(source=top.source, inputs=inputs, output=out, options=options, format=reader)
     fn = _parse_fn(top, base)
     _check_inputs(top, inputs, folders=isinstance(fn, transforms.Images))
     return PreprocessJob(source=top.source, inputs=inputs, fn=fn, output=out, options=options)
@@ -287,7 +290,21 @@ def _output_path(output: Fields, base: str) -> str:
     return _resolve(base, output.take("path", schema.path, required=True))
 
 
-def _parse_fn(top: Fields, base: str) -> transforms.Images | transforms.JsonLines | transforms.Shards | ImportedFn:
+def _parse_format(top: Fields, inputs: tuple[str, ...]) -> Any:
+    """A pile job's ``format:`` (a reader name, or shards) and ``args:`` (the reader's arguments) as a reader or None."""
+    name = top.take("format", schema.choice(*readers.READERS, *readers.SHARDS))
+    args = top.take("args", schema.mapping, default={})
+    if not args:
+        return name
+    if name is None:
+        name = readers.detect(inputs[0])
+    if name is None or name in readers.SHARDS:
+        raise ConfigError(f"{top.source}: args: tar shards take no reader arguments (name the inputs' format with format:)")
+    with top.errors("args"):
+        return readers.make(name, **args)
+
+
+def _parse_fn(top: Fields, base: str) -> transforms.Images | transforms.JsonLines | transforms.Shards | ImportedFn | Any:
     args = top.take("args", schema.mapping, default={})
     if top.has("fn") and top.has("transform"):
         raise ConfigError(f"{top.source}: fn: give either fn (your own function) or transform (a built-in), not both")
@@ -301,6 +318,9 @@ def _parse_fn(top: Fields, base: str) -> transforms.Images | transforms.JsonLine
             f"{top.source}: transform: missing: name a built-in ({', '.join(transforms.TRANSFORMS)}) or give fn: module:function"
         )
     name = top.take("transform", schema.string)
+    if name in readers.READERS:  # a format's reader is a transform too
+        with top.errors("args"):
+            return readers.make(name, **args)
     with top.errors("transform"):
         transforms.get(name)  # an unknown name is named as the transform's fault, not the args'
     with top.errors("args"):
@@ -314,6 +334,8 @@ def _check_inputs(top: Fields, inputs: tuple[str, ...], *, folders: bool) -> Non
             if folders:
                 if not os.path.isdir(item):
                     raise ConfigError(f"{item}: no such folder")
+            elif readers.detect(item) in ("hf", "mds", "litdata"):
+                pass  # a folder its writer made: the reader says what is wrong with it
             else:
                 try:
                     storage.expand(item)
@@ -343,7 +365,7 @@ def run_job(job: Job, *, quiet: bool = False) -> Any:
         units, extra = _units(job)
         return preprocess(units, job.fn, job.output, options=job.options, quiet=quiet, extra=extra)
     if isinstance(job, PileJob):
-        return pile(list(job.inputs), job.output, options=job.options, quiet=quiet)
+        return pile(list(job.inputs), job.output, options=job.options, quiet=quiet, format=job.format)
     if isinstance(job, ShuffleJob):
         return shuffle(list(job.inputs), job.output, options=job.options, quiet=quiet)
     if not isinstance(job, DemoJob):

@@ -147,3 +147,19 @@ class Fields:
 def _starts_with_field(text: str) -> bool:
     head, sep, _ = text.partition(": ")
     return bool(sep) and head.replace("_", "").isalnum()
+
+
+def reader_args(items: list[str]) -> dict[str, Any]:
+    """``["key=id", "fields={image: jpg}"]`` -> ``{"key": "id", "fields": {"image": "jpg"}}``, values read as YAML."""
+    import yaml
+
+    found: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--reader-arg: expected NAME=VALUE, got {item!r}")
+        try:
+            found[name.replace("-", "_")] = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--reader-arg {name}: the value is not valid YAML ({e})") from None
+    return found

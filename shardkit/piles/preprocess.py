@@ -35,7 +35,7 @@ from shardkit.codecs import DEFAULT, Codecs, check_codecs
 from shardkit.errors import ConfigError, SampleError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call
-from shardkit.piles import append, canonical, resume
+from shardkit.piles import append, canonical, readers, resume
 from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.executor import Executor, Tally, run_local
@@ -416,6 +416,7 @@ def pile(
     repeat: Any = None,
     mode: str = "create",
     window: int | str | None = None,
+    format: Any = None,
 ) -> Manifest:
     """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.
 
@@ -435,6 +436,12 @@ def pile(
     ``.tar``/``.tar.gz`` and a slash, ``train-000003/000017`` for sample ``000017`` of
     ``train-000003.tar``, and the headers are rebuilt. Two inputs with the same file name in
     different directories still share a prefix. ``"none"`` (default) keeps the keys.
+
+    Inputs in other formats are read by a reader (:mod:`shardkit.piles.readers`), chosen by
+    ``format`` (``"parquet"``, ``"arrow"``, ``"hf"``, ``"mds"``, ``"litdata"``, ``"csv"``, or a
+    reader object such as ``Parquet(fields={"image": "jpg"})``) or, when it is None, by the
+    inputs' suffixes and folders: ``.parquet``, ``.arrow``/``.feather``, ``.csv``/``.tsv``, a
+    folder ``save_to_disk``, MDS or litdata wrote; a ``datasets.Dataset`` may be passed as it is.
 
     Raises:
         DatasetNotFoundError: an input is missing or a pattern matches nothing (before any work).
@@ -464,6 +471,9 @@ def pile(
         "window": window,
     }
     options = from_call(PileOptions, options, keywords)
+    found = readers.resolve(inputs, format)
+    if found is not None:
+        return _read(*found, out, options, quiet=quiet, mp_context=mp_context)
     storage.use(check_paths("inputs", inputs), options.storage_options)  # before the inputs are listed
     units = _validate(storage.expand(check_paths("inputs", inputs)), None)
     job = UnitWork(
@@ -480,3 +490,25 @@ def pile(
         fn = functools.partial(_shard_samples, unit_prefix=options.key_prefix == "unit")
         job = dataclasses.replace(job, fn=fn, shards=False, key_prefix="none", repeat=options.repeat)
     return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=None)
+
+
+def _read(
+    reader: Any, sources: list[Any], out: str | os.PathLike[str], options: PileOptions, *, quiet: bool, mp_context: str | None
+) -> Manifest:
+    """:func:`pile` over inputs a reader turns into units (Parquet files, a Hugging Face dataset...)."""
+    if options.key_prefix != "none":
+        raise ConfigError(
+            f"key_prefix: a reader's keys already name the file they come from, so expected 'none', got {options.key_prefix!r}"
+        )
+    storage.use(sources, options.storage_options)  # before the inputs are listed
+    units, extra = reader.prepare(sources)
+    job = UnitWork(
+        fn=reader,
+        piles=options.piles,
+        seed=options.seed,
+        max_pile_bytes=options.max_bytes,
+        codecs=DEFAULT,
+        on_error=options.on_error,
+        repeat=options.repeat,
+    )
+    return _run(job, _validate(units, None), out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra or None)

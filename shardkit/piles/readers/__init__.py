@@ -1,0 +1,128 @@
+"""Readers: the formats users hold (Parquet, Arrow, Hugging Face, MDS, litdata, CSV) as pass-1 input.
+
+Each reader is a frozen dataclass that plans input units (``prepare(inputs) -> (units, extra)``)
+and turns a unit into sample dicts (calling it), like the built-in transforms, so
+:func:`shardkit.preprocess` runs it in any number of workers with byte-identical output;
+:func:`shardkit.pile` picks one from the inputs' suffixes (:func:`detect`) or by name
+(``format="parquet"``). Units and keys are fixed by the inputs alone. Columns become fields as
+:mod:`~shardkit.piles.readers.columns` says. :mod:`~shardkit.piles.readers.export` goes the
+other way, from a dataset to Parquet.
+
+    reader = make("parquet", fields={"image": "jpg"})
+    units, extra = reader.prepare(["data/*.parquet"])
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
+
+from shardkit import storage
+from shardkit.errors import ConfigError
+
+# name -> (module, class); modules import their libraries only when a unit is read
+READERS: dict[str, tuple[str, str]] = {
+    "parquet": ("shardkit.piles.readers.parquet", "Parquet"),
+    "arrow": ("shardkit.piles.readers.arrow", "Arrow"),
+    "hf": ("shardkit.piles.readers.hf", "HuggingFace"),
+    "mds": ("shardkit.piles.readers.mds", "Mds"),
+    "litdata": ("shardkit.piles.readers.lit", "Litdata"),
+    "csv": ("shardkit.piles.readers.delimited", "Csv"),
+}
+# what ``format`` may also say for WebDataset tar shards (no reader: they are copied as they are)
+SHARDS = ("shards", "tar", "webdataset")
+_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow", ".csv": "csv", ".tsv": "csv"}
+
+
+def reader_class(name: str) -> type:
+    """The class of the reader ``name`` (see :data:`READERS`)."""
+    if name not in READERS:
+        raise ConfigError(f"format: expected one of {', '.join([*READERS, *SHARDS])}, got {name!r}")
+    module, cls = READERS[name]
+    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+
+
+def make(name: str, **args: Any) -> Any:
+    """The reader ``name`` made with ``args``; an unknown argument is a ConfigError naming the choices."""
+    cls = reader_class(name)
+    allowed = [f.name for f in fields(cls) if f.name != "dataset"]
+    for arg in args:
+        if arg not in allowed:
+            raise ConfigError(f"{arg}: unknown argument for format {name!r} (expected one of: {', '.join(allowed)})")
+    return cls(**args)
+
+
+def _directory_format(path: str) -> str | None:
+    if os.path.isfile(os.path.join(path, "state.json")) or os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        return "hf"
+    index = os.path.join(path, "index.json")
+    if not os.path.isfile(index):
+        return None
+    try:
+        with open(index, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if isinstance(doc, dict) and "shards" in doc:
+        return "mds"
+    if isinstance(doc, dict) and "chunks" in doc:
+        return "litdata"
+    return None
+
+
+def detect(source: Any) -> str | None:
+    """The reader for one input by its suffix or, for a local folder, its marker files; None
+    for WebDataset shards (and anything else, which ``pile`` then reads as shards)."""
+    from shardkit.piles.readers.hf import is_dataset
+
+    if is_dataset(source):
+        return "hf"
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    path = os.fspath(source)
+    local = storage.local_path(path)
+    if local is not None and os.path.isdir(local):
+        return _directory_format(local)
+    name = path.lower().rstrip("/")
+    name = name.removesuffix(".gz")
+    return next((fmt for suffix, fmt in _SUFFIXES.items() if name.endswith(suffix)), None)
+
+
+def resolve(inputs: Any, format: Any = None) -> tuple[Any, list[Any]] | None:
+    """The reader for ``inputs`` and the inputs it takes, or None when they are tar shards.
+
+    ``format`` is None (detect it from every input, which must agree), a name from
+    :data:`READERS` (or ``"shards"``), or a reader object. A ``datasets.Dataset`` among the
+    inputs is handed to a Hugging Face reader as its ``dataset``.
+    """
+    items = list(inputs) if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)) else [inputs]
+    if isinstance(format, str) and format in SHARDS:
+        return None
+    if format is None:
+        found = {detect(item) for item in items}
+        if found == {None}:
+            return None
+        if len(found) > 1:
+            named = ", ".join(sorted(f or "tar shards" for f in found))
+            raise ConfigError(f"inputs: mix formats ({named}): pile one format at a time, or name it with format=")
+        reader = make(found.pop())  # type: ignore[arg-type]
+    elif isinstance(format, str):
+        reader = make(format)
+    elif callable(format) and hasattr(format, "prepare"):
+        reader = format
+    else:
+        raise ConfigError(f"format: expected a format name ({', '.join(READERS)}) or a reader object, got {format!r}")
+    objects = [item for item in items if not isinstance(item, (str, os.PathLike))]
+    if objects:
+        from shardkit.piles.readers.hf import HuggingFace, is_dataset
+
+        if len(objects) != 1 or len(items) != 1 or not is_dataset(objects[0]):
+            raise ConfigError("inputs: pass one datasets.Dataset object alone, or paths and URLs")
+        base = reader if isinstance(reader, HuggingFace) else HuggingFace()
+        reader = HuggingFace(**{f.name: getattr(base, f.name) for f in fields(base) if f.name != "dataset"}, dataset=objects[0])
+        return reader, []
+    return reader, [os.fspath(item) for item in items]

@@ -1,0 +1,227 @@
+"""Readers: Parquet, Arrow, Hugging Face datasets and CSV files piled as they are, from files the tests write."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardkit
+from shardkit.cli import main
+from shardkit.cli.jobs import load_job, run_job
+from shardkit.piles.readers import detect, make
+from shardkit.tar.shard import iter_shard
+
+pa = pytest.importorskip("pyarrow", reason="the parquet extra (pyarrow) is not installed")
+pq = pytest.importorskip("pyarrow.parquet", reason="the parquet extra (pyarrow) is not installed")
+
+
+def samples(out: Path) -> dict[str, dict[str, bytes]]:
+    found = {}
+    for pile in sorted(out.glob("pile-*.tar")):
+        for sample in iter_shard(str(pile)):
+            found[sample.pop("__key__")] = sample
+    return found
+
+
+def digests(out: Path) -> list[str]:
+    return [hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("pile-*.tar"))]
+
+
+def table(n: int, start: int = 0):
+    return pa.table(
+        {
+            "id": list(range(start, start + n)),
+            "jpg": [b"\xff\xd8\xff" + bytes([i % 256]) * 3 for i in range(n)],
+            "caption": [f"caption {i}" for i in range(start, start + n)],
+            "meta": [{"tags": ["a", "b"][: i % 3], "size": [i, i + 1]} for i in range(n)],
+            "score": [i / 4 for i in range(n)],
+            "emb": [[float(i), 0.5] for i in range(n)],
+            "maybe": [None if i % 2 else f"m{i}" for i in range(n)],
+        }
+    )
+
+
+@pytest.fixture
+def parquet_dir(tmp_path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(table(50), src / "part-0.parquet", row_group_size=20)
+    pq.write_table(table(30, start=50), src / "part-1.parquet", row_group_size=7)
+    return src
+
+
+def test_parquet_columns_become_fields_encoded_by_type(tmp_path, parquet_dir):
+    m = shardkit.pile(str(parquet_dir / "*.parquet"), tmp_path / "out", piles=3, seed=1, quiet=True)
+    assert m.samples == 80
+    got = samples(tmp_path / "out")
+    assert len(got) == 80
+    s = got["part-0/000000004"]
+    assert s["id"] == b"4" and s["caption"] == b"caption 4" and s["score"] == b"1.0" and s["jpg"] == b"\xff\xd8\xff" + b"\x04" * 3
+    assert json.loads(s["meta"]) == {"tags": ["a"], "size": [4, 5]} and json.loads(s["emb"]) == [4.0, 0.5]
+    assert s["maybe"] == b"m4" and "maybe" not in got["part-0/000000005"]  # a null leaves the field out
+    assert got["part-1/000000029"]["id"] == b"79"
+    assert detect(str(parquet_dir / "part-0.parquet")) == "parquet"
+
+
+def test_parquet_is_byte_identical_for_any_workers_and_slicing(tmp_path, parquet_dir):
+    one = shardkit.pile(str(parquet_dir / "*.parquet"), tmp_path / "w1", piles=4, seed=7, quiet=True)
+    two = shardkit.pile(str(parquet_dir / "*.parquet"), tmp_path / "w2", piles=4, seed=7, workers=2, quiet=True)
+    assert one.samples == two.samples == 80
+    assert digests(tmp_path / "w1") == digests(tmp_path / "w2")
+    # slices of row groups are other units (routed otherwise) but hold the same samples
+    reader = make("parquet", rows_per_unit=5)
+    assert len(reader.units([str(parquet_dir / "part-0.parquet")])) == 10
+    shardkit.pile(str(parquet_dir / "*.parquet"), tmp_path / "sliced", piles=4, seed=7, quiet=True, format=reader)
+    assert samples(tmp_path / "sliced") == samples(tmp_path / "w1")
+
+
+def test_parquet_overrides_key_column_and_nested_binary(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(
+        pa.table({"name": ["a", "b"], "img": [b"x", b"y"], "emb": [[1.0, 2.0], [3.0, 4.0]], "parts": [[b"p", b"q"], [b"r"]]}), path
+    )
+    reader = make("parquet", key="name", fields={"img": "png"}, encode={"emb": "npy", "parts": "pickle"})
+    shardkit.pile(str(path), tmp_path / "out", piles=1, quiet=True, format=reader)
+    got = samples(tmp_path / "out")
+    assert set(got) == {"a", "b"} and got["b"]["png"] == b"y" and got["b"]["name"] == b"b"
+    assert np.load(io.BytesIO(got["a"]["emb"])).tolist() == [1.0, 2.0]
+    import pickle
+
+    assert pickle.loads(got["a"]["parts"]) == [b"p", b"q"]
+    # without an encoding, binary inside a nested value has no JSON form: one error naming file, group, column, row
+    with pytest.raises(shardkit.SampleError, match=r"t\.parquet: row group 0: column 'parts': row 0: binary data inside"):
+        shardkit.pile(str(path), tmp_path / "bad", piles=1, quiet=True)
+
+
+def test_parquet_bad_files_are_one_clear_error_or_a_skipped_unit(tmp_path, parquet_dir):
+    data = (parquet_dir / "part-1.parquet").read_bytes()
+    (parquet_dir / "part-1.parquet").write_bytes(data[: len(data) - 9])  # the footer cut
+    pattern = str(parquet_dir / "*.parquet")
+    with pytest.raises(shardkit.CorruptShardError, match=r"part-1\.parquet: not a readable Parquet file"):
+        shardkit.pile(pattern, tmp_path / "out", piles=2, quiet=True)
+    assert not (tmp_path / "out" / "shardkit.json").exists()
+    m = shardkit.pile(pattern, tmp_path / "out", piles=2, quiet=True, on_error="skip")
+    assert m.samples == 50 and m.skipped_units == 1
+    with pytest.raises(shardkit.SampleError, match=r"part-0\.parquet: row group 0: columns names column 'nope'"):
+        shardkit.pile(
+            str(parquet_dir / "part-0.parquet"), tmp_path / "o2", piles=2, quiet=True, format=make("parquet", columns=["id", "nope"])
+        )
+    with pytest.raises(
+        shardkit.SampleError, match=r"row group 0: column 'caption': row 0: expected binary data for encoding 'bytes', got str"
+    ):
+        shardkit.pile(
+            str(parquet_dir / "part-0.parquet"), tmp_path / "o3", piles=2, quiet=True, format=make("parquet", encode={"caption": "bytes"})
+        )
+    with pytest.raises(shardkit.SampleError, match=r"key column 'score': row 0: expected a non-empty string or an integer, got 0\.0"):
+        shardkit.pile(str(parquet_dir / "part-0.parquet"), tmp_path / "o4", piles=2, quiet=True, format=make("parquet", key="score"))
+    with pytest.raises(shardkit.ConfigError, match="encode: column 'x': expected one of auto"):
+        make("parquet", encode={"x": "yaml"})
+
+
+def test_arrow_file_and_stream_formats(tmp_path):
+    import pyarrow.feather as feather
+
+    t = pa.table({"x": list(range(40)), "s": [f"v{i}" for i in range(40)]})
+    feather.write_feather(t, tmp_path / "t.feather", chunksize=16)
+    with pa.OSFile(str(tmp_path / "u.arrow"), "wb") as f, pa.ipc.new_stream(f, t.schema) as w:
+        for batch in t.to_batches(max_chunksize=15):
+            w.write_batch(batch)
+    assert len(make("arrow").units([str(tmp_path / "u.arrow")])) == 3
+    m = shardkit.pile([str(tmp_path / "t.feather"), str(tmp_path / "u.arrow")], tmp_path / "out", piles=2, quiet=True)
+    got = samples(tmp_path / "out")
+    assert m.samples == 80 and got["u/000000031"] == {"s": b"v31", "x": b"31"} and got["t/000000000"]["s"] == b"v0"
+    (tmp_path / "bad.arrow").write_bytes(b"not arrow at all")
+    with pytest.raises(shardkit.CorruptShardError, match=r"bad\.arrow: not an Arrow IPC file or stream"):
+        shardkit.pile(str(tmp_path / "bad.arrow"), tmp_path / "o2", piles=2, quiet=True)
+
+
+def test_hugging_face_object_saved_directory_and_split(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    ds = datasets.Dataset.from_dict({"text": [f"t{i}" for i in range(25)], "label": list(range(25))})
+    m = shardkit.pile(ds.shuffle(seed=3), tmp_path / "obj", piles=2, quiet=True, format=make("hf", rows_per_unit=10))
+    got = samples(tmp_path / "obj")
+    order = ds.shuffle(seed=3)["label"]
+    assert m.samples == 25 and got["000000000"]["label"] == str(order[0]).encode()  # keys follow the dataset's order
+    ds.save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": ds, "test": ds.select(range(5))}).save_to_disk(str(tmp_path / "dict"))
+    assert detect(str(tmp_path / "saved")) == detect(str(tmp_path / "dict")) == "hf"
+    assert shardkit.pile(str(tmp_path / "saved"), tmp_path / "o1", piles=2, quiet=True).samples == 25
+    with pytest.raises(shardkit.ConfigError, match="holds the splits train, test: name one with split="):
+        shardkit.pile(str(tmp_path / "dict"), tmp_path / "o2", piles=2, quiet=True)
+    assert shardkit.pile(str(tmp_path / "dict"), tmp_path / "o2", piles=2, quiet=True, format=make("hf", split="test")).samples == 5
+    assert set(samples(tmp_path / "o2")) == {f"test/{i:09d}" for i in range(5)}
+
+
+def _png(value: int) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (8, 6), (value, 0, 0)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_csv_with_image_paths(tmp_path):
+    (tmp_path / "img").mkdir()
+    for i in range(3):
+        (tmp_path / "img" / f"{i}.png").write_bytes(_png(i))
+    rows = ["path,label", "img/0.png,0", f"{(tmp_path / 'img' / '1.png').as_uri()},1", f"{tmp_path / 'img' / '2.png'},2"]
+    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    reader = make("csv", image="path", fields={"label": "cls"})
+    m = shardkit.pile(str(tmp_path / "train.csv"), tmp_path / "out", piles=2, quiet=True, format=reader)
+    got = samples(tmp_path / "out")
+    assert m.samples == 3 and got["train/000000001"]["png"] == _png(1) and got["train/000000002"]["cls"] == b"2"
+    resized = make("csv", image="path", image_size=4)
+    shardkit.pile(str(tmp_path / "train.csv"), tmp_path / "small", piles=1, quiet=True, format=resized)
+    assert samples(tmp_path / "small")["train/000000000"]["jpg"][:3] == b"\xff\xd8\xff"
+    (tmp_path / "tab.tsv").write_text("a\tb\nx\ty\n")
+    assert samples_of(tmp_path, "tab.tsv") == {"tab/000000000": {"a": b"x", "b": b"y"}}
+    (tmp_path / "missing.csv").write_text("path\nimg/9.png\n")
+    with pytest.raises(shardkit.SampleError, match=r"missing\.csv: row 0: image 'img/9\.png' not found"):
+        shardkit.pile(str(tmp_path / "missing.csv"), tmp_path / "o3", piles=1, quiet=True, format=make("csv", image="path"))
+    (tmp_path / "ragged.csv").write_text("a,b\n1,2\n3\n")
+    with pytest.raises(shardkit.CorruptShardError, match=r"ragged\.csv: line 3: 1 values, expected 2"):
+        shardkit.pile(str(tmp_path / "ragged.csv"), tmp_path / "o4", piles=1, quiet=True)
+
+
+def samples_of(tmp_path: Path, name: str) -> dict[str, dict[str, bytes]]:
+    out = tmp_path / f"out-{name}"
+    shardkit.pile(str(tmp_path / name), out, piles=1, quiet=True)
+    return samples(out)
+
+
+def test_cli_and_yaml_jobs_take_readers(tmp_path, parquet_dir, capsys):
+    code = main(
+        [
+            "pile",
+            str(parquet_dir / "part-0.parquet"),
+            "-o",
+            str(tmp_path / "cli"),
+            "--piles",
+            "2",
+            "-q",
+            "--reader-arg",
+            "fields={jpg: png}",
+        ]
+    )
+    assert code == 0 and "50 samples" in capsys.readouterr().out
+    assert "png" in samples(tmp_path / "cli")["part-0/000000000"]
+    assert (
+        main(["pile", str(parquet_dir / "part-0.parquet"), "-o", str(tmp_path / "c2"), "--piles", "2", "-q", "--reader-arg", "nope=1"]) == 1
+    )
+    assert "nope: unknown argument for format 'parquet'" in capsys.readouterr().err
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"job: pile\ninputs: {parquet_dir}/*.parquet\nformat: parquet\nargs: {{key: id}}\noutput: {{path: yaml-out, piles: 2}}\n"
+    )
+    run_job(load_job(job), quiet=True)
+    assert set(samples(tmp_path / "yaml-out")) == {str(i) for i in range(80)}
+    job.write_text(
+        f"job: preprocess\ninputs: {parquet_dir}/part-1.parquet\ntransform: parquet\nargs: {{columns: [id]}}\noutput: {{path: pre, piles: 2}}\n"
+    )
+    run_job(load_job(job), quiet=True)
+    assert samples(tmp_path / "pre")["part-1/000000000"] == {"id": b"50"}
