@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from shardkit.piles.writer import PileWriter
     from shardkit.shuffle import ShuffleOptions, shuffle
     from shardkit.tools import DatasetInfo, Problem, QualityReport, compare_shuffles, gc, info, verify
+    from shardkit.tools.export import export
 
 
 _WHERE = {
@@ -76,6 +77,7 @@ _WHERE = {
     "WorkerError": "shardkit.errors",
     "add_pile_args": "shardkit.cli",
     "compare_shuffles": "shardkit.tools",
+    "export": "shardkit.tools.export",
     "gc": "shardkit.tools",
     "info": "shardkit.tools",
     "load_job": "shardkit.cli",
@@ -145,6 +147,7 @@ __all__ = [
     "__version__",
     "add_pile_args",
     "compare_shuffles",
+    "export",
     "gc",
     "info",
     "load_job",

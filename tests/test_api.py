@@ -12,7 +12,7 @@ PUBLIC = {
     "DecodeError", "InputError", "Loader", "LoaderOptions", "Manifest", "ManifestError", "PileInfo", "PileOptions",
     "PileTooLargeError", "PileWriter", "Problem", "QualityReport", "SampleError", "ShardkitError", "ShuffleOptions", "StorageError",
     "WorkerError",
-    "__version__", "add_pile_args", "compare_shuffles", "gc", "info", "load_job", "loader", "pile", "pile_kwargs",
+    "__version__", "add_pile_args", "compare_shuffles", "export", "gc", "info", "load_job", "loader", "pile", "pile_kwargs",
     "preprocess", "repile", "run_job", "shuffle", "verify",
 }  # fmt: skip
 

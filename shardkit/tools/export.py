@@ -1,0 +1,109 @@
+"""Write a pile dataset back out as Parquet, in pile order or in the shuffled order of one epoch.
+
+The samples are read by the loader without decoding, so each field's bytes go out exactly as
+they are stored: one binary column per field (the dataset's extensions) and a ``__key__``
+string column, a sample without a field holding null there. Piling the file again with
+``Parquet(key="__key__")`` gives back the same samples. The file is written whole or not at all.
+
+    export("piles/train", "train.parquet")                       # pile order
+    export("piles/train", "epoch3.parquet", seed=0, epoch=3)     # the order epoch 3 of a loader with seed 0 reads
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shardkit import storage
+from shardkit._util import bar, check_int, check_path
+from shardkit.errors import ConfigError
+from shardkit.loading.blend_loader import loader
+from shardkit.tools.audit import info
+
+FORMATS = ("parquet",)
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What :func:`export` wrote: the file, its rows, and its columns (``__key__`` first)."""
+
+    path: str
+    rows: int
+    columns: tuple[str, ...]
+
+
+def _rows(source: Any, seed: int | None, epoch: int, storage_options: Mapping[str, Any] | None) -> Iterator[dict[str, Any]]:
+    """The samples as stored, in pile order (``seed`` None) or in epoch ``epoch``'s order for ``seed``."""
+    options: dict[str, Any] = {"decode": False, "shuffle": seed is not None, "seed": seed or 0, "storage_options": storage_options}
+    with loader(source, **options) as reader:
+        reader.set_epoch(epoch)
+        yield from reader
+
+
+def export(
+    dataset: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    to: str = "parquet",
+    seed: int | None = None,
+    epoch: int = 0,
+    rows_per_group: int = 10_000,
+    quiet: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Exported:
+    """Write every sample of ``dataset`` into the Parquet file ``out``.
+
+    Args:
+        dataset: a pile dataset (its directory or URL).
+        out: the file to write (local or an object-store URL); replaced atomically.
+        to: the output format; ``"parquet"``.
+        seed, epoch: None keeps pile order (the manifest's piles, each in stored order); a seed
+            writes the order the loader with that seed reads in ``epoch``.
+        rows_per_group: rows per Parquet row group.
+        quiet: no progress bar.
+        storage_options: options for remote URLs (see :class:`~shardkit.PileOptions`).
+
+    Raises:
+        ConfigError: an unknown format or a bad option.
+        DatasetNotFoundError: ``dataset`` holds no manifest.
+    """
+    if to not in FORMATS:
+        raise ConfigError(f"to: expected one of {', '.join(FORMATS)}, got {to!r}")
+    check_int("epoch", epoch, low=0)
+    check_int("rows_per_group", rows_per_group, low=1)
+    if seed is not None:
+        check_int("seed", seed, low=0)
+    source, target = check_path("dataset", dataset), check_path("out", out)
+    storage.use([source, target], storage_options)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    manifest = info(source, storage_options=storage_options)
+    columns = ("__key__", *sorted(manifest.fields))
+    schema = pa.schema([pa.field("__key__", pa.string(), nullable=False), *(pa.field(c, pa.large_binary()) for c in columns[1:])])
+    rows = 0
+    with (
+        storage.atomic_write(target) as f,
+        pq.ParquetWriter(f, schema) as writer,
+        bar(total=manifest.samples, desc="exporting", unit="sample", quiet=quiet) as progress,
+    ):
+        batch: list[dict[str, Any]] = []
+        for sample in _rows(source, seed, epoch, storage_options):
+            batch.append(sample)
+            if len(batch) == rows_per_group:
+                writer.write_table(_table(pa, schema, columns, batch))
+                rows += len(batch)
+                progress.update(len(batch))
+                batch = []
+        if batch or not rows:
+            writer.write_table(_table(pa, schema, columns, batch))
+            rows += len(batch)
+            progress.update(len(batch))
+    return Exported(target, rows, columns)
+
+
+def _table(pa: Any, schema: Any, columns: tuple[str, ...], batch: list[dict[str, Any]]) -> Any:
+    data = {c: [bytes(s[c]) if c in s else None for s in batch] for c in columns[1:]}
+    return pa.table({"__key__": [s["__key__"] for s in batch], **data}, schema=schema)
