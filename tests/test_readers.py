@@ -225,3 +225,24 @@ def test_cli_and_yaml_jobs_take_readers(tmp_path, parquet_dir, capsys):
     )
     run_job(load_job(job), quiet=True)
     assert samples(tmp_path / "pre")["part-1/000000000"] == {"id": b"50"}
+
+
+def test_parquet_csv_and_arrow_on_s3_give_the_local_samples(tmp_path, parquet_dir, s3):
+    client = s3.client()
+    client.put(str(parquet_dir / "part-0.parquet"), s3.path("in/part-0.parquet"))
+    client.put(str(parquet_dir / "part-1.parquet"), s3.path("in/part-1.parquet"))
+    (tmp_path / "t.csv").write_text("a,b\n1,2\n3,4\n")
+    client.put(str(tmp_path / "t.csv"), s3.path("in/t.csv"))
+    import pyarrow.feather as feather
+
+    feather.write_feather(pa.table({"x": [1, 2, 3]}), tmp_path / "t.feather")
+    client.put(str(tmp_path / "t.feather"), s3.path("in/t.feather"))
+    shardkit.pile(s3.url("in/*.parquet"), tmp_path / "remote", piles=3, seed=4, workers=2, quiet=True)
+    shardkit.pile(str(parquet_dir / "*.parquet"), tmp_path / "local", piles=3, seed=4, quiet=True)
+    assert digests(tmp_path / "remote") == digests(tmp_path / "local")
+    shardkit.pile(s3.url("in/t.csv"), tmp_path / "csv", piles=1, quiet=True)
+    assert samples(tmp_path / "csv") == {"t/000000001": {"a": b"3", "b": b"4"}, "t/000000000": {"a": b"1", "b": b"2"}}
+    shardkit.pile(s3.url("in/t.feather"), tmp_path / "arrow", piles=1, quiet=True)
+    assert samples(tmp_path / "arrow")["t/000000002"] == {"x": b"3"}
+    shardkit.export(tmp_path / "local", s3.url("out/all.parquet"), quiet=True)
+    assert client.exists(s3.path("out/all.parquet"))

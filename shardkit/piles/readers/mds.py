@@ -56,7 +56,13 @@ def streaming_format() -> Any:
     package = types.ModuleType("streaming")
     package.__path__ = list(spec.submodule_search_locations)
     sys.modules["streaming"] = package
-    return importlib.import_module("streaming.base.format")
+    try:
+        return importlib.import_module("streaming.base.format")
+    except Exception as e:
+        del sys.modules["streaming"]
+        raise ConfigError(
+            f"reading MDS directories needs mosaicml-streaming's format modules, which do not import: {e} (and {cause})"
+        ) from None
 
 
 @dataclass(frozen=True)
