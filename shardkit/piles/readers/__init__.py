@@ -43,7 +43,7 @@ def reader_class(name: str) -> type:
     if name not in READERS:
         raise ConfigError(f"format: expected one of {', '.join([*READERS, *SHARDS])}, got {name!r}")
     module, cls = READERS[name]
-    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), cls)
 
 
 def make(name: str, **args: Any) -> Any:
