@@ -122,6 +122,33 @@ def _auto(value: Any) -> bytes:
 _ENCODERS = {"auto": _auto, "bytes": _bytes, "text": _text, "json": _json, "npy": _npy, "pickle": _pickle}
 
 
+# columns of one type, and only it or nulls, encode without looking at each value's type
+_FAST: dict[tuple[str, type], Any] = {
+    ("auto", bytes): lambda v: v,
+    ("bytes", bytes): lambda v: v,
+    ("auto", str): str.encode,
+    ("text", str): str.encode,
+    ("auto", int): lambda v: b"%d" % v,
+    ("text", int): lambda v: b"%d" % v,
+}
+
+
+def encode_column(values: Sequence[Any], encoding: str, where: str, first: int = 0) -> list[bytes | None]:
+    """Each value of a column encoded (None stays None); an error names ``where`` and the row."""
+    kinds = {type(v) for v in values} - {type(None)}
+    fast = _FAST.get((encoding, kinds.pop())) if len(kinds) == 1 else None
+    if fast is not None:
+        return [None if v is None else fast(v) for v in values]
+    encoder = _ENCODERS[encoding]
+    out: list[bytes | None] = []
+    for row, value in enumerate(values):
+        try:
+            out.append(None if value is None else encoder(value))
+        except (TypeError, ValueError, OverflowError) as e:
+            raise SampleError(f"{where}: row {row + first}: {e}") from None
+    return out
+
+
 def _check_map(name: str, value: Any, values: Sequence[str] | None = None) -> dict[str, str]:
     if not isinstance(value, Mapping):
         raise ConfigError(f"{name}: expected a mapping of column name to {'encoding' if values else 'extension'}, got {value!r}")
@@ -201,20 +228,19 @@ class ColumnSpec:
         """
         chosen = self.chosen(names, where)
         index = {name: i for i, name in enumerate(names)}
-        plan = [(self.fields.get(n, n), self.encode.get(n, "auto"), columns[index[n]], n) for n in chosen]
         key_values = columns[index[self.key]] if self.key is not None else keys
         if key_values is None:
             raise SampleError(f"{where}: no key column given and no key to derive")
+        # a whole column at a time: a bad value fails the unit before any of its samples is written
+        plan = [
+            (self.fields.get(n, n), encode_column(columns[index[n]], self.encode.get(n, "auto"), f"{where}: column {n!r}", first))
+            for n in chosen
+        ]
         for row in range(len(key_values)):
             sample: dict[str, Any] = {"__key__": self._key(key_values[row], where, row + first)}
-            for ext, encoding, values, name in plan:
-                value = values[row]
-                if value is None:
-                    continue
-                try:
-                    sample[ext] = _ENCODERS[encoding](value)
-                except (TypeError, ValueError, OverflowError) as e:
-                    raise SampleError(f"{where}: column {name!r}: row {row + first}: {e}") from None
+            for ext, values in plan:
+                if values[row] is not None:
+                    sample[ext] = values[row]
             yield sample
 
     def _key(self, value: Any, where: str, row: int) -> str:
