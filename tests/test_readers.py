@@ -246,3 +246,35 @@ def test_parquet_csv_and_arrow_on_s3_give_the_local_samples(tmp_path, parquet_di
     assert samples(tmp_path / "arrow")["t/000000002"] == {"x": b"3"}
     shardkit.export(tmp_path / "local", s3.url("out/all.parquet"), quiet=True)
     assert client.exists(s3.path("out/all.parquet"))
+
+
+def test_key_prefixes_follow_the_paths_and_refuse_a_clash():
+    from shardkit.piles.readers.base import key_prefixes, row_key
+
+    assert key_prefixes(["d/en/a.parquet", "d/fr/a.parquet"], (".parquet",)) == ["en/a", "fr/a"]
+    assert key_prefixes(["s3://b/x/train.part.1.parquet"], (".parquet",)) == ["train_part_1"]
+    assert key_prefixes(["d/t.csv.gz", "d/u.tsv"], (".csv", ".tsv")) == ["t", "u"]
+    assert row_key("en/a", 17) == "en/a/000000017" and row_key("", 3) == "000000003"
+    with pytest.raises(shardkit.ConfigError, match="same key prefix 'a_b'"):
+        key_prefixes(["d/a.b.parquet", "d/a_b.parquet"], (".parquet",))
+
+
+def test_format_by_name_and_mixed_inputs(tmp_path, parquet_dir):
+    odd = tmp_path / "table.bin"
+    odd.write_bytes((parquet_dir / "part-1.parquet").read_bytes())
+    assert shardkit.pile(str(odd), tmp_path / "o1", piles=1, quiet=True, format="parquet").samples == 30
+    assert set(samples(tmp_path / "o1")) == {f"table_bin/{i:09d}" for i in range(30)}
+    (tmp_path / "a.csv").write_text("x\n1\n")
+    with pytest.raises(shardkit.ConfigError, match=r"inputs: mix formats \(csv, parquet\)"):
+        shardkit.pile([str(tmp_path / "a.csv"), str(parquet_dir / "part-0.parquet")], tmp_path / "o2", piles=1, quiet=True)
+    with pytest.raises(shardkit.ConfigError, match="key_prefix: a reader's keys already name the file"):
+        shardkit.pile(str(tmp_path / "a.csv"), tmp_path / "o3", piles=1, quiet=True, key_prefix="unit")
+    with pytest.raises(shardkit.ConfigError, match="format: expected one of parquet, arrow, hf, mds, litdata, csv"):
+        shardkit.pile(str(tmp_path / "a.csv"), tmp_path / "o4", piles=1, quiet=True, format="orc")
+
+
+def test_preprocess_takes_a_reader_and_paths(tmp_path, parquet_dir):
+    reader = make("parquet", columns=["id"])
+    m = shardkit.preprocess([str(parquet_dir / "part-0.parquet")], reader, tmp_path / "out", piles=2, quiet=True, extra={"source": "demo"})
+    assert m.samples == 50 and m.extra["source"] == "demo" and m.extra["units"] == 3  # three row groups
+    assert samples(tmp_path / "out")["part-0/000000049"] == {"id": b"49"}

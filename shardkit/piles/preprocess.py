@@ -111,6 +111,7 @@ def preprocess(
     Args:
         inputs: the input units (paths, URLs, any picklable items); unit i is the i-th item.
         fn: ``fn(unit)`` returns or yields sample dicts (``__key__`` plus fields by extension).
+            A reader (:mod:`shardkit.piles.readers`) given paths plans its own units from them.
             With ``workers > 1`` it runs in worker processes: lambdas and closures work (they
             are sent with dill), but it must not rely on state changed in the parent later.
         out: output directory; gets ``pile-000000.tar ...`` and ``shardkit.json`` (last).
@@ -197,6 +198,8 @@ def preprocess(
             f"key_prefix: preprocess takes sample keys from its function, so expected 'none' (key_prefix is for pile and shuffle), got {options.key_prefix!r}"
         )
     units = _validate(inputs, extra)
+    if readers.is_reader(fn) and all(isinstance(u, (str, os.PathLike)) for u in units):
+        units = _validate(fn.prepare(units)[0], None)  # paths to a reader: its units are what runs
     job = UnitWork(
         fn=fn,
         piles=options.piles,

@@ -56,6 +56,13 @@ def make(name: str, **args: Any) -> Any:
     return cls(**args)
 
 
+def is_reader(value: Any) -> bool:
+    """Whether ``value`` is one of the readers of :data:`READERS`."""
+    from shardkit.piles.readers.columns import ColumnSpec
+
+    return isinstance(value, ColumnSpec)
+
+
 def _directory_format(path: str) -> str | None:
     if os.path.isfile(os.path.join(path, "state.json")) or os.path.isfile(os.path.join(path, "dataset_dict.json")):
         return "hf"
