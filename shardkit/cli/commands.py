@@ -51,7 +51,8 @@ def _register_pile(sub: Any) -> None:
             "(plain ustar, fixed metadata, fields sorted) whatever wrote the inputs, and identical\n"
             "for any --workers."
         ),
-        epilog="example:\n  shardkit pile 'src/train-{000000..000099}.tar' -o piles/ --piles 256 --workers 8",
+        epilog="examples:\n  shardkit pile 'src/train-{000000..000099}.tar' -o piles/ --piles 256 --workers 8\n"
+        "  shardkit pile 'data/train-*.parquet' -o piles/ --piles 256 --reader-arg 'fields={image: jpg}'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -59,7 +60,8 @@ def _register_pile(sub: Any) -> None:
         nargs="+",
         metavar="INPUT",
         help="WebDataset tar shards (.tar, .tar.gz): paths, file:// URLs, globs or brace patterns like "
-        "'src-{000000..000019}.tar' (quote patterns so the shell leaves them alone)",
+        "'src-{000000..000019}.tar' (quote patterns so the shell leaves them alone); or Parquet, Arrow, CSV/TSV files, "
+        "or folders save_to_disk, MDS or litdata wrote (see --format)",
     )
     parser.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory for pile-*.tar and shardkit.json")
     add_pile_args(parser)
