@@ -34,35 +34,35 @@ _AS_STORED = frozenset({"bytes", "str", "jpeg", "png", "json"})
 
 
 def streaming_format() -> Any:
-    """``streaming.base.format`` (and the compression module beside it).
+    """``streaming.base.format``: mosaicml-streaming's own MDS reader and its encodings.
 
-    The ``streaming`` package imports its vision datasets, and so torchvision, when it is
-    imported; the format modules need neither. Where that import fails (a torchvision built
-    for another torch), the package is set up without running its ``__init__``.
+    The ``streaming`` package's ``__init__`` imports every dataset it ships (vision ones import
+    torchvision, which fails where torchvision was built for another torch) and
+    ``streaming.base``'s the whole loader; the format modules need none of it. Unless the
+    package is imported already, they are imported under placeholder parents, which are taken
+    away again so that a later ``import streaming`` runs the real ``__init__``.
     """
-    try:
-        return importlib.import_module("streaming.base.format")
-    except ImportError as e:
-        if importlib.util.find_spec("streaming") is None:
-            raise ConfigError(f"reading MDS directories needs the mds extra (pip install 'shardkit[mds]'): {e}") from None
-        cause: Exception = e
-    except Exception as e:  # torchvision raising at import: RuntimeError, OSError...
-        cause = e
+    loaded = sys.modules.get("streaming.base.format")
+    if loaded is not None:
+        return loaded
     spec = importlib.util.find_spec("streaming")
     if spec is None or spec.submodule_search_locations is None:
-        raise ConfigError(f"reading MDS directories needs the mds extra: importing streaming failed ({cause})")
-    for name in [n for n in sys.modules if n == "streaming" or n.startswith("streaming.")]:
-        del sys.modules[name]
-    package = types.ModuleType("streaming")
-    package.__path__ = list(spec.submodule_search_locations)
-    sys.modules["streaming"] = package
+        raise ConfigError("reading MDS directories needs the mds extra (pip install 'shardkit[mds]'): streaming is not installed")
+    if "streaming" in sys.modules:
+        return importlib.import_module("streaming.base.format")
+    stubs = {}
+    for name, folder in (("streaming", ""), ("streaming.base", "base")):
+        stubs[name] = types.ModuleType(name)
+        stubs[name].__path__ = [os.path.join(location, folder) for location in spec.submodule_search_locations]
+    sys.modules.update(stubs)
     try:
         return importlib.import_module("streaming.base.format")
     except Exception as e:
-        del sys.modules["streaming"]
-        raise ConfigError(
-            f"reading MDS directories needs mosaicml-streaming's format modules, which do not import: {e} (and {cause})"
-        ) from None
+        raise ConfigError(f"reading MDS directories needs mosaicml-streaming's format modules, which do not import: {e}") from None
+    finally:
+        for name, stub in stubs.items():
+            if sys.modules.get(name) is stub:
+                del sys.modules[name]
 
 
 @dataclass(frozen=True)
@@ -136,11 +136,12 @@ class Mds(ColumnSpec):
         return self.prepare(inputs)[0]
 
     def __call__(self, unit: MdsShard) -> Iterator[dict[str, Any]]:
-        from streaming.base.format.mds.encodings import mds_decode  # streaming_format() set the package up
+        reader_from_json = streaming_format().reader_from_json  # first: it imports the package's format modules
+        from streaming.base.format.mds.encodings import mds_decode
 
         info = json.loads(unit.info)
         where = repr(unit)
-        reader = streaming_format().reader_from_json(unit.path, None, info)
+        reader = reader_from_json(unit.path, None, info)
         data = _raw(unit.path, info)
         count = int(info["samples"])
         offsets = np.frombuffer(data, np.uint32, count + 1, offset=4)
