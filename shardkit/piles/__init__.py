@@ -7,7 +7,9 @@ appends them to per-pile part files; :mod:`~shardkit.piles.units` runs the user'
 input units and :mod:`~shardkit.piles.preprocess` runs units in worker processes; and
 :mod:`~shardkit.piles.publish` assembles the piles and writes the manifest last. The front doors
 are :class:`PileWriter`, :func:`preprocess`, :func:`pile` and :func:`repile`, configured by
-:class:`PileOptions`; :mod:`~shardkit.piles.transforms` holds the built-in preprocessing functions.
+:class:`PileOptions`; :mod:`~shardkit.piles.transforms` holds the built-in preprocessing functions
+and :mod:`~shardkit.piles.readers` the readers of other formats (Parquet, Arrow, Hugging Face,
+MDS, litdata, CSV).
 """
 
 from __future__ import annotations

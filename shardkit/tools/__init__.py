@@ -5,7 +5,8 @@ metrics next to their uniform expectations), :mod:`~shardkit.tools.orders` (the 
 orders: sequential, WebDataset's buffer shuffle), :mod:`~shardkit.tools.compare` (the loader's
 own order against them), :mod:`~shardkit.tools.report` and :mod:`~shardkit.tools.plot` (showing
 the result), :mod:`~shardkit.tools.demo` (``shardkit demo``), :mod:`~shardkit.tools.collect` (deleting
-the files of generations a growing dataset no longer lists). They read datasets through
+the files of generations a growing dataset no longer lists), :mod:`~shardkit.tools.export` (a
+dataset back to Parquet). They read datasets through
 :mod:`shardkit.loading` and write them through :mod:`shardkit.piles`, never around them.
 """
 

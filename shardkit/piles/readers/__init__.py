@@ -5,8 +5,8 @@ and turns a unit into sample dicts (calling it), like the built-in transforms, s
 :func:`shardkit.preprocess` runs it in any number of workers with byte-identical output;
 :func:`shardkit.pile` picks one from the inputs' suffixes (:func:`detect`) or by name
 (``format="parquet"``). Units and keys are fixed by the inputs alone. Columns become fields as
-:mod:`~shardkit.piles.readers.columns` says. :mod:`~shardkit.piles.readers.export` goes the
-other way, from a dataset to Parquet.
+:mod:`~shardkit.piles.readers.columns` says. :mod:`shardkit.tools.export` goes the other way,
+from a dataset to Parquet.
 
     reader = make("parquet", fields={"image": "jpg"})
     units, extra = reader.prepare(["data/*.parquet"])
