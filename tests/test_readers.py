@@ -278,3 +278,15 @@ def test_preprocess_takes_a_reader_and_paths(tmp_path, parquet_dir):
     m = shardkit.preprocess([str(parquet_dir / "part-0.parquet")], reader, tmp_path / "out", piles=2, quiet=True, extra={"source": "demo"})
     assert m.samples == 50 and m.extra["source"] == "demo" and m.extra["units"] == 3  # three row groups
     assert samples(tmp_path / "out")["part-0/000000049"] == {"id": b"49"}
+
+
+def test_yaml_pile_job_reads_a_saved_dataset_folder(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    datasets.Dataset.from_dict({"text": ["a", "b", "c"]}).save_to_disk(str(tmp_path / "saved"))
+    job = tmp_path / "job.yaml"
+    job.write_text("job: pile\ninputs: saved\noutput: {path: out, piles: 1}\n")
+    run_job(load_job(job), quiet=True)
+    assert samples(tmp_path / "out") == {f"{i:09d}": {"text": t} for i, t in enumerate([b"a", b"b", b"c"])}
+    job.write_text("job: pile\ninputs: saved\nformat: hf\nargs: {split: train, nope: 1}\noutput: {path: out2, piles: 1}\n")
+    with pytest.raises(shardkit.ConfigError, match=r"job\.yaml: args\.nope: unknown argument for format 'hf'"):
+        load_job(job)
