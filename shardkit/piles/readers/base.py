@@ -11,8 +11,11 @@ the inputs' paths are, which :func:`key_prefixes` checks.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from typing import Any
 
+from shardkit import storage
 from shardkit.errors import ConfigError, CorruptShardError
 
 
@@ -61,3 +64,18 @@ def row_key(prefix: str, row: int) -> str:
 def unreadable(url: str, what: str, error: BaseException) -> CorruptShardError:
     """The error for an input that is not the file it claims to be, naming it and where."""
     return CorruptShardError(f"{url}: {what}: {type(error).__name__}: {error}")
+
+
+def local_folders(inputs: Sequence[Any], what: str) -> list[str]:
+    """The inputs as absolute local folder paths (``file://`` URLs too).
+
+    Raises:
+        ConfigError: an input is a remote URL: these folders are read where they lie.
+    """
+    folders = []
+    for item in inputs:
+        path = storage.local_path(os.fspath(item))
+        if path is None:
+            raise ConfigError(f"{os.fspath(item)}: {what} folders are read from local disk: copy it here first")
+        folders.append(os.path.abspath(path))
+    return folders

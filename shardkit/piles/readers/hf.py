@@ -20,7 +20,7 @@ from typing import Any
 
 from shardkit._util import check_int
 from shardkit.errors import ConfigError, DatasetNotFoundError
-from shardkit.piles.readers.base import key_prefixes, row_key
+from shardkit.piles.readers.base import key_prefixes, local_folders, row_key
 from shardkit.piles.readers.columns import ColumnSpec
 
 
@@ -101,7 +101,7 @@ class HuggingFace(ColumnSpec):
 
     def prepare(self, inputs: Sequence[Any]) -> tuple[list[Rows], dict[str, Any]]:
         """Ranges of rows of each input (saved directories), or of ``dataset`` when no input is given."""
-        sources: list[str | None] = [os.fspath(p) for p in inputs] if inputs else [None]
+        sources: list[str | None] = [*local_folders(inputs, "saved Hugging Face")] if inputs else [None]
         if self.dataset is None and not inputs:
             raise ConfigError("inputs: name a directory save_to_disk wrote, or pass the dataset object")
         # several saved datasets: each one's keys start with its directory's name

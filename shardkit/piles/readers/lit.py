@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError
-from shardkit.piles.readers.base import key_prefixes, row_key, unreadable
+from shardkit.piles.readers.base import key_prefixes, local_folders, row_key, unreadable
 from shardkit.piles.readers.columns import ColumnSpec
 
 
@@ -77,7 +77,7 @@ class Litdata(ColumnSpec):
 
     def prepare(self, inputs: Sequence[str]) -> tuple[list[Chunk], dict[str, Any]]:
         """One unit per chunk of every directory, from its ``index.json``."""
-        paths = [os.path.abspath(os.fspath(p)) for p in inputs]
+        paths = local_folders(inputs, "litdata")
         prefixes = key_prefixes(paths, ()) if len(paths) > 1 else [""]
         units: list[Chunk] = []
         for path, prefix in zip(paths, prefixes, strict=True):

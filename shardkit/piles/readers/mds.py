@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError
-from shardkit.piles.readers.base import key_prefixes, row_key, unreadable
+from shardkit.piles.readers.base import key_prefixes, local_folders, row_key, unreadable
 from shardkit.piles.readers.columns import ColumnSpec
 
 # encodings whose stored bytes are already what the field should hold
@@ -120,7 +120,7 @@ class Mds(ColumnSpec):
 
     def prepare(self, inputs: Sequence[str]) -> tuple[list[MdsShard], dict[str, Any]]:
         """One unit per shard of every directory, from its ``index.json``."""
-        paths = [os.path.abspath(os.fspath(p)) for p in inputs]
+        paths = local_folders(inputs, "MDS")
         prefixes = key_prefixes(paths, ()) if len(paths) > 1 else [""]
         units: list[MdsShard] = []
         for path, prefix in zip(paths, prefixes, strict=True):
