@@ -52,10 +52,12 @@ def _batches(url: str) -> Iterator[tuple[int | None, Any]]:
     with source:
         try:
             file_reader = pa.ipc.open_file(source)
+        except pa.ArrowInvalid:  # no file footer: maybe the stream format
+            file_reader = None
+        if file_reader is not None:
             yield file_reader.num_record_batches, file_reader
             return
-        except pa.ArrowInvalid:
-            source.seek(0)
+        source.seek(0)
         try:
             stream = pa.ipc.open_stream(source)
         except Exception as e:
