@@ -290,3 +290,28 @@ def test_yaml_pile_job_reads_a_saved_dataset_folder(tmp_path):
     job.write_text("job: pile\ninputs: saved\nformat: hf\nargs: {split: train, nope: 1}\noutput: {path: out2, piles: 1}\n")
     with pytest.raises(shardkit.ConfigError, match=r"job\.yaml: args\.nope: unknown argument for format 'hf'"):
         load_job(job)
+
+
+def test_mutated_parquet_files_give_samples_or_one_shardkit_error(tmp_path):
+    """Truncations and flipped bytes anywhere in a file: pass 1 writes it or raises a ShardkitError, never another error."""
+    path = tmp_path / "src.parquet"
+    pq.write_table(table(40), path, row_group_size=10)
+    data = path.read_bytes()
+    rng = np.random.default_rng(11)
+    outcomes = set()
+    for case in range(16):
+        mutated = bytearray(data)
+        if case % 2:
+            mutated = mutated[: int(rng.integers(0, len(data)))]
+        else:
+            for at in rng.integers(0, len(data), size=4):
+                mutated[at] ^= int(rng.integers(1, 256))
+        bad = tmp_path / f"bad-{case}.parquet"
+        bad.write_bytes(bytes(mutated))
+        try:
+            shardkit.pile(str(bad), tmp_path / f"out-{case}", piles=2, quiet=True)
+            outcomes.add("written")
+        except shardkit.ShardkitError as e:
+            assert f"bad-{case}.parquet" in str(e)
+            outcomes.add(type(e).__name__)
+    assert "CorruptShardError" in outcomes
