@@ -155,6 +155,10 @@ def test_hugging_face_object_saved_directory_and_split(tmp_path):
         shardkit.pile(str(tmp_path / "dict"), tmp_path / "o2", piles=2, quiet=True)
     assert shardkit.pile(str(tmp_path / "dict"), tmp_path / "o2", piles=2, quiet=True, format=make("hf", split="test")).samples == 5
     assert set(samples(tmp_path / "o2")) == {f"test/{i:09d}" for i in range(5)}
+    splits = datasets.DatasetDict({"train": ds, "test": ds.select(range(2))})
+    assert shardkit.pile(splits, tmp_path / "o3", piles=1, quiet=True, format=make("hf", split="test")).samples == 2
+    with pytest.raises(shardkit.ConfigError, match="dataset: holds the splits train, test"):
+        shardkit.pile(splits, tmp_path / "o4", piles=1, quiet=True)
 
 
 def _png(value: int) -> bytes:
