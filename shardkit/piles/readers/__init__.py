@@ -14,6 +14,7 @@ from a dataset to Parquet.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -129,7 +130,7 @@ def resolve(inputs: Any, format: Any = None) -> tuple[Any, list[Any]] | None:
 
         if len(objects) != 1 or len(items) != 1 or not is_dataset(objects[0]):
             raise ConfigError("inputs: pass one datasets.Dataset object alone, or paths and URLs")
-        base = reader if isinstance(reader, HuggingFace) else HuggingFace()
-        reader = HuggingFace(**{f.name: getattr(base, f.name) for f in fields(base) if f.name != "dataset"}, dataset=objects[0])
-        return reader, []
+        if not isinstance(reader, HuggingFace):
+            raise ConfigError(f"format: a datasets.Dataset is read by the 'hf' reader, got {type(reader).__name__}")
+        return dataclasses.replace(reader, dataset=objects[0]), []
     return reader, [os.fspath(item) for item in items]
