@@ -112,7 +112,7 @@ def resolve(inputs: Any, format: Any = None) -> tuple[Any, list[Any]] | None:
         return None
     if format is None:
         found = {detect(item) for item in items}
-        if found == {None}:
+        if found <= {None}:  # tar shards, or nothing: pile's own checks say what is wrong
             return None
         if len(found) > 1:
             named = ", ".join(sorted(f or "tar shards" for f in found))
