@@ -9,6 +9,7 @@ read as one tar.
 
 from __future__ import annotations
 
+import datetime
 import errno
 import json
 import mmap
@@ -20,11 +21,18 @@ from typing import Any
 
 from shardkit import storage
 from shardkit._util import check_path
+from shardkit.dataset import layout
+from shardkit.dataset.layout import GENERATION_FILE as GENERATION_FILE
+from shardkit.dataset.layout import generation_name as generation_name
+from shardkit.dataset.layout import keys_name as keys_name
+from shardkit.dataset.layout import leaf_name as leaf_name
+from shardkit.dataset.layout import pile_number as pile_number
+from shardkit.dataset.layout import whole_pile as whole_pile
 from shardkit.errors import DatasetNotFoundError, ManifestError, StorageError
 from shardkit.tar.compression import CODECS
 from shardkit.tar.write import TRAILER
 
-MANIFEST = "shardkit.json"
+MANIFEST = layout.MANIFEST
 FORMAT = "shardkit"
 FORMAT_VERSION = 1
 # a dataset that grows (generations, segmented piles); plain manifests stay version 1 so older readers read them
@@ -165,23 +173,6 @@ class PileInfo:
         return doc
 
 
-_STEM = re.compile(r"\.tar(?:\.zst|\.gz)?$")
-
-
-def keys_name(segment: str) -> str:
-    """The file of sorted key hashes beside a segment or pile: ``pile-000003.g000001.keys``
-    (for ``pile-000003.g000001.tar`` or ``.tar.zst``)."""
-    return _STEM.sub("", segment) + ".keys"
-
-
-def generation_name(generation: int) -> str:
-    """The file that keeps generation ``generation``'s manifest: ``shardkit.g000003.json``."""
-    return f"shardkit.g{generation:06d}.json"
-
-
-GENERATION_FILE = re.compile(r"shardkit\.g(\d{6,})\.json")
-
-
 def joined(segments: Sequence[Segment], name: str) -> PileInfo:
     """The pile ``name`` that is ``segments`` read as one tar, without reading a byte.
 
@@ -278,13 +269,21 @@ def _expect(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where:
     return value
 
 
-def _count(doc: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
-    """A non-negative int field; ``default`` when the field may be absent."""
+# the largest count, size or offset a manifest may hold (an exabyte): past it a field is damage, not data
+MOST = 1 << 60
+# the largest generation and seed a manifest may hold
+MOST_GENERATION = 10**9
+
+
+def _count(doc: dict[str, Any], key: str, where: str, default: int | None = None, most: int = MOST) -> int:
+    """A non-negative int field up to ``most``; ``default`` when the field may be absent."""
     if default is not None and key not in doc:
         return default
     value: int = _expect(doc, key, int, where)
     if value < 0:
         raise ManifestError(f"{where}: field {key!r}: expected a non-negative int, got {value}")
+    if value > most:
+        raise ManifestError(f"{where}: field {key!r}: expected at most {most}, got {value}")
     return value
 
 
@@ -292,9 +291,7 @@ def _file(p: Any, at: str) -> tuple[str, int, int, str]:
     """name, samples, bytes and checksum of a pile or segment entry."""
     if not isinstance(p, dict):
         raise ManifestError(f"{at}: expected an object, got {p!r}")
-    name = _expect(p, "name", str, at)
-    if not name or "/" in name or "\\" in name or name.startswith("."):
-        raise ManifestError(f"{at}: pile name {name!r} must be a plain file name")
+    name = layout.check_name(_expect(p, "name", str, at), at)
     checksum = _expect(p, "checksum", str, at)
     if not _CHECKSUM.fullmatch(checksum):
         raise ManifestError(f"{at}: field 'checksum': expected 'crc32:' and 8 lowercase hex digits, got {checksum!r}")
@@ -328,7 +325,7 @@ def _pile(p: Any, at: str) -> PileInfo:
     for i, doc in enumerate(_expect(p, "segments", list, at)):
         where = f"{at}: segments[{i}]"
         seg_name, count, size, crc = _file(doc, where)
-        generation = _count(doc, "generation", where)
+        generation = _count(doc, "generation", where, most=MOST_GENERATION)
         segments.append(
             Segment(
                 name=seg_name,
@@ -350,7 +347,7 @@ def _pile(p: Any, at: str) -> PileInfo:
 
 def _leaf(doc: dict[str, Any], at: str) -> dict[str, Any]:
     """A segment's resolution (a power of two) and leaf below it; none for a whole one (1 and 0)."""
-    resolution = _count(doc, "resolution", at, default=1)
+    resolution = _count(doc, "resolution", at, default=1, most=1 << 30)
     if resolution < 1 or resolution & (resolution - 1):
         raise ManifestError(f"{at}: field 'resolution': expected a power of two (1, 2, 4, ...), got {resolution}")
     leaf = _count(doc, "leaf", at, default=0)
@@ -359,12 +356,28 @@ def _leaf(doc: dict[str, Any], at: str) -> dict[str, Any]:
     return {"resolution": resolution, "leaf": leaf}
 
 
+def parse_time(value: str) -> datetime.datetime | None:
+    """An aware ISO 8601 time (``2024-01-01T00:00:00+00:00``); None for anything else."""
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None and when.utcoffset() is not None else None
+
+
 def _generations(doc: dict[str, Any], where: str) -> dict[int, str]:
     found = _expect(doc, "generations", dict, where) if "generations" in doc else {}
     times = {}
     for key, value in found.items():
-        if not key.isdigit() or not isinstance(value, str):
+        if not (key.isascii() and key.isdigit()) or int(key) > MOST_GENERATION or not isinstance(value, str):
             raise ManifestError(f"{where}: field 'generations': expected generation numbers mapped to times, got {key!r}: {value!r}")
+        if parse_time(value) is None:
+            raise ManifestError(
+                f"{where}: field 'generations': generation {key}: expected an ISO time with its UTC offset "
+                f"(2024-01-01T00:00:00+00:00), got {value!r}"
+            )
         times[int(key)] = value
     return times
 
@@ -405,44 +418,19 @@ def parse(text: str, where: str) -> Manifest:
         raise ManifestError(f"{where}: format_version {version} is newer than this shardkit reads ({GROWING_VERSION}); upgrade shardkit")
     manifest = Manifest(
         piles=_piles(doc, where),
-        seed=_count(doc, "seed", where),
+        seed=_count(doc, "seed", where, most=(1 << 128) - 1),
         fields=_fields(doc, where),
         created_by=_expect(doc, "created_by", str, where) if "created_by" in doc else "",
         skipped_units=_count(doc, "skipped_units", where, default=0),
         split_piles=_count(doc, "split_piles", where, default=0),
         extra=_expect(doc, "extra", dict, where) if "extra" in doc else {},
-        generation=_count(doc, "generation", where, default=0),
+        generation=_count(doc, "generation", where, default=0, most=MOST_GENERATION),
         generations=_generations(doc, where),
     )
     for total in ("samples", "bytes"):  # optional summaries: when present they must add up
         if total in doc and _count(doc, total, where) != getattr(manifest, total):
             raise ManifestError(f"{where}: {total!r} is {doc[total]} but the piles add up to {getattr(manifest, total)}")
     return manifest
-
-
-# a pile, a sub-pile of a split (pile-000012-001.tar) or a leaf of a pile an append split (pile-000012.r4-1.tar)
-_PILE = re.compile(r"^pile-(\d+)(?:-\d+)*(?:\.r\d+-\d+)?(?:\.v\d+)?(?:\.g\d+)?\.tar(?:\.zst|\.gz)?$")
-# a whole pile pass 1 wrote (not split): pile-000012.tar, .v1.tar after an overwrite, .tar.zst compressed
-_WHOLE_PILE = re.compile(r"^pile-(\d{6,})(?:\.v\d+)?\.tar(?:\.zst|\.gz)?$")
-
-
-def whole_pile(name: str) -> int | None:
-    """The index of the pile ``name`` names when it is a whole pile (not a sub-pile of a split), else None."""
-    match = _WHOLE_PILE.match(name)
-    return int(match.group(1)) if match else None
-
-
-def pile_number(name: str) -> int | None:
-    """The pile of the M pass 1 drew that ``name`` is or is part of (a split's sub-pile, an
-    append's leaf); None for a name shardkit's writers do not give piles."""
-    match = _PILE.match(name)
-    return int(match.group(1)) if match else None
-
-
-def leaf_name(pile: int, resolution: int, leaf: int) -> str:
-    """The name of leaf ``leaf`` of ``resolution`` of pile ``pile``: ``pile-000003.r4-1.tar``
-    (``pile-000003.tar`` at resolution 1). It names a pile made of segments, never a file."""
-    return f"pile-{pile:06d}.tar" if resolution == 1 else f"pile-{pile:06d}.r{resolution}-{leaf}.tar"
 
 
 def original_piles(m: Manifest) -> int:

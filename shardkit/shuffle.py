@@ -22,8 +22,6 @@ import dataclasses
 import logging
 import math
 import os
-import re
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,13 +30,14 @@ import numpy as np
 
 from shardkit import _util, manifest, storage
 from shardkit._util import check_int, check_most, format_size, parse_size
+from shardkit.dataset import layout
 from shardkit.errors import ConfigError, ManifestError, SampleError
 from shardkit.loading import plan
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.options import check_bools, check_choices, from_call, meta, specs
 from shardkit.piles.options import EXECUTORS, KEY_PREFIX, MAX_PILES, PileOptions, check_ray_address
-from shardkit.piles.output import claim
+from shardkit.piles.output import claim, remove_staging
 from shardkit.piles.pack import Pack, Packed
 from shardkit.piles.publish import free_names, install, remove_strays
 from shardkit.storage import write_chunks
@@ -48,12 +47,12 @@ from shardkit.tar.keys import first_repeat, repeated_key, sample_at
 
 log = logging.getLogger(__name__)
 
-TEMP_PREFIX = ".shardkit-shuffle-"
+TEMP_PREFIX = layout.SHUFFLE_PREFIX
 DEFAULT_MEMORY = "1GiB"
 # webdataset.ShardWriter's defaults, used when neither limit is given
 DEFAULT_MAXCOUNT = 100_000
 DEFAULT_MAXSIZE = 3_000_000_000
-_SHARD = re.compile(r"^shard-\d{6,}(\.v\d+)?\.tar(\.zst|\.gz)?$")
+_SHARD = layout.SHARD_FILE
 
 
 def shard_name(index: int, codec: str | None = None) -> str:
@@ -472,7 +471,7 @@ def shuffle(
         result = Manifest(piles=tuple(shards), seed=opts.seed, fields=piled.fields, created_by=piled.created_by, extra=extra)
         install(output, staged, result)
     finally:
-        shutil.rmtree(temp, ignore_errors=True)
+        remove_staging(temp)
         output.release()
     log.info("wrote %d samples into %d shards in %s", result.samples, len(shards), out)
     return result

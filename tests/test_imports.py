@@ -1,6 +1,8 @@
 """The package's import rules (ARCHITECTURE.md), read from the source with ``ast``.
 
 - ``tar/`` and ``storage`` import nothing of ``piles/``, ``loading/``, ``tools/``, ``cli/``;
+- ``dataset/`` sits above ``storage/`` and ``tar/`` (they never import it) and below ``piles/``,
+  ``loading/``, ``tools/`` and ``cli/`` (it never imports them);
 - ``piles/`` and ``loading/`` never import each other (what both need lives below them);
 - only the facade (``shardkit/__init__.py``) and ``__main__`` import ``cli/``;
 - no module imports the package root, or another module's ``_underscored`` names;
@@ -87,6 +89,13 @@ def test_the_package_is_read():
 def test_tar_and_storage_know_nothing_above_them():
     low = ("shardkit.tar", "shardkit.storage")
     assert _broken(lambda i: any(_within(i.source, p) for p in low) and any(_within(i.target, u) for u in UPPER)) == []
+
+
+def test_the_dataset_sits_between_storage_and_the_passes():
+    low = ("shardkit.tar", "shardkit.storage")
+    assert _broken(lambda i: any(_within(i.source, p) for p in low) and _within(i.target, "shardkit.dataset")) == []
+    assert _broken(lambda i: _within(i.source, "shardkit.dataset") and any(_within(i.target, u) for u in UPPER)) == []
+    assert any(_within(i.source, "shardkit.piles") and _within(i.target, "shardkit.dataset") for i in IMPORTS)
 
 
 @pytest.mark.parametrize(("a", "b"), [("shardkit.piles", "shardkit.loading"), ("shardkit.loading", "shardkit.piles")])

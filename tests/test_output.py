@@ -71,12 +71,17 @@ def test_a_dead_jobs_lock_and_leftovers_are_taken_over(tmp_path):
     dead.wait()
     holder = {"pid": dead.pid, "host": os.uname().nodename, "started": "then", "command": "shardkit pile ...", "token": "x"}
     (out / LOCK).write_text(json.dumps(holder))
-    (out / f"{STAGING_PREFIX}0123").mkdir()
-    (out / f"{STAGING_PREFIX}0123" / "000000.part").write_bytes(b"x" * 100)
+    dead_staging = out / f"{STAGING_PREFIX}{'0123' * 8}"
+    dead_staging.mkdir()
+    (dead_staging / "000000.part").write_bytes(b"x" * 100)
+    (dead_staging / ".shardkit-owner.json").write_text("{}")  # the record every staging is made with
+    (out / f"{STAGING_PREFIX}{'4567' * 8}").mkdir()  # killed before it wrote its record: empty
+    (out / f"{STAGING_PREFIX}{'89ab' * 8}").mkdir()  # a name of the form, but no record says shardkit made it
+    (out / f"{STAGING_PREFIX}{'89ab' * 8}" / "mine.txt").write_bytes(b"kept")
     (out / "shardkit.json.partial-0123456789abcdef0123456789abcdef").write_bytes(b"{")
     with shardkit.PileWriter(out, piles=2) as w:
         w.write({"__key__": "a", "cls": 1})
-    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "shardkit.json"]
+    assert sorted(os.listdir(out)) == [f"{STAGING_PREFIX}{'89ab' * 8}", "pile-000000.tar", "pile-000001.tar", "shardkit.json"]
     (out / LOCK).write_bytes(b'{"pid": 12')  # a job killed while writing its lock
     shardkit.PileWriter(out, piles=2, overwrite=True).abort()
     assert not (out / LOCK).exists()

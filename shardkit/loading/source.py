@@ -19,13 +19,13 @@ import hashlib
 import json
 import logging
 import os
-import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardkit import manifest, storage
 from shardkit._util import check_paths
+from shardkit.dataset import layout
 from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError
 from shardkit.loading import elastic
 from shardkit.loading.elastic import Phase, Range
@@ -39,8 +39,6 @@ SourceLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 log = logging.getLogger(__name__)
 
 _SHARD_SUFFIXES = compression.SHARD_SUFFIXES
-# what an interrupted pass 1 leaves: piles, a staging directory, but no manifest
-_UNFINISHED = re.compile(r"^(pile-\d{6,}(-\d{3})*\.tar(\.zst|\.gz)?|\.shardkit-.*)$")
 
 _counts_cache: dict[tuple[str, int, int], int] = {}
 _cache_lock = threading.Lock()
@@ -199,7 +197,7 @@ def _not_a_dataset(root: str) -> DatasetNotFoundError:
     others = [n for n in names if n not in shards]
     said = [_count(shards, "tar shard") if shards else "no tar shard"] + ([_count(others, "other entry")] if others else [])
     message = f"{where}; it holds {' and '.join(said)}"
-    if any(_UNFINISHED.match(n) for n in names):
+    if any(layout.unfinished(n) for n in names):
         message += ": piles without a manifest are what a pile job that did not finish leaves; run it again"
     elif shards:
         suffix = max(_SHARD_SUFFIXES, key=lambda x: sum(n.endswith(x) for n in shards))

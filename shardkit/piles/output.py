@@ -31,31 +31,35 @@ import json
 import logging
 import os
 import re
-import shutil
 import socket
+import stat
 import sys
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from shardkit import manifest, redact, storage
 from shardkit._util import check_path
-from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError, ShardkitError
+from shardkit.dataset import layout
+from shardkit.dataset.owned import Records, delete_owned, make_staging, read_records, write_owner
+from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError
 
 log = logging.getLogger(__name__)
 
-LOCK = ".shardkit-lock"
-# held inside the local staging directory of a remote output's job while it lives
-STAGING_LOCK = ".shardkit-staging.lock"
-STAGING_PREFIX = ".shardkit-staging-"
-JOURNAL = ".shardkit-install-{token}.json"
-# what a job leaves behind when it dies: staging and temporary directories, journals, half-written files
-LEFTOVERS = re.compile(r"\.shardkit-(staging|shuffle|install|pass1-removed)-.*|.*\.partial-[0-9a-f]{32}")
+LOCK = layout.LOCK
+STAGING_LOCK = layout.STAGING_LOCK
+STAGING_PREFIX = layout.STAGING_PREFIX
 # seconds a job waits for a held lock before it says another job is writing
 _LOCK_GRACE = 2.0
-PILE_FILE = re.compile(r"pile-.*\.tar(\.zst|\.gz)?")
+PILE_FILE = layout.PILE_FILE
+
+
+def leftover(name: str) -> bool:
+    """``name`` is of a kind a dead job leaves: a staging directory, a journal, a half-written file."""
+    if name.startswith(".shardkit-") and name not in (layout.LOCK, layout.STAGING, layout.REMOTE_STAGING):
+        return True
+    return layout.kind(name) == "partial"
 
 
 @dataclass
@@ -84,15 +88,17 @@ class Output:
         """A fresh staging directory's path: inside a local output (not created), so its files are
         renamed into place. For a remote one it is in the system's temporary directory, created
         and locked while this job lives, so a later job removes it if this one is killed."""
-        name = f"{prefix}{uuid.uuid4().hex}"
+        record = {"dataset": self.path, "token": self.token}
         if not self.remote:
-            return os.path.join(self.path, name)
-        path = os.path.join(tempfile.gettempdir(), name)
-        with storage.guard(path, "create the staging directory"):
-            os.makedirs(path)
-            fd = storage.lock_file(os.path.join(path, STAGING_LOCK), wait=True)  # a new file: taken at once
-            if fd is not None:
-                self.staging_locks.append(fd)
+            path = os.path.join(self.path, f"{prefix}{uuid.uuid4().hex}")
+            make_staging(path, record)
+            return path
+        with storage.guard(tempfile.gettempdir(), "create the staging directory"):
+            path = tempfile.mkdtemp(prefix=prefix)  # private (0700), a name nobody can plant a link at beforehand
+        write_owner(path, record)
+        fd = storage.lock_file(os.path.join(path, STAGING_LOCK), wait=True)  # a new file: taken at once
+        if fd is not None:
+            self.staging_locks.append(fd)
         return path
 
     def check_unchanged(self) -> None:
@@ -107,7 +113,7 @@ class Output:
                 f"{self.path}: its {manifest.MANIFEST} changed while this job ran (another writer ignored the lock?); "
                 "nothing of this job was published"
             )
-        journal = storage.join(self.path, JOURNAL.format(token=self.token))
+        journal = storage.join(self.path, layout.journal_name(self.token))
         if self.remote and not storage.exists(journal):
             # remote outputs have no lock: a second job started here took this one's uploads for a dead job's
             raise DatasetExistsError(
@@ -119,7 +125,7 @@ class Output:
         """Note what an install is about to do: the files it moves in and the old files it will
         delete (None: it is done, forget them). Whichever manifest a kill leaves in place, the
         next job removes every file of the two lists that manifest does not list."""
-        path = storage.join(self.path, JOURNAL.format(token=self.token))
+        path = storage.join(self.path, layout.journal_name(self.token))
         if files is None:
             storage.remove(path)
         else:
@@ -137,6 +143,11 @@ class Output:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.path, LOCK))
             os.close(self.lock_fd)
+
+
+def remove_staging(path: str) -> None:
+    """Remove a job's staging directory (made by :meth:`Output.staging`), never following a link."""
+    delete_owned(os.path.dirname(path), [os.path.basename(path)], reason="the job's staging", records=Records())
 
 
 def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[str] = PILE_FILE) -> Output:
@@ -189,31 +200,44 @@ def _check_writable(output: Output) -> None:
 
 
 def _clear_dead_staging(temp: str) -> None:
-    """Remove the local staging directories of remote jobs that died: their lock is free.
-
-    A directory without a lock file is left alone: its job may be between creating it and
-    locking it."""
+    """Remove the local staging directories of remote jobs that died: their lock is free (or,
+    renamed for removal, they have none). Only real directories of this user that hold shardkit's
+    owner record go (:func:`~shardkit.dataset.owned.delete_owned`); a pass-1 staging is its
+    dataset's to remove (its record in the dataset says where it is)."""
     import fcntl
 
     try:
-        names = [n for n in os.listdir(temp) if LEFTOVERS.fullmatch(n) and not n.endswith(".json")]
+        names = [n for n in os.listdir(temp) if layout.kind(n) == "staging"]
     except OSError:
         return
+    dead = []
     for name in names:
+        if not name.startswith((layout.STAGING_PREFIX, layout.SHUFFLE_PREFIX)) and "-removed-" not in name:
+            continue
         path = os.path.join(temp, name)
         try:
-            fd = os.open(os.path.join(path, STAGING_LOCK), os.O_RDWR | storage.O_BINARY)
+            st = os.lstat(path)
         except OSError:
             continue
+        if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+            continue  # a link, a file, another user's: never touched
+        if "-removed-" in name:
+            dead.append(name)
+            continue
+        try:
+            fd = os.open(os.path.join(path, STAGING_LOCK), os.O_RDWR | storage.O_BINARY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue  # its job may be between creating it and locking it
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             continue  # a live job's
         else:
-            log.info("%s: removing %s, left by a job that did not finish", temp, name)
-            shutil.rmtree(path, ignore_errors=True)
+            dead.append(name)
         finally:
             os.close(fd)
+    if dead:
+        delete_owned(temp, dead, reason="left by a job that did not finish", records=read_records(temp, []))
 
 
 def _check_empty(out: str, overwrite: bool, files: re.Pattern[str]) -> None:
@@ -292,35 +316,26 @@ def _read_holder(lock: str) -> str:
 def _clear_leftovers(out: str) -> None:
     """Remove what dead jobs left: nobody else writes here while this job holds the lock."""
     _undo_installs(out)
-    for name in os.listdir(out):
-        if LEFTOVERS.fullmatch(name):
-            path = os.path.join(out, name)
-            log.info("%s: removing %s, left by a job that did not finish", out, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+    names = [n for n in os.listdir(out) if leftover(n) and layout.kind(n) in ("staging", "journal", "partial")]
+    if names:
+        delete_owned(out, names, reason="left by a job that did not finish")
 
 
 def _undo_installs(out: str) -> None:
     """Finish or undo the install of a job that died in it: of the files its journal lists (those
-    it moved in, those it was to delete), remove every one the manifest in place does not list."""
-    journals = [n for n in storage.listdir(out, missing_ok=True) if n.startswith(".shardkit-install-") and n.endswith(".json")]
+    it moved in, those it was to delete), remove every one the manifest in place does not list,
+    then the journal (kept when a file of it could not be removed, for the next job to retry)."""
+    names = storage.listdir(out, missing_ok=True)
+    journals = [n for n in names if layout.kind(n) == "journal"]
     if not journals:
         return
-    try:
-        listed = set(manifest.read(out).files()) if manifest.is_dataset(out) else set()
-    except ShardkitError:
+    records = read_records(out, names)
+    if layout.MANIFEST in names and records.latest is None:
         return  # no sound manifest to tell ours from theirs: leave everything for the user
+    listed = set(records.latest.files()) if records.latest is not None else set()
     for journal in journals:
-        try:
-            doc: Any = json.loads(storage.read_bytes(storage.join(out, journal)))
-            names = [*doc.get("files", []), *doc.get("delete", [])]
-        except (ShardkitError, ValueError, AttributeError, TypeError):
-            names = []
-        for name in names:
-            if isinstance(name, str) and name not in listed and "/" not in name and not name.startswith("."):
-                log.info("%s: removing %s, left by a job that died while publishing", out, name)
-                storage.remove(storage.join(out, name))
-        storage.remove(storage.join(out, journal))
+        doc = records.journals.get(journal)
+        stale = sorted({*doc["files"], *doc["delete"]} - listed) if doc is not None else []
+        done = delete_owned(out, stale, reason="left by a job that died while publishing", records=records)
+        if not done.skipped or all(why.startswith("not a name") for _, why in done.skipped):
+            delete_owned(out, [journal], reason="its install is undone", records=records)

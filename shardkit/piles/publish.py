@@ -29,6 +29,8 @@ from typing import Any, BinaryIO, TypeVar
 
 from shardkit import manifest, storage
 from shardkit._util import VERSION
+from shardkit.dataset.layout import journal_name
+from shardkit.dataset.owned import Records, delete_owned, read_records
 from shardkit.errors import CorruptShardError, DatasetExistsError, ShardkitError
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import router
@@ -428,11 +430,15 @@ def _move_new(src: str, dst: str) -> None:
 
 
 def remove_strays(out: str, stray: re.Pattern[str]) -> None:
-    """Remove the files ``stray`` matches that the dataset in ``out`` (if any) does not list:
-    files of this kind no manifest lists, which nobody can be reading."""
-    listed = set(_old_files(out))
-    for name in sorted(n for n in storage.listdir(out, missing_ok=True) if stray.fullmatch(n) and n not in listed):
-        storage.remove(storage.join(out, name))
+    """Remove the files ``stray`` matches that the dataset in ``out`` (if any) does not list and
+    a record of it names (a kept generation, a journal): files of this kind nobody can be
+    reading. A file no record names is not shardkit's, and stays."""
+    names = storage.listdir(out, missing_ok=True)
+    records = read_records(out, names)
+    listed = set(records.latest.files()) if records.latest is not None else set()
+    strays = sorted(n for n in names if stray.fullmatch(n) and n not in listed and n in records.named)
+    if strays:
+        delete_owned(out, strays, reason="no manifest lists it", records=records)
 
 
 def install(output: Output, files: Sequence[str], result: Manifest, *, names: Sequence[str] | None = None, keep: bool = False) -> None:
@@ -458,6 +464,7 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
     old = set() if keep else set(_old_files(out))
     names = [pile.name for pile in result.piles] if names is None else list(names)
     output.journal(names, sorted(old))
+    records = Records(named=set(names) | old, journals={journal_name(output.token): {"files": names, "delete": sorted(old)}})
     moved: list[str] = []
     try:
         if output.remote:
@@ -470,13 +477,12 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
         output.check_unchanged()
         manifest.write(out, result)
     except BaseException:
-        for name in moved:  # the old dataset (or none) stays as it was
-            with contextlib.suppress(ShardkitError, OSError):
-                storage.remove(storage.join(out, name))
+        # the old dataset (or none) stays as it was
+        delete_owned(out, moved, reason="this job's install failed: the old dataset stays", records=records)
         raise
-    for name in sorted(old - set(moved)):
-        storage.remove(storage.join(out, name))
-    output.journal(None)
+    gone = delete_owned(out, sorted(old - set(moved)), reason="replaced by the new dataset", records=records)
+    if not gone.skipped:
+        output.journal(None)  # else kept: the next job writing here retries what is left
 
 
 def _upload_all(files: Sequence[str], names: Sequence[str], out: str, moved: list[str]) -> None:

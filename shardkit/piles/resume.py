@@ -21,7 +21,6 @@ discard it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -30,7 +29,6 @@ import json
 import logging
 import os
 import pickle
-import shutil
 import struct
 import tempfile
 import time
@@ -43,13 +41,15 @@ from typing import Any
 
 from shardkit import manifest, storage
 from shardkit._util import VERSION
+from shardkit.dataset import layout
+from shardkit.dataset.owned import Records, check_staging, clear_tree, delete_owned, make_staging
 from shardkit.errors import ConfigError, DatasetExistsError, Failure
 from shardkit.piles.parts import keys_path, part_file
 
 log = logging.getLogger(__name__)
 
 # the staging directory of a local output's pass 1, inside it (a remote output's is local: TMPDIR)
-STAGING = ".shardkit-pass1"
+STAGING = layout.STAGING
 # the job's fingerprint, written when its staging directory is made
 JOB = "job.json"
 # the record a committed part directory holds
@@ -261,7 +261,10 @@ class Staging:
 def _discard(path: str) -> None:
     """Remove a staging directory: renamed first, so a kill in the middle leaves a leftover by its
     name (the next job writing here removes it), never a half-removed staging that looks like an
-    interrupted job."""
+    interrupted job. Its records go last, and no link is followed (see
+    :func:`shardkit.dataset.owned.delete_owned`)."""
+    if not check_staging(path):
+        return
     trash = f"{path}-removed-{uuid.uuid4().hex[:8]}"
     try:
         os.rename(path, trash)
@@ -269,7 +272,7 @@ def _discard(path: str) -> None:
         return
     except OSError:
         trash = path  # a filesystem that will not rename it: removed where it is
-    shutil.rmtree(trash, ignore_errors=True)
+    delete_owned(os.path.dirname(trash), [os.path.basename(trash)], reason="the staging of a finished pass 1", records=Records())
 
 
 def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: bool) -> Staging:
@@ -288,8 +291,8 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
         ConfigError: ``resume`` and the leftovers come from a different job (each difference named).
     """
     path = staging_path(out)
-    with storage.guard(path, "create the staging directory"):
-        os.makedirs(path, exist_ok=True)
+    if not check_staging(path):  # a link or a file there is an error naming it, never a target
+        make_staging(path, {"dataset": out})
     fd = storage.lock_file(os.path.join(path, LOCK), wait=False)
     if fd is None:
         raise DatasetExistsError(f"{out}: another pass-1 job is writing into {path}; wait for it to finish")
@@ -398,22 +401,15 @@ def _committed(path: str) -> dict[str, Commit]:
         return {}
     for name in names:
         directory = os.path.join(path, name)
-        if os.path.isdir(directory) and (commit := read_commit(directory)) is not None:
+        if os.path.isdir(directory) and not os.path.islink(directory) and (commit := read_commit(directory)) is not None:
             found[directory] = commit
     return found
 
 
 def _clear(path: str, keep: set[str]) -> None:
-    """Remove everything in the staging directory but its lock and the directories in ``keep``."""
-    for name in os.listdir(path):
-        entry = os.path.join(path, name)
-        if name == LOCK or entry in keep:
-            continue
-        if os.path.isdir(entry) and not os.path.islink(entry):
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(entry)
+    """Remove everything in the staging directory but its lock, its owner record and the
+    directories in ``keep``, following no link."""
+    clear_tree(path, keep={LOCK, layout.OWNER, *(os.path.basename(k) for k in keep)})
 
 
 def _checked(found: Mapping[str, Commit]) -> dict[str, Commit]:

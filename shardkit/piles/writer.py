@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +32,7 @@ from shardkit.piles import append, router
 from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.encode import encode_sample
 from shardkit.piles.options import PileOptions
-from shardkit.piles.output import claim
+from shardkit.piles.output import claim, remove_staging
 from shardkit.piles.parts import SEGMENT, PileSink, check_keys
 from shardkit.piles.publish import Run, publish
 
@@ -171,7 +170,7 @@ class PileWriter:
                 if (advice := sparse_piles(self.manifest, self.options.piles, f"PileWriter({self.path!r})")) is not None:
                     log.warning(advice)
             finally:
-                shutil.rmtree(self._staging, ignore_errors=True)
+                remove_staging(self._staging)
                 self._output.release()
         if self.manifest is None:
             raise RuntimeError(
@@ -183,7 +182,7 @@ class PileWriter:
     def abort(self) -> None:
         """Drop everything written so far; the output directory gets no manifest."""
         self._closed = True
-        shutil.rmtree(self._staging, ignore_errors=True)
+        remove_staging(self._staging)
         self._output.release()
 
     def __enter__(self) -> PileWriter:

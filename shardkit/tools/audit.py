@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit import _util, manifest, storage
+from shardkit.dataset import layout
 from shardkit.errors import CorruptShardError, ManifestError, ShardkitError, StorageError
 from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile, tar_problem
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import resume
-from shardkit.piles.output import LEFTOVERS, LOCK
+from shardkit.piles.output import LOCK, leftover
 from shardkit.tar import compression, scan
 from shardkit.tar.keys import repeated_key, sample_at
 
@@ -262,7 +263,7 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
                 "shardkit gc or the next append removes it"
             )
             found.append(Problem(name=name, kind="leftover", message=said))
-        elif LEFTOVERS.fullmatch(name) or name == LOCK or name in installing:
+        elif leftover(name) or name == LOCK or name in installing:
             found.append(
                 Problem(
                     name=name,
@@ -286,7 +287,7 @@ def _journaled(directory: str, names: list[str]) -> set[str]:
     (the next job writing here removes those the manifest does not list)."""
     found: set[str] = set()
     for name in names:
-        if name.startswith(".shardkit-install-") and name.endswith(".json"):
+        if layout.kind(name) == "journal":
             try:
                 doc: Any = json.loads(storage.read_bytes(storage.join(directory, name)))
                 found |= {n for n in doc.get("files", []) if isinstance(n, str)}
@@ -299,7 +300,7 @@ def _older_files(directory: str, names: list[str]) -> set[str]:
     """The files the kept manifests of older generations list (their key hashes too), and those manifests."""
     found: set[str] = set()
     for name in names:
-        if manifest.GENERATION_FILE.fullmatch(name):
+        if layout.GENERATION_FILE.fullmatch(name):
             url = storage.join(directory, name)
             try:
                 files = manifest.parse(storage.read_bytes(url).decode("utf-8"), url).files()

@@ -18,20 +18,17 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 
 from shardkit import manifest, storage
 from shardkit._util import check_path, parse_duration
-from shardkit.errors import ManifestError
-from shardkit.manifest import GENERATION_FILE, Manifest, keys_name
+from shardkit.dataset import layout
+from shardkit.dataset.owned import delete_owned, read_records
+from shardkit.manifest import Manifest, keys_name
 from shardkit.piles import resume
 from shardkit.piles.output import claim
 
 log = logging.getLogger(__name__)
-
-# what the piles of a dataset are made of: pile and segment files, and the key hashes beside them
-_DATA_FILE = re.compile(r"pile-.*\.(tar|tar\.zst|tar\.gz|keys)")
 
 
 @dataclass
@@ -41,6 +38,8 @@ class GcReport:
     deleted: list[str] = field(default_factory=list)
     freed: int = 0
     kept_generations: list[int] = field(default_factory=list)
+    # names of the dataset's kind it left: not shardkit's (no record names them), or not deletable
+    skipped: list[str] = field(default_factory=list)
 
 
 def gc(directory: str | os.PathLike[str], *, grace: str | int | float = "1h", dry_run: bool = False) -> GcReport:
@@ -76,36 +75,34 @@ def gc(directory: str | os.PathLike[str], *, grace: str | int | float = "1h", dr
 
 def _collect(out: str, latest: Manifest, grace: float, dry_run: bool) -> GcReport:
     names = storage.listdir(out)
-    older = {int(m.group(1)): n for n in names if (m := GENERATION_FILE.fullmatch(n)) and int(m.group(1)) != latest.generation}
-    manifests = {g: _read_copy(out, n) for g, n in older.items()}
-    times = {g: t for found in [latest, *(f for f in manifests.values() if f is not None)] for g, t in found.generations.items()}
+    records = read_records(out, names)
+    times = {g: t for found in [latest, *records.generations.values()] for g, t in found.generations.items()}
     now = datetime.datetime.now(datetime.timezone.utc)
     keep = set(latest.files())
     report = GcReport(kept_generations=[latest.generation])
-    doomed_copies = []
-    for g, copy in sorted(manifests.items()):
-        ended = times.get(g + 1)  # when generation g stopped being the current one
-        recent = ended is None or (now - datetime.datetime.fromisoformat(ended)).total_seconds() < grace
-        if recent and copy is not None:
+    doomed = []
+    for g, copy in sorted(records.generations.items()):
+        ended = manifest.parse_time(times[g + 1]) if g + 1 in times else None  # when generation g stopped being the current one
+        if ended is None or (now - ended).total_seconds() < grace:
             keep |= set(copy.files())
             report.kept_generations.append(g)
         else:
-            doomed_copies.append(older[g])
+            doomed.append(g)
     keep |= {keys_name(n) for n in keep if not n.endswith(".keys")}  # a kept file's key hashes stay beside it
-    for name in sorted(n for n in names if _DATA_FILE.fullmatch(n) and n not in keep) + doomed_copies:
-        url = storage.join(out, name)
-        report.freed += storage.size(url)
-        report.deleted.append(name)
-        if not dry_run:
-            log.info("%s: deleting %s, which no current manifest lists", out, name)
-            storage.remove(url)
+    kept = set(report.kept_generations)
+    files = sorted(n for n in names if layout.kind(n) == "data" and n in records.named and n not in keep)
+    copies = [
+        n for n in names if (m := layout.GENERATION_FILE.fullmatch(n) or layout.INDEX_FILE.fullmatch(n)) and int(m.group(1)) in doomed
+    ]
+    indexes = [n for n in names if (m := layout.INDEX_FILE.fullmatch(n)) and int(m.group(1)) not in kept and int(m.group(1)) not in doomed]
+    # the manifests go after their files: a kill in between leaves them, and the next gc finishes
+    done = delete_owned(out, files + sorted(set(copies + indexes)), reason="no current manifest lists it", records=records, dry_run=dry_run)
+    report.deleted, report.freed = done.deleted, done.freed
+    ours = keep | records.named | set(done.deleted) | {layout.MANIFEST, layout.generation_name(latest.generation)}
+    ours |= {layout.generation_name(g) for g in report.kept_generations} | {layout.index_name(g) for g in report.kept_generations}
+    unknown = [n for n in names if n not in ours and n.startswith(("pile-", "shard-", "shardkit."))]
+    for name in unknown:
+        log.warning("%s: gc leaves %s: no manifest or journal of this dataset names it, so shardkit did not write it", out, name)
+    report.skipped = sorted({*unknown, *(name for name, _ in done.skipped)})
     report.kept_generations.sort()
     return report
-
-
-def _read_copy(out: str, name: str) -> Manifest | None:
-    try:
-        return manifest.parse(storage.read_bytes(storage.join(out, name)).decode("utf-8"), storage.join(out, name))
-    except (ManifestError, UnicodeDecodeError) as e:
-        log.warning("%s: %s is not a valid manifest, so its generation is not kept: %s", out, name, e)
-        return None

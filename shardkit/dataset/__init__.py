@@ -1,0 +1,8 @@
+"""A dataset directory's own rules: the names of its files (:mod:`~shardkit.dataset.layout`) and the one path that deletes them (:mod:`~shardkit.dataset.owned`).
+
+It sits above ``storage/`` and ``tar/`` and below ``piles/``, ``loading/``, ``tools/`` and
+``cli/``. The layout says what each name in a dataset directory is; :func:`~shardkit.dataset.owned.delete_owned`
+deletes a name only when the layout gives it a form shardkit writes and a record shardkit wrote
+(a manifest, an install journal, a staging directory's owner record) names it. This package
+imports nothing on load, so :mod:`shardkit.manifest` can take its names from the layout.
+"""

@@ -1,0 +1,346 @@
+"""The one way shardkit deletes a dataset's files: only names it wrote, as its layout and a record of its own say.
+
+Every delete in a dataset directory goes through :func:`delete_owned`: gc, the old files an
+overwrite replaces, a dead job's leftovers and half-installed files, staging directories. A name
+is deleted only when both hold:
+
+- the layout gives it a form shardkit writes (:func:`shardkit.dataset.layout.kind`), and
+- a record shardkit wrote names it: the dataset's manifest or a kept generation's manifest (for
+  pile, segment and key-hash files), an install journal (for the files an install moved in or
+  was to delete, and for the journal itself), the owner record written first into every staging
+  directory (for the directory).
+
+Anything else (a user's ``pile-notes.tar``, a folder named ``pile-dir.tar``, a file a tampered
+manifest names) is skipped, logged and returned by name: a delete never aborts half-way. A
+directory is removed without ever following a link: it is opened with ``O_NOFOLLOW`` and emptied
+through its descriptor, its owner record last, so a kill in the middle leaves a directory the
+next job still knows as its own.
+
+    done = delete_owned("data/train", ["pile-000000.tar"], reason="replaced by an overwrite")
+    done.deleted, done.skipped          # names; (name, why) pairs
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardkit import manifest, storage
+from shardkit.dataset import layout
+from shardkit.errors import ShardkitError, StorageError
+from shardkit.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+# the job record of a pass-1 staging directory: a record too (a staging made before owner records)
+JOB_RECORD = "job.json"
+
+
+@dataclass
+class Records:
+    """What the records in a dataset directory say shardkit wrote there.
+
+    Attributes:
+        latest: the manifest (None: none, or none that checks).
+        generations: the kept manifests of older generations that check, by generation.
+        journals: the install journals that parse, by name: ``{"files": [...], "delete": [...]}``.
+        named: every file name those records name (a kept file's key hashes included).
+    """
+
+    latest: Manifest | None = None
+    generations: dict[int, Manifest] = field(default_factory=dict)
+    journals: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    named: set[str] = field(default_factory=set)
+
+
+def read_journal(directory: str, name: str) -> dict[str, list[str]] | None:
+    """The install journal ``name`` in ``directory`` when it is one (lists of plain names), else None."""
+    try:
+        doc: Any = json.loads(storage.read_bytes(storage.join(directory, name)))
+    except (ShardkitError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    lists = {key: doc.get(key, []) for key in ("files", "delete")}
+    if not all(isinstance(v, list) for v in lists.values()):
+        return None
+    return {key: [n for n in v if layout.plain(n)] for key, v in lists.items()}
+
+
+def read_records(directory: str, names: Iterable[str] | None = None) -> Records:
+    """The records of the dataset ``directory`` (``names``: its listing, when the caller has it)."""
+    listed = storage.listdir(directory, missing_ok=True) if names is None else list(names)
+    records = Records()
+    with contextlib.suppress(ShardkitError):
+        records.latest = manifest.read(directory) if layout.MANIFEST in listed else None
+    latest = records.latest
+    for name in listed:
+        kind = layout.kind(name)
+        if kind == "journal" and (doc := read_journal(directory, name)) is not None:
+            records.journals[name] = doc
+            records.named |= {n for n in doc["files"] + doc["delete"] if layout.kind(n) == "data"}
+        elif kind == "generation" and latest is not None:
+            g = int(layout.GENERATION_FILE.fullmatch(name).group(1))  # type: ignore[union-attr]
+            copy = _read_copy(directory, name)
+            # a copy of this dataset's: an older generation, its own number inside, the same seed
+            if copy is not None and copy.generation == g < latest.generation and copy.seed == latest.seed:
+                records.generations[g] = copy
+    for m in [*([latest] if latest is not None else []), *records.generations.values()]:
+        files = m.files()
+        records.named |= set(files) | {layout.keys_name(f) for f in files}
+    return records
+
+
+def _read_copy(directory: str, name: str) -> Manifest | None:
+    url = storage.join(directory, name)
+    try:
+        return manifest.parse(storage.read_bytes(url).decode("utf-8"), url)
+    except (ShardkitError, UnicodeDecodeError) as e:
+        log.warning("%s: %s is not a valid manifest: %s", directory, name, e)
+        return None
+
+
+@dataclass
+class Deletion:
+    """What :func:`delete_owned` deleted (or, ``dry_run``, would delete), the bytes, and what it left and why."""
+
+    deleted: list[str] = field(default_factory=list)
+    freed: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def why_not(directory: str, name: str, records: Records) -> str | None:
+    """Why ``name`` in ``directory`` is not shardkit's to delete; None when it is (see the module's docstring)."""
+    kind = layout.kind(name)
+    if kind is None or not layout.plain(name):
+        return "not a name shardkit gives a file"
+    if kind == "data":
+        return None if name in records.named else "no manifest or journal of this dataset names it"
+    if kind == "generation":
+        g = int(layout.GENERATION_FILE.fullmatch(name).group(1))  # type: ignore[union-attr]
+        return None if g in records.generations else "not a kept manifest of an older generation of this dataset"
+    if kind == "index":
+        g = int(layout.INDEX_FILE.fullmatch(name).group(1))  # type: ignore[union-attr]
+        latest = records.latest
+        return None if latest is not None and g <= latest.generation else "no generation of this dataset has that number yet"
+    if kind == "journal":
+        return None if name in records.journals else "not an install journal"
+    if kind == "partial":  # an atomic write's temporary (a 128-bit random name) of a name of the layout
+        return None
+    if kind == "staging":
+        return _staging_owned(directory, name)
+    if kind == "remote-staging":
+        return None
+    return f"the dataset's {kind}: never deleted"
+
+
+def _staging_owned(directory: str, name: str) -> str | None:
+    path = storage.local_path(directory)
+    if path is None:
+        return "a staging directory lives on a local disk"
+    try:
+        st = os.lstat(os.path.join(path, name))
+    except FileNotFoundError:
+        return None  # gone already: nothing to do
+    except OSError as e:
+        return f"cannot be looked at ({e.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return "a link, never followed"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    try:
+        inside = os.listdir(os.path.join(path, name))
+    except OSError as e:
+        return f"cannot be listed ({e.strerror})"
+    if not inside or layout.OWNER in inside or JOB_RECORD in inside:
+        return None
+    return "holds no record that shardkit made it"
+
+
+def delete_owned(
+    directory: str,
+    names: Iterable[str],
+    *,
+    reason: str,
+    records: Records | None = None,
+    dry_run: bool = False,
+) -> Deletion:
+    """Delete each of ``names`` in the dataset ``directory`` that shardkit wrote; skip and name the rest.
+
+    Args:
+        directory: the dataset's path or URL.
+        names: base names in it.
+        reason: why they go, for the log (``"replaced by an overwrite"``).
+        records: :func:`read_records` of ``directory``, when the caller read them (read here otherwise).
+        dry_run: only say what would be deleted.
+
+    Returns:
+        What was deleted, the bytes freed, and each name left with the reason. A name that
+        cannot be deleted (a directory where a file was expected, a denied permission) is
+        skipped, never raised: the rest still go.
+    """
+    records = read_records(directory) if records is None else records
+    done = Deletion()
+    local = storage.local_path(directory)
+    for name in names:
+        problem = why_not(directory, name, records)
+        if problem is None:
+            try:
+                freed = _delete(directory, local, name, dry_run)
+            except (ShardkitError, OSError) as e:
+                problem = f"could not be deleted: {e}"
+            else:
+                if freed is not None:
+                    done.deleted.append(name)
+                    done.freed += freed
+                    if not dry_run:
+                        log.info("%s: deleted %s (%s)", directory, name, reason)
+                continue
+        done.skipped.append((name, problem))
+        log.warning("%s: left %s in place (%s): %s", directory, name, reason, problem)
+    return done
+
+
+def _delete(directory: str, local: str | None, name: str, dry_run: bool) -> int | None:
+    """Delete one owned name; its bytes, or None when it was not there."""
+    if local is None:
+        url = storage.join(directory, name)
+        try:
+            size = storage.size(url)
+        except ShardkitError:
+            return None
+        if not dry_run:
+            storage.remove(url)
+        return size
+    path = os.path.join(local, name)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        if layout.kind(name) != "staging":
+            raise StorageError(f"{path}: is a directory, expected a file", url=path)
+        size = _tree_size(path)
+        if not dry_run:
+            remove_tree(path)
+        return size
+    if not dry_run:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return st.st_size
+
+
+def _tree_size(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):  # os.walk follows no link to a directory
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, f)).st_size
+    return total
+
+
+_NOFOLLOW_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+
+
+def clear_tree(path: str, keep: Iterable[str] = ()) -> None:
+    """Remove all the directory ``path`` holds but the names ``keep``, without following a link
+    anywhere: ``path`` is opened with ``O_NOFOLLOW`` (a link there is an error) and emptied
+    through its descriptor, its records (:data:`~shardkit.dataset.layout.OWNER`, the job
+    record) last.
+
+    Raises:
+        StorageError: ``path`` is a link or not a directory, or cannot be emptied.
+    """
+    kept = set(keep)
+    with storage.guard(path, "empty the directory"):
+        fd = os.open(path, _NOFOLLOW_DIR)
+        try:
+            entries = sorted(os.listdir(fd), key=lambda n: n in (layout.OWNER, JOB_RECORD))
+            for entry in entries:
+                if entry not in kept:
+                    _remove_entry(fd, entry)
+        finally:
+            os.close(fd)
+
+
+def remove_tree(path: str) -> None:
+    """Remove the directory ``path`` and all it holds without following a link anywhere (see :func:`clear_tree`).
+
+    Raises:
+        StorageError: ``path`` is a link or not a directory, or cannot be removed.
+    """
+    parent, name = os.path.split(os.path.abspath(path))
+    clear_tree(path)
+    with storage.guard(path, "remove the directory"):
+        parent_fd = os.open(parent or ".", _NOFOLLOW_DIR)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(name, dir_fd=parent_fd)
+        finally:
+            os.close(parent_fd)
+
+
+def _remove_entry(fd: int, entry: str) -> None:
+    try:
+        st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(entry, dir_fd=fd)  # the fd-based walk: it follows no link (shutil.rmtree.avoids_symlink_attacks)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry, dir_fd=fd)
+
+
+def make_staging(path: str, record: dict[str, Any]) -> None:
+    """Create the staging directory ``path`` fresh (mode 0700), its owner record first.
+
+    Raises:
+        StorageError: something is already there (a link is named, never followed).
+    """
+    with storage.guard(path, "create the staging directory"):
+        os.mkdir(path, 0o700)  # fails on anything already there, a link included
+    write_owner(path, record)
+
+
+def write_owner(path: str, record: dict[str, Any]) -> None:
+    """Write the owner record into the staging directory ``path`` (opened without following a link)."""
+    with storage.guard(path, "write the staging record"):
+        fd = os.open(path, _NOFOLLOW_DIR)
+        try:
+            out = os.open(layout.OWNER, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=fd)
+            try:
+                storage.write_fully(out, json.dumps(record, sort_keys=True).encode())
+            finally:
+                os.close(out)
+        finally:
+            os.close(fd)
+
+
+def check_staging(path: str) -> bool:
+    """Whether the staging directory ``path`` exists, as a real directory of this user.
+
+    Raises:
+        StorageError: a link, or anything but a directory, is where it should be (named, not followed).
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        raise StorageError(
+            f"{path}: is {what}, where shardkit keeps its staging directory; it is never followed or replaced: "
+            "remove it yourself if it is not yours",
+            url=path,
+        )
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise StorageError(f"{path}: the staging directory belongs to another user (uid {st.st_uid}); it is never used", url=path)
+    return True

@@ -1,0 +1,154 @@
+"""shardkit deletes only what it wrote: gc and overwrite beside user files, tampered manifests, links at staging."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import shardkit
+from shardkit import manifest
+from shardkit.dataset import layout
+from shardkit.dataset.owned import delete_owned, read_records
+
+USER_FILES = ["pile-notes.tar", "pile-backup.keys", "pile-000099.tar", "pile-old.tar.gz", "shardkit.g000099.json"]
+
+
+def _write(out, keys, **options) -> shardkit.Manifest:
+    with shardkit.PileWriter(out, piles=2, **options) as w:
+        for key in keys:
+            w.write({"__key__": key, "bin": key.encode()})
+    assert w.manifest is not None
+    return w.manifest
+
+
+def _plant_user_files(out) -> None:
+    for name in USER_FILES:
+        (out / name).write_bytes(b"the user's " + name.encode())
+    (out / "pile-dir.tar").mkdir()
+    (out / "pile-dir.tar" / "inside.txt").write_bytes(b"kept")
+    (out / "train.py").write_bytes(b"print('hi')")
+
+
+def _user_files_intact(out) -> None:
+    for name in USER_FILES:
+        assert (out / name).read_bytes() == b"the user's " + name.encode(), name
+    assert (out / "pile-dir.tar" / "inside.txt").read_bytes() == b"kept"
+    assert (out / "train.py").read_bytes() == b"print('hi')"
+
+
+def test_gc_keeps_the_users_files_beside_a_dataset_and_names_them(tmp_path):
+    out = tmp_path / "ds"
+    _write(out, ["a0", "a1", "a2"])
+    _write(out, ["b0"], mode="append", window=1)
+    _plant_user_files(out)
+    report = shardkit.gc(str(out), grace=0)  # the folder pile-dir.tar sorts before the retired files: no abort
+    _user_files_intact(out)
+    assert report.deleted and all(n.startswith("pile-00000") or n.startswith("shardkit.g0") for n in report.deleted)
+    assert set(USER_FILES) - {"shardkit.g000099.json"} <= set(report.skipped) and "pile-dir.tar" in report.skipped
+    assert all(p.name in [*USER_FILES, "pile-dir.tar"] for p in shardkit.verify(str(out), quiet=True))  # at most flagged
+
+
+def test_overwrite_keeps_the_users_files(tmp_path):
+    out = tmp_path / "ds"
+    _write(out, ["a0", "a1", "a2"])
+    _plant_user_files(out)
+    _write(out, ["b0", "b1"], overwrite=True)
+    _user_files_intact(out)
+    assert manifest.read(str(out)).samples == 2 and not (out / "pile-000000.tar").exists()  # the old dataset's own files went
+
+
+@pytest.mark.parametrize("name", ["train.py", "shardkit.json", ".shardkit-lock", "../outside.tar", "pile-000000.tar\0x", "sub/pile-000000.tar"])
+def test_a_tampered_manifest_cannot_make_overwrite_or_gc_delete_anything_else(tmp_path, name):
+    out = tmp_path / "ds"
+    _write(out, ["a0", "a1", "a2"])
+    (out / "train.py").write_bytes(b"print('hi')")
+    (tmp_path / "outside.tar").write_bytes(b"outside")
+    doc = json.loads((out / "shardkit.json").read_text())
+    doc["piles"][0]["name"] = name
+    (out / "shardkit.json").write_text(json.dumps(doc))
+    with pytest.raises(shardkit.ManifestError, match="pile name"):
+        manifest.read(str(out))
+    with pytest.raises(shardkit.ManifestError):
+        shardkit.gc(str(out), grace=0)
+    _write(out, ["b0", "b1"], overwrite=True)  # the old manifest is unreadable: its files are left, nothing else goes
+    assert (out / "train.py").read_bytes() == b"print('hi')" and (tmp_path / "outside.tar").read_bytes() == b"outside"
+    assert manifest.read(str(out)).samples == 2
+
+
+def test_a_journal_naming_the_users_files_deletes_none_of_them(tmp_path):
+    out = tmp_path / "ds"
+    _write(out, ["a0", "a1"])
+    (out / "train.py").write_bytes(b"mine")
+    (out / "pile-000099.tar").mkdir()
+    (out / ".shardkit-install-dead.json").write_text(json.dumps({"files": ["train.py", "../x", "pile-000099.tar", "shardkit.json"], "delete": []}))
+    _write(out, ["b0"], overwrite=True)
+    assert (out / "train.py").read_bytes() == b"mine" and (out / "pile-000099.tar").is_dir() and manifest.read(str(out)).samples == 1
+
+
+def test_delete_owned_needs_the_layout_and_a_record(tmp_path):
+    out = tmp_path / "ds"
+    m = _write(out, ["a0", "a1", "a2"])
+    (out / "pile-000099.tar").write_bytes(b"x")
+    records = read_records(str(out))
+    done = delete_owned(str(out), ["pile-000099.tar", "train.py", "shardkit.json", ".shardkit-lock"], reason="a test", records=records)
+    assert done.deleted == [] and [n for n, _ in done.skipped] == ["pile-000099.tar", "train.py", "shardkit.json", ".shardkit-lock"]
+    done = delete_owned(str(out), [m.piles[0].name], reason="a test", dry_run=True)
+    assert done.deleted == [m.piles[0].name] and (out / m.piles[0].name).exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("pile-000003.tar", True),
+        ("pile-000003-001.v2.tar.zst", True),
+        ("pile-000003.g000002-0a1b2c3d.r4-1.v1.tar", True),
+        ("shard-000000.tar.gz", True),
+        ("pile-000003.keys", False),
+        ("shardkit.g000001.json", False),
+        ("train.py", False),
+        ("pile-notes.tar", False),
+        ("pile-000003.tar\n", False),
+        ("..pile-000003.tar", False),
+    ],
+)
+def test_a_manifest_names_only_data_files_of_the_layout(name, ok):
+    if ok:
+        assert layout.check_name(name, "m.json") == name
+    else:
+        with pytest.raises(shardkit.ManifestError, match="m.json: pile name"):
+            layout.check_name(name, "m.json")
+
+
+@pytest.mark.parametrize("when", ["", "yesterday", "2024-01-01T00:00:00", "2024-13-01T00:00:00+00:00", 5])
+def test_a_generation_time_must_be_an_aware_iso_time(tmp_path, when):
+    out = tmp_path / "ds"
+    _write(out, ["a0"])
+    _write(out, ["b0"], mode="append")
+    doc = json.loads((out / "shardkit.json").read_text())
+    doc["generations"]["0"] = when
+    (out / "shardkit.json").write_text(json.dumps(doc))
+    with pytest.raises(shardkit.ManifestError, match=r"shardkit.json: field 'generations'"):
+        manifest.read(str(out))
+    with pytest.raises(shardkit.ManifestError):
+        shardkit.gc(str(out), grace=0)
+
+
+def test_a_link_where_the_staging_should_be_is_an_error_and_its_target_is_untouched(tmp_path):
+    victim = tmp_path / "thesis"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "thesis.tex").write_text("chapter 1")
+    (victim / "sub" / "data.csv").write_text("1,2")
+    out = tmp_path / "ds"
+    out.mkdir()
+    os.symlink(victim, out / ".shardkit-pass1")
+    with pytest.raises(shardkit.StorageError, match=r"\.shardkit-pass1: is a symbolic link"):
+        shardkit.preprocess(range(2), _units, str(out), piles=2, quiet=True)
+    assert (victim / "thesis.tex").read_text() == "chapter 1" and (victim / "sub" / "data.csv").read_text() == "1,2"
+    assert os.path.islink(out / ".shardkit-pass1")
+
+
+def _units(unit: int):
+    for k in range(3):
+        yield {"__key__": f"u{unit:03d}-{k}", "bin": b"x" * 100}
