@@ -59,7 +59,9 @@ def test_overwrite_keeps_the_users_files(tmp_path):
     assert manifest.read(str(out)).samples == 2 and not (out / "pile-000000.tar").exists()  # the old dataset's own files went
 
 
-@pytest.mark.parametrize("name", ["train.py", "shardkit.json", ".shardkit-lock", "../outside.tar", "pile-000000.tar\0x", "sub/pile-000000.tar"])
+@pytest.mark.parametrize(
+    "name", ["train.py", "shardkit.json", ".shardkit-lock", "../outside.tar", "pile-000000.tar\0x", "sub/pile-000000.tar"]
+)
 def test_a_tampered_manifest_cannot_make_overwrite_or_gc_delete_anything_else(tmp_path, name):
     out = tmp_path / "ds"
     _write(out, ["a0", "a1", "a2"])
@@ -82,7 +84,9 @@ def test_a_journal_naming_the_users_files_deletes_none_of_them(tmp_path):
     _write(out, ["a0", "a1"])
     (out / "train.py").write_bytes(b"mine")
     (out / "pile-000099.tar").mkdir()
-    (out / ".shardkit-install-dead.json").write_text(json.dumps({"files": ["train.py", "../x", "pile-000099.tar", "shardkit.json"], "delete": []}))
+    (out / ".shardkit-install-dead.json").write_text(
+        json.dumps({"files": ["train.py", "../x", "pile-000099.tar", "shardkit.json"], "delete": []})
+    )
     _write(out, ["b0"], overwrite=True)
     assert (out / "train.py").read_bytes() == b"mine" and (out / "pile-000099.tar").is_dir() and manifest.read(str(out)).samples == 1
 
@@ -117,7 +121,7 @@ def test_a_manifest_names_only_data_files_of_the_layout(name, ok):
     if ok:
         assert layout.check_name(name, "m.json") == name
     else:
-        with pytest.raises(shardkit.ManifestError, match="m.json: pile name"):
+        with pytest.raises(shardkit.ManifestError, match=r"m\.json: pile name"):
             layout.check_name(name, "m.json")
 
 
@@ -152,3 +156,41 @@ def test_a_link_where_the_staging_should_be_is_an_error_and_its_target_is_untouc
 def _units(unit: int):
     for k in range(3):
         yield {"__key__": f"u{unit:03d}-{k}", "bin": b"x" * 100}
+
+
+def test_a_remote_outputs_staging_is_private_recorded_and_found_again(s3, tmp_path, monkeypatch):
+    import hashlib
+    import tempfile
+
+    from shardkit.piles import resume
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    url = s3.url("ds")
+    # the name older versions predicted: a link planted there is never followed
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "thesis.tex").write_text("chapter 1")
+    os.symlink(victim, temp / f".shardkit-pass1-{hashlib.sha256(url.encode()).hexdigest()[:16]}")
+    seen = {}
+
+    def units(unit):
+        if not seen:
+            path = resume.staging_path(url)
+            seen.update(path=path, mode=os.stat(path).st_mode & 0o777, record=s3.client().cat_file(s3.path("ds/.shardkit-pass1.json")))
+        yield from _units(unit)
+
+    shardkit.preprocess(range(2), units, url, piles=2, quiet=True)
+    assert seen["mode"] == 0o700 and os.path.basename(seen["path"]).startswith(".shardkit-pass1-")
+    assert json.loads(seen["record"])["path"] == seen["path"]
+    assert not os.path.exists(seen["path"]) and ".shardkit-pass1.json" not in s3.names("ds")
+    assert (victim / "thesis.tex").read_text() == "chapter 1"
+    # a kill while it removed its staging leaves a renamed directory: the next job on this machine removes it
+    trash = temp / ".shardkit-pass1-abcdefgh-removed-0123abcd"
+    trash.mkdir(mode=0o700)
+    (trash / "part").write_bytes(b"x")
+    (trash / ".shardkit-owner.json").write_text(json.dumps({"dataset": url}))
+    shardkit.preprocess(range(2, 4), _units, url, piles=2, mode="append", quiet=True)
+    assert not trash.exists() and (victim / "thesis.tex").read_text() == "chapter 1"
+    assert sorted(os.listdir(temp)) == [f".shardkit-pass1-{hashlib.sha256(url.encode()).hexdigest()[:16]}"]

@@ -212,9 +212,14 @@ def _clear_dead_staging(temp: str) -> None:
         return
     dead = []
     for name in names:
-        if not name.startswith((layout.STAGING_PREFIX, layout.SHUFFLE_PREFIX)) and "-removed-" not in name:
-            continue
         path = os.path.join(temp, name)
+        lock = STAGING_LOCK
+        if name.startswith(layout.STAGING + "-") and "-removed-" not in name:
+            # a pass 1's: its dataset's record names it, and it may hold work to resume; only one
+            # whose job died before it wrote its job record is nobody's
+            if os.path.lexists(os.path.join(path, "job.json")):
+                continue
+            lock = ".lock"
         try:
             st = os.lstat(path)
         except OSError:
@@ -225,7 +230,7 @@ def _clear_dead_staging(temp: str) -> None:
             dead.append(name)
             continue
         try:
-            fd = os.open(os.path.join(path, STAGING_LOCK), os.O_RDWR | storage.O_BINARY | getattr(os, "O_NOFOLLOW", 0))
+            fd = os.open(os.path.join(path, lock), os.O_RDWR | storage.O_BINARY | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
             continue  # its job may be between creating it and locking it
         try:

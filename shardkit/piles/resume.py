@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import pickle
+import socket
 import struct
 import tempfile
 import time
@@ -42,8 +43,8 @@ from typing import Any
 from shardkit import manifest, storage
 from shardkit._util import VERSION
 from shardkit.dataset import layout
-from shardkit.dataset.owned import Records, check_staging, clear_tree, delete_owned, make_staging
-from shardkit.errors import ConfigError, DatasetExistsError, Failure
+from shardkit.dataset.owned import Records, check_staging, clear_tree, delete_owned, make_staging, write_owner
+from shardkit.errors import ConfigError, DatasetExistsError, Failure, ShardkitError
 from shardkit.piles.parts import keys_path, part_file
 
 log = logging.getLogger(__name__)
@@ -211,12 +212,39 @@ def _differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
 # -- the staging directory ---------------------------------------------------------------------
 
 
-def staging_path(out: str) -> str:
-    """Where pass 1 into ``out`` stages its parts: inside a local output; for an object-store
-    output, in the local temporary directory under a name derived from the URL."""
+def staging_path(out: str) -> str | None:
+    """Where pass 1 into ``out`` stages its parts: inside a local output. For an object-store
+    output it is a private directory in the local temporary directory, made by ``mkdtemp`` (so
+    nobody can plant a link at its name beforehand) and recorded in ``OUT/.shardkit-pass1.json``:
+    the one that record names when it is on this machine, a real directory of this user made for
+    ``out``; None when there is none."""
     if not storage.is_remote(out):
         return os.path.join(out, STAGING)
-    return os.path.join(tempfile.gettempdir(), f"{STAGING}-{hashlib.sha256(out.encode()).hexdigest()[:16]}")
+    try:
+        doc: Any = json.loads(storage.read_bytes(storage.join(out, layout.REMOTE_STAGING)))
+    except (ShardkitError, ValueError, UnicodeDecodeError):
+        return None
+    path = doc.get("path") if isinstance(doc, dict) and doc.get("host") == socket.gethostname() else None
+    if not isinstance(path, str) or os.path.dirname(path) != tempfile.gettempdir() or layout.kind(os.path.basename(path)) != "staging":
+        return None
+    try:
+        if not check_staging(path):
+            return None
+        with open(os.path.join(path, layout.OWNER), "rb") as f:
+            owner = json.loads(f.read(1 << 16))
+    except (ShardkitError, OSError, ValueError):
+        return None  # a link, another user's, no record: never used
+    return path if isinstance(owner, dict) and owner.get("dataset") == out else None
+
+
+def _new_remote_staging(out: str) -> str:
+    """A fresh private staging directory for the object-store output ``out``, recorded there."""
+    with storage.guard(tempfile.gettempdir(), "create the staging directory"):
+        path = tempfile.mkdtemp(prefix=f"{STAGING}-")
+    write_owner(path, {"dataset": out})
+    record = {"host": socket.gethostname(), "path": path}
+    storage.write_bytes(storage.join(out, layout.REMOTE_STAGING), json.dumps(record).encode())
+    return path
 
 
 @dataclass
@@ -229,6 +257,7 @@ class Staging:
     path: str
     commits: dict[str, Commit]
     lock_fd: int = -1
+    out: str = ""  # the output it stages for
 
     def done(self) -> set[int]:
         """Units a reused commit names, written or skipped."""
@@ -245,7 +274,7 @@ class Staging:
 
     def remove(self) -> None:
         """The job is published (or can never succeed as it is): remove the staging directory."""
-        _discard(self.path)
+        _discard(self.path, self.out)
         self.release()
 
     def release(self) -> None:
@@ -253,12 +282,12 @@ class Staging:
         if self.lock_fd < 0:
             return
         if not _committed(self.path):
-            _discard(self.path)
+            _discard(self.path, self.out)
         os.close(self.lock_fd)
         self.lock_fd = -1
 
 
-def _discard(path: str) -> None:
+def _discard(path: str, out: str = "") -> None:
     """Remove a staging directory: renamed first, so a kill in the middle leaves a leftover by its
     name (the next job writing here removes it), never a half-removed staging that looks like an
     interrupted job. Its records go last, and no link is followed (see
@@ -273,6 +302,8 @@ def _discard(path: str) -> None:
     except OSError:
         trash = path  # a filesystem that will not rename it: removed where it is
     delete_owned(os.path.dirname(trash), [os.path.basename(trash)], reason="the staging of a finished pass 1", records=Records())
+    if out and storage.is_remote(out):  # its record in the output goes once the directory is gone
+        delete_owned(out, [layout.REMOTE_STAGING], reason="its staging is removed", records=Records())
 
 
 def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: bool) -> Staging:
@@ -291,13 +322,15 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
         ConfigError: ``resume`` and the leftovers come from a different job (each difference named).
     """
     path = staging_path(out)
-    if not check_staging(path):  # a link or a file there is an error naming it, never a target
+    if path is None:
+        path = _new_remote_staging(out)
+    elif not check_staging(path):  # a link or a file there is an error naming it, never a target
         make_staging(path, {"dataset": out})
     fd = storage.lock_file(os.path.join(path, LOCK), wait=False)
     if fd is None:
         raise DatasetExistsError(f"{out}: another pass-1 job is writing into {path}; wait for it to finish")
     try:
-        staging = Staging(path, {}, fd)
+        staging = Staging(path, {}, fd, out)
         before = _read_job(path)
         found = {} if not resume and _published(before, job) else _committed(path)
         if found and not resume and not overwrite:
@@ -342,7 +375,8 @@ def published_staging(out: str, generation: int) -> int | None:
     ``generation``) already has it: the append died after publishing, before it removed its
     staging, and nobody can resume it. None when there is no such staging (none, a job's that
     did not publish, or a new dataset's)."""
-    then = (_read_job(staging_path(out)) or {}).get("generation")
+    path = staging_path(out)
+    then = (_read_job(path) or {}).get("generation") if path is not None else None
     return then if isinstance(then, int) and then <= generation else None
 
 
@@ -351,7 +385,7 @@ def remove_published(out: str, generation: int) -> bool:
     unless a job holds it now; whether it was removed. The caller holds the output's claim, so
     no job takes the staging while it goes."""
     path = staging_path(out)
-    if published_staging(out, generation) is None:
+    if path is None or published_staging(out, generation) is None:
         return False
     fd = storage.lock_file(os.path.join(path, LOCK), wait=False)
     if fd is None:
@@ -360,7 +394,7 @@ def remove_published(out: str, generation: int) -> bool:
         if published_staging(out, generation) is None:
             return False
         log.info("%s: removing %s, the staging of an append already published", out, path)
-        _discard(path)  # the lock file too: lock_file() copes with that
+        _discard(path, out)  # the lock file too: lock_file() copes with that
     finally:
         os.close(fd)
     return True

@@ -253,7 +253,7 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
     for name in names:
         if name in listed:
             continue
-        if name == resume.STAGING:
+        if name in (resume.STAGING, layout.REMOTE_STAGING):
             published = resume.published_staging(directory, m.generation)
             said = (
                 "the committed parts of a pass 1 or append that did not finish: the same job run again with "
