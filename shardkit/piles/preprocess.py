@@ -32,7 +32,7 @@ import numpy as np
 from shardkit import storage
 from shardkit._util import bar, check_bool, check_path, check_paths, format_size, shown
 from shardkit.codecs import DEFAULT, Codecs, check_codecs
-from shardkit.errors import ConfigError, SampleError
+from shardkit.errors import ConfigError, SampleError, ShardkitError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call
 from shardkit.piles import append, canonical, readers, resume
@@ -259,6 +259,10 @@ def _run(
             stage.remove()  # two inputs share a key: the job must change before it can succeed, so nothing is to resume
             raise
         stage.remove()  # published: nothing left to resume
+    except ShardkitError as e:
+        if (full := resume.out_of_space(e)) is None:
+            raise
+        raise stage.full_disk(full) from e
     finally:
         # an interrupted job leaves its committed parts for resume=True (the next job refuses
         # them without it); whatever happens, the output and the staging directory are let go

@@ -22,6 +22,7 @@ discard it.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import hashlib
 import inspect
@@ -41,10 +42,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit import manifest, storage
-from shardkit._util import VERSION
+from shardkit._util import VERSION, format_size
 from shardkit.dataset import layout
 from shardkit.dataset.owned import Records, check_staging, clear_tree, delete_owned, make_staging, write_owner
-from shardkit.errors import ConfigError, DatasetExistsError, Failure, ShardkitError
+from shardkit.errors import ConfigError, DatasetExistsError, Failure, ShardkitError, StorageError
 from shardkit.piles.parts import keys_path, part_file
 
 log = logging.getLogger(__name__)
@@ -277,6 +278,23 @@ class Staging:
         _discard(self.path, self.out)
         self.release()
 
+    def full_disk(self, error: StorageError) -> StorageError:
+        """The one-line error of a job that ran out of disk, once what no resume can use (the
+        publish scratch, parts no commit names) is removed: how much the staging keeps and how to
+        continue or discard it; nothing kept when nothing was committed (:meth:`release` removes it)."""
+        committed = _committed(self.path)
+        if not committed:
+            said = f"the job's staging {self.path} is removed: none of its work was committed, so nothing could be resumed"
+        else:
+            clear_tree(self.path, keep={LOCK, JOB, layout.OWNER, *(os.path.basename(d) for d in committed)})
+            units = sum(len(c.units) + len(c.failures) for c in committed.values())
+            held = sum(os.lstat(os.path.join(root, f)).st_size for root, _, files in os.walk(self.path) for f in files)
+            said = (
+                f"the job's staging {self.path} keeps {format_size(held)} of committed work ({units} input units): free space "
+                f"and run the same job again with resume=True (--resume) to continue it, or delete {self.path} to start over"
+            )
+        return StorageError(f"{error}; {said}", url=error.url, errno=error.errno)
+
     def release(self) -> None:
         """Let the directory go; removed unless it holds committed work (for ``resume=True``). Idempotent."""
         if self.lock_fd < 0:
@@ -285,6 +303,18 @@ class Staging:
             _discard(self.path, self.out)
         os.close(self.lock_fd)
         self.lock_fd = -1
+
+
+def out_of_space(error: BaseException) -> StorageError | None:
+    """The StorageError of a full disk (or quota) that ``error`` is or was raised from, if any."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, StorageError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _discard(path: str, out: str = "") -> None:
@@ -334,12 +364,13 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
         before = _read_job(path)
         found = {} if not resume and _published(before, job) else _committed(path)
         if found and not resume and not overwrite:
+            discard = f"delete {path}" if job.get("generation") else "with overwrite=True (--overwrite)"
             units = sum(len(c.units) + len(c.failures) for c in found.values())
             started = before.get("started", "?") if before else "?"
             raise DatasetExistsError(
                 f"{out}: holds an interrupted pass 1 ({units} of {before.get('units', '?') if before else '?'} input units "
                 f"committed, started {started}, in {path}); run the same job again with resume=True (--resume, "
-                "YAML resume: true) to continue it, or with overwrite=True (--overwrite) to discard it"
+                f"YAML resume: true) to continue it, or {discard} to discard it"
             )
         if resume and found:
             said = _differences(before or {}, job)
