@@ -32,6 +32,9 @@ Rows:
 - secrets: canary credentials as ``--storage-option`` through CLI jobs at ``-vv`` against a moto
   server (pile, append, verify, gc, info at ``-vvv``, a ``user:password`` endpoint, a job refused
   by a lock); no file, object or printed line may hold one (benchmarks/stress_secrets.py).
+- userfiles, manifests, links, appendfull: what shardkit may delete (see stress_trust.py): user
+  files beside a dataset under gc and overwrite, crafted manifests, links at every staging path,
+  a full disk during an append.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the rows kept in modules of their own
+
+import stress_trust
 
 import shardkit
 from shardkit import manifest
@@ -431,7 +436,11 @@ def table(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small slice of every row (the test suite runs this)")
-    parser.add_argument("--rows", default="kill,writers,fuzz,diskfull,disk,soak,states,jobs,secrets", help="comma-separated rows to run")
+    parser.add_argument(
+        "--rows",
+        default="kill,writers,fuzz,diskfull,disk,soak,states,jobs,secrets,userfiles,manifests,links,appendfull",
+        help="comma-separated rows to run",
+    )
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--writers", type=int, default=20)
     parser.add_argument("--fuzz", type=int, default=5000)
@@ -440,6 +449,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=50)
     parser.add_argument("--states", type=int, default=2000, help="fuzzed loader, blend and torch states")
     parser.add_argument("--jobs", type=int, default=2000, help="fuzzed YAML jobs")
+    parser.add_argument("--userfiles", type=int, default=100)
+    parser.add_argument("--manifests", type=int, default=1000)
+    parser.add_argument("--links", type=int, default=100)
+    parser.add_argument("--appendfull", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a fuzz batch may go without an answer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default=None, help="scratch directory (default: a temporary one, removed)")
@@ -448,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.kills, args.writers, args.fuzz, args.diskfull, args.disk, args.epochs = 3, 3, 100, 1, 1, 3
         args.states, args.jobs = 100, 100
+        args.userfiles, args.manifests, args.links, args.appendfull = 4, 60, 14, 1
     rng = random.Random(args.seed)
     work = args.work or tempfile.mkdtemp(prefix="shardkit-stress-")
     runs: dict[str, Callable[[], Row]] = {
@@ -460,6 +474,16 @@ def main(argv: list[str] | None = None) -> int:
         "states": lambda: row_states(work, args.states, rng, args.timeout),
         "jobs": lambda: row_jobs(work, args.jobs, rng, args.timeout),
         "secrets": lambda: row_secrets(work, args.quick),
+        "userfiles": lambda: stress_trust.row_userfiles(
+            Row("userfiles: user files beside a dataset under gc and overwrite"), work, args.userfiles, rng
+        ),
+        "manifests": lambda: stress_trust.row_manifests(
+            Row("manifests: crafted manifests through read, gc, overwrite, append, an epoch, verify"), work, args.manifests, rng
+        ),
+        "links": lambda: stress_trust.row_links(Row("links: a symbolic link at every staging path"), work, args.links, rng),
+        "appendfull": lambda: stress_trust.row_appendfull(
+            Row("appendfull: an append with 2 workers fills a 4 MiB disk"), work, args.appendfull, rng
+        ),
     }
     rows = []
     try:

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 # the job record of a pass-1 staging directory: a record too (a staging made before owner records)
 JOB_RECORD = "job.json"
+# bytes a key hash takes in a keys file
+KEY_BYTES = 8
 
 
 @dataclass
@@ -58,6 +60,21 @@ class Records:
     generations: dict[int, Manifest] = field(default_factory=dict)
     journals: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     named: set[str] = field(default_factory=set)
+    # the size a manifest records for a file it names: a file of that name and another size is not the one shardkit wrote
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    def add(self, m: Manifest) -> None:
+        """Take the files ``m`` names (their key hashes too) as shardkit's, with the sizes it records."""
+        for pile in m.piles:
+            if pile.segments is None:
+                self.sizes[pile.name] = pile.bytes
+                self.named.add(pile.name)
+                continue
+            for s in pile.segments:
+                keys = layout.keys_name(s.name)
+                self.sizes.update({s.name: s.bytes, keys: s.samples * KEY_BYTES})
+                self.named |= {s.name, keys}
+        self.named |= {layout.keys_name(f) for f in m.files()}
 
 
 def read_journal(directory: str, name: str) -> dict[str, list[str]] | None:
@@ -93,8 +110,7 @@ def read_records(directory: str, names: Iterable[str] | None = None) -> Records:
             if copy is not None and copy.generation == g < latest.generation and copy.seed == latest.seed:
                 records.generations[g] = copy
     for m in [*([latest] if latest is not None else []), *records.generations.values()]:
-        files = m.files()
-        records.named |= set(files) | {layout.keys_name(f) for f in files}
+        records.add(m)
     return records
 
 
@@ -193,7 +209,7 @@ def delete_owned(
         problem = why_not(directory, name, records)
         if problem is None:
             try:
-                freed = _delete(directory, local, name, dry_run)
+                freed = _delete(directory, local, name, dry_run, records)
             except (ShardkitError, OSError) as e:
                 problem = f"could not be deleted: {e}"
             else:
@@ -208,7 +224,7 @@ def delete_owned(
     return done
 
 
-def _delete(directory: str, local: str | None, name: str, dry_run: bool) -> int | None:
+def _delete(directory: str, local: str | None, name: str, dry_run: bool, records: Records) -> int | None:
     """Delete one owned name; its bytes, or None when it was not there."""
     if local is None:
         url = storage.join(directory, name)
@@ -216,6 +232,7 @@ def _delete(directory: str, local: str | None, name: str, dry_run: bool) -> int 
             size = storage.size(url)
         except ShardkitError:
             return None
+        _check_size(name, size, records)
         if not dry_run:
             storage.remove(url)
         return size
@@ -231,10 +248,17 @@ def _delete(directory: str, local: str | None, name: str, dry_run: bool) -> int 
         if not dry_run:
             remove_tree(path)
         return size
+    _check_size(name, st.st_size, records)
     if not dry_run:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     return st.st_size
+
+
+def _check_size(name: str, size: int, records: Records) -> None:
+    recorded = records.sizes.get(name)
+    if recorded is not None and recorded != size:
+        raise StorageError(f"{name}: holds {size} bytes, the manifest naming it records {recorded}: not the file shardkit wrote")
 
 
 def _tree_size(path: str) -> int:

@@ -108,15 +108,16 @@ class _Staged:
         )
 
 
-def _old_files(out: str) -> list[str]:
-    """The files of the dataset ``out`` holds now (none when there is none): all a new one deletes."""
+def _old_manifest(out: str) -> Manifest | None:
+    """The manifest of the dataset ``out`` holds now (None when there is none, or none that checks):
+    its files are all a new one deletes."""
     if not manifest.is_dataset(out):
-        return []
+        return None
     try:
-        return manifest.read(out).files()
+        return manifest.read(out)
     except ShardkitError as e:
         log.warning("%s: the old manifest is unreadable, its files are left in place: %s", out, e)
-        return []
+        return None
 
 
 def _assemble(runs: Sequence[Run], dst: str, pack: Pack | None = None) -> tuple[int, Packed | None]:
@@ -461,10 +462,13 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
         DatasetExistsError: the output's manifest changed while the job ran.
     """
     out = output.path
-    old = set() if keep else set(_old_files(out))
+    previous = None if keep else _old_manifest(out)
+    old = set() if previous is None else set(previous.files())
     names = [pile.name for pile in result.piles] if names is None else list(names)
     output.journal(names, sorted(old))
     records = Records(named=set(names) | old, journals={journal_name(output.token): {"files": names, "delete": sorted(old)}})
+    if previous is not None:
+        records.add(previous)
     moved: list[str] = []
     try:
         if output.remote:
