@@ -296,6 +296,9 @@ def _run_gc(args: argparse.Namespace) -> int:
     did = "would delete" if args.dry_run else "deleted"
     kept = ", ".join(map(str, report.kept_generations))
     print(f"{args.directory}: {did} {len(report.deleted)} files ({format_size(report.freed)}); generations kept: {kept}")
+    if report.skipped:
+        shown = ", ".join(report.skipped[:5]) + (", ..." if len(report.skipped) > 5 else "")
+        print(f"{args.directory}: left {len(report.skipped)} files no record of this dataset names (not shardkit's): {shown}")
     return 0
 
 

@@ -45,6 +45,11 @@ class GcReport:
 def gc(directory: str | os.PathLike[str], *, grace: str | int | float = "1h", dry_run: bool = False) -> GcReport:
     """Delete the files of ``directory`` that neither its manifest nor a recent generation lists.
 
+    Only files shardkit wrote go: a name of the dataset's layout that a record of it names (a
+    kept generation's manifest, an install journal; see :mod:`shardkit.dataset.owned`). Anything
+    else, a user's ``pile-notes.tar`` or a folder ``pile-dir.tar``, is left, logged and listed in
+    the report's ``skipped``; gc never stops half-way.
+
     Args:
         grace: how long a generation's files outlive it once it is no longer the current one
             (``"1h"``, ``"7d"``, or seconds): loaders pinned to it keep reading that long.
