@@ -400,6 +400,19 @@ def _fields(doc: dict[str, Any], where: str) -> tuple[str, ...]:
     return tuple(fields)
 
 
+# the largest max_pile_bytes a dataset may record (as PileOptions allows)
+_MOST_PILE_BYTES = 1 << 62
+
+
+def _extra(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """The free-form ``extra``, with the fields shardkit reads back checked: ``max_pile_bytes``."""
+    extra: dict[str, Any] = _expect(doc, "extra", dict, where) if "extra" in doc else {}
+    limit = extra.get("max_pile_bytes")
+    if "max_pile_bytes" in extra and (not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= _MOST_PILE_BYTES):
+        raise ManifestError(f"{where}: field 'extra.max_pile_bytes': expected an int from 1 to 2**62, got {limit!r}")
+    return extra
+
+
 def parse(text: str, where: str) -> Manifest:
     """Validate a manifest's JSON text; ``where`` names it in errors.
 
@@ -423,7 +436,7 @@ def parse(text: str, where: str) -> Manifest:
         created_by=_expect(doc, "created_by", str, where) if "created_by" in doc else "",
         skipped_units=_count(doc, "skipped_units", where, default=0),
         split_piles=_count(doc, "split_piles", where, default=0),
-        extra=_expect(doc, "extra", dict, where) if "extra" in doc else {},
+        extra=_extra(doc, where),
         generation=_count(doc, "generation", where, default=0, most=MOST_GENERATION),
         generations=_generations(doc, where),
     )
