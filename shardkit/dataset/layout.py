@@ -20,6 +20,8 @@ import re
 from shardkit.errors import ManifestError
 
 MANIFEST = "shardkit.json"
+# every name of a job's own records and temporaries in a dataset directory starts so
+PREFIX = ".shardkit-"
 LOCK = ".shardkit-lock"
 # the pass-1 staging directory inside a local output
 STAGING = ".shardkit-pass1"

@@ -57,7 +57,7 @@ PILE_FILE = layout.PILE_FILE
 
 def leftover(name: str) -> bool:
     """``name`` is of a kind a dead job leaves: a staging directory, a journal, a half-written file."""
-    if name.startswith(".shardkit-") and name not in (layout.LOCK, layout.STAGING, layout.REMOTE_STAGING):
+    if name.startswith(layout.PREFIX) and name not in (layout.LOCK, layout.STAGING, layout.REMOTE_STAGING):
         return True
     return layout.kind(name) == "partial"
 
