@@ -194,3 +194,11 @@ def test_a_remote_outputs_staging_is_private_recorded_and_found_again(s3, tmp_pa
     shardkit.preprocess(range(2, 4), _units, url, piles=2, mode="append", quiet=True)
     assert not trash.exists() and (victim / "thesis.tex").read_text() == "chapter 1"
     assert sorted(os.listdir(temp)) == [f".shardkit-pass1-{hashlib.sha256(url.encode()).hexdigest()[:16]}"]
+    # and so does gc; a directory there without shardkit's record, or another's link, stays
+    trash.mkdir(mode=0o700)
+    (trash / ".shardkit-owner.json").write_text(json.dumps({"dataset": url}))
+    foreign = temp / ".shardkit-staging-abcdefgh-removed-0123abcd"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("kept")
+    shardkit.gc(url, grace=0)
+    assert not trash.exists() and (foreign / "mine.txt").read_text() == "kept"
