@@ -563,10 +563,10 @@ def test_an_append_killed_while_it_removes_its_staging_leaves_a_leftover_gc_remo
     shardkit.preprocess(range(4), _units, out, piles=2, quiet=True)
     code = (
         "import os, signal, sys; sys.path.insert(0, sys.argv[2]); import shardkit; from test_append import _units\n"
-        "from shardkit.dataset import owned\n"
+        "from shardkit.dataset import staging\n"
         "def half(fd, entry):\n"
         "    os.unlink('job.json', dir_fd=fd); os.kill(os.getpid(), signal.SIGKILL)\n"
-        "owned._remove_entry = half\n"
+        "staging._remove_entry = half\n"
         "shardkit.preprocess(range(10, 14), _units, sys.argv[1], piles=2, mode='append', quiet=True)"
     )
     run_killed(code, out)

@@ -1,4 +1,4 @@
-"""A dataset directory's own rules: the names of its files (:mod:`~shardkit.dataset.layout`) and the one path that deletes them (:mod:`~shardkit.dataset.owned`).
+"""A dataset directory's own rules: its file names (:mod:`~shardkit.dataset.layout`), the one path that deletes them (:mod:`~shardkit.dataset.owned`), staging (:mod:`~shardkit.dataset.staging`).
 
 It sits above ``storage/`` and ``tar/`` and below ``piles/``, ``loading/``, ``tools/`` and
 ``cli/``. The layout says what each name in a dataset directory is; :func:`~shardkit.dataset.owned.delete_owned`

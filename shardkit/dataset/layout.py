@@ -32,6 +32,8 @@ SHUFFLE_PREFIX = ".shardkit-shuffle-"
 STAGING_LOCK = ".shardkit-staging.lock"
 # written first into every staging directory shardkit makes, removed last: the record that the directory is shardkit's
 OWNER = ".shardkit-owner.json"
+# a pass-1 staging's job record (its fingerprint): a record that the directory is shardkit's too
+JOB = "job.json"
 # a remote output's record of where its pass-1 staging lives on this machine
 REMOTE_STAGING = ".shardkit-pass1.json"
 JOURNAL_PREFIX = ".shardkit-install-"

@@ -13,8 +13,8 @@ is deleted only when both hold:
 Anything else (a user's ``pile-notes.tar``, a folder named ``pile-dir.tar``, a file a tampered
 manifest names) is skipped, logged and returned by name: a delete never aborts half-way. A
 directory is removed without ever following a link: it is opened with ``O_NOFOLLOW`` and emptied
-through its descriptor, its owner record last, so a kill in the middle leaves a directory the
-next job still knows as its own.
+through its descriptor, its owner record last (:mod:`shardkit.dataset.staging`), so a kill in
+the middle leaves a directory the next job still knows as its own.
 
     done = delete_owned("data/train", ["pile-000000.tar"], reason="replaced by an overwrite")
     done.deleted, done.skipped          # names; (name, why) pairs
@@ -26,7 +26,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -34,13 +33,12 @@ from typing import Any
 
 from shardkit import manifest, storage
 from shardkit.dataset import layout
+from shardkit.dataset.staging import remove_tree
 from shardkit.errors import ShardkitError, StorageError
 from shardkit.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
-# the job record of a pass-1 staging directory: a record too (a staging made before owner records)
-JOB_RECORD = "job.json"
 # bytes a key hash takes in a keys file
 KEY_BYTES = 8
 
@@ -175,7 +173,7 @@ def _staging_owned(directory: str, name: str) -> str | None:
         inside = os.listdir(os.path.join(path, name))
     except OSError as e:
         return f"cannot be listed ({e.strerror})"
-    if not inside or layout.OWNER in inside or JOB_RECORD in inside:
+    if not inside or layout.OWNER in inside or layout.JOB in inside:
         return None
     return "holds no record that shardkit made it"
 
@@ -268,103 +266,3 @@ def _tree_size(path: str) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(root, f)).st_size
     return total
-
-
-_NOFOLLOW_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
-
-
-def clear_tree(path: str, keep: Iterable[str] = ()) -> None:
-    """Remove all the directory ``path`` holds but the names ``keep``, without following a link
-    anywhere: ``path`` is opened with ``O_NOFOLLOW`` (a link there is an error) and emptied
-    through its descriptor, its records (:data:`~shardkit.dataset.layout.OWNER`, the job
-    record) last.
-
-    Raises:
-        StorageError: ``path`` is a link or not a directory, or cannot be emptied.
-    """
-    kept = set(keep)
-    with storage.guard(path, "empty the directory"):
-        fd = os.open(path, _NOFOLLOW_DIR)
-        try:
-            entries = sorted(os.listdir(fd), key=lambda n: n in (layout.OWNER, JOB_RECORD))
-            for entry in entries:
-                if entry not in kept:
-                    _remove_entry(fd, entry)
-        finally:
-            os.close(fd)
-
-
-def remove_tree(path: str) -> None:
-    """Remove the directory ``path`` and all it holds without following a link anywhere (see :func:`clear_tree`).
-
-    Raises:
-        StorageError: ``path`` is a link or not a directory, or cannot be removed.
-    """
-    parent, name = os.path.split(os.path.abspath(path))
-    clear_tree(path)
-    with storage.guard(path, "remove the directory"):
-        parent_fd = os.open(parent or ".", _NOFOLLOW_DIR)
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.rmdir(name, dir_fd=parent_fd)
-        finally:
-            os.close(parent_fd)
-
-
-def _remove_entry(fd: int, entry: str) -> None:
-    try:
-        st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(entry, dir_fd=fd)  # the fd-based walk: it follows no link (shutil.rmtree.avoids_symlink_attacks)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(entry, dir_fd=fd)
-
-
-def make_staging(path: str, record: dict[str, Any]) -> None:
-    """Create the staging directory ``path`` fresh (mode 0700), its owner record first.
-
-    Raises:
-        StorageError: something is already there (a link is named, never followed).
-    """
-    with storage.guard(path, "create the staging directory"):
-        os.mkdir(path, 0o700)  # fails on anything already there, a link included
-    write_owner(path, record)
-
-
-def write_owner(path: str, record: dict[str, Any]) -> None:
-    """Write the owner record into the staging directory ``path`` (opened without following a link)."""
-    with storage.guard(path, "write the staging record"):
-        fd = os.open(path, _NOFOLLOW_DIR)
-        try:
-            out = os.open(layout.OWNER, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=fd)
-            try:
-                storage.write_fully(out, json.dumps(record, sort_keys=True).encode())
-            finally:
-                os.close(out)
-        finally:
-            os.close(fd)
-
-
-def check_staging(path: str) -> bool:
-    """Whether the staging directory ``path`` exists, as a real directory of this user.
-
-    Raises:
-        StorageError: a link, or anything but a directory, is where it should be (named, not followed).
-    """
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
-        raise StorageError(
-            f"{path}: is {what}, where shardkit keeps its staging directory; it is never followed or replaced: "
-            "remove it yourself if it is not yours",
-            url=path,
-        )
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise StorageError(f"{path}: the staging directory belongs to another user (uid {st.st_uid}); it is never used", url=path)
-    return True

@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from shardkit import manifest, redact, storage
 from shardkit._util import check_path
 from shardkit.dataset import layout
-from shardkit.dataset.owned import Records, delete_owned, make_staging, read_records, write_owner
+from shardkit.dataset.owned import Records, delete_owned, read_records
+from shardkit.dataset.staging import make_staging, write_owner
 from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError
 
 log = logging.getLogger(__name__)

@@ -30,9 +30,7 @@ import json
 import logging
 import os
 import pickle
-import socket
 import struct
-import tempfile
 import time
 import types
 import uuid
@@ -44,8 +42,9 @@ from typing import Any
 from shardkit import manifest, storage
 from shardkit._util import VERSION, format_size
 from shardkit.dataset import layout
-from shardkit.dataset.owned import Records, check_staging, clear_tree, delete_owned, make_staging, write_owner
-from shardkit.errors import ConfigError, DatasetExistsError, Failure, ShardkitError, StorageError
+from shardkit.dataset.owned import Records, delete_owned
+from shardkit.dataset.staging import check_staging, clear_tree, make_staging, new_remote, recorded
+from shardkit.errors import ConfigError, DatasetExistsError, Failure, StorageError
 from shardkit.piles.parts import keys_path, part_file
 
 log = logging.getLogger(__name__)
@@ -53,7 +52,7 @@ log = logging.getLogger(__name__)
 # the staging directory of a local output's pass 1, inside it (a remote output's is local: TMPDIR)
 STAGING = layout.STAGING
 # the job's fingerprint, written when its staging directory is made
-JOB = "job.json"
+JOB = layout.JOB
 # the record a committed part directory holds
 COMMIT = "commit"
 # held by the job that uses a staging directory, so a second job on the same output fails
@@ -221,31 +220,7 @@ def staging_path(out: str) -> str | None:
     ``out``; None when there is none."""
     if not storage.is_remote(out):
         return os.path.join(out, STAGING)
-    try:
-        doc: Any = json.loads(storage.read_bytes(storage.join(out, layout.REMOTE_STAGING)))
-    except (ShardkitError, ValueError, UnicodeDecodeError):
-        return None
-    path = doc.get("path") if isinstance(doc, dict) and doc.get("host") == socket.gethostname() else None
-    if not isinstance(path, str) or os.path.dirname(path) != tempfile.gettempdir() or layout.kind(os.path.basename(path)) != "staging":
-        return None
-    try:
-        if not check_staging(path):
-            return None
-        with open(os.path.join(path, layout.OWNER), "rb") as f:
-            owner = json.loads(f.read(1 << 16))
-    except (ShardkitError, OSError, ValueError):
-        return None  # a link, another user's, no record: never used
-    return path if isinstance(owner, dict) and owner.get("dataset") == out else None
-
-
-def _new_remote_staging(out: str) -> str:
-    """A fresh private staging directory for the object-store output ``out``, recorded there."""
-    with storage.guard(tempfile.gettempdir(), "create the staging directory"):
-        path = tempfile.mkdtemp(prefix=f"{STAGING}-")
-    write_owner(path, {"dataset": out})
-    record = {"host": socket.gethostname(), "path": path}
-    storage.write_bytes(storage.join(out, layout.REMOTE_STAGING), json.dumps(record).encode())
-    return path
+    return recorded(out)
 
 
 @dataclass
@@ -353,7 +328,7 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
     """
     path = staging_path(out)
     if path is None:
-        path = _new_remote_staging(out)
+        path = new_remote(out, f"{STAGING}-")
     elif not check_staging(path):  # a link or a file there is an error naming it, never a target
         make_staging(path, {"dataset": out})
     fd = storage.lock_file(os.path.join(path, LOCK), wait=False)
