@@ -1,8 +1,8 @@
 """Compressed piles against plain ones: write and read samples/s, and bytes saved.
 
 Two kinds of samples: ~5 KB JSON records (compressible text) and JPEG images (already
-compressed). For each, the same samples are written with ``PileWriter`` plain, with zstd and
-with gzip at several levels, then read back whole with ``shardkit.loader(decode=False)`` (the
+compressed). For each, the same samples are written with ``PileWriter`` plain, with zstd,
+gzip and lz4 at several levels, then read back whole with ``shardkit.loader(decode=False)`` (the
 prefetch thread decompresses; the figure is what a training loop would see). zstd piles are
 read two ways: as written (frames and a seek table, decompressed by libzstd on its threads in
 one call), and re-encoded as one frame without a table (the format before frames, one thread). Every
@@ -40,7 +40,9 @@ from shardkit import manifest, storage
 from shardkit.loading.pile import fetch
 from shardkit.tar import compression, zstd_frames
 
-LEVELS = {"zstd": [1, 3, 6, 9], "gzip": [1, 6]}
+LEVELS = {"zstd": [1, 3, 6, 9], "gzip": [1, 6], "lz4": [0, 3]}
+# what lz4 at its default level should reach on the JSON samples: a share of plain's read rate, and bytes saved
+LZ4_GOALS = {"read": 0.7, "saved": 0.4}
 _WORDS = [
     "the",
     "of",
@@ -179,7 +181,7 @@ ZSTD_READS = [("1 frame", True), ("frames", False)]
 
 
 def configs() -> list[tuple[str, str | None, int | None]]:
-    return [("plain", None, None), *((f"{c} {level}", c, level) for c in ("zstd", "gzip") for level in LEVELS[c])]
+    return [("plain", None, None), *((f"{c} {level}", c, level) for c in ("zstd", "gzip", "lz4") for level in LEVELS[c])]
 
 
 def measure(samples: list[dict[str, Any]], root: str, piles: int, repeats: int) -> dict[str, dict[str, Any]]:
@@ -233,6 +235,20 @@ def table(title: str, figures: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def goals(figures: dict[str, dict[str, Any]]) -> str:
+    """lz4 at its default level against :data:`LZ4_GOALS` on the JSON samples."""
+    plain, lz4 = figures["plain"], figures[f"lz4 {compression.DEFAULT_LEVEL['lz4']}"]
+    read, saved = lz4["read_per_s"] / plain["read_per_s"], 1 - lz4["bytes"] / plain["bytes"]
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    return (
+        f"lz4 {compression.DEFAULT_LEVEL['lz4']}: reads at {read:.2f}x plain (goal >= {LZ4_GOALS['read']}x: {verdict(read >= LZ4_GOALS['read'])}), "
+        f"{saved:.0%} smaller (goal >= {LZ4_GOALS['saved']:.0%}: {verdict(saved >= LZ4_GOALS['saved'])})"
+    )
+
+
 def _best(fn: Callable[[], Any], repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -271,6 +287,7 @@ def profile(root: str, repeats: int) -> str:
     stored = storage.read_bytes(url)
     single = storage.read_bytes(os.path.join(out + "-single", info.name))
     tar = compression.decompress(stored, "zstd", url)
+    lz4 = compression.compress(tar, "lz4", level=0)
     parts = {
         "read the .tar.zst": _best(lambda: storage.read_bytes(url), repeats),
         "decompress, 1 frame": _best(lambda: compression.decompress(single, "zstd", url, size=info.tar_bytes), repeats),
@@ -278,6 +295,7 @@ def profile(root: str, repeats: int) -> str:
         "1 frame, beside a busy thread": _busy(lambda: compression.decompress(single, "zstd", url, size=info.tar_bytes), repeats),
         "frames, beside a busy thread": _busy(lambda: compression.decompress(stored, "zstd", url, size=info.tar_bytes), repeats),
         "checksum the tar": _best(lambda: manifest.checksum(tar), repeats),
+        "lz4 (level 0) beside a busy thread": _busy(lambda: compression.decompress(lz4, "lz4", url, size=len(tar)), repeats),
         "whole fetch (checked, scanned)": _best(lambda: fetch(url, expected=info), repeats),
         "plain pile fetch": _best(lambda: fetch(os.path.join(root, "plain", plain.name), expected=plain), repeats),
     }
@@ -312,6 +330,7 @@ def main() -> None:
             figures = measure(samples, os.path.join(root, title.split()[-2]), args.piles, args.repeats)
             print(table(f"{title} ({n:,} samples, mean {size / 1e3:.1f} KB, {args.piles} piles)", figures), "\n")
             if make is json_samples:
+                print(goals(figures), "\n")
                 print(profile(os.path.join(root, title.split()[-2]), args.repeats), "\n")
     finally:
         if args.dir is None:

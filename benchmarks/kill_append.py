@@ -1,7 +1,7 @@
 """Kill appends that split piles and rewrite segments (SIGKILL, Ctrl-C) and check what they leave.
 
 Each round writes a small dataset with a small ``max_pile_bytes`` (some rounds: split by pass 1,
-compressed with zstd, grown once before), then runs an append (some with ``window=``) in a
+compressed with zstd or lz4, grown once before), then runs an append (some with ``window=``) in a
 child process and stops it: with SIGKILL after a random delay, with SIGKILL at a random step of
 its publishing (the n-th rename, link or unlink the driver makes), or with SIGINT (Ctrl-C).
 After each stop the directory must read as exactly the old generation or exactly the new one
@@ -207,13 +207,14 @@ def check_gc(out: str, pin: tuple[list[str], dict[str, Any]], old_keys: list[str
 
 
 def scenario(rng: random.Random) -> dict[str, Any]:
-    """How a round's dataset is written and grown: pass-1 split or not, zstd or not, a window or not."""
-    split, zstd, grown = rng.random() < 0.5, rng.random() < 0.4, rng.random() < 0.5
-    base = {"max_pile_bytes": LIMIT if split else None, "compression": "zstd" if zstd else None}
-    append = {"max_pile_bytes": LIMIT, "compression": "zstd" if zstd else None}
+    """How a round's dataset is written and grown: pass-1 split or not, compressed (zstd or lz4) or not, a window or not."""
+    split, packed, grown = rng.random() < 0.5, rng.random() < 0.4, rng.random() < 0.5
+    codec = rng.choice(["zstd", "lz4"]) if packed else None
+    base = {"max_pile_bytes": LIMIT if split else None, "compression": codec}
+    append = {"max_pile_bytes": LIMIT, "compression": codec}
     if grown and rng.random() < 0.6:
         append["window"] = 2
-    return {"split": split, "zstd": zstd, "grown": grown, "base": base, "append": append}
+    return {"split": split, "codec": codec, "grown": grown, "base": base, "append": append}
 
 
 def build(out: str, s: dict[str, Any]) -> None:
@@ -246,7 +247,7 @@ def one_round(work: str, rng: random.Random, *, stops: int) -> dict[str, Any]:
     took = time.perf_counter() - began
     publishing, steps = map(int, Path(counted).read_text().split())
     new = (g0 + 1, sorted(keys(ref)))
-    row: dict[str, Any] = {**{k: s[k] for k in ("split", "zstd", "grown")}, "window": s["append"].get("window"), "stops": []}
+    row: dict[str, Any] = {**{k: s[k] for k in ("split", "codec", "grown")}, "window": s["append"].get("window"), "stops": []}
     for k in range(stops):
         how = rng.choice(["time", "step", "step", "int"])
         # most steps commit pass 1's parts: two kills in three land while the append publishes
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r:2d}: FAILED: {e}", flush=True)
                 continue
             rows.append(row)
-            kind = ", ".join(k for k in ("split", "zstd", "grown") if row[k]) or "plain"
+            kind = ", ".join(k if row[k] is True else str(row[k]) for k in ("split", "codec", "grown") if row[k]) or "plain"
             stops = ", ".join(f"{how}@{at}->{outcome}" for how, at, outcome in row["stops"])
             print(f"round {r:2d} [{kind}; window={row['window']}]: {stops}; identical={row['identical']}", flush=True)
     outcomes = Counter((how, outcome) for row in rows for how, _, outcome in row["stops"])

@@ -80,7 +80,7 @@ class ShuffleOptions:
         overwrite: replace a dataset already in the output directory.
         key_prefix: ``"unit"`` prefixes each key with its input shard's name, for shards whose
             keys restart at ``000000`` (see :func:`shardkit.pile`); keys must be unique.
-        compression, compression_level: ``"zstd"`` or ``"gzip"`` writes each output shard
+        compression, compression_level: ``"zstd"``, ``"gzip"`` or ``"lz4"`` writes each output shard
             compressed whole (``shard-000000.tar.zst``), as :class:`~shardkit.PileOptions` does
             for piles; ``maxsize`` still counts the tar's bytes. The temporary piles stay plain.
 
@@ -128,7 +128,7 @@ class ShuffleOptions:
     compression: str | None = field(
         default=None,
         metadata=meta(
-            help="compress each output shard whole: zstd (shard-000000.tar.zst) or gzip (.tar.gz); default: plain tar",
+            help="compress each output shard whole: zstd (shard-000000.tar.zst), gzip (.tar.gz) or lz4 (.tar.lz4); default: plain tar",
             metavar="CODEC",
             yaml="output",
         ),

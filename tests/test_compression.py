@@ -7,6 +7,7 @@ import io
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,13 +85,18 @@ def test_bad_compressed_bytes_are_a_corrupt_shard_naming_it(codec, damage, messa
 
 def test_unknown_compression_and_levels_are_config_errors():
     for make in (shardkit.PileOptions, lambda **kw: shardkit.ShuffleOptions(**{k: v for k, v in kw.items() if k != "piles"})):
-        with pytest.raises(ConfigError, match=r"compression: expected one of 'zstd', 'gzip' or None \(no compression\), got 'lz4'"):
-            make(piles=2, compression="lz4")
+        with pytest.raises(
+            ConfigError, match=r"compression: expected one of 'zstd', 'gzip', 'lz4' or None \(no compression\), got 'brotli'"
+        ):
+            make(piles=2, compression="brotli")
         with pytest.raises(ConfigError, match=r"compression_level: expected an integer between 1 and 22"):
             make(piles=2, compression="zstd", compression_level=23)
         with pytest.raises(ConfigError, match=r"compression_level: only used with a compression"):
             make(piles=2, compression_level=3)
+        with pytest.raises(ConfigError, match=r"compression_level: expected an integer between 0 and 16"):
+            make(piles=2, compression="lz4", compression_level=17)
     assert shardkit.PileOptions(piles=2, compression="gzip").level == 6
+    assert shardkit.PileOptions(piles=2, compression="lz4").level == 0
 
 
 def test_the_cli_refuses_an_unknown_compression(tmp_path, capsys):
@@ -130,8 +136,8 @@ def test_a_compressed_entry_needs_all_its_fields(datasets):
     del doc["piles"][1]["tar_checksum"]
     with pytest.raises(ManifestError, match=r"piles\[1\]: a compressed pile needs .*; missing 'tar_checksum'"):
         manifest.parse(json.dumps(doc), "m.json")
-    doc["piles"][1]["tar_checksum"], doc["piles"][1]["compression"] = "crc32:00000000", "lz4"
-    with pytest.raises(ManifestError, match=r"field 'compression': expected one of 'zstd', 'gzip', got 'lz4'"):
+    doc["piles"][1]["tar_checksum"], doc["piles"][1]["compression"] = "crc32:00000000", "brotli"
+    with pytest.raises(ManifestError, match=r"field 'compression': expected one of 'zstd', 'gzip', 'lz4', got 'brotli'"):
         manifest.parse(json.dumps(doc), "m.json")
 
 
@@ -326,9 +332,11 @@ def test_the_benchmark_prints_both_tables_and_the_profile(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "### ~5 KB JSON samples (60 samples" in out and "### JPEG samples (12 samples" in out
-    for row in ("| plain |", "| zstd 3, 1 frame |", "| zstd 3, frames |", "| gzip 6 |"):
+    for row in ("| plain |", "| zstd 3, 1 frame |", "| zstd 3, frames |", "| gzip 6 |", "| lz4 0 |", "| lz4 3 |"):
         assert out.count(row) == 2
     assert "one zstd-3 pile:" in out and "frames, beside a busy thread" in out and "  2 MiB:" in out
+    assert re.search(r"lz4 0: reads at \d\.\d\dx plain \(goal >= 0\.7x: (met|MISSED)\), \d+% smaller \(goal >= 40%: (met|MISSED)\)", out)
+    assert "lz4 (level 0) beside a busy thread" in out
 
 
 # --- zstd frames and the seek table ---------------------------------------------------------------

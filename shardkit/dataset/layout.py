@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 from shardkit.errors import ManifestError
+from shardkit.tar.compression import SUFFIX_PATTERN as _PACKED
 
 MANIFEST = "shardkit.json"
 # every name of a job's own records and temporaries in a dataset directory starts so
@@ -43,10 +44,10 @@ RESERVED = frozenset({MANIFEST, LOCK, STAGING, REMOTE_STAGING})
 # a pile of pass 1, a split's sub-pile (-001), an append's segment (.g000002, -token on an object
 # store), its leaf (.r4-1), a name taken again after an overwrite (.v1); or an eager shuffle's shard
 _STEM = r"(?:pile-(\d{6,})(?:-\d{1,6})*(?:\.g\d{6,}(?:-[0-9a-f]{1,32})?)?(?:\.r\d{1,10}-\d{1,10})?|shard-\d{6,})(?:\.v\d{1,6})?"
-DATA_FILE = re.compile(_STEM + r"\.tar(?:\.zst|\.gz)?")
+DATA_FILE = re.compile(_STEM + rf"\.tar{_PACKED}?")
 KEYS_FILE = re.compile(_STEM + r"\.keys")
-PILE_FILE = re.compile(r"pile-.*\.tar(?:\.zst|\.gz)?")
-SHARD_FILE = re.compile(r"shard-\d{6,}(?:\.v\d+)?\.tar(?:\.zst|\.gz)?")
+PILE_FILE = re.compile(rf"pile-.*\.tar{_PACKED}?")
+SHARD_FILE = re.compile(rf"shard-\d{{6,}}(?:\.v\d+)?\.tar{_PACKED}?")
 GENERATION_FILE = re.compile(r"shardkit\.g(\d{6,})\.json")
 INDEX_FILE = re.compile(r"shardkit\.g(\d{6,})\.idx")
 JOURNAL_FILE = re.compile(re.escape(JOURNAL_PREFIX) + r"[A-Za-z0-9_-]{1,64}\.json")
@@ -57,12 +58,12 @@ STAGING_DIR = re.compile(
 # what an atomic write leaves when it dies: a name of the layout, then .partial-<uuid>
 PARTIAL = re.compile(r"(.+)\.partial-[0-9a-f]{32}")
 # a pile, a sub-pile of a split (pile-000012-001.tar) or a leaf of a pile an append split (pile-000012.r4-1.tar)
-_PILE = re.compile(r"^pile-(\d+)(?:-\d+)*(?:\.r\d+-\d+)?(?:\.v\d+)?(?:\.g\d+)?\.tar(?:\.zst|\.gz)?$")
+_PILE = re.compile(rf"^pile-(\d+)(?:-\d+)*(?:\.r\d+-\d+)?(?:\.v\d+)?(?:\.g\d+)?\.tar{_PACKED}?$")
 # a whole pile pass 1 wrote (not split): pile-000012.tar, .v1.tar after an overwrite, .tar.zst compressed
-_WHOLE_PILE = re.compile(r"^pile-(\d{6,})(?:\.v\d+)?\.tar(?:\.zst|\.gz)?$")
-_TAR_SUFFIX = re.compile(r"\.tar(?:\.zst|\.gz)?$")
+_WHOLE_PILE = re.compile(rf"^pile-(\d{{6,}})(?:\.v\d+)?\.tar{_PACKED}?$")
+_TAR_SUFFIX = re.compile(rf"\.tar{_PACKED}?$")
 # what an interrupted pass 1 leaves in a directory without a manifest: piles, a staging directory
-_UNFINISHED = re.compile(r"^(pile-\d{6,}(-\d{3})*\.tar(\.zst|\.gz)?|\.shardkit-.*)$")
+_UNFINISHED = re.compile(rf"^(pile-\d{{6,}}(-\d{{3}})*\.tar{_PACKED}?|\.shardkit-.*)$")
 _MAX_NAME = 255
 
 
@@ -166,6 +167,6 @@ def check_name(name: str, where: str, *, pile: bool = False) -> str:
     if not DATA_FILE.fullmatch(name):
         raise ManifestError(
             f"{where}: pile name {name!r} is not of the form of a dataset's files "
-            "(pile-NNNNNN[...].tar or shard-NNNNNN[...].tar, optionally .zst or .gz)"
+            "(pile-NNNNNN[...].tar or shard-NNNNNN[...].tar, optionally .zst, .gz or .lz4)"
         )
     return name

@@ -76,11 +76,12 @@ class PileOptions:
             or writes, given to fsspec as they are (``{"endpoint_url": ..., "anon": True}``);
             without them the store's usual environment applies (``AWS_ENDPOINT_URL``,
             ``AWS_PROFILE``...). Never written, logged or shown.
-        compression: ``"zstd"`` or ``"gzip"`` compresses each pile whole as it is assembled
-            (``pile-000000.tar.zst``, ``.tar.gz``: still readable by ``tar``, ``tarfile`` and
-            webdataset); None writes plain tars. The loader decompresses in its prefetch thread.
-        compression_level: the codec's level (zstd 1-22, gzip 1-9); None: the codec's default
-            (zstd 3, gzip 6, chosen by ``benchmarks/compression.py``).
+        compression: ``"zstd"``, ``"gzip"`` or ``"lz4"`` compresses each pile whole as it is
+            assembled (``pile-000000.tar.zst``, ``.tar.gz``, ``.tar.lz4``: still readable by
+            ``tar`` and ``tarfile``, and gzip by webdataset); None writes plain tars. The loader
+            decompresses in its prefetch thread: lz4 reads fastest, zstd is smallest.
+        compression_level: the codec's level (zstd 1-22, gzip 1-9, lz4 0-16); None: the codec's
+            default (zstd 3, gzip 6, lz4 0, chosen by ``benchmarks/compression.py``).
         key_prefix: ``"unit"`` prefixes each key with its input shard's name, for shards whose
             keys restart at ``000000`` (:func:`pile` and what runs on it; :func:`preprocess`
             takes keys from its function and refuses it); ``"none"`` keeps the keys.
@@ -177,14 +178,16 @@ class PileOptions:
     compression: str | None = field(
         default=None,
         metadata=meta(
-            help="compress each pile whole: zstd (pile-000000.tar.zst) or gzip (.tar.gz); default: plain tar",
+            help="compress each pile whole: zstd (pile-000000.tar.zst), gzip (.tar.gz) or lz4 (.tar.lz4, the fastest to read); default: plain tar",
             metavar="CODEC",
             yaml="output",
         ),
     )
     compression_level: int | None = field(
         default=None,
-        metadata=meta(help="the codec's level (zstd 1-22, default 3; gzip 1-9, default 6)", metavar="L", yaml="output"),
+        metadata=meta(
+            help="the codec's level (zstd 1-22, default 3; gzip 1-9, default 6; lz4 0-16, default 0)", metavar="L", yaml="output"
+        ),
     )
 
     mode: str = field(

@@ -144,7 +144,7 @@ def preprocess(
             ``executor="ray"`` runs them as Ray tasks, byte-identical to the local executor.
             The staging directory (inside ``out``, or ``TMPDIR`` for a remote ``out``) must
             then be a path every node of the cluster sees.
-        compression, compression_level: ``"zstd"`` or ``"gzip"`` compresses each pile whole
+        compression, compression_level: ``"zstd"``, ``"gzip"`` or ``"lz4"`` compresses each pile whole
             as it is assembled (``pile-000000.tar.zst``); see :class:`~shardkit.PileOptions`.
         repeat: oversampling: ``repeat(sample) -> int`` copies of each sample ``fn`` yields (0
             drops it), each routed to its own pile, copy i keyed ``f"{key}_r{i}"``; or

@@ -9,7 +9,7 @@ writes tars through these modules:
 - :mod:`~shardkit.tar.walk`: the header-by-header walk that handles the rest and names errors;
 - :mod:`~shardkit.tar.index`: members grouped into WebDataset samples, as arrays;
 - :mod:`~shardkit.tar.keys`: key hashes and the one check (and wording) for a repeated key;
-- :mod:`~shardkit.tar.compression`: whole-shard zstd and gzip: suffixes, magic bytes, codecs;
+- :mod:`~shardkit.tar.compression`: whole-shard zstd, gzip and lz4: suffixes, magic bytes, codecs;
 - :mod:`~shardkit.tar.zstd_frames`: seekable zstd: fixed-size frames, the seek table, parallel decompression;
 - :mod:`~shardkit.tar.shard`: :class:`Shard`, a whole shard in memory, samples by number.
 """

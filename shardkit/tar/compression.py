@@ -1,14 +1,16 @@
-"""Whole-shard compression: the codecs (zstd, gzip), their file suffixes and magic bytes, a
+"""Whole-shard compression: the codecs (zstd, gzip, lz4), their file suffixes and magic bytes, a
 streaming compressor, and decompression whose every failure names the shard.
 
-A compressed shard is one tar compressed whole (``pile-000000.tar.zst``, ``.tar.gz``), never
-member by member, so ``tar --zstd``, ``tar -z``, Python's ``tarfile`` and webdataset read it as
-they read any compressed tar. zstd writes independent frames of a fixed size with a seek table
+A compressed shard is one tar compressed whole (``pile-000000.tar.zst``, ``.tar.gz``,
+``.tar.lz4``), never member by member, so ``tar --zstd``, ``tar -z``, ``lz4 -d``, Python's
+``tarfile`` and webdataset read it as they read any compressed tar (webdataset knows gzip only). zstd writes independent frames of a fixed size with a seek table
 (:mod:`shardkit.tar.zstd_frames`), so a reader decompresses a pile on several threads; the bytes
 depend only on the tar and the level, not on the machine or its threads, so piles stay
 byte-identical whatever wrote them. Every zstd frame carries its content size and a checksum.
 Older piles (one frame, no table) and other tools' files are read as a stream. gzip goes
-through zlib-ng, which is faster than the standard zlib.
+through zlib-ng, which is faster than the standard zlib. lz4 writes one LZ4 frame of independent
+4 MiB blocks with a content checksum: it compresses less than zstd but decompresses several times
+faster, which is what a loader that decompresses beside a training loop needs on few cores.
 
     packer = Compressor("zstd", level=3)
     data = packer.compress(tar) + packer.finish()
@@ -24,16 +26,21 @@ from shardkit.errors import ConfigError, CorruptShardError
 from shardkit.tar import zstd_frames
 
 # the codecs, in the order they are offered; None (no compression) is the default everywhere
-CODECS = ("zstd", "gzip")
-SUFFIX = {"zstd": ".zst", "gzip": ".gz"}
+CODECS = ("zstd", "gzip", "lz4")
+SUFFIX = {"zstd": ".zst", "gzip": ".gz", "lz4": ".lz4"}
 # other endings a shard compressed with the codec may have (read, never written)
-_READ_SUFFIXES = {"zstd": (".tar.zst", ".tzst", ".zst"), "gzip": (".tar.gz", ".tgz", ".gz")}
+_READ_SUFFIXES = {"zstd": (".tar.zst", ".tzst", ".zst"), "gzip": (".tar.gz", ".tgz", ".gz"), "lz4": (".tar.lz4", ".lz4")}
 # the names of tar shards, plain or compressed, that readers and listings recognise
 SHARD_SUFFIXES = (".tar", *(ending for endings in _READ_SUFFIXES.values() for ending in endings if ending.startswith((".tar", ".t"))))
-MAGIC = {"zstd": b"\x28\xb5\x2f\xfd", "gzip": b"\x1f\x8b"}
+# what a written shard's name may end with after ``.tar``, as a regular expression: one of :data:`SUFFIX`'s
+SUFFIX_PATTERN = "(?:" + "|".join(ending.replace(".", r"\.") for ending in SUFFIX.values()) + ")"
+MAGIC = {"zstd": b"\x28\xb5\x2f\xfd", "gzip": b"\x1f\x8b", "lz4": b"\x04\x22\x4d\x18"}
 # the levels each codec takes, and the default (chosen by benchmarks/compression.py: see BENCHMARKS.md)
-LEVELS = {"zstd": (1, 22), "gzip": (1, 9)}
-DEFAULT_LEVEL = {"zstd": 3, "gzip": 6}
+# (lz4: 0-2 are its fast mode, 3-16 its high-compression mode, which writes slower and reads as fast)
+LEVELS = {"zstd": (1, 22), "gzip": (1, 9), "lz4": (0, 16)}
+DEFAULT_LEVEL = {"zstd": 3, "gzip": 6, "lz4": 0}
+# lz4's frame: blocks of 4 MiB that do not refer to each other, and a checksum of the whole content
+_LZ4_FRAME = {"block_size": 7, "block_linked": False, "content_checksum": True}
 # compressed bytes a stream is read by: past the manifest's size, what one piece decompresses to is all that is read
 _PIECE = 1 << 20
 
@@ -89,7 +96,7 @@ class Compressor:
     """Compress one stream (a whole tar) with ``codec``, chunk by chunk.
 
     Args:
-        codec: ``"zstd"`` or ``"gzip"``.
+        codec: ``"zstd"``, ``"gzip"`` or ``"lz4"``.
         level: the codec's level (see :func:`check_level`).
 
     Example:
@@ -106,6 +113,8 @@ class Compressor:
 
             # wbits 31: a gzip member (header and CRC trailer), with mtime 0, so output is reproducible
             self._stream = zlib_ng.compressobj(level, zlib_ng.DEFLATED, 31)
+        elif codec == "lz4":
+            self._stream = _Lz4Writer(level)
         else:
             check_compression(codec)
 
@@ -115,7 +124,7 @@ class Compressor:
 
     def finish(self) -> bytes:
         """The rest of the compressed stream, its end included. Call once, last."""
-        return self._stream.finish() if self.codec == "zstd" else self._stream.flush()
+        return self._stream.flush() if self.codec == "gzip" else self._stream.finish()
 
 
 def compress(data: Any, codec: str, *, level: int) -> bytes:
@@ -129,7 +138,7 @@ def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threa
 
     A zstd shard with a seek table has its frames decompressed on ``threads`` of libzstd's
     threads (None: one a core, a few at most; see :func:`zstd_frames.decompress`); any other zstd or gzip
-    stream, of one frame or member or several, is read whole as a stream. ``size``, the tar's
+    stream, of one frame or member or several, is read whole as a stream, and so is lz4. ``size``, the tar's
     length when a manifest says it, is checked.
 
     Raises:
@@ -147,7 +156,7 @@ def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threa
     if frames is not None:
         return zstd_frames.decompress(buf, frames, url, threads=threads)
     try:
-        out = _zstd(buf, size) if codec == "zstd" else _gzip(buf)
+        out = _READERS[codec](buf, size)
     except Exception as e:  # the codecs' own errors (zstd.ZstdError, zlib.error, EOFError...): say which shard and why
         raise CorruptShardError(f"{url}: not valid {codec}: corrupt or truncated ({_reason(e)})") from None
     if size is not None and len(out) != size:
@@ -189,12 +198,59 @@ def _zstd(buf: Any, size: int | None) -> bytes:
     return b"".join(parts)
 
 
-def _gzip(buf: Any) -> bytes:
+def _gzip(buf: Any, size: int | None) -> bytes:
     from zlib_ng import gzip_ng
 
     return gzip_ng.decompress(memoryview(buf))  # a view: it takes bytes-like objects, not a memory map itself
 
 
+class _Lz4Writer:
+    """One LZ4 frame written chunk by chunk (:data:`_LZ4_FRAME`); its bytes depend only on the input and the level."""
+
+    def __init__(self, level: int) -> None:
+        import lz4.frame
+
+        self._frame = lz4.frame.LZ4FrameCompressor(compression_level=level, **_LZ4_FRAME)
+        self._head: bytes | None = self._frame.begin()
+
+    def compress(self, data: Any) -> bytes:
+        head, self._head = self._head or b"", None
+        return head + self._frame.compress(data)
+
+    def finish(self) -> bytes:
+        head, self._head = self._head or b"", None
+        return head + self._frame.flush()
+
+
+def _lz4(buf: Any, size: int | None) -> bytes:
+    """The LZ4 frames of ``buf`` decompressed one after another (other tools may join several).
+
+    Raises:
+        EOFError: the last frame ends early (truncated).
+    """
+    import lz4.frame
+
+    parts, rest, begins = [], memoryview(buf), 0
+    while rest:
+        frame = lz4.frame.LZ4FrameDecompressor()
+        parts.append(frame.decompress(rest))
+        if not frame.eof:  # lz4 hands back what it could and waits for more: a file that stops inside a frame is truncated
+            raise EOFError(f"the frame at byte {begins} ends early, at byte {len(buf)}")
+        left = frame.unused_data or b""  # None when the frame ended the buffer
+        begins += len(rest) - len(left)
+        rest = memoryview(left)
+        if size is not None and sum(map(len, parts)) > size:
+            break
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+_READERS = {"zstd": _zstd, "gzip": _gzip, "lz4": _lz4}
+
+
 def _reason(e: BaseException) -> str:
     text = str(e) or type(e).__name__
-    return text.removeprefix("decompression error: ").removeprefix("zstd decompress error: ")
+    return (
+        text.removeprefix("decompression error: ")
+        .removeprefix("zstd decompress error: ")
+        .removeprefix("LZ4F_decompress failed with code: ")
+    )
