@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from shardkit.loading.blend_spec import Blend, BlendSource
     from shardkit.loading.loader import Loader
     from shardkit.loading.options import LoaderOptions
+    from shardkit.loading.random_access import MapDataset, open
     from shardkit.manifest import Manifest, PileInfo
     from shardkit.piles.options import PileOptions
     from shardkit.piles.preprocess import pile, preprocess
@@ -64,6 +65,7 @@ _WHERE = {
     "LoaderOptions": "shardkit.loading.options",
     "Manifest": "shardkit.manifest",
     "ManifestError": "shardkit.errors",
+    "MapDataset": "shardkit.loading.random_access",
     "PileInfo": "shardkit.manifest",
     "PileOptions": "shardkit.piles.options",
     "PileTooLargeError": "shardkit.errors",
@@ -82,6 +84,7 @@ _WHERE = {
     "info": "shardkit.tools",
     "load_job": "shardkit.cli",
     "loader": "shardkit.loading.blend_loader",
+    "open": "shardkit.loading.random_access",
     "pile": "shardkit.piles.preprocess",
     "pile_kwargs": "shardkit.cli",
     "preprocess": "shardkit.piles.preprocess",
@@ -133,6 +136,7 @@ __all__ = [
     "LoaderOptions",
     "Manifest",
     "ManifestError",
+    "MapDataset",
     "PileInfo",
     "PileOptions",
     "PileTooLargeError",
@@ -152,6 +156,7 @@ __all__ = [
     "info",
     "load_job",
     "loader",
+    "open",
     "pile",
     "pile_kwargs",
     "preprocess",

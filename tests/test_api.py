@@ -9,10 +9,10 @@ import shardkit
 
 PUBLIC = {
     "Blend", "BlendSource", "Codecs", "ConfigError", "CorruptShardError", "DatasetExistsError", "DatasetInfo", "DatasetNotFoundError",
-    "DecodeError", "InputError", "Loader", "LoaderOptions", "Manifest", "ManifestError", "PileInfo", "PileOptions",
+    "DecodeError", "InputError", "Loader", "LoaderOptions", "Manifest", "ManifestError", "MapDataset", "PileInfo", "PileOptions",
     "PileTooLargeError", "PileWriter", "Problem", "QualityReport", "SampleError", "ShardkitError", "ShuffleOptions", "StorageError",
     "WorkerError",
-    "__version__", "add_pile_args", "compare_shuffles", "export", "gc", "info", "load_job", "loader", "pile", "pile_kwargs",
+    "__version__", "add_pile_args", "compare_shuffles", "export", "gc", "info", "load_job", "loader", "open", "pile", "pile_kwargs",
     "preprocess", "repile", "run_job", "shuffle", "verify",
 }  # fmt: skip
 

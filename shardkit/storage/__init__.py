@@ -64,6 +64,7 @@ __all__ = [
     "open_read",
     "read_bytes",
     "read_checked",
+    "read_range",
     "remote",
     "remove",
     "retry",
@@ -147,6 +148,20 @@ def map_bytes(url: str) -> Buffer:
             return map_open(f)
     except OSError:  # no file, or not one to read: read_bytes says why
         return read_bytes(url)
+
+
+def read_range(url: str, start: int, end: int) -> bytes:
+    """Bytes ``start`` to ``end`` (exclusive) of the file: one positioned read locally, one
+    ranged request for an object. Fewer bytes come back only when the file is shorter."""
+    path = local_path(url)
+    with guard(url, "read"):
+        if path is not None:
+            fd = os.open(path, os.O_RDONLY | O_BINARY)
+            try:
+                return os.pread(fd, end - start, start)
+            finally:
+                os.close(fd)
+        return _call(url, lambda fs, p: bytes(fs.cat_file(p, start=start, end=end)))
 
 
 # tries at an object whose bytes came back wrong (a transfer torn without an error) before they are called corrupt

@@ -1,0 +1,262 @@
+"""Random access to a pile dataset: ``len(ds)``, ``ds[i]`` and ``ds.get(key)``, each reading one sample's bytes.
+
+:func:`open` gives a map-style dataset. Position ``i`` counts in pile order (manifest order,
+each pile in file order), or, with ``seed``, in the order ``shardkit.loader(DATASET, seed=seed)``
+yields in epoch ``epoch`` on one rank. The index that says where each sample lies
+(:mod:`shardkit.loading.index`) is built on first use and stored beside the manifest.
+
+A plain pile is read by range: one ``pread`` locally, one ranged GET on an object store. A
+compressed pile (``.tar.zst``, ``.tar.gz``) cannot be read by range, so it is read whole,
+checked, decompressed and kept: the ``keep_piles`` most recently used piles stay in memory. With
+``cache_dir`` a remote pile is read whole once into the local cache, and samples come from
+that copy.
+
+    ds = shardkit.open("data/train")
+    ds[17]["cls"], ds.get("part-00003/row-000017")
+    ds = shardkit.open("data/train", seed=0, epoch=2)   # the loader's order in epoch 2
+"""
+
+from __future__ import annotations
+
+import collections
+import operator
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from shardkit import manifest, storage
+from shardkit._util import check_int, check_path
+from shardkit.codecs import Codecs
+from shardkit.errors import ConfigError, CorruptShardError
+from shardkit.loading import plan
+from shardkit.loading.decode import Transform
+from shardkit.loading.index import Index, load_or_build
+from shardkit.loading.options import LoaderOptions
+from shardkit.loading.pile import fetch
+from shardkit.tar.shard import Shard
+from shardkit.tar.write import TRAILER
+
+# in-pile permutations kept for epoch order (each costs one draw of a pile's size)
+_PERMUTATIONS = 8
+
+
+class MapDataset:
+    """A pile dataset as a sequence of samples; see :func:`open`.
+
+    It pickles as its options alone (a few hundred bytes): each process that unpickles it
+    (a torch ``DataLoader`` worker) loads the stored index on first use, memory-mapped for a
+    local dataset, so the workers share its pages.
+
+    Example:
+        ds = shardkit.open("data/train", decode=False)
+        len(ds), ds[0]["__key__"], ds.get(ds[0]["__key__"])
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        seed: int | None,
+        epoch: int,
+        mix: int,
+        options: LoaderOptions,
+        keep_piles: int,
+    ) -> None:
+        self.root, self.seed, self.epoch, self.mix = root, seed, epoch, mix
+        self.options, self.keep_piles = options, keep_piles
+        storage.use(self.root, self.options.storage_options)
+        self._setup(manifest.read(self.root))
+
+    def _setup(self, found: manifest.Manifest) -> None:
+        self.manifest = found
+        self._counts = [p.samples for p in self.manifest.piles]
+        self._pile_starts = np.concatenate([[0], np.cumsum(self._counts)]).astype(np.int64)
+        self._index: Index | None = None
+        self._transform = Transform(self.options.codecs(), self.options.map)
+        self._order: plan.EpochOrder | None = None
+        self._perms: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        self._piles: collections.OrderedDict[int, storage.Buffer] = collections.OrderedDict()
+        self._reads: storage.RemoteReads | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("root", "seed", "epoch", "mix", "options", "keep_piles")
+        return {**{k: self.__dict__[k] for k in keep}, "generation": self.manifest.generation}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        generation = state.pop("generation")
+        self.__dict__.update(state)
+        storage.use(self.root, self.options.storage_options)
+        # the generation the pickled dataset read, whatever the latest is now: every worker reads the same samples
+        self._setup(manifest.read_generation(self.root, generation))
+
+    # -- the index and the order ---------------------------------------------------------------
+    @property
+    def index(self) -> Index:
+        """The random-access index (loaded, or built and stored, on first use)."""
+        if self._index is None:
+            self._index = load_or_build(self.root, self.manifest, reads=self._remote())
+        return self._index
+
+    def _remote(self) -> storage.RemoteReads:
+        if self._reads is None:
+            cache = None
+            if self.options.cache_dir is not None:
+                from shardkit.storage.cache import PileCache
+
+                cache = PileCache(self.options.cache_dir, self.options.cache_limit)
+            self._reads = storage.RemoteReads(concurrency=self.options.remote_concurrency, cache=cache)
+        return self._reads
+
+    def set_epoch(self, epoch: int) -> None:
+        """Count positions in the order of epoch ``epoch`` (with a ``seed``)."""
+        self.epoch = check_int("epoch", epoch, low=0)
+        self._order, self._perms = None, collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return int(self._pile_starts[-1])
+
+    def position(self, i: int) -> int:
+        """The pile-order position of the sample at position ``i`` of this dataset's order."""
+        n = len(self)
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise TypeError(f"{self.root}: sample indices must be integers, not {type(i).__name__}") from None
+        if not -n <= i < n:
+            raise IndexError(f"{self.root}: index {i} is out of range for a dataset of len {n}")
+        i %= n
+        if self.seed is None:
+            return i
+        if self._order is None:
+            self._order = plan.EpochOrder(self._counts, seed=self.seed, epoch=self.epoch, mix=self.mix)
+        if self.mix == 1:  # piles follow each other: the pile, then its permutation (kept for its neighbours)
+            order = self._order
+            j = int(np.searchsorted(order._bounds, i, side="right")) - 1
+            pile = int(order._read[j])
+            perm = self._perms.get(pile)
+            if perm is None:
+                perm = self._perms[pile] = order.in_pile(pile)
+                if len(self._perms) > _PERMUTATIONS:
+                    self._perms.popitem(last=False)
+            return int(self._pile_starts[pile]) + int(perm[i - int(order._bounds[j])])
+        piles, within = self._order.take(i, i + 1)
+        return int(self._pile_starts[int(piles[0])]) + int(within[0])
+
+    # -- reading -------------------------------------------------------------------------------
+    def raw(self, position: int) -> dict[str, Any]:
+        """The sample at pile-order ``position`` as a dict of raw bytes (``__key__`` included)."""
+        idx = self.index
+        f, start, end = idx.locate(position)
+        part = idx.files[f]
+        url = storage.join(self.root, part.name)
+        if part.info.compression is None and (self.options.cache_dir is None or not storage.is_remote(url)):
+            data = storage.read_range(url, start, end)
+        else:
+            data = bytes(self._whole(f, url)[start:end])
+        if len(data) != end - start:
+            raise CorruptShardError(f"{url}: sample at offset {start} ends past the file ({len(data)} of {end - start} bytes read)")
+        shard = Shard(url, data + TRAILER)
+        if len(shard) != 1:
+            raise CorruptShardError(f"{url}: bytes {start}..{end} hold {len(shard)} samples, the index says one: the file changed")
+        sample = shard.sample(0)
+        if position not in idx.lookup(sample["__key__"]):
+            raise CorruptShardError(f"{url}: the sample at offset {start} has key {sample['__key__']!r}, not the indexed one")
+        return sample
+
+    def _whole(self, f: int, url: str) -> storage.Buffer:
+        """The tar of data file ``f``, read whole and kept among the ``keep_piles`` most recently used."""
+        held = self._piles.get(f)
+        if held is not None:
+            self._piles.move_to_end(f)
+            return held
+        part = self.index.files[f]
+        held = fetch(url, expected=part.info, verify=self.options.verify, reads=self._remote()).buf
+        self._piles[f] = held
+        while len(self._piles) > self.keep_piles:
+            self._piles.popitem(last=False)
+        return held
+
+    def __getitem__(self, i: int) -> Any:
+        position = self.position(i)
+        sample = self.raw(position)
+        return self._transform(sample, self._where(position))
+
+    def _where(self, position: int) -> str:
+        f, _, _ = self.index.locate(position)
+        return storage.join(self.root, self.index.files[f].name)
+
+    def get(self, key: str) -> Any:
+        """The sample whose key is ``key``, decoded like ``ds[i]``.
+
+        Raises:
+            KeyError: no sample of the dataset has that key (the message names it and the dataset).
+        """
+        if not isinstance(key, str):
+            raise TypeError(f"{self.root}: keys are str, not {type(key).__name__}")
+        for position in self.index.lookup(key):
+            sample = self.raw(position)
+            if sample["__key__"] == key:
+                return self._transform(sample, self._where(position))
+        raise KeyError(f"{key!r}: no sample has this key in {self.root} ({len(self)} samples, generation {self.manifest.generation})")
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and any(self.raw(p)["__key__"] == key for p in self.index.lookup(key))
+
+    def __repr__(self) -> str:
+        order = "pile order" if self.seed is None else f"epoch {self.epoch} of seed {self.seed}"
+        return f"<MapDataset {self.root}: {len(self)} samples in {len(self._counts)} piles, {order}>"
+
+
+def open(
+    dataset: str | os.PathLike[str],
+    *,
+    seed: int | None = None,
+    epoch: int = 0,
+    mix: int = 1,
+    decode: bool | str | Codecs = True,
+    map: Callable[[dict[str, Any]], Any] | None = None,
+    allow_pickle: bool = False,
+    verify: bool = True,
+    keep_piles: int = 2,
+    remote_concurrency: int = storage.remote.DEFAULT_CONCURRENCY,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> MapDataset:
+    """A shardkit dataset as a map-style dataset: ``len(ds)``, ``ds[i]``, ``ds.get(key)``.
+
+    Args:
+        dataset: a dataset directory (local or ``s3://``...) holding ``shardkit.json``.
+        seed: None: ``ds[i]`` counts in pile order (the manifest's piles one after the other,
+            each in file order). An int: in the order ``shardkit.loader(dataset, seed=seed,
+            mix=mix)`` yields in epoch ``epoch`` with one rank.
+        epoch, mix: the epoch (see :meth:`MapDataset.set_epoch`) and the loader's ``mix``.
+        decode, map, allow_pickle: as for :func:`shardkit.loader`; ``decode=False`` gives raw bytes.
+        verify: check a compressed pile read whole against the manifest's checksum.
+        keep_piles: compressed piles (or cached remote piles) kept in memory, decompressed.
+        remote_concurrency, cache_dir, cache_limit, storage_options: as for :func:`shardkit.loader`.
+
+    Raises:
+        ConfigError: an option is invalid; DatasetNotFoundError: no dataset there;
+        ManifestError: the manifest is invalid.
+    """
+    root = check_path("dataset", dataset)
+    check_int("seed", seed, low=0, none=True)
+    check_int("epoch", epoch, low=0)
+    check_int("mix", mix, low=1)
+    check_int("keep_piles", keep_piles, low=1)
+    if map is not None and not callable(map):
+        raise ConfigError(f"map: expected a function, got {type(map).__name__}")
+    options = LoaderOptions(
+        decode=decode,
+        map=map,
+        allow_pickle=allow_pickle,
+        verify=verify,
+        remote_concurrency=remote_concurrency,
+        cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+        cache_limit=cache_limit,
+        storage_options=storage_options,
+    )
+    return MapDataset(root, seed=seed, epoch=epoch, mix=mix, options=options, keep_piles=keep_piles)

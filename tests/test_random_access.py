@@ -1,0 +1,205 @@
+"""shardkit.open: len, ds[i] in pile and epoch order, get(key), the stored index, torch DataLoaders."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+import shardkit
+from shardkit import manifest, storage
+from shardkit.dataset import layout
+from shardkit.loading import index as index_module
+from shardkit.tar.shard import Shard, read_shard
+from tests.conftest import make_samples
+
+N = 203
+
+
+def _write(out: str, n: int = N, *, piles: int = 6, seed: int = 1, **options) -> str:
+    with shardkit.PileWriter(out, piles=piles, seed=seed, **options) as w:
+        for s in make_samples(n):
+            w.write(s)
+    return out
+
+
+@pytest.fixture
+def ds_dir(tmp_path) -> str:
+    return _write(str(tmp_path / "ds"))
+
+
+def _pile_order(out: str) -> list[str]:
+    """Keys in pile order, read pile by pile without the index."""
+    m = manifest.read(out)
+    return [k for p in m.piles for k in Shard(p.name, read_shard(storage.join(out, p.name))).keys]
+
+
+def test_pile_order_len_and_decoding_match_the_piles_and_the_loader(ds_dir):
+    ds = shardkit.open(ds_dir, decode=False)
+    assert len(ds) == N
+    assert [ds[i]["__key__"] for i in range(N)] == _pile_order(ds_dir)
+    assert ds[-1]["__key__"] == ds[N - 1]["__key__"]
+    raw = {s["__key__"]: s for s in make_samples(N)}
+    sample = ds[5]
+    assert bytes(sample["bin"]) == raw[sample["__key__"]]["bin"]
+    decoded = shardkit.open(ds_dir)[5]
+    assert decoded["cls"] == raw[decoded["__key__"]]["cls"]
+    mapped = shardkit.open(ds_dir, map=lambda s: (s["__key__"], s["cls"]))
+    assert mapped[5] == (decoded["__key__"], decoded["cls"])
+
+
+@pytest.mark.parametrize(("seed", "epoch", "mix"), [(0, 0, 1), (7, 3, 1), (2, 1, 3)])
+def test_epoch_order_is_exactly_what_the_loader_yields_with_one_rank(ds_dir, seed, epoch, mix):
+    loader = shardkit.loader(ds_dir, seed=seed, mix=mix, decode=False, world_size=1, rank=0)
+    loader.set_epoch(epoch)
+    expected = [s["__key__"] for s in loader]
+    ds = shardkit.open(ds_dir, seed=seed, epoch=epoch, mix=mix, decode=False)
+    assert [ds[i]["__key__"] for i in range(len(ds))] == expected
+    ds.set_epoch(epoch + 1)
+    loader.set_epoch(epoch + 1)
+    assert [ds[i]["__key__"] for i in range(len(ds))] == [s["__key__"] for s in loader] != expected
+
+
+def test_get_by_key_and_the_errors_name_len_key_and_dataset(ds_dir):
+    ds = shardkit.open(ds_dir, decode=False)
+    for key in ("s0000000", "s0000117", f"s{N - 1:07d}"):
+        assert ds.get(key)["__key__"] == key and key in ds
+    with pytest.raises(KeyError, match=rf"'nope': no sample has this key in {ds_dir}"):
+        ds.get("nope")
+    assert "nope" not in ds
+    for bad in (N, -N - 1, 10**12):
+        with pytest.raises(IndexError, match=rf"index {bad} is out of range for a dataset of len {N}"):
+            ds[bad]
+    with pytest.raises(TypeError, match="integers, not str"):
+        ds["s0000000"]  # type: ignore[index]
+    with pytest.raises(shardkit.ConfigError, match="seed"):
+        shardkit.open(ds_dir, seed=-1)
+    with pytest.raises(shardkit.DatasetNotFoundError):
+        shardkit.open(os.path.join(ds_dir, "missing"))
+
+
+def test_each_sample_is_one_ranged_read_of_its_own_bytes(ds_dir, monkeypatch):
+    ds = shardkit.open(ds_dir, decode=False)
+    assert len(ds.index) == N  # built: every pile read once
+    reads: list[tuple[str, int, int]] = []
+    real = storage.read_range
+
+    def spy(url, start, end):
+        reads.append((os.path.basename(url), start, end))
+        return real(url, start, end)
+
+    monkeypatch.setattr(storage, "read_range", spy)
+    monkeypatch.setattr(storage, "read_bytes", lambda *a, **k: pytest.fail("a whole file was read"))
+    monkeypatch.setattr(storage, "map_bytes", lambda *a, **k: pytest.fail("a whole file was mapped"))
+    ds[17]
+    ds.get("s0000042")
+    # two members (.bin, .cls): a header and a block of data each
+    assert len(reads) == 2 and all(end - start == 4 * 512 for _, start, end in reads)
+
+
+def test_the_index_is_stored_once_and_a_stale_or_corrupt_one_is_rebuilt(tmp_path, monkeypatch, caplog):
+    out = _write(str(tmp_path / "ds"))
+    first = [s["__key__"] for s in shardkit.open(out, decode=False)]  # iteration by __getitem__ ends at IndexError
+    url = os.path.join(out, layout.index_name(manifest.read(out).generation))
+    assert os.path.exists(url) and layout.kind(os.path.basename(url)) == "index"
+    stored = Path(url).read_bytes()
+
+    builds = []
+    real = index_module.build
+    monkeypatch.setattr(index_module, "build", lambda *a, **k: builds.append(1) or real(*a, **k))
+    assert [s["__key__"] for s in shardkit.open(out, decode=False)] == first and builds == []
+
+    # a byte flipped anywhere, a torn file, another file: never trusted
+    for damaged in (stored[:100] + bytes([stored[100] ^ 1]) + stored[101:], stored[:-9], b"not an index"):
+        Path(url).write_bytes(damaged)
+        with caplog.at_level(logging.WARNING):
+            assert [s["__key__"] for s in shardkit.open(out, decode=False)] == first
+        assert "rebuilding the index" in caplog.text
+        caplog.clear()
+    assert Path(url).read_bytes() == stored and len(builds) == 3
+
+    # the dataset overwritten with other piles: the old index names another manifest
+    _write(out, 50, piles=3, seed=9, overwrite=True)
+    Path(url).write_bytes(stored)
+    with caplog.at_level(logging.WARNING):
+        again = shardkit.open(out, decode=False)
+        assert sorted(again[i]["__key__"] for i in range(len(again))) == sorted(s["__key__"] for s in make_samples(50))
+    assert "header manifest=" in caplog.text
+
+
+@pytest.mark.parametrize("codec", ["zstd", "gzip"])
+def test_compressed_piles_are_read_whole_and_kept_bounded(tmp_path, codec):
+    plain = shardkit.open(_write(str(tmp_path / "plain")), decode=False)
+    packed = shardkit.open(_write(str(tmp_path / codec), compression=codec), decode=False, keep_piles=2)
+    assert [packed[i]["__key__"] for i in range(N)] == [plain[i]["__key__"] for i in range(N)]
+    assert bytes(packed.get("s0000099")["bin"]) == bytes(plain.get("s0000099")["bin"])
+    assert len(packed._piles) <= 2
+
+
+def test_a_grown_dataset_is_read_through_its_segments(tmp_path):
+    out = _write(str(tmp_path / "ds"), 60, piles=3)
+    with shardkit.PileWriter(out, piles=3, seed=1, mode="append") as w:
+        for i in range(40):
+            w.write({"__key__": f"new{i:03d}", "bin": b"x" * i, "cls": 1})
+    m = manifest.read(out)
+    assert m.generation >= 1 and any(p.segments for p in m.piles)
+    loader = shardkit.loader(out, shuffle=False, decode=False, world_size=1, rank=0)
+    ds = shardkit.open(out, decode=False)
+    assert [ds[i]["__key__"] for i in range(len(ds))] == [s["__key__"] for s in loader]
+    assert os.path.exists(os.path.join(out, layout.index_name(m.generation)))
+    assert ds.get("new007")["bin"] == b"x" * 7
+
+
+def test_it_pickles_small_and_reads_the_same_after(ds_dir):
+    ds = shardkit.open(ds_dir, seed=3, decode=False)
+    ds[0]
+    data = pickle.dumps(ds)
+    assert len(data) < 2000
+    copy = pickle.loads(data)
+    assert [copy[i]["__key__"] for i in range(N)] == [ds[i]["__key__"] for i in range(N)]
+
+
+def test_on_s3_a_sample_is_one_ranged_read(s3, monkeypatch):
+    url = s3.url("ds")
+    with shardkit.PileWriter(url, piles=4, seed=2) as w:
+        for s in make_samples(80):
+            w.write(s)
+    ds = shardkit.open(url, decode=False)
+    keys = [ds[i]["__key__"] for i in range(len(ds))]
+    assert sorted(keys) == sorted(s["__key__"] for s in make_samples(80))
+    assert storage.exists(storage.join(url, layout.index_name(manifest.read(url).generation)))
+    real = storage.read_bytes
+
+    def whole(url, **kw):
+        assert "pile-" not in url, f"a whole pile was read: {url}"
+        return real(url, **kw)
+
+    monkeypatch.setattr(storage, "read_bytes", whole)
+    fresh = pickle.loads(pickle.dumps(ds))  # a worker: the manifest and the stored index, then one range a sample
+    assert fresh.get(keys[5])["__key__"] == keys[5] and fresh[7]["__key__"] == keys[7]
+
+
+# --- torch ------------------------------------------------------------------------------------
+
+
+def test_torch_dataloader_with_workers_and_distributed_sampler(ds_dir):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'shardkit[torch]')")
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    ds = shardkit.open(ds_dir, map=lambda s: s["__key__"])
+    everything = sorted(s["__key__"] for s in make_samples(N))
+    for workers in (0, 2):
+        got = [k for batch in DataLoader(ds, batch_size=16, num_workers=workers, shuffle=True) for k in batch]
+        assert sorted(got) == everything
+    seen = []
+    for rank in range(2):
+        sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=4, drop_last=False)
+        sampler.set_epoch(1)
+        loader = DataLoader(ds, batch_size=8, sampler=sampler, num_workers=2)
+        seen.append([k for batch in loader for k in batch])
+    assert len(seen[0]) == len(seen[1]) == -(-N // 2)
+    assert set(seen[0]) | set(seen[1]) == set(everything)
+    assert torch.utils.data.get_worker_info() is None
