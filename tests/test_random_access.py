@@ -203,3 +203,35 @@ def test_torch_dataloader_with_workers_and_distributed_sampler(ds_dir):
     assert len(seen[0]) == len(seen[1]) == -(-N // 2)
     assert set(seen[0]) | set(seen[1]) == set(everything)
     assert torch.utils.data.get_worker_info() is None
+
+
+def test_the_one_key_hash_is_the_vectorized_one():
+    import numpy as np
+
+    from shardkit.loading.one_sample import key_hash
+    from shardkit.tar.keys import key_hashes
+
+    keys = ["", "a", "abcdefgh", "abcdefghi", "part-00003/row-000017", "é/ü" * 9, "x" * 200]
+    assert [key_hash(k) for k in keys] == key_hashes(np.array([k.encode() for k in keys], dtype=bytes)).tolist()
+
+
+def test_samples_with_pax_records_take_the_careful_path(tmp_path, monkeypatch):
+    import tarfile
+
+    from shardkit.loading import random_access
+
+    src = tmp_path / "src.tar"
+    with tarfile.open(src, "w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(30):
+            for ext, data in (("txt", f"text {i}".encode()), ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"long/{'d' * 120}/k{i:03d}.{ext}")  # a name too long for ustar: a pax record
+                info.size, info.mtime = len(data), 1.5
+                tar.addfile(info, __import__("io").BytesIO(data))
+    out = str(tmp_path / "ds")
+    shardkit.pile([str(src)], out, piles=3, quiet=True)
+    ds = shardkit.open(out)
+    careful = []
+    monkeypatch.setattr(random_access, "Shard", lambda *a, **k: careful.append(1) or Shard(*a, **k))
+    got = {ds[i]["__key__"]: ds[i]["cls"] for i in range(len(ds))}
+    assert careful
+    assert got == {f"long/{'d' * 120}/k{i:03d}": i for i in range(30)}

@@ -31,6 +31,7 @@ import numpy as np
 from shardkit import manifest, storage
 from shardkit.dataset import layout
 from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError
+from shardkit.loading.one_sample import key_hash
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.tar import index as tar_index
@@ -88,15 +89,17 @@ class Index:
 
     def locate(self, position: int) -> tuple[int, int, int]:
         """``(file number, start, end)`` of the sample at pile-order ``position`` (0 <= position < len)."""
-        f = int(np.searchsorted(self.starts, position, side="right")) - 1
+        f = int(self.starts.searchsorted(position, side="right")) - 1
         at = position + f  # each file before has one bound more than it has samples
         return f, int(self.bounds[at]), int(self.bounds[at + 1])
 
     def lookup(self, key: str) -> list[int]:
         """Pile-order positions whose key has the hash of ``key`` (usually one; the caller compares keys)."""
-        h = key_hashes(np.array([key.encode("utf-8", "surrogateescape")], dtype=bytes))[0]
-        lo, hi = np.searchsorted(self.hashes, [h, h], side="left")[0], np.searchsorted(self.hashes, h, side="right")
-        return [int(x) for x in self.order[lo:hi]]
+        h = np.uint64(key_hash(key))
+        lo = int(self.hashes.searchsorted(h, side="left"))
+        if lo == len(self.hashes) or self.hashes[lo] != h:
+            return []
+        return [int(x) for x in self.order[lo : int(self.hashes.searchsorted(h, side="right"))]]
 
 
 def build(root: str, m: Manifest, *, reads: storage.RemoteReads | None = None) -> Index:

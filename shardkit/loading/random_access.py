@@ -33,6 +33,7 @@ from shardkit.errors import ConfigError, CorruptShardError
 from shardkit.loading import plan
 from shardkit.loading.decode import Transform
 from shardkit.loading.index import Index, load_or_build
+from shardkit.loading.one_sample import parse
 from shardkit.loading.options import LoaderOptions
 from shardkit.loading.pile import fetch
 from shardkit.tar.shard import Shard
@@ -79,6 +80,7 @@ class MapDataset:
         self._perms: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._piles: collections.OrderedDict[int, storage.Buffer] = collections.OrderedDict()
         self._reads: storage.RemoteReads | None = None
+        self._urls: list[str] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("root", "seed", "epoch", "mix", "options", "keep_piles")
@@ -147,23 +149,31 @@ class MapDataset:
     # -- reading -------------------------------------------------------------------------------
     def raw(self, position: int) -> dict[str, Any]:
         """The sample at pile-order ``position`` as a dict of raw bytes (``__key__`` included)."""
+        return self._read(position)[0]
+
+    def _read(self, position: int) -> tuple[dict[str, Any], str]:
+        """The raw sample at pile-order ``position``, and the URL of the file it is in."""
         idx = self.index
         f, start, end = idx.locate(position)
         part = idx.files[f]
-        url = storage.join(self.root, part.name)
+        if self._urls is None:
+            self._urls = [storage.join(self.root, p.name) for p in idx.files]
+        url = self._urls[f]
         if part.info.compression is None and (self.options.cache_dir is None or not storage.is_remote(url)):
             data = storage.read_range(url, start, end)
         else:
             data = bytes(self._whole(f, url)[start:end])
         if len(data) != end - start:
             raise CorruptShardError(f"{url}: sample at offset {start} ends past the file ({len(data)} of {end - start} bytes read)")
-        shard = Shard(url, data + TRAILER)
-        if len(shard) != 1:
-            raise CorruptShardError(f"{url}: bytes {start}..{end} hold {len(shard)} samples, the index says one: the file changed")
-        sample = shard.sample(0)
+        sample = parse(data)
+        if sample is None:  # pax or long-name records, or damage: the careful reader says which
+            shard = Shard(url, data + TRAILER)
+            if len(shard) != 1:
+                raise CorruptShardError(f"{url}: bytes {start}..{end} hold {len(shard)} samples, the index says one: the file changed")
+            sample = shard.sample(0)
         if position not in idx.lookup(sample["__key__"]):
             raise CorruptShardError(f"{url}: the sample at offset {start} has key {sample['__key__']!r}, not the indexed one")
-        return sample
+        return sample, url
 
     def _whole(self, f: int, url: str) -> storage.Buffer:
         """The tar of data file ``f``, read whole and kept among the ``keep_piles`` most recently used."""
@@ -179,13 +189,7 @@ class MapDataset:
         return held
 
     def __getitem__(self, i: int) -> Any:
-        position = self.position(i)
-        sample = self.raw(position)
-        return self._transform(sample, self._where(position))
-
-    def _where(self, position: int) -> str:
-        f, _, _ = self.index.locate(position)
-        return storage.join(self.root, self.index.files[f].name)
+        return self._transform(*self._read(self.position(i)))
 
     def get(self, key: str) -> Any:
         """The sample whose key is ``key``, decoded like ``ds[i]``.
@@ -196,9 +200,9 @@ class MapDataset:
         if not isinstance(key, str):
             raise TypeError(f"{self.root}: keys are str, not {type(key).__name__}")
         for position in self.index.lookup(key):
-            sample = self.raw(position)
+            sample, url = self._read(position)
             if sample["__key__"] == key:
-                return self._transform(sample, self._where(position))
+                return self._transform(sample, url)
         raise KeyError(f"{key!r}: no sample has this key in {self.root} ({len(self)} samples, generation {self.manifest.generation})")
 
     def __contains__(self, key: object) -> bool:
