@@ -235,3 +235,21 @@ def test_samples_with_pax_records_take_the_careful_path(tmp_path, monkeypatch):
     got = {ds[i]["__key__"]: ds[i]["cls"] for i in range(len(ds))}
     assert careful
     assert got == {f"long/{'d' * 120}/k{i:03d}": i for i in range(30)}
+
+
+def test_the_random_access_benchmark_runs_at_toy_size():
+    import importlib.util
+    import subprocess
+    import sys
+
+    for module, package in (("litdata", "litdata"), ("streaming", "mosaicml-streaming")):
+        if importlib.util.find_spec(module) is None:  # streaming is not imported here: it needs the script's stand-in for torchvision
+            pytest.skip(f"{package} is not installed (pip install 'shardkit[mds,litdata]')")
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "random_access.py")
+    args = ["--samples", "300", "--reads", "50", "--warmup", "5", "--repeats", "1"]
+    done = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "µs" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["shardkit.open", "mosaic StreamingDataset", "litdata StreamingDataset"]
+    assert all(r.split("|")[4].strip().endswith("x") for r in rows)
