@@ -11,6 +11,7 @@ p99 latency; ratios are against shardkit.
 
     python benchmarks/random_access.py                          # 100,000 samples of 1 KiB, 10,000 reads, 3 repeats
     python benchmarks/random_access.py --samples 2000 --reads 200 --repeats 1   # seconds
+    python benchmarks/random_access.py --index-only --samples 1000000   # the index alone: build time, size, load time
 """
 
 from __future__ import annotations
@@ -87,6 +88,35 @@ def open_contender(name: str, root: str) -> Any:
     raise SystemExit(f"unknown contender {name!r}")
 
 
+def index_figures(n: int) -> None:
+    """Build, store and load the index of an ``n``-sample, 64-pile dataset of small samples; print its figures."""
+    import shardkit
+    from shardkit import manifest
+    from shardkit.loading import index
+
+    root = tempfile.mkdtemp(prefix="shardkit-index-")
+    try:
+        out = os.path.join(root, "ds")
+        with shardkit.PileWriter(out, piles=64, seed=0) as w:
+            for i in range(n):
+                w.write({"__key__": f"sample-{i:09d}", "cls": i % 1000})
+        m = manifest.read(out)
+        start = time.perf_counter()
+        built = index.build(out, m)
+        build = time.perf_counter() - start
+        data = index.encode(built, m)
+        start = time.perf_counter()
+        index.decode(data, m, "index")
+        load = time.perf_counter() - start
+        print(
+            f"{n:,} samples: index built in {build:.2f} s (every pile read and indexed), {built.nbytes / 1e6:.1f} MB in memory "
+            f"({built.nbytes / n:.1f} B a sample), {len(data) / 1e6:.1f} MB stored, loaded and checked in {load:.3f} s; "
+            f"{os.cpu_count()} CPUs"
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def run_child(name: str, root: str, reads: int, warmup: int, seed: int) -> dict[str, Any]:
     """In a fresh process: open, warm up, then time ``reads`` random ``ds[i]``."""
     import numpy as np
@@ -124,8 +154,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--reads", type=int, default=10_000)
     parser.add_argument("--warmup", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--index-only", action="store_true", help="measure the index alone (build, size, load)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.index_only:
+        index_figures(args.samples)
+        return {}
     if args.child is not None:
         spec = json.loads(args.child)
         print(json.dumps(run_child(spec["name"], spec["root"], spec["reads"], spec["warmup"], spec["seed"])))
