@@ -253,3 +253,28 @@ def test_the_random_access_benchmark_runs_at_toy_size():
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "µs" not in line]
     assert [r.split("|")[1].strip() for r in rows] == ["shardkit.open", "mosaic StreamingDataset", "litdata StreamingDataset"]
     assert all(r.split("|")[4].strip().endswith("x") for r in rows)
+
+
+def test_on_s3_with_a_cache_a_pile_is_read_once_into_it(s3, tmp_path):
+    url = s3.url("ds")
+    with shardkit.PileWriter(url, piles=2, seed=2) as w:
+        for s in make_samples(40):
+            w.write(s)
+    cache = tmp_path / "cache"
+    ds = shardkit.open(url, decode=False, cache_dir=str(cache))
+    keys = sorted(ds[i]["__key__"] for i in range(len(ds)))
+    assert keys == sorted(s["__key__"] for s in make_samples(40))
+    copies = [n for _, _, names in os.walk(cache) for n in names if n.endswith(".tar")]
+    assert sorted(n.split("-", 1)[1] for n in copies) == ["pile-000000.tar", "pile-000001.tar"]  # each pile copied once
+    assert bytes(ds.get(keys[3])["bin"]) == next(s["bin"] for s in make_samples(40) if s["__key__"] == keys[3])
+
+
+def test_a_pile_rewritten_under_the_index_is_an_error_naming_it(ds_dir):
+    ds = shardkit.open(ds_dir, decode=False)
+    f, start, _ = ds.index.locate(10)
+    path = os.path.join(ds_dir, ds.index.files[f].name)
+    data = bytearray(Path(path).read_bytes())
+    data[start + 5] ^= 0x20  # a byte of the sample's first member name: the header checksum no longer holds
+    Path(path).write_bytes(bytes(data))
+    with pytest.raises(shardkit.CorruptShardError, match=r"pile-\d{6}\.tar"):
+        ds[10]
