@@ -278,3 +278,20 @@ def test_a_pile_rewritten_under_the_index_is_an_error_naming_it(ds_dir):
     Path(path).write_bytes(bytes(data))
     with pytest.raises(shardkit.CorruptShardError, match=r"pile-\d{6}\.tar"):
         ds[10]
+
+
+def test_gc_collects_the_index_of_a_generation_it_collects(tmp_path):
+    from shardkit.tools import collect
+
+    if not hasattr(collect, "layout"):
+        pytest.skip("this tree's gc predates shardkit.dataset.layout, which names the index files it collects")
+    out = _write(str(tmp_path / "ds"), 50, piles=4)
+    shardkit.open(out)[0]
+    with shardkit.PileWriter(out, piles=4, seed=1, mode="append") as w:
+        for i in range(10):
+            w.write({"__key__": f"new{i}", "bin": b"x", "cls": 1})
+    shardkit.open(out)[0]
+    old, new = layout.index_name(0), layout.index_name(manifest.read(out).generation)
+    assert {old, new} <= set(os.listdir(out))
+    report = shardkit.gc(out, grace=0)
+    assert old in report.deleted and old not in os.listdir(out) and new in os.listdir(out)
