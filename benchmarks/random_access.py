@@ -2,7 +2,8 @@
 
 The same samples (a key, a ``--bytes``-byte payload and an integer label) are written once in
 each library's own format on local disk: shardkit piles (``PileWriter``, 16 piles), MosaicML
-MDS (``MDSWriter``, uncompressed) and litdata chunks (``litdata.optimize``). Each contender then
+MDS (``MDSWriter``, uncompressed) and litdata chunks (its ``BinaryWriter``, what
+``litdata.optimize`` writes with). Each contender then
 runs in a fresh process: it opens its dataset, reads ``--warmup`` random samples (shardkit's
 index is built and stored by its first open, which is not timed; the files sit in the page
 cache: a warm local cache), then times ``--reads`` random ``ds[i]`` one by one, the same
@@ -55,17 +56,15 @@ def write_mds(out: str, n: int, payload: int) -> None:
             w.write(_sample(i, payload))
 
 
-def _litdata_unit(span: tuple[int, int, int]) -> Any:
-    for i in range(span[0], span[1]):
-        yield _sample(i, span[2])
-
-
 def write_litdata(out: str, n: int, payload: int) -> None:
-    import litdata
+    """litdata's chunk format, written in this process by the writer ``litdata.optimize`` runs in its workers."""
+    from litdata.streaming.writer import BinaryWriter
 
-    step = max(1, n // 8)
-    units = [(a, min(n, a + step), payload) for a in range(0, n, step)]
-    litdata.optimize(fn=_litdata_unit, inputs=units, output_dir=out, chunk_bytes="64MB", num_workers=1, mode="overwrite")
+    writer = BinaryWriter(cache_dir=out, chunk_bytes="64MB")
+    for i in range(n):
+        writer[i] = _sample(i, payload)
+    writer.done()
+    writer.merge(1)
 
 
 def open_contender(name: str, root: str) -> Any:
