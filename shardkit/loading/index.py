@@ -145,7 +145,7 @@ def encode(idx: Index, m: Manifest) -> bytes:
     return body + _CRC.pack(manifest.checksum(body))
 
 
-def decode(data: bytes | memoryview, m: Manifest, where: str) -> Index:
+def decode(data: storage.Buffer | memoryview, m: Manifest, where: str) -> Index:
     """The index in ``data`` when it is a whole index of exactly the manifest ``m``.
 
     Raises:
