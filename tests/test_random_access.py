@@ -281,10 +281,6 @@ def test_a_pile_rewritten_under_the_index_is_an_error_naming_it(ds_dir):
 
 
 def test_gc_collects_the_index_of_a_generation_it_collects(tmp_path):
-    from shardkit.tools import collect
-
-    if not hasattr(collect, "layout"):
-        pytest.skip("this tree's gc predates shardkit.dataset.layout, which names the index files it collects")
     out = _write(str(tmp_path / "ds"), 50, piles=4)
     shardkit.open(out)[0]
     with shardkit.PileWriter(out, piles=4, seed=1, mode="append") as w:
