@@ -7,7 +7,8 @@ Every image is decoded, its short side resized to ``--size`` pixels and re-encod
 
 - ``jpg``: the re-encoded image,
 - ``cls``: the class index, by sorted class folder name (also the order of ``classes`` in the
-  manifest's ``extra``),
+  manifest's ``extra``); with ``--append`` the dataset's recorded classes keep their indices
+  and new classes get the next ones,
 - ``json``: ``{"path": "cat/001.jpg", "class": "cat"}`` (path relative to INPUT_DIR).
 
 Keys are ``CLASS/STEM`` with dots replaced by ``_`` (``cat/img.01.png`` -> ``cat/img_01``); two
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 
 import shardkit
 from shardkit.cli import ArgumentParser, add_version_flag, guarded
-from shardkit.piles.transforms import Images
+from shardkit.piles.transforms import Images, prepare
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,16 +49,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="images per work unit (default 64); with --on-error skip a broken image drops its whole unit, so use 1 to drop only it",
     )
+    parser.add_argument(
+        "--classes",
+        metavar="NAME,NAME,...",
+        help="the class map, names in index order (default: sorted folder names; with --append the dataset's map, "
+        "new classes after it); it must keep the index of every class the dataset has",
+    )
     shardkit.add_pile_args(parser)
     add_version_flag(parser)
     return parser
 
 
 def run(args: argparse.Namespace, images: Images) -> int:
-    units, extra = images.prepare([args.input_dir])
-    manifest = shardkit.preprocess(units, images, args.out, extra=extra, **shardkit.pile_kwargs(args))
+    kwargs = shardkit.pile_kwargs(args)
+    # an append extends the dataset's recorded class map: old classes keep their indices
+    units, extra = prepare(images, [args.input_dir], args.out, mode=kwargs["mode"])
+    manifest = shardkit.preprocess(units, images, args.out, extra=extra, **kwargs)
     skipped = f", {manifest.skipped_units} units skipped" if manifest.skipped_units else ""
-    print(f"{args.out}: {manifest.samples} images of {len(extra['classes'])} classes in {len(manifest.piles)} piles{skipped}")
+    classes = len(manifest.extra["classes"])  # the dataset's, not only this run's folders
+    print(f"{args.out}: {manifest.samples} images of {classes} classes in {len(manifest.piles)} piles{skipped}")
     return 0
 
 
@@ -65,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        images = Images(size=args.size, quality=args.quality, images_per_unit=args.images_per_unit)
+        classes = None if args.classes is None else args.classes.split(",")
+        images = Images(size=args.size, quality=args.quality, images_per_unit=args.images_per_unit, classes=classes)
     except shardkit.ConfigError as e:
         parser.error(str(e))  # a bad flag value is a usage error: exit 2
     return guarded(prog=parser.prog, run=lambda: run(args, images))

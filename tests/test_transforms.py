@@ -33,7 +33,7 @@ def folder(tmp_path):
 def test_images_scan_resize_and_fields(folder):
     images = Images(size=8, images_per_unit=2)
     units, extra = images.prepare([str(folder)])
-    assert extra == {"classes": ["cat", "dog"]}
+    assert extra == {"classes": ["cat", "dog"], "class_check": {"index": "cls", "name": "json.class"}}
     assert [[(rel, name, idx) for _, rel, name, idx in unit] for unit in units] == [
         [("cat/a.1.png", "cat", 0), ("cat/sub/c.jpg", "cat", 0)],
         [("dog/b.png", "dog", 1)],

@@ -355,8 +355,8 @@ def _units(job: PreprocessJob) -> tuple[list[Any], dict[str, Any] | None]:
     """The job's input units, and what the transform says about them for the manifest."""
     if isinstance(job.fn, ImportedFn):
         return storage.expand(list(job.inputs)), None
-    units, extra = job.fn.prepare(list(job.inputs))
-    return list(units), extra or None
+    units, extra = transforms.prepare(job.fn, job.inputs, job.output, mode=job.options.mode)
+    return units, extra or None
 
 
 def run_job(job: Job, *, quiet: bool = False) -> Any:

@@ -40,6 +40,7 @@ from shardkit import manifest, storage
 from shardkit._util import parse_duration
 from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
 from shardkit.manifest import Manifest, PileInfo, Segment, generation_name, joined, keys_name, leaf_name
+from shardkit.piles import classes as class_maps
 from shardkit.piles import leaves, router
 from shardkit.piles.leaves import HASH, Names, segments_by_pile
 from shardkit.piles.options import PileOptions
@@ -307,6 +308,8 @@ def _extra(old: dict[str, Any], new: dict[str, Any], generation: int, over: list
     """The grown dataset's ``extra``: the old one updated with the new generation's; a repeat
     rule's record says which generation it describes, ``over_max_pile_bytes`` which piles are
     over the limit now."""
+    if class_maps.CLASSES in new:  # the write-time check: another append may have grown the map meanwhile
+        class_maps.extended(class_maps.recorded(old, "append"), new[class_maps.CLASSES], "append")
     if isinstance(new.get("repeat"), dict):
         new = {**new, "repeat": {**new["repeat"], "generation": generation}}
     grown = {**old, **new, "over_max_pile_bytes": over}

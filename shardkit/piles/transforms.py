@@ -20,9 +20,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from shardkit import storage
+from shardkit import manifest, storage
 from shardkit._util import check_int, check_most
 from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
+from shardkit.piles import classes as class_maps
 from shardkit.tar.shard import iter_shard
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
@@ -62,12 +63,18 @@ class Images:
     ``size`` pixels (0 keeps the size) and re-encoded as JPEG at ``quality``. ``cls`` is the
     class index by sorted class name over all input folders; ``json`` holds the source path
     (relative to its folder) and the class name. Keys are ``CLASS/STEM`` (see :func:`sample_key`).
+    The class map is recorded in the manifest (``extra["classes"]``); an append reads it back
+    (``prepare(inputs, recorded=manifest.extra)``), so every class keeps its index and a new
+    class gets the next one (see :mod:`shardkit.piles.classes`).
 
     Args:
         size: short side in pixels after resizing; 0 keeps the original size.
         quality: JPEG quality, 1-100.
         images_per_unit: images per input unit; a unit is what a worker takes at a time and,
             with ``on_error="skip"``, what a broken image drops (use 1 to drop only it).
+        classes: the class map to use, names in index order (default: the dataset's recorded
+            map, extended by the new classes in sorted order); it must keep the index of every
+            class the dataset has and name every class folder.
 
         images = Images(size=64)
         for sample in images(images.units(["raw/train"])[0]):
@@ -77,6 +84,7 @@ class Images:
     size: int = 256
     quality: int = 90
     images_per_unit: int = 64
+    classes: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         check_int("size", self.size, low=0)
@@ -84,18 +92,34 @@ class Images:
         check_int("quality", self.quality, low=1, high=100)
         check_int("images_per_unit", self.images_per_unit, low=1)
         check_most("images_per_unit", self.images_per_unit, MAX_UNIT_IMAGES, "a unit's images are held by one worker")
+        if self.classes is not None:
+            names = self.classes
+            if isinstance(names, str) or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+                raise ConfigError(f"classes: expected a list of distinct class names in index order, got {names!r}")
+            object.__setattr__(self, "classes", tuple(names))
 
-    def prepare(self, inputs: Sequence[str]) -> tuple[list[list[ImageItem]], dict[str, Any]]:
-        """Scan the folders; the units (images in a deterministic order) and ``{"classes": names}``.
+    def prepare(self, inputs: Sequence[str], recorded: dict[str, Any] | None = None) -> tuple[list[list[ImageItem]], dict[str, Any]]:
+        """Scan the folders; the units (images in a deterministic order) and the manifest's
+        ``extra``: the class names in index order and how a sample is checked against them.
 
-        The class names, in index order, are meant for the manifest's ``extra``.
+        ``recorded``: the ``extra`` of the dataset an append adds to; its class map is kept.
+
+        Raises:
+            ConfigError: the recorded map, ``classes`` and the folders cannot be reconciled.
         """
-        classes, items = scan_images(inputs)
+        old = class_maps.recorded(recorded, "images")
+        if recorded is not None and old is None:
+            raise ConfigError(
+                "images: the dataset appended to records no class map (extra['classes']), so the cls of its samples "
+                "cannot be matched; append images only to a dataset the image transform wrote"
+            )
+        classes, items = scan_images(inputs, known=old, given=self.classes)
         step = self.images_per_unit
-        return [items[i : i + step] for i in range(0, len(items), step)], {"classes": classes}
+        extra = {class_maps.CLASSES: classes, class_maps.CHECK_KEY: dict(class_maps.CHECK)}
+        return [items[i : i + step] for i in range(0, len(items), step)], extra
 
-    def units(self, inputs: Sequence[str]) -> list[list[ImageItem]]:
-        return self.prepare(inputs)[0]
+    def units(self, inputs: Sequence[str], recorded: dict[str, Any] | None = None) -> list[list[ImageItem]]:
+        return self.prepare(inputs, recorded)[0]
 
     def __call__(self, unit: Sequence[ImageItem]) -> Iterator[dict[str, Any]]:
         for root, relative, name, index in unit:
@@ -125,19 +149,25 @@ def _images_in(root: str, folder: str) -> Iterator[str]:
                 yield os.path.relpath(os.path.join(here, file), root).replace(os.sep, "/")
 
 
-def scan_images(roots: Sequence[str]) -> tuple[list[str], list[ImageItem]]:
-    """The class names (sorted) and every image under the class folders of ``roots``, in order.
+def scan_images(
+    roots: Sequence[str], *, known: Sequence[str] | None = None, given: Sequence[str] | None = None
+) -> tuple[list[str], list[ImageItem]]:
+    """The class map and every image under the class folders of ``roots``, in order.
+
+    The map is ``known`` (a dataset's recorded one) extended by the classes found in sorted
+    order, or ``given`` (see :func:`shardkit.piles.classes.reconcile`).
 
     Raises:
         DatasetNotFoundError: a root is missing, has no class folder, or no image is found.
-        ConfigError: two images would get the same sample key.
+        ConfigError: two images would get the same sample key; the maps cannot be reconciled.
     """
     per_root = {root: _class_folders(root) for root in roots}
-    classes = sorted({name for names in per_root.values() for name in names})
+    found = sorted({name for names in per_root.values() for name in names})
+    classes = class_maps.reconcile(known, found, given=given, where=f"{', '.join(roots)}: images")
     index = {name: i for i, name in enumerate(classes)}
     items = [(root, rel, name, index[name]) for root, names in per_root.items() for name in names for rel in _images_in(root, name)]
     if not items:
-        raise DatasetNotFoundError(f"{', '.join(roots)}: no images found in {len(classes)} class folders")
+        raise DatasetNotFoundError(f"{', '.join(roots)}: no images found in {len(found)} class folders")
     _unique_keys([(sample_key(rel), os.path.join(root, rel)) for root, rel, _, _ in items], "images")
     return classes, items
 
@@ -187,8 +217,9 @@ class JsonLines:
         if self.key is not None and (not isinstance(self.key, str) or not self.key):
             raise ConfigError(f"key: expected a record field name, got {self.key!r}")
 
-    def prepare(self, inputs: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
-        """The files the paths, globs and brace patterns name (DatasetNotFoundError if none)."""
+    def prepare(self, inputs: Sequence[str], recorded: dict[str, Any] | None = None) -> tuple[list[str], dict[str, Any]]:
+        """The files the paths, globs and brace patterns name (DatasetNotFoundError if none);
+        no dataset-wide state, so ``recorded`` is not needed."""
         return storage.expand(list(inputs)), {}
 
     def units(self, inputs: Sequence[str]) -> list[str]:
@@ -251,7 +282,7 @@ class Shards:
     shardkit.preprocess(shards.units(["old/shard-{000..099}.tar"]), shards, "new/", piles=64)
     """
 
-    def prepare(self, inputs: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+    def prepare(self, inputs: Sequence[str], recorded: dict[str, Any] | None = None) -> tuple[list[str], dict[str, Any]]:
         return storage.expand(list(inputs)), {}
 
     def units(self, inputs: Sequence[str]) -> list[str]:
@@ -259,6 +290,18 @@ class Shards:
 
     def __call__(self, unit: str) -> Iterator[dict[str, Any]]:
         return iter_shard(unit)
+
+
+def prepare(transform: Images | JsonLines | Shards, inputs: Sequence[str], out: str, *, mode: str) -> tuple[list[Any], dict[str, Any]]:
+    """The units and manifest ``extra`` of ``transform`` over ``inputs`` for a job writing ``out``.
+
+    With ``mode="append"`` the dataset's recorded ``extra`` is read first and handed on, so a
+    transform that derives fields from dataset-wide state (the image transform's class map)
+    extends the dataset's state instead of recomputing it from the new inputs alone.
+    """
+    recorded = manifest.read(out).extra if mode == "append" and manifest.is_dataset(out) else None
+    units, extra = transform.prepare(list(inputs), recorded)
+    return list(units), extra
 
 
 TRANSFORMS: dict[str, type[Images] | type[JsonLines] | type[Shards]] = {"images": Images, "jsonl": JsonLines, "shards": Shards}

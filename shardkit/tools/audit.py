@@ -21,6 +21,7 @@ from shardkit.dataset import layout
 from shardkit.errors import CorruptShardError, ManifestError, ShardkitError, StorageError
 from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile, tar_problem
 from shardkit.manifest import Manifest, PileInfo
+from shardkit.piles import classes as class_maps
 from shardkit.piles import resume
 from shardkit.piles.output import LOCK, leftover
 from shardkit.tar import compression, scan
@@ -189,7 +190,34 @@ class Problem:
         return f"{self.name}: {self.message}"
 
 
-def _check_pile(directory: str, pile: PileInfo) -> list[Problem]:
+def _class_map(m: Manifest) -> tuple[list[str], dict[str, Any]] | None:
+    """The class map the manifest records and says how to check, or None."""
+    check = m.extra.get(class_maps.CHECK_KEY)
+    try:
+        classes = class_maps.recorded(m.extra, "manifest")
+    except ShardkitError:
+        return None  # the map itself is malformed: nothing to check samples against
+    return (classes, check) if classes is not None and isinstance(check, dict) else None
+
+
+def _class_problems(name: str, shard: Any, classes: tuple[list[str], dict[str, Any]]) -> list[Problem]:
+    """Samples whose class disagrees with the recorded class map (the first ten, then a count)."""
+    found: list[Problem] = []
+    wrong = 0
+    for i in range(len(shard)):
+        sample = shard.sample(i)
+        said = class_maps.mismatch(sample, *classes)
+        if said is None:
+            continue
+        wrong += 1
+        if len(found) < _MAX_DUPLICATES:
+            found.append(Problem(name=name, kind="class", message=f"sample {i} ({sample['__key__']!r}): {said}"))
+    if wrong > len(found):
+        found.append(Problem(name=name, kind="class", message=f"{wrong - len(found)} more samples disagree with the class map"))
+    return found
+
+
+def _check_pile(directory: str, pile: PileInfo, classes: tuple[list[str], dict[str, Any]] | None = None) -> list[Problem]:
     """Every problem of one pile, found by the loader's own read path (its checks listed, not raised)."""
     url = storage.join(directory, pile.name)
     if not storage.exists(url):
@@ -217,6 +245,7 @@ def _check_pile(directory: str, pile: PileInfo) -> list[Problem]:
     count = count_problem(shard, pile)
     if count is not None:
         found.append(Problem(name=pile.name, kind="count", message=count))
+    found += _class_problems(pile.name, shard, classes) if classes is not None else []
     return found + _duplicate_keys(pile.name, shard.keys, shard.sample_offsets())
 
 
@@ -317,7 +346,9 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
     file's, then the tar's it decompresses to), be a well-formed tar
     (every header checksum, no truncation, no unsafe or non-regular member, no sample with two
     members of one extension), hold the recorded number of samples and no two samples with one
-    key (the first ten per pile are listed with both positions). Shard files neither the manifest
+    key (the first ten per pile are listed with both positions). Where the manifest records a
+    class map and how to check it (the image transform's ``classes`` and ``class_check``), every
+    sample's ``cls`` must index a class whose name is the one its ``json`` says. Shard files neither the manifest
     nor a kept older generation's manifest lists, and temporaries left by an interrupted job,
     are reported too.
 
@@ -333,10 +364,11 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
     storage.use(directory, storage_options)
     m = manifest.read(directory)
     problems: list[Problem] = []
+    classes = _class_map(m)
     with _util.bar(total=m.bytes, desc="verify", unit="B", quiet=quiet, unit_scale=True, unit_divisor=1024) as progress:
         for pile in m.piles:
             for part in pile.parts:  # a pile that grew: each segment file checked on its own (an append checked their keys unique)
-                problems.extend(_check_pile(directory, part))
+                problems.extend(_check_pile(directory, part, classes))
             progress.update(pile.stored_bytes)
     problems.extend(_unlisted(directory, m))
     return problems

@@ -1,0 +1,101 @@
+"""Class maps across appends: old classes keep their indices, new ones get the next, verify checks cls."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_scripts import run_script
+
+from shardkit import manifest
+from shardkit.errors import ConfigError
+from shardkit.loading.pile import read_pile
+from shardkit.piles import classes as class_maps
+from shardkit.piles.transforms import Images
+from shardkit.tools.audit import verify
+
+
+def _images(root: Path, classes: dict[str, int], seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    for name, count in classes.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            Image.fromarray(rng.integers(0, 255, (12, 10, 3), dtype=np.uint8)).save(root / name / f"{name}-{seed}-{i}.png")
+    return root
+
+
+def _samples(out: Path) -> list[dict]:
+    m = manifest.read(str(out))
+    return [s for p in m.piles for part in p.parts for s in read_pile(os.path.join(out, part.name), expected=part)]
+
+
+def test_an_append_of_other_classes_keeps_every_label(tmp_path):
+    first = _images(tmp_path / "first", {"3": 2, "5": 3, "7": 1})
+    later = _images(tmp_path / "later", {"7": 2, "8": 1, "9": 2, "4": 1}, seed=1)
+    out = tmp_path / "out"
+    done = run_script("preprocess_images.py", str(first), "--out", str(out), "--piles", "2", "--size", "8")
+    assert done.returncode == 0, done.stderr
+    done = run_script("preprocess_images.py", str(later), "--out", str(out), "--piles", "2", "--size", "8", "--append")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{out}: 12 images of 6 classes in 2 piles"
+    m = manifest.read(str(out))
+    classes = m.extra["classes"]
+    assert classes == ["3", "5", "7", "4", "8", "9"]  # old indices kept, new classes after them in sorted order
+    samples = _samples(out)
+    assert len(samples) == 12
+    for s in samples:
+        folder = s["__key__"].split("/")[0]
+        assert classes[int(bytes(s["cls"]))] == folder == json.loads(bytes(s["json"]))["class"]
+    assert [p for p in verify(str(out), quiet=True) if p.kind == "class"] == []
+
+
+def test_a_given_map_that_moves_a_class_is_refused_naming_both_maps(tmp_path):
+    first = _images(tmp_path / "first", {"cat": 1, "dog": 1})
+    out = tmp_path / "out"
+    assert run_script("preprocess_images.py", str(first), "--out", str(out), "--piles", "1", "--size", "8").returncode == 0
+    done = run_script(
+        "preprocess_images.py", str(first), "--out", str(out), "--piles", "1", "--append", "--classes", "dog,cat", "--size", "8"
+    )
+    assert done.returncode != 0
+    assert "['cat', 'dog']" in done.stderr and "['dog', 'cat']" in done.stderr, done.stderr
+    assert manifest.read(str(out)).generation == 0  # nothing written
+
+
+def test_reconcile_rules():
+    assert class_maps.reconcile(None, ["b", "a"]) == ["a", "b"]
+    assert class_maps.reconcile(["z", "a"], ["a", "c", "b"]) == ["z", "a", "b", "c"]
+    assert class_maps.reconcile(["z"], ["a"], given=["z", "a", "q"]) == ["z", "a", "q"]
+    with pytest.raises(ConfigError, match=r"\['z'\].*\['a', 'z'\]"):
+        class_maps.reconcile(["z"], ["a"], given=["a", "z"])
+    with pytest.raises(ConfigError, match=r"lacks.*'b'"):
+        class_maps.reconcile(None, ["a", "b"], given=["a"])
+    with pytest.raises(ConfigError, match="disagree"):
+        class_maps.extended(["a", "b"], ["b", "a", "c"], "append")
+
+
+def test_append_to_a_dataset_without_a_class_map_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="records no class map"):
+        Images().prepare([str(_images(tmp_path / "x", {"a": 1}))], recorded={"units": 3})
+
+
+def test_verify_names_samples_whose_cls_disagrees_with_the_map(tmp_path):
+    import shardkit
+
+    src = _images(tmp_path / "src", {"a": 2, "b": 2})
+    images = Images(size=8)
+    units, extra = images.prepare([str(src)])
+    out = tmp_path / "out"
+    shardkit.preprocess(units, images, str(out), piles=1, extra=extra, quiet=True)
+    assert verify(str(out), quiet=True) == []
+    # the same samples under a map that swaps the two classes: every sample disagrees
+    bad = tmp_path / "bad"
+    shardkit.preprocess(units, images, str(bad), piles=1, extra={**extra, "classes": ["b", "a"]}, quiet=True)
+    problems = [p for p in verify(str(bad), quiet=True) if p.kind == "class"]
+    assert len(problems) == 4 and not problems[0].warning
+    assert "json.class says" in str(problems[0])
+    shutil.rmtree(bad)
