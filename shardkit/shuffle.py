@@ -78,8 +78,9 @@ class ShuffleOptions:
         executor, ray_address: where pass 1's input units and merge run (see
             :class:`~shardkit.PileOptions`); pass 2 runs here.
         overwrite: replace a dataset already in the output directory.
-        key_prefix: ``"unit"`` prefixes each key with its input shard's name, for shards whose
-            keys restart at ``000000`` (see :func:`shardkit.pile`); keys must be unique.
+        key_prefix: ``"auto"`` (default) prefixes each key with its input shard's name when two
+            shards start with the same key (keys that restart at ``000000``), ``"unit"`` always,
+            ``"none"`` never (see :func:`shardkit.pile`); keys must be unique.
         compression, compression_level: ``"zstd"``, ``"gzip"`` or ``"lz4"`` writes each output shard
             compressed whole (``shard-000000.tar.zst``), as :class:`~shardkit.PileOptions` does
             for piles; ``maxsize`` still counts the tar's bytes. The temporary piles stay plain.
@@ -116,7 +117,7 @@ class ShuffleOptions:
     )
     overwrite: bool = field(default=False, metadata=meta(help="replace a dataset already in the output directory", yaml="output"))
     # the same option as pass 1's, read by it
-    key_prefix: str = field(default="none", metadata=meta(help=specs(PileOptions)["key_prefix"].help or "", choices=KEY_PREFIX))
+    key_prefix: str = field(default="auto", metadata=meta(help=specs(PileOptions)["key_prefix"].help or "", choices=KEY_PREFIX, yaml="job"))
     storage_options: Mapping[str, Any] | None = field(
         default=None, repr=False, metadata=meta(help=specs(PileOptions)["storage_options"].help or "", yaml="job")
     )
@@ -295,7 +296,7 @@ class ShardRoller:
             return
         raise SampleError(
             f"shuffle: {name}: {said} across the inputs. Shards whose keys restart (000000, 000001, ... in every shard) "
-            "need --key-prefix unit (key_prefix='unit')"
+            "need --key-prefix unit (key_prefix='unit'), which key_prefix='auto' chooses only when two shards start with one key"
         )
 
     def _finish(self) -> None:
@@ -411,7 +412,7 @@ def shuffle(
     workers: int = 1,
     overwrite: bool = False,
     quiet: bool = False,
-    key_prefix: str = "none",
+    key_prefix: str = "auto",
     executor: str = "local",
     ray_address: str | None = None,
     compression: str | None = None,
@@ -464,6 +465,8 @@ def shuffle(
         shards = _pass2(piles_dir, piled, staging, opts, quiet)
         maxcount_, maxsize_ = opts.limits()
         extra = {"kind": "shuffled", "piles": m, "split_piles": piled.split_piles, "maxcount": maxcount_, "maxsize": maxsize_}
+        if "key_prefix" in piled.extra:  # pass 1 prefixed every key with its shard's name: say so
+            extra["key_prefix"] = piled.extra["key_prefix"]
         remove_strays(output.path, _SHARD)
         names = free_names(output.path, [shard.name for shard in shards])
         staged = [os.path.join(staging, shard.name) for shard in shards]

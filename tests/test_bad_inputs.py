@@ -355,7 +355,7 @@ API: dict[str, Api] = {
         lambda c: P(c.out, options=shardkit.PileOptions(piles=2, workers=2)), ConfigError, "workers: PileWriter writes samples in the calling process"
     ),
     "options-on-error-ignore": Api(lambda c: shardkit.PileOptions(piles=2, on_error="ignore"), ConfigError, "on_error: expected one of 'raise', 'skip', got 'ignore'"),
-    "options-key-prefix-unknown": Api(lambda c: shardkit.PileOptions(piles=2, key_prefix="shard"), ConfigError, "key_prefix: expected one of 'none', 'unit'"),
+    "options-key-prefix-unknown": Api(lambda c: shardkit.PileOptions(piles=2, key_prefix="shard"), ConfigError, "key_prefix: expected one of 'auto', 'none', 'unit'"),
     "options-workers-0": Api(lambda c: shardkit.PileOptions(piles=2, workers=0), ConfigError, "workers: expected an integer >= 1, got 0"),
     "writer-write-int": Api(lambda c: write_one(c, 5), SampleError, "PileWriter.write: expected a sample dict with '__key__', got 5"),
     "writer-write-no-key": Api(lambda c: write_one(c, {"txt": "x"}), SampleError, "sample has no '__key__'"),
@@ -420,7 +420,7 @@ API: dict[str, Api] = {
     "shuffle-seed-str": Api(lambda c: S(c.shard, c.out, seed="1"), ConfigError, "seed: expected an integer >= 0, got '1'"),
     "shuffle-workers-0": Api(lambda c: S(c.shard, c.out, workers=0), ConfigError, "workers: expected an integer >= 1, got 0"),
     "shuffle-overwrite-str": Api(lambda c: S(c.shard, c.out, overwrite="false"), ConfigError, "overwrite: expected True or False, got 'false'"),
-    "shuffle-key-prefix-unknown": Api(lambda c: S(c.shard, c.out, key_prefix="bad"), ConfigError, "key_prefix: expected one of 'none', 'unit', got 'bad'"),
+    "shuffle-key-prefix-unknown": Api(lambda c: S(c.shard, c.out, key_prefix="bad"), ConfigError, "key_prefix: expected one of 'auto', 'none', 'unit', got 'bad'"),
     "shuffle-quiet-str": Api(lambda c: S(c.shard, c.out, quiet="no"), ConfigError, "quiet: expected True or False, got 'no'"),
     "shuffle-options-int": Api(lambda c: S(c.shard, c.out, options=5), ConfigError, "options: expected a ShuffleOptions, got int"),
     "shuffle-corrupt-gz": Api(lambda c: S([c.shard, c.bad_gz], c.out, quiet=True), CorruptShardError, "$bad_gz: not valid gzip"),

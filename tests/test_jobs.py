@@ -80,11 +80,11 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         (VALID + "on_error: ignore\n", "on_error: expected one of raise, skip, got 'ignore'"),
         (
             VALID + "colour: blue\n",
-            "colour: unknown field (expected one of: args, executor, fn, format, inputs, job, on_error, output, ray_address, repeat, resume, samples, storage_options, transform, workers)",
+            "colour: unknown field (expected one of: args, executor, fn, format, inputs, job, key_prefix, on_error, output, ray_address, repeat, resume, samples, storage_options, transform, workers)",
         ),
         (
             VALID + "samples: 3\n",
-            "samples: unknown field (expected one of: job, inputs, transform, fn, args, output, resume, workers, on_error, executor, ray_address, repeat, storage_options)",
+            "samples: unknown field (expected one of: job, inputs, transform, fn, args, output, resume, workers, on_error, key_prefix, executor, ray_address, repeat, storage_options)",
         ),
         (VALID.replace("inputs: data/*.jsonl", "inputs: []"), "inputs: expected a path or a non-empty list of paths, got a list"),
         (VALID.replace("inputs: data/*.jsonl", "inputs: [data/a.jsonl, 3]"), "inputs[1]: expected a path, got 3"),

@@ -225,15 +225,18 @@ def test_pile_kwargs_are_the_keywords_of_preprocess():
         "workers": 1,
         "seed": 0,
         "max_pile_bytes": "2GiB",
+        "buffer_size": "64MiB",
         "overwrite": False,
         "resume": False,
         "on_error": "skip",
         "executor": "local",
         "ray_address": None,
         "compression": None,
+        "compression_level": None,
         "repeat": None,
         "mode": "create",
         "window": None,
+        "storage_options": None,
         "quiet": True,
     }
     assert set(kwargs) <= set(inspect.signature(shardkit.preprocess).parameters)
@@ -253,7 +256,7 @@ def test_every_yaml_key_is_an_option_field(tmp_path, kind, cls):
     values = {"piles": 3, "seed": 9, "max_pile_bytes": "1MiB", "buffer_size": "2MiB", "overwrite": True, "workers": 2}
     values |= {"on_error": "skip", "memory": "3MiB", "maxcount": 10, "maxsize": "5MiB", "storage_options": {"anon": True}}
     values |= {"executor": "ray", "ray_address": "auto", "resume": True, "compression": "zstd", "compression_level": 5}
-    values |= {"repeat": "cls:1=2"}
+    values |= {"repeat": "cls:1=2", "key_prefix": "unit"}
     values |= {"mode": "append", "window": 3}
     output = {name: values[name] for name in yaml_names(cls, "output")}
     if "mode" in output:
@@ -263,7 +266,7 @@ def test_every_yaml_key_is_an_option_field(tmp_path, kind, cls):
     text += "".join(f"{k}: {v}\n" for k, v in top.items())
     (tmp_path / "job.yaml").write_text(text)
     assert load_job(tmp_path / "job.yaml").options == cls(**output, **top)
-    assert set(yaml_names(cls, "output")) | set(yaml_names(cls, "job")) == set(specs(cls)) - {"key_prefix"}
+    assert set(yaml_names(cls, "output")) | set(yaml_names(cls, "job")) == set(specs(cls))
 
 
 def test_a_yaml_job_runs_with_its_options_object(tmp_path, shards):

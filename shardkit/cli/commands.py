@@ -67,7 +67,7 @@ def _register_pile(sub: Any) -> None:
     add_pile_args(parser)
     add_option_flags(parser, PileOptions, [name for name in PILE_COMMAND_FLAGS if name not in PILE_FLAGS])
     _reader_flags(parser)
-    _verbose_flag(parser)
+    _verbose_flag(parser, storage=False)  # add_pile_args took --storage-option
     parser.set_defaults(handler=_pile)
 
 
@@ -125,13 +125,15 @@ def _pile(args: argparse.Namespace) -> int:
 # --- inspection, eager shuffle, YAML jobs, demo ----------------------------------------------
 
 
-def _verbose_flag(parser: argparse.ArgumentParser) -> None:
-    """-v and --storage-option, accepted after the command too (``shardkit pile ... -v``).
+def _verbose_flag(parser: argparse.ArgumentParser, *, storage: bool = True) -> None:
+    """-v and (unless ``storage`` is false) --storage-option, accepted after the command too
+    (``shardkit pile ... -v``).
 
     SUPPRESS: a subcommand default must not overwrite a -v given before the subcommand.
     """
     parser.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more and show tracebacks")
-    add_storage_flag(parser)
+    if storage:
+        add_storage_flag(parser)
 
 
 def _info_table(summary: Any) -> str:

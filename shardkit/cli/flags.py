@@ -1,7 +1,7 @@
 """Command-line flags made from option fields, and the pass-1 flags every preprocessing script shares.
 
 parser = argparse.ArgumentParser()
-add_pile_args(parser)     # --piles --workers --seed --max-pile-bytes --overwrite --resume --on-error --executor --ray-address --compression --repeat --mode --window --append --quiet
+add_pile_args(parser)     # --piles --workers --seed --max-pile-bytes --buffer-size --overwrite --resume ... --append --quiet --storage-option
 shardkit.preprocess(units, fn, out, **pile_kwargs(parser.parse_args()))
 """
 
@@ -26,12 +26,14 @@ PILE_FLAGS = (
     "workers",
     "seed",
     "max_pile_bytes",
+    "buffer_size",
     "overwrite",
     "resume",
     "on_error",
     "executor",
     "ray_address",
     "compression",
+    "compression_level",
     "repeat",
     "mode",
     "window",
@@ -139,8 +141,8 @@ def storage_options(pairs: Sequence[str] | None) -> dict[str, Any] | None:
 def add_pile_args(parser: argparse.ArgumentParser) -> None:
     """Add the pass-1 flags every preprocessing script shares.
 
-    ``--piles --workers --seed --max-pile-bytes --overwrite --resume --on-error --executor --ray-address --compression
-    --repeat --mode --window --append --quiet``; turn the parsed
+    ``--piles --workers --seed --max-pile-bytes --buffer-size --overwrite --resume --on-error --executor --ray-address
+    --compression --compression-level --repeat --mode --window --append --quiet --storage-option``; turn the parsed
     namespace into keyword arguments for :func:`shardkit.preprocess` with :func:`pile_kwargs`.
     """
     group = parser.add_argument_group("piles (pass 1 of the shuffle)")
@@ -154,10 +156,12 @@ def add_pile_args(parser: argparse.ArgumentParser) -> None:
         help="the same as --mode append: add the samples to the dataset in the output as its next generation",
     )
     group.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_storage_flag(parser)
 
 
 def pile_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments for :func:`shardkit.preprocess` from :func:`add_pile_args` flags."""
     if not isinstance(args, argparse.Namespace):
         raise ConfigError(f"args: expected the argparse.Namespace parse_args() returned, got {shown(args)}")
-    return {**option_values(args, PILE_FLAGS), "quiet": args.quiet}
+    stored = storage_options(getattr(args, "storage_option", None))
+    return {**option_values(args, PILE_FLAGS), "storage_options": stored, "quiet": args.quiet}

@@ -13,6 +13,7 @@ from typing import Any
 from shardkit._util import check_int, check_most, parse_duration, parse_size
 from shardkit.errors import ConfigError
 from shardkit.options import check_bools, check_choices, meta
+from shardkit.piles import key_prefix
 from shardkit.piles.repeat import check_rule
 from shardkit.storage import check_storage_options
 from shardkit.tar.compression import check_compression, check_level
@@ -31,7 +32,7 @@ MAX_WINDOW = 1_000_000
 # what a failing input unit does (pass 1), and how keys of input shards are kept: listed once,
 # read by validation, the CLI and YAML
 ON_ERROR = ("raise", "skip")
-KEY_PREFIX = ("none", "unit")
+KEY_PREFIX = key_prefix.KEY_PREFIX
 # where the input units run: processes of this machine, or tasks of a Ray cluster
 EXECUTORS = ("local", "ray")
 # what a job does with the output: write a new dataset, or add a generation to the one there
@@ -82,9 +83,13 @@ class PileOptions:
             decompresses in its prefetch thread: lz4 reads fastest, zstd is smallest.
         compression_level: the codec's level (zstd 1-22, gzip 1-9, lz4 0-16); None: the codec's
             default (zstd 3, gzip 6, lz4 0, chosen by ``benchmarks/compression.py``).
-        key_prefix: ``"unit"`` prefixes each key with its input shard's name, for shards whose
-            keys restart at ``000000`` (:func:`pile` and what runs on it; :func:`preprocess`
-            takes keys from its function and refuses it); ``"none"`` keeps the keys.
+        key_prefix: how the keys of input shards are kept (:func:`pile` and what runs on it;
+            :func:`preprocess` takes keys from its function and refuses ``"unit"``). ``"unit"``
+            prefixes each key with its input shard's name (``train-000003/000017``); ``"none"``
+            keeps the keys; ``"auto"`` (default) reads the first key of every input shard and
+            prefixes every key when two shards start with the same one (shards whose keys
+            restart at ``000000``, as most writers number them), recording it in the manifest's
+            ``extra["key_prefix"]`` (see :mod:`shardkit.piles.key_prefix`).
         executor: ``"local"`` runs the units in ``workers`` processes here; ``"ray"`` runs them
             as Ray tasks (``pip install 'shardkit[ray]'``), the output byte-identical either way.
         repeat: oversampling at pile creation: ``repeat(sample) -> int`` copies of each sample
@@ -141,11 +146,12 @@ class PileOptions:
         ),
     )
     key_prefix: str = field(
-        default="none",
+        default="auto",
         metadata=meta(
-            help="'unit': prefix each key with its input shard's name (train-000003/000017), for shards whose keys restart "
-            "at 000000; keys must be unique across inputs",
+            help="unit: prefix each key with its input shard's name (train-000003/000017); none: keep the keys; auto: prefix "
+            "them when two input shards start with the same key (keys that restart at 000000 in every shard)",
             choices=KEY_PREFIX,
+            yaml="job",
         ),
     )
     executor: str = field(

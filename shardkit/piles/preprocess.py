@@ -36,6 +36,7 @@ from shardkit.errors import ConfigError, SampleError, ShardkitError
 from shardkit.manifest import Manifest
 from shardkit.options import from_call
 from shardkit.piles import append, canonical, readers, resume
+from shardkit.piles import key_prefix as key_prefix_rule
 from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.executor import Executor, Tally, run_local
@@ -193,9 +194,10 @@ def preprocess(
     options = from_call(PileOptions, options, keywords)
     if not callable(fn):
         raise ConfigError(f"fn: expected a function fn(unit) that yields sample dicts, got {shown(fn)}")
-    if options.key_prefix != "none":
+    if options.key_prefix == "unit":
         raise ConfigError(
-            f"key_prefix: preprocess takes sample keys from its function, so expected 'none' (key_prefix is for pile and shuffle), got {options.key_prefix!r}"
+            "key_prefix: preprocess takes sample keys from its function, so expected 'auto' or 'none' "
+            f"(key_prefix is for pile and shuffle), got {options.key_prefix!r}"
         )
     units = _validate(inputs, extra)
     if readers.is_reader(fn) and all(isinstance(u, (str, os.PathLike)) for u in units):
@@ -413,7 +415,7 @@ def pile(
     quiet: bool = False,
     buffer_size: int | str = "64MiB",
     mp_context: str | None = None,
-    key_prefix: str = "none",
+    key_prefix: str = "auto",
     storage_options: Mapping[str, Any] | None = None,
     executor: str = "local",
     ray_address: str | None = None,
@@ -438,11 +440,14 @@ def pile(
 
     Keys must be unique across the inputs, as in :func:`preprocess`: a shard that repeats a
     key (its members are not adjacent) is corrupt, and a key two shards share is refused
-    (``SampleError``) when they land in one pile. Shards whose keys restart at ``000000`` (as most writers number them) need
-    ``key_prefix="unit"``: each key is then prefixed with its shard's file name without
-    ``.tar``/``.tar.gz`` and a slash, ``train-000003/000017`` for sample ``000017`` of
-    ``train-000003.tar``, and the headers are rebuilt. Two inputs with the same file name in
-    different directories still share a prefix. ``"none"`` (default) keeps the keys.
+    (``SampleError``) when they land in one pile. Shards whose keys restart at ``000000`` (as
+    most writers number them) work as they are: with ``key_prefix="auto"`` (default) the first
+    key of every shard is read first, and when two shards start with one key every key is
+    prefixed with its shard's file name without ``.tar``/``.tar.gz`` and a slash,
+    ``train-000003/000017`` for sample ``000017`` of ``train-000003.tar`` (the headers are
+    rebuilt), and ``manifest.extra["key_prefix"]`` says ``"unit"``. ``"unit"`` always prefixes,
+    ``"none"`` never does. Two inputs with the same file name in different directories still
+    share a prefix.
 
     Inputs in other formats are read by a reader (:mod:`shardkit.piles.readers`), chosen by
     ``format`` (``"parquet"``, ``"arrow"``, ``"hf"``, ``"mds"``, ``"litdata"``, ``"csv"``, or a
@@ -483,6 +488,8 @@ def pile(
         return _read(*found, out, options, quiet=quiet, mp_context=mp_context)
     storage.use(check_paths("inputs", inputs), options.storage_options)  # before the inputs are listed
     units = _validate(storage.expand(check_paths("inputs", inputs)), None)
+    prefix = key_prefix_rule.resolve(options.key_prefix, units)
+    options = dataclasses.replace(options, key_prefix=prefix)
     job = UnitWork(
         fn=iter_shard,
         piles=options.piles,
@@ -496,16 +503,17 @@ def pile(
     if options.repeat is not None:  # copies get keys of their own: samples are decoded, not copied as byte ranges
         fn = functools.partial(_shard_samples, unit_prefix=options.key_prefix == "unit")
         job = dataclasses.replace(job, fn=fn, shards=False, key_prefix="none", repeat=options.repeat)
-    return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=None)
+    extra = {key_prefix_rule.RECORD: "unit"} if prefix == "unit" else None  # a reader can strip the shard's name again
+    return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
 
 
 def _read(
     reader: Any, sources: list[Any], out: str | os.PathLike[str], options: PileOptions, *, quiet: bool, mp_context: str | None
 ) -> Manifest:
     """:func:`pile` over inputs a reader turns into units (Parquet files, a Hugging Face dataset...)."""
-    if options.key_prefix != "none":
+    if options.key_prefix == "unit":
         raise ConfigError(
-            f"key_prefix: a reader's keys already name the file they come from, so expected 'none', got {options.key_prefix!r}"
+            f"key_prefix: a reader's keys already name the file they come from, so expected 'auto' or 'none', got {options.key_prefix!r}"
         )
     storage.use(sources, options.storage_options)  # before the inputs are listed
     units, extra = reader.prepare(sources)

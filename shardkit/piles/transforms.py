@@ -13,6 +13,7 @@ frozen dataclasses: picklable, so they run in worker processes, and validated on
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import os
@@ -292,13 +293,17 @@ class Shards:
         return iter_shard(unit)
 
 
-def prepare(transform: Images | JsonLines | Shards, inputs: Sequence[str], out: str, *, mode: str) -> tuple[list[Any], dict[str, Any]]:
+def prepare(transform: Any, inputs: Sequence[str], out: str, *, mode: str) -> tuple[list[Any], dict[str, Any]]:
     """The units and manifest ``extra`` of ``transform`` over ``inputs`` for a job writing ``out``.
 
-    With ``mode="append"`` the dataset's recorded ``extra`` is read first and handed on, so a
-    transform that derives fields from dataset-wide state (the image transform's class map)
-    extends the dataset's state instead of recomputing it from the new inputs alone.
+    With ``mode="append"`` the dataset's recorded ``extra`` is read first and handed on to a
+    ``prepare`` that takes it (``recorded``), so a transform that derives fields from
+    dataset-wide state (the image transform's class map) extends the dataset's state instead of
+    recomputing it from the new inputs alone. Readers, which derive nothing, get the inputs only.
     """
+    if "recorded" not in inspect.signature(transform.prepare).parameters:
+        units, extra = transform.prepare(list(inputs))
+        return list(units), extra
     recorded = manifest.read(out).extra if mode == "append" and manifest.is_dataset(out) else None
     units, extra = transform.prepare(list(inputs), recorded)
     return list(units), extra

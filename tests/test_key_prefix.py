@@ -1,0 +1,90 @@
+"""Ordinary shards (keys restart at 000000 in every shard) pile, shuffle and run as YAML jobs by default."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+import textwrap
+
+import pytest
+
+import shardkit
+from shardkit import manifest
+from shardkit.cli.jobs import load_job, run_job
+from shardkit.cli.main import main
+from shardkit.piles.key_prefix import first_key, resolve
+
+
+def _shard(path, keys, *, pax=False, gz=False) -> str:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT if pax else tarfile.USTAR_FORMAT) as tar:
+        for key in keys:
+            for ext in ("cls", "txt"):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                data = f"{key}-{ext}".encode()
+                info.size, info.mtime = len(data), 1700000000.5 if pax else 0  # a float mtime: webdataset's pax headers
+                tar.addfile(info, io.BytesIO(data))
+    data = raw.getvalue()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return str(path)
+
+
+@pytest.fixture
+def ordinary(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    return [_shard(src / f"train-{i:06d}.tar", [f"{k:06d}" for k in range(8)], pax=i % 2 == 1) for i in range(3)]
+
+
+def _keys(out) -> list[str]:
+    with shardkit.loader(str(out), decode=False, shuffle=False) as loader:
+        return sorted(s["__key__"] for s in loader)
+
+
+EXPECTED = sorted(f"train-{i:06d}/{k:06d}" for i in range(3) for k in range(8))
+
+
+def test_first_key_reads_plain_pax_and_gzip_shards(tmp_path):
+    assert first_key(_shard(tmp_path / "a.tar", ["dir/x.y"], pax=True)) == "dir/x"
+    assert first_key(_shard(tmp_path / "b.tar.gz", ["000007"], gz=True)) == "000007"
+    (tmp_path / "c.tar").write_bytes(b"")
+    assert first_key(str(tmp_path / "c.tar")) is None
+    assert resolve("auto", [str(tmp_path / "a.tar"), str(tmp_path / "b.tar.gz")]) == "none"
+    assert resolve("none", [str(tmp_path / "b.tar.gz")] * 2) == "none"
+
+
+def test_cli_pile_takes_ordinary_shards_and_records_the_prefix(tmp_path, ordinary, capsys):
+    out = tmp_path / "piles"
+    assert main(["pile", str(tmp_path / "src" / "*.tar"), "-o", str(out), "--piles", "3", "-q"]) == 0
+    assert manifest.read(str(out)).extra["key_prefix"] == "unit"
+    assert _keys(out) == EXPECTED
+    assert shardkit.verify(str(out), quiet=True) == []
+
+
+def test_shards_with_unique_keys_keep_them(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    urls = [_shard(src / f"s{i}.tar", [f"s{i}-{k}" for k in range(4)]) for i in range(3)]
+    m = shardkit.pile(urls, tmp_path / "out", piles=2, quiet=True)
+    assert "key_prefix" not in m.extra
+    assert _keys(tmp_path / "out") == sorted(f"s{i}-{k}" for i in range(3) for k in range(4))
+
+
+def test_shuffle_and_yaml_jobs_take_ordinary_shards(tmp_path, ordinary):
+    m = shardkit.shuffle(ordinary, tmp_path / "shuffled", piles=2, maxcount=10, quiet=True)
+    assert m.extra["key_prefix"] == "unit" and m.samples == 24
+    for kind, extra in (("pile", "  piles: 2\n"), ("shuffle", "  piles: 2\n  maxcount: 10\n")):
+        (tmp_path / f"{kind}.yaml").write_text(f"job: {kind}\ninputs: src/*.tar\noutput:\n  path: {kind}-out\n" + extra)
+        result = run_job(load_job(tmp_path / f"{kind}.yaml"), quiet=True)
+        assert result.samples == 24
+    # the option the error messages name is a YAML key too
+    job = textwrap.dedent("""\
+        job: pile
+        inputs: src/*.tar
+        key_prefix: none
+        output: {path: refused, piles: 1}
+    """)
+    (tmp_path / "none.yaml").write_text(job)
+    with pytest.raises(shardkit.SampleError, match="key_prefix='unit'"):
+        run_job(load_job(tmp_path / "none.yaml"), quiet=True)
