@@ -1,21 +1,20 @@
-"""Every ready job in configs/ runs on tiny data laid out next to a copy of it."""
+"""Every ready job in configs/ runs as shipped, from a copy of the repository's configs/ with its sample data."""
 
 from __future__ import annotations
 
-import dataclasses
+import glob
+import io
 import json
 import os
 import shutil
 
-import numpy as np
 import pytest
 import webdataset as wds
-from conftest import make_samples
 from PIL import Image
 
 import shardkit
 from shardkit.cli import main
-from shardkit.cli.jobs import DemoJob, load_job, run_job
+from shardkit.cli.jobs import load_job, run_job
 from shardkit.tar.shard import iter_shard
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -27,14 +26,11 @@ def _copy(tmp_path, name: str) -> str:
     return str(path)
 
 
-def _shards(tmp_path, n: int = 120) -> None:
-    directory = tmp_path / "data" / "shards"
-    directory.mkdir(parents=True)
-    samples = make_samples(n)
-    for k in range(3):
-        with wds.TarWriter(str(directory / f"shard-{k:06d}.tar")) as w:
-            for s in samples[k * n // 3 : (k + 1) * n // 3]:
-                w.write(s)
+def _repo(tmp_path) -> str:
+    """A copy of configs/ as a fresh clone has it (the jobs and their sample data, no output)."""
+    dst = tmp_path / "configs"
+    shutil.copytree(CONFIGS, dst, ignore=shutil.ignore_patterns("out", "__pycache__"))
+    return str(dst)
 
 
 def test_every_config_is_tested():
@@ -47,64 +43,64 @@ def test_every_config_is_tested():
     ]
 
 
-def test_images_yaml(tmp_path):
-    for cls, colour in (("cat", 30), ("dog", 220)):
-        folder = tmp_path / "data" / "images" / cls
-        folder.mkdir(parents=True)
-        for i in range(5):
-            Image.fromarray(np.full((300, 400, 3), colour + i, dtype=np.uint8)).save(folder / f"{i}.png")
-    assert main(["run", "-q", _copy(tmp_path, "images.yaml")]) == 0
-    out = str(tmp_path / "out" / "images")
+def test_the_sample_data_is_tiny():
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(os.path.join(CONFIGS, "data")) for f in files)
+    assert 0 < size < 300_000
+
+
+def _samples(out: str) -> list[dict]:
     m = shardkit.manifest.read(out)
-    assert (m.samples, len(m.piles), m.fields) == (10, 256, ("cls", "jpg", "json"))
-    assert m.extra["classes"] == ["cat", "dog"]
-    samples = [s for p in m.piles for s in iter_shard(os.path.join(out, p.name))]
-    assert sorted((s["__key__"], int(s["cls"])) for s in samples) == [
-        (f"{c}/{i}", k) for k, c in enumerate(("cat", "dog")) for i in range(5)
-    ]
-    assert {Image.open(__import__("io").BytesIO(s["jpg"])).size for s in samples} == {(341, 256)}
+    return [s for p in m.piles for s in iter_shard(os.path.join(out, p.name))]
+
+
+def test_images_yaml_runs_as_shipped(tmp_path):
+    configs = _repo(tmp_path)
+    assert main(["run", "-q", os.path.join(configs, "images.yaml")]) == 0
+    out = os.path.join(configs, "out", "images")
+    m = shardkit.manifest.read(out)
+    assert (m.samples, len(m.piles), m.fields) == (18, 4, ("cls", "jpg", "json"))
+    classes = m.extra["classes"]
+    assert classes == ["circle", "square", "triangle"]
+    for s in _samples(out):
+        assert classes[int(s["cls"])] == s["__key__"].split("/")[0] == json.loads(s["json"])["class"]
+        assert min(Image.open(io.BytesIO(s["jpg"])).size) == 64
     assert shardkit.verify(out, quiet=True) == []
 
 
-def test_jsonl_yaml(tmp_path):
-    (tmp_path / "data" / "jsonl").mkdir(parents=True)
-    for name in ("a", "b"):
-        (tmp_path / "data" / "jsonl" / f"{name}.jsonl").write_text("".join(json.dumps({"f": name, "i": i}) + "\n" for i in range(7)))
-    m = run_job(load_job(_copy(tmp_path, "jsonl.yaml")), quiet=True)
-    assert (m.samples, len(m.piles), m.fields) == (14, 64, ("json",))
+def test_jsonl_yaml_runs_as_shipped(tmp_path):
+    configs = _repo(tmp_path)
+    m = run_job(load_job(os.path.join(configs, "jsonl.yaml")), quiet=True)
+    assert (m.samples, len(m.piles), m.fields) == (80, 4, ("json",))
+    keys = sorted(s["__key__"] for s in _samples(os.path.join(configs, "out", "jsonl")))
+    assert keys == [f"doc-{i:05d}" for i in range(80)]
 
 
-def test_repile_yaml(tmp_path):
-    _shards(tmp_path)
-    m = run_job(load_job(_copy(tmp_path, "repile.yaml")), quiet=True)
-    assert (m.samples, len(m.piles), m.fields) == (120, 64, ("bin", "cls"))
+def test_repile_yaml_runs_as_shipped_on_shards_whose_keys_restart(tmp_path):
+    configs = _repo(tmp_path)
+    assert main(["run", "-q", os.path.join(configs, "repile.yaml")]) == 0
+    out = os.path.join(configs, "out", "repiled")
+    m = shardkit.manifest.read(out)
+    assert (m.samples, len(m.piles), m.fields, m.extra["key_prefix"]) == (48, 4, ("cls", "txt"), "unit")
+    keys = sorted(s["__key__"] for s in _samples(out))
+    assert keys == sorted(f"shard-{s:06d}/{k:06d}" for s in range(3) for k in range(16))
 
 
-def test_shuffle_yaml(tmp_path):
-    _shards(tmp_path)
-    m = run_job(load_job(_copy(tmp_path, "shuffle.yaml")), quiet=True)
-    assert (m.samples, len(m.piles), m.extra["kind"], m.extra["piles"]) == (120, 1, "shuffled", 64)
-    keys = [s["__key__"] for s in wds.WebDataset(str(tmp_path / "out" / "shuffled" / "shard-000000.tar"), shardshuffle=False)]
-    assert sorted(keys) == [s["__key__"] for s in make_samples(120)] != keys
+def test_shuffle_yaml_runs_as_shipped(tmp_path):
+    configs = _repo(tmp_path)
+    m = run_job(load_job(os.path.join(configs, "shuffle.yaml")), quiet=True)
+    assert (m.samples, len(m.piles), m.extra["kind"], m.extra["piles"]) == (48, 3, "shuffled", 2)
+    shards = sorted(glob.glob(os.path.join(configs, "out", "shuffled", "shard-*.tar")))
+    keys = [s["__key__"] for s in wds.WebDataset(shards, shardshuffle=False)]
+    assert sorted(keys) == sorted(f"shard-{s:06d}/{k:06d}" for s in range(3) for k in range(16)) != keys
 
 
-def test_demo_yaml(tmp_path):
-    job = load_job(_copy(tmp_path, "demo.yaml"))
-    assert isinstance(job, DemoJob) and job.samples == 50_000 and job.output == str(tmp_path / "out" / "demo")
-    result = run_job(dataclasses.replace(job, samples=1500), quiet=True)  # the same job, smaller
-    assert result.samples == 1500 and shardkit.manifest.is_dataset(str(tmp_path / "out" / "demo" / "piles"))
-
-
-def test_run_demo_yaml_prints_the_table(tmp_path, capsys):
-    path = _copy(tmp_path, "demo.yaml")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text.replace("samples: 50000", "samples: 1200"))
-    assert main(["run", "-q", path]) == 0
+def test_demo_yaml_runs_as_shipped(tmp_path, capsys):
+    configs = _repo(tmp_path)
+    assert main(["run", "-q", os.path.join(configs, "demo.yaml")]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("shardkit demo: 1,200 synthetic 32x32 JPEG images") and "DemoResult(" not in out
-    assert "shardkit: 16 piles, loader" in out and f"data kept in {tmp_path / 'out' / 'demo'}" in out
+    assert out.startswith("shardkit demo: 4,000 synthetic 32x32 JPEG images") and "DemoResult(" not in out
+    assert "shardkit: 16 piles, loader" in out and f"data kept in {os.path.join(configs, 'out', 'demo')}" in out
+    assert shardkit.manifest.is_dataset(os.path.join(configs, "out", "demo", "piles"))
 
 
 @pytest.mark.parametrize("name", ["images.yaml", "jsonl.yaml", "repile.yaml", "shuffle.yaml", "demo.yaml"])
