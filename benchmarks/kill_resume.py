@@ -32,18 +32,45 @@ HERE = Path(__file__).resolve().parent
 UNITS = 48
 SAMPLES = 12  # per unit
 PILES = 6
+DELAY = 0.08  # seconds a unit takes
+BIG = 512 << 10  # bytes a sample of big_samples
+
+
+def big_samples(unit: int):
+    """Two 512 KiB samples a unit, of words (compressible, as text is): piles big enough that a
+    merge at a high zstd level runs for seconds."""
+    words = [b"pile", b"shuffle", b"sample", b"epoch", b"tar", b"seed", b"unit", b"frame"]
+    for k in range(2):
+        state = unit * 7919 + k
+        out = bytearray()
+        while len(out) < BIG:
+            state = (state * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+            out += words[state >> 61] + b" "
+        yield {"__key__": f"b{unit:04d}-{k}", "txt": bytes(out[:BIG])}
 
 
 def slow_samples(unit: int):
-    """A unit's samples, made slowly enough (80 ms a unit) that a kill lands in the middle of a job."""
-    time.sleep(0.08)
+    """A unit's samples, made slowly enough (:data:`DELAY`, 80 ms a unit) that a kill lands in the middle of a job."""
+    time.sleep(DELAY)
     for k in range(SAMPLES):
         yield {"__key__": f"u{unit:04d}-{k:02d}", "txt": f"unit {unit} sample {k} " * (1 + (unit * 7 + k) % 13)}
 
 
-def run_job(out: str, *, workers: int, executor: str, resume: bool, log: str | None = None, address: str | None = None) -> list[int]:
+def run_job(
+    out: str,
+    *,
+    workers: int,
+    executor: str,
+    resume: bool,
+    log: str | None = None,
+    address: str | None = None,
+    compression: str | None = None,
+    level: int | None = None,
+    big: bool = False,
+) -> list[int]:
     """The job every run of a round runs (in this process); ``log`` gets the units this run
-    processed, which are returned too."""
+    processed, which are returned too. ``compression`` and ``level`` compress the piles; ``big``
+    writes :func:`big_samples` into 2 piles, so the merge is the long part."""
     import shardkit
     from shardkit.piles import resume as resume_module
 
@@ -51,11 +78,24 @@ def run_job(out: str, *, workers: int, executor: str, resume: bool, log: str | N
     resume_module.COMMIT_SECONDS = 0.0  # commit after every chunk: kills find committed work
     if log:
         Path(log).write_text("")
-    fn = _logging(log) if log else slow_samples
+    fn = _logging(log, big) if log else big_samples if big else slow_samples
     ray = {"ray_address": address} if executor == "ray" and address else {}
     units = list(range(UNITS))
     try:
-        shardkit.preprocess(units, fn, out, piles=PILES, seed=11, workers=workers, executor=executor, resume=resume, quiet=True, **ray)
+        shardkit.preprocess(
+            units,
+            fn,
+            out,
+            piles=2 if big else PILES,
+            seed=11,
+            workers=workers,
+            executor=executor,
+            resume=resume,
+            quiet=True,
+            compression=compression,
+            compression_level=level,
+            **ray,
+        )
     finally:
         resume_module.COMMIT_SECONDS = every
     return [int(x) for x in Path(log).read_text().split()] if log else []
@@ -64,23 +104,28 @@ def run_job(out: str, *, workers: int, executor: str, resume: bool, log: str | N
 class _logging:
     """``slow_samples``, noting each unit it is called on in a file (appends are atomic lines)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, big: bool = False) -> None:
         self.path = path
+        self.big = big
 
     def __repr__(self) -> str:  # the job's fingerprint sees fn by name and code, not by the log's path
-        return "slow_samples"
+        return "big_samples" if self.big else "slow_samples"
 
     def __call__(self, unit: int):
         with open(self.path, "a") as f:
             f.write(f"{unit}\n")
-        yield from slow_samples(unit)
+        yield from (big_samples if self.big else slow_samples)(unit)
 
 
-def child(out: str, workers: int, executor: str, resume: bool, log: str | None, address: str | None = None) -> subprocess.Popen:
-    """Start a run in a child process."""
+def child(
+    out: str, workers: int, executor: str, resume: bool, log: str | None, address: str | None = None, **more: object
+) -> subprocess.Popen:
+    """Start a run in a child process; ``more``: run_job's other keywords (compression, level, big)."""
+    extra = "".join(f", {k}={v!r}" for k, v in more.items())
     code = (
-        f"import sys; sys.path.insert(0, {str(HERE)!r}); import kill_resume; "
-        f"kill_resume.run_job({out!r}, workers={workers}, executor={executor!r}, resume={resume}, log={log!r}, address={address!r})"
+        f"import sys, logging; sys.path.insert(0, {str(HERE)!r}); import kill_resume; "
+        "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s'); "
+        f"kill_resume.run_job({out!r}, workers={workers}, executor={executor!r}, resume={resume}, log={log!r}, address={address!r}{extra})"
     )
     # Ray workers import fn's module by name: this folder goes on their path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")])}
@@ -102,8 +147,45 @@ def committed(out: str) -> int:
     return sum(len(c.units) + len(c.failures) for c in resume._committed(staging).values())
 
 
+def merge_round(work: str, rng: random.Random, *, level: int, sig: int, reference: dict[str, bytes] | None) -> dict:
+    """Stop a job of big samples with ``sig`` during its merge (zstd at ``level``), then resume it:
+    how long the signal took to stop it, units lost (not committed) and units the resumed run did."""
+    out = os.path.join(work, "merge-out")
+    shutil.rmtree(out, ignore_errors=True)
+    job = {"compression": "zstd", "level": level, "big": True}
+    proc = child(out, 2, "local", resume=False, log=os.path.join(work, "merge-first.log"), **job)
+    merging = os.path.join(out, ".shardkit-pass1", "piles")
+    while not os.path.isdir(merging):
+        if proc.poll() is not None:
+            raise RuntimeError(f"the job ended before its merge: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.01)
+    time.sleep(rng.uniform(0.05, 0.5))  # into the merge
+    lost = UNITS - committed(out)
+    sent = time.perf_counter()
+    proc.send_signal(sig)
+    proc.wait()
+    took = time.perf_counter() - sent
+    if proc.returncode == 0 or os.path.exists(os.path.join(out, "shardkit.json")):
+        return {"finished_early": True}  # published before the signal came (it may have come during the cleanup)
+    log = os.path.join(work, "merge-resumed.log")
+    Path(log).write_text("")
+    resumed = child(out, 2, "local", resume=True, log=log, **job)
+    _, err = resumed.communicate()
+    if resumed.returncode != 0:
+        raise RuntimeError(f"the resumed run failed: {err.decode()[-2000:]}")
+    lines = err.decode().splitlines()
+    warned = [line for line in lines if line.startswith("WARNING")]
+    said = [line.split(": ", 2)[-1] for line in lines if "resuming:" in line]
+    redone = len(Path(log).read_text().split())
+    row = {"level": level, "signal": signal.Signals(sig).name, "stop_s": round(took, 2), "lost": lost, "redone": redone}
+    row["warnings"] = len(warned)
+    row["said"] = said[0] if said else "(nothing said)"
+    row["identical"] = reference is None or files(out) == reference
+    return row
+
+
 def one_round(reference: dict[str, bytes], work: str, rng: random.Random, *, kills: int, executors: list[str]) -> dict:
-    """Kill a job ``kills`` times at random moments, resume after each, let the last run finish."""
+    """Kill a job ``kills`` times at random moments (SIGKILL or Ctrl-C), resume after each, let the last run finish."""
     out = os.path.join(work, "out")
     shutil.rmtree(out, ignore_errors=True)
     row: dict = {"kills": [], "committed": [], "redone": 0}
@@ -116,7 +198,7 @@ def one_round(reference: dict[str, bytes], work: str, rng: random.Random, *, kil
             try:
                 proc.wait(delay)
             except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
+                proc.send_signal(rng.choice([signal.SIGKILL, signal.SIGINT]))
             proc.wait()
             if proc.returncode == 0:  # finished before the kill: nothing left to resume
                 row["finished_early"] = True
@@ -141,7 +223,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ray", action="store_true", help="let some runs use executor='ray' (a local Ray each)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument(
+        "--merge-rounds",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: N rounds per zstd level (3, 19) that stop a job of 48 MiB during its merge (Ctrl-C, then kill -9), then resume",
+    )
     args = parser.parse_args(argv)
+    if args.merge_rounds:
+        return merge_main(args.merge_rounds, random.Random(args.seed))
     rng = random.Random(args.seed)
     executors = ["local", "ray"] if args.ray else ["local"]
     with tempfile.TemporaryDirectory() as work:
@@ -167,7 +258,44 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows))
     bad = [r for r in rows if not r["identical"] or r["staging_left"] or r["redone"] != r.get("expected", r["redone"])]
     kills = sum(len(r["kills"]) for r in rows)
-    print(f"{len(rows)} rounds, {kills} kills -9 of the driver: {len(rows) - len(bad)} rounds byte-identical and exact")
+    lost, redone = sum(r.get("expected", 0) for r in rows), sum(r["redone"] for r in rows if "expected" in r)
+    print(f"{len(rows)} rounds, {kills} kills of the driver (kill -9 or Ctrl-C): {len(rows) - len(bad)} rounds byte-identical and exact")
+    print(f"units redone / units lost at the last kill: {redone} / {lost} = {redone / max(lost, 1):.2f}")
+    return 1 if bad else 0
+
+
+def merge_main(rounds: int, rng: random.Random) -> int:
+    """The --merge-rounds campaign: stop each job during its merge, resume, print what it cost."""
+    import statistics
+
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for level in (3, 19):
+            ref = os.path.join(work, f"reference-{level}")
+            run_job(ref, workers=2, executor="local", resume=False, compression="zstd", level=level, big=True)
+            reference = files(ref)
+            shutil.rmtree(ref)
+            for sig in (signal.SIGINT, signal.SIGKILL):
+                for _ in range(rounds):
+                    row = merge_round(work, rng, level=level, sig=sig, reference=reference)
+                    if row.get("finished_early"):
+                        continue
+                    rows.append(row)
+                    print(
+                        f"zstd {level:2d}, {row['signal']}: stopped in {row['stop_s']:.2f} s; {row['lost']} units lost, "
+                        f"{row['redone']} redone; {row['warnings']} warnings; identical={row['identical']}\n    {row['said']}",
+                        flush=True,
+                    )
+    for level in (3, 19):
+        stops = [r["stop_s"] for r in rows if r["level"] == level and r["signal"] == "SIGINT"]
+        if stops:
+            print(
+                f"zstd level {level}: Ctrl-C stopped the merge in {statistics.median(stops):.2f} s (median of {len(stops)}, max {max(stops):.2f})"
+            )
+    lost, redone = sum(r["lost"] for r in rows), sum(r["redone"] for r in rows)
+    print(f"units redone / units lost: {redone} / {lost} (every unit was committed before the merge: 0 / 0 is exact)")
+    bad = [r for r in rows if not r["identical"] or r["redone"] != r["lost"] or r["warnings"]]
+    print(f"{len(rows)} merges stopped: {len(rows) - len(bad)} resumed byte-identical, redoing only lost units, without a warning")
     return 1 if bad else 0
 
 

@@ -84,6 +84,8 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _log_to_stderr(args.verbose)
+    if not args.verbose:  # what a resumed job keeps and does again is said without -v: one line
+        logging.getLogger("shardkit.piles.resume").setLevel(logging.INFO)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -12,11 +12,40 @@ piles needs around them: the tar's size and CRC-32 (for the manifest's ``tar_byt
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from shardkit import manifest, storage
 from shardkit.tar import compression
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# the stop event of the merge a thread works for (see run_stoppable)
+_merge = threading.local()
+
+
+class Stopped(Exception):
+    """The merge this thread works for was told to stop; never seen outside the merge."""
+
+
+def run_stoppable(stop: threading.Event, fn: Callable[[T], R], item: T) -> R:
+    """``fn(item)`` in a merge thread that stops at its next chunk once ``stop`` is set."""
+    _merge.stop = stop
+    try:
+        return fn(item)
+    finally:
+        _merge.stop = None
+
+
+def check_stop() -> None:
+    """Raise :class:`Stopped` if this thread's merge was told to stop: called between chunks and
+    before each write, so a stopped merge writes nothing more (the caller does not wait for it)."""
+    stop = getattr(_merge, "stop", None)
+    if stop is not None and stop.is_set():
+        raise Stopped
 
 
 @dataclass(frozen=True)
@@ -43,7 +72,10 @@ class Packed:
         self.crc = 0
 
     def write(self, chunk: Any) -> None:
-        self._put(self.packer.compress(chunk))
+        check_stop()
+        packed = self.packer.compress(chunk)
+        check_stop()  # a stop that came while compressing: nothing more reaches the file
+        self._put(packed)
 
     def finish(self) -> None:
         self._put(self.packer.finish())

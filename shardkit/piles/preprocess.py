@@ -43,7 +43,7 @@ from shardkit.piles.executor import Executor, Tally, run_local
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import Output, claim
 from shardkit.piles.parts import SEGMENT, check_keys
-from shardkit.piles.publish import Mapper, Run, publish
+from shardkit.piles.publish import Mapper, Run, begin_merge, publish
 from shardkit.piles.units import Part, UnitWork, describe, reused_part, skip_record
 from shardkit.tar.shard import iter_shard
 
@@ -238,7 +238,8 @@ def _run(
         base = append.start(output, options)  # None unless mode="append"
         if base is not None:  # its samples are routed by the generation, which the fingerprint then names
             job = dataclasses.replace(job, generation=base.generation)
-        stage = resume.open_staging(output.path, _fingerprint(job, units), resume=options.resume, overwrite=options.overwrite)
+        merge = {"compression": options.compression, "level": options.level}
+        stage = resume.open_staging(output.path, _fingerprint(job, units), resume=options.resume, overwrite=options.overwrite, merge=merge)
     except BaseException:
         output.release()
         raise
@@ -251,8 +252,8 @@ def _run(
         run, mapper = _executor(options, workers, mp_context)
         with tally.bar:
             parts = run(job, units, stage.path, todo=todo, attempt=stage.attempt(), buffer_size=int(options.buffer_size), tally=tally)
-        staging = os.path.join(stage.path, "piles")
-        storage.makedirs(staging)
+        staging = stage.merging
+        begin_merge(staging, merge)
         threads = min(workers, len(units))
         extra = {**(extra or {}), "units": len(units)}
         try:

@@ -19,11 +19,11 @@ import json
 import logging
 import math
 import os
+import queue
 import re
 import shutil
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
@@ -36,7 +36,7 @@ from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import router
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import Output
-from shardkit.piles.pack import Pack, Packed
+from shardkit.piles.pack import Pack, Packed, check_stop, run_stoppable
 from shardkit.tar import compression, index, write
 
 log = logging.getLogger(__name__)
@@ -166,11 +166,13 @@ def _copy_range(src: BinaryIO, put: Callable[[Any], None], run: Run, crc: int, b
     src.seek(run.offset)
     done = 0
     while done < run.length:
+        check_stop()
         n = src.readinto(buffer[: min(run.length - done, len(buffer))])  # type: ignore[attr-defined]
         if not n:
             raise CorruptShardError(f"{run.path}: part file ends early: expected {run.length} bytes at offset {run.offset}, got {done}")
         chunk = buffer[:n]
         crc = manifest.checksum(chunk, crc)
+        check_stop()
         put(chunk)
         done += n
     return crc
@@ -279,6 +281,7 @@ def finish_pile(work: PileWork) -> tuple[list[_Staged], bool]:
             len(pieces),
         )
         result = pieces, True
+    check_stop()  # a merge stopped meanwhile records nothing and keeps its part files
     # renamed into place but not synced: it guards against a process that dies, as a retry needs
     with open(record + ".tmp", "w") as f:
         json.dump([[dataclasses.astuple(p) for p in result[0]], result[1]], f)
@@ -287,6 +290,42 @@ def finish_pile(work: PileWork) -> tuple[list[_Staged], bool]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(run.path)
     return result
+
+
+# what a merge in a staging directory was asked for: its finished piles serve a resumed job only
+# if it asks for the same (the job's fingerprint covers the rest: piles, seed, max_pile_bytes)
+MERGE = "merge.json"
+_DONE = re.compile(r"pile-(\d{6,})\.tar\.done")
+
+
+def begin_merge(staging: str, merge: Mapping[str, Any]) -> None:
+    """Record what the merge in ``staging`` makes (compression and level), before any pile."""
+    storage.makedirs(staging)
+    storage.write_bytes(os.path.join(staging, MERGE), json.dumps(dict(merge), sort_keys=True).encode())
+
+
+def finished_piles(staging: str, merge: Mapping[str, Any]) -> dict[int, int]:
+    """The piles a stopped merge in ``staging`` finished, with their samples: each has a record
+    and every file it names is there at its size. None count when the merge was asked for
+    something else than ``merge`` (another compression), or there was none."""
+    try:
+        said = json.loads(storage.read_bytes(os.path.join(staging, MERGE)))
+        names = os.listdir(staging)
+    except (OSError, ValueError, ShardkitError):
+        return {}
+    if said != json.loads(json.dumps(dict(merge), sort_keys=True)):
+        return {}
+    found = {}
+    for name in names:
+        if (match := _DONE.fullmatch(name)) is None:
+            continue
+        try:
+            pieces, _ = _read_record(os.path.join(staging, name))
+        except (OSError, ValueError, TypeError, ShardkitError):
+            continue
+        if all(os.path.exists(p.path) and os.path.getsize(p.path) == p.size for p in pieces):
+            found[int(match.group(1))] = sum(p.samples for p in pieces)
+    return found
 
 
 def _read_record(record: str) -> tuple[list[_Staged], bool]:
@@ -312,26 +351,49 @@ def _over_limit(pieces: Sequence[_Staged], limit: int | None) -> list[dict[str, 
 
 
 def map_threads(fn: Callable[[T], R], items: Sequence[T], threads: int, progress: Callable[[int], Any] | None) -> list[R]:
-    """``[fn(x) for x in items]`` on up to ``threads`` threads; the first error cancels the rest."""
-    if threads <= 1 or len(items) <= 1:
-        results = []
-        for item in items:
-            results.append(fn(item))
+    """``[fn(x) for x in items]`` on up to ``threads`` threads; the first error (or a Ctrl-C
+    here) cancels the rest and stops the running ones at their next chunk (see
+    :func:`~shardkit.piles.pack.check_stop`). The caller only waits, even with one thread, so a
+    Ctrl-C reaches it at once and the merge stops within a chunk's work."""
+    stop = threading.Event()
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for i in range(len(items)):
+        todo.put(i)
+    done: queue.SimpleQueue[tuple[int, bool, Any]] = queue.SimpleQueue()
+
+    def work() -> None:
+        # invariant: each item is taken once; after a stop no item is started and nothing more is written
+        while not stop.is_set():
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.put((i, True, run_stoppable(stop, fn, items[i])))
+            except BaseException as e:  # carried to the caller, which raises it
+                done.put((i, False, e))
+                return
+
+    # daemon threads: after a Ctrl-C the caller does not wait for a thread inside one chunk's work
+    # (a zstd frame at level 19 takes seconds); it stops there without writing (see check_stop)
+    workers = [threading.Thread(target=work, name=f"shardkit-merge-{k}", daemon=True) for k in range(max(1, min(threads, len(items))))]
+    for thread in workers:
+        thread.start()
+    results: list[Any] = [None] * len(items)
+    try:
+        for _ in range(len(items)):
+            i, ok, value = done.get()
+            if not ok:
+                raise value
+            results[i] = value
             if progress is not None:
                 progress(1)
-        return results
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shardkit-merge") as pool:
-        futures = [pool.submit(fn, item) for item in items]
-        try:
-            for future in as_completed(futures):
-                future.result()
-                if progress is not None:
-                    progress(1)
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
-        return [f.result() for f in futures]
+    except BaseException:
+        stop.set()
+        raise
+    for thread in workers:
+        thread.join()
+    return results
 
 
 # runs ``fn`` over ``items`` (the piles to finish) somewhere, in parallel; results in order, with

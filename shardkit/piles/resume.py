@@ -46,6 +46,7 @@ from shardkit.dataset.owned import Records, delete_owned
 from shardkit.dataset.staging import check_staging, clear_tree, make_staging, new_remote, recorded
 from shardkit.errors import ConfigError, DatasetExistsError, Failure, StorageError
 from shardkit.piles.parts import keys_path, part_file
+from shardkit.piles.publish import finished_piles
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,9 @@ STAGING = layout.STAGING
 JOB = layout.JOB
 # the record a committed part directory holds
 COMMIT = "commit"
+# where the merge assembles piles, inside the staging directory: the piles it finished before it
+# stopped are kept for a resumed job (their part files are gone: each is deleted once its pile is made)
+MERGING = "piles"
 # held by the job that uses a staging directory, so a second job on the same output fails
 LOCK = ".lock"
 _MAGIC = b"shardkit-commit-1\n"
@@ -234,6 +238,12 @@ class Staging:
     commits: dict[str, Commit]
     lock_fd: int = -1
     out: str = ""  # the output it stages for
+    merged: dict[int, int] = field(default_factory=dict)  # piles a stopped merge finished: their samples
+
+    @property
+    def merging(self) -> str:
+        """Where the merge assembles the piles (see :data:`MERGING`)."""
+        return os.path.join(self.path, MERGING)
 
     def done(self) -> set[int]:
         """Units a reused commit names, written or skipped."""
@@ -311,13 +321,16 @@ def _discard(path: str, out: str = "") -> None:
         delete_owned(out, [layout.REMOTE_STAGING], reason="its staging is removed", records=Records())
 
 
-def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: bool) -> Staging:
+def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: bool, merge: Mapping[str, Any] | None = None) -> Staging:
     """Take the staging directory of the pass-1 job ``job`` (its :func:`fingerprint`) into ``out``.
 
     A fresh job gets an empty directory. Leftovers of an earlier run that committed work are
     refused without ``resume`` (discarded with ``overwrite``); with ``resume`` they must come from
     the same job, and every committed part is checked and reused (a part that fails its check is
-    removed, and its units are processed again). Without ``resume`` the leftovers of an append
+    removed, and its units are processed again). The piles a stopped merge finished are kept when
+    it was asked for the same ``merge`` (compression and level) and every part checks: their part
+    files are gone, so the units count as done by the piles. One line (logged at INFO) says what
+    was kept and what is done again. Without ``resume`` the leftovers of an append
     whose generation the dataset already has (killed after it published) are cleared: nobody can
     resume them.
 
@@ -361,10 +374,10 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
                     "Compared: the input units (in order), fn (qualified name and a hash of its code), the options that change "
                     "the bytes, and the shardkit version. Run it as it was, or pass overwrite=True (--overwrite) to start over"
                 )
-            staging.commits = _checked(found)
-            _clear(path, keep=set(staging.commits))
-            if staging.commits:
-                log.info("%s: resuming: %d committed parts reused, %d units done", out, len(staging.commits), len(staging.done()))
+            merged = finished_piles(os.path.join(path, MERGING), merge) if merge is not None else {}
+            staging.commits, staging.merged = _checked(found, merged)
+            _clear(path, keep={*staging.commits, *([os.path.join(path, MERGING)] if staging.merged else [])})
+            _said_resume(out, staging, job.get("units"))
         else:
             _clear(path, keep=set())
         started = before.get("started") if (before and staging.commits) else None
@@ -452,11 +465,41 @@ def _clear(path: str, keep: set[str]) -> None:
     clear_tree(path, keep={LOCK, layout.OWNER, *(os.path.basename(k) for k in keep)})
 
 
-def _checked(found: Mapping[str, Commit]) -> dict[str, Commit]:
+def _said_resume(out: str, staging: Staging, units: Any) -> None:
+    """The one line a resumed job logs: what it keeps, what it does again."""
+    done = len(staging.done())
+    total = units if isinstance(units, int) else done
+    merged = f", {len(staging.merged)} piles already merged" if staging.merged else ""
+    log.info(
+        "%s: resuming: keeping %d of %d input units (%d committed parts%s), processing %d again",
+        out,
+        done,
+        total,
+        len(staging.commits),
+        merged,
+        max(total - done, 0),
+    )
+
+
+def _checked(found: Mapping[str, Commit], merged: Mapping[int, int]) -> tuple[dict[str, Commit], dict[int, int]]:
     """The commits whose part files check (name, size, CRC-32), their tails cut to the commit;
-    of two that name one unit, the first by directory name."""
+    of two that name one unit, the first by directory name; and the merged piles kept.
+
+    The part files of a merged pile are not looked at (they were deleted, or are links to the
+    pile itself). The merged piles are kept only if every commit checks: a unit done again
+    would belong in them.
+    """
+    kept, failed = _check_all(found, merged)
+    if failed and merged:
+        log.warning("%d committed parts do not check: the %d piles a stopped merge finished are made again", failed, len(merged))
+        kept, _ = _check_all(found, {})
+        return kept, {}
+    return kept, dict(merged)
+
+
+def _check_all(found: Mapping[str, Commit], merged: Mapping[int, int]) -> tuple[dict[str, Commit], int]:
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="shardkit-resume") as pool:
-        problems = list(pool.map(lambda item: _check_dir(*item), found.items()))
+        problems = list(pool.map(lambda item: _check_dir(item[0], item[1], skip=merged), found.items()))
     kept: dict[str, Commit] = {}
     claimed: set[int] = set()
     for (directory, commit), problem in zip(found.items(), problems, strict=True):
@@ -469,11 +512,13 @@ def _checked(found: Mapping[str, Commit]) -> dict[str, Commit]:
             claimed |= units
         else:
             log.warning("%s: %s; its %d units are processed again", directory, problem, len(units))
-    return kept
+    return kept, len(found) - len(kept)
 
 
-def _check_dir(directory: str, commit: Commit) -> str | None:
+def _check_dir(directory: str, commit: Commit, skip: Mapping[int, int]) -> str | None:
     for pile, (size, crc, count) in enumerate(zip(commit.sizes, commit.crcs, commit.counts, strict=True)):
+        if pile in skip:
+            continue  # merged: the part file went into the pile (a link to it, or deleted)
         part = part_file(directory, pile)
         for path, length in ((part, size), (keys_path(part), count * _HASH_BYTES)):
             have = os.path.getsize(path) if os.path.exists(path) else 0  # a pile no unit wrote to has no file
