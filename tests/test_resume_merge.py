@@ -70,3 +70,32 @@ def test_finished_piles_of_another_compression_are_made_again(tmp_path, monkeypa
     reference = str(tmp_path / "reference")
     kill_resume.run_job(reference, workers=1, executor="local", resume=False)
     assert kill_resume.files(out) == kill_resume.files(reference)
+
+
+def test_an_upload_stopped_by_ctrl_c_resumes_from_the_finished_piles(s3, tmp_path, monkeypatch, caplog):
+    pytest.importorskip("s3fs", reason="the remote extra is needed for s3:// outputs")
+    from shardkit import storage
+
+    out = s3.url("stopped")
+    upload, sent = storage.upload, []
+
+    def upload_then_stop(local, url):
+        if len(sent) == 2:
+            raise KeyboardInterrupt
+        sent.append(url)
+        upload(local, url)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(storage, "upload", upload_then_stop)
+        with pytest.raises(KeyboardInterrupt):
+            kill_resume.run_job(out, workers=1, executor="local", resume=False, log=str(tmp_path / "first"))
+    assert not shardkit.manifest.is_dataset(out)
+    with caplog.at_level(logging.INFO, logger="shardkit"):
+        redone = kill_resume.run_job(out, workers=1, executor="local", resume=True, log=str(tmp_path / "log"))
+    assert redone == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any(f"{kill_resume.PILES} piles already merged" in r.getMessage() for r in caplog.records)
+    reference = str(tmp_path / "reference")
+    kill_resume.run_job(reference, workers=1, executor="local", resume=False)
+    assert shardkit.verify(out, quiet=True) == []
+    assert shardkit.manifest.read(out).piles == shardkit.manifest.read(reference).piles

@@ -552,14 +552,15 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
 
 
 def _upload_all(files: Sequence[str], names: Sequence[str], out: str, moved: list[str]) -> None:
-    """Upload ``files[i]`` to ``out/names[i]``, :data:`UPLOADS` at a time, each local copy removed
-    once its upload is done; ``moved`` gets each name as its object is in."""
+    """Upload ``files[i]`` to ``out/names[i]``, :data:`UPLOADS` at a time; ``moved`` gets each name
+    as its object is in. The local copies stay until the job removes its staging (after the
+    manifest): a job stopped during the uploads resumes from its finished piles, uploading them
+    again, and the disk held no more at its peak (every pile is made before the first upload)."""
     lock = threading.Lock()
 
     def send(i: int) -> None:
         storage.upload(files[i], storage.join(out, names[i]))
         with lock:
             moved.append(names[i])
-        os.unlink(files[i])
 
     map_threads(send, range(len(files)), UPLOADS, None)
