@@ -68,7 +68,6 @@ DOORS = [
 def test_every_python_option_is_a_yaml_key_and_a_flag(fn, cls, kind, parsers):
     names = _options(fn)
     assert names, fn
-    assert names <= set(specs(cls)), f"{fn.__name__} takes keywords its options class does not declare: {names - set(specs(cls))}"
     if kind is not None:
         yaml = set(jobs._ALLOWED[kind]) | {name for name, spec in specs(cls).items() if spec.yaml == "output"}
         assert names <= yaml, f"{fn.__name__}: not accepted by `job: {kind}`: {sorted(names - yaml)}"

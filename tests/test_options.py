@@ -167,7 +167,9 @@ _NOT_OPTIONS = {
     "--verbose",
     "--storage-option",
     "--append",
-}  # --append: --mode append, shorter
+    "--format",
+    "--reader-arg",
+}  # --append: --mode append, shorter; --format and --reader-arg: pile's input readers, arguments of pile() beside its options
 
 
 def _flags(command: str) -> dict[str, argparse.Action]:
