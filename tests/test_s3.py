@@ -279,9 +279,9 @@ def test_two_processes_share_one_cache(s3, faulty_s3, local_dataset, tmp_path):
     assert results[0] == results[1] == [s["__key__"] for s in _epoch(local_dataset, seed=1)]
     piles = len(shardkit.manifest.read(local_dataset).piles)
     gets = faulty_s3.counts()["requests"] - before
-    # each process reads the manifest (s3fs asks its size, then gets it); each pile is downloaded
-    # once, by one of them (small piles: one range each)
-    assert gets == 2 * 2 + piles
+    # each process reads the manifest (in one request, or two where s3fs asks its size first); each
+    # pile is downloaded once, by one of them (small piles: one range each)
+    assert 2 * 1 + piles <= gets <= 2 * 2 + piles
 
 
 # --- faults -------------------------------------------------------------------------------------
