@@ -35,6 +35,10 @@ Rows:
 - userfiles, manifests, links, appendfull: what shardkit may delete (see stress_trust.py): user
   files beside a dataset under gc and overwrite, crafted manifests, links at every staging path,
   a full disk during an append.
+- s3appends, s3gc, s3overwrites: (moto on loopback, see ``benchmarks/s3_races.py``) two appends,
+  an append and ``gc(grace=0)``, two overwrites race on one ``s3://`` dataset; judged by verify
+  in a fresh process: none torn, no success lost, one of two overwrites refused. Not in
+  ``--quick`` (the test suite runs a slice of them in tests/test_s3_commits.py).
 """
 
 from __future__ import annotations
@@ -426,6 +430,14 @@ def row_secrets(work: str, quick: bool) -> Row:
     return row
 
 
+def row_s3(name: str, trials: int, seed: int) -> Row:
+    """A race row of ``benchmarks/s3_races.py`` (on a moto server started for it)."""
+    import s3_races
+
+    ((title, tried, failed, notes),) = s3_races.run_rows([name], trials, seed)
+    return Row(title, tried, failed, notes)
+
+
 def table(rows: list[Row]) -> str:
     lines = ["| row | tried | failed | notes |", "|---|---|---|---|"]
     for r in rows:
@@ -436,11 +448,7 @@ def table(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small slice of every row (the test suite runs this)")
-    parser.add_argument(
-        "--rows",
-        default="kill,writers,fuzz,diskfull,disk,soak,states,jobs,secrets,userfiles,manifests,links,appendfull",
-        help="comma-separated rows to run",
-    )
+    parser.add_argument("--rows", default=None, help="comma-separated rows to run (default: all; --quick: all but the S3 race ones)")
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--writers", type=int, default=20)
     parser.add_argument("--fuzz", type=int, default=5000)
@@ -453,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--manifests", type=int, default=1000)
     parser.add_argument("--links", type=int, default=100)
     parser.add_argument("--appendfull", type=int, default=5)
+    parser.add_argument("--s3", type=int, default=30, help="trials of each S3 race row")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a fuzz batch may go without an answer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default=None, help="scratch directory (default: a temporary one, removed)")
@@ -484,7 +493,11 @@ def main(argv: list[str] | None = None) -> int:
         "appendfull": lambda: stress_trust.row_appendfull(
             Row("appendfull: an append with 2 workers fills a 4 MiB disk"), work, args.appendfull, rng
         ),
+        **{name: (lambda name=name: row_s3(name, args.s3, args.seed)) for name in ("s3appends", "s3gc", "s3overwrites")},
     }
+    if args.rows is None:
+        args.rows = "kill,writers,fuzz,diskfull,disk,soak,states,jobs,secrets,userfiles,manifests,links,appendfull"
+        args.rows += "" if args.quick else ",s3appends,s3gc,s3overwrites"
     rows = []
     try:
         for name in args.rows.split(","):

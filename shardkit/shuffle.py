@@ -472,7 +472,7 @@ def shuffle(
         staged = [os.path.join(staging, shard.name) for shard in shards]
         shards = [dataclasses.replace(shard, name=name) for shard, name in zip(shards, names, strict=True)]
         result = Manifest(piles=tuple(shards), seed=opts.seed, fields=piled.fields, created_by=piled.created_by, extra=extra)
-        install(output, staged, result)
+        result = install(output, staged, result)
     finally:
         remove_staging(temp)
         output.release()

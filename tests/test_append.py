@@ -327,7 +327,7 @@ def test_two_appends_racing_on_s3_one_wins_and_no_manifest_is_lost(s3):
     loser = shardkit.PileWriter(url, piles=2, mode="append")
     loser.write({"__key__": "l0", "bin": b"x"})
     winner = _append(url, ["w0", "w1"], piles=2)
-    with pytest.raises(shardkit.DatasetExistsError, match="changed while this job ran"):
+    with pytest.raises(shardkit.DatasetExistsError, match="another job published here while this one ran"):
         loser.close()
     assert manifest.read(url) == winner
     objects = {name for path in s3.client().find(s3.path("ds")) if not (name := path.rsplit("/", 1)[1]).startswith(".")}

@@ -3,6 +3,7 @@ its manifest says, a job killed at each step of its publish (moto on loopback, s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -63,20 +64,20 @@ sys.path.insert(0, {tests!r})
 from conftest import make_samples
 import shardkit
 from shardkit import manifest, storage
-from shardkit.piles import publish
+from shardkit.piles import output
 
 when = {when!r}
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
-write = manifest.write
-def write_manifest(out, m):
+commit = output.Output.commit
+def commit_manifest(self, m):
     if when == "before the manifest":
         die()
-    write(out, m)
+    commit(self, m)
     if when == "after the manifest":
         die()
     storage.remove = lambda url: die()  # while deleting the old piles: at the first
-publish.manifest.write = write_manifest
+output.Output.commit = commit_manifest
 s = make_samples(240, size=2000, seed=1)
 shardkit.preprocess([s[i:i + 40] for i in range(0, 240, 40)], lambda u: u, {url!r}, piles=5, overwrite=True, quiet=True)
 """
@@ -107,16 +108,26 @@ def test_a_job_killed_while_publishing_leaves_one_whole_dataset(s3, tmp_path, mo
     assert os.listdir(temp) == []
 
 
-def test_a_second_job_on_a_prefix_fails_the_first_instead_of_breaking_the_dataset(s3):
+def test_of_two_jobs_on_a_prefix_the_store_lets_one_publish_and_the_other_deletes_nothing_of_it(s3):
     from shardkit.piles.output import claim
+    from shardkit.piles.publish import install
 
-    first = claim(s3.url("ds"), overwrite=False)
-    first.journal(["pile-000000.tar"])  # as install() does before its uploads
-    second = claim(s3.url("ds"), overwrite=False)  # takes the first job's journal for a dead job's
-    with pytest.raises(shardkit.DatasetExistsError, match="another job started writing here"):
-        first.check_unchanged()
-    second.journal(["pile-000000.tar"])
-    second.check_unchanged()  # the second job goes on
+    m = shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=2, quiet=True)
+    first, second = claim(s3.url("ds"), overwrite=True), claim(s3.url("ds"), overwrite=True)
+    assert first.conditional and second.conditional  # moto takes If-Match and If-None-Match
+    staged = []
+    for _ in (first, second):
+        path = os.path.join(tempfile.mkdtemp(), "pile-000000.tar")
+        with open(path, "wb") as f:
+            f.write(s3.client().cat_file(s3.path(f"ds/{m.piles[0].name}")))
+        staged.append(path)
+    one = dataclasses.replace(m, piles=m.piles[:1])
+    won = install(first, [staged[0]], one)
+    with pytest.raises(shardkit.DatasetExistsError, match="another job published here while this one ran"):
+        install(second, [staged[1]], one)  # its pile took another name: the first's is left alone
+    assert manifest.read(s3.url("ds")) == won
+    assert s3.names("ds") == {won.piles[0].name, manifest.MANIFEST}  # the loser's pile and journal are gone
+    assert shardkit.verify(s3.url("ds"), quiet=True) == []
 
 
 def test_a_misspelled_storage_option_is_a_config_error_naming_the_options(s3):

@@ -167,7 +167,9 @@ def finish(
     )
     # the generation being replaced stays readable by loaders pinned to it
     keep_copy = storage.join(out, generation_name(old.generation))
-    if not storage.exists(keep_copy):
+    if output.conditional:
+        storage.put_if_absent(keep_copy, base.seen)  # racing appends from one generation write the same bytes, once
+    elif not storage.exists(keep_copy):
         storage.write_bytes(keep_copy, base.seen)
     install(output, staged, result, names=[os.path.basename(path) for path in staged], keep=True)
     # shared by every append that races to this generation: put in only by the one that won

@@ -10,15 +10,21 @@ journal lists), which nothing else can be writing while the lock is held. On a n
 system the lock is as good as the file system's locking (NFSv4 locks work).
 
 An object-store output (``s3://bucket/prefix``) has no lock: object stores offer none that a
-dead job gives back, so one job per output is the user's to keep. Its staging directory is
-local (in the system's temporary directory, ``TMPDIR``), a dead job's unfinished install is
-undone from its journal as for a local output, and the manifest is checked unchanged just
-before it is replaced.
+dead job gives back. There the store itself picks the one writer: a job commits its manifest
+with a conditional write (:meth:`Output.commit`: ``If-Match`` the version of ``shardkit.json``
+it began from, ``If-None-Match: *`` when there was none), so of two racing jobs exactly one
+publishes and the other fails with :class:`DatasetExistsError`, removing only what it uploaded.
+Its journal names the version it began from: once another job has committed, a journal from an
+older version belongs to a job that can never publish, and its uploads are leftovers; a journal
+from the current version may be a live job's, and what it names is left alone. A store without
+conditional writes (see :func:`shardkit.storage.can_put_if_absent`) is written by one job at a
+time, which is the user's to keep: the manifest is checked unchanged just before it is replaced.
+The staging directory is local (in the system's temporary directory, ``TMPDIR``).
 
     output = claim("data/train", overwrite=False)
     try:
         ...                                  # write into output.staging()
-        output.check_unchanged()             # just before the manifest is replaced
+        output.commit(manifest)              # the manifest goes in, if nobody else's did first
     finally:
         output.release()
 """
@@ -38,13 +44,14 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from shardkit import manifest, redact, storage
 from shardkit._util import check_path
 from shardkit.dataset import layout
 from shardkit.dataset.owned import Records, delete_owned, read_records
 from shardkit.dataset.staging import make_staging, write_owner
-from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError
+from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError, ShardkitError
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +84,11 @@ class Output:
     manifest_seen: bytes | None
     lock_fd: int = -1
     released: bool = field(default=False)
+    # an object store with conditional writes: the manifest's version (ETag) when the job began
+    conditional: bool = False
+    manifest_version: str | None = None
+    # what the journal says now (see journal())
+    journaled: dict[str, Any] | None = None
     # locks held on local staging directories of a remote output (see staging())
     staging_locks: list[int] = field(default_factory=list)
 
@@ -125,12 +137,52 @@ class Output:
     def journal(self, files: list[str] | None, delete: list[str] | None = None) -> None:
         """Note what an install is about to do: the files it moves in and the old files it will
         delete (None: it is done, forget them). Whichever manifest a kill leaves in place, the
-        next job removes every file of the two lists that manifest does not list."""
+        next job removes every file of the two lists that manifest does not list. With
+        conditional writes the journal also names the manifest version the job began from."""
         path = storage.join(self.path, layout.journal_name(self.token))
         if files is None:
+            self.journaled = None
             storage.remove(path)
-        else:
-            storage.write_bytes(path, json.dumps({"files": files, "delete": delete or []}).encode())
+            return
+        doc: dict[str, Any] = {"files": files, "delete": delete or []}
+        if self.conditional:
+            doc["base"] = self.manifest_version
+        self.journaled = doc
+        storage.write_bytes(path, json.dumps(doc).encode())
+
+    def journal_more(self, name: str) -> None:
+        """Add ``name`` to the files the journal says the install moves in (before it is uploaded)."""
+        doc = self.journaled or {"files": [], "delete": []}
+        self.journal([*doc["files"], name], doc["delete"])
+
+    def commit(self, result: manifest.Manifest) -> None:
+        """Put ``result`` in as the dataset's manifest: the step that publishes.
+
+        On an object store with conditional writes, the store takes it only if the manifest is
+        still the version this job began from (absent, if there was none): of racing jobs,
+        exactly one gets through. Elsewhere the manifest is checked unchanged, then written
+        (locally the lock keeps other writers out).
+
+        Raises:
+            DatasetExistsError: another job published here first.
+        """
+        if not self.conditional:
+            self.check_unchanged()
+            manifest.write(self.path, result)
+            return
+        url = storage.join(self.path, manifest.MANIFEST)
+        if not storage.put_if_unchanged(url, result.to_json().encode("utf-8"), seen=self.manifest_version):
+            raise DatasetExistsError(
+                f"{self.path}: another job published here while this one ran (the store refused to replace a "
+                f"{manifest.MANIFEST} other than the one this job began from); nothing of this job was published"
+            )
+        self.manifest_seen = None  # the job's view is stale now: a second commit must not pass
+        self.manifest_version = storage.version(url)
+
+    def tidy(self) -> None:
+        """After a commit, remove what jobs that can no longer publish left (see :func:`_undo_installs`)."""
+        if self.conditional:
+            _undo_installs(self.path, conditional=True)
 
     def release(self) -> None:
         """Let the output go: remove the lock file and drop the lock. Idempotent."""
@@ -187,10 +239,30 @@ def _claim_remote(out: str, overwrite: bool, files: re.Pattern[str]) -> Output:
     _clear_dead_staging(tempfile.gettempdir())
     output = Output(out, uuid.uuid4().hex, None)
     _check_writable(output)
-    _undo_installs(out)
+    url = storage.join(out, manifest.MANIFEST)
+    output.conditional = storage.can_put_if_absent(url)
+    if not output.conditional:
+        _single_writer(out)
+    _undo_installs(out, conditional=output.conditional)
     _check_empty(out, overwrite, files)
+    if output.conditional:
+        output.manifest_version = storage.version(url)  # first: bytes read after it are as new or newer
     output.manifest_seen = _manifest_bytes(out)
     return output
+
+
+_warned: set[str] = set()
+
+
+def _single_writer(out: str) -> None:
+    root = storage.remote.root(out)
+    if root not in _warned:
+        _warned.add(root)
+        log.warning(
+            "%s: this store has no conditional writes, so shardkit cannot tell two jobs writing here apart: "
+            "run one job at a time on an output (S3 through s3fs has them)",
+            out,
+        )
 
 
 def _check_writable(output: Output) -> None:
@@ -327,12 +399,48 @@ def _clear_leftovers(out: str) -> None:
         delete_owned(out, names, reason="left by a job that did not finish")
 
 
-def _undo_installs(out: str) -> None:
+def read_journals(out: str, names: list[str] | None = None) -> dict[str, Any]:
+    """The install journals in ``out`` (among ``names``, its listing, when given), by name, each
+    as it reads (None: unreadable)."""
+    found: dict[str, Any] = {}
+    for name in storage.listdir(out, missing_ok=True) if names is None else names:
+        if layout.kind(name) == "journal":
+            try:
+                found[name] = json.loads(storage.read_bytes(storage.join(out, name)))
+            except (ShardkitError, ValueError):
+                found[name] = None
+    return found
+
+
+def live(doc: Any, version: str | None) -> bool:
+    """A journal (``doc``) of a job that may still publish: it began from the manifest version
+    now in place (``version``). Any other job's commit would be refused, so it can only fail."""
+    return isinstance(doc, dict) and "base" in doc and doc["base"] == version
+
+
+def journal_names(doc: Any) -> list[str]:
+    """The file names a journal lists: those its install moves in and those it deletes."""
+    try:
+        return [n for n in (*doc.get("files", []), *doc.get("delete", [])) if isinstance(n, str)]
+    except (AttributeError, TypeError):
+        return []
+
+
+def _undo_installs(out: str, *, conditional: bool = False) -> None:
     """Finish or undo the install of a job that died in it: of the files its journal lists (those
     it moved in, those it was to delete), remove every one the manifest in place does not list,
-    then the journal (kept when a file of it could not be removed, for the next job to retry)."""
+    then the journal (kept when a file of it could not be removed, for the next job to retry).
+
+    With conditional writes (no lock), only the journals of jobs that can no longer publish
+    (:func:`live`): the journals are read before the manifest's version is asked, so a journal
+    from another version is from one replaced before."""
     names = storage.listdir(out, missing_ok=True)
     journals = [n for n in names if layout.kind(n) == "journal"]
+    if conditional and journals:
+        docs = read_journals(out, journals)
+        version = storage.version(storage.join(out, manifest.MANIFEST))
+        # one that vanished since the listing was its job's to remove (it lost, or published)
+        journals = [n for n in journals if docs[n] is not None and not live(docs[n], version)]
     if not journals:
         return
     records = read_records(out, names)

@@ -455,7 +455,7 @@ def publish(
         split_piles=split,
         extra=extra or {},
     )
-    install(output, [piece.path for piece in pieces], result)
+    result = install(output, [piece.path for piece in pieces], result)
     with contextlib.suppress(OSError):
         shutil.rmtree(staging)
     return result
@@ -469,15 +469,21 @@ def free_names(out: str, names: Sequence[str]) -> list[str]:
     chosen = []
     for name in names:
         if name in taken:
-            at = name.rfind(".tar")
-            stem, suffix = (name[:at], name[at + 1 :]) if at > 0 else name.rsplit(".", 1)
-            version = 1
-            while f"{stem}.v{version}.{suffix}" in taken:
-                version += 1
-            name = f"{stem}.v{version}.{suffix}"
+            name = _next_free(name, taken)
         taken.add(name)
         chosen.append(name)
     return chosen
+
+
+def _next_free(name: str, taken: set[str]) -> str:
+    """``STEM.vN.SUFFIX`` for ``name`` (``STEM.SUFFIX`` or ``STEM.vK.SUFFIX``), the smallest N none of ``taken`` has."""
+    at = name.rfind(".tar")
+    stem, suffix = (name[:at], name[at + 1 :]) if at > 0 else name.rsplit(".", 1)
+    stem = re.sub(r"\.v\d+$", "", stem)
+    version = 1
+    while f"{stem}.v{version}.{suffix}" in taken:
+        version += 1
+    return f"{stem}.v{version}.{suffix}"
 
 
 def _move_new(src: str, dst: str) -> None:
@@ -504,10 +510,10 @@ def remove_strays(out: str, stray: re.Pattern[str]) -> None:
         delete_owned(out, strays, reason="no manifest lists it", records=records)
 
 
-def install(output: Output, files: Sequence[str], result: Manifest, *, names: Sequence[str] | None = None, keep: bool = False) -> None:
+def install(output: Output, files: Sequence[str], result: Manifest, *, names: Sequence[str] | None = None, keep: bool = False) -> Manifest:
     """Swap a finished dataset in: ``files[i]`` (staged elsewhere) becomes ``result.piles[i]``,
     then the manifest goes in, last. The one place a dataset is published, for pass 1, the eager
-    shuffle and repile.
+    shuffle and repile. Returns the manifest published.
 
     An overwrite is atomic: the new files' names (see :func:`free_names`) are none the directory
     has, so the old dataset stays whole and readable until the manifest, renamed over the old one,
@@ -515,17 +521,21 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
     renamed, and the names about to move in are noted first (:meth:`Output.journal`) so that the
     next job removes them if this one dies before its manifest is in. A kill at any moment leaves
     the old dataset or the new one whole. Into an object store the files are uploaded, several at
-    once, and the manifest is one request, made after every upload succeeded.
+    once, and the manifest is one request, made after every upload succeeded; with conditional
+    writes each object is created only where none is (a pile whose name another job took first
+    takes the next free ``.vN`` name), and the manifest is committed by :meth:`Output.commit`.
 
     ``names`` (default: the piles' names) are the names ``files`` take; ``keep`` leaves the old
     dataset's files in place (an append's new manifest still lists them).
 
     Raises:
-        DatasetExistsError: the output's manifest changed while the job ran.
+        DatasetExistsError: another job published here while this one ran; nothing of this job's
+            stays.
     """
     out = output.path
     previous = None if keep else _old_manifest(out)
     old = set() if previous is None else set(previous.files())
+    renamable = names is None
     names = [pile.name for pile in result.piles] if names is None else list(names)
     output.journal(names, sorted(old))
     records = Records(named=set(names) | old, journals={journal_name(output.token): {"files": names, "delete": sorted(old)}})
@@ -534,33 +544,67 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
     moved: list[str] = []
     try:
         if output.remote:
-            _upload_all(files, names, out, moved)
+            final = _upload_all(output, files, names, moved, renamable=renamable)
+            if final != names:
+                renamed = dict(zip(names, final, strict=True))
+                result = dataclasses.replace(result, piles=tuple(dataclasses.replace(p, name=renamed[p.name]) for p in result.piles))
+                names = final
         else:
             for path, name in zip(files, names, strict=True):
                 _move_new(path, os.path.join(out, name))
                 moved.append(name)
             storage.fsync_dir(out)
-        output.check_unchanged()
-        manifest.write(out, result)
-    except BaseException:
+        output.commit(result)
+    except BaseException as e:
         # the old dataset (or none) stays as it was
-        delete_owned(out, moved, reason="this job's install failed: the old dataset stays", records=records)
+        records.named |= set(moved)  # a pile renamed on upload is in the journal too
+        done = delete_owned(out, moved, reason="this job's install failed: the old dataset stays", records=records)
+        if isinstance(e, DatasetExistsError) and output.conditional and not done.skipped:
+            with contextlib.suppress(ShardkitError, OSError):
+                output.journal(None)  # what it named is gone: this job lost the race
         raise
     gone = delete_owned(out, sorted(old - set(moved)), reason="replaced by the new dataset", records=records)
     if not gone.skipped:
         output.journal(None)  # else kept: the next job writing here retries what is left
+    output.tidy()
+    return result
 
 
-def _upload_all(files: Sequence[str], names: Sequence[str], out: str, moved: list[str]) -> None:
-    """Upload ``files[i]`` to ``out/names[i]``, :data:`UPLOADS` at a time; ``moved`` gets each name
-    as its object is in. The local copies stay until the job removes its staging (after the
-    manifest): a job stopped during the uploads resumes from its finished piles, uploading them
-    again, and the disk held no more at its peak (every pile is made before the first upload)."""
+def _upload_all(output: Output, files: Sequence[str], names: Sequence[str], moved: list[str], *, renamable: bool) -> list[str]:
+    """Upload ``files[i]`` to ``names[i]`` in the output, :data:`UPLOADS` at a time; ``moved`` gets
+    each name as its object is in. Returns the names taken. The local copies stay until the job
+    removes its staging (after the manifest): a job stopped during the uploads resumes from its
+    finished piles, uploading them again, and the disk held no more at its peak (every pile is
+    made before the first upload).
+
+    With conditional writes an object is only created, never replaced: a name another job took
+    first becomes the next free ``.vN`` one when ``renamable`` (noted in the journal before the
+    upload), else the job has lost the race.
+    """
+    out = output.path
     lock = threading.Lock()
+    final = list(names)
+    taken = set(names)
 
     def send(i: int) -> None:
-        storage.upload(files[i], storage.join(out, names[i]))
+        name = final[i]
+        # an append's names carry its token: an object found there holding its bytes is its own upload
+        while output.conditional and not storage.upload_if_absent(files[i], storage.join(out, name), name_is_mine=not renamable):
+            if not renamable:
+                raise DatasetExistsError(
+                    f"{storage.join(out, name)}: another job wrote this object while this one was publishing; "
+                    "nothing of this job was published"
+                )
+            with lock:
+                name = _next_free(name, taken)
+                taken.add(name)
+                output.journal_more(name)
+            log.info("%s: %s was taken by another job, uploading as %s", out, final[i], name)
+        if not output.conditional:
+            storage.upload(files[i], storage.join(out, name))
         with lock:
-            moved.append(names[i])
+            final[i] = name
+            moved.append(name)
 
     map_threads(send, range(len(files)), UPLOADS, None)
+    return final

@@ -23,6 +23,16 @@ from typing import IO, Any, TypeVar
 
 from shardkit.errors import CorruptShardError, DatasetNotFoundError
 from shardkit.storage import remote, retry
+from shardkit.storage.conditional import (
+    Entry,
+    can_put_if_absent,
+    entries,
+    forget_listings,
+    put_if_absent,
+    put_if_unchanged,
+    upload_if_absent,
+    version,
+)
 from shardkit.storage.local import (
     IOV_MAX,
     O_BINARY,
@@ -45,10 +55,13 @@ __all__ = [
     "O_BINARY",
     "Buffer",
     "Chunk",
+    "Entry",
     "RemoteReads",
     "atomic_write",
     "brace_expand",
+    "can_put_if_absent",
     "check_storage_options",
+    "entries",
     "exists",
     "expand",
     "fsync_dir",
@@ -62,6 +75,8 @@ __all__ = [
     "makedirs",
     "map_bytes",
     "open_read",
+    "put_if_absent",
+    "put_if_unchanged",
     "read_bytes",
     "read_checked",
     "read_range",
@@ -73,7 +88,9 @@ __all__ = [
     "sync_files",
     "unmap",
     "upload",
+    "upload_if_absent",
     "use",
+    "version",
     "write_bytes",
     "write_chunks",
     "write_fully",
@@ -296,12 +313,19 @@ def listdir(url: str, *, missing_ok: bool = False) -> list[str]:
             if path is not None:
                 return sorted(os.listdir(path))
             # a fresh listing: fsspec's cache of listings would hide what another process just wrote
-            entries = _call(url, lambda fs, p: fs.ls(p, detail=False, refresh=True))
+            entries = _call(url, lambda fs, p: _listed(fs, p, fs.ls(p, detail=False, refresh=True)))
             return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries)
     except DatasetNotFoundError:
         if missing_ok:
             return []
         raise DatasetNotFoundError(f"{url}: no such directory") from None
+
+
+def _listed(fs: Any, path: str, listing: T) -> T:
+    """``listing``, with the client's cached copy dropped: a later lookup of one object asks the
+    store, so an object another process adds afterwards is not taken for missing."""
+    forget_listings(fs, path)
+    return listing
 
 
 def brace_expand(pattern: str) -> list[str]:
@@ -358,4 +382,5 @@ def _glob_files(pattern: str) -> list[str]:
     fs, p = remote.filesystem(pattern)
     with guard(pattern, "list the files matching"):
         found = retry.DEFAULT.call(lambda: fs.glob(p, detail=True), what=pattern)  # types come with the listing: no request per file
+    forget_listings(fs, None)  # a glob lists every directory it walks
     return sorted(fs.unstrip_protocol(m) for m, info in found.items() if info.get("type") == "file")

@@ -9,6 +9,12 @@ still be reading it). The manifests of generations older than that go too, after
 so a state pinned to one of them fails naming its generation, and so does the staging an
 append left when it died after it published.
 
+On an object store with conditional writes, jobs write beside gc (there is no lock): gc then
+deletes an object only if it was written more than ``grace`` ago (by the object's own time)
+and no journal of a job that may still publish names it. It lists the objects, then the
+journals, then reads the manifest, so an object a running job uploaded is either named by its
+journal or, once it has published, by the manifest.
+
     report = gc("data/train", grace="1h")
     report.deleted, report.freed           # file names, bytes
 """
@@ -25,6 +31,7 @@ from shardkit._util import check_path, parse_duration
 from shardkit.dataset import layout
 from shardkit.dataset.owned import delete_owned, read_records
 from shardkit.manifest import Manifest, keys_name
+from shardkit.piles import output as outputs
 from shardkit.piles import resume
 from shardkit.piles.output import claim
 
@@ -62,10 +69,14 @@ def gc(directory: str | os.PathLike[str], *, grace: str | int | float = "1h", dr
     out = check_path("directory", directory)
     seconds = parse_duration(grace, what="grace")
     manifest.read(out)  # no dataset: fail before claim() makes the directory
-    output = claim(out, overwrite=True)  # no append publishes while files are being deleted
+    output = claim(out, overwrite=True)  # locally no append publishes while files are being deleted
     try:
-        latest = manifest.read(output.path)
-        report = _collect(output.path, latest, seconds, dry_run)
+        if output.conditional:
+            latest, names, spare = _beside_jobs(output.path, seconds)
+        else:
+            latest = manifest.read(output.path)
+            names, spare = storage.listdir(output.path), None
+        report = _collect(output.path, latest, seconds, dry_run, names, spare)
         # the staging of an append that died after it published
         if dry_run:
             stale = resume.published_staging(output.path, latest.generation) is not None
@@ -78,8 +89,23 @@ def gc(directory: str | os.PathLike[str], *, grace: str | int | float = "1h", dr
         output.release()
 
 
-def _collect(out: str, latest: Manifest, grace: float, dry_run: bool) -> GcReport:
-    names = storage.listdir(out)
+def _beside_jobs(out: str, grace: float) -> tuple[Manifest, list[str], set[str]]:
+    """The manifest, the objects of ``out``, and those of them gc may delete as jobs go on
+    writing (see the module's docstring): written over ``grace`` ago, named by no live journal."""
+    found = storage.entries(out)
+    journals = outputs.read_journals(out)
+    version = storage.version(storage.join(out, manifest.MANIFEST))
+    latest = manifest.read(out)  # last: a job that published since the listing is in it
+    busy = {name for doc in journals.values() if outputs.live(doc, version) for name in outputs.journal_names(doc)}
+    now = datetime.datetime.now(datetime.timezone.utc)
+    old = {e.name for e in found if (now - e.modified).total_seconds() >= grace and e.name not in busy}
+    for name in sorted(busy & {e.name for e in found}):
+        log.info("%s: keeping %s, which a running job is publishing", out, name)
+    return latest, [e.name for e in found], old
+
+
+def _collect(out: str, latest: Manifest, grace: float, dry_run: bool, names: list[str], spare: set[str] | None) -> GcReport:
+    """Delete what no kept generation lists among ``names`` (only those of ``spare``, when given)."""
     records = read_records(out, names)
     times = {g: t for found in [latest, *records.generations.values()] for g, t in found.generations.items()}
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -101,7 +127,10 @@ def _collect(out: str, latest: Manifest, grace: float, dry_run: bool) -> GcRepor
     ]
     indexes = [n for n in names if (m := layout.INDEX_FILE.fullmatch(n)) and int(m.group(1)) not in kept and int(m.group(1)) not in doomed]
     # the manifests go after their files: a kill in between leaves them, and the next gc finishes
-    done = delete_owned(out, files + sorted(set(copies + indexes)), reason="no current manifest lists it", records=records, dry_run=dry_run)
+    doomed_names = files + sorted(set(copies + indexes))
+    if spare is not None:  # jobs write beside gc: only what is old enough and no live journal names
+        doomed_names = [n for n in doomed_names if n in spare]
+    done = delete_owned(out, doomed_names, reason="no current manifest lists it", records=records, dry_run=dry_run)
     report.deleted, report.freed = done.deleted, done.freed
     ours = keep | records.named | set(done.deleted) | {layout.MANIFEST, layout.generation_name(latest.generation)}
     ours |= {layout.generation_name(g) for g in report.kept_generations} | {layout.index_name(g) for g in report.kept_generations}
