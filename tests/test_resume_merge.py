@@ -77,16 +77,20 @@ def test_an_upload_stopped_by_ctrl_c_resumes_from_the_finished_piles(s3, tmp_pat
     from shardkit import storage
 
     out = s3.url("stopped")
-    upload, sent = storage.upload, []
+    sent = []
 
-    def upload_then_stop(local, url):
-        if len(sent) == 2:
-            raise KeyboardInterrupt
-        sent.append(url)
-        upload(local, url)
+    def then_stop(upload):  # the third upload is stopped, plain or conditional (moto takes If-None-Match)
+        def upload_then_stop(local, url, **kwargs):
+            if len(sent) == 2:
+                raise KeyboardInterrupt
+            sent.append(url)
+            return upload(local, url, **kwargs)
+
+        return upload_then_stop
 
     with monkeypatch.context() as patch:
-        patch.setattr(storage, "upload", upload_then_stop)
+        patch.setattr(storage, "upload", then_stop(storage.upload))
+        patch.setattr(storage, "upload_if_absent", then_stop(storage.upload_if_absent))
         with pytest.raises(KeyboardInterrupt):
             kill_resume.run_job(out, workers=1, executor="local", resume=False, log=str(tmp_path / "first"))
     assert not shardkit.manifest.is_dataset(out)

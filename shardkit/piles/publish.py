@@ -12,6 +12,7 @@ several are assembled at once in threads (the copies and checksums release the G
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -606,5 +607,16 @@ def _upload_all(output: Output, files: Sequence[str], names: Sequence[str], move
             final[i] = name
             moved.append(name)
 
-    map_threads(send, range(len(files)), UPLOADS, None)
+    # unlike the merge, an upload under way is waited for when another fails or Ctrl-C comes: the
+    # caller then removes every object this job sent, and none lands after that as a stray
+    with concurrent.futures.ThreadPoolExecutor(UPLOADS, thread_name_prefix="shardkit-upload") as pool:
+        futures = [pool.submit(send, i) for i in range(len(files))]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            concurrent.futures.wait(futures)
+            raise
     return final
