@@ -12,12 +12,14 @@ import os
 from collections.abc import Iterator
 
 from shardkit import io_errors
-from shardkit.errors import DatasetNotFoundError, ShardkitError
+from shardkit.errors import DatasetNotFoundError, ShardkitError, StorageError
 from shardkit.storage.remote import root as _root
 from shardkit.storage.remote import scheme as _remote
 
 # what s3fs (and S3-compatible stores) say for a bucket that is not there
 _NO_BUCKET = "bucket does not exist"
+# how the retry layer's note on an error it gave up on begins (shardkit.storage.retry.NOTE)
+_RETRIED = "retried for"
 
 
 def local_path(url: str | os.PathLike[str]) -> str | None:
@@ -44,8 +46,16 @@ def storage_error(error: BaseException, url: str, doing: str, *, size: int | Non
     kind = _remote(url)
     if kind is not None and isinstance(error, FileNotFoundError) and _NO_BUCKET in f"{error} {error.__cause__}":
         bucket = _root(url)
-        return DatasetNotFoundError(f"{url}: the bucket {bucket} does not exist (a typo? create it first)")
-    return io_errors.translate(error, url, doing, scheme=kind, path=local_path(url), size=size)
+        # an object of shardkit's own making (a job journal) means nothing to the user: name its directory
+        shown = url.rsplit("/", 1)[0] if url.rsplit("/", 1)[-1].startswith(".") else url
+        missing = DatasetNotFoundError(f"{shown}: the bucket {bucket} does not exist (a typo? create it first)")
+        missing.bucket = bucket  # type: ignore[attr-defined]  # what callers that reword "not found" keep
+        return missing
+    found = io_errors.translate(error, url, doing, scheme=kind, path=local_path(url), size=size)
+    retried = [note for note in getattr(error, "__notes__", ()) if note.startswith(_RETRIED)]
+    if retried and type(found) is StorageError:
+        return StorageError(f"{found} ({retried[-1]})", url=found.url, errno=found.errno)
+    return found
 
 
 @contextlib.contextmanager
