@@ -8,7 +8,8 @@ read is one cold epoch in a fresh process, systems in alternating order, medians
 ratios:
 
 - shardkit: ``shardkit.loader(url, decode=False)`` with a fresh ``cache_dir`` (what litdata is
-  measured with), and without a cache;
+  measured with), without a cache, and "tuned": each pile in one GET (``remote_concurrency=1``)
+  and four piles read ahead (``prefetch=4``), with the cache;
 - litdata: ``StreamingDataset(Dir(path=fresh cache dir, url=url))`` iterated once (its cache
   downloads whole chunks).
 
@@ -35,7 +36,13 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import numpy as np  # noqa: E402
 
-SYSTEMS = ("shardkit", "shardkit-nocache", "litdata")
+SYSTEMS = ("shardkit", "shardkit-nocache", "shardkit-tuned", "litdata")
+# the loader options of each shardkit contender (cache_dir is added for all but -nocache)
+OPTIONS = {
+    "shardkit": {},
+    "shardkit-nocache": {},
+    "shardkit-tuned": {"remote_concurrency": 1, "prefetch": 4},  # a pile in one GET, four piles read ahead
+}
 PILES = 16
 CHUNK_BYTES = "8MB"  # litdata chunks about as large as the shardkit piles
 
@@ -77,7 +84,7 @@ def child(system: str, bucket: str, samples: int) -> dict[str, Any]:
     if system.startswith("shardkit"):
         import shardkit
 
-        options = {} if system == "shardkit-nocache" else {"cache_dir": cache}
+        options = dict(OPTIONS[system]) | ({} if system == "shardkit-nocache" else {"cache_dir": cache})
 
         def epoch() -> Any:
             return shardkit.loader(f"s3://{bucket}/shardkit", decode=False, **options)
