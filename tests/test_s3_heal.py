@@ -42,6 +42,7 @@ def _epoch(url: str, **kwargs) -> list[tuple[str, bytes]]:
 def fresh_endpoints(monkeypatch):
     """No endpoint counts as having answered, and every bucket's client is made anew."""
     monkeypatch.setattr(retry, "_answered", set())
+    monkeypatch.setattr(retry, "_given_up", set())
     monkeypatch.setattr(remote, "_connected", set())
 
 

@@ -18,8 +18,6 @@ from shardkit.storage.remote import scheme as _remote
 
 # what s3fs (and S3-compatible stores) say for a bucket that is not there
 _NO_BUCKET = "bucket does not exist"
-# how the retry layer's note on an error it gave up on begins (shardkit.storage.retry.NOTE)
-_RETRIED = "retried for"
 
 
 def local_path(url: str | os.PathLike[str]) -> str | None:
@@ -52,9 +50,9 @@ def storage_error(error: BaseException, url: str, doing: str, *, size: int | Non
         missing.bucket = bucket  # type: ignore[attr-defined]  # what callers that reword "not found" keep
         return missing
     found = io_errors.translate(error, url, doing, scheme=kind, path=local_path(url), size=size)
-    retried = [note for note in getattr(error, "__notes__", ()) if note.startswith(_RETRIED)]
-    if retried and type(found) is StorageError:
-        return StorageError(f"{found} ({retried[-1]})", url=found.url, errno=found.errno)
+    retried = getattr(error, "shardkit_retried", None)
+    if isinstance(retried, str) and type(found) is StorageError:
+        return StorageError(f"{found} ({retried})", url=found.url, errno=found.errno)
     return found
 
 

@@ -137,13 +137,16 @@ def no_connection(error: BaseException) -> bool:
 # the deadline of a call unless SHARDKIT_RETRY_DEADLINE says otherwise: an outage of up to about a minute rides through
 DEFAULT_DEADLINE = 60.0
 # how long an endpoint that never answered may refuse connections before it is called unreachable
-FIRST_CONTACT = 2.5
+FIRST_CONTACT = 2.0
 ENVIRONMENT = "SHARDKIT_RETRY_DEADLINE"
-# the start of the note a given-up error carries (see shardkit.storage.paths.storage_error)
+# the start of the note a given-up error carries in its ``shardkit_retried`` attribute (shown by
+# shardkit.storage.paths.storage_error; exceptions have no notes before Python 3.11)
 NOTE = "retried for"
 
 # endpoints that answered (any HTTP answer, an error too) in this process
 _answered: set[str] = set()
+# endpoints that never answered and were given up on: later calls try once, not for FIRST_CONTACT again
+_given_up: set[str] = set()
 
 
 def deadline_from_environment() -> float:
@@ -229,20 +232,25 @@ class Retry:
                 tried += 1
                 if _status(e) is not None:
                     _answered.add(key)
+                    _given_up.discard(key)
                 if not transient(e) and not no_connection(e):
                     raise
                 now = clock()
                 first = key not in _answered and no_connection(e)
-                limit = min(end, started + self.first_contact) if first else end  # a wrong endpoint, most likely: say so soon
+                # a wrong endpoint, most likely: say so soon, and once given up, at the first try
+                limit = min(end, started + (0.0 if key in _given_up else self.first_contact)) if first else end
                 wait = self.delay(tried)
                 if now + wait >= limit or (self.attempts is not None and tried >= self.attempts):
+                    if first:
+                        _given_up.add(key)
                     why = "it never answered in this process" if first else f"up to the deadline of {end - started:.0f} s, {ENVIRONMENT}"
-                    e.add_note(f"{NOTE} {now - started:.1f} s: {why}")
+                    e.shardkit_retried = f"{NOTE} {now - started:.1f} s: {why}"  # type: ignore[attr-defined]
                     raise
                 log.info("%s: %s (try %d), trying again in %.2fs", what, type(e).__name__, tried, wait)
                 sleep(wait)
             else:
                 _answered.add(key)
+                _given_up.discard(key)
                 return result
 
 
