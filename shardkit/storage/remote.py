@@ -12,6 +12,7 @@ go to fsspec as they are and are never written, logged or shown.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import re
@@ -144,6 +145,11 @@ def endpoint(fs: Any, url: str) -> str:
     """Where ``fs`` sends its requests, for messages and for :mod:`retry`'s first contact: the
     endpoint URL without any ``user:password@``, else the URL's scheme and bucket."""
     client = getattr(fs, "_s3", None)
+    if client is None and type(fs).__name__ == "S3FileSystem":
+        # s3fs makes its client at the first request; make it now, so that every call, the first of
+        # a new thread's filesystem too, is judged under the same endpoint (first contact or outage)
+        with contextlib.suppress(Exception):  # the request itself will say what is wrong
+            client = fs.connect()
     meta = getattr(client, "meta", None)
     found = getattr(meta, "endpoint_url", None) or getattr(fs, "endpoint_url", None)
     if not isinstance(found, str) or not found:
