@@ -39,6 +39,8 @@ Rows:
   an append and ``gc(grace=0)``, two overwrites race on one ``s3://`` dataset; judged by verify
   in a fresh process: none torn, no success lost, one of two overwrites refused. Not in
   ``--quick`` (the test suite runs a slice of them in tests/test_s3_commits.py).
+- outage, cache: S3 outages of 1-20 s mid-epoch, and changed cache copies read with
+  ``verify=False`` (see benchmarks/stress_s3.py).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from dataclasses import dataclass, field
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the rows kept in modules of their own
 
+import stress_s3
 import stress_trust
 
 import shardkit
@@ -462,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--links", type=int, default=100)
     parser.add_argument("--appendfull", type=int, default=5)
     parser.add_argument("--s3", type=int, default=30, help="trials of each S3 race row")
+    parser.add_argument("--outages", type=int, default=24, help="S3 outages mid-epoch (1-20 s)")
+    parser.add_argument("--caches", type=int, default=24, help="changed cache copies")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a fuzz batch may go without an answer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default=None, help="scratch directory (default: a temporary one, removed)")
@@ -471,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         args.kills, args.writers, args.fuzz, args.diskfull, args.disk, args.epochs = 3, 3, 100, 1, 1, 3
         args.states, args.jobs = 100, 100
         args.userfiles, args.manifests, args.links, args.appendfull = 4, 60, 14, 1
+        args.outages, args.caches = 2, 2
     rng = random.Random(args.seed)
     work = args.work or tempfile.mkdtemp(prefix="shardkit-stress-")
     runs: dict[str, Callable[[], Row]] = {
@@ -494,9 +500,11 @@ def main(argv: list[str] | None = None) -> int:
             Row("appendfull: an append with 2 workers fills a 4 MiB disk"), work, args.appendfull, rng
         ),
         **{name: (lambda name=name: row_s3(name, args.s3, args.seed)) for name in ("s3appends", "s3gc", "s3overwrites")},
+        "outage": lambda: stress_s3.row_outage(Row("S3 outage of 1-20 s mid-epoch"), args.outages, rng),
+        "cache": lambda: stress_s3.row_cache(Row("changed cache copy, verify=False"), args.caches, rng, work),
     }
     if args.rows is None:
-        args.rows = "kill,writers,fuzz,diskfull,disk,soak,states,jobs,secrets,userfiles,manifests,links,appendfull"
+        args.rows = "kill,writers,fuzz,diskfull,disk,soak,states,jobs,secrets,userfiles,manifests,links,appendfull,outage,cache"
         args.rows += "" if args.quick else ",s3appends,s3gc,s3overwrites"
     rows = []
     try:

@@ -471,7 +471,9 @@ def read(directory: str) -> Manifest:
     url = storage.join(directory, MANIFEST)
     try:
         text = storage.read_bytes(url).decode("utf-8")
-    except DatasetNotFoundError:
+    except DatasetNotFoundError as e:
+        if getattr(e, "bucket", None):  # no bucket at all: say that, not "no manifest"
+            raise DatasetNotFoundError(f"{directory}: the bucket {e.bucket} does not exist (a typo? create it first)") from None  # type: ignore[attr-defined]
         raise DatasetNotFoundError(f"{directory}: not a shardkit dataset (no {MANIFEST}; a job that did not finish leaves none)") from None
     except StorageError as e:
         path = storage.local_path(directory)

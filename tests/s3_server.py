@@ -301,8 +301,10 @@ class S3Proxy:
     forwarded. ``only`` limits faults to some HTTP methods, such as ``{"GET"}``. Every response waits
     ``latency`` seconds before its first byte, and bodies go out at most ``bandwidth`` bytes/s
     per connection. The fault for the n-th request is drawn from ``(seed, n)``, so a run that
-    sends the same requests in the same order meets the same faults. All of these are plain
-    attributes and can be changed while the proxy runs.
+    sends the same requests in the same order meets the same faults; ``plan``, a list of
+    ``"reset"``, ``"reset-midbody"`` or ``"error"``, gives the faults of the next requests first.
+    All of these are plain attributes and can be changed while the proxy runs. ``go_down()``,
+    ``come_up()`` and ``outage(seconds)`` make the store vanish as a crashed server does.
 
     Example::
 
@@ -336,6 +338,8 @@ class S3Proxy:
         self.bandwidth = bandwidth
         self.seed = seed
         self.only = only
+        # faults for the next requests (of the ``only`` methods), taken in order before any drawn one
+        self.plan: list[str] = []
         self.connections = self.requests = self.resets = self.errors = 0
         self.bytes_up = self.bytes_down = 0
 
@@ -343,8 +347,8 @@ class S3Proxy:
         self._stopping = threading.Event()
         self._sockets: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        port = self._listener.getsockname()[1]
+        self._listener: socket.socket | None = socket.create_server(("127.0.0.1", 0))
+        port = self.port = self._listener.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{port}"
         self._name = f"s3proxy-{port}"
         self._acceptor = threading.Thread(target=self._accept_loop, name=f"{self._name}-accept", daemon=True)
@@ -357,9 +361,12 @@ class S3Proxy:
         if self._stopping.is_set():
             return
         self._stopping.set()
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
-        self._listener.close()
+        with self._lock:
+            listener = self._listener
+        if listener is not None:  # None while down
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+            listener.close()
         self._acceptor.join()
         with self._lock:
             sockets, threads = list(self._sockets), list(self._threads)
@@ -368,6 +375,44 @@ class S3Proxy:
                 sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked reading it
         for thread in threads:
             thread.join()
+
+    def go_down(self) -> None:
+        """Fail like a store that crashed: every open connection is reset (a response in flight is
+        cut) and new ones are refused, until :meth:`come_up`."""
+        with self._lock:
+            listener, self._listener = self._listener, None
+            sockets = list(self._sockets)
+        if listener is None:
+            return
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        self._acceptor.join()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def come_up(self) -> None:
+        """Accept connections again on the same port after :meth:`go_down`."""
+        with self._lock:
+            if self._listener is not None or self._stopping.is_set():
+                return
+            self._listener = socket.create_server(("127.0.0.1", self.port))
+            self._acceptor = threading.Thread(target=self._accept_loop, name=f"{self._name}-accept", daemon=True)
+        self._acceptor.start()
+
+    def outage(self, seconds: float) -> threading.Thread:
+        """:meth:`go_down` now and :meth:`come_up` ``seconds`` later, from a thread (returned, to join)."""
+        self.go_down()
+
+        def later() -> None:
+            if not self._stopping.wait(seconds):
+                self.come_up()
+
+        thread = threading.Thread(target=later, name=f"{self._name}-outage", daemon=True)
+        thread.start()
+        return thread
 
     def __enter__(self) -> S3Proxy:
         return self
@@ -390,9 +435,10 @@ class S3Proxy:
     # --- threads --------------------------------------------------------------------------------
 
     def _accept_loop(self) -> None:
-        while not self._stopping.is_set():
+        listener = self._listener
+        while not self._stopping.is_set() and listener is not None:
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return  # the listener was closed by stop()
             with self._lock:
@@ -440,6 +486,14 @@ class S3Proxy:
             number = self.requests
         if self.only is not None and method not in self.only:
             return None
+        with self._lock:
+            planned = self.plan.pop(0) if self.plan else None
+            if planned in ("reset", "reset-midbody"):
+                self.resets += 1
+            elif planned == "error":
+                self.errors += 1
+        if planned is not None:
+            return planned
         draw, where = np.random.default_rng((self.seed, number)).random(2)
         if draw < self.reset_fraction:
             with self._lock:

@@ -13,4 +13,4 @@ def test_the_quick_campaign_finds_nothing(tmp_path):
     done = subprocess.run([sys.executable, SCRIPT, "--quick", "--work", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and not line.startswith("| row")]
-    assert len(rows) == 13 and all(" | 0 | " in row for row in rows), done.stdout
+    assert len(rows) == 15 and all(" | 0 | " in row for row in rows), done.stdout

@@ -138,7 +138,9 @@ def _stored(
     """The pile's file as stored, checked against the manifest's size and (``verify``) checksum."""
     if storage.is_remote(url):  # the manifest's size decides; the read finds an object of another size
         _check_limit(url, expected.bytes, max_bytes)
-        return storage.read_checked(url, size=expected.bytes, check=_checker(url, expected, verify), reads=reads)
+        # a cached copy is checksummed when first used whatever ``verify`` says: a disk or a person may have changed it
+        full = None if verify else _checker(url, expected, True)
+        return storage.read_checked(url, size=expected.bytes, check=_checker(url, expected, verify), reads=reads, first_check=full)
     # one look at the size, before any byte is read: over the limit, or not what the manifest says
     nbytes = storage.size(url)
     _check_limit(url, nbytes, max_bytes)

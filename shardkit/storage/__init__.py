@@ -115,7 +115,7 @@ def use(sources: Any, options: Mapping[str, Any] | None) -> None:
 def _call(url: str, fn: Callable[[Any, str], T]) -> T:
     """``fn(fs, path)`` on the remote ``url``'s filesystem, retried on failures of the moment."""
     fs, path = remote.filesystem(url)
-    return retry.DEFAULT.call(lambda: fn(fs, path), what=url)
+    return remote.call(url, fs, lambda: fn(fs, path))
 
 
 def exists(url: str) -> bool:
@@ -198,12 +198,21 @@ class RemoteReads:
     cache: Any = None
 
 
-def read_checked(url: str, *, size: int, check: Callable[[Buffer], str | None], reads: RemoteReads | None = None) -> Buffer:
+def read_checked(
+    url: str,
+    *,
+    size: int,
+    check: Callable[[Buffer], str | None],
+    reads: RemoteReads | None = None,
+    first_check: Callable[[Buffer], str | None] | None = None,
+) -> Buffer:
     """The object ``url`` of ``size`` bytes, with ``check(buffer)`` (a problem in words, or None) passed.
 
     It is read in concurrent ranges (``reads``), through the cache when there is one; bytes that
     fail the check are read again (a transfer can be torn without an error) before the problem is
-    raised. A local file needs none of this: map it (:func:`map_bytes`) and check it once.
+    raised. A cached copy passes ``first_check`` (when given: a full checksum where ``check`` skips
+    it) the first time the cache uses it, and a fresh copy replacing a wrong one does too. A local
+    file needs none of this: map it (:func:`map_bytes`) and check it once.
 
     Raises:
         CorruptShardError: the bytes fail the check every time.
@@ -211,7 +220,9 @@ def read_checked(url: str, *, size: int, check: Callable[[Buffer], str | None], 
     reads = reads or RemoteReads()
     if reads.cache is not None:
         with guard(url, "read"):
-            return reads.cache.get(url, size=size, fetch=lambda: _fetch_checked(url, size, check, reads.concurrency), check=check)
+            return reads.cache.get(
+                url, size=size, fetch=lambda: _fetch_checked(url, size, check, reads.concurrency), check=check, first_check=first_check
+            )
     return _fetch_checked(url, size, check, reads.concurrency)
 
 
@@ -381,6 +392,6 @@ def _glob_files(pattern: str) -> list[str]:
         return sorted(p for p in _glob.glob(path) if os.path.isfile(p))
     fs, p = remote.filesystem(pattern)
     with guard(pattern, "list the files matching"):
-        found = retry.DEFAULT.call(lambda: fs.glob(p, detail=True), what=pattern)  # types come with the listing: no request per file
+        found = remote.call(pattern, fs, lambda: fs.glob(p, detail=True))  # types come with the listing: no request per file
     forget_listings(fs, None)  # a glob lists every directory it walks
     return sorted(fs.unstrip_protocol(m) for m, info in found.items() if info.get("type") == "file")

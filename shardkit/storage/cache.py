@@ -142,6 +142,8 @@ class PileCache:
         self._mutex = threading.Lock()
         self._counts = dict.fromkeys((f.name for f in fields(CacheStats)), 0)
         self._warned: set[object] = set()
+        # cached copies (path, inode, size) that passed first_check through this object
+        self._trusted: set[tuple[str, int, int]] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"root": self._root, "limit": self._limit}
@@ -165,7 +167,9 @@ class PileCache:
         with self._mutex:
             return CacheStats(**self._counts)
 
-    def get(self, url: str, *, size: int, fetch: Callable[[], Buffer], check: Check | None = None) -> Buffer:
+    def get(
+        self, url: str, *, size: int, fetch: Callable[[], Buffer], check: Check | None = None, first_check: Check | None = None
+    ) -> Buffer:
         """The bytes of the pile at ``url``: from its cached copy, else from ``fetch()`` (then cached).
 
         Args:
@@ -174,6 +178,10 @@ class PileCache:
             fetch: returns the pile's bytes from ``url`` (ranged reads and retries are its business).
             check: returns None when a pile's bytes are right, else what is wrong with them. A
                 cached copy that fails is dropped and fetched again, once.
+            first_check: the check a cached copy passes the first time this cache object uses
+                it (a full checksum, say, where ``check`` is cheaper), and the fetch that replaces
+                a copy found wrong; None: ``check``. A copy on disk may have changed since it was
+                written, by another process, a disk or a person.
 
         Raises:
             CorruptShardError: the fetched bytes are not ``size`` long or fail ``check`` (then
@@ -185,18 +193,19 @@ class PileCache:
             return self._bypass(url, size, fetch, check)
         name = entry_name(url)
         path = os.path.join(self._root, name)
-        found, _ = _look(path, size, check)
+        found, _ = _look(path, size, check, first_check, self._trusted)
         if found is not None:
             return self._hit(path, found)
         with _locked(self._lock_path(name)):  # waits while another process downloads this very pile
             self._remove_partials(name[:16])
-            found, problem = _look(path, size, check)
+            found, problem = _look(path, size, check, first_check, self._trusted)
             if found is not None:
                 return self._hit(path, found)
             if problem is not None:
                 log.warning("%s: the cached copy of %s %s; fetching it again", path, url, problem)
                 with contextlib.suppress(OSError):
                     os.unlink(path)
+                check = first_check or check  # the copy was wrong: the fresh bytes pass the full check or are called corrupt
             data = self._fetch("misses", url, size, fetch, check)
             stored = self._store(url, path, data)
         if stored and self._limit is not None:
@@ -342,23 +351,33 @@ class PileCache:
         return True
 
 
-def _look(path: str, size: int, check: Check | None) -> tuple[Buffer | None, str | None]:
-    """The cached copy at ``path`` when it is right; else None and what is wrong (None when there is none)."""
+def _look(
+    path: str, size: int, check: Check | None, first_check: Check | None, trusted: set[tuple[str, int, int]]
+) -> tuple[Buffer | None, str | None]:
+    """The cached copy at ``path`` when it is right; else None and what is wrong (None when there is none).
+
+    A copy not in ``trusted`` passes ``first_check`` (when given) and joins it; one in it, ``check``.
+    """
     try:
         with open(path, "rb", buffering=0) as f:
-            found = os.fstat(f.fileno()).st_size
-            if found != size:
-                return None, f"holds {found} bytes, expected {size}"
+            stat = os.fstat(f.fileno())
+            if stat.st_size != size:
+                return None, f"holds {stat.st_size} bytes, expected {size}"
             data = map_open(f)
     except FileNotFoundError:
         return None, None
     except OSError as e:
         return None, f"cannot be read ({e.strerror or e})"
-    problem = check(data) if check is not None else None
+    key = (path, stat.st_ino, stat.st_size)
+    first = first_check is not None and key not in trusted
+    use = first_check if first else check
+    problem = use(data) if use is not None else None
     if problem is not None:
         if isinstance(data, mmap.mmap):
             data.close()
         return None, f"is wrong: {problem}"
+    if first:
+        trusted.add(key)  # set.add is atomic: threads of one loader may race here harmlessly
     return data, None
 
 

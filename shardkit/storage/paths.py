@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 
 from shardkit import io_errors
-from shardkit.errors import DatasetNotFoundError, ShardkitError
+from shardkit.errors import DatasetNotFoundError, ShardkitError, StorageError
 from shardkit.storage.remote import root as _root
 from shardkit.storage.remote import scheme as _remote
 
@@ -44,8 +44,16 @@ def storage_error(error: BaseException, url: str, doing: str, *, size: int | Non
     kind = _remote(url)
     if kind is not None and isinstance(error, FileNotFoundError) and _NO_BUCKET in f"{error} {error.__cause__}":
         bucket = _root(url)
-        return DatasetNotFoundError(f"{url}: the bucket {bucket} does not exist (a typo? create it first)")
-    return io_errors.translate(error, url, doing, scheme=kind, path=local_path(url), size=size)
+        # an object of shardkit's own making (a job journal) means nothing to the user: name its directory
+        shown = url.rsplit("/", 1)[0] if url.rsplit("/", 1)[-1].startswith(".") else url
+        missing = DatasetNotFoundError(f"{shown}: the bucket {bucket} does not exist (a typo? create it first)")
+        missing.bucket = bucket  # type: ignore[attr-defined]  # what callers that reword "not found" keep
+        return missing
+    found = io_errors.translate(error, url, doing, scheme=kind, path=local_path(url), size=size)
+    retried = getattr(error, "shardkit_retried", None)
+    if isinstance(retried, str) and type(found) is StorageError:
+        return StorageError(f"{found} ({retried})", url=found.url, errno=found.errno)
+    return found
 
 
 @contextlib.contextmanager

@@ -12,16 +12,20 @@ go to fsspec as they are and are never written, logged or shown.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import re
 import threading
-from collections.abc import Iterable, Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
-from shardkit import redact
+from shardkit import io_errors, redact
 from shardkit.errors import ConfigError
 from shardkit.storage import retry
+
+T = TypeVar("T")
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 # the smallest range worth a request of its own: at S3's tens of ms to the first byte and tens of
@@ -113,9 +117,50 @@ def filesystem(url: str) -> tuple[Any, str]:
                 f"{url}: no filesystem is known for {kind}:// URLs (a typo? s3://, gs://, az://... each need their fsspec package)"
             ) from None
         raise _refused(url, options, e) from None
-    if options and root(url) not in _connected:
+    _one_retry_layer(fs, options)  # fsspec keeps one filesystem per thread: each is set up
+    if root(url) not in _connected:
         _connect(fs, url, options)
     return fs, path
+
+
+# botocore's settings unless the storage options give their own: no retries of its own (shardkit's
+# layer retries, up to one deadline), and a connect that gives up soon enough to name a wrong endpoint
+_BOTOCORE_DEFAULTS = {"retries": {"total_max_attempts": 1, "mode": "standard"}, "connect_timeout": 3}
+
+
+def _one_retry_layer(fs: Any, options: Mapping[str, Any]) -> None:
+    """Turn off the retries an S3 filesystem adds of its own (s3fs's and botocore's), so that
+    :mod:`shardkit.storage.retry` is the one layer and its deadline holds; settings the storage
+    options give (``retries``, ``config_kwargs``) are kept."""
+    if type(fs).__name__ != "S3FileSystem" or getattr(fs, "_s3", None) is not None:
+        return  # not s3fs, or its client exists already (set up, or made by someone else with their settings)
+    if "retries" not in options:
+        fs.retries = 1
+    config = getattr(fs, "config_kwargs", None)
+    if isinstance(config, dict):
+        fs.config_kwargs = {**_BOTOCORE_DEFAULTS, **config}
+
+
+def endpoint(fs: Any, url: str) -> str:
+    """Where ``fs`` sends its requests, for messages and for :mod:`retry`'s first contact: the
+    endpoint URL without any ``user:password@``, else the URL's scheme and bucket."""
+    client = getattr(fs, "_s3", None)
+    if client is None and type(fs).__name__ == "S3FileSystem":
+        # s3fs makes its client at the first request; make it now, so that every call, the first of
+        # a new thread's filesystem too, is judged under the same endpoint (first contact or outage)
+        with contextlib.suppress(Exception):  # the request itself will say what is wrong
+            client = fs.connect()
+    meta = getattr(client, "meta", None)
+    found = getattr(meta, "endpoint_url", None) or getattr(fs, "endpoint_url", None)
+    if not isinstance(found, str) or not found:
+        return root(url)
+    return re.sub(r"(://)[^/@\s]+@", r"\1", found)
+
+
+def call(url: str, fs: Any, fn: Callable[[], T], *, since: float | None = None) -> T:
+    """``fn()`` (a request to ``fs`` about ``url``) through the retry layer, up to the deadline
+    counted from ``since`` (a ``time.monotonic()``; None: now)."""
+    return retry.DEFAULT.call(fn, what=url, endpoint=endpoint(fs, url), since=since)
 
 
 # buckets whose client was built with their options: a misspelled option fails there, once
@@ -134,7 +179,13 @@ def _connect(fs: Any, url: str, options: Mapping[str, Any]) -> None:
     if callable(connect):
         try:
             connect()
-        except (TypeError, ValueError) as e:
+        except ValueError as e:
+            if "endpoint" in str(e).lower():  # botocore: "Invalid endpoint: ..."
+                raise ConfigError(
+                    f"{url}: {io_errors.sanitized(str(e))}; expected an http:// or https:// URL in endpoint_url or AWS_ENDPOINT_URL"
+                ) from None
+            raise _refused(url, options, e) from None
+        except TypeError as e:
             raise _refused(url, options, e) from None
     with _lock:
         _connected.add(root(url))
@@ -165,19 +216,21 @@ def read_ranges(url: str, *, size: int, concurrency: int) -> bytes:
     another request.
     """
     fs, path = filesystem(url)
+    since = time.monotonic()  # one deadline for the object, however many of its ranges fail
     if size == 0:
-        return bytes(retry.DEFAULT.call(lambda: fs.cat_file(path), what=url))
+        return bytes(call(url, fs, lambda: fs.cat_file(path), since=since))
     pieces = ranges(size, concurrency)
     starts = [lo for lo, _ in pieces]
     ends = [hi for _, hi in pieces]
     ends[-1] = size + 1
     got_all: list[bytes] = []
-    results = retry.DEFAULT.call(lambda: fs.cat_ranges([path] * len(starts), starts, ends, on_error="return"), what=url)
+    results = call(url, fs, lambda: fs.cat_ranges([path] * len(starts), starts, ends, on_error="return"), since=since)
     for k, (start, end, got) in enumerate(zip(starts, ends, results, strict=True)):
         if isinstance(got, BaseException):
-            if not retry.transient(got):
+            if not retry.transient(got) and not retry.no_connection(got):
                 raise got
-            got = retry.DEFAULT.call(functools.partial(fs.cat_file, path, start, end), what=url)
+            # by keyword: s3fs's cat_file takes a version id before start and end
+            got = call(url, fs, functools.partial(fs.cat_file, path, start=start, end=end), since=since)
         got_all.append(got)
         if len(got) < end - start and k < len(starts) - 1:  # the object ends before this range does
             break
@@ -189,12 +242,12 @@ def upload(local: str, url: str) -> None:
     multipart upload for large files, one PUT for small ones)."""
     fs, path = filesystem(url)
     try:
-        retry.DEFAULT.call(lambda: fs.put_file(local, path, chunksize=UPLOAD_CHUNK), what=url)
+        call(url, fs, lambda: fs.put_file(local, path, chunksize=UPLOAD_CHUNK))
     except TypeError:  # a filesystem whose put_file takes no chunk size
-        retry.DEFAULT.call(lambda: fs.put_file(local, path), what=url)
+        call(url, fs, lambda: fs.put_file(local, path))
 
 
 def write_bytes(url: str, data: bytes) -> None:
     """Make ``data`` the object ``url`` in one request: it appears whole or not at all."""
     fs, path = filesystem(url)
-    retry.DEFAULT.call(lambda: fs.pipe_file(path, bytes(data)), what=url)
+    call(url, fs, lambda: fs.pipe_file(path, bytes(data)))

@@ -1,0 +1,209 @@
+"""Faults that heal and faults that do not, on S3 (moto on loopback, the fault proxy of s3_server.py).
+
+A range cut mid-body is asked again for the same bytes; an outage shorter than the retry deadline
+rides through an epoch, one longer ends it with the documented error; a cached copy changed on
+disk is found out with ``verify`` off. And the table of what fails at once: a refused connection,
+a host that does not resolve, an invalid endpoint and a missing bucket, each in at most 5 s with
+one line naming the thing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+from conftest import make_samples
+
+import shardkit
+from shardkit import storage
+from shardkit.storage import remote, retry
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+SAMPLES = make_samples(64, size=16_000)  # 8 piles of about 130 KB
+
+
+def _identity(unit):
+    return unit
+
+
+def _write(url: str, piles: int = 8) -> shardkit.Manifest:
+    units = [SAMPLES[i : i + 16] for i in range(0, len(SAMPLES), 16)]  # 4 units
+    return shardkit.preprocess(units, _identity, url, piles=piles, quiet=True)
+
+
+def _epoch(url: str, **kwargs) -> list[tuple[str, bytes]]:
+    return [(s["__key__"], bytes(s["bin"])) for s in shardkit.loader(url, decode=False, seed=5, **kwargs)]
+
+
+@pytest.fixture
+def fresh_endpoints(monkeypatch):
+    """No endpoint counts as having answered, and every bucket's client is made anew."""
+    monkeypatch.setattr(retry, "_answered", set())
+    monkeypatch.setattr(retry, "_given_up", set())
+    monkeypatch.setattr(remote, "_connected", set())
+
+
+# --- heal -----------------------------------------------------------------------------------------
+
+
+def test_a_range_cut_mid_body_is_asked_again_for_the_same_bytes(s3, faulty_s3, fresh_endpoints):
+    data = os.urandom(4 << 20)
+    s3.client().pipe(s3.path("x.bin"), data)
+    faulty_s3.only = {"GET"}
+    faulty_s3.plan = ["reset-midbody"] * 6
+    assert storage.read_bytes(s3.url("x.bin"), size=len(data), concurrency=4) == data
+    assert faulty_s3.resets == 6 and faulty_s3.plan == []
+
+
+def test_an_outage_shorter_than_the_deadline_rides_through_an_epoch(s3, faulty_s3, fresh_endpoints):
+    url = s3.url("ds")
+    _write(url)
+    expected = _epoch(url)
+    got = []
+    outage = None
+    for k, sample in enumerate(shardkit.loader(url, decode=False, seed=5, prefetch=1)):
+        got.append((sample["__key__"], bytes(sample["bin"])))
+        if k == 12:  # a pile or two in: the next piles are read while the store is down
+            outage = faulty_s3.outage(4.0)
+    assert outage is not None
+    outage.join()
+    assert got == expected
+
+
+def test_an_outage_past_the_deadline_ends_the_epoch_with_one_line(s3, faulty_s3, fresh_endpoints, monkeypatch):
+    url = s3.url("ds")
+    _write(url)
+    monkeypatch.setenv(retry.ENVIRONMENT, "1.5")
+    outage = None
+    started = None
+    with pytest.raises(shardkit.StorageError) as info:
+        for k, _ in enumerate(shardkit.loader(url, decode=False, seed=5, prefetch=1)):
+            if k == 12:
+                outage, started = faulty_s3.outage(8.0), time.monotonic()
+    waited = time.monotonic() - started
+    faulty_s3.come_up()
+    message = str(info.value)
+    assert "\n" not in message
+    assert "cannot reach the storage endpoint" in message and f"up to the deadline of 2 s, {retry.ENVIRONMENT}" in message
+    assert waited < 6.0  # the deadline, not the outage, ended it
+    assert outage is not None
+
+
+def test_a_changed_cached_copy_is_found_with_verify_off(s3, tmp_path, caplog):
+    url = s3.url("ds")
+    _write(url)
+    cache = tmp_path / "cache"
+    expected = _epoch(url, cache_dir=str(cache), verify=False)  # fills the cache
+    entries = [p for p in (cache / "shardkit-piles").iterdir() if p.name.endswith(".tar")]
+    assert len(entries) == 8
+    victim = SAMPLES[30]["bin"]
+    for entry in entries:  # flip a byte of one sample's payload, where only the checksum can see it
+        blob = entry.read_bytes()
+        at = blob.find(victim)
+        if at >= 0:
+            with open(entry, "r+b") as f:
+                f.seek(at + 100)
+                f.write(bytes([blob[at + 100] ^ 0xFF]))
+            break
+    else:
+        raise AssertionError("the payload is in no cached pile")
+    with caplog.at_level("WARNING", logger="shardkit.storage.cache"):
+        assert _epoch(url, cache_dir=str(cache), verify=False) == expected
+    assert any("the cached copy" in r.message and "checksum" in r.message for r in caplog.records)
+
+
+# --- fail fast: (fault -> time to error -> message) --------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# what each fault is, the error it must be, and the words of its one line ({endpoint}: the endpoint set)
+FAST = {
+    "refused": (lambda: f"http://127.0.0.1:{_closed_port()}", shardkit.StorageError, "cannot reach the storage endpoint (Could not connect to the endpoint URL: \"{endpoint}/"),
+    "unknown host": (lambda: "http://no-such-host.invalid:9000", shardkit.StorageError, "cannot reach the storage endpoint (Could not connect to the endpoint URL: \"{endpoint}/"),
+    "invalid endpoint": (lambda: "not an endpoint", shardkit.ConfigError, "Invalid endpoint: {endpoint}; expected an http:// or https:// URL"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fault", "command"), [(f, "info") for f in FAST] + [("refused", "loader"), ("unknown host", "pile")], ids=lambda v: str(v)
+)
+def test_a_wrong_endpoint_fails_within_5_s_naming_it(s3, fresh_endpoints, monkeypatch, fault, command):
+    make, error, words = FAST[fault]
+    endpoint = make()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    started = time.monotonic()
+    with pytest.raises(error) as info:
+        if command == "info":
+            shardkit.info(s3.url("ds"))
+        elif command == "loader":
+            next(iter(shardkit.loader(s3.url("ds"))))
+        else:
+            shardkit.preprocess([SAMPLES[:4]], _identity, s3.url("ds"), piles=2, quiet=True)
+    took = time.monotonic() - started
+    message = str(info.value)
+    assert took <= 5.0, f"{fault}: {took:.1f} s"
+    assert words.format(endpoint=endpoint) in message and "\n" not in message
+
+
+@pytest.mark.parametrize("command", [["info"], ["verify"], ["gc"], ["pile", "SHARDS", "--piles", "2", "-o"]], ids=lambda c: c[0])
+def test_every_command_names_a_missing_bucket(s3, tmp_path, capsys, command):
+    from shardkit.cli import main
+
+    shard = tmp_path / "a.tar"
+    with shardkit.PileWriter(str(tmp_path / "local"), piles=1) as w:
+        w.write({"__key__": "a", "txt": b"x"})
+    shard.write_bytes(next((tmp_path / "local").glob("pile-*.tar")).read_bytes())
+    url = "s3://no-such-bucket-shardkit/ds"
+    args = [str(shard) if a == "SHARDS" else a for a in command] + [url]
+    capsys.readouterr()
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip()
+    last = err.splitlines()[-1]
+    assert "the bucket s3://no-such-bucket-shardkit does not exist" in last, err
+    assert ".shardkit-" not in last
+
+
+def test_throttling_and_5xx_are_retried_with_backoff(s3, faulty_s3, fresh_endpoints):
+    s3.client().pipe(s3.path("x.bin"), b"payload")
+    faulty_s3.only = {"GET"}
+    faulty_s3.plan = ["error"] * 4  # 503 SlowDown, four times
+    assert storage.read_bytes(s3.url("x.bin")) == b"payload"
+    faulty_s3.error_status = 500
+    faulty_s3.plan = ["error"] * 3
+    assert storage.read_bytes(s3.url("x.bin")) == b"payload"
+    assert faulty_s3.errors == 7
+
+
+def test_a_store_failing_past_the_deadline_says_how_long_it_tried(s3, faulty_s3, fresh_endpoints, monkeypatch):
+    s3.client().pipe(s3.path("x.bin"), b"payload")
+    monkeypatch.setenv(retry.ENVIRONMENT, "1")
+    faulty_s3.only, faulty_s3.error_fraction = {"GET"}, 1.0
+    started = time.monotonic()
+    with pytest.raises(
+        shardkit.StorageError, match=r"x\.bin: cannot read: .*reduce your request rate.* \(retried for .* up to the deadline of 1 s"
+    ) as info:
+        storage.read_bytes(s3.url("x.bin"))
+    assert time.monotonic() - started < 3
+    assert "\n" not in str(info.value)
+
+
+def test_the_deadline_comes_from_the_environment_and_is_checked(monkeypatch):
+    monkeypatch.delenv(retry.ENVIRONMENT, raising=False)
+    assert retry.deadline_from_environment() == retry.DEFAULT_DEADLINE
+    monkeypatch.setenv(retry.ENVIRONMENT, "12.5")
+    assert retry.deadline_from_environment() == 12.5
+    for bad in ("soon", "0", "-3", "nan", "inf"):
+        monkeypatch.setenv(retry.ENVIRONMENT, bad)
+        with pytest.raises(shardkit.ConfigError, match=f"{retry.ENVIRONMENT}="):
+            retry.deadline_from_environment()
