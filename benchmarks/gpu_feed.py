@@ -174,10 +174,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch compute threads in the training process (default 1)")
     parser.add_argument("--data", default=None, help="where the data set is built and reused (default benchmarks/results/gpu_feed)")
     parser.add_argument("--json", default=None, help="also write every run here")
-    parser.add_argument("--toy", action="store_true", help="tiny data on CPU in seconds: 96 images of 32 px, batches of 16, 1 worker, 1 run")
+    parser.add_argument(
+        "--toy", action="store_true", help="tiny data on CPU in seconds: 48 images of 32 px, batches of 16, 1 worker, 1 run"
+    )
     args = parser.parse_args(argv)
     if args.toy:
-        args.images, args.side, args.batch, args.workers, args.repeats, args.device = 96, 32, 16, "1", 1, "cpu"
+        args.images, args.side, args.batch, args.workers, args.repeats, args.device = 48, 32, 16, "1", 1, "cpu"
     args.workers = [int(w) for w in args.workers.split(",")]
     return args
 
