@@ -189,7 +189,7 @@ class Shard:
             yield self.sample(i)
 
 
-def _sampler(keys: list[str], buf: storage.Buffer, spans: list[tuple[str, list[int], list[int]]]) -> Callable[[int], Sample]:
+def _sampler(keys: list[str], buf: storage.Buffer | memoryview, spans: list[tuple[str, list[int], list[int]]]) -> Callable[[int], Sample]:
     """``i -> {"__key__": keys[i], name: buf[start[i]:end[i]], ...}``; one, two and three fields
     (most datasets) build the dict in one expression, which is measurably faster per sample."""
     if len(spans) == 1:
