@@ -24,7 +24,8 @@ def shardkit_views(p: dict[str, Any]) -> dict[str, Any]:
 
     clock = Clock()
     with shardkit.loader(p["source"], decode=False, views=True, seed=p.get("seed", 0)) as loader:
-        figures = consume(loader, clock, label=lambda s: s["cls"])
+        # the label is copied: a view kept would keep its whole pile in memory
+        figures = consume(loader, clock, label=lambda s: bytes(s["cls"]))
     figures["bytes"] = _file_bytes([p["source"]])
     return figures
 
@@ -36,7 +37,7 @@ def shardkit_dataloader(p: dict[str, Any]) -> dict[str, Any]:
     clock = Clock()
     dataset = ShardkitDataset(p["source"], batch_size=p["batch_size"], decode=False, views=p.get("views", False), seed=p.get("seed", 0))
     loader = ShardkitDataLoader(dataset, num_workers=p["num_workers"])
-    figures = consume(loader, clock, batch_len=lambda b: len(b["__key__"]), batch_labels=lambda b: b["cls"])
+    figures = consume(loader, clock, batch_len=lambda b: len(b["__key__"]), batch_labels=lambda b: [bytes(c) for c in b["cls"]])
     figures["bytes"] = _file_bytes([p["source"]])
     return figures
 
