@@ -34,6 +34,7 @@ from report import (
 )
 
 import shardkit
+import shardkit.manifest
 
 MiB = 1 << 20
 HF = "HF datasets streaming"
