@@ -179,3 +179,18 @@ def test_a_custom_collate_fn_gets_the_plain_batches(uniform):
     got = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, collate_fn=keep))
     assert got and all(isinstance(b, dict) for b in got)
     assert seen == []  # collate_fn ran in the worker, on the plain dicts (were it given a Handoff, got would hold them)
+
+
+def test_views_stay_views_without_workers(uniform):
+    dl = ShardkitDataLoader(ShardkitDataset(uniform, batch_size=16, decode=False, seed=2, views=True), num_workers=0)
+    batch = next(iter(dl))
+    assert all(type(v) is memoryview and v.readonly for v in batch["bin"])
+
+
+def test_convert_is_default_convert_but_for_byte_lists():
+    from shardkit.loading.handoff import convert
+
+    batch = {"__key__": ["a"], "bin": [memoryview(b"xy")], "raw": [b"z"], "cls": np.array([1]), "meta": [{"n": np.int64(2)}]}
+    got = convert(batch)
+    assert got["bin"] == batch["bin"] and got["raw"] == [b"z"] and got["__key__"] == ["a"]
+    assert torch.equal(got["cls"], torch.tensor([1])) and got["meta"] == default_convert(batch["meta"])

@@ -50,17 +50,34 @@ class Handoff:
         return _unpack, (list(item), [_pack(value) for value in item.values()], self.views)
 
 
+def _byte_strings(value: Any) -> bool:
+    """A non-empty list of bytes, or of one-dimensional byte memoryviews."""
+    if type(value) is not list or not value:
+        return False
+    kinds = set(map(type, value))
+    return kinds == {bytes} or (kinds == {memoryview} and all(v.format == "B" and v.ndim == 1 for v in value))
+
+
+def _plain(value: Any) -> bool:
+    """A list default_convert would copy as it is (so it need not walk it)."""
+    return type(value) is list and set(map(type, value)).issubset(_PLAIN)
+
+
 def _pack(value: Any) -> tuple[int, Any]:
     """How one field travels: byte strings joined, with their end offsets; the rest as converted."""
-    if type(value) is not list or not value:
-        return _AS_IS, default_convert(value)
-    kinds = set(map(type, value))
-    if kinds == {bytes} or (kinds == {memoryview} and all(v.format == "B" and v.ndim == 1 for v in value)):
+    if _byte_strings(value):
         ends = np.cumsum(np.fromiter(map(len, value), dtype=np.int64, count=len(value)))
         return _JOINED, (b"".join(value), ends.tobytes())
-    if kinds.issubset(_PLAIN):
-        return _AS_IS, value
-    return _AS_IS, default_convert(value)
+    return _AS_IS, value if _plain(value) else default_convert(value)
+
+
+def convert(item: Any) -> Any:
+    """The DataLoader's ``collate_fn`` for shardkit's items: ``default_convert``, except that lists
+    of byte strings and of memoryviews stay as they are (``default_convert`` would make each
+    memoryview a list of ints), and a worker's :class:`Handoff` passes through to be pickled."""
+    if type(item) is Handoff or type(item) is not dict:
+        return item if type(item) is Handoff else default_convert(item)
+    return {name: value if _byte_strings(value) or _plain(value) else default_convert(value) for name, value in item.items()}
 
 
 def _as_is(item: Any) -> Any:

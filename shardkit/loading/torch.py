@@ -39,7 +39,7 @@ from shardkit.loading.blend_loader import BlendLoader, check_sources, is_blend, 
 from shardkit.loading.blend_source import Anchor, BlendedSource, resolve_blend
 from shardkit.loading.blend_spec import Blend
 from shardkit.loading.elastic import Phase
-from shardkit.loading.handoff import Handoff
+from shardkit.loading.handoff import Handoff, convert
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.source import Source, SourceLike, resolve
@@ -75,7 +75,8 @@ def _hands_off(caller: Any) -> bool:
     conversion passes through untouched and which unpickles as the converted item. A custom
     ``collate_fn`` gets the items as they are."""
     fetcher = caller.f_locals.get("self") if caller is not None else None
-    return getattr(fetcher, "collate_fn", None) is default_convert
+    collate = getattr(fetcher, "collate_fn", None)
+    return collate is default_convert or collate is convert
 
 
 _RIGHT_CALL = "ShardkitDataLoader(ds, num_workers=k) or DataLoader(ds, batch_size=None, num_workers=k)"
@@ -385,6 +386,9 @@ class ShardkitDataLoader(DataLoader):
                 f"ShardkitDataLoader: batch_size: expected None, got {batch!r}: batch in the dataset instead, "
                 f"ShardkitDataset(..., batch_size={batch!r}), so that state_dict() counts what this DataLoader yields"
             )
+        # raw fields stay bytes or memoryviews in this process too (default_convert makes a
+        # memoryview a list of ints); in workers the batches are packed either way
+        kwargs.setdefault("collate_fn", convert)
         super().__init__(dataset, **kwargs)
         self._yielded = 0
 
