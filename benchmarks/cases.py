@@ -18,25 +18,34 @@ from typing import Any
 
 from datagen import Dataset, DataSpec
 from report import (
+    CAT,
+    LITDATA_LOADER,
     LOADER,
+    LOADER_VIEWS,
     RAW_READ,
     RAW_WRITE,
     SHUF,
     SHUFFLE,
     TAR_WRITER,
+    TORCH_DATALOADER,
     WDS_DATALOADER,
     WEBDATASET,
     pile_writer_name,
 )
 
 import shardkit
+import shardkit.manifest
 
 MiB = 1 << 20
 HF = "HF datasets streaming"
 MOSAIC = "MosaicML streaming"
 SHARD_WRITER = "webdataset.ShardWriter"
-TORCH_DATALOADER = "shardkit.torch + DataLoader"
 RANDOM_ACCESS = "random access (offset index + pread)"
+LITDATA = "litdata"
+TORCH_VIEWS = "shardkit.torch + DataLoader views=True"
+MOSAIC_LOADER = "MosaicML + DataLoader"
+DATALOADER_WORKERS = 2
+DATALOADER_BATCH = 256
 MOSAIC_INSTALL = "pip install 'torch==2.13.0' mosaicml-streaming (see BENCHMARKS.md)"
 
 
@@ -234,3 +243,46 @@ def case_e(preset: Preset, data: Dataset) -> list[Entry]:
                   skip=skip, meta={"max_pile_bytes": data.max_pile_bytes[m]})
         )  # fmt: skip
     return _tag(entries, data.samples)
+
+
+def _litdata(data: Dataset, preset: Preset, run: Any) -> tuple[str | None, str | None]:
+    """Write the class-sorted shards with litdata's ``optimize`` once; returns (directory, reason it failed)."""
+    out = os.path.join(data.root, "litdata")
+    if os.path.exists(os.path.join(out, "index.json")):
+        return out, None
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        run("bench_dataloader:litdata_convert", {"files": data.shards, "out": out, "chunk_bytes": preset.shard_bytes})
+    except RuntimeError as e:
+        return None, f"litdata optimize failed: {e}"
+    return out, None
+
+
+def case_f(preset: Preset, data: Dataset, run: Any) -> list[Entry]:
+    """Raw ~5 KB samples: one process against cat, and a DataLoader of the same workers and batch size."""
+    k, b = DATALOADER_WORKERS, DATALOADER_BATCH
+    desc = _describe(data, f"~5KB raw; DataLoader rows: {k} workers, batch {b}")
+    piles = data.piles[data.spec.piles[0]]
+    files = pile_files(piles)
+    torch = _missing("torch", "pip install torch==2.13.0")
+    litdata = _missing("litdata", "pip install litdata")
+    lit, lit_failed = (None, litdata) if litdata else _litdata(data, preset, run)
+    mosaic = _missing("streaming", MOSAIC_INSTALL) or torch
+    mds, mds_failed = (None, mosaic) if mosaic else _mds(data, preset, run)
+    loader = {"source": piles, "num_workers": k, "batch_size": b}
+    return _tag([
+        Entry("f", "f", desc, RAW_READ, "raw", "bench_read:raw_read", {"files": files, "samples": data.samples}, raw_ref=None),
+        Entry("f", "f", desc, CAT, "raw", command=["cat", *files], figures={"samples": data.samples, "bytes": data.pile_bytes[data.spec.piles[0]]},
+              skip=None if shutil.which("cat") else "cat is not on PATH"),
+        Entry("f", "f", desc, LOADER, "shardkit", "bench_read:shardkit_loader", {"source": piles}),
+        Entry("f", "f", desc, LOADER_VIEWS, "shardkit", "bench_dataloader:shardkit_views", {"source": piles}, raw_ref=CAT),
+        Entry("f", "f", desc, TORCH_DATALOADER, "shardkit", "bench_dataloader:shardkit_dataloader", loader, skip=torch),
+        Entry("f", "f", desc, TORCH_VIEWS, "shardkit", "bench_dataloader:shardkit_dataloader", {**loader, "views": True}, skip=torch),
+        Entry("f", "f", desc, LITDATA, "peer", "bench_dataloader:litdata_read", {"dir": lit}, skip=lit_failed),
+        Entry("f", "f", desc, LITDATA_LOADER, "peer", "bench_dataloader:litdata_dataloader",
+              {"dir": lit, "num_workers": k, "batch_size": b}, skip=lit_failed),
+        Entry("f", "f", desc, WDS_DATALOADER, "peer", "bench_dataloader:wds_raw_dataloader",
+              {"files": data.shards, "num_workers": k, "batch_size": b}, skip=torch),
+        Entry("f", "f", desc, MOSAIC_LOADER, "peer", "bench_dataloader:mosaic_dataloader",
+              {"mds": mds, "num_workers": k, "batch_size": b}, skip=mds_failed),
+    ], data.samples)  # fmt: skip

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 import shardkit
+import shardkit.manifest
 from shardkit.tar import write as tarwrite
 
 CLASSES = 10

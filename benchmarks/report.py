@@ -29,6 +29,10 @@ SHUFFLE = "shardkit.shuffle"
 SHUF = "GNU shuf (text, in RAM)"
 RAW_READ = "raw sequential read"
 RAW_WRITE = "raw sequential write"
+TORCH_DATALOADER = "shardkit.torch + DataLoader"
+LITDATA_LOADER = "litdata StreamingDataLoader"
+LOADER_VIEWS = "shardkit.loader views=True"
+CAT = "cat"
 
 
 def pile_writer_name(piles: int) -> str:
@@ -161,6 +165,10 @@ def goals_for(rows: list[dict[str, Any]]) -> list[Goal]:
             1.25,
             False,
         ),
+        Goal("f", TORCH_DATALOADER, "≥ 0.8× one shardkit.loader process", _ratio(TORCH_DATALOADER, LOADER), 0.8, True),
+        Goal("f", TORCH_DATALOADER, "≥ 1.5× litdata StreamingDataLoader", _ratio(TORCH_DATALOADER, LITDATA_LOADER), 1.5, True),
+        Goal("f", LOADER_VIEWS, "≥ 0.4× cat MB/s", _ratio(LOADER_VIEWS, CAT, "mb_per_s"), 0.4, True),
+        Goal("f", LOADER, "first sample ≤ 0.05 s", lambda rows: _m(rows, LOADER, "first_sample_s"), 0.05, False, " s"),
         Goal("d", SHUFFLE, "≥ 0.5× GNU shuf bytes/s", _ratio(SHUFFLE, SHUF, "mb_per_s"), 0.5, True),
         Goal("d", SHUFFLE, "peak RSS ≤ 1/8 of the data", _shuffle_rss_fraction, 1 / 8, False, " of the data"),
     ]

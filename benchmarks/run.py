@@ -6,6 +6,7 @@ table as ``results.md`` and everything measured as ``results.json`` in ``--out``
 
     python benchmarks/run.py --size small --out /tmp/bench-small
     python benchmarks/run.py --size smoke --cases a,c
+    python benchmarks/run.py --size small --cases f      # the DataLoader path against litdata, mosaic, webdataset
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import harness
 import report
 from _timing import classes_per_window
 
-CASES = ("a", "b", "c", "d", "e")
-PACKAGES = ("webdataset", "numpy", "pillow", "zlib-ng", "torch", "datasets", "mosaicml-streaming", "psutil")
+CASES = ("a", "b", "c", "d", "e", "f")
+PACKAGES = ("webdataset", "numpy", "pillow", "zlib-ng", "torch", "datasets", "mosaicml-streaming", "litdata", "psutil")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -42,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--size", choices=tuple(cases.SIZES), default="small", help="data sizes and repeats (default small)")
     parser.add_argument("--out", default=None, help="results directory (default benchmarks/results/SIZE)")
     parser.add_argument("--data", default=None, help="where datasets are built and reused (default OUT/data)")
-    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated cases among a,b,c,d,e (default all)")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated cases among a,b,c,d,e,f (default all)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per contender (default 1 for smoke, else 3)")
     parser.add_argument(
         "--cold",
@@ -105,7 +106,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def build_data(preset: cases.Preset, wanted: list[str], data_dir: str) -> dict[str, datagen.Dataset]:
-    needs = {"raw5k": {"a"}, "raw50k": {"a", "d", "e"}, "images": {"b"}}
+    needs = {"raw5k": {"a", "f"}, "raw50k": {"a", "d", "e"}, "images": {"b"}}
     built = {}
     for name, used_by in needs.items():
         if used_by & set(wanted):
@@ -138,6 +139,8 @@ def plan(args: argparse.Namespace, preset: cases.Preset, data: dict[str, datagen
         entries += cases.case_d(preset, data["raw50k"], work, cold, text)
     if "e" in args.cases:
         entries += cases.case_e(preset, data["raw50k"])
+    if "f" in args.cases:
+        entries += cases.case_f(preset, data["raw5k"], run)
     return entries
 
 
@@ -147,8 +150,10 @@ def _run_once(entry: cases.Entry, timeout: float, profile: str | None = None) ->
     if entry.command is not None:
         result = harness.measure_command(entry.command, timeout=timeout)
         result.update(samples=entry.figures["samples"], bytes=entry.figures["bytes"], first_sample_s=None)
-        result["classes_per_batch"] = _line_classes(entry.figures["out"])
-        os.unlink(entry.figures["out"])
+        out = entry.figures.get("out")  # shuf's output, whose lines carry the class
+        result["classes_per_batch"] = _line_classes(out) if out else None
+        if out:
+            os.unlink(out)
         return result
     params = dict(entry.params)
     if profile and entry.role == "shardkit":
@@ -185,7 +190,8 @@ def execute(entries: list[cases.Entry], repeats: int, timeout: float, profile: s
         files = [f for e, _ in members if e.target == "bench_read:raw_read" and not e.cold for f in e.params["files"]]
         _warm(files)
         for r in range(repeats):
-            for entry, row in members:
+            # alternate the order, so no contender always runs right after the same one
+            for entry, row in members if r % 2 == 0 else members[::-1]:
                 if row["status"] != "ok":
                     continue
                 try:

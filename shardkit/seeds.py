@@ -12,6 +12,10 @@ import enum
 
 import numpy as np
 
+# numpy loads its random module on first use (~35 ms): here, with the imports, not before an
+# epoch's first sample
+import numpy.random
+
 
 class Stream(enum.IntEnum):
     """The tag of each stream, and the values it is keyed by."""

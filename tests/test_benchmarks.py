@@ -51,12 +51,11 @@ PEERS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
+def _smoke(tmp_path_factory, cases: str):
     out = tmp_path_factory.mktemp("bench")
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.run(
-        [sys.executable, RUN, "--size", "smoke", "--out", str(out / "results"), "--data", str(out / "data")],
+        [sys.executable, RUN, "--size", "smoke", "--cases", cases, "--out", str(out / "results"), "--data", str(out / "data")],
         capture_output=True,
         text=True,
         env=env,
@@ -68,6 +67,17 @@ def smoke(tmp_path_factory):
     with open(out / "results" / "results.md") as f:
         table = f.read()
     return proc.stdout, table, doc
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    return _smoke(tmp_path_factory, "a,b,c,d,e")
+
+
+@pytest.fixture(scope="module")
+def smoke_f(tmp_path_factory):
+    """Case f on its own: its own run, so its time does not add to the other cases' in one test."""
+    return _smoke(tmp_path_factory, "f")
 
 
 def _rows(doc):
@@ -148,3 +158,33 @@ def test_json_has_machine_and_command(smoke):
     assert context["size"] == "smoke" and context["repeats"] == 1
     assert context["machine"]["cores"] >= 1 and "webdataset" in context["machine"]["versions"]
     assert context["command"].startswith("python benchmarks/run.py --size smoke")
+
+
+F_PEERS = [
+    ("shardkit.torch + DataLoader", "torch"),
+    ("shardkit.torch + DataLoader views=True", "torch"),
+    ("litdata", "litdata"),
+    ("litdata StreamingDataLoader", "litdata"),
+    ("webdataset + DataLoader", "torch"),
+    ("MosaicML + DataLoader", "streaming"),
+]
+
+
+def test_case_f_rows_and_goals(smoke_f):
+    _, table, doc = smoke_f
+    rows = _rows(doc)
+    for name in ("raw sequential read", "cat", "shardkit.loader", "shardkit.loader views=True"):
+        _measured(rows[("f", name)])
+        assert f"| {name} |" in table
+    for name, module in F_PEERS:
+        row = rows[("f", name)]
+        if importlib.util.find_spec(module) is None:
+            assert row["status"] == "skipped" and module in row["reason"]
+        else:
+            assert row["status"] in ("ok", "failed"), row
+            assert row["status"] == "ok" or row["reason"]
+    goals = {(g["row"], g["goal"]): g for g in doc["goals"] if g["group"] == "f"}
+    assert goals[("shardkit.loader views=True", "≥ 0.4× cat MB/s")]["measured"] > 0
+    assert goals[("shardkit.loader", "first sample ≤ 0.05 s")]["measured"] > 0
+    if importlib.util.find_spec("torch") is not None:
+        assert goals[("shardkit.torch + DataLoader", "≥ 0.8× one shardkit.loader process")]["measured"] > 0

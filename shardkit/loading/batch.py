@@ -177,3 +177,63 @@ class Step:
         # a batch keeps its slot even when every sample failed: then it is collate([])
         batch = [item for _, item in done]
         return Result([(task.end, (self.collate or collate)(batch))], failures)
+
+
+def raw_batches(
+    blocks: Iterable[ShardBlock],
+    take: Callable[[Shard | None, int], dict[str, Any] | None],
+    *,
+    start: int,
+    length: int,
+    batch_size: int,
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(position after it, batch)`` of raw samples with the default :func:`collate`: what
+    :func:`cut_tasks` and a batched :class:`Step` without decoding or ``map`` give, built a field
+    at a time from each pile's columns (:meth:`Shard.columns`) instead of a dict per sample.
+
+    A batch is yielded as soon as its last position is read, not when the next one arrives.
+    Positions of a skipped pile or sample keep their slots, as in :func:`cut_tasks`.
+    """
+    boundary = start - start % batch_size + batch_size
+    pieces: list[dict[str, list[Any]] | list[dict[str, Any]]] = []
+    pos, opened, yielded = start, False, False
+    for block in blocks:
+        shard = block.shards[0] if block.which is None else None
+        index, pairs = block.index, None
+        at = 0  # next item of index
+        while at < len(index):
+            n = min(len(index) - at, boundary - pos)
+            cols = shard.columns(index[at : at + n]) if shard is not None else None
+            if cols is not None:
+                pieces.append(cols)
+            else:  # one sample at a time: a skipped or irregular pile, or piles mixed position by position
+                pairs = pairs if pairs is not None else list(block.pairs())
+                taken = [(pile, take(pile, i)) for pile, i in pairs[at : at + n]]
+                pieces.append([sample for pile, sample in taken if sample is not None and pile is not None])
+            at, pos, opened = at + n, pos + n, True
+            if pos == boundary:
+                yield boundary, _join(pieces)
+                pieces, opened, yielded = [], False, True
+                boundary += batch_size
+        # let this block's piles go before the next is read (see cut_tasks)
+        block = shard = pairs = None  # type: ignore[assignment]
+    if opened or (not yielded and length > start):
+        yield min(boundary, length), _join(pieces)
+
+
+def _join(pieces: list[dict[str, list[Any]] | list[dict[str, Any]]]) -> dict[str, Any]:
+    """One batch from its pieces: column dicts with the same fields are joined field by field;
+    anything else is collated from single samples, as :func:`collate` would."""
+    columns = [p for p in pieces if isinstance(p, dict)]
+    if len(columns) == len(pieces) and columns and all(list(c) == list(columns[0]) for c in columns):
+        if len(columns) == 1:
+            return columns[0]
+        return {name: [v for c in columns for v in c[name]] for name in columns[0]}
+    samples: list[dict[str, Any]] = []
+    for p in pieces:
+        if isinstance(p, dict):
+            names = list(p)
+            samples += [dict(zip(names, row, strict=True)) for row in zip(*p.values(), strict=True)]
+        else:
+            samples += p
+    return collate(samples)

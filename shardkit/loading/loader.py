@@ -33,7 +33,7 @@ from shardkit._util import check_int
 from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError, Failure, ShardkitError
 from shardkit.loading import elastic, plan, turns
-from shardkit.loading.batch import Result, ShardBlock, Step, cut_tasks
+from shardkit.loading.batch import Result, ShardBlock, Step, cut_tasks, raw_batches
 from shardkit.loading.decode import Transform
 from shardkit.loading.elastic import Phase
 from shardkit.loading.on_error import LoaderStats, Policy
@@ -72,7 +72,11 @@ class Loader:
         self._step = Step(
             Transform(codecs, self.options.map), self.options.collate, self.options.batch_size is not None, self.options.on_error
         )
-        self._plain = codecs is None and self.options.map is None and self.options.batch_size is None
+        o = self.options
+        self._plain = codecs is None and o.map is None and o.batch_size is None
+        # raw batches with the default collate: built a field at a time (batch.raw_batches)
+        self._columnar = codecs is None and o.map is None and o.collate is None and o.batch_size is not None and not o.num_workers
+        self._views = codecs is None and o.views
         self._epoch = 0
         self._start = 0
         self._done: tuple[Phase, ...] = ()  # phases of the epoch read before a change of world size
@@ -230,6 +234,8 @@ class Loader:
             blocks = self._blocks(sched, start, uses, reader)
             if self._plain:
                 yield from self._samples(blocks)
+            elif self._columnar:
+                yield from self._columns(blocks, start, len(sched))
             else:
                 yield from self._processed(blocks, start, len(sched))
         finally:
@@ -288,7 +294,8 @@ class Loader:
             self._policy.pile(item.exception(), url)
             return None
         try:
-            return self.source.open(use.pile, item)
+            shard = self.source.open(use.pile, item)
+            return shard.as_views() if self._views else shard
         except (ShardkitError, OSError) as e:
             self._policy.pile(e, url)
             return None
@@ -319,6 +326,14 @@ class Loader:
             # drop this block's piles before asking for the next: a pile the plan released must
             # not stay alive here while the reader thread fills its slot
             block = shards = getters = None  # type: ignore[assignment]
+
+    def _columns(self, blocks: Iterator[ShardBlock], start: int, length: int) -> Iterator[dict[str, Any]]:
+        """Raw batches with the default collate, in this process: the same batches as
+        :meth:`_processed` gives, built a field at a time."""
+        assert self.options.batch_size is not None
+        for end, batch in raw_batches(blocks, self._policy.sample, start=start, length=length, batch_size=self.options.batch_size):
+            self._position = end
+            yield batch
 
     def _processed(self, blocks: Iterator[ShardBlock], start: int, length: int) -> Iterator[Any]:
         """What the step makes of the raw samples (decoded, mapped, batched), in order, here or in the workers."""
@@ -466,6 +481,7 @@ def loader(
     max_pile_bytes: int | str | None = None,
     verify: bool = True,
     allow_pickle: bool = False,
+    views: bool = False,
     collate: Callable[[list[dict[str, Any]]], Any] | None = None,
     remote_concurrency: int = storage.remote.DEFAULT_CONCURRENCY,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -511,6 +527,9 @@ def loader(
         max_pile_bytes: refuse, before reading, a pile larger than this (``"2GiB"``).
         verify: check each pile's checksum against the manifest.
         allow_pickle: decode ``.pyd``/``.pickle`` fields (runs code from the data).
+        views: with ``decode=False``, yield raw fields as read-only ``memoryview`` slices of the
+            pile in memory instead of ``bytes`` copies (faster for large fields). A view keeps
+            its whole pile in memory while it is held: copy (``bytes(view)``) what you keep.
         collate: ``fn(list of samples) -> batch`` instead of the default.
         remote_concurrency: ranged requests in flight at once when a pile is read from an
             object store (``s3://``...); each pile's checksum is checked, and a pile whose
@@ -543,6 +562,7 @@ def loader(
         "max_pile_bytes": max_pile_bytes,
         "verify": verify,
         "allow_pickle": allow_pickle,
+        "views": views,
         "collate": collate,
         "remote_concurrency": remote_concurrency,
         "cache_dir": os.fspath(cache_dir) if isinstance(cache_dir, os.PathLike) else cache_dir,

@@ -82,6 +82,10 @@ class LoaderOptions:
         default=None, metadata=meta(help="refuse, before reading, a pile larger than SIZE (e.g. 2GiB)", metavar="SIZE")
     )
     verify: bool = field(default=True, metadata=meta(help="check each pile's checksum against the manifest"))
+    views: bool = field(
+        default=False,
+        metadata=meta(help="with decode=False, raw fields as read-only memoryviews into the pile in memory instead of copies"),
+    )
     allow_pickle: bool = field(default=False, metadata=meta(help="decode .pyd and .pickle fields (runs code from the data)"))
     collate: Callable[[list[dict[str, Any]]], Any] | None = field(
         default=None, metadata=meta(help="fn(list of samples) -> batch instead of the default")

@@ -26,7 +26,7 @@ from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
 try:
-    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+    from torch.utils.data import DataLoader, IterableDataset, default_convert, get_worker_info
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("shardkit.torch needs PyTorch: pip install 'shardkit[torch]'") from e
 
@@ -39,6 +39,7 @@ from shardkit.loading.blend_loader import BlendLoader, check_sources, is_blend, 
 from shardkit.loading.blend_source import Anchor, BlendedSource, resolve_blend
 from shardkit.loading.blend_spec import Blend
 from shardkit.loading.elastic import Phase
+from shardkit.loading.handoff import Handoff, convert
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.source import Source, SourceLike, resolve
@@ -65,6 +66,17 @@ def _batched_again(dataset: Any, caller: Any) -> bool:
     """
     fetcher = caller.f_locals.get("self") if caller is not None else None
     return getattr(fetcher, "dataset", None) is dataset and getattr(fetcher, "auto_collation", False) is True
+
+
+def _hands_off(caller: Any) -> bool:
+    """Whether the DataLoader worker whose fetcher (``caller``, as in :func:`_batched_again`)
+    iterates the dataset applies the DataLoader's default conversion to each item: then items go
+    to the main process packed (:class:`~shardkit.loading.handoff.Handoff`), which that
+    conversion passes through untouched and which unpickles as the converted item. A custom
+    ``collate_fn`` gets the items as they are."""
+    fetcher = caller.f_locals.get("self") if caller is not None else None
+    collate = getattr(fetcher, "collate_fn", None)
+    return collate is default_convert or collate is convert
 
 
 _RIGHT_CALL = "ShardkitDataLoader(ds, num_workers=k) or DataLoader(ds, batch_size=None, num_workers=k)"
@@ -191,7 +203,8 @@ class ShardkitDataset(IterableDataset):
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        if self.options.batch_size is not None and _batched_again(self, sys._getframe(1)):
+        caller = sys._getframe(1)
+        if self.options.batch_size is not None and _batched_again(self, caller):
             raise _rebatching(self.options.batch_size)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -202,7 +215,8 @@ class ShardkitDataset(IterableDataset):
         if worker == 0 and done == epoch + 1:
             log.warning("epoch %d is read again from its start: call set_epoch() before each epoch (as with DistributedSampler)", epoch)
         loader = self._resumed_loader(self._settle(pending, workers), worker=worker, workers=workers)
-        return self._iterate(loader, epoch, first=worker == 0, main=info is None)
+        items = self._iterate(loader, epoch, first=worker == 0, main=info is None)
+        return _packed(items, self.options.views) if info is not None and _hands_off(caller) else items
 
     def _resumed_loader(self, point: Point, *, worker: int, workers: int) -> Loader:
         """The loader of DataLoader worker ``worker``, past what ``point`` (on this split) had taken."""
@@ -343,6 +357,12 @@ class ShardkitDataset(IterableDataset):
         self._yielded = 0
 
 
+def _packed(items: Iterator[Any], views: bool) -> Iterator[Handoff]:
+    """A worker's items, each to be packed as it is pickled for the main process."""
+    for item in items:
+        yield Handoff(item, views)
+
+
 class ShardkitDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`ShardkitDataset` that counts the items it yields, so its
     :meth:`state_dict` is exact with worker processes too. ``batch_size`` is None (the dataset
@@ -366,6 +386,9 @@ class ShardkitDataLoader(DataLoader):
                 f"ShardkitDataLoader: batch_size: expected None, got {batch!r}: batch in the dataset instead, "
                 f"ShardkitDataset(..., batch_size={batch!r}), so that state_dict() counts what this DataLoader yields"
             )
+        # raw fields stay bytes or memoryviews in this process too (default_convert makes a
+        # memoryview a list of ints); in workers the batches are packed either way
+        kwargs.setdefault("collate_fn", convert)
         super().__init__(dataset, **kwargs)
         self._yielded = 0
 

@@ -49,7 +49,7 @@ class Shard:
         get = shard.sampler()               # the same, faster, for many calls
     """
 
-    __slots__ = ("_ends", "_exts", "_fields", "_heads", "_offsets", "_sampler", "_starts", "buf", "keys", "url")
+    __slots__ = ("_data", "_ends", "_exts", "_fields", "_heads", "_offsets", "_sampler", "_spans", "_starts", "buf", "keys", "url")
 
     _UNSET: Any = object()
 
@@ -58,7 +58,9 @@ class Shard:
     ) -> None:
         self.url = url
         self.buf = buf
+        self._data: storage.Buffer | memoryview = buf  # what fields are sliced from (see as_views)
         self._sampler: Callable[[int], Sample] | None = None
+        self._spans: list[tuple[str, list[int], list[int]]] | None = None
         if chain is Shard._UNSET:
             chain = scan.scan(buf, checksums=not checked)
         if chain is not None:  # the common case, vectorized
@@ -100,7 +102,7 @@ class Shard:
         Raises:
             CorruptShardError: the sample has two members of one extension.
         """
-        buf, exts, offsets, ends = self.buf, self._member_exts(), self._offsets, self._ends
+        buf, exts, offsets, ends = self._data, self._member_exts(), self._offsets, self._ends
         lo, hi = self._starts[i], self._starts[i + 1]
         out: Sample = {"__key__": self.keys[i]}
         for j in range(lo, hi):
@@ -121,10 +123,35 @@ class Shard:
         if self._fields is None:
             return self.sample
         if self._sampler is None:  # made once: mix > 1 asks for it in every short block
-            width = len(self._fields)
-            spans = [(name, self._offsets[f::width], self._ends[f::width]) for f, name in enumerate(self._fields)]
-            self._sampler = _sampler(self.keys, self.buf, spans)
+            self._sampler = _sampler(self.keys, self._data, self._field_spans())
         return self._sampler
+
+    def _field_spans(self) -> list[tuple[str, list[int], list[int]]]:
+        """Each field's name, start offsets and end offsets, one entry a sample (uniform shards)."""
+        assert self._fields is not None
+        if self._spans is None:
+            width = len(self._fields)
+            self._spans = [(name, self._offsets[f::width], self._ends[f::width]) for f, name in enumerate(self._fields)]
+        return self._spans
+
+    def columns(self, index: list[int]) -> dict[str, list[Any]] | None:
+        """Samples ``index`` field by field, ``{"__key__": [keys], field: [values], ...}``: what
+        collating their :meth:`sample` dicts gives, built a field at a time. None when the shard
+        is not :attr:`uniform` (then the samples must be checked one by one)."""
+        if self._fields is None:
+            return None
+        keys, data = self.keys, self._data
+        out: dict[str, list[Any]] = {"__key__": [keys[i] for i in index]}
+        for name, starts, ends in self._field_spans():
+            out[name] = [data[starts[i] : ends[i]] for i in index]
+        return out
+
+    def as_views(self) -> Shard:
+        """Hand out fields as read-only ``memoryview`` slices of the shard's buffer from now on,
+        instead of copies; each view keeps the whole buffer alive while it is held. Returns self."""
+        self._data = memoryview(self.buf).toreadonly()
+        self._sampler = None
+        return self
 
     def check(self) -> None:
         """Check every sample (what :meth:`sample` checks as each is read), at once.
@@ -162,7 +189,7 @@ class Shard:
             yield self.sample(i)
 
 
-def _sampler(keys: list[str], buf: storage.Buffer, spans: list[tuple[str, list[int], list[int]]]) -> Callable[[int], Sample]:
+def _sampler(keys: list[str], buf: storage.Buffer | memoryview, spans: list[tuple[str, list[int], list[int]]]) -> Callable[[int], Sample]:
     """``i -> {"__key__": keys[i], name: buf[start[i]:end[i]], ...}``; one, two and three fields
     (most datasets) build the dict in one expression, which is measurably faster per sample."""
     if len(spans) == 1:

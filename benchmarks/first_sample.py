@@ -1,0 +1,95 @@
+"""Time to the first sample, and what it is made of, for piles of a given size and sample size.
+
+For each (pile MB, sample bytes) a one-pile dataset is written once; then a fresh process
+builds ``shardkit.loader`` and takes its first sample (imports done before the clock starts),
+and times the parts of reading a pile alone: mapping it, its checksum against the manifest and
+the header scan. Warm page cache; medians of ``--repeats``.
+
+    python benchmarks/first_sample.py                       # 8, 32, 100 MB piles of ~5 KB and ~100 KB samples
+    python benchmarks/first_sample.py --piles 8 --samples 5000 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import harness
+
+GOAL_S = 0.05
+
+
+def build(root: str, pile_mb: int, sample_bytes: int) -> str:
+    """A dataset of one pile of about ``pile_mb`` MB of samples of ``sample_bytes`` (reused when present)."""
+    import numpy as np
+
+    import shardkit
+
+    out = os.path.join(root, f"pile-{pile_mb}MB-{sample_bytes}B")
+    if os.path.exists(os.path.join(out, "shardkit.json")):
+        return out
+    rng = np.random.default_rng(0)
+    count = pile_mb * 10**6 // (sample_bytes + 1536)
+    with shardkit.PileWriter(out, piles=1, seed=0) as w:
+        for i in range(count):
+            w.write({"__key__": f"{i:09d}", "bin": rng.bytes(sample_bytes), "cls": i % 10})
+    return out
+
+
+def first(p: dict[str, Any]) -> dict[str, Any]:
+    """In a fresh process: seconds to the first sample, then the parts of reading the pile."""
+    import shardkit
+    from shardkit import manifest, storage
+    from shardkit.tar import scan
+
+    start = time.perf_counter()
+    with shardkit.loader(p["dir"], decode=False) as loader:
+        next(iter(loader))
+        first_s = time.perf_counter() - start
+    info = manifest.read(p["dir"]).piles[0]
+    t0 = time.perf_counter()
+    buf = storage.map_bytes(os.path.join(p["dir"], info.name))
+    t1 = time.perf_counter()
+    manifest.checksum(buf)
+    t2 = time.perf_counter()
+    scan.scan(buf, checksums=False)
+    t3 = time.perf_counter()
+    return {"first_s": first_s, "map_s": t1 - t0, "checksum_s": t2 - t1, "scan_s": t3 - t2}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--piles", default="8,32,100", help="pile sizes in MB (default 8,32,100)")
+    parser.add_argument("--samples", default="5000,100000", help="sample sizes in bytes (default 5000,100000)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--data", default=os.path.join(harness.HERE, "results", "first_sample"))
+    args = parser.parse_args(argv)
+    lines = [
+        f"Command: `python benchmarks/first_sample.py {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip(),
+        f"{args.repeats} fresh process(es) each, medians; warm page cache; load average {os.getloadavg()[0]:.2f} before.",
+        "",
+        "| pile | sample | first sample s | map s | checksum s | header scan s | ≤ 0.05 s? |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for mb in [int(x) for x in args.piles.split(",")]:
+        for size in [int(x) for x in args.samples.split(",")]:
+            path = build(args.data, mb, size)
+            runs = [harness.measure_python("first_sample:first", {"dir": path}, timeout=600) for _ in range(args.repeats)]
+            m = {k: statistics.median(r[k] for r in runs) for k in ("first_s", "map_s", "checksum_s", "scan_s")}
+            met = "yes" if m["first_s"] <= GOAL_S else "**NO**"
+            lines.append(
+                f"| {mb} MB | {size:,} B | {m['first_s']:.3f} | {m['map_s']:.4f} | {m['checksum_s']:.3f} | {m['scan_s']:.3f} | {met} |"
+            )
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
