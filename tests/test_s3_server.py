@@ -164,7 +164,7 @@ def test_error_answers_are_s3_errors_that_botocore_retries(s3, faulty_s3, status
     response = caught.value.__cause__.response  # botocore's ClientError, as s3fs keeps it
     assert response["Error"]["Code"] == code and response["ResponseMetadata"]["HTTPStatusCode"] == status
     assert faulty_s3.errors == 2  # botocore's two attempts, neither forwarded
-    assert faulty_s3.requests == 3  # and the HEAD s3fs sends first, to learn the size
+    assert faulty_s3.requests in (2, 3)  # and, in s3fs before 2026.2, the HEAD it sent first to learn the size
     assert s3.client().cat(s3.path("x.bin")) == b"payload"
 
 
