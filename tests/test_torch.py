@@ -13,7 +13,7 @@ import sys
 import textwrap
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import shardkit
@@ -339,6 +339,7 @@ torch_phase = st.tuples(st.integers(1, 4), st.sampled_from([None, 4, 8]), st.sam
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(specs=st.lists(torch_phase, min_size=2, max_size=4), drop_last=st.booleans())
+@example(specs=[(4, 8, 0, 4), (1, 8, 0, 6), (4, 8, 0, 0)], drop_last=True)  # the last phase's rest fills no batch: the epoch still ends
 def test_resume_across_world_sizes_and_workers_reads_each_sample_once(odd_dataset, specs, drop_last):
     read, states = read_phases(odd_dataset, specs, drop_last=drop_last)
     assert (states[-1]["epoch"], states[-1]["taken"], states[-1]["done"]) == (2, 0, [])

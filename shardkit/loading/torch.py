@@ -306,7 +306,9 @@ class ShardkitDataset(IterableDataset):
                 )
             yielded = self._yielded
         point = self._pending(epoch)
-        if yielded:  # the iteration read on this dataset's split, from where the point settles on it
+        # the iteration read on this dataset's split, from where the point settles on it; one that
+        # ended having yielded nothing (a rest too short for a whole batch on every rank) read it too
+        if yielded or int(s[_DONE]) == epoch + 1:
             point = self._settle(point, max(1, workers))
             point = replace(point, taken=point.taken + yielded)
         length = self._phase_length(point)
