@@ -206,6 +206,11 @@ _OPTIONS: dict[str, type] = {"preprocess": PileOptions, "pile": PileOptions, "sh
 _ALLOWED = {kind: (*own, *(yaml_names(_OPTIONS[kind], "job") if kind in _OPTIONS else ())) for kind, own in _OWN.items()}
 
 
+def job_fields(kind: str) -> tuple[tuple[str, ...], type | None]:
+    """The keys a job of ``kind`` holds besides its options, and its options class (None for ``demo``)."""
+    return _OWN[kind], _OPTIONS.get(kind)
+
+
 def parse_job(doc: Any, source: str) -> Job:
     """Validate a loaded YAML document into a job; ``source`` is the file it came from."""
     top = Fields(doc, source=source, path="", allowed=sorted({k for keys in _ALLOWED.values() for k in keys}))
