@@ -112,16 +112,20 @@ def test_the_examples_of_a_page_run(page, tmp_path, request):
         if moto is not None:
             moto.reset()  # the next page's buckets start empty
     assert done.returncode == 0, f"{page}: an example failed\n--- stdout\n{done.stdout[-6000:]}\n--- stderr\n{done.stderr[-6000:]}"
-    for block, absent in missing:
-        print(f"{block.where}: not run: needs {', '.join(absent)}")
 
 
-SKIPPED = [b for page in PAGES for b in _page_blocks(page) if b.skip is not None]
+_INSTALL = {"s3": "remote", "ray": "ray", "torch": "torch", "plot": "plot"}
+NOT_RUN = [b for page in PAGES for b in _page_blocks(page) if b.skip is not None or not all(_have(n) for n in b.needs)]
 
 
-@pytest.mark.parametrize("block", SKIPPED, ids=[b.where for b in SKIPPED])
-def test_blocks_marked_skip_are_listed_with_their_reason(block):
-    pytest.skip(f"{block.where}: {block.skip}")
+@pytest.mark.parametrize("block", NOT_RUN, ids=[b.where for b in NOT_RUN])
+def test_blocks_not_run_are_listed_with_the_reason(block):
+    """A block marked skip, or needing an extra that is not installed, shows in pytest's summary with why."""
+    if block.skip is not None:
+        pytest.skip(f"{block.where}: {block.skip}")
+    absent = sorted(n for n in block.needs if not _have(n))
+    extras = ",".join(_INSTALL[n] for n in absent)
+    pytest.skip(f"{block.where}: needs {', '.join(absent)}: pip install -e '.[{extras}]'")
 
 
 def _quickstart() -> list[str]:
@@ -199,3 +203,31 @@ def test_an_undocumented_flag_stops_the_reference():
     sub.add_parser("thing", help="does a thing").add_argument("--secret-flag")
     with pytest.raises(UndocumentedError, match="shardkit thing: --secret-flag has no help text"):
         cli_reference(parser)
+
+
+def test_the_block_runner_reads_marks_and_names_the_block_that_fails(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# t\n\n```python\nx = 41\n```\n\n<!-- skip: not here -->\n```python\nraise SystemExit(3)\n```\n\n"
+        "<!-- needs: s3 -->\n```sh\necho s3\n```\n\n- a list item:\n\n  ```python\n  x += 1\n  ```\n\n"
+        "```yaml\nnot: run\n```\n\n```sh\ntest \"$(python -c 'print(6 * 7)')\" = 42\nfalse\n```\n"
+    )
+    found = blocks(page, "page.md")
+    assert [(b.line, b.lang, b.skip, sorted(b.needs)) for b in found] == [
+        (3, "python", None, []),
+        (8, "python", "not here", []),
+        (13, "sh", None, ["s3"]),
+        (19, "python", None, []),
+        (27, "sh", None, []),
+    ]
+    run = [b for b in found if b.skip is None and not b.needs]
+    (tmp_path / "run.py").write_text(script(run))
+    done = subprocess.run([sys.executable, "run.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "page.md:27: this shell block failed" in done.stderr
+    (tmp_path / "ok.py").write_text(script(run[:2]) + "assert x == 42\n")
+    assert subprocess.run([sys.executable, "ok.py"], cwd=tmp_path, capture_output=True, timeout=60).returncode == 0
+    for bad, message in (("<!-- needs: gpu -->\n```sh\nx\n```\n", "needs: expected some of"), ("```python\nx = 1\n", "never closed")):
+        page.write_text(bad)
+        with pytest.raises(ValueError, match=message):
+            blocks(page, "page.md")
