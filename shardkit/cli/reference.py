@@ -115,7 +115,9 @@ def _spec_help(cls: type, spec: Spec) -> str:
 def _value(spec: Spec) -> str:
     if spec.choices is not None:
         return " \\| ".join(f"`{c}`" for c in spec.choices)
-    return _cell(getattr(spec.kind, "__name__", None) or str(spec.kind).replace("typing.", "")).replace("NoneType", "None")
+    text = getattr(spec.kind, "__name__", None) or str(spec.kind)
+    # collections.abc.Mapping[str, typing.Any] -> Mapping[str, Any]: the module paths say nothing to a reader
+    return _cell(re.sub(r"\b(?:[a-z_]+\.)+(?=[A-Za-z_])", "", text).replace("NoneType", "None"))
 
 
 def yaml_reference() -> str:
@@ -137,15 +139,22 @@ def yaml_reference() -> str:
             lines.append(f"| `{key}` | top | | | {JOB_KEYS[key]} |")
         if kind == "demo":
             lines.append("| `path` | output | text | a temporary directory | where the demo keeps its data |")
-        for place in ("job", "output") if cls is not None else ():
-            for spec in specs(cls).values():
-                if spec.yaml == place:
-                    where = "top" if place == "job" else "output"
-                    default = "(required)" if spec.required else _default(spec.default)
-                    lines.append(f"| `{spec.name}` | {where} | {_value(spec)} | {default} | {_cell(_spec_help(cls, spec))} |")
+        if cls is not None:
+            lines += _yaml_option_rows(cls)
         lines.append("")
     lines += [*_transforms(), ""]
     return "\n".join(lines)
+
+
+def _yaml_option_rows(cls: type) -> list[str]:
+    """The options of ``cls`` a YAML job holds: those at the top first, then those under ``output``."""
+    rows = []
+    for place, where in (("job", "top"), ("output", "output")):
+        for spec in specs(cls).values():
+            if spec.yaml == place:
+                default = "(required)" if spec.required else _default(spec.default)
+                rows.append(f"| `{spec.name}` | {where} | {_value(spec)} | {default} | {_cell(_spec_help(cls, spec))} |")
+    return rows
 
 
 def _arg_docs(cls: type) -> dict[str, str]:
@@ -196,7 +205,7 @@ def options_reference() -> str:
     for cls in (PileOptions, ShuffleOptions, LoaderOptions):
         lines += [f"### `shardkit.{cls.__name__}`", "", "| field | value | default | what it does |", "|---|---|---|---|"]
         for spec in specs(cls).values():
-            default = "(required)" if spec.required else _default(spec.default)
+            default = "(required)" if spec.required else "" if spec.default is None else f"`{spec.default!r}`"
             lines.append(f"| `{spec.name}` | {_value(spec)} | {default} | {_cell(_spec_help(cls, spec))} |")
         lines.append("")
     return "\n".join(lines)
