@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,6 @@ from doc_blocks import Block, blocks, script
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
-_BUCKET = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?=/|\b)")
 
 
 def _page_blocks(page: str) -> list[Block]:
@@ -72,19 +70,15 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _aim_at_s3(env: dict[str, str], moto_server, page: list[Block]) -> None:
-    """Point ``s3://`` URLs at the suite's moto server and make every bucket the blocks name."""
-    from s3_server import S3Bucket, aws_environment
+def _aim_at_s3(env: dict[str, str], moto_server) -> None:
+    """Point ``s3://`` URLs at the suite's moto server, as ``AWS_ENDPOINT_URL`` and test keys; blocks make their buckets."""
+    from s3_server import aws_environment
 
     for name, value in aws_environment(moto_server.endpoint).items():
         if value is None:
             env.pop(name, None)
         else:
             env[name] = value
-    for bucket in sorted({m for b in page if "s3" in b.needs for m in _BUCKET.findall(b.code)}):
-        client = S3Bucket(moto_server.endpoint, bucket).client()
-        if not client.exists(bucket):
-            client.mkdir(bucket)
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -102,7 +96,7 @@ def test_the_examples_of_a_page_run(page, tmp_path, request):
     env = _environment()
     moto = request.getfixturevalue("moto_server") if any("s3" in b.needs for b in page_blocks) else None
     if moto is not None:
-        _aim_at_s3(env, moto, page_blocks)
+        _aim_at_s3(env, moto)
     (tmp_path / ".examples.py").write_text(script(page_blocks))
     try:
         done = subprocess.run(
