@@ -225,3 +225,24 @@ def test_the_block_runner_reads_marks_and_names_the_block_that_fails(tmp_path):
         page.write_text(bad)
         with pytest.raises(ValueError, match=message):
             blocks(page, "page.md")
+
+
+def test_the_reference_names_every_flag_of_the_preprocessing_scripts():
+    import argparse
+    import importlib.util
+
+    pytest.importorskip("mkdocs", reason="the docs hooks need mkdocs: pip install -e '.[dev]'")
+    from shardkit.cli.reference import reference
+
+    spec = importlib.util.spec_from_file_location("shardkit_docs_hook", ROOT / "docs" / "hooks" / "shardkit_docs.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    parsers = hook._script_parsers()
+    assert {"python scripts/preprocess_images.py", "python scripts/preprocess_jsonl.py"} <= set(parsers)
+    text = reference(scripts=parsers)
+    for command, parser in parsers.items():
+        section = text.split(f"### `{command}`")[1].split("\n## ")[0]
+        for action in parser._actions:
+            if not isinstance(action, argparse._HelpAction):
+                for flag in action.option_strings:
+                    assert f"`{flag}`" in section, f"{command} {flag}"

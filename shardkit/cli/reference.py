@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 import inspect
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from shardkit.options import Spec, specs
@@ -93,13 +93,27 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
         if not summary:
             raise UndocumentedError(f"shardkit {name}: the subcommand has no help text")
         lines += [f"### `shardkit {name}`", "", _cell(summary[0].upper() + summary[1:]) + ".", ""]
-        if sub.description:
-            lines += [" ".join(sub.description.split()), ""]
-        usage = " ".join(sub.format_usage().split())
-        lines += ["```text", usage.removeprefix("usage: "), "```", ""]
-        lines += [*_flag_rows(sub, f"shardkit {name}"), ""]
-        if sub.epilog:
-            lines += ["```text", sub.epilog.strip(), "```", ""]
+        lines += _parser_body(sub, f"shardkit {name}")
+    return "\n".join(lines)
+
+
+def _parser_body(parser: argparse.ArgumentParser, where: str) -> list[str]:
+    """A parser's description, usage line, table of arguments and epilog."""
+    lines = [" ".join(parser.description.split()), ""] if parser.description else []
+    usage = " ".join(parser.format_usage().split())
+    lines += ["```text", usage.removeprefix("usage: "), "```", ""]
+    lines += [*_flag_rows(parser, where), ""]
+    if parser.epilog:
+        lines += ["```text", parser.epilog.strip(), "```", ""]
+    return lines
+
+
+def scripts_reference(scripts: Mapping[str, argparse.ArgumentParser]) -> str:
+    """The preprocessing scripts' flags: ``{"python scripts/x.py": its parser}``, each under its command line."""
+    lines = ["## Preprocessing scripts", "", "Each takes the pass-1 flags of `shardkit.add_pile_args` besides its own.", ""]
+    for command, parser in scripts.items():
+        parser.prog = command
+        lines += [f"### `{command}`", "", *_parser_body(parser, command)]
     return "\n".join(lines)
 
 
@@ -211,8 +225,8 @@ def options_reference() -> str:
     return "\n".join(lines)
 
 
-def reference() -> str:
-    """The whole reference page."""
+def reference(scripts: Mapping[str, argparse.ArgumentParser] | None = None) -> str:
+    """The whole reference page; ``scripts`` adds the parsers of scripts that are not installed with the package."""
     head = [
         "# CLI, YAML and options reference",
         "",
@@ -220,4 +234,5 @@ def reference() -> str:
         "fields), each time the site is built; `shardkit COMMAND --help` prints the same.",
         "",
     ]
-    return "\n".join([*head, cli_reference(), yaml_reference(), options_reference()])
+    parts = [*head, cli_reference(), *([scripts_reference(scripts)] if scripts else []), yaml_reference(), options_reference()]
+    return "\n".join(parts)
