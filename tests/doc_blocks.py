@@ -4,7 +4,7 @@ A block runs unless the line before its fence says otherwise:
 
     <!-- skip: why it must not run -->     never run; listed with the reason
     <!-- needs: s3 -->                     run against the suite's moto server (AWS_ENDPOINT_URL is set)
-    <!-- needs: ray, torch -->             run only where these extras are installed
+    <!-- needs: ray, torch -->             run only where these extras are installed (also plot, parquet, hf, mds, litdata)
 
 The blocks of one page run in order in one process, in one folder: Python blocks share one
 namespace, and a shell block sees the files earlier blocks wrote. Imported by tests only.
@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 RUN = {"python": "python", "py": "python", "sh": "sh", "bash": "sh", "shell": "sh"}
-KNOWN_NEEDS = frozenset({"s3", "ray", "torch", "plot"})
+KNOWN_NEEDS = frozenset({"s3", "ray", "torch", "plot", "parquet", "hf", "mds", "litdata"})
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<ticks>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)")
 _MARK = re.compile(r"^\s*<!--\s*(?P<word>skip|needs)\s*(?::\s*(?P<text>.*?))?\s*-->\s*$")
 

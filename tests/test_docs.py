@@ -28,7 +28,16 @@ def _page_blocks(page: str) -> list[Block]:
 
 
 def _have(need: str) -> bool:
-    modules = {"s3": ("moto", "s3fs"), "ray": ("ray",), "torch": ("torch",), "plot": ("matplotlib",)}[need]
+    modules = {
+        "s3": ("moto", "s3fs"),
+        "ray": ("ray",),
+        "torch": ("torch",),
+        "plot": ("matplotlib",),
+        "parquet": ("pyarrow",),
+        "hf": ("datasets", "pyarrow"),
+        "mds": ("streaming",),
+        "litdata": ("litdata",),
+    }[need]
     return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
@@ -108,7 +117,16 @@ def test_the_examples_of_a_page_run(page, tmp_path, request):
     assert done.returncode == 0, f"{page}: an example failed\n--- stdout\n{done.stdout[-6000:]}\n--- stderr\n{done.stderr[-6000:]}"
 
 
-_INSTALL = {"s3": "remote", "ray": "ray", "torch": "torch", "plot": "plot"}
+_INSTALL = {
+    "s3": "remote",
+    "ray": "ray",
+    "torch": "torch",
+    "plot": "plot",
+    "parquet": "parquet",
+    "hf": "hf",
+    "mds": "mds",
+    "litdata": "litdata",
+}
 NOT_RUN = [b for page in PAGES for b in _page_blocks(page) if b.skip is not None or not all(_have(n) for n in b.needs)]
 
 
