@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import io
 import json
 import multiprocessing
@@ -148,7 +149,8 @@ def _loader(kind: str, data: str) -> Any:
 def seed_states(data: str) -> list[tuple[str, dict[str, Any]]]:
     """Real states of every kind, taken part way through an epoch."""
     found = []
-    for kind in ("loader", "blend", "torch"):
+    # torch states only where PyTorch is installed (the torch extra)
+    for kind in ("loader", "blend", *(("torch",) if importlib.util.find_spec("torch") is not None else ())):
         loader = _loader(kind, data)
         if kind == "torch":
             it = iter(loader)

@@ -41,7 +41,9 @@ def _taken(loader, batches: int = 2) -> dict:
 
 
 def test_a_torch_state_with_2_40_workers_is_refused_at_once(dataset):
-    torch_mod = pytest.importorskip("shardkit.torch", reason="needs torch: pip install 'shardkit[torch]'")
+    pytest.importorskip("torch", reason="needs torch: pip install 'shardkit[torch]'")
+    import shardkit.torch as torch_mod
+
     ds = torch_mod.ShardkitDataset(dataset, batch_size=8, decode=False, world_size=1, rank=0)
     it = iter(ds)
     next(it)
