@@ -124,7 +124,14 @@ def child(out: str, options: dict[str, Any], *, resume: bool, step: int = 0, ste
     env = {**os.environ, STEP: str(step), "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
     if steps:
         env[STEPS] = steps
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    # SIGINT as a terminal gives it: a shell starting this in the background (``cmd &``) ignores it, and children inherit that
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def keys(out: str) -> list[str]:

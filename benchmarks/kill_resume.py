@@ -129,7 +129,14 @@ def child(
     )
     # Ray workers import fn's module by name: this folder goes on their path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    # SIGINT as a terminal gives it: a shell starting this in the background (``cmd &``) ignores it, and children inherit that
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def files(directory: str) -> dict[str, bytes]:
