@@ -127,10 +127,9 @@ def test_peers_measured_or_skipped_with_a_reason(smoke):
         row = rows[(group, name)]
         if importlib.util.find_spec(module) is None:
             assert row["status"] == "skipped" and module in row["reason"]
-        else:
-            assert row["status"] in ("ok", "failed"), row
-            if row["status"] == "failed":
-                assert row["reason"]
+        else:  # installed; a peer that cannot run here (mosaicml-streaming without transformers) says why
+            assert row["status"] in ("ok", "failed", "skipped"), row
+            assert row["status"] == "ok" or row["reason"]
 
 
 def test_ratios_and_goals(smoke):
@@ -180,8 +179,8 @@ def test_case_f_rows_and_goals(smoke_f):
         row = rows[("f", name)]
         if importlib.util.find_spec(module) is None:
             assert row["status"] == "skipped" and module in row["reason"]
-        else:
-            assert row["status"] in ("ok", "failed"), row
+        else:  # installed; a peer that cannot run here (mosaicml-streaming without transformers) says why
+            assert row["status"] in ("ok", "failed", "skipped"), row
             assert row["status"] == "ok" or row["reason"]
     goals = {(g["row"], g["goal"]): g for g in doc["goals"] if g["group"] == "f"}
     assert goals[("shardkit.loader views=True", "≥ 0.4× cat MB/s")]["measured"] > 0
