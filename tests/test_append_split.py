@@ -200,7 +200,7 @@ def test_two_splitting_appends_racing_on_s3_leave_the_winners_files(s3):
     for i in range(6):
         loser.write({"__key__": f"l{i}", "bin": b"x"})
     winner = _append(url, [f"w{i}" for i in range(6)], piles=2, max_pile_bytes=SMALL)
-    with pytest.raises(shardkit.DatasetExistsError, match="changed while this job ran"):
+    with pytest.raises(shardkit.DatasetExistsError, match="another job published here while this one ran"):
         loser.close()
     first = manifest.read_generation(url, 0).files()
     objects = {name for path in s3.client().find(s3.path("ds")) if not (name := path.rsplit("/", 1)[1]).startswith(".")}
