@@ -114,10 +114,11 @@ def check_most(name: str, value: int | None, most: int, why: str) -> None:
 
 def _integer(value: Any) -> int | None:
     """``value`` as a plain int when it is an integer (numpy's included), not a bool; else None."""
-    if isinstance(value, bool):
+    kind = type(value)
+    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):  # older numpy takes its bool as an index
         return None
     try:
-        return operator.index(value)  # numpy's bool refuses this, floats and strings too
+        return operator.index(value)  # floats and strings refuse this
     except TypeError:
         return None
 

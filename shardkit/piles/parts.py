@@ -160,9 +160,7 @@ class PileSink:
         for pile, chunks in enumerate(self._chunks):
             self._settle(pile)
             if chunks:
-                path = self.part(pile)
-                with storage.guard(path, "write", size=sum(map(len, chunks))):
-                    _append(path, chunks)
+                _append(self.part(pile), chunks)
                 chunks.clear()
             if self._hashes[pile]:
                 _append(keys_path(self.part(pile)), [np.concatenate(self._hashes[pile]).astype(_HASH).tobytes()])
@@ -172,11 +170,13 @@ class PileSink:
 
 
 def _append(path: str, chunks: Sequence[storage.Chunk]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | storage.O_BINARY, 0o644)
-    try:
-        storage.write_chunks(fd, chunks)
-    finally:
-        os.close(fd)
+    """Append ``chunks`` to the file ``path``; a failure (a full disk...) is a StorageError naming it."""
+    with storage.guard(path, "write", size=sum(map(len, chunks))):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | storage.O_BINARY, 0o644)
+        try:
+            storage.write_chunks(fd, chunks)
+        finally:
+            os.close(fd)
 
 
 def check_keys(
