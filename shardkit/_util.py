@@ -114,8 +114,8 @@ def check_most(name: str, value: int | None, most: int, why: str) -> None:
 
 def _integer(value: Any) -> int | None:
     """``value`` as a plain int when it is an integer (numpy's included), not a bool; else None."""
-    kind = type(value)
-    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):  # older numpy takes its bool as an index
+    kind = type(value)  # numpy's bool too: older numpy takes it as an index
+    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
         return None
     try:
         return operator.index(value)  # floats and strings refuse this
