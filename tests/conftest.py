@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 
 import numpy as np
@@ -30,6 +31,20 @@ def write_wds_shards(directory, name: str, count: int, sample) -> list[str]:
                 i += 1
         paths.append(path)
     return paths
+
+
+@pytest.fixture(autouse=True)
+def _start_method_kept():
+    """Put the process-wide multiprocessing start method back after each test.
+
+    Some libraries set it for the whole process (``litdata.optimize`` sets ``spawn`` with
+    force=True): every later DataLoader would then start workers that import torch afresh, and
+    a worker still starting when its loader is torn down dies on the loader's freed semaphores.
+    """
+    before = multiprocessing.get_start_method(allow_none=True)
+    yield
+    if multiprocessing.get_start_method(allow_none=True) != before:
+        multiprocessing.set_start_method(before, force=True)
 
 
 @pytest.fixture
