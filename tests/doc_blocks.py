@@ -42,7 +42,8 @@ def blocks(path: Path, name: str | None = None) -> list[Block]:
     """Every ``python``/``sh`` fenced block of the Markdown file ``path`` (other languages are text).
 
     Raises:
-        ValueError: an unclosed fence, or a ``needs`` mark naming something unknown.
+        ValueError: an unclosed fence, a ``skip`` mark without a reason, or a ``needs`` mark naming
+            something unknown.
     """
     name = name or str(path)
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -74,7 +75,9 @@ def _marks(lines: list[str], fence: int, name: str) -> tuple[frozenset[str], str
     j = fence - 1
     while j >= 0 and (m := _MARK.match(lines[j])):
         if m["word"] == "skip":
-            skip = m["text"] or "(no reason given)"
+            if not m["text"]:
+                raise ValueError(f"{name}:{j + 1}: skip: expected a reason, as in <!-- skip: why it must not run -->")
+            skip = m["text"]
         else:
             names = {part.strip() for part in (m["text"] or "").split(",") if part.strip()}
             if not names or names - KNOWN_NEEDS:
