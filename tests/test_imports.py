@@ -6,6 +6,7 @@
 - ``piles/`` and ``loading/`` never import each other (what both need lives below them);
 - only the facade (``shardkit/__init__.py``) and ``__main__`` import ``cli/``;
 - no module imports the package root, or another module's ``_underscored`` names;
+- no module shares its name with a public name of the facade (importing it would replace that name);
 - no import cycles.
 """
 
@@ -137,3 +138,29 @@ def test_no_import_cycles():
         if module not in state:
             visit(module, [module])
     assert cycles == []
+
+
+def _facade_names() -> dict[str, str]:
+    """The facade's public names, each with the module it is taken from (its ``_WHERE``)."""
+    init = PACKAGE / "__init__.py"
+    for node in ast.walk(ast.parse(init.read_text(), str(init))):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_WHERE" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("shardkit/__init__.py: no _WHERE")
+
+
+def _children(package: pathlib.Path) -> set[str]:
+    return {p.stem for p in package.glob("*.py") if p.stem != "__init__"} | {p.parent.name for p in package.glob("*/__init__.py")}
+
+
+def test_no_module_hides_a_name_of_the_facade():
+    # importing a submodule sets the package's attribute of that name: a module shardkit/shuffle.py would be
+    # what shardkit.shuffle is once anything imports it, and shardkit/tools/gc.py would replace the function gc
+    names = _facade_names()
+    hidden = [f"shardkit.{name}" for name in sorted(set(names) & _children(PACKAGE))]
+    for name, where in sorted(names.items()):
+        folder = PACKAGE.parent.joinpath(*where.split("."))
+        if (folder / "__init__.py").exists() and name in _children(folder):
+            hidden.append(f"{where}.{name}")
+    assert hidden == []
+    assert {"shuffle", "gc"} <= set(names)

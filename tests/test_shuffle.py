@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import io
 import itertools
 import os
@@ -16,16 +15,14 @@ from conftest import make_samples
 from scipy import stats
 
 import shardkit
+from shardkit import eager_shuffle as shuffle_mod
 from shardkit import manifest
 from shardkit.cli import main
+from shardkit.eager_shuffle import ShardRoller, ShuffleOptions, shuffle
 from shardkit.loading import plan
 from shardkit.loading.pile import fetch, read_pile
-from shardkit.shuffle import ShardRoller, ShuffleOptions, shuffle
 from shardkit.tar import walk as tarwalk
 from shardkit.tar import write as tarwrite
-
-# the facade's shardkit.shuffle is the function; monkeypatching needs the module
-shuffle_mod = importlib.import_module("shardkit.shuffle")
 
 
 def _write_inputs(directory, samples, shards: int) -> str:

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from shardkit.cli.flags import PILE_FLAGS, add_option_flags, add_pile_args, add_storage_flag, option_values, options_from_args
+from shardkit.eager_shuffle import ShuffleOptions
 from shardkit.loading.options import LoaderOptions
 from shardkit.options import specs
 from shardkit.piles.options import PileOptions
-from shardkit.shuffle import ShuffleOptions
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +330,7 @@ SHUFFLE_FLAGS = tuple(name for name in specs(ShuffleOptions) if name != "storage
 
 
 def _run_shuffle(args: argparse.Namespace) -> int:
-    from shardkit.shuffle import shuffle
+    from shardkit.eager_shuffle import shuffle
 
     m = shuffle(args.inputs, args.out, options=options_from_args(ShuffleOptions, args, SHUFFLE_FLAGS), quiet=args.quiet)
     if not args.quiet:
