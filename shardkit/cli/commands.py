@@ -292,7 +292,7 @@ def _register_verify(sub: Any) -> None:
 
 def _run_gc(args: argparse.Namespace) -> int:
     from shardkit._util import format_size
-    from shardkit.tools.collect import gc
+    from shardkit.tools.garbage_collect import gc
 
     report = gc(args.directory, grace=args.grace, dry_run=args.dry_run)
     did = "would delete" if args.dry_run else "deleted"
