@@ -7,7 +7,8 @@
 - only the facade (``shardkit/__init__.py``) and ``__main__`` import ``cli/``;
 - no module imports the package root, or another module's ``_underscored`` names;
 - no module shares its name with a public name of the facade (importing it would replace that name);
-- no import cycles.
+- no import cycles;
+- no module over 450 lines (the few still over are listed, and the list only shrinks).
 """
 
 from __future__ import annotations
@@ -164,3 +165,18 @@ def test_no_module_hides_a_name_of_the_facade():
             hidden.append(f"{where}.{name}")
     assert hidden == []
     assert {"shuffle", "gc"} <= set(names)
+
+
+# modules still over the limit, each waiting to be split; nothing joins this list
+OVER_THE_LIMIT = {
+    "shardkit/piles/publish.py",
+    "shardkit/loading/loader.py",
+    "shardkit/piles/resume.py",
+    "shardkit/piles/preprocess.py",
+    "shardkit/piles/output.py",
+}
+
+
+def test_every_module_fits_in_a_head():
+    lines = {p.relative_to(PACKAGE.parent).as_posix(): len(p.read_text().splitlines()) for p in MODULES.values()}
+    assert {name: n for name, n in lines.items() if n > 450 and name not in OVER_THE_LIMIT} == {}
