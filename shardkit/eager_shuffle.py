@@ -36,7 +36,7 @@ from shardkit.errors import ConfigError, ManifestError
 from shardkit.loading import plan
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
-from shardkit.options import check_bools, check_choices, from_call, meta, specs
+from shardkit.option_fields import check_bools, check_choices, from_call, meta, specs
 from shardkit.piles.options import EXECUTORS, KEY_PREFIX, MAX_PILES, PileOptions, check_ray_address
 from shardkit.piles.output import claim, remove_staging
 from shardkit.piles.pack import Pack

@@ -181,7 +181,7 @@ def test_the_reference_names_every_flag_yaml_key_and_option():
     from shardkit.cli.reference import reference
     from shardkit.eager_shuffle import ShuffleOptions
     from shardkit.loading.options import LoaderOptions
-    from shardkit.options import specs
+    from shardkit.option_fields import specs
     from shardkit.piles.options import PileOptions
 
     text = reference()

@@ -42,7 +42,7 @@ from shardkit.cli.schema import Fields
 from shardkit.eager_shuffle import ShuffleOptions, shuffle
 from shardkit.errors import ConfigError, DatasetNotFoundError
 from shardkit.manifest import Manifest
-from shardkit.options import Spec, specs, yaml_names
+from shardkit.option_fields import Spec, specs, yaml_names
 from shardkit.piles import readers, transforms
 from shardkit.piles.options import EXECUTORS, PileOptions
 from shardkit.piles.preprocess import pile, preprocess

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from shardkit.options import Spec, specs
+from shardkit.option_fields import Spec, specs
 
 # the keys of a YAML job that are not options of its function, said once here
 JOB_KEYS = {

@@ -10,7 +10,7 @@ from typing import Any
 from shardkit.cli.command import VERBOSE, VERBOSE_ONLY, Command, Options, arg, quiet
 from shardkit.cli.flags import PILE_FLAGS, add_pile_args, option_values, options_from_args
 from shardkit.eager_shuffle import ShuffleOptions
-from shardkit.options import specs
+from shardkit.option_fields import specs
 from shardkit.piles.options import PileOptions
 
 log = logging.getLogger(__name__)
