@@ -1,8 +1,8 @@
 """One subcommand of ``shardkit`` declared as data: its name, its texts, its arguments in order, its handler.
 
-    PLAN = Command(name="plan", help="...", description="...", run=_run_plan,
-                   arguments=(arg("--samples", type=_count, required=True, help="..."), VERBOSE))
-    PLAN.register(sub)   # sub = parser.add_subparsers(...)
+    INFO = Command(name="info", help="...", description="...", run=_run_info,
+                   arguments=(arg("directory", metavar="DIR", help="..."), VERBOSE))
+    INFO.register(sub)   # sub = parser.add_subparsers(...)
 
 An argument is an :func:`arg` (one ``add_argument`` call), an :class:`Options` (one flag per
 option field, made by :func:`~shardkit.cli.flags.add_option_flags`), or any function that adds
