@@ -12,8 +12,6 @@ imported on first use, so ``import shardkit`` (and the ``shardkit`` command) sta
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from shardkit._util import VERSION as __version__
@@ -21,6 +19,7 @@ from shardkit._util import VERSION as __version__
 if TYPE_CHECKING:
     from shardkit.cli import add_pile_args, load_job, pile_kwargs, run_job
     from shardkit.codecs import Codecs
+    from shardkit.eager_shuffle import ShuffleOptions, shuffle
     from shardkit.errors import (
         ConfigError,
         CorruptShardError,
@@ -45,7 +44,6 @@ if TYPE_CHECKING:
     from shardkit.piles.preprocess import pile, preprocess
     from shardkit.piles.repile import repile
     from shardkit.piles.writer import PileWriter
-    from shardkit.shuffle import ShuffleOptions, shuffle
     from shardkit.tools import DatasetInfo, Problem, QualityReport, compare_shuffles, gc, info, verify
     from shardkit.tools.export import export
 
@@ -74,7 +72,7 @@ _WHERE = {
     "QualityReport": "shardkit.tools",
     "SampleError": "shardkit.errors",
     "ShardkitError": "shardkit.errors",
-    "ShuffleOptions": "shardkit.shuffle",
+    "ShuffleOptions": "shardkit.eager_shuffle",
     "StorageError": "shardkit.errors",
     "WorkerError": "shardkit.errors",
     "add_pile_args": "shardkit.cli",
@@ -90,7 +88,7 @@ _WHERE = {
     "preprocess": "shardkit.piles.preprocess",
     "repile": "shardkit.piles.repile",
     "run_job": "shardkit.cli",
-    "shuffle": "shardkit.shuffle",
+    "shuffle": "shardkit.eager_shuffle",
     "verify": "shardkit.tools",
 }
 
@@ -106,19 +104,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_WHERE))
-
-
-class _Facade(types.ModuleType):
-    """The package module: importing the module ``shardkit.shuffle`` must not hide the function
-    ``shardkit.shuffle`` (the import system sets a package attribute for every submodule)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _WHERE and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Facade
 
 
 __all__ = [

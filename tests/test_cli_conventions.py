@@ -115,3 +115,42 @@ def test_negative_numbers_and_repeated_short_flags_are_not_typos(tmp_path, capsy
     assert main(["info", str(tmp_path), "-vv"]) == 1
     assert "unrecognized" not in capsys.readouterr().err
     assert _usage_error(["trace", str(tmp_path), "--epoch", "-1"], capsys).endswith("the following arguments are required: --step")
+
+
+def _commands():
+    from shardkit.cli.commands import COMMANDS
+    from shardkit.cli.main import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.choices and not a.option_strings]
+    return COMMANDS, sub.choices
+
+
+def test_every_command_is_declared_once_and_its_parser_runs_its_handler():
+    commands, parsers = _commands()
+    assert [c.name for c in commands] == list(parsers)  # --help lists them in declaration order, each once
+    for command in commands:
+        assert parsers[command.name].get_default("handler") is command.run
+        assert parsers[command.name].get_default("prog") == f"shardkit {command.name}"
+
+
+def test_a_description_in_lines_is_printed_as_written_and_a_paragraph_is_wrapped(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "60")
+    commands, parsers = _commands()
+    kinds = set()
+    for command in commands:
+        text = parsers[command.name].format_help()
+        lines = "\n" in command.description
+        kinds.add(lines)
+        if lines:
+            assert command.description in text and (command.epilog or "") in text, command.name
+        elif len(command.description) > 60:
+            assert command.description not in text and " ".join(command.description.split()) in " ".join(text.split()), command.name
+    assert kinds == {True, False}
+
+
+@pytest.mark.parametrize("name", ["pile", "info", "verify", "gc", "shuffle", "run", "demo", "trace", "quality", "repile", "export"])
+def test_verbose_is_taken_after_every_command_that_reads_or_writes_a_dataset(name):
+    _, parsers = _commands()
+    flags = {s for a in parsers[name]._actions for s in a.option_strings}
+    assert {"-v", "--verbose", "--storage-option"} <= flags

@@ -179,10 +179,10 @@ def test_the_reference_names_every_flag_yaml_key_and_option():
     from shardkit.cli import jobs
     from shardkit.cli.main import build_parser
     from shardkit.cli.reference import reference
+    from shardkit.eager_shuffle import ShuffleOptions
     from shardkit.loading.options import LoaderOptions
-    from shardkit.options import specs
+    from shardkit.option_fields import specs
     from shardkit.piles.options import PileOptions
-    from shardkit.shuffle import ShuffleOptions
 
     text = reference()
     parser = build_parser()

@@ -17,7 +17,7 @@ import pytest
 import shardkit
 from shardkit.cli import jobs
 from shardkit.cli.main import build_parser
-from shardkit.options import specs
+from shardkit.option_fields import specs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ from shardkit.cli.flags import add_option_flags, add_pile_args, options_from_arg
 from shardkit.cli.jobs import load_job, run_job
 from shardkit.cli.main import build_parser
 from shardkit.loading import options as loading_options
-from shardkit.options import specs, yaml_names
+from shardkit.option_fields import specs, yaml_names
 from shardkit.piles import options as pile_options
 
 PACKAGE = pathlib.Path(shardkit.__file__).parent

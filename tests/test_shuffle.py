@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import io
 import itertools
 import os
@@ -16,16 +15,15 @@ from conftest import make_samples
 from scipy import stats
 
 import shardkit
-from shardkit import manifest
+from shardkit import eager_shuffle as shuffle_mod
+from shardkit import manifest, shard_roller
 from shardkit.cli import main
+from shardkit.eager_shuffle import ShuffleOptions, shuffle
 from shardkit.loading import plan
 from shardkit.loading.pile import fetch, read_pile
-from shardkit.shuffle import ShardRoller, ShuffleOptions, shuffle
+from shardkit.shard_roller import ShardRoller
 from shardkit.tar import walk as tarwalk
 from shardkit.tar import write as tarwrite
-
-# the facade's shardkit.shuffle is the function; monkeypatching needs the module
-shuffle_mod = importlib.import_module("shardkit.shuffle")
 
 
 def _write_inputs(directory, samples, shards: int) -> str:
@@ -215,7 +213,7 @@ def test_failure_in_pass_2_leaves_the_old_dataset_and_no_temp_dir(tmp_path, inpu
 
 
 def test_a_write_error_while_a_pile_is_mapped_surfaces_as_itself(tmp_path, inputs, monkeypatch):
-    real, calls = shuffle_mod.write_chunks, []
+    real, calls = shard_roller.write_chunks, []
 
     def failing(fd, chunks):
         calls.append(len(chunks))
@@ -223,7 +221,7 @@ def test_a_write_error_while_a_pile_is_mapped_surfaces_as_itself(tmp_path, input
             raise OSError(28, "No space left on device")
         return real(fd, chunks)
 
-    monkeypatch.setattr(shuffle_mod, "write_chunks", failing)
+    monkeypatch.setattr(shard_roller, "write_chunks", failing)
     monkeypatch.setattr(shardkit.storage.local, "MAP_MIN", 0)  # the pile is mapped while writing fails
     with pytest.raises(shardkit.StorageError, match=r"shard-\d+\.tar: cannot write: no space left on the device \(needed "):
         shuffle(inputs, tmp_path / "out", piles=3, maxcount=40, quiet=True)

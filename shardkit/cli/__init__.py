@@ -1,7 +1,8 @@
 """The ``shardkit`` command and YAML batch jobs: thin clients of the public Python functions.
 
 :mod:`~shardkit.cli.main` parses the command line and applies the exit-code conventions,
-:mod:`~shardkit.cli.commands` holds one handler per subcommand, :mod:`~shardkit.cli.jobs` reads
+:mod:`~shardkit.cli.commands` declares each subcommand as data (a
+:class:`~shardkit.cli.command.Command`: name, texts, arguments, handler), :mod:`~shardkit.cli.jobs` reads
 and runs YAML jobs, :mod:`~shardkit.cli.schema` checks YAML values with errors naming file and
 field, :mod:`~shardkit.cli.parsing` gives every parser the command line's conventions. Every option object they build is the one a Python user builds.
 """

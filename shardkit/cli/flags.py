@@ -15,7 +15,7 @@ import yaml
 
 from shardkit._util import shown
 from shardkit.errors import ConfigError
-from shardkit.options import Spec, specs
+from shardkit.option_fields import Spec, specs
 from shardkit.piles.options import PileOptions
 
 T = TypeVar("T")

@@ -39,13 +39,13 @@ from shardkit import storage
 from shardkit._util import check_path, shown
 from shardkit.cli import schema
 from shardkit.cli.schema import Fields
+from shardkit.eager_shuffle import ShuffleOptions, shuffle
 from shardkit.errors import ConfigError, DatasetNotFoundError
 from shardkit.manifest import Manifest
-from shardkit.options import Spec, specs, yaml_names
+from shardkit.option_fields import Spec, specs, yaml_names
 from shardkit.piles import readers, transforms
 from shardkit.piles.options import EXECUTORS, PileOptions
 from shardkit.piles.preprocess import pile, preprocess
-from shardkit.shuffle import ShuffleOptions, shuffle
 
 JOBS = ("preprocess", "pile", "shuffle", "demo")
 T = TypeVar("T")

@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(parser)
     add_version_flag(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for register in COMMANDS:
-        register(sub)
+    for declared in COMMANDS:
+        declared.register(sub)
     for name, command in sub.choices.items():  # errors name the command: `shardkit pile: error: ...`
         command.set_defaults(prog=f"{parser.prog} {name}")
     return parser

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from shardkit.options import Spec, specs
+from shardkit.option_fields import Spec, specs
 
 # the keys of a YAML job that are not options of its function, said once here
 JOB_KEYS = {
@@ -212,9 +212,9 @@ def _transforms() -> list[str]:
 
 def options_reference() -> str:
     """The fields of the options classes a Python user passes (``PileOptions``, ``ShuffleOptions``, ``LoaderOptions``)."""
+    from shardkit.eager_shuffle import ShuffleOptions
     from shardkit.loading.options import LoaderOptions
     from shardkit.piles.options import PileOptions
-    from shardkit.shuffle import ShuffleOptions
 
     lines = ["## Python options", "", "Each entry point takes these as keywords, or one options object (`options=`).", ""]
     for cls in (PileOptions, ShuffleOptions, LoaderOptions):

@@ -51,7 +51,7 @@ from shardkit.loading.state import (
     check_split,
     make_state,
 )
-from shardkit.options import from_call
+from shardkit.option_fields import from_call
 
 log = logging.getLogger(__name__)
 

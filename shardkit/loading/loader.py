@@ -41,7 +41,7 @@ from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.prefetch import PileReader
 from shardkit.loading.source import Fetched, Source, SourceLike, at_generation, resolve
 from shardkit.loading.state import Resume, check_state, make_state, pinned_generation
-from shardkit.options import from_call
+from shardkit.option_fields import from_call
 from shardkit.tar.shard import Shard
 from shardkit.workers import Pool
 

@@ -16,7 +16,7 @@ from typing import Any
 from shardkit._util import check_int, check_most, parse_size, shown
 from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError
-from shardkit.options import check_bools, check_choices, meta, specs
+from shardkit.option_fields import check_bools, check_choices, meta, specs
 from shardkit.storage import check_storage_options
 from shardkit.storage.remote import DEFAULT_CONCURRENCY
 

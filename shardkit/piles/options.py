@@ -12,7 +12,7 @@ from typing import Any
 
 from shardkit._util import check_int, check_most, parse_duration, parse_size
 from shardkit.errors import ConfigError
-from shardkit.options import check_bools, check_choices, meta
+from shardkit.option_fields import check_bools, check_choices, meta
 from shardkit.piles import key_prefix
 from shardkit.piles.repeat import check_rule
 from shardkit.storage import check_storage_options

@@ -34,7 +34,7 @@ from shardkit._util import bar, check_bool, check_path, check_paths, format_size
 from shardkit.codecs import DEFAULT, Codecs, check_codecs
 from shardkit.errors import ConfigError, SampleError, ShardkitError
 from shardkit.manifest import Manifest
-from shardkit.options import from_call
+from shardkit.option_fields import from_call
 from shardkit.piles import append, canonical, readers, resume
 from shardkit.piles import key_prefix as key_prefix_rule
 from shardkit.piles import repeat as repeat_rules

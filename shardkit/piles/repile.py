@@ -19,7 +19,7 @@ from shardkit import manifest, storage
 from shardkit._util import check_bool, check_path
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
-from shardkit.options import from_call
+from shardkit.option_fields import from_call
 from shardkit.piles.options import PileOptions
 
 __all__ = ["repile"]

@@ -27,7 +27,7 @@ from shardkit._util import check_path, shown
 from shardkit.codecs import Codecs, check_codecs
 from shardkit.errors import ConfigError, SampleError
 from shardkit.manifest import Manifest
-from shardkit.options import from_call, specs
+from shardkit.option_fields import from_call, specs
 from shardkit.piles import append, router
 from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.encode import encode_sample
