@@ -472,10 +472,7 @@ def report(s: dict[str, dict[str, Any]], runs: dict[str, Any], context: dict[str
     d = runs["_data"][0]
     rows = [
         ("shardkit.loader, default remote_concurrency", f"{default} (the default): {_ranges(d['pile_bytes'], default)}", "loader default"),
-        *[
-            ("shardkit.loader", f"remote_concurrency={c} ({_ranges(d['pile_bytes'], c)})", f"loader rc={c}")
-            for c in CONCURRENCIES
-        ],
+        *[("shardkit.loader", f"remote_concurrency={c} ({_ranges(d['pile_bytes'], c)})", f"loader rc={c}") for c in CONCURRENCIES],
         ("(a) s3fs cat_file, one pile after another", "whole objects, one stream", "cat_file"),
         *[("(b) s3fs cat_ranges", f"k={k} ranges a pile" + (" (best)" if k == best_k else ""), f"cat_ranges k={k}") for k in RANGES],
         ("(c) webdataset via fsspec", "WebDataset(urls, shardshuffle=False), no shuffle buffer", "webdataset"),

@@ -423,3 +423,16 @@ def test_worker_processes_read_remote_input_shards(s3, local_dataset, mp_context
     m = shardkit.pile(shards, s3.url("out"), piles=3, workers=2, mp_context=mp_context, quiet=True)
     one = shardkit.pile(shards, s3.url("one"), piles=3, workers=1, quiet=True)
     assert m == one and _objects(s3, "out") == _objects(s3, "one")
+
+
+def test_whole_object_reads_leave_the_checksum_to_the_manifest(s3, monkeypatch):
+    import s3fs
+
+    monkeypatch.delenv("AWS_RESPONSE_CHECKSUM_VALIDATION", raising=False)
+    config = remote.filesystem(s3.url("x"))[0].s3.meta.config
+    # botocore would CRC every body on the event loop thread; each pile is checked against its manifest instead
+    assert config.response_checksum_validation == "when_required"
+    assert config.retries["total_max_attempts"] == 1  # shardkit's retry layer is the one
+    s3fs.S3FileSystem.clear_instance_cache()
+    monkeypatch.setenv("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_supported")  # a setting of the user's wins
+    assert remote.filesystem(s3.url("x"))[0].s3.meta.config.response_checksum_validation == "when_supported"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import os
 import re
 import threading
 import time
@@ -155,7 +156,11 @@ def _shared(fs: Any, options: Mapping[str, Any]) -> Any:
 
 # botocore's settings unless the storage options give their own: no retries of its own (shardkit's
 # layer retries, up to one deadline), and a connect that gives up soon enough to name a wrong endpoint
-_BOTOCORE_DEFAULTS = {"retries": {"total_max_attempts": 1, "mode": "standard"}, "connect_timeout": 3}
+_BOTOCORE_DEFAULTS: dict[str, Any] = {"retries": {"total_max_attempts": 1, "mode": "standard"}, "connect_timeout": 3}
+# ...and no CRC of every whole-object GET's body by botocore, on the one event loop thread all
+# downloads share (a seventh of a loader's time on a fast server): every pile is checked against
+# its manifest's CRC-32 anyway, end to end. The environment's AWS_RESPONSE_CHECKSUM_VALIDATION wins.
+_RESPONSE_CHECKS = {"response_checksum_validation": "when_required"}
 
 
 def _one_retry_layer(fs: Any, options: Mapping[str, Any]) -> None:
@@ -168,7 +173,8 @@ def _one_retry_layer(fs: Any, options: Mapping[str, Any]) -> None:
         fs.retries = 1
     config = getattr(fs, "config_kwargs", None)
     if isinstance(config, dict):
-        fs.config_kwargs = {**_BOTOCORE_DEFAULTS, **config}
+        checks = {} if os.environ.get("AWS_RESPONSE_CHECKSUM_VALIDATION") else _RESPONSE_CHECKS
+        fs.config_kwargs = {**_BOTOCORE_DEFAULTS, **checks, **config}
 
 
 def endpoint(fs: Any, url: str) -> str:
