@@ -8,8 +8,9 @@ read is one cold epoch in a fresh process, systems in alternating order, medians
 ratios:
 
 - shardkit: ``shardkit.loader(url, decode=False)`` with a fresh ``cache_dir`` (what litdata is
-  measured with), without a cache, and "tuned": each pile in one GET (``remote_concurrency=1``)
-  and four piles read ahead (``prefetch=4``), with the cache;
+  measured with), and without a cache; then the knobs one at a time, with the cache: one pile
+  read ahead (``prefetch=1``: each pile still one GET), and the earlier defaults (piles split
+  into ranges of 1 MiB, ``remote_concurrency=8``, one pile read ahead);
 - litdata: ``StreamingDataset(Dir(path=fresh cache dir, url=url))`` iterated once (its cache
   downloads whole chunks).
 
@@ -36,13 +37,16 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import numpy as np  # noqa: E402
 
-SYSTEMS = ("shardkit", "shardkit-nocache", "shardkit-tuned", "litdata")
+SYSTEMS = ("shardkit", "shardkit-nocache", "shardkit-prefetch1", "shardkit-1MiB-ranges", "litdata")
 # the loader options of each shardkit contender (cache_dir is added for all but -nocache)
 OPTIONS = {
     "shardkit": {},
     "shardkit-nocache": {},
-    "shardkit-tuned": {"remote_concurrency": 1, "prefetch": 4},  # a pile in one GET, four piles read ahead
+    "shardkit-prefetch1": {"prefetch": 1},  # one pile read ahead (each still one GET)
+    "shardkit-1MiB-ranges": {"prefetch": 1},  # with MIN_RANGE at 1 MiB: 8 ranges a pile, the earlier defaults
 }
+# the smallest ranged request of each contender where it is not the library's own
+MIN_RANGE = {"shardkit-1MiB-ranges": 1 << 20}
 PILES = 16
 CHUNK_BYTES = "8MB"  # litdata chunks about as large as the shardkit piles
 
@@ -82,12 +86,17 @@ def child(system: str, bucket: str, samples: int) -> dict[str, Any]:
     """One cold epoch of ``system``; runs in a fresh process."""
     cache = tempfile.mkdtemp(prefix=f"bench-{system}-")
     if system.startswith("shardkit"):
-        import shardkit
+        import s3fs  # noqa: F401  # imported before the clock starts, as litdata's modules are
 
+        import shardkit
+        from shardkit.storage import remote
+
+        make = shardkit.loader  # the loading modules, imported on first use
         options = dict(OPTIONS[system]) | ({} if system == "shardkit-nocache" else {"cache_dir": cache})
+        remote.MIN_RANGE = MIN_RANGE.get(system, remote.MIN_RANGE)
 
         def epoch() -> Any:
-            return shardkit.loader(f"s3://{bucket}/shardkit", decode=False, **options)
+            return make(f"s3://{bucket}/shardkit", decode=False, **options)
 
     else:
         import litdata.streaming.downloader as downloader

@@ -8,7 +8,7 @@ import pytest
 
 import shardkit
 from shardkit.errors import Failure
-from shardkit.loading.prefetch import PileReader
+from shardkit.loading.prefetch import PileReader, read_ahead
 
 
 def _drain(reader: PileReader) -> list:
@@ -19,8 +19,9 @@ def _drain(reader: PileReader) -> list:
     return out
 
 
+@pytest.mark.parametrize("readers", [1, 3])
 @pytest.mark.parametrize("slots", [1, 2, 3, 4])
-def test_alive_results_never_exceed_slots(slots):
+def test_alive_results_never_exceed_slots(slots, readers):
     lock = threading.Lock()
     alive = [0]
     peak = [0]
@@ -31,7 +32,7 @@ def test_alive_results_never_exceed_slots(slots):
             peak[0] = max(peak[0], alive[0])
         return i
 
-    reader = PileReader(range(20), read, slots=slots)
+    reader = PileReader(range(20), read, slots=slots, readers=readers)
     got = []
     try:
         while (item := reader.get()) is not None:
@@ -81,3 +82,45 @@ def test_loader_order_does_not_depend_on_prefetch(dataset):
             orders.append([s["__key__"] for s in loader])
     assert orders[0] == orders[1] == orders[2]
     assert sorted(orders[0]) == sorted(set(orders[0])) and len(orders[0]) == 200
+
+
+def test_several_readers_read_at_once_and_hand_out_in_order():
+    baseline = set(threading.enumerate())
+    together = threading.Barrier(3, timeout=30)  # passes only if three reads run at the same time
+
+    def read(i: int) -> int:
+        if i < 3:
+            together.wait()
+        if i == 4:
+            raise KeyError("pile 4 is gone")
+        return i
+
+    reader = PileReader(range(9), read, slots=4, readers=3, name="test-readers")
+    try:
+        got = _drain(reader)
+    finally:
+        reader.close()
+    assert got[:4] == [0, 1, 2, 3] and got[5:] == [5, 6, 7, 8]
+    assert isinstance(got[4], Failure) and got[4].index == 4
+    assert set(threading.enumerate()) == baseline
+
+
+@pytest.mark.parametrize(
+    ("pile_bytes", "remote", "expected"),
+    [
+        (5 << 20, False, 1),  # local piles: one ahead
+        (None, True, 1),  # size unknown (plain shards)
+        (5 << 20, True, 8),  # small: one request each, eight at once
+        (12 << 20, True, 8),
+        (24 << 20, True, 3),  # three ranges of 8 MiB each: three piles keep eight requests busy
+        (64 << 20, True, 1),  # eight ranges: one pile is enough
+        (200 << 20, True, 1),
+        (1 << 10, True, 8),
+    ],
+)
+def test_read_ahead_follows_the_pile_size(pile_bytes, remote, expected):
+    assert read_ahead(pile_bytes, remote=remote, concurrency=8, least_range=8 << 20) == expected
+
+
+def test_read_ahead_stays_within_its_budget():
+    assert read_ahead(100 << 20, remote=True, concurrency=64, least_range=8 << 20, budget=256 << 20) == 2

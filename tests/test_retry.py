@@ -86,7 +86,8 @@ def test_call_retries_failures_of_the_moment_only():
     [
         (0, 8, [(0, 0)]),
         (100, 8, [(0, 100)]),  # small: one range
-        (3 << 20, 8, [(0, 1 << 20), (1 << 20, 2 << 20), (2 << 20, 3 << 20)]),  # ranges of at least 1 MiB
+        (12 << 20, 8, [(0, 12 << 20)]),  # under two ranges of 8 MiB: one request
+        (24 << 20, 8, [(0, 8 << 20), (8 << 20, 16 << 20), (16 << 20, 24 << 20)]),  # ranges of at least 8 MiB
         (64 << 20, 4, [(k * (16 << 20), (k + 1) * (16 << 20)) for k in range(4)]),
         (64 << 20, 1, [(0, 64 << 20)]),
     ],

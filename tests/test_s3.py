@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -21,6 +22,7 @@ from conftest import make_samples
 import shardkit
 from shardkit import storage
 from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError, StorageError
+from shardkit.storage import remote
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -144,7 +146,8 @@ def test_an_epoch_over_s3_is_the_local_epoch(s3, local_dataset, kwargs):
     assert _epoch(url, remote_concurrency=1, **kwargs) == _epoch(local_dataset, **kwargs)
 
 
-def test_a_pile_is_read_in_concurrent_ranges(s3, faulty_s3, tmp_path):
+def test_a_pile_is_read_in_concurrent_ranges(s3, faulty_s3, tmp_path, monkeypatch):
+    monkeypatch.setattr(remote, "MIN_RANGE", 1 << 20)  # ranges of 1 MiB: a 10 MB pile is worth splitting
     out = str(tmp_path / "big")
     shardkit.preprocess([make_samples(100, size=100_000)], _identity, out, piles=1, quiet=True)  # one 10 MB pile
     url = _upload_dataset(s3, out, "big")
@@ -155,6 +158,50 @@ def test_a_pile_is_read_in_concurrent_ranges(s3, faulty_s3, tmp_path):
         requests.append(faulty_s3.counts()["requests"] - before)
     # the pile in 4 ranges instead of 1
     assert requests[1] - requests[0] == 3
+
+
+def test_small_piles_are_read_several_at_once_in_one_request_each(s3, faulty_s3, local_dataset, monkeypatch):
+    url = _upload_dataset(s3, local_dataset, "ds")
+    faulty_s3.latency = 0.05  # every request waits: reads that overlap do so for certain
+    lock, busy, peak, pieces = threading.Lock(), [0], [0], []
+    read_ranges = remote.read_ranges
+
+    def watched(url: str, *, size: int, concurrency: int) -> bytes:
+        with lock:
+            busy[0] += 1
+            peak[0] = max(peak[0], busy[0])
+            pieces.append(len(remote.ranges(size, concurrency)))
+        try:
+            return read_ranges(url, size=size, concurrency=concurrency)
+        finally:
+            with lock:
+                busy[0] -= 1
+
+    monkeypatch.setattr(remote, "read_ranges", watched)
+    peaks = {}
+    for prefetch in (None, 1):
+        peak[0] = 0
+        pieces.clear()
+        assert _epoch(url, seed=5, prefetch=prefetch) == _epoch(local_dataset, seed=5)
+        assert not [t for t in threading.enumerate() if t.name.startswith("shardkit-reader")]  # every reader joined
+        assert pieces == [1] * 6  # six piles of a few KB: one request each
+        peaks[prefetch] = peak[0]
+    assert peaks[1] == 1 and peaks[None] > 1
+
+
+def test_reader_threads_share_one_filesystem(s3):
+    url = s3.url("x")
+    found = []
+    threads = [threading.Thread(target=lambda: found.append(remote.filesystem(url)[0])) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(fs) for fs in found}) == 1  # fsspec alone makes one per thread, each with its own client
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec forgets them: so does shardkit
+    assert remote.filesystem(url)[0] is not found[0]
 
 
 def test_resume_over_s3(s3, local_dataset):
@@ -376,3 +423,16 @@ def test_worker_processes_read_remote_input_shards(s3, local_dataset, mp_context
     m = shardkit.pile(shards, s3.url("out"), piles=3, workers=2, mp_context=mp_context, quiet=True)
     one = shardkit.pile(shards, s3.url("one"), piles=3, workers=1, quiet=True)
     assert m == one and _objects(s3, "out") == _objects(s3, "one")
+
+
+def test_whole_object_reads_leave_the_checksum_to_the_manifest(s3, monkeypatch):
+    import s3fs
+
+    monkeypatch.delenv("AWS_RESPONSE_CHECKSUM_VALIDATION", raising=False)
+    config = remote.filesystem(s3.url("x"))[0].s3.meta.config
+    # botocore would CRC every body on the event loop thread; each pile is checked against its manifest instead
+    assert config.response_checksum_validation == "when_required"
+    assert config.retries["total_max_attempts"] == 1  # shardkit's retry layer is the one
+    s3fs.S3FileSystem.clear_instance_cache()
+    monkeypatch.setenv("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_supported")  # a setting of the user's wins
+    assert remote.filesystem(s3.url("x"))[0].s3.meta.config.response_checksum_validation == "when_supported"

@@ -58,6 +58,17 @@ def test_a_range_cut_mid_body_is_asked_again_for_the_same_bytes(s3, faulty_s3, f
     assert faulty_s3.resets == 6 and faulty_s3.plan == []
 
 
+def test_bodies_cut_while_several_piles_are_read_at_once_cost_no_sample(s3, faulty_s3, fresh_endpoints, tmp_path):
+    url = s3.url("ds")
+    _write(url)
+    expected = _epoch(url, prefetch=1)
+    faulty_s3.only = {"GET"}
+    faulty_s3.plan = ["reset-midbody"] * 5  # the first GETs of the piles read at once (8 small piles: all of them)
+    assert _epoch(url, cache_dir=str(tmp_path / "cache")) == expected
+    assert faulty_s3.resets == 5 and faulty_s3.plan == []
+    assert _epoch(url, cache_dir=str(tmp_path / "cache")) == expected  # and the cache kept only whole piles
+
+
 def test_an_outage_shorter_than_the_deadline_rides_through_an_epoch(s3, faulty_s3, fresh_endpoints):
     url = s3.url("ds")
     _write(url)

@@ -1,7 +1,8 @@
 """The loader: epoch plan -> pile prefetch -> in-pile order -> decode -> map -> batch, resumable.
 
-Each epoch reads the piles in the order of :mod:`shardkit.plan`; one background thread reads
-the next pile while the current one is handed out, so at most ``1 + prefetch`` piles (``mix + 1
+Each epoch reads the piles in the order of :mod:`shardkit.plan`; a background thread reads
+the next pile while the current one is handed out (small piles in an object store: several
+threads, several piles), so at most ``1 + prefetch`` piles (``mix + 1
 + prefetch`` with ``mix > 1``) are in memory per rank. ``num_workers`` processes decode, map
 and collate while the reader stays in the main process. The order does not depend on
 ``num_workers`` or the world size, every rank yields the same count (of batches, even when
@@ -38,7 +39,7 @@ from shardkit.loading.decode import Transform
 from shardkit.loading.elastic import Phase
 from shardkit.loading.on_error import LoaderStats, Policy
 from shardkit.loading.options import LoaderOptions, resolve_world
-from shardkit.loading.prefetch import PileReader
+from shardkit.loading.prefetch import PileReader, read_ahead
 from shardkit.loading.source import Fetched, Source, SourceLike, at_generation, resolve
 from shardkit.loading.state import Resume, check_state, make_state, pinned_generation
 from shardkit.option_fields import from_call
@@ -67,6 +68,7 @@ class Loader:
         self._reads = _remote_reads(self.options)
         # a plain shard that cannot even be counted is a pile the policy skips (0 samples)
         self.source = source if isinstance(source, Source) else resolve(source, skip=self._policy.pile)
+        self._ahead, self._readers, self._reads = _read_ahead(self.source, self.options, self._reads)
         self._fingerprint = self.source.fingerprint()
         codecs = self.options.codecs()
         self._step = Step(
@@ -226,9 +228,11 @@ class Loader:
         self._running_done, self._done = done, ()
         sched = self._schedule(epoch, done)
         uses = sched.uses(start)
-        slots = max(1, plan.peak(uses)) + self.options.prefetch
+        slots = max(1, plan.peak(uses)) + self._ahead
         read = self._reader()
-        reader: PileReader[int, Fetched] = PileReader([u.pile for u in uses], read, slots=slots, name=f"shardkit-reader-e{epoch}")
+        reader: PileReader[int, Fetched] = PileReader(
+            [u.pile for u in uses], read, slots=slots, readers=self._readers, name=f"shardkit-reader-e{epoch}"
+        )
         skipped = self.stats.skipped_samples
         try:
             blocks = self._blocks(sched, start, uses, reader)
@@ -462,6 +466,22 @@ def _remote_reads(options: LoaderOptions) -> storage.RemoteReads:
     return storage.RemoteReads(concurrency=options.remote_concurrency, cache=cache)
 
 
+def _read_ahead(source: Source, options: LoaderOptions, reads: storage.RemoteReads) -> tuple[int, int, storage.RemoteReads]:
+    """(piles read ahead, piles read at once, how each is read): ``prefetch``, else chosen from the
+    pile size and where the piles are (see :func:`~shardkit.loading.prefetch.read_ahead`). Piles in an
+    object store are read as many at once as are read ahead, sharing ``remote_concurrency`` requests."""
+    remote = bool(source.piles) and storage.is_remote(source.piles[0].url)
+    sizes = [p.info.bytes for p in source.piles if p.info is not None]
+    largest = max(sizes) if sizes and len(sizes) == len(source.piles) else None
+    ahead = options.prefetch
+    if ahead is None:
+        ahead = read_ahead(largest, remote=remote, concurrency=options.remote_concurrency, least_range=storage.remote.MIN_RANGE)
+    if not remote:
+        return ahead, 1, reads
+    readers = max(1, ahead)
+    return ahead, readers, replace(reads, concurrency=-(-options.remote_concurrency // readers))
+
+
 def loader(
     source: SourceLike,
     *,
@@ -475,7 +495,7 @@ def loader(
     rank: int | None = None,
     world_size: int | None = None,
     drop_last: bool = True,
-    prefetch: int = 1,
+    prefetch: int | None = None,
     on_error: str = "raise",
     mix: int = 1,
     max_pile_bytes: int | str | None = None,
@@ -510,7 +530,9 @@ def loader(
             False: the order is padded by wrapping round to its start to a multiple of
             ``world_size``, and the last batch may be partial (the same size on every rank).
         prefetch: piles read ahead in the background (memory: ``1 + prefetch`` piles, or
-            ``mix + 1 + prefetch``).
+            ``mix + 1 + prefetch``). None: 1, or for small piles in an object store as many as
+            keep ``remote_concurrency`` requests busy within 256 MiB (piles under 16 MiB are one
+            request each, so 8 of them at once by default), read at once.
         on_error: ``"raise"``, or ``"skip"``/``"warn"`` (also logs each) a pile that cannot be
             read, or a sample that is malformed or fails to decode or map; counts in
             ``loader.stats``. Batched, a skip never changes how many batches a rank yields:
@@ -531,8 +553,9 @@ def loader(
             pile in memory instead of ``bytes`` copies (faster for large fields). A view keeps
             its whole pile in memory while it is held: copy (``bytes(view)``) what you keep.
         collate: ``fn(list of samples) -> batch`` instead of the default.
-        remote_concurrency: ranged requests in flight at once when a pile is read from an
-            object store (``s3://``...); each pile's checksum is checked, and a pile whose
+        remote_concurrency: requests in flight at once when piles are read from an object
+            store (``s3://``...), shared by the piles read at once; a pile is one request, or
+            ranges of at least 8 MiB when it is larger. Each pile's checksum is checked, and a pile whose
             bytes come back wrong is read again before it is an error.
         cache_dir: a local directory where copies of remote piles are kept, so later epochs
             read them from disk; processes and ranks on one machine can share it. Copies are

@@ -68,7 +68,10 @@ class LoaderOptions:
     drop_last: bool = field(
         default=True, metadata=meta(help="drop the end of the order that does not fill a batch on every rank (off: pad by wrapping round)")
     )
-    prefetch: int = field(default=1, metadata=meta(help="piles read ahead in the background", metavar="P"))
+    prefetch: int | None = field(
+        default=None,
+        metadata=meta(help="piles read ahead in the background (default: 1, more for small piles in an object store)", metavar="P"),
+    )
     on_error: str = field(
         default="raise",
         metadata=meta(
@@ -95,7 +98,7 @@ class LoaderOptions:
     )
 
     remote_concurrency: int = field(
-        default=DEFAULT_CONCURRENCY, metadata=meta(help="ranged requests at once when reading a pile from an object store", metavar="N")
+        default=DEFAULT_CONCURRENCY, metadata=meta(help="requests at once when reading piles from an object store", metavar="N")
     )
     cache_dir: str | None = field(
         default=None, metadata=meta(help="keep local copies of remote piles here (shared by processes)", metavar="DIR")
@@ -123,7 +126,8 @@ class LoaderOptions:
         check_int("seed", self.seed, low=0)
         check_int("num_workers", self.num_workers, low=0)
         check_most("num_workers", self.num_workers, MAX_THREADS, "each is a process")
-        check_int("prefetch", self.prefetch, low=0)
+        if self.prefetch is not None:
+            check_int("prefetch", self.prefetch, low=0)
         check_most("prefetch", self.prefetch, MAX_THREADS, "each is held in memory")
         check_int("mix", self.mix, low=1)
         check_most("mix", self.mix, MAX_MIX, "each pile mixed is held in memory")

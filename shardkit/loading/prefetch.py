@@ -1,9 +1,12 @@
-"""Read piles ahead of the consumer in one background thread, never holding more than allowed.
+"""Read piles ahead of the consumer in background threads, in order, never holding more than allowed.
 
-Invariant: the piles held by the thread, the queue and the consumer together never exceed
-``slots``. The thread takes a slot before it starts reading a pile and the consumer gives it back
-when it drops the pile, so a double buffer is ``slots=2``. Errors are carried across the queue
-and re-raised by the consumer; the end is an explicit sentinel; ``close()`` stops and joins.
+Invariant: the piles held by the threads, the finished results and the consumer together never
+exceed ``slots``. A thread takes a slot before it starts reading a pile and the consumer gives it
+back when it drops the pile, so a double buffer is ``slots=2``. Items are claimed in order, so the
+one the consumer waits for is always being read or next to be claimed; with ``readers`` threads
+up to that many piles are read at once (an object store, where one request is a fraction of
+what the connection and the server allow), and results are still handed out in order. Errors
+are carried to the consumer in their place; the end is explicit; ``close()`` stops and joins.
 
     reader = PileReader(["a.tar", "b.tar"], read=lambda url: read_pile(url), slots=2)
     index, pile = reader.get()   # pile 0, or raises what reading it raised
@@ -12,7 +15,7 @@ and re-raised by the consumer; the end is an explicit sentinel; ``close()`` stop
 
 from __future__ import annotations
 
-import queue
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
@@ -22,76 +25,96 @@ from shardkit.errors import Failure
 T = TypeVar("T")
 Item = TypeVar("Item")
 
-_END = object()
+# what the piles read ahead of a remote loader may take when it chooses how many (prefetch=None)
+READ_AHEAD_BYTES = 256 << 20
+
+
+def read_ahead(pile_bytes: int | None, *, remote: bool, concurrency: int, least_range: int, budget: int = READ_AHEAD_BYTES) -> int:
+    """How many piles a loader reads ahead when not told (``prefetch=None``).
+
+    One for local piles (a map is instant) and for piles of unknown size. From an object store,
+    enough piles that their requests (``pile_bytes / least_range`` ranges each, at least one)
+    keep ``concurrency`` in flight, within ``budget`` bytes of piles read ahead: small piles are
+    read several at once in one request each, large ones one at a time in ranges.
+    """
+    if not remote or not pile_bytes:
+        return 1
+    per_pile = max(1, min(concurrency, pile_bytes // max(1, least_range)))
+    return max(1, min(math.ceil(concurrency / per_pile), budget // pile_bytes))
 
 
 class PileReader(Generic[Item, T]):
-    """Apply ``read`` to each item in order in a named daemon thread, at most ``slots`` ahead.
+    """Apply ``read`` to each item in order in named daemon threads, at most ``slots`` ahead.
 
     Args:
         items: what to read, in order (pile indices, URLs...).
-        read: the reading function; runs in the thread.
-        slots: how many results may be alive at once (held by the thread, queued or in use).
-        name: the thread's name (shows in tracebacks and ``threading.enumerate()``).
+        read: the reading function; runs in the threads.
+        slots: how many results may be alive at once (held by a thread, finished or in use).
+        readers: threads reading at once (at most ``slots``); results come out in order all the same.
+        name: the threads' name (shows in tracebacks and ``threading.enumerate()``).
     """
 
-    def __init__(self, items: Sequence[Item], read: Callable[[Item], T], *, slots: int, name: str = "shardkit-reader") -> None:
+    def __init__(
+        self, items: Sequence[Item], read: Callable[[Item], T], *, slots: int, readers: int = 1, name: str = "shardkit-reader"
+    ) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
+        if readers < 1:
+            raise ValueError("readers must be at least 1")
         self._items, self._read, self._slots = list(items), read, slots
         self._held = 0
+        self._claimed = 0  # items handed to a thread so far
+        self._delivered = 0  # items handed to the consumer so far
+        self._results: dict[int, Any] = {}
         self._cond = threading.Condition()
         self._stop = False
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=slots + 1)
-        self._done = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        count = max(1, min(readers, slots, len(self._items)))
+        self._threads = [threading.Thread(target=self._run, name=name if count == 1 else f"{name}-{k}", daemon=True) for k in range(count)]
+        for thread in self._threads:
+            thread.start()
 
     def _run(self) -> None:
-        try:
-            for i, item in enumerate(self._items):
-                with self._cond:
-                    self._cond.wait_for(lambda: self._stop or self._held < self._slots)
-                    if self._stop:
-                        return
-                    self._held += 1
-                try:
-                    result: Any = self._read(item)
-                except BaseException as e:  # carried to the consumer, whatever it is
-                    result = Failure.capture(e, index=i)
-                self._queue.put(result)
-                del result  # else this frame keeps the last pile alive while it waits for a slot
-        except BaseException as e:  # pragma: no cover - the loop itself never raises
-            self._queue.put(Failure.capture(e))
-        finally:
-            self._queue.put(_END)
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stop or self._claimed >= len(self._items) or self._held < self._slots)
+                if self._stop or self._claimed >= len(self._items):
+                    return
+                i = self._claimed
+                self._claimed += 1
+                self._held += 1
+            try:
+                result: Any = self._read(self._items[i])
+            except BaseException as e:  # carried to the consumer, whatever it is
+                result = Failure.capture(e, index=i)
+            with self._cond:
+                if not self._stop:
+                    self._results[i] = result
+                self._cond.notify_all()
+            del result  # else this frame keeps the last pile alive while it waits for a slot
 
     def get(self) -> T | Failure | None:
         """The next result in order, a :class:`Failure` in its place, or None at the end."""
-        if self._done:
-            return None
-        result = self._queue.get()
-        if result is _END:
-            self._done = True
-            return None
-        return result
+        with self._cond:
+            i = self._delivered
+            if i >= len(self._items) or self._stop:
+                return None
+            self._cond.wait_for(lambda: i in self._results)
+            self._delivered += 1
+            return self._results.pop(i)  # type: ignore[no-any-return]
 
     def release(self) -> None:
-        """The consumer dropped one result (or a Failure): the thread may read one more."""
+        """The consumer dropped one result (or a Failure): a thread may read one more."""
         with self._cond:
             self._held -= 1
-            self._cond.notify()
+            self._cond.notify_all()
 
     def close(self) -> None:
-        """Stop the thread and wait for it (it may first finish the read in progress). Idempotent."""
+        """Stop the threads and wait for them (each may first finish the read in progress). Idempotent."""
         with self._cond:
             self._stop = True
-            self._cond.notify()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
-        # drop what the thread left queued so the piles are freed now
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
+            self._cond.notify_all()
+        for thread in self._threads:
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join()
+        with self._cond:
+            self._results.clear()  # the piles are freed now

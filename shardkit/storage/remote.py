@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import os
 import re
 import threading
 import time
@@ -28,10 +29,12 @@ from shardkit.storage import retry
 T = TypeVar("T")
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
-# the smallest range worth a request of its own: at S3's tens of ms to the first byte and tens of
-# MB/s a connection, 1 MiB spends about half its time waiting, larger ranges less
-MIN_RANGE = 1 << 20
-# ranged requests in flight for one object unless told otherwise (see BENCHMARKS.md, Object storage (S3))
+# the smallest range worth a request of its own. At S3's tens of ms to the first byte and tens of
+# MB/s a connection a range of 8 MiB spends under a tenth of its time waiting (the size AWS and GCS
+# suggest for ranged reads), and a server that reads the whole object for every ranged request
+# (moto, some gateways) reads it fewer times: a pile under 16 MiB is one GET
+MIN_RANGE = 8 << 20
+# requests in flight at once for a loader's piles unless told otherwise (see BENCHMARKS.md, Object storage (S3))
 DEFAULT_CONCURRENCY = 8
 # what put_file sends a request at once: the memory an upload holds
 UPLOAD_CHUNK = 16 << 20
@@ -117,15 +120,47 @@ def filesystem(url: str) -> tuple[Any, str]:
                 f"{url}: no filesystem is known for {kind}:// URLs (a typo? s3://, gs://, az://... each need their fsspec package)"
             ) from None
         raise _refused(url, options, e) from None
-    _one_retry_layer(fs, options)  # fsspec keeps one filesystem per thread: each is set up
+    fs = _shared(fs, options)
+    _one_retry_layer(fs, options)
     if root(url) not in _connected:
         _connect(fs, url, options)
     return fs, path
 
 
+# one filesystem per class and options, whatever thread asks (see _shared)
+_filesystems: dict[tuple[type, str], Any] = {}
+
+
+def _shared(fs: Any, options: Mapping[str, Any]) -> Any:
+    """The filesystem every thread uses for ``fs``'s class and ``options``: the first one made.
+
+    fsspec keeps one instance per thread, and each new one builds its own client (for S3 about a
+    quarter of a second of CPU, and new connections), which the loader's reader threads would
+    each pay. An async filesystem's calls all run on fsspec's one event loop, so sharing is safe.
+    The shared one is dropped when fsspec drops it (``clear_instance_cache``, a fork). A
+    synchronous filesystem (SFTP, say) may not be safe across threads: each thread keeps its own.
+    """
+    from fsspec.asyn import AsyncFileSystem
+
+    if not isinstance(fs, AsyncFileSystem):
+        return fs
+    key = (type(fs), repr(sorted(options.items())))
+    with _lock:
+        known = _filesystems.get(key)
+        cache = getattr(type(fs), "_cache", None)
+        if known is not None and isinstance(cache, dict) and any(v is known for v in cache.values()):
+            return known
+        _filesystems[key] = fs
+    return fs
+
+
 # botocore's settings unless the storage options give their own: no retries of its own (shardkit's
 # layer retries, up to one deadline), and a connect that gives up soon enough to name a wrong endpoint
-_BOTOCORE_DEFAULTS = {"retries": {"total_max_attempts": 1, "mode": "standard"}, "connect_timeout": 3}
+_BOTOCORE_DEFAULTS: dict[str, Any] = {"retries": {"total_max_attempts": 1, "mode": "standard"}, "connect_timeout": 3}
+# ...and no CRC of every whole-object GET's body by botocore, on the one event loop thread all
+# downloads share (a seventh of a loader's time on a fast server): every pile is checked against
+# its manifest's CRC-32 anyway, end to end. The environment's AWS_RESPONSE_CHECKSUM_VALIDATION wins.
+_RESPONSE_CHECKS = {"response_checksum_validation": "when_required"}
 
 
 def _one_retry_layer(fs: Any, options: Mapping[str, Any]) -> None:
@@ -138,7 +173,8 @@ def _one_retry_layer(fs: Any, options: Mapping[str, Any]) -> None:
         fs.retries = 1
     config = getattr(fs, "config_kwargs", None)
     if isinstance(config, dict):
-        fs.config_kwargs = {**_BOTOCORE_DEFAULTS, **config}
+        checks = {} if os.environ.get("AWS_RESPONSE_CHECKSUM_VALIDATION") else _RESPONSE_CHECKS
+        fs.config_kwargs = {**_BOTOCORE_DEFAULTS, **checks, **config}
 
 
 def endpoint(fs: Any, url: str) -> str:
@@ -199,9 +235,10 @@ def _backend_package(kind: str | None) -> str | None:
     return module or None
 
 
-def ranges(size: int, concurrency: int, least: int = MIN_RANGE) -> list[tuple[int, int]]:
+def ranges(size: int, concurrency: int, least: int | None = None) -> list[tuple[int, int]]:
     """``[start, end)`` pieces covering ``size`` bytes: up to ``concurrency`` of them, none under
-    ``least`` bytes unless there is one piece only."""
+    ``least`` bytes (default :data:`MIN_RANGE`) unless there is one piece only."""
+    least = MIN_RANGE if least is None else least
     count = max(1, min(concurrency, size // max(least, 1)))
     bounds = [size * k // count for k in range(count + 1)]
     return list(itertools.pairwise(bounds))
