@@ -28,8 +28,13 @@ _PLAIN = re.compile(r"[0-9A-Za-z-][0-9A-Za-z_-]*(?:/[0-9A-Za-z-][0-9A-Za-z_-]*)*
 
 
 def check_key(key: Any) -> str:
+    """``key`` if it is a valid sample key, else a SampleError saying why not."""
     if type(key) is str and _PLAIN.fullmatch(key):
         return key
+    return _check_key(key)
+
+
+def _check_key(key: Any) -> str:
     if not isinstance(key, str) or not key:
         raise SampleError(f"sample key must be a non-empty str, got {key!r}")
     if not key.isascii():
@@ -81,9 +86,11 @@ def encode_parts(
         _refuse_fields(key, sample)
     parts: list[Chunk] = []
     for name, ext in order:
-        value = encode_field(codecs, key, ext, sample[name])
-        if type(value) is not bytes:  # kept until the writer's next write: a buffer its maker may reuse is copied now
-            value = bytes(value)
+        value = sample[name]
+        if type(value) is not bytes:  # bytes pass as they are (most values, in a writer's hot loop)
+            value = encode_field(codecs, key, ext, value)
+            if type(value) is not bytes:  # kept until the writer's next write: a buffer its maker may reuse is copied now
+                value = bytes(value)
         parts.extend(write.member_parts(f"{key}.{ext}", value))
     size = sum(map(len, parts))
     if max_pile_bytes is not None and size + len(write.TRAILER) > max_pile_bytes:

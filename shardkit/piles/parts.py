@@ -24,7 +24,6 @@ from shardkit.tar import write
 from shardkit.tar.keys import key_hashes, repeated_key, sample_at
 from shardkit.tar.shard import Shard
 
-_crc32 = manifest.checksum
 # numbers per row of PileSink.segments: unit, start, end, samples
 SEGMENT = 4
 # what a repeated key's message says after "keys must be unique"
@@ -144,9 +143,9 @@ class PileSink:
         self._keys[pile].append(key.encode("utf-8", "surrogateescape"))
         self._chunks[pile].extend(parts)
         # checksummed now, while the bytes just made are still in the CPU cache
-        crc = self.crcs[pile]
+        crc, checksum = self.crcs[pile], manifest.checksum
         for part in parts:
-            crc = _crc32(part, crc)
+            crc = checksum(part, crc)
         self.crcs[pile] = crc
         self._buffered += size
         if self._buffered >= self._limit:
