@@ -186,12 +186,25 @@ class PileSink:
             self._hashes[pile].append(key_hashes(np.array(self._keys[pile], dtype=bytes)))
             self._keys[pile].clear()
 
+    def _settle_all(self) -> None:
+        """:meth:`_settle` every pile, hashing all their keys in one call (not one a pile)."""
+        piles = [pile for pile, keys in enumerate(self._keys) if keys]
+        if not piles:
+            return
+        hashes = key_hashes(np.array([key for pile in piles for key in self._keys[pile]], dtype=bytes))
+        at = 0
+        for pile in piles:
+            n = len(self._keys[pile])
+            self._hashes[pile].append(hashes[at : at + n])
+            self._keys[pile].clear()
+            at += n
+
     def flush(self) -> None:
         """Append the buffered bytes to the part files, and their keys' hashes to the key file."""
+        self._settle_all()
         hashes: list[np.ndarray] = []
         at = self.hashed
         for pile, chunks in enumerate(self._chunks):
-            self._settle(pile)
             if chunks:
                 _append(self.part(pile), chunks)
                 chunks.clear()
