@@ -187,6 +187,7 @@ def test_one_key_file_holds_every_piles_hashes_and_a_repeat_is_found_pile_by_pil
         for pile in range(3):
             put(pile, f"k{flush}")  # every pile holds k0, k1, k2: a key in three piles repeats in none
         sink.flush()
+    parts.check_sink(sink)  # hashes met across piles: each pile was checked on its own, and passed
     put(2, "k0")  # pile 2's fourth sample has its first sample's key, two flushes back
     sink.flush()
     assert sorted(os.listdir(sink.directory)) == ["000000.part", "000001.part", "000002.part", "keys"]
@@ -200,6 +201,8 @@ def test_one_key_file_holds_every_piles_hashes_and_a_repeat_is_found_pile_by_pil
     check(1)
     with pytest.raises(SampleError, match=r"pile 2: sample 3 \(offset 3072\) has the key 'k0' of sample 0 \(offset 0\)"):
         check(2)
+    with pytest.raises(SampleError, match=r"pile 2: sample 3 \(offset 3072\) has the key 'k0'"):
+        parts.check_sink(sink)
 
 
 @given(st.text(alphabet="aZ09-_./\u00e9", max_size=12))

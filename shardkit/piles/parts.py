@@ -88,7 +88,7 @@ class PileSink:
         self._chunks: list[list[storage.Chunk]] = [[] for _ in range(piles)]
         self._buffered = 0
         self._maps = 0
-        self._limit = buffer_size
+        self.limit = buffer_size
         self.counts = [0] * piles
         self.sizes = [0] * piles
         self.crcs = [0] * piles
@@ -148,7 +148,7 @@ class PileSink:
             crc = checksum(part, crc)
         self.crcs[pile] = crc
         self._buffered += size
-        if self._buffered >= self._limit:
+        if self._buffered >= self.limit:
             self.flush()
 
     def extend(
@@ -177,7 +177,7 @@ class PileSink:
             self._record(pile, unit, int(totals[pile]), int(counts[pile]))
         self._buffered += int(sizes.sum())
         self._maps += mapped
-        if self._buffered >= self._limit or self._maps >= MAX_MAPS:
+        if self._buffered >= self.limit or self._maps >= MAX_MAPS:
             self.flush()
 
     def _settle(self, pile: int) -> None:
@@ -282,6 +282,26 @@ def check_keys(
             return sample_at(at[0], f"offset {at[1]}", *unit)
 
         raise SampleError(f"pile {pile}: {repeated_key(key, where(later), where(earlier))}{ADVICE}")
+
+
+def check_sink(sink: PileSink) -> None:
+    """:func:`check_keys` for every pile of ``sink``, the one part of each (after its last flush).
+
+    When every hash the sink holds fits twice in its buffer's memory (free once flushed), they
+    are read and sorted at once: if no two samples share a hash, no pile repeats a key.
+    Otherwise, and always for a larger sink, each pile is checked on its own. Checking M piles
+    one by one costs M reads and M small sorts, which at hundreds of piles is most of closing.
+    """
+    if sink.hashed < 2:
+        return
+    if len(sink.sizes) > 1 and 2 * sink.hashed * _HASH.itemsize <= sink.limit:
+        everything = Hashes(keys_file(sink.directory), np.array([[0, sink.hashed]], dtype=np.int64))
+        found = np.sort(_read_hashes([everything])[0])
+        if not (found[1:] == found[:-1]).any():
+            return
+    for pile in range(len(sink.sizes)):
+        table = np.frombuffer(sink.segments[pile], dtype=np.int64).reshape(-1, SEGMENT)
+        check_keys([table], [sink.part(pile)], [Hashes.of(sink.directory, sink.key_runs[pile])], pile)
 
 
 _HASH = np.dtype("<u8")

@@ -19,8 +19,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from shardkit import storage
 from shardkit._util import check_path, shown
 from shardkit.codecs import Codecs, check_codecs
@@ -32,7 +30,7 @@ from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.encode import encode_parts
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import claim, remove_staging
-from shardkit.piles.parts import SEGMENT, Hashes, PileSink, check_keys
+from shardkit.piles.parts import PileSink, check_sink
 from shardkit.piles.publish import Run, publish
 
 log = logging.getLogger(__name__)
@@ -148,7 +146,7 @@ class PileWriter:
         """Publish the piles and the manifest. Idempotent; returns the manifest.
 
         Every pile is first checked for two samples with one key, from the 64-bit key hashes
-        kept beside its part file (16 bytes of memory a sample of one pile, one pile at a time).
+        kept beside the part files (see :func:`~shardkit.piles.parts.check_sink`).
 
         Raises:
             SampleError: two samples of a pile have one key (nothing is published).
@@ -160,9 +158,7 @@ class PileWriter:
             try:
                 self._sink.flush()
                 sink = self._sink
-                for p in range(self.options.piles):
-                    table = np.frombuffer(sink.segments[p], dtype=np.int64).reshape(-1, SEGMENT)
-                    check_keys([table], [sink.part(p)], [Hashes.of(sink.directory, sink.key_runs[p])], p)
+                check_sink(sink)
                 runs = [[Run(sink.part(p), 0, sink.sizes[p], sink.crcs[p])] for p in range(self.options.piles)]
                 if self._base is None:  # a writer is not resumed: no records of finished piles
                     self.manifest = publish(
