@@ -63,17 +63,18 @@ def encode_sample(sample: Mapping[str, Any], codecs: Codecs = DEFAULT, *, max_pi
             sample that alone would not fit in a pile of ``max_pile_bytes``.
     """
     parts, _, exts = encode_parts(sample, codecs, max_pile_bytes=max_pile_bytes)
-    return b"".join(parts), exts
+    return b"".join(parts), list(exts)
 
 
 def encode_parts(
     sample: Mapping[str, Any], codecs: Codecs = DEFAULT, *, max_pile_bytes: int | None = None
-) -> tuple[list[Chunk], int, list[str]]:
+) -> tuple[list[Chunk], int, tuple[str, ...]]:
     """:func:`encode_sample`'s bytes as the pieces they are made of, their total size, and the extensions.
 
     The pieces are headers, the field values themselves (no copy) and padding: a writer that
     gathers them at its next write never copies a sample into a buffer of its own, which for
-    samples of a few KB costs more than the rest of encoding (fresh memory, page by page).
+    samples of a few KB costs more than the rest of encoding (fresh memory, page by page). The
+    extensions are one tuple for every sample with the same field names.
 
     Raises:
         SampleError: as :func:`encode_sample`.
@@ -81,9 +82,10 @@ def encode_parts(
     if "__key__" not in sample:
         raise SampleError(f"sample has no '__key__' (fields: {sorted(sample)})")
     key = check_key(sample["__key__"])
-    order = _field_order(tuple(sample))
-    if order is None:  # something is wrong with the field names: say what
+    found = _field_order(tuple(sample))
+    if found is None:  # something is wrong with the field names: say what
         _refuse_fields(key, sample)
+    order, exts = found
     parts: list[Chunk] = []
     for name, ext in order:
         value = sample[name]
@@ -95,7 +97,7 @@ def encode_parts(
     size = sum(map(len, parts))
     if max_pile_bytes is not None and size + len(write.TRAILER) > max_pile_bytes:
         raise SampleError(f"sample {key!r} is {size} bytes, larger than max_pile_bytes ({max_pile_bytes}) on its own")
-    return parts, size, [ext for _, ext in order]
+    return parts, size, exts
 
 
 def _check_bytes(what: str, text: str) -> None:
@@ -111,8 +113,9 @@ def _check_bytes(what: str, text: str) -> None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _field_order(names: tuple[str, ...]) -> tuple[tuple[str, str], ...] | None:
-    """(field name, extension) of the fields a sample with these names writes, by extension.
+def _field_order(names: tuple[str, ...]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]] | None:
+    """(field name, extension) of the fields a sample with these names writes, by extension, and
+    the extensions alone.
 
     Samples of one dataset share their field names, so this runs once per kind of sample.
     None when the names are not valid (:func:`_refuse_fields` says why).
@@ -125,7 +128,8 @@ def _field_order(names: tuple[str, ...]) -> tuple[tuple[str, str], ...] | None:
         if not ext or "/" in ext or ext in fields or not _writable(ext):
             return None
         fields[ext] = name
-    return tuple((fields[ext], ext) for ext in sorted(fields)) or None
+    exts = tuple(sorted(fields))
+    return (tuple((fields[ext], ext) for ext in exts), exts) if exts else None
 
 
 def _writable(text: str) -> bool:

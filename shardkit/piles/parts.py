@@ -312,7 +312,7 @@ def _read_hashes(parts: Sequence[Hashes]) -> tuple[np.ndarray, list[int]]:
     sizes = [int(p.runs[:, 1].sum()) for p in parts]
     bounds = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
     found = np.empty(bounds[-1], dtype=_HASH)
-    view = memoryview(found).cast("B")
+    view = found.data.cast("B")
     size = _HASH.itemsize
     for part, lo in zip(parts, bounds[:-1], strict=True):
         if not len(part.runs):

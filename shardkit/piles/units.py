@@ -115,7 +115,7 @@ def chunk_directory(staging: str, attempt: str, first: int, last: int) -> str:
     return os.path.join(staging, f"{attempt}-u{first:09d}-{last:09d}")
 
 
-def _encoded(job: UnitWork, unit: Any, factors: Counter[int]) -> Iterator[tuple[str, list[storage.Chunk], int, list[str]]]:
+def _encoded(job: UnitWork, unit: Any, factors: Counter[int]) -> Iterator[tuple[str, list[storage.Chunk], int, tuple[str, ...]]]:
     """(key, byte pieces, size, extensions) of each sample of one unit, each copy ``job.repeat`` asks for
     (counted in ``factors``); anything raised by ``fn``, the rule or the encoder is a UnitFailed."""
     try:

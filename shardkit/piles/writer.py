@@ -120,6 +120,7 @@ class PileWriter:
         self._router = router.PileRouter(piles=self.options.piles, seed=self.options.seed, generation=generation)
         self._codecs = check_codecs(codecs)
         self._fields: set[str] = set()
+        self._exts: tuple[str, ...] = ()
         self._closed = False
         self.manifest: Manifest | None = None
 
@@ -137,7 +138,9 @@ class PileWriter:
         if not isinstance(sample, Mapping):
             raise SampleError(f"PileWriter.write: expected a sample dict with '__key__', got {shown(sample)}")
         parts, size, exts = encode_parts(sample, self._codecs, max_pile_bytes=self.options.max_bytes)
-        self._fields.update(exts)
+        if exts is not self._exts:  # one tuple for every sample with the same fields
+            self._fields.update(exts)
+            self._exts = exts
         pile = self._router.next()
         self._sink.add(pile, parts, size, -1, sample["__key__"])
         return pile
