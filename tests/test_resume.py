@@ -161,10 +161,22 @@ def test_an_uncommitted_tail_is_cut_off(tmp_path, reference):
     out = str(tmp_path / "out")
     _interrupt(out, tmp_path, workers=1)
     (directory,) = resume._committed(resume.staging_path(out))
-    for part in Path(directory).glob("*.part"):  # bytes written after the last commit, by a unit that never finished
+    for part in [*Path(directory).glob("*.part"), Path(directory) / "keys"]:  # written after the last commit, by a unit that never finished
         with open(part, "ab") as f:
-            f.write(b"\0" * 700)
+            f.write(b"\0" * 704)
     _resume(out, tmp_path, workers=1)
+    assert kill_resume.files(out) == reference
+
+
+def test_a_key_file_shorter_than_its_commit_says_is_done_again(tmp_path, reference, caplog):
+    out = str(tmp_path / "out")
+    done = _interrupt(out, tmp_path, workers=1)
+    (directory,) = resume._committed(resume.staging_path(out))
+    have = resume.read_commit(directory).hashed * 8 - 8
+    os.truncate(Path(directory) / "keys", have)  # the disk lost the last hash the commit counts
+    redone = _resume(out, tmp_path, workers=1)
+    assert done > 0 and len(redone) == kill_resume.UNITS
+    assert f"keys holds {have} bytes, the commit says {have + 8}" in caplog.text
     assert kill_resume.files(out) == reference
 
 

@@ -34,7 +34,7 @@ def test_the_formulas_bound_the_simulation():
     assert abs(found["pile_sd"] - planned["pile_sd"]) < 0.15 * planned["pile_sd"]
     # 62.5 MiB piles go up in 16 MiB requests, each pile as one multipart upload (+2)
     assert planned["put_requests"] == 400 * (4 + 2) + 1 + 4
-    assert planned["objects"] == 401 and planned["staging_files"] == 2 * 150 * 400
+    assert planned["objects"] == 401 and planned["staging_files"] == 150 * 401
 
 
 def test_the_plan_command_prints_the_table(capsys):

@@ -24,7 +24,7 @@ from shardkit import manifest
 from shardkit.errors import SampleError
 from shardkit.loading.pile import read_pile
 from shardkit.piles import router
-from shardkit.piles.encode import encode_sample
+from shardkit.piles.encode import encode_parts, encode_sample
 from shardkit.piles.output import STAGING_PREFIX
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -172,6 +172,45 @@ def test_a_repeated_key_anywhere_in_a_pile_is_refused_on_close(tmp_path):
     ):
         w.close()
     assert not manifest.is_dataset(out) and os.listdir(out) == []
+
+
+def test_one_key_file_holds_every_piles_hashes_and_a_repeat_is_found_pile_by_pile(tmp_path):
+    from shardkit.piles import parts
+
+    sink = parts.PileSink(str(tmp_path / "p"), 3, 1 << 30)
+
+    def put(pile, key):
+        pieces, size, _ = encode_parts({"__key__": key, "txt": key})
+        sink.add(pile, pieces, size, 0, key)
+
+    for flush in range(3):
+        for pile in range(3):
+            put(pile, f"k{flush}")  # every pile holds k0, k1, k2: a key in three piles repeats in none
+        sink.flush()
+    parts.check_sink(sink)  # hashes met across piles: each pile was checked on its own, and passed
+    put(2, "k0")  # pile 2's fourth sample has its first sample's key, two flushes back
+    sink.flush()
+    assert sorted(os.listdir(sink.directory)) == ["000000.part", "000001.part", "000002.part", "keys"]
+    assert list(sink.key_runs[0]) == [0, 1, 3, 1, 6, 1] and list(sink.key_runs[2]) == [2, 1, 5, 1, 8, 2]
+
+    def check(pile):
+        table = np.frombuffer(sink.segments[pile], dtype=np.int64).reshape(-1, parts.SEGMENT)
+        parts.check_keys([table], [sink.part(pile)], [parts.Hashes.of(sink.directory, sink.key_runs[pile])], pile)
+
+    check(0)
+    check(1)
+    with pytest.raises(SampleError, match=r"pile 2: sample 3 \(offset 3072\) has the key 'k0' of sample 0 \(offset 0\)"):
+        check(2)
+    with pytest.raises(SampleError, match=r"pile 2: sample 3 \(offset 3072\) has the key 'k0'"):
+        parts.check_sink(sink)
+
+
+@given(st.text(alphabet="aZ09-_./\u00e9", max_size=12))
+def test_a_key_the_quick_check_lets_through_passes_the_full_check(key):
+    from shardkit.piles import encode
+
+    if encode._PLAIN.fullmatch(key):
+        assert encode._check_key(key) == key
 
 
 def test_keys_that_are_alike_only_in_their_hash_are_written(tmp_path, monkeypatch):

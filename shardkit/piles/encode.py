@@ -5,6 +5,7 @@ fields in sorted order, values encoded by extension (:mod:`shardkit.codecs`). Th
 here, once, for everything that would make WebDataset readers split or merge it.
 
     data, exts = encode_sample({"__key__": "000017", "jpg": image, "cls": 3})
+    parts, size, exts = encode_parts({"__key__": "000017", "jpg": image, "cls": 3})
 """
 
 from __future__ import annotations
@@ -16,13 +17,24 @@ from typing import Any, NoReturn
 
 from shardkit.codecs import DEFAULT, Codecs, encode_field
 from shardkit.errors import SampleError
+from shardkit.storage import Chunk
 from shardkit.tar import write
 
 # C0 and C1 control characters, DEL: tar cuts a name at NUL, and none belongs in a file name
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+# keys that pass every check below at a glance (most do): ASCII letters, digits, '-' and '_' in
+# '/'-separated components, none empty, none starting with '_' (so none is '__name__'), no dot
+_PLAIN = re.compile(r"[0-9A-Za-z-][0-9A-Za-z_-]*(?:/[0-9A-Za-z-][0-9A-Za-z_-]*)*")
 
 
 def check_key(key: Any) -> str:
+    """``key`` if it is a valid sample key, else a SampleError saying why not."""
+    if type(key) is str and _PLAIN.fullmatch(key):
+        return key
+    return _check_key(key)
+
+
+def _check_key(key: Any) -> str:
     if not isinstance(key, str) or not key:
         raise SampleError(f"sample key must be a non-empty str, got {key!r}")
     if not key.isascii():
@@ -50,19 +62,42 @@ def encode_sample(sample: Mapping[str, Any], codecs: Codecs = DEFAULT, *, max_pi
         SampleError: a bad key, an empty or duplicate extension, a value with no encoder, or a
             sample that alone would not fit in a pile of ``max_pile_bytes``.
     """
+    parts, _, exts = encode_parts(sample, codecs, max_pile_bytes=max_pile_bytes)
+    return b"".join(parts), list(exts)
+
+
+def encode_parts(
+    sample: Mapping[str, Any], codecs: Codecs = DEFAULT, *, max_pile_bytes: int | None = None
+) -> tuple[list[Chunk], int, tuple[str, ...]]:
+    """:func:`encode_sample`'s bytes as the pieces they are made of, their total size, and the extensions.
+
+    The pieces are headers, the field values themselves (no copy) and padding: a writer that
+    gathers them at its next write never copies a sample into a buffer of its own, which for
+    samples of a few KB costs more than the rest of encoding (fresh memory, page by page). The
+    extensions are one tuple for every sample with the same field names.
+
+    Raises:
+        SampleError: as :func:`encode_sample`.
+    """
     if "__key__" not in sample:
         raise SampleError(f"sample has no '__key__' (fields: {sorted(sample)})")
     key = check_key(sample["__key__"])
-    order = _field_order(tuple(sample))
-    if order is None:  # something is wrong with the field names: say what
+    found = _field_order(tuple(sample))
+    if found is None:  # something is wrong with the field names: say what
         _refuse_fields(key, sample)
-    parts: list[bytes | bytearray | memoryview] = []
+    order, exts = found
+    parts: list[Chunk] = []
     for name, ext in order:
-        parts.extend(write.member_parts(f"{key}.{ext}", encode_field(codecs, key, ext, sample[name])))
-    data = b"".join(parts)  # one copy of the payload, not one per member and one per sample
-    if max_pile_bytes is not None and len(data) + len(write.TRAILER) > max_pile_bytes:
-        raise SampleError(f"sample {key!r} is {len(data)} bytes, larger than max_pile_bytes ({max_pile_bytes}) on its own")
-    return data, [ext for _, ext in order]
+        value = sample[name]
+        if type(value) is not bytes:  # bytes pass as they are (most values, in a writer's hot loop)
+            value = encode_field(codecs, key, ext, value)
+            if type(value) is not bytes:  # kept until the writer's next write: a buffer its maker may reuse is copied now
+                value = bytes(value)
+        parts.extend(write.member_parts(f"{key}.{ext}", value))
+    size = sum(map(len, parts))
+    if max_pile_bytes is not None and size + len(write.TRAILER) > max_pile_bytes:
+        raise SampleError(f"sample {key!r} is {size} bytes, larger than max_pile_bytes ({max_pile_bytes}) on its own")
+    return parts, size, exts
 
 
 def _check_bytes(what: str, text: str) -> None:
@@ -78,8 +113,9 @@ def _check_bytes(what: str, text: str) -> None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _field_order(names: tuple[str, ...]) -> tuple[tuple[str, str], ...] | None:
-    """(field name, extension) of the fields a sample with these names writes, by extension.
+def _field_order(names: tuple[str, ...]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]] | None:
+    """(field name, extension) of the fields a sample with these names writes, by extension, and
+    the extensions alone.
 
     Samples of one dataset share their field names, so this runs once per kind of sample.
     None when the names are not valid (:func:`_refuse_fields` says why).
@@ -92,7 +128,8 @@ def _field_order(names: tuple[str, ...]) -> tuple[tuple[str, str], ...] | None:
         if not ext or "/" in ext or ext in fields or not _writable(ext):
             return None
         fields[ext] = name
-    return tuple((fields[ext], ext) for ext in sorted(fields)) or None
+    exts = tuple(sorted(fields))
+    return (tuple((fields[ext], ext) for ext in exts), exts) if exts else None
 
 
 def _writable(text: str) -> bool:

@@ -3,9 +3,10 @@
 A :class:`PileSink` is what one process writes pass 1 into: M append-only part files in a
 staging directory. It remembers which input unit wrote which byte range of each part (so parts
 from several processes can be merged back into input order), the CRC-32 of each part as it
-goes (so publishing never reads a part back just to checksum it), and, in a file beside each
-part, a 64-bit hash of every sample's key: :func:`check_keys` finds a key repeated anywhere in
-a pile from the hashes of every part, and reads only the samples whose hashes meet.
+goes (so publishing never reads a part back just to checksum it), and, in one file beside the
+parts (:data:`KEYS`), a 64-bit hash of every sample's key: :func:`check_keys` finds a key
+repeated anywhere in a pile from the hashes of every part, and reads only the samples whose
+hashes meet.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,9 +38,28 @@ def part_file(directory: str, pile: int) -> str:
     return os.path.join(directory, f"{pile:06d}.part")
 
 
-def keys_path(part: str) -> str:
-    """The file of key hashes beside the part file ``part``: 8 bytes a sample, in the part's order."""
-    return part.removesuffix(".part") + ".keys"
+# the file of key hashes in a part directory: 8 bytes a sample, each flush's by pile
+KEYS = "keys"
+# numbers per row of PileSink.key_runs: the first hash's place in the key file (in hashes), and how many
+RUN = 2
+
+
+def keys_file(directory: str) -> str:
+    """The file of key hashes in the part directory ``directory``."""
+    return os.path.join(directory, KEYS)
+
+
+@dataclass(frozen=True)
+class Hashes:
+    """Where one part file's key hashes are: ``runs`` (``(n, RUN)`` int64) of the key file
+    ``path``, in the part's order."""
+
+    path: str
+    runs: np.ndarray
+
+    @classmethod
+    def of(cls, directory: str, runs: array[int]) -> Hashes:
+        return cls(keys_file(directory), np.frombuffer(runs, dtype=np.int64).reshape(-1, RUN))
 
 
 class PileSink:
@@ -49,13 +70,15 @@ class PileSink:
     a flat ``array('q')`` of ``[unit, start, end, samples]`` rows (``SEGMENT`` numbers each):
     compact enough to keep one per (unit, pile) pair for millions of units and to send between
     processes. ``crcs[p]`` is the CRC-32 of part file p, kept as it is written so publishing
-    never reads it back. Beside each part, :func:`keys_path` holds the 64-bit hash of each
-    sample's key, written with the bytes at every flush: memory holds only the hashes of what is
-    buffered, and :func:`check_keys` looks for a key repeated anywhere in a pile once every part
-    is written.
+    never reads it back. One key file for all piles (:func:`keys_file`) holds the 64-bit hash
+    of each sample's key, written with the bytes at every flush, pile after pile;
+    ``key_runs[p]`` (flat ``[first, count]`` rows, ``RUN`` numbers each) says where pile p's
+    are. Memory holds only the hashes of what is buffered, and :func:`check_keys` looks for a
+    key repeated anywhere in a pile once every part is written. One file, not one a pile: each
+    file made costs the disk more than a flush's bytes of a small pile.
 
         sink = PileSink("staging/part-0", piles=64, buffer_size=64 << 20)
-        sink.add(pile=3, data=member_bytes, unit=0, key="000017")
+        sink.add(pile=3, parts=[member_bytes], size=len(member_bytes), unit=0, key="000017")
         sink.flush()
     """
 
@@ -65,11 +88,14 @@ class PileSink:
         self._chunks: list[list[storage.Chunk]] = [[] for _ in range(piles)]
         self._buffered = 0
         self._maps = 0
-        self._limit = buffer_size
+        self.limit = buffer_size
         self.counts = [0] * piles
         self.sizes = [0] * piles
         self.crcs = [0] * piles
         self.segments: list[array[int]] = [array("q") for _ in range(piles)]
+        self.key_runs: list[array[int]] = [array("q") for _ in range(piles)]
+        # hashes in the key file
+        self.hashed = 0
         # keys add() appended since the last flush (hashed together), then the hashes to write
         self._keys: list[list[bytes]] = [[] for _ in range(piles)]
         self._hashes: list[list[np.ndarray]] = [[] for _ in range(piles)]
@@ -90,8 +116,10 @@ class PileSink:
         self.sizes[pile] = start + nbytes
         self.counts[pile] += samples
 
-    def add(self, pile: int, data: bytes, unit: int, key: str) -> None:
-        """Append one sample's bytes (its key is ``key``) to ``pile``; ``unit`` labels the segment.
+    def add(self, pile: int, parts: Sequence[storage.Chunk], size: int, unit: int, key: str) -> None:
+        """Append one sample's bytes (``parts``, ``size`` bytes in all; its key is ``key``) to
+        ``pile``; ``unit`` labels the segment. The parts are held, not copied, until the next
+        flush: they must not change meanwhile.
 
         Raises:
             SampleError: the sample ``unit`` appended to ``pile`` just before has the same key
@@ -99,7 +127,7 @@ class PileSink:
                 repeat anywhere else is found by :func:`check_keys` reading segments back.
         """
         last, start, seg = self._last[pile], self.sizes[pile], self.segments[pile]
-        end = start + len(data)
+        end = start + size
         if seg and seg[-4] == unit and seg[-2] == start:  # the range goes on (inlined: the hot path)
             if last is not None and last[0] == key:
                 n = self.counts[pile]
@@ -113,11 +141,14 @@ class PileSink:
         self.counts[pile] += 1
         self._last[pile] = (key, start)
         self._keys[pile].append(key.encode("utf-8", "surrogateescape"))
-        self._chunks[pile].append(data)
+        self._chunks[pile].extend(parts)
         # checksummed now, while the bytes just made are still in the CPU cache
-        self.crcs[pile] = manifest.checksum(data, self.crcs[pile])
-        self._buffered += len(data)
-        if self._buffered >= self._limit:
+        crc, checksum = self.crcs[pile], manifest.checksum
+        for part in parts:
+            crc = checksum(part, crc)
+        self.crcs[pile] = crc
+        self._buffered += size
+        if self._buffered >= self.limit:
             self.flush()
 
     def extend(
@@ -146,7 +177,7 @@ class PileSink:
             self._record(pile, unit, int(totals[pile]), int(counts[pile]))
         self._buffered += int(sizes.sum())
         self._maps += mapped
-        if self._buffered >= self._limit or self._maps >= MAX_MAPS:
+        if self._buffered >= self.limit or self._maps >= MAX_MAPS:
             self.flush()
 
     def _settle(self, pile: int) -> None:
@@ -155,16 +186,41 @@ class PileSink:
             self._hashes[pile].append(key_hashes(np.array(self._keys[pile], dtype=bytes)))
             self._keys[pile].clear()
 
+    def _settle_all(self) -> None:
+        """:meth:`_settle` every pile, hashing all their keys in one call (not one a pile)."""
+        piles = [pile for pile, keys in enumerate(self._keys) if keys]
+        if not piles:
+            return
+        hashes = key_hashes(np.array([key for pile in piles for key in self._keys[pile]], dtype=bytes))
+        at = 0
+        for pile in piles:
+            n = len(self._keys[pile])
+            self._hashes[pile].append(hashes[at : at + n])
+            self._keys[pile].clear()
+            at += n
+
     def flush(self) -> None:
-        """Append the buffered bytes to the part files, and their keys' hashes beside them."""
+        """Append the buffered bytes to the part files, and their keys' hashes to the key file."""
+        self._settle_all()
+        hashes: list[np.ndarray] = []
+        at = self.hashed
         for pile, chunks in enumerate(self._chunks):
-            self._settle(pile)
             if chunks:
                 _append(self.part(pile), chunks)
                 chunks.clear()
             if self._hashes[pile]:
-                _append(keys_path(self.part(pile)), [np.concatenate(self._hashes[pile]).astype(_HASH).tobytes()])
+                mine = np.concatenate(self._hashes[pile]).astype(_HASH)
                 self._hashes[pile].clear()
+                runs = self.key_runs[pile]
+                if runs and runs[-2] + runs[-1] == at:  # one run for a pile the only one written
+                    runs[-1] += len(mine)
+                else:
+                    runs.extend((at, len(mine)))
+                hashes.append(mine)
+                at += len(mine)
+        if hashes:
+            _append(keys_file(self.directory), [np.concatenate(hashes).tobytes()])
+            self.hashed = at
         self._buffered = 0
         self._maps = 0
 
@@ -182,6 +238,7 @@ def _append(path: str, chunks: Sequence[storage.Chunk]) -> None:
 def check_keys(
     tables: Sequence[np.ndarray],
     paths: Sequence[str],
+    hashes: Sequence[Hashes],
     pile: int,
     *,
     skipped: np.ndarray | Sequence[int] = (),
@@ -189,20 +246,21 @@ def check_keys(
 ) -> None:
     """Refuse two samples of pile ``pile`` with one key, wherever they are in it.
 
-    ``paths[k]`` is a part file of the pile and ``tables[k]`` its segments, in file order
-    (``(n, SEGMENT)`` int64); the pile is the segments of units not in ``skipped``, by unit and
-    then position. The hashes beside the parts find the candidates: 16 bytes of memory a sample
-    of this one pile (its hashes and their sorted copy). Only samples whose hashes meet are read
-    back, and their keys decide, so a hash collision is never an error.
+    ``paths[k]`` is a part file of the pile, ``tables[k]`` its segments, in file order
+    (``(n, SEGMENT)`` int64), and ``hashes[k]`` where its samples' key hashes are; the pile is
+    the segments of units not in ``skipped``, by unit and then position. The hashes find the
+    candidates: 16 bytes of memory a sample of this one pile (its hashes and their sorted copy).
+    Only samples whose hashes meet are read back, and their keys decide, so a hash collision is
+    never an error.
 
     Raises:
         SampleError: two samples share a key; the message gives both positions in the pile (and,
             with ``unit_name``, the units they came from).
     """
-    hashes, bounds = _read_hashes(paths)
-    if len(hashes) < 2:
+    found, bounds = _read_hashes(hashes)
+    if len(found) < 2:
         return
-    ordered = np.sort(hashes)
+    ordered = np.sort(found)
     same = ordered[1:] == ordered[:-1]
     if not same.any():
         return
@@ -211,7 +269,7 @@ def check_keys(
     placed = _placed(tables, skipped)
     places: dict[str, list[tuple[int, int, int]]] = {}
     for k, table in enumerate(tables):
-        candidates = _among(hashes[bounds[k] : bounds[k + 1]], suspects)
+        candidates = _among(found[bounds[k] : bounds[k + 1]], suspects)
         for key, at in _keys_at(paths[k], table, placed[k], candidates):
             places.setdefault(key, []).append(at)
     # the first repeat in the pile's order: the second place of its key, and the first
@@ -226,18 +284,46 @@ def check_keys(
         raise SampleError(f"pile {pile}: {repeated_key(key, where(later), where(earlier))}{ADVICE}")
 
 
+def check_sink(sink: PileSink) -> None:
+    """:func:`check_keys` for every pile of ``sink``, the one part of each (after its last flush).
+
+    When every hash the sink holds fits twice in its buffer's memory (free once flushed), they
+    are read and sorted at once: if no two samples share a hash, no pile repeats a key.
+    Otherwise, and always for a larger sink, each pile is checked on its own. Checking M piles
+    one by one costs M reads and M small sorts, which at hundreds of piles is most of closing.
+    """
+    if sink.hashed < 2:
+        return
+    if len(sink.sizes) > 1 and 2 * sink.hashed * _HASH.itemsize <= sink.limit:
+        everything = Hashes(keys_file(sink.directory), np.array([[0, sink.hashed]], dtype=np.int64))
+        found = np.sort(_read_hashes([everything])[0])
+        if not (found[1:] == found[:-1]).any():
+            return
+    for pile in range(len(sink.sizes)):
+        table = np.frombuffer(sink.segments[pile], dtype=np.int64).reshape(-1, SEGMENT)
+        check_keys([table], [sink.part(pile)], [Hashes.of(sink.directory, sink.key_runs[pile])], pile)
+
+
 _HASH = np.dtype("<u8")
 
 
-def _read_hashes(paths: Sequence[str]) -> tuple[np.ndarray, list[int]]:
-    """The key hashes beside every part, in one array; part k's are ``[bounds[k]:bounds[k + 1]]``."""
-    sizes = [os.path.getsize(keys_path(p)) // _HASH.itemsize if os.path.exists(keys_path(p)) else 0 for p in paths]
+def _read_hashes(parts: Sequence[Hashes]) -> tuple[np.ndarray, list[int]]:
+    """The key hashes of every part, in one array; part k's are ``[bounds[k]:bounds[k + 1]]``."""
+    sizes = [int(p.runs[:, 1].sum()) for p in parts]
     bounds = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
-    hashes = np.empty(bounds[-1], dtype=_HASH)
-    for path, lo, hi in zip(paths, bounds[:-1], bounds[1:], strict=True):
-        if hi > lo:
-            hashes[lo:hi] = np.fromfile(keys_path(path), dtype=_HASH, count=hi - lo)
-    return hashes, bounds
+    found = np.empty(bounds[-1], dtype=_HASH)
+    view = found.data.cast("B")
+    size = _HASH.itemsize
+    for part, lo in zip(parts, bounds[:-1], strict=True):
+        if not len(part.runs):
+            continue
+        with storage.guard(part.path, "read key hashes"), open(part.path, "rb") as f:
+            for first, count in part.runs.tolist():
+                f.seek(first * size)
+                if f.readinto(view[lo * size : (lo + count) * size]) != count * size:
+                    raise CorruptShardError(f"{part.path}: ends before the {count} key hashes recorded at offset {first * size}")
+                lo += count
+    return found, bounds
 
 
 def _among(hashes: np.ndarray, suspects: np.ndarray, chunk: int = 1 << 20) -> np.ndarray:

@@ -323,7 +323,12 @@ def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray, units: Se
     """
     tables = [np.frombuffer(part.segments[pile], dtype=np.int64).reshape(-1, SEGMENT) for part in parts]
     check_keys(
-        tables, [part.paths[pile] for part in parts], pile, skipped=skipped, unit_name=lambda u: f"input unit {u} ({describe(units[u])})"
+        tables,
+        [part.paths[pile] for part in parts],
+        [part.hashes(pile) for part in parts],
+        pile,
+        skipped=skipped,
+        unit_name=lambda u: f"input unit {u} ({describe(units[u])})",
     )
     rows = np.concatenate(
         [np.column_stack([t, np.full(len(t), k, dtype=np.int64)]) for k, t in enumerate(tables)]

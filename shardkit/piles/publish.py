@@ -233,8 +233,9 @@ def _split(
 
 @dataclass(frozen=True)
 class PileWork:
-    """What it takes to finish pile ``pile``: its runs and sample count, the split settings, and
-    the compression (``pack``)."""
+    """What it takes to finish pile ``pile``: its runs and sample count, the split settings, the
+    compression (``pack``), and whether a record of the finished pile is kept for a job that
+    resumes (``record``)."""
 
     pile: int
     runs: Sequence[Run]
@@ -243,6 +244,7 @@ class PileWork:
     most: int | None
     staging: str
     pack: Pack | None = None
+    record: bool = True
 
 
 def finish_pile(work: PileWork) -> tuple[list[_Staged], bool]:
@@ -250,12 +252,13 @@ def finish_pile(work: PileWork) -> tuple[list[_Staged], bool]:
     (then compress each sub-pile) if it holds over ``work.most`` samples.
 
     Safe to run again after it was interrupted (a Ray task retried): the part files are removed
-    only once a record of the finished pile is written, and a record found is the answer.
+    only once a record of the finished pile is written, and a record found is the answer. With
+    ``work.record`` off (a job that nothing resumes) no record is written.
     """
     name = pile_name(work.pile)
     path = os.path.join(work.staging, name)
     record = path + ".done"
-    if os.path.exists(record):
+    if work.record and os.path.exists(record):
         return _read_record(record)
     splits = work.most is not None and work.count > work.most  # an empty pile is never split
     tar_size = sum(run.length for run in work.runs) + len(write.TRAILER)
@@ -283,10 +286,11 @@ def finish_pile(work: PileWork) -> tuple[list[_Staged], bool]:
         )
         result = pieces, True
     check_stop()  # a merge stopped meanwhile records nothing and keeps its part files
-    # renamed into place but not synced: it guards against a process that dies, as a retry needs
-    with open(record + ".tmp", "w") as f:
-        json.dump([[dataclasses.astuple(p) for p in result[0]], result[1]], f)
-    os.replace(record + ".tmp", record)
+    if work.record:
+        # renamed into place but not synced: it guards against a process that dies, as a retry needs
+        with open(record + ".tmp", "w") as f:
+            json.dump([[dataclasses.astuple(p) for p in result[0]], result[1]], f)
+        os.replace(record + ".tmp", record)
     for run in work.runs:  # each part file holds one pile's bytes: gone once the pile is made, so disk peaks near 1x the data
         with contextlib.suppress(FileNotFoundError):
             os.unlink(run.path)
@@ -415,6 +419,7 @@ def publish(
     threads: int = 1,
     progress: Callable[[int], Any] | None = None,
     mapper: Mapper | None = None,
+    resumable: bool = True,
 ) -> Manifest:
     """Assemble each pile from its runs, split oversized piles, move them in, write the manifest.
 
@@ -431,11 +436,14 @@ def publish(
         progress: called with 1 as each pile is finished.
         mapper: where the piles are assembled (:data:`Mapper`; default: ``threads`` threads
             here). The staging directory must be a path wherever it runs them.
+        resumable: keep a record of each finished pile in the staging directory, for the job
+            run again to take up (see :func:`finished_piles`). A job that nothing resumes saves
+            the files: on a busy disk, each costs more to make and remove than a small pile.
     """
     total = sum(run.length for pile_runs in runs for run in pile_runs)
     most = capacity(options.max_bytes, sum(counts), total)
     pack = Pack.of(options)
-    work = [PileWork(p, runs[p], counts[p], options.seed, most, staging, pack) for p in range(len(runs))]
+    work = [PileWork(p, runs[p], counts[p], options.seed, most, staging, pack, resumable) for p in range(len(runs))]
     finished = map_threads(finish_pile, work, threads, progress) if mapper is None else mapper(finish_pile, work, progress)
     split = sum(was_split for _, was_split in finished)
     pieces = [piece for staged, _ in finished for piece in staged]

@@ -3,7 +3,7 @@
 Pass 1 stages its part files in one directory per output (:func:`staging_path`), with one
 subdirectory per process or Ray task. Now and then, and when it finishes, a process *commits*
 its subdirectory: it writes out its buffers, then renames :data:`COMMIT` into place, a record of the units it has done (and skipped) and how long each
-part file and key-hash file was at that moment. Bytes written after the last commit belong to
+part file and the key-hash file were at that moment. Bytes written after the last commit belong to
 no record; a unit is done once a record names it.
 
 A job that dies (kill -9, Ctrl-C, a lost machine) leaves the staging directory, with
@@ -45,7 +45,7 @@ from shardkit.dataset import layout
 from shardkit.dataset.owned import Records, delete_owned
 from shardkit.dataset.staging import check_staging, clear_tree, make_staging, new_remote, recorded
 from shardkit.errors import ConfigError, DatasetExistsError, Failure, StorageError
-from shardkit.piles.parts import keys_path, part_file
+from shardkit.piles.parts import keys_file, part_file
 from shardkit.piles.publish import finished_piles
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,8 @@ COMMIT = "commit"
 MERGING = "piles"
 # held by the job that uses a staging directory, so a second job on the same output fails
 LOCK = ".lock"
-_MAGIC = b"shardkit-commit-1\n"
+# 2: one key-hash file a part directory (1 had one a part file): a record of 1 is no commit
+_MAGIC = b"shardkit-commit-2\n"
 # seconds between the commits of a process that keeps working: what a kill can cost it
 COMMIT_SECONDS = 15.0
 # the key-hash files hold 8 bytes a sample
@@ -72,8 +73,9 @@ _HASH_BYTES = 8
 class Commit:
     """What a part directory held when it was last committed.
 
-    ``sizes[p]``/``crcs[p]``: length and CRC-32 of part file p; ``counts[p]``: its samples (and
-    8-byte key hashes); ``segments[p]``: its ``[unit, start, end, samples]`` rows; ``units``: the
+    ``sizes[p]``/``crcs[p]``: length and CRC-32 of part file p; ``counts[p]``: its samples;
+    ``segments[p]``: its ``[unit, start, end, samples]`` rows; ``key_runs[p]``: where its key
+    hashes are in the key file, which holds ``hashed`` of them (8 bytes each); ``units``: the
     units written completely; ``failures``: the units skipped (``on_error="skip"``);
     ``factors``: input samples by their number of copies (with a repeat rule).
     """
@@ -82,6 +84,8 @@ class Commit:
     crcs: list[int]
     counts: list[int]
     segments: list[Any]
+    key_runs: list[Any]
+    hashed: int
     fields: set[str]
     units: list[int]
     failures: list[Failure]
@@ -516,18 +520,19 @@ def _check_all(found: Mapping[str, Commit], merged: Mapping[int, int]) -> tuple[
 
 
 def _check_dir(directory: str, commit: Commit, skip: Mapping[int, int]) -> str | None:
-    for pile, (size, crc, count) in enumerate(zip(commit.sizes, commit.crcs, commit.counts, strict=True)):
-        if pile in skip:
-            continue  # merged: the part file went into the pile (a link to it, or deleted)
-        part = part_file(directory, pile)
-        for path, length in ((part, size), (keys_path(part), count * _HASH_BYTES)):
-            have = os.path.getsize(path) if os.path.exists(path) else 0  # a pile no unit wrote to has no file
-            if have < length:
-                return f"{os.path.basename(path)} holds {have} bytes, the commit says {length}"
-            if have > length:
-                os.truncate(path, length)  # written after the commit: belongs to no unit that is done
-        if size and _crc(part, size) != crc:
-            return f"{os.path.basename(part)} does not match its checksum"
+    checked = [(keys_file(directory), commit.hashed * _HASH_BYTES)]
+    for pile, size in enumerate(commit.sizes):
+        if pile not in skip:  # a merged pile's part file went into the pile (a link to it, or deleted)
+            checked.append((part_file(directory, pile), size))
+    for path, length in checked:
+        have = os.path.getsize(path) if os.path.exists(path) else 0  # a pile no unit wrote to has no file
+        if have < length:
+            return f"{os.path.basename(path)} holds {have} bytes, the commit says {length}"
+        if have > length:
+            os.truncate(path, length)  # written after the commit: belongs to no unit that is done
+    for pile, (size, crc) in enumerate(zip(commit.sizes, commit.crcs, strict=True)):
+        if pile not in skip and size and _crc(part_file(directory, pile), size) != crc:
+            return f"{os.path.basename(part_file(directory, pile))} does not match its checksum"
     return None
 
 

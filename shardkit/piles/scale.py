@@ -14,8 +14,8 @@ Nothing is read or written.
 The formulas (P writers: ``workers`` processes, or ``min(units, 4 x CPUs, 256)`` Ray tasks; n samples of
 b bytes; M piles; s = n / M):
 
-- part files on the staging disk: 2 P M (the bytes and the 8-byte key hashes); each pile is
-  merged from at most P runs (the fan-in), one pile a task.
+- part files on the staging disk: P (M + 1) (the bytes of each pile, and one file of 8-byte key
+  hashes a writer); each pile is merged from at most P runs (the fan-in), one pile a task.
 - objects in an object-store output: M' + 1 (the piles after splits, and the manifest), plus
   the journal (written, rewritten, deleted); PUT requests: sum over piles of
   ceil(pile bytes / 16 MiB) (+2 for each pile sent in parts), the manifest, and 4 for the journal
@@ -86,7 +86,7 @@ def plan(shape: Shape) -> dict[str, Any]:
         "pile_sd": math.sqrt(mean * (1 - 1 / m)),
         "pile_bytes": pile_bytes,
         "data_bytes": data,
-        "staging_files": 2 * p * m,
+        "staging_files": p * (m + 1),
         "merge_fan_in": p,
         "objects": m + 1 if shape.remote else 0,
         "put_requests": m * requests_per_pile + 1 + 4 if shape.remote else 0,

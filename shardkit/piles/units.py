@@ -22,8 +22,8 @@ from shardkit.codecs import Codecs
 from shardkit.errors import Failure, InputError, RemoteTraceback, SampleError, ShardkitError
 from shardkit.piles import canonical, resume, router
 from shardkit.piles import repeat as repeat_rules
-from shardkit.piles.encode import encode_sample
-from shardkit.piles.parts import ADVICE, PileSink, part_file
+from shardkit.piles.encode import encode_parts
+from shardkit.piles.parts import ADVICE, Hashes, PileSink, part_file
 from shardkit.tar.keys import repeated_key, sample_at
 from shardkit.tar.shard import read_shard
 
@@ -88,13 +88,19 @@ def skip_record(failure: Failure, unit: Any) -> dict[str, Any]:
 @dataclass
 class Part:
     """What one process wrote: per-pile part files, their segments and CRC-32s, the field
-    extensions, and input samples by their number of copies (with a repeat rule)."""
+    extensions, where each pile's key hashes are, and input samples by their number of copies
+    (with a repeat rule)."""
 
     paths: list[str]
     segments: list[Any]
     fields: set[str]
     crcs: list[int]
+    key_runs: list[Any]
     factors: dict[int, int] = field(default_factory=dict)
+
+    def hashes(self, pile: int) -> Hashes:
+        """Where the key hashes of pile ``pile``'s part file are."""
+        return Hashes.of(os.path.dirname(self.paths[pile]), self.key_runs[pile])
 
 
 def part_directory(staging: str, attempt: str, worker: int) -> str:
@@ -109,8 +115,8 @@ def chunk_directory(staging: str, attempt: str, first: int, last: int) -> str:
     return os.path.join(staging, f"{attempt}-u{first:09d}-{last:09d}")
 
 
-def _encoded(job: UnitWork, unit: Any, factors: Counter[int]) -> Iterator[tuple[str, bytes, list[str]]]:
-    """(key, bytes, extensions) of each sample of one unit, each copy ``job.repeat`` asks for
+def _encoded(job: UnitWork, unit: Any, factors: Counter[int]) -> Iterator[tuple[str, list[storage.Chunk], int, tuple[str, ...]]]:
+    """(key, byte pieces, size, extensions) of each sample of one unit, each copy ``job.repeat`` asks for
     (counted in ``factors``); anything raised by ``fn``, the rule or the encoder is a UnitFailed."""
     try:
         samples = job.fn(unit)
@@ -126,8 +132,8 @@ def _encoded(job: UnitWork, unit: Any, factors: Counter[int]) -> Iterator[tuple[
             for copy in range(count):
                 # copy 0 is the sample as it is; once it encoded, its key is a valid str to extend
                 written = sample if copy == 0 else {**sample, "__key__": repeat_rules.copy_key(sample["__key__"], copy)}
-                data, exts = encode_sample(written, job.codecs, max_pile_bytes=job.max_pile_bytes)
-                yield written["__key__"], data, exts
+                parts, size, exts = encode_parts(written, job.codecs, max_pile_bytes=job.max_pile_bytes)
+                yield written["__key__"], parts, size, exts
     except Exception as e:
         raise UnitFailed(str(e)) from e
 
@@ -167,14 +173,14 @@ class UnitWriter:
         samples = nbytes = 0
         factors: Counter[int] = Counter()
         # errors from the sink (a full disk) are not the unit's fault: they escape UnitFailed
-        for key, data, exts in _encoded(self.job, unit, factors):
+        for key, parts, size, exts in _encoded(self.job, unit, factors):
             if ordinals.setdefault(key, samples) != samples:
                 error = SampleError(repeated_key(key, sample_at(samples), sample_at(ordinals[key])) + ADVICE)
                 raise UnitFailed(str(error)) from error
-            add(route(), data, index, key)
+            add(route(), parts, size, index, key)
             seen.update(exts)
             samples += 1
-            nbytes += len(data)
+            nbytes += size
         # a unit's fields count once it succeeded: a skipped unit leaves no trace
         self.fields |= seen
         self.factors.update(factors)
@@ -225,6 +231,8 @@ class UnitWriter:
             crcs=list(sink.crcs),
             counts=list(sink.counts),
             segments=list(sink.segments),
+            key_runs=list(sink.key_runs),
+            hashed=sink.hashed,
             fields=set(self.fields),
             factors=dict(self.factors),
             units=list(self.done),
@@ -243,17 +251,20 @@ class UnitWriter:
     def finish(self) -> Part:
         """Flush the buffers and commit; returns what this process wrote."""
         self.commit()
-        return part_of(self.sink.directory, self.job.piles, self.sink.segments, self.fields, self.sink.crcs, dict(self.factors))
+        sink = self.sink
+        return part_of(sink.directory, self.job.piles, sink.segments, self.fields, sink.crcs, sink.key_runs, dict(self.factors))
 
 
-def part_of(directory: str, piles: int, segments: list[Any], fields: set[str], crcs: list[int], factors: dict[int, int]) -> Part:
+def part_of(
+    directory: str, piles: int, segments: list[Any], fields: set[str], crcs: list[int], key_runs: list[Any], factors: dict[int, int]
+) -> Part:
     """The :class:`Part` of the part directory ``directory``."""
-    return Part([part_file(directory, p) for p in range(piles)], segments, fields, crcs, factors)
+    return Part([part_file(directory, p) for p in range(piles)], segments, fields, crcs, key_runs, factors)
 
 
 def reused_part(directory: str, commit: resume.Commit) -> Part:
     """The :class:`Part` an earlier run committed in ``directory``."""
-    return part_of(directory, len(commit.sizes), commit.segments, commit.fields, commit.crcs, commit.factors)
+    return part_of(directory, len(commit.sizes), commit.segments, commit.fields, commit.crcs, commit.key_runs, commit.factors)
 
 
 # the task that asks a worker for its part: everything it wrote

@@ -14,13 +14,10 @@ dataset for a whole one.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 from shardkit import storage
 from shardkit._util import check_path, shown
@@ -30,10 +27,10 @@ from shardkit.manifest import Manifest
 from shardkit.option_fields import from_call, specs
 from shardkit.piles import append, router
 from shardkit.piles.advice import sparse_piles, too_many_piles
-from shardkit.piles.encode import encode_sample
+from shardkit.piles.encode import encode_parts
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import claim, remove_staging
-from shardkit.piles.parts import SEGMENT, PileSink, check_keys
+from shardkit.piles.parts import PileSink, check_sink
 from shardkit.piles.publish import Run, publish
 
 log = logging.getLogger(__name__)
@@ -123,6 +120,7 @@ class PileWriter:
         self._router = router.PileRouter(piles=self.options.piles, seed=self.options.seed, generation=generation)
         self._codecs = check_codecs(codecs)
         self._fields: set[str] = set()
+        self._exts: tuple[str, ...] = ()
         self._closed = False
         self.manifest: Manifest | None = None
 
@@ -130,7 +128,7 @@ class PileWriter:
         """Encode ``sample`` and append it to a randomly chosen pile; returns the pile index.
 
         Raises:
-            SampleError: a sample :func:`encode_sample` refuses (a surrogate that is no byte,
+            SampleError: a sample :func:`~shardkit.piles.encode.encode_sample` refuses (a surrogate that is no byte,
                 a control character, a dot in its file name...), or one whose key is the key of
                 the sample just appended to the same pile (readers would merge the two), before
                 anything changes. A key repeated elsewhere in a pile is found by :meth:`close`.
@@ -139,17 +137,19 @@ class PileWriter:
             raise RuntimeError("PileWriter.write() called after close(); open a new writer.")
         if not isinstance(sample, Mapping):
             raise SampleError(f"PileWriter.write: expected a sample dict with '__key__', got {shown(sample)}")
-        data, exts = encode_sample(sample, self._codecs, max_pile_bytes=self.options.max_bytes)
-        self._fields.update(exts)
+        parts, size, exts = encode_parts(sample, self._codecs, max_pile_bytes=self.options.max_bytes)
+        if exts is not self._exts:  # one tuple for every sample with the same fields
+            self._fields.update(exts)
+            self._exts = exts
         pile = self._router.next()
-        self._sink.add(pile, data, -1, sample["__key__"])
+        self._sink.add(pile, parts, size, -1, sample["__key__"])
         return pile
 
     def close(self) -> Manifest:
         """Publish the piles and the manifest. Idempotent; returns the manifest.
 
         Every pile is first checked for two samples with one key, from the 64-bit key hashes
-        kept beside its part file (16 bytes of memory a sample of one pile, one pile at a time).
+        kept beside the part files (see :func:`~shardkit.piles.parts.check_sink`).
 
         Raises:
             SampleError: two samples of a pile have one key (nothing is published).
@@ -161,12 +161,16 @@ class PileWriter:
             try:
                 self._sink.flush()
                 sink = self._sink
-                for p in range(self.options.piles):
-                    check_keys([np.frombuffer(sink.segments[p], dtype=np.int64).reshape(-1, SEGMENT)], [sink.part(p)], p)
+                check_sink(sink)
                 runs = [[Run(sink.part(p), 0, sink.sizes[p], sink.crcs[p])] for p in range(self.options.piles)]
-                self.manifest = (publish if self._base is None else functools.partial(append.finish, self._base))(
-                    self._output, runs, self._sink.counts, options=self.options, fields=self._fields, staging=self._staging
-                )
+                if self._base is None:  # a writer is not resumed: no records of finished piles
+                    self.manifest = publish(
+                        self._output, runs, sink.counts, options=self.options, fields=self._fields, staging=self._staging, resumable=False
+                    )
+                else:
+                    self.manifest = append.finish(
+                        self._base, self._output, runs, sink.counts, options=self.options, fields=self._fields, staging=self._staging
+                    )
                 if (advice := sparse_piles(self.manifest, self.options.piles, f"PileWriter({self.path!r})")) is not None:
                     log.warning(advice)
             finally:
