@@ -67,12 +67,17 @@ def run_job(
     compression: str | None = None,
     level: int | None = None,
     big: bool = False,
+    stop_at: str | None = None,
 ) -> list[int]:
     """The job every run of a round runs (in this process); ``log`` gets the units this run
     processed, which are returned too. ``compression`` and ``level`` compress the piles; ``big``
-    writes :func:`big_samples` into 2 piles, so the merge is the long part."""
+    writes :func:`big_samples` into 2 piles, so the merge is the long part. ``stop_at`` kills
+    this process with SIGKILL at a step of publishing (see :func:`_kill_at`): only in a child."""
     import shardkit
     from shardkit.piles import resume as resume_module
+
+    if stop_at:
+        _kill_at(stop_at)
 
     every = resume_module.COMMIT_SECONDS
     resume_module.COMMIT_SECONDS = 0.0  # commit after every chunk: kills find committed work
@@ -101,6 +106,32 @@ def run_job(
     return [int(x) for x in Path(log).read_text().split()] if log else []
 
 
+def _kill_at(step: str) -> None:
+    """Make this process kill itself with SIGKILL at ``step`` of publishing: ``"install:N"``
+    before the install gives its N-th pile its name in the dataset (0: the first), ``"published"``
+    once the manifest is in, before the job removes its staging."""
+    from shardkit.piles import publish, resume
+
+    def die(*_: object) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if step == "published":
+        resume.Staging.remove = die  # type: ignore[method-assign]
+        return
+    kind, _, count = step.partition(":")
+    if kind != "install" or not count.isdigit():
+        raise ValueError(f"stop_at: expected 'install:N' or 'published', got {step!r}")
+    link, linked = publish._link_new, []
+
+    def link_then_die(src: str, dst: str) -> None:
+        if len(linked) == int(count):
+            die()
+        linked.append(dst)
+        link(src, dst)
+
+    publish._link_new = link_then_die
+
+
 class _logging:
     """``slow_samples``, noting each unit it is called on in a file (appends are atomic lines)."""
 
@@ -118,12 +149,20 @@ class _logging:
 
 
 def child(
-    out: str, workers: int, executor: str, resume: bool, log: str | None, address: str | None = None, **more: object
+    out: str,
+    workers: int,
+    executor: str,
+    resume: bool,
+    log: str | None,
+    address: str | None = None,
+    delay: float = DELAY,
+    **more: object,
 ) -> subprocess.Popen:
-    """Start a run in a child process; ``more``: run_job's other keywords (compression, level, big)."""
+    """Start a run in a child process, ``delay`` seconds a unit; ``more``: run_job's other keywords
+    (compression, level, big, stop_at)."""
     extra = "".join(f", {k}={v!r}" for k, v in more.items())
     code = (
-        f"import sys, logging; sys.path.insert(0, {str(HERE)!r}); import kill_resume; "
+        f"import sys, logging; sys.path.insert(0, {str(HERE)!r}); import kill_resume; kill_resume.DELAY = {delay!r}; "
         "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s'); "
         f"kill_resume.run_job({out!r}, workers={workers}, executor={executor!r}, resume={resume}, log={log!r}, address={address!r}{extra})"
     )

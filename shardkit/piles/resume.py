@@ -44,9 +44,9 @@ from shardkit._util import VERSION, format_size
 from shardkit.dataset import layout
 from shardkit.dataset.owned import Records, delete_owned
 from shardkit.dataset.staging import check_staging, clear_tree, make_staging, new_remote, recorded
-from shardkit.errors import ConfigError, DatasetExistsError, Failure, StorageError
+from shardkit.errors import ConfigError, DatasetExistsError, Failure, ShardkitError, StorageError
 from shardkit.piles.parts import keys_file, part_file
-from shardkit.piles.publish import finished_piles
+from shardkit.piles.publish import finished_piles, merged_infos
 
 log = logging.getLogger(__name__)
 
@@ -391,6 +391,42 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
         os.close(fd)
         raise
     return staging
+
+
+def published(out: str, job: Mapping[str, Any]) -> manifest.Manifest | None:
+    """The dataset in ``out``, when the pass-1 job ``job`` (its :func:`fingerprint`) published it
+    and was stopped before it removed its staging: the staging is this job's, and the manifest in
+    place lists exactly the piles its merge finished (by checksum, size and samples). That
+    staging is removed then, and one line says so. None otherwise (no staging, another job's, a
+    merge that did not finish, or a dataset that is not this job's)."""
+    path = staging_path(out)
+    if path is None or not check_staging(path):
+        return None
+    before = _read_job(path)
+    merged = merged_infos(os.path.join(path, MERGING))
+    if before is None or _differences(before, job) or not merged or not manifest.is_dataset(out):
+        return None
+    try:
+        current = manifest.read(out)
+    except ShardkitError:
+        return None
+    if sorted((p.checksum, p.bytes, p.samples) for p in current.piles) != sorted((p.checksum, p.bytes, p.samples) for p in merged):
+        return None
+    fd = storage.lock_file(os.path.join(path, LOCK), wait=False)
+    if fd is None:
+        return None  # a job holds it: it goes on as usual
+    try:
+        units = job.get("units")
+        log.info(
+            "%s: resuming: keeping %s of %s input units (the job published its dataset before it stopped), processing 0 again",
+            out,
+            units,
+            units,
+        )
+        _discard(path, out)
+    finally:
+        os.close(fd)
+    return current
 
 
 def published_staging(out: str, generation: int) -> int | None:
