@@ -221,7 +221,7 @@ def _split(
         staged = _Staged(path, sub_name, len(samples), len(sub), manifest.checksum(sub))
         if pack is not None:
             tar = (len(sub), staged.crc)
-            sub = compression.compress(sub, pack.codec, level=pack.level)
+            sub = compression.compress(sub, pack.codec, level=pack.level, between=check_stop)
             staged = _Staged(
                 path, sub_name + compression.suffix(pack.codec), len(samples), len(sub), manifest.checksum(sub), pack.codec, tar
             )
@@ -417,7 +417,6 @@ def map_threads(fn: Callable[[T], R], items: Sequence[T], threads: int, progress
     for thread in workers:
         thread.join()
     return results
-
 
 
 # runs ``fn`` over ``items`` (the piles to finish) somewhere, in parallel; results in order, with

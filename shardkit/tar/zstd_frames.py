@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,11 @@ from shardkit.errors import CorruptShardError
 # tar bytes per frame: 2 MiB keeps level 3's whole 2 MiB window (the size costs under 0.5%
 # against one frame) and gives a 100 MB pile 50 pieces to share among threads (benchmarks/compression.py)
 FRAME_SIZE = 2 << 20
+# tar bytes one call into a compressor takes (a frame is fed in such pieces): about one zstd
+# block's work, a fraction of a second even at level 19, so a thread compressing leaves the
+# codec soon after it is told to stop (or after its process began to exit, which its work would
+# otherwise slow down by taking a core)
+PIECE = 128 << 10
 # threads decompressing one pile: more gains little, and a loader's other work needs cores too
 MAX_THREADS = 4
 SKIPPABLE_MAGIC = 0x184D2A5E
@@ -61,18 +66,21 @@ class FrameWriter:
     Args:
         level: the zstd level.
         frame_size: tar bytes per frame (fixed: it decides the bytes written).
+        between: called before each :data:`PIECE` of a frame is compressed; what it raises
+            stops the writer there (a job told to stop).
 
     Example:
         writer = FrameWriter(level=3)
         out = b"".join(writer.compress(chunk) for chunk in chunks) + writer.finish()
     """
 
-    def __init__(self, *, level: int, frame_size: int = FRAME_SIZE) -> None:
+    def __init__(self, *, level: int, frame_size: int = FRAME_SIZE, between: Callable[[], None] | None = None) -> None:
         import zstandard
 
         # no worker threads: one frame's bytes are then libzstd's single-threaded output, the same everywhere
         self._packer = zstandard.ZstdCompressor(level=level, write_checksum=True)
         self._frame_size = frame_size
+        self._between = between
         self._pending = bytearray()
         self._entries: list[tuple[int, int]] = []
 
@@ -100,8 +108,17 @@ class FrameWriter:
         return last + seek_table(self._entries)
 
     def _frame(self, data: Any) -> bytes:
-        frame = self._packer.compress(data)
-        self._entries.append((len(frame), len(data)))
+        # streamed in fixed pieces with the size pledged: the bytes depend on the data and level only
+        view = memoryview(data).cast("B")
+        stream = self._packer.compressobj(size=len(view))
+        out = []
+        for at in range(0, len(view), PIECE):
+            if self._between is not None:
+                self._between()
+            out.append(stream.compress(view[at : at + PIECE]))
+        out.append(stream.flush())
+        frame = b"".join(out)
+        self._entries.append((len(frame), len(view)))
         return frame
 
 
