@@ -12,6 +12,8 @@ of workers may change between the runs of one round.
 
 It prints one row a round: when each kill came, how many units were committed when it did,
 how many units the finishing runs processed, and whether the bytes matched.
+``benchmarks/kill_phases.py`` stops jobs in each phase (units, merge, install, after the
+manifest) and measures Ctrl-C's latency per compression level, with this module's job.
 """
 
 from __future__ import annotations
@@ -39,14 +41,12 @@ BIG = 512 << 10  # bytes a sample of big_samples
 def big_samples(unit: int):
     """Two 512 KiB samples a unit, of words (compressible, as text is): piles big enough that a
     merge at a high zstd level runs for seconds."""
-    words = [b"pile", b"shuffle", b"sample", b"epoch", b"tar", b"seed", b"unit", b"frame"]
+    import numpy as np
+
+    words = np.array([b"pile ", b"shuffle ", b"sample ", b"epoch ", b"tar ", b"seed ", b"unit ", b"frame "])
     for k in range(2):
-        state = unit * 7919 + k
-        out = bytearray()
-        while len(out) < BIG:
-            state = (state * 6364136223846793005 + 1442695040888963407) % (1 << 64)
-            out += words[state >> 61] + b" "
-        yield {"__key__": f"b{unit:04d}-{k}", "txt": bytes(out[:BIG])}
+        chosen = words[np.random.default_rng((unit, k)).integers(0, len(words), BIG // 4)]
+        yield {"__key__": f"b{unit:04d}-{k}", "txt": b"".join(chosen.tolist())[:BIG]}
 
 
 def slow_samples(unit: int):
@@ -107,29 +107,34 @@ def run_job(
 
 
 def _kill_at(step: str) -> None:
-    """Make this process kill itself with SIGKILL at ``step`` of publishing: ``"install:N"``
-    before the install gives its N-th pile its name in the dataset (0: the first), ``"published"``
-    once the manifest is in, before the job removes its staging."""
+    """Make this process stop itself at ``step`` of publishing: ``"install:N"`` before the install
+    gives its N-th pile its name in the dataset (0: the first), ``"published"`` once the manifest
+    is in, before the job removes its staging; with SIGKILL, or with the signal a third part
+    names (``"install:2:SIGINT"``: Ctrl-C there)."""
     from shardkit.piles import publish, resume
 
-    def die(*_: object) -> None:
-        os.kill(os.getpid(), signal.SIGKILL)
+    kind, _, rest = step.partition(":")
+    count, _, name = rest.partition(":") if kind == "install" else ("", "", rest)
+    sig = signal.Signals[name or "SIGKILL"]
 
-    if step == "published":
-        resume.Staging.remove = die  # type: ignore[method-assign]
+    def stop(*_: object) -> None:
+        os.kill(os.getpid(), sig)
+        time.sleep(5)  # the signal acts here (Ctrl-C raises KeyboardInterrupt in the sleep)
+
+    if kind == "published":
+        resume.Staging.remove = stop  # type: ignore[method-assign]
         return
-    kind, _, count = step.partition(":")
     if kind != "install" or not count.isdigit():
-        raise ValueError(f"stop_at: expected 'install:N' or 'published', got {step!r}")
+        raise ValueError(f"stop_at: expected 'install:N[:SIGNAL]' or 'published[:SIGNAL]', got {step!r}")
     link, linked = publish._link_new, []
 
-    def link_then_die(src: str, dst: str) -> None:
+    def link_then_stop(src: str, dst: str) -> None:
         if len(linked) == int(count):
-            die()
+            stop()
         linked.append(dst)
         link(src, dst)
 
-    publish._link_new = link_then_die
+    publish._link_new = link_then_stop
 
 
 class _logging:
