@@ -2,7 +2,7 @@
 
 A round starts a pass-1 job (``kill_resume.run_job``) in a child process and stops it in one phase:
 
-- ``units``: at a random moment while the units are written (80 ms a unit, 48 units);
+- ``units``: at a random moment while the units are written (80 ms a unit, 48 units, 2 workers);
 - ``merge``: at a random moment while the piles are assembled and compressed (zstd, 48 MiB);
 - ``install``: just before the install gives its k-th pile its name in the dataset (k random);
 - ``published``: after the manifest went in, before the job removed its staging;
@@ -70,9 +70,11 @@ def stop_round(work: str, rng: random.Random, phase: str, sig: signal.Signals, r
         stopped_s = None
     else:
         proc = kill_resume.child(out, 2, "local", resume=False, log=first, **job)
-        if phase == "units":
+        if phase == "units":  # once its first unit began (the imports take a while on a busy machine)
+            while not Path(first).read_text() and proc.poll() is None:
+                time.sleep(0.005)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(rng.uniform(0.3, 1.5))
+                proc.wait(rng.uniform(0.1, 1.5))
         elif _wait_for_merge(proc, out):
             time.sleep(rng.uniform(0.02, 0.3))
         if proc.poll() is not None:
