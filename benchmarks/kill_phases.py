@@ -6,6 +6,7 @@ A round starts a pass-1 job (``kill_resume.run_job``) in a child process and sto
 - ``merge``: at a random moment while the piles are assembled and compressed (zstd, 48 MiB);
 - ``install``: just before the install gives its k-th pile its name in the dataset (k random);
 - ``published``: after the manifest went in, before the job removed its staging;
+- ``removing``: once the job renamed its staging to a leftover's name, before it deleted any;
 
 with SIGKILL or SIGINT (Ctrl-C), then runs it again with ``resume=True`` and counts the units
 the resumed run did against the units no commit named when the job stopped (lost). The resumed
@@ -39,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import kill_resume  # noqa: E402
 
-PHASES = ("units", "merge", "install", "published")
+PHASES = ("units", "merge", "install", "published", "removing")
 # the compressions whose Ctrl-C latency is measured during the merge: (codec, level)
 LEVELS = ((None, None), ("zstd", 3), ("zstd", 19), ("gzip", 9), ("lz4", 0), ("lz4", 16))
 # the merge phase's job: 48 MiB of words into 2 piles at this zstd level (a merge of seconds)
@@ -63,8 +64,8 @@ def stop_round(work: str, rng: random.Random, phase: str, sig: signal.Signals, r
     job: dict = dict(MERGE_JOB) if phase == "merge" else {}
     first = os.path.join(work, "first.log")
     Path(first).write_text("")
-    if phase in ("install", "published"):
-        where = f"install:{rng.randrange(kill_resume.PILES)}" if phase == "install" else "published"
+    if phase in ("install", "published", "removing"):
+        where = f"install:{rng.randrange(kill_resume.PILES)}" if phase == "install" else phase
         proc = kill_resume.child(out, 2, "local", resume=False, log=first, stop_at=f"{where}:{sig.name}", **job)
         proc.communicate()
         stopped_s = None

@@ -109,7 +109,8 @@ def run_job(
 def _kill_at(step: str) -> None:
     """Make this process stop itself at ``step`` of publishing: ``"install:N"`` before the install
     gives its N-th pile its name in the dataset (0: the first), ``"published"`` once the manifest
-    is in, before the job removes its staging; with SIGKILL, or with the signal a third part
+    is in, before the job removes its staging, ``"removing"`` once it renamed its staging to a
+    leftover's name, before it deleted any of it; with SIGKILL, or with the signal a third part
     names (``"install:2:SIGINT"``: Ctrl-C there)."""
     from shardkit.piles import publish, resume
 
@@ -124,8 +125,18 @@ def _kill_at(step: str) -> None:
     if kind == "published":
         resume.Staging.remove = stop  # type: ignore[method-assign]
         return
+    if kind == "removing":  # the staging is renamed to a leftover's name, nothing of it deleted yet
+        delete = resume.delete_owned
+
+        def stop_deleting(directory: str, names: list[str], **kwargs: object) -> object:
+            if kwargs.get("reason") == "the staging of a finished pass 1":
+                stop()
+            return delete(directory, names, **kwargs)
+
+        resume.delete_owned = stop_deleting
+        return
     if kind != "install" or not count.isdigit():
-        raise ValueError(f"stop_at: expected 'install:N[:SIGNAL]' or 'published[:SIGNAL]', got {step!r}")
+        raise ValueError(f"stop_at: expected 'install:N[:SIGNAL]', 'published[:SIGNAL]' or 'removing[:SIGNAL]', got {step!r}")
     link, linked = publish._link_new, []
 
     def link_then_stop(src: str, dst: str) -> None:

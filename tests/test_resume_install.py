@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ import kill_resume
         ("install:0", None, "(1 committed parts, 6 piles already merged)"),
         ("install:4", "zstd", "(1 committed parts, 6 piles already merged)"),
         ("published", None, "(the job published its dataset before it stopped)"),
+        ("removing", "zstd", "(the job published its dataset before it stopped)"),
     ],
 )
 def test_a_job_killed_while_it_publishes_resumes_without_redoing_units(tmp_path, monkeypatch, caplog, stop_at, compression, said):
@@ -33,7 +35,7 @@ def test_a_job_killed_while_it_publishes_resumes_without_redoing_units(tmp_path,
     )
     _, err = killed.communicate(timeout=120)
     assert killed.returncode == -signal.SIGKILL, err.decode()[-2000:]
-    if stop_at != "published":
+    if stop_at.startswith("install"):
         assert not manifest.is_dataset(out)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="shardkit"):
@@ -47,6 +49,7 @@ def test_a_job_killed_while_it_publishes_resumes_without_redoing_units(tmp_path,
     kill_resume.run_job(reference, workers=1, executor="local", resume=False, compression=compression)
     assert kill_resume.files(out) == kill_resume.files(reference)
     assert shardkit.verify(out, quiet=True) == []
+    assert [name for name in os.listdir(out) if name.startswith(".shardkit")] == []  # no staging, lock or journal left
 
 
 def test_resume_does_not_take_another_dataset_for_its_own(tmp_path, monkeypatch):
