@@ -85,8 +85,9 @@ def stop_round(work: str, rng: random.Random, phase: str, sig: signal.Signals, r
         proc.send_signal(sig)
         proc.communicate()
         stopped_s = time.perf_counter() - sent
-    if proc.returncode == 0:
-        return None  # it finished before the stop
+    staged = any(name.startswith(".shardkit-pass1") for name in os.listdir(out))
+    if proc.returncode == 0 or (os.path.exists(os.path.join(out, "shardkit.json")) and not staged):
+        return None  # it finished before the stop (or as the interpreter exited, its work all done)
     lost = kill_resume.UNITS - kill_resume.committed(out)
     log = os.path.join(work, "resumed.log")
     Path(log).write_text("")
