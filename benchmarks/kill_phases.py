@@ -88,7 +88,8 @@ def stop_round(work: str, rng: random.Random, phase: str, sig: signal.Signals, r
     staged = any(name.startswith(".shardkit-pass1") for name in os.listdir(out))
     if proc.returncode == 0 or (os.path.exists(os.path.join(out, "shardkit.json")) and not staged):
         return None  # it finished before the stop (or as the interpreter exited, its work all done)
-    lost = kill_resume.UNITS - kill_resume.committed(out)
+    # a job stopped once its manifest was in lost nothing (its commits may be in a staging renamed away)
+    lost = 0 if os.path.exists(os.path.join(out, "shardkit.json")) else kill_resume.UNITS - kill_resume.committed(out)
     log = os.path.join(work, "resumed.log")
     Path(log).write_text("")
     resumed = kill_resume.child(out, 2, "local", resume=True, log=log, **job)
