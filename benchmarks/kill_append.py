@@ -35,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import kill_resume  # noqa: E402  (its count of committed units)
+
 PILES = 3
 SAMPLES = 6  # per unit
 BASE_UNITS = 16
@@ -42,6 +45,7 @@ APPEND_UNITS = 16
 LIMIT = 8192  # a sample is about 1 KiB of tar: piles of ~32 samples split into leaves
 STEP = "KILL_APPEND_STEP"  # the child kills itself at this step of its file operations
 STEPS = "KILL_APPEND_STEPS"  # the child writes how many steps it made here
+UNITS_LOG = "KILL_APPEND_UNITS"  # the child notes each unit its function is called on here
 
 
 def samples(unit: int, delay: float = 0.0):
@@ -59,6 +63,10 @@ class slow_samples:
         return "slow_samples"
 
     def __call__(self, unit: int):
+        path = os.environ.get(UNITS_LOG)
+        if path:
+            with open(path, "a") as f:  # appends of a line are atomic
+                f.write(f"{unit}\n")
         yield from samples(unit, 0.03)
 
 
@@ -114,8 +122,10 @@ def child_main(out: str, units: list[int], options: dict[str, Any], resume: bool
     grow(out, units, mode="append", resume=resume, slow=True, **options)
 
 
-def child(out: str, options: dict[str, Any], *, resume: bool, step: int = 0, steps: str | None = None) -> subprocess.Popen:
-    """Start an append of the round's units in a child process."""
+def child(
+    out: str, options: dict[str, Any], *, resume: bool, step: int = 0, steps: str | None = None, units_log: str | None = None
+) -> subprocess.Popen:
+    """Start an append of the round's units in a child process (``units_log`` gets the units it does)."""
     units = list(range(1000, 1000 + APPEND_UNITS))
     code = (
         f"import sys; sys.path.insert(0, {str(HERE)!r}); import kill_append; "
@@ -124,6 +134,9 @@ def child(out: str, options: dict[str, Any], *, resume: bool, step: int = 0, ste
     env = {**os.environ, STEP: str(step), "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
     if steps:
         env[STEPS] = steps
+    if units_log:
+        Path(units_log).write_text("")
+        env[UNITS_LOG] = units_log
     # SIGINT as a terminal gives it: a shell starting this in the background (``cmd &``) ignores it, and children inherit that
     return subprocess.Popen(
         [sys.executable, "-c", code],
@@ -278,7 +291,10 @@ def one_round(work: str, rng: random.Random, *, stops: int) -> dict[str, Any]:
         if outcome == "new":
             break
     if manifest.read(out).generation == g0:
-        finish(child(out, s["append"], resume=True), "the resumed append")
+        lost = APPEND_UNITS - kill_resume.committed(out)
+        done = os.path.join(work, "resumed-units")
+        finish(child(out, s["append"], resume=True, units_log=done), "the resumed append")
+        row["redone"], row["lost"] = len(Path(done).read_text().split()), lost
     row["identical"] = listed(out) == listed(ref)
     check_gc(out, pin, old_keys)
     # and the dataset grows on: whatever the stops left is no interrupted job for the next append
@@ -308,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             kind = ", ".join(k if row[k] is True else str(row[k]) for k in ("split", "codec", "grown") if row[k]) or "plain"
             stops = ", ".join(f"{how}@{at}->{outcome}" for how, at, outcome in row["stops"])
-            print(f"round {r:2d} [{kind}; window={row['window']}]: {stops}; identical={row['identical']}", flush=True)
+            cost = f"; the finishing run redid {row['redone']} units, {row['lost']} lost" if "lost" in row else ""
+            print(f"round {r:2d} [{kind}; window={row['window']}]: {stops}{cost}; identical={row['identical']}", flush=True)
     outcomes = Counter((how, outcome) for row in rows for how, _, outcome in row["stops"])
     stops = sum(n for (_, outcome), n in outcomes.items() if outcome != "finished")
     same = sum(row["identical"] for row in rows)
@@ -317,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         f"({', '.join(f'{how}->{outcome}: {n}' for (how, outcome), n in sorted(outcomes.items()))}); "
         f"{same} rounds identical to an uninterrupted append, {failed} failed"
     )
-    return 1 if failed or same != len(rows) else 0
+    redone, lost = sum(row.get("redone", 0) for row in rows), sum(row.get("lost", 0) for row in rows)
+    print(f"units redone / units lost at the last stop (rounds that ended resumed): {redone} / {lost}")
+    exact = all(row.get("redone") == row.get("lost") for row in rows)
+    return 1 if failed or same != len(rows) or not exact else 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ of workers may change between the runs of one round.
 
 It prints one row a round: when each kill came, how many units were committed when it did,
 how many units the finishing runs processed, and whether the bytes matched.
+``benchmarks/kill_phases.py`` stops jobs in each phase (units, merge, install, after the
+manifest) and measures Ctrl-C's latency per compression level, with this module's job.
 """
 
 from __future__ import annotations
@@ -39,14 +41,12 @@ BIG = 512 << 10  # bytes a sample of big_samples
 def big_samples(unit: int):
     """Two 512 KiB samples a unit, of words (compressible, as text is): piles big enough that a
     merge at a high zstd level runs for seconds."""
-    words = [b"pile", b"shuffle", b"sample", b"epoch", b"tar", b"seed", b"unit", b"frame"]
+    import numpy as np
+
+    words = np.array([b"pile ", b"shuffle ", b"sample ", b"epoch ", b"tar ", b"seed ", b"unit ", b"frame "])
     for k in range(2):
-        state = unit * 7919 + k
-        out = bytearray()
-        while len(out) < BIG:
-            state = (state * 6364136223846793005 + 1442695040888963407) % (1 << 64)
-            out += words[state >> 61] + b" "
-        yield {"__key__": f"b{unit:04d}-{k}", "txt": bytes(out[:BIG])}
+        chosen = words[np.random.default_rng((unit, k)).integers(0, len(words), BIG // 4)]
+        yield {"__key__": f"b{unit:04d}-{k}", "txt": b"".join(chosen.tolist())[:BIG]}
 
 
 def slow_samples(unit: int):
@@ -67,12 +67,17 @@ def run_job(
     compression: str | None = None,
     level: int | None = None,
     big: bool = False,
+    stop_at: str | None = None,
 ) -> list[int]:
     """The job every run of a round runs (in this process); ``log`` gets the units this run
     processed, which are returned too. ``compression`` and ``level`` compress the piles; ``big``
-    writes :func:`big_samples` into 2 piles, so the merge is the long part."""
+    writes :func:`big_samples` into 2 piles, so the merge is the long part. ``stop_at`` kills
+    this process with SIGKILL at a step of publishing (see :func:`_kill_at`): only in a child."""
     import shardkit
     from shardkit.piles import resume as resume_module
+
+    if stop_at:
+        _kill_at(stop_at)
 
     every = resume_module.COMMIT_SECONDS
     resume_module.COMMIT_SECONDS = 0.0  # commit after every chunk: kills find committed work
@@ -101,6 +106,48 @@ def run_job(
     return [int(x) for x in Path(log).read_text().split()] if log else []
 
 
+def _kill_at(step: str) -> None:
+    """Make this process stop itself at ``step`` of publishing: ``"install:N"`` before the install
+    gives its N-th pile its name in the dataset (0: the first), ``"published"`` once the manifest
+    is in, before the job removes its staging, ``"removing"`` once it renamed its staging to a
+    leftover's name, before it deleted any of it; with SIGKILL, or with the signal a third part
+    names (``"install:2:SIGINT"``: Ctrl-C there)."""
+    from shardkit.piles import publish, resume
+
+    kind, _, rest = step.partition(":")
+    count, _, name = rest.partition(":") if kind == "install" else ("", "", rest)
+    sig = signal.Signals[name or "SIGKILL"]
+
+    def stop(*_: object) -> None:
+        os.kill(os.getpid(), sig)
+        time.sleep(5)  # the signal acts here (Ctrl-C raises KeyboardInterrupt in the sleep)
+
+    if kind == "published":
+        resume.Staging.remove = stop  # type: ignore[method-assign]
+        return
+    if kind == "removing":  # the staging is renamed to a leftover's name, nothing of it deleted yet
+        delete = resume.delete_owned
+
+        def stop_deleting(directory: str, names: list[str], **kwargs: object) -> object:
+            if kwargs.get("reason") == "the staging of a finished pass 1":
+                stop()
+            return delete(directory, names, **kwargs)
+
+        resume.delete_owned = stop_deleting
+        return
+    if kind != "install" or not count.isdigit():
+        raise ValueError(f"stop_at: expected 'install:N[:SIGNAL]', 'published[:SIGNAL]' or 'removing[:SIGNAL]', got {step!r}")
+    link, linked = publish._link_new, []
+
+    def link_then_stop(src: str, dst: str) -> None:
+        if len(linked) == int(count):
+            stop()
+        linked.append(dst)
+        link(src, dst)
+
+    publish._link_new = link_then_stop
+
+
 class _logging:
     """``slow_samples``, noting each unit it is called on in a file (appends are atomic lines)."""
 
@@ -118,12 +165,20 @@ class _logging:
 
 
 def child(
-    out: str, workers: int, executor: str, resume: bool, log: str | None, address: str | None = None, **more: object
+    out: str,
+    workers: int,
+    executor: str,
+    resume: bool,
+    log: str | None,
+    address: str | None = None,
+    delay: float = DELAY,
+    **more: object,
 ) -> subprocess.Popen:
-    """Start a run in a child process; ``more``: run_job's other keywords (compression, level, big)."""
+    """Start a run in a child process, ``delay`` seconds a unit; ``more``: run_job's other keywords
+    (compression, level, big, stop_at)."""
     extra = "".join(f", {k}={v!r}" for k, v in more.items())
     code = (
-        f"import sys, logging; sys.path.insert(0, {str(HERE)!r}); import kill_resume; "
+        f"import sys, logging; sys.path.insert(0, {str(HERE)!r}); import kill_resume; kill_resume.DELAY = {delay!r}; "
         "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s'); "
         f"kill_resume.run_job({out!r}, workers={workers}, executor={executor!r}, resume={resume}, log={log!r}, address={address!r}{extra})"
     )

@@ -28,7 +28,7 @@ from shardkit import manifest, storage
 from shardkit.errors import ConfigError, CorruptShardError
 from shardkit.manifest import Manifest, PileInfo, Segment, keys_name, pile_number
 from shardkit.piles import router
-from shardkit.piles.pack import Pack
+from shardkit.piles.pack import Pack, check_stop
 from shardkit.piles.publish import Run
 from shardkit.tar import compression, index, write
 from shardkit.tar.keys import key_hashes
@@ -184,7 +184,7 @@ def split_tar(
 def _store(tar: bytes, path: str, *, samples: int, generation: int, resolution: int, leaf: int, pack: Pack | None) -> Segment:
     """Write ``tar`` to ``path`` (compressed whole by ``pack``) and return its segment entry."""
     crc = manifest.format_checksum(manifest.checksum(tar))
-    stored = tar if pack is None else compression.compress(tar, pack.codec, level=pack.level)
+    stored = tar if pack is None else compression.compress(tar, pack.codec, level=pack.level, between=check_stop)
     with storage.guard(path, "write", size=len(stored)), open(path, "wb") as f:
         f.write(stored)
     segment = Segment(

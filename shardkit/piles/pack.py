@@ -67,7 +67,7 @@ class Packed:
 
     def __init__(self, fd: int, pack: Pack) -> None:
         self.fd = fd
-        self.packer = compression.Compressor(pack.codec, level=pack.level)
+        self.packer = compression.Compressor(pack.codec, level=pack.level, between=check_stop)
         self.size = 0
         self.crc = 0
 

@@ -233,6 +233,14 @@ def _run(
         raise ConfigError(f"mp_context: expected one of {', '.join(map(repr, _START_METHODS))} or None, got {shown(mp_context)}")
     if (advice := too_many_piles(options.piles, check_path("out", out))) is not None:
         log.warning(advice)
+    if options.resume and options.mode == "create" and (done := resume.published(check_path("out", out), _fingerprint(job, units))):
+        # stopped after its manifest went in: nothing is left to do but free what it held
+        held = claim(out, overwrite=True)  # a dead job's lock and leftovers cleared; nothing is replaced
+        try:
+            resume.finish_published(held.path, len(units))
+        finally:
+            held.release()
+        return done
     output = claim(out, overwrite=options.overwrite or options.mode == "append")
     try:
         base = append.start(output, options)  # None unless mode="append"

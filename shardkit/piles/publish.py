@@ -221,7 +221,7 @@ def _split(
         staged = _Staged(path, sub_name, len(samples), len(sub), manifest.checksum(sub))
         if pack is not None:
             tar = (len(sub), staged.crc)
-            sub = compression.compress(sub, pack.codec, level=pack.level)
+            sub = compression.compress(sub, pack.codec, level=pack.level, between=check_stop)
             staged = _Staged(
                 path, sub_name + compression.suffix(pack.codec), len(samples), len(sub), manifest.checksum(sub), pack.codec, tar
             )
@@ -331,6 +331,24 @@ def finished_piles(staging: str, merge: Mapping[str, Any]) -> dict[int, int]:
         if all(os.path.exists(p.path) and os.path.getsize(p.path) == p.size for p in pieces):
             found[int(match.group(1))] = sum(p.samples for p in pieces)
     return found
+
+
+def merged_infos(staging: str) -> list[PileInfo]:
+    """The manifest entries of the piles the merge in ``staging`` recorded as finished, in no
+    order (their files are not looked at); none when it recorded none."""
+    try:
+        names = os.listdir(staging)
+    except OSError:
+        return []
+    infos = []
+    for name in names:
+        if _DONE.fullmatch(name) is not None:
+            try:
+                pieces, _ = _read_record(os.path.join(staging, name))
+            except (OSError, ValueError, TypeError, ShardkitError):
+                continue
+            infos += [piece.info() for piece in pieces]
+    return infos
 
 
 def _read_record(record: str) -> tuple[list[_Staged], bool]:
@@ -464,10 +482,9 @@ def publish(
         split_piles=split,
         extra=extra or {},
     )
-    result = install(output, [piece.path for piece in pieces], result)
-    with contextlib.suppress(OSError):
-        shutil.rmtree(staging)
-    return result
+    # the staging, the merge's records included, stays for the caller to remove: a job stopped
+    # after its manifest went in finds in them that it was published (see resume.published)
+    return install(output, [piece.path for piece in pieces], result)
 
 
 def free_names(out: str, names: Sequence[str]) -> list[str]:
@@ -495,16 +512,17 @@ def _next_free(name: str, taken: set[str]) -> str:
     return f"{stem}.v{version}.{suffix}"
 
 
-def _move_new(src: str, dst: str) -> None:
-    """Rename ``src`` to ``dst``, which must not exist: a link refuses to replace a file."""
+def _link_new(src: str, dst: str) -> None:
+    """Give the staged file ``src`` the name ``dst``, which must not exist: a link refuses to
+    replace a file. ``src`` keeps its name until the caller removes its staging, after the
+    manifest: a job killed while it installs still has every finished pile to resume from (the
+    next job removes the names it gave, which its journal lists), and no byte is copied."""
     try:
         os.link(src, dst)
     except FileExistsError:
         raise DatasetExistsError(f"{dst}: appeared while this job was publishing; nothing was replaced") from None
     except OSError:  # no hard links on this file system: names were chosen free under the lock
         os.replace(src, dst)
-        return
-    os.unlink(src)
 
 
 def remove_strays(out: str, stray: re.Pattern[str]) -> None:
@@ -520,8 +538,9 @@ def remove_strays(out: str, stray: re.Pattern[str]) -> None:
 
 
 def install(output: Output, files: Sequence[str], result: Manifest, *, names: Sequence[str] | None = None, keep: bool = False) -> Manifest:
-    """Swap a finished dataset in: ``files[i]`` (staged elsewhere) becomes ``result.piles[i]``,
-    then the manifest goes in, last. The one place a dataset is published, for pass 1, the eager
+    """Swap a finished dataset in: ``files[i]`` (staged elsewhere) becomes ``result.piles[i]``
+    (a second name: the staged one stays until the caller removes its staging), then the
+    manifest goes in, last. The one place a dataset is published, for pass 1, the eager
     shuffle and repile. Returns the manifest published.
 
     An overwrite is atomic: the new files' names (see :func:`free_names`) are none the directory
@@ -560,7 +579,7 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
                 names = final
         else:
             for path, name in zip(files, names, strict=True):
-                _move_new(path, os.path.join(out, name))
+                _link_new(path, os.path.join(out, name))
                 moved.append(name)
             storage.fsync_dir(out)
         output.commit(result)

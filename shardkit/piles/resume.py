@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import functools
+import glob
 import hashlib
 import inspect
 import json
@@ -44,9 +45,9 @@ from shardkit._util import VERSION, format_size
 from shardkit.dataset import layout
 from shardkit.dataset.owned import Records, delete_owned
 from shardkit.dataset.staging import check_staging, clear_tree, make_staging, new_remote, recorded
-from shardkit.errors import ConfigError, DatasetExistsError, Failure, StorageError
+from shardkit.errors import ConfigError, DatasetExistsError, Failure, ShardkitError, StorageError
 from shardkit.piles.parts import keys_file, part_file
-from shardkit.piles.publish import finished_piles
+from shardkit.piles.publish import finished_piles, merged_infos
 
 log = logging.getLogger(__name__)
 
@@ -391,6 +392,58 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
         os.close(fd)
         raise
     return staging
+
+
+def published(out: str, job: Mapping[str, Any]) -> manifest.Manifest | None:
+    """The dataset in ``out``, when the pass-1 job ``job`` (its :func:`fingerprint`) published it
+    and was stopped before it removed its staging, or while it did: the staging (or what is left
+    of it under its leftover name) is this job's, and the manifest in place lists exactly the piles
+    its merge finished (by checksum, size and samples). None otherwise (no staging, another
+    job's, a merge that did not finish, or a dataset that is not this job's). Reads only: the
+    caller claims the output, which clears such leftovers, then calls :func:`finish_published`."""
+    path = staging_path(out)
+    if path is None or not manifest.is_dataset(out):
+        return None
+    found = [path, *sorted(glob.glob(glob.escape(path) + "-removed-*"))]
+    try:
+        current = manifest.read(out)
+    except ShardkitError:
+        return None
+    mine = sorted((p.checksum, p.bytes, p.samples) for p in current.piles)
+    for candidate in found:
+        if not check_staging(candidate):
+            continue
+        before = _read_job(candidate)
+        merged = merged_infos(os.path.join(candidate, MERGING))
+        if (
+            before is not None
+            and merged
+            and not _differences(before, job)
+            and sorted((p.checksum, p.bytes, p.samples) for p in merged) == mine
+        ):
+            return current
+    return None
+
+
+def finish_published(out: str, units: Any) -> None:
+    """Remove the staging of a job :func:`published` found published (unless a job holds it now),
+    and say so in the one line a resumed job logs."""
+    path = staging_path(out)
+    log.info(
+        "%s: resuming: keeping %s of %s input units (the job published its dataset before it stopped), processing 0 again",
+        out,
+        units,
+        units,
+    )
+    if path is None or not check_staging(path):
+        return  # the claim removed what was left of it
+    fd = storage.lock_file(os.path.join(path, LOCK), wait=False)
+    if fd is None:
+        return  # a job holds it: it clears it itself
+    try:
+        _discard(path, out)
+    finally:
+        os.close(fd)
 
 
 def published_staging(out: str, generation: int) -> int | None:

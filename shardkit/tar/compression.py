@@ -19,6 +19,7 @@ faster, which is what a loader that decompresses beside a training loop needs on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from shardkit._util import check_int, shown
@@ -95,19 +96,27 @@ def sniff(buf: Any) -> str | None:
 class Compressor:
     """Compress one stream (a whole tar) with ``codec``, chunk by chunk.
 
+    The codec is fed in pieces of :data:`zstd_frames.PIECE` bytes at most, cut at fixed offsets
+    of the stream: each call into it is short, and the bytes written do not depend on how the
+    caller cut the stream into chunks (gzip's would).
+
     Args:
         codec: ``"zstd"``, ``"gzip"`` or ``"lz4"``.
         level: the codec's level (see :func:`check_level`).
+        between: called before each piece is compressed; what it raises stops the compressor
+            there (a job told to stop).
 
     Example:
         packer = Compressor("gzip", level=6)
         out = b"".join(packer.compress(chunk) for chunk in chunks) + packer.finish()
     """
 
-    def __init__(self, codec: str, *, level: int) -> None:
+    def __init__(self, codec: str, *, level: int, between: Callable[[], None] | None = None) -> None:
         self.codec = codec
+        self._between = between
+        self._pending = bytearray()  # gzip and lz4: the stream's bytes since the last whole piece
         if codec == "zstd":
-            self._stream: Any = zstd_frames.FrameWriter(level=level)
+            self._stream: Any = zstd_frames.FrameWriter(level=level, between=between)
         elif codec == "gzip":
             from zlib_ng import zlib_ng
 
@@ -120,16 +129,44 @@ class Compressor:
 
     def compress(self, data: Any) -> bytes:
         """The compressed bytes ready after ``data`` (often none: codecs buffer)."""
-        return self._stream.compress(data)
+        if self.codec == "zstd":  # its frames are cut into pieces already
+            return self._stream.compress(data)
+        view = memoryview(data).cast("B")
+        out = []
+        if self._pending:
+            take = _PIECE_IN - len(self._pending)
+            self._pending += view[:take]
+            view = view[take:]
+            if len(self._pending) == _PIECE_IN:
+                out.append(self._piece(self._pending))
+                self._pending = bytearray()
+        while len(view) >= _PIECE_IN:
+            out.append(self._piece(view[:_PIECE_IN]))
+            view = view[_PIECE_IN:]
+        self._pending += view
+        return b"".join(out)
 
     def finish(self) -> bytes:
         """The rest of the compressed stream, its end included. Call once, last."""
-        return self._stream.flush() if self.codec == "gzip" else self._stream.finish()
+        if self.codec == "zstd":
+            return self._stream.finish()
+        last = self._piece(self._pending) if self._pending else b""
+        self._pending = bytearray()
+        return last + (self._stream.flush() if self.codec == "gzip" else self._stream.finish())
+
+    def _piece(self, piece: Any) -> bytes:
+        if self._between is not None:
+            self._between()
+        return self._stream.compress(piece)
 
 
-def compress(data: Any, codec: str, *, level: int) -> bytes:
+# input bytes one call into gzip or lz4 takes (see zstd_frames.PIECE)
+_PIECE_IN = zstd_frames.PIECE
+
+
+def compress(data: Any, codec: str, *, level: int, between: Callable[[], None] | None = None) -> bytes:
     """``data`` compressed whole with ``codec`` (see :class:`Compressor`)."""
-    packer = Compressor(codec, level=level)
+    packer = Compressor(codec, level=level, between=between)
     return packer.compress(data) + packer.finish()
 
 
