@@ -184,7 +184,7 @@ class PileOptions:
     compression: str | None = field(
         default=None,
         metadata=meta(
-            help="compress each pile whole: zstd (pile-000000.tar.zst), gzip (.tar.gz) or lz4 (.tar.lz4, the fastest to read); default: plain tar",
+            help="compress each pile whole: zstd (pile-000000.tar.zst), gzip (.tar.gz) or lz4 (.tar.lz4, the fastest to write); default: plain tar",
             metavar="CODEC",
             yaml="output",
         ),
