@@ -315,12 +315,14 @@ def row_diskfull(work: str, trials: int) -> Row:
 
 
 def _tree_bytes(path: str) -> int:
-    total = 0
+    """The disk space the files under ``path`` take: a file with several names (hard links) counts once."""
+    seen: dict[tuple[int, int], int] = {}
     for here, _, files in os.walk(path):
         for name in files:
             with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(here, name)).st_blocks * 512
-    return total
+                st = os.stat(os.path.join(here, name))
+                seen[st.st_dev, st.st_ino] = st.st_blocks * 512
+    return sum(seen.values())
 
 
 def _watch(path: str, peak: list[int], done: threading.Event) -> None:
