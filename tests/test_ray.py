@@ -154,7 +154,9 @@ def test_a_killed_ray_driver_resumes_on_ray_or_locally_byte_identical(tmp_path, 
         done = kill_resume.committed(out)
         address = cluster.address if resumed_on == "ray" else None
         redone = kill_resume.run_job(out, workers=1, executor=resumed_on, resume=True, log=str(tmp_path / "resumed.log"), address=address)
-        assert len(redone) == kill_resume.UNITS - done
+        # tasks the killed driver had handed to the cluster may still commit a unit before Ray
+        # stops them: those are kept too, so the resume redoes at most what was missing here
+        assert len(redone) <= kill_resume.UNITS - done
         assert kill_resume.files(out) == kill_resume.files(reference)
 
 
