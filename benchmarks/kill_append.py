@@ -137,14 +137,7 @@ def child(
     if units_log:
         Path(units_log).write_text("")
         env[UNITS_LOG] = units_log
-    # SIGINT as a terminal gives it: a shell starting this in the background (``cmd &``) ignores it, and children inherit that
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    return kill_resume.start(code, env)
 
 
 def keys(out: str) -> list[str]:

@@ -184,7 +184,15 @@ def child(
     )
     # Ray workers import fn's module by name: this folder goes on their path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")])}
-    # SIGINT as a terminal gives it: a shell starting this in the background (``cmd &``) ignores it, and children inherit that
+    return start(code, env)
+
+
+def start(code: str, env: dict[str, str]) -> subprocess.Popen:
+    """Run ``code`` in a fresh Python with ``env``; its stderr is kept for the report.
+
+    SIGINT as a terminal gives it: a shell starting this in the background (``cmd &``) ignores
+    it, and children inherit that.
+    """
     return subprocess.Popen(
         [sys.executable, "-c", code],
         stdout=subprocess.DEVNULL,
