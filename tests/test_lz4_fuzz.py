@@ -99,6 +99,50 @@ def dataset(tmp_path_factory):
     return str(out)
 
 
+@pytest.mark.parametrize("flags", [{}, {"store_size": True}, {"block_checksum": True}, {"block_size": 4, "block_linked": True}])
+@pytest.mark.parametrize("data", [b"", DATA, bytes(range(256)) * 40_000])
+def test_a_checked_read_skips_only_lz4s_content_checksum_and_gives_the_same_bytes(flags, data):
+    import lz4.frame
+
+    frame = lz4.frame.compress(data, content_checksum=True, **({"store_size": False} | flags))
+    descriptor_end = 7 + (8 if frame[4] & 0x08 else 0)
+    assert compression._header_check(frame[4 : descriptor_end - 1]) == frame[descriptor_end - 1]  # lz4's own check byte
+    assert compression._lz4_checked(frame, len(data)) == data
+    assert compression.decompress(frame, "lz4", URL, size=len(data), checked=True) == data
+    without = lz4.frame.compress(data, content_checksum=False, store_size=False)
+    assert compression._lz4_checked(without, len(data)) is None  # nothing to skip: read the full way
+
+
+def test_a_checked_read_of_frames_it_cannot_take_falls_back_to_the_full_read():
+    joined = PACKED + PACKED  # two frames, as other tools may write: the fast path sees data after the first
+    assert compression._lz4_checked(joined, 2 * SIZE) is None
+    assert compression.decompress(joined, "lz4", URL, size=2 * SIZE, checked=True) == DATA + DATA
+    assert compression._lz4_checked(PACKED, SIZE - 1) is None  # another size than the manifest's
+    bad_header = _flipped(PACKED, HEADER - 1, 0)
+    assert compression._lz4_checked(bad_header, SIZE) is None
+    assert isinstance(_read(bad_header), CorruptShardError)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(flips=st.lists(st.tuples(st.integers(0, len(PACKED) - 1), st.integers(0, 7)), min_size=1, max_size=3, unique=True))
+def test_a_checked_read_still_catches_every_flip_through_the_tars_checksum(flips):
+    from shardkit.loading.pile import unpack
+
+    expected = manifest.PileInfo(
+        name="pile-000001.tar.lz4", samples=1, bytes=len(PACKED), checksum=manifest.format_checksum(manifest.checksum(PACKED)),
+        compression="lz4", tar_bytes=SIZE, tar_checksum=manifest.format_checksum(manifest.checksum(DATA)),
+    )  # fmt: skip
+    buf = PACKED
+    for at, bit in flips:
+        buf = _flipped(buf, at, bit)
+    try:
+        got = unpack(URL, buf, expected, checksum=True)  # the stored bytes unchecked: only the tar's CRC-32 stands guard
+    except CorruptShardError as e:
+        assert str(e).startswith(f"{URL}: ") and e.__cause__ is None
+    else:
+        assert got == DATA
+
+
 def _damage_pile(dataset, tmp_path, how):
     out = tmp_path / "bad"
     shutil.copytree(dataset, out)

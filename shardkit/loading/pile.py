@@ -75,7 +75,8 @@ def unpack(url: str, stored: storage.Buffer, expected: PileInfo, *, checksum: bo
     """
     if expected.compression is None:
         return stored
-    tar = compression.decompress(stored, expected.compression, url, size=expected.tar_bytes)
+    # with ``checksum`` the tar's CRC-32 is checked just below, so an lz4 frame's own checksum of the same bytes is skipped
+    tar = compression.decompress(stored, expected.compression, url, size=expected.tar_bytes, checked=checksum)
     problem = tar_problem(tar, expected) if checksum else None
     if problem is not None:
         raise CorruptShardError(f"{url}: {problem}")

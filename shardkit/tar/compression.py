@@ -170,13 +170,16 @@ def compress(data: Any, codec: str, *, level: int, between: Callable[[], None] |
     return packer.compress(data) + packer.finish()
 
 
-def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threads: int | None = None) -> bytes:
+def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threads: int | None = None, checked: bool = False) -> bytes:
     """The tar inside the compressed shard ``buf`` read from ``url``.
 
     A zstd shard with a seek table has its frames decompressed on ``threads`` of libzstd's
     threads (None: one a core, a few at most; see :func:`zstd_frames.decompress`); any other zstd or gzip
     stream, of one frame or member or several, is read whole as a stream, and so is lz4. ``size``, the tar's
-    length when a manifest says it, is checked.
+    length when a manifest says it, is checked. ``checked`` says the caller checks the bytes
+    against a checksum of its own (a manifest's CRC-32 of the tar): an lz4 frame's content
+    checksum would repeat that check and is skipped, which decompresses about 1.4-1.6x faster
+    (see :func:`_lz4_checked`).
 
     Raises:
         CorruptShardError: naming ``url``: not this codec's data (wrong magic bytes), a stream
@@ -193,7 +196,9 @@ def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threa
     if frames is not None:
         return zstd_frames.decompress(buf, frames, url, threads=threads)
     try:
-        out = _READERS[codec](buf, size)
+        out = _lz4_checked(buf, size) if codec == "lz4" and checked and size is not None else None
+        if out is None:
+            out = _READERS[codec](buf, size)
     except Exception as e:  # the codecs' own errors (zstd.ZstdError, zlib.error, EOFError...): say which shard and why
         raise CorruptShardError(f"{url}: not valid {codec}: corrupt or truncated ({_reason(e)})") from None
     if size is not None and len(out) != size:
@@ -285,6 +290,63 @@ def _lz4(buf: Any, size: int | None) -> bytes:
 
 
 _READERS = {"zstd": _zstd, "gzip": _gzip, "lz4": _lz4}
+
+# the frame descriptor's flag bits (FLG) this module looks at: content size and dictionary id
+# fields that lengthen the header, and the content checksum at the frame's end
+_LZ4_CONTENT_SIZE, _LZ4_CONTENT_CHECKSUM, _LZ4_DICT_ID = 0x08, 0x04, 0x01
+
+
+def _lz4_checked(buf: Any, size: int) -> bytes | None:
+    """A single LZ4 frame, already checked against a checksum of its own, decompressed without
+    its content checksum; None when ``buf`` is not such a frame (the caller then reads it the
+    full way, which names any fault).
+
+    python-lz4 has no switch to skip the frame's content checksum, and hashing the content costs
+    about a third of decompressing it. So the decompressor is given the same header with the
+    checksum flag cleared (and the header's own check byte recomputed), then the blocks without
+    the four checksum bytes at the end. Only output its caller checks against the manifest comes
+    from here, so this drops a repeated check, never the only one.
+    """
+    import lz4.frame
+
+    view = memoryview(buf)
+    flags = view[4] if len(view) > 7 else 0
+    if not flags & _LZ4_CONTENT_CHECKSUM:
+        return None
+    end = 7 + (8 if flags & _LZ4_CONTENT_SIZE else 0) + (4 if flags & _LZ4_DICT_ID else 0)  # the header's check byte's place + 1
+    descriptor = bytes(view[4 : end - 1])
+    if len(view) < end + 4 or _header_check(descriptor) != view[end - 1]:
+        return None
+    bare = bytes([flags & ~_LZ4_CONTENT_CHECKSUM]) + descriptor[1:]
+    frame = lz4.frame.LZ4FrameDecompressor()
+    frame.decompress(MAGIC["lz4"] + bare + bytes([_header_check(bare)]))
+    out = frame.decompress(view[end : len(view) - 4], max_length=size + 1)
+    return out if frame.eof and not frame.unused_data and len(out) == size else None
+
+
+_XXH_PRIMES = (2654435761, 2246822519, 3266489917, 668265263, 374761393)
+_U32 = 0xFFFFFFFF
+
+
+def _header_check(descriptor: bytes) -> int:
+    """An LZ4 frame header's check byte: the second byte of the 32-bit xxHash (seed 0) of its
+    descriptor (the flag byte up to the check byte; 2 to 14 bytes, so the hash's short form)."""
+    p1, p2, p3, p4, p5 = _XXH_PRIMES
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & _U32
+
+    h, at = (p5 + len(descriptor)) & _U32, 0
+    for at in range(0, len(descriptor) - 3, 4):
+        h = rotl((h + int.from_bytes(descriptor[at : at + 4], "little") * p3) & _U32, 17) * p4 & _U32
+    for byte in descriptor[len(descriptor) // 4 * 4 :]:
+        h = rotl((h + byte * p5) & _U32, 11) * p1 & _U32
+    h ^= h >> 15
+    h = h * p2 & _U32
+    h ^= h >> 13
+    h = h * p3 & _U32
+    h ^= h >> 16
+    return (h >> 8) & 0xFF
 
 
 def _reason(e: BaseException) -> str:
