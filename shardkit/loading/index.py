@@ -4,27 +4,36 @@ For every data file of a manifest (a pile, or each segment of a pile that grew),
 order, the index holds the byte bounds of its samples (sample ``j`` of the file is
 ``file[bounds[j]:bounds[j + 1]]``, headers included; in the tar inside for a compressed file),
 and for the whole dataset the sorted 64-bit key hashes with the pile-order position of each.
-It is built once, by reading every file whole, and stored beside the manifest as
-``shardkit.gNNNNNN.idx`` for the manifest's generation. Its header names the generation and
-the manifest's checksum, and a CRC-32 of the rest closes it: an index of another manifest, or
-one whose bytes changed, is rebuilt, never trusted.
+It also holds the CRC-32 of every sample's bytes, so that one sample read by range can be
+checked on its own (the loader starts its first pile that way, see :mod:`shardkit.loading.early`).
+It is built once, by reading every file whole (each checked against the manifest first), and
+stored beside the manifest as ``shardkit.gNNNNNN.idx`` for the manifest's generation. Its
+header names the generation and the manifest's checksum, and a CRC-32 of the rest closes it:
+an index of another manifest, or one whose bytes changed, is rebuilt, never trusted.
 
     idx = load_or_build("data/train", manifest.read("data/train"))
     f, start, end = idx.locate(1234)          # file number, byte range inside that file's tar
     idx.lookup(b"key-000017")                 # candidate positions in pile order
 
-File format (little-endian): ``MAGIC``, a uint32 length and a JSON header, zero padding to 8
-bytes, then ``bounds`` (int64, one run of ``n + 1`` per file), ``hashes`` (uint64, sorted) and
-``order`` (uint32, or uint64 past 2**32 samples), then a uint32 CRC-32 of everything before it.
+File format (little-endian): ``MAGIC``, a uint32 length and a JSON header, a uint32 CRC-32 of
+those three, zero padding to 8 bytes, then ``bounds`` (int64, one run of ``n + 1`` per file),
+``hashes`` (uint64, sorted), ``order`` (uint32, or uint64 past 2**32 samples) and ``crcs``
+(uint32, each sample's CRC-32, files in order), then a uint32 CRC-32 of everything before it.
+The header's ``sections`` give each file's manifest checksum, sample count and the CRC-32 of
+its run of ``bounds`` followed by its run of ``crcs``: one file's entries are read and checked
+without reading the rest (:func:`file_checks`). An index of the first version (``MAGIC_V1``:
+no header checksum, no ``crcs``, no ``sections``) still serves random access.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,9 +48,11 @@ from shardkit.tar.keys import key_hashes
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"SKIDX01\n"
-VERSION = 1
+MAGIC = b"SKIDX02\n"
+MAGIC_V1 = b"SKIDX01\n"
+VERSION = 2
 _CRC = struct.Struct("<I")
+_LEN = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
@@ -71,13 +82,17 @@ class Index:
         starts: global pile-order position of each file's first sample, plus the total at the end.
         bounds: the byte bounds of every file's samples (one run of ``n + 1`` per file).
         hashes, order: sorted key hashes, and the pile-order position of each.
+        crcs: the CRC-32 of each sample's bytes, in pile order (None: an index of the first
+            version, which has none).
     """
 
-    def __init__(self, files: Sequence[DataFile], bounds: np.ndarray, hashes: np.ndarray, order: np.ndarray) -> None:
+    def __init__(
+        self, files: Sequence[DataFile], bounds: np.ndarray, hashes: np.ndarray, order: np.ndarray, crcs: np.ndarray | None = None
+    ) -> None:
         self.files = list(files)
         counts = np.array([f.info.samples for f in self.files], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.bounds, self.hashes, self.order = bounds, hashes, order
+        self.bounds, self.hashes, self.order, self.crcs = bounds, hashes, order, crcs
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -85,7 +100,8 @@ class Index:
     @property
     def nbytes(self) -> int:
         """Memory the arrays take."""
-        return int(self.bounds.nbytes + self.hashes.nbytes + self.order.nbytes + self.starts.nbytes)
+        extra = 0 if self.crcs is None else self.crcs.nbytes
+        return int(self.bounds.nbytes + self.hashes.nbytes + self.order.nbytes + self.starts.nbytes + extra)
 
     def locate(self, position: int) -> tuple[int, int, int]:
         """``(file number, start, end)`` of the sample at pile-order ``position`` (0 <= position < len)."""
@@ -110,7 +126,7 @@ def build(root: str, m: Manifest, *, reads: storage.RemoteReads | None = None) -
             holds another number of samples than the manifest says (named).
     """
     files = data_files(m)
-    bounds, hashes = [], []
+    bounds, hashes, crcs = [], [], []
     for f in files:
         url = storage.join(root, f.name)
         fetched = fetch(url, expected=f.info, reads=reads)
@@ -119,17 +135,34 @@ def build(root: str, m: Manifest, *, reads: storage.RemoteReads | None = None) -
             starts = found.samples()
             if len(starts) - 1 != f.info.samples:
                 raise CorruptShardError(f"{url}: holds {len(starts) - 1} samples, the manifest says {f.info.samples}")
-            bounds.append(found.sample_bounds(starts))
+            run = found.sample_bounds(starts)
+            bounds.append(run)
             hashes.append(key_hashes(found.sample_keys(starts[:-1])))
+            crcs.append(sample_crcs(fetched.buf, run))
         finally:
             del fetched
     flat = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
     order = np.argsort(flat, kind="stable").astype(np.uint32 if len(flat) < 2**32 else np.uint64)
-    return Index(files, np.concatenate(bounds) if bounds else np.zeros(0, np.int64), flat[order], order)
+    joined = np.concatenate(bounds) if bounds else np.zeros(0, np.int64)
+    return Index(files, joined, flat[order], order, np.concatenate(crcs) if crcs else np.zeros(0, np.uint32))
+
+
+def sample_crcs(buf: storage.Buffer, bounds: np.ndarray) -> np.ndarray:
+    """The CRC-32 of ``buf[bounds[j]:bounds[j + 1]]`` for each sample ``j`` (uint32)."""
+    view = memoryview(buf)
+    return np.array([manifest.checksum(view[a:b]) for a, b in itertools.pairwise(bounds.tolist())], dtype=np.uint32)
 
 
 def encode(idx: Index, m: Manifest) -> bytes:
-    """The bytes of the index file of ``idx``, built from the manifest ``m``."""
+    """The bytes of the index file of ``idx``, built from the manifest ``m`` (it must have ``crcs``)."""
+    if idx.crcs is None:
+        raise ValueError("an index without sample checksums cannot be stored in this version")
+    bounds, crcs = idx.bounds.astype("<i8"), idx.crcs.astype("<u4")
+    sections = []
+    for f, part in enumerate(idx.files):
+        lo, hi = int(idx.starts[f]), int(idx.starts[f + 1])
+        crc = manifest.checksum(bounds[lo + f : hi + f + 1].tobytes())
+        sections.append([part.info.checksum, hi - lo, manifest.checksum(crcs[lo:hi].tobytes(), crc)])
     header = {
         "version": VERSION,
         "generation": m.generation,
@@ -137,47 +170,117 @@ def encode(idx: Index, m: Manifest) -> bytes:
         "samples": len(idx),
         "files": [f.name for f in idx.files],
         "order": idx.order.dtype.str,
+        "sections": sections,
     }
     text = json.dumps(header).encode("utf-8")
-    head = MAGIC + struct.pack("<I", len(text)) + text
+    head = MAGIC + _LEN.pack(len(text)) + text
+    head += _CRC.pack(manifest.checksum(head))
     head += b"\0" * (-len(head) % 8)
-    body = b"".join([head, idx.bounds.astype("<i8").tobytes(), idx.hashes.astype("<u8").tobytes(), idx.order.tobytes()])
+    body = b"".join([head, bounds.tobytes(), idx.hashes.astype("<u8").tobytes(), idx.order.tobytes(), crcs.tobytes()])
     return body + _CRC.pack(manifest.checksum(body))
 
 
+def _header(view: memoryview, where: str) -> tuple[dict[str, Any], int, bool]:
+    """The JSON header of the index in ``view``, the offset of its arrays, and whether it is of
+    this version (else the first, whose header has no checksum of its own).
+
+    Raises:
+        CorruptShardError: naming ``where``: no magic, a header past the end, not JSON, or (this
+            version) a header whose checksum does not match.
+    """
+    magic = bytes(view[: len(MAGIC)])
+    if len(view) < len(MAGIC) + 8 or magic not in (MAGIC, MAGIC_V1):
+        raise CorruptShardError(f"{where}: not a shardkit index (no {MAGIC!r} at offset 0)")
+    current = magic == MAGIC
+    (n,) = _LEN.unpack_from(view, len(MAGIC))
+    at = len(MAGIC) + 4 + n
+    if at + (4 if current else 0) > len(view):
+        raise CorruptShardError(f"{where}: header of {n} bytes runs past the end ({len(view)} bytes)")
+    if current:
+        if manifest.checksum(view[:at]) != _CRC.unpack_from(view, at)[0]:
+            raise CorruptShardError(f"{where}: header checksum does not match its bytes (torn or changed after writing)")
+        at += 4
+    try:
+        header = json.loads(bytes(view[len(MAGIC) + 4 : len(MAGIC) + 4 + n]))
+    except ValueError:
+        raise CorruptShardError(f"{where}: header at offset {len(MAGIC) + 4} is not JSON") from None
+    if not isinstance(header, dict):
+        raise CorruptShardError(f"{where}: header at offset {len(MAGIC) + 4} is not a JSON object")
+    return header, at + (-at % 8), current
+
+
 def decode(data: storage.Buffer | memoryview, m: Manifest, where: str) -> Index:
-    """The index in ``data`` when it is a whole index of exactly the manifest ``m``.
+    """The index in ``data`` when it is a whole index of exactly the manifest ``m`` (of this
+    version, or of the first, which has no sample checksums).
 
     Raises:
         CorruptShardError: naming ``where`` and what does not match (magic, version, manifest,
             files, sizes, checksum).
     """
     view = memoryview(data)
-    if len(view) < len(MAGIC) + 8 or bytes(view[: len(MAGIC)]) != MAGIC:
-        raise CorruptShardError(f"{where}: not a shardkit index (no {MAGIC!r} at offset 0)")
+    header, at, current = _header(view, where)
     if manifest.checksum(view[:-4]) != _CRC.unpack(view[-4:])[0]:
         raise CorruptShardError(f"{where}: checksum does not match its bytes (torn or changed after writing)")
-    (n,) = struct.unpack_from("<I", view, len(MAGIC))
-    at = len(MAGIC) + 4
-    try:
-        header = json.loads(bytes(view[at : at + n]))
-    except ValueError:
-        raise CorruptShardError(f"{where}: header at offset {at} is not JSON") from None
     files = data_files(m)
-    want = {"version": VERSION, "generation": m.generation, "manifest": identity(m), "files": [f.name for f in files]}
+    version = VERSION if current else 1
+    want = {"version": version, "generation": m.generation, "manifest": identity(m), "files": [f.name for f in files]}
     for name, value in want.items():
         if header.get(name) != value:
             raise CorruptShardError(f"{where}: header {name}={str(header.get(name))[:80]!r}, the manifest needs {str(value)[:80]!r}")
-    at += n + (-(at + n) % 8)
     total = m.samples
-    order_type = np.dtype(header.get("order", "<u4"))
-    sizes = [(total + len(files)) * 8, total * 8, total * order_type.itemsize]
+    try:
+        order_type = np.dtype(header.get("order", "<u4"))
+    except TypeError:
+        raise CorruptShardError(f"{where}: header order={str(header.get('order'))[:20]!r} is not an integer type") from None
+    sizes = [(total + len(files)) * 8, total * 8, total * order_type.itemsize, total * 4 if current else 0]
     if at + sum(sizes) + 4 != len(view):
         raise CorruptShardError(f"{where}: {len(view)} bytes, a header for {total} samples needs {at + sum(sizes) + 4}")
     bounds = np.frombuffer(view, dtype="<i8", count=total + len(files), offset=at)
     hashes = np.frombuffer(view, dtype="<u8", count=total, offset=at + sizes[0])
     order = np.frombuffer(view, dtype=order_type, count=total, offset=at + sizes[0] + sizes[1])
-    return Index(files, bounds, hashes, order)
+    crcs = np.frombuffer(view, dtype="<u4", count=total, offset=at + sum(sizes[:3])) if current else None
+    return Index(files, bounds, hashes, order, crcs)
+
+
+def file_checks(data: storage.Buffer | memoryview, info: PileInfo, where: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The sample bounds (``n + 1``) and sample CRC-32s (``n``) the index in ``data`` holds for
+    the data file ``info`` (a file of the manifest it was built from), read from its header and
+    that file's section alone, each checked by its own CRC-32. None when the index has no
+    sample checksums (the first version) or no entry for a file of that name, checksum and
+    sample count.
+
+    Raises:
+        CorruptShardError: naming ``where``: the header or the section does not match its checksum,
+            or is malformed.
+    """
+    view = memoryview(data)
+    header, at, current = _header(view, where)
+    if not current:
+        return None
+    files, sections, order = header.get("files"), header.get("sections"), header.get("order", "<u4")
+    if not (isinstance(files, list) and isinstance(sections, list) and len(files) == len(sections)):
+        raise CorruptShardError(f"{where}: header has no list of sections, one a file")
+    try:
+        f = files.index(info.name)
+        checksum, n, crc = sections[f]
+        before = [int(s[1]) for s in sections[:f]]
+        total = sum(int(s[1]) for s in sections)
+        width = np.dtype(order).itemsize
+    except ValueError:
+        return None
+    except (TypeError, IndexError):
+        raise CorruptShardError(f"{where}: header section of {info.name} is malformed") from None
+    if checksum != info.checksum or n != info.samples:
+        return None
+    lo = at + 8 * (sum(before) + f)
+    crc_at = at + 8 * (total + len(files)) + 8 * total + width * total + 4 * sum(before)
+    if crc_at + 4 * n + 4 > len(view):
+        raise CorruptShardError(f"{where}: section of {info.name} runs past the end ({len(view)} bytes)")
+    found = manifest.checksum(view[crc_at : crc_at + 4 * n], manifest.checksum(view[lo : lo + 8 * (n + 1)]))
+    if found != crc:
+        raise CorruptShardError(f"{where}: section of {info.name} does not match its checksum (torn or changed after writing)")
+    bounds = np.frombuffer(view, dtype="<i8", count=n + 1, offset=lo)
+    return bounds, np.frombuffer(view, dtype="<u4", count=n, offset=crc_at)
 
 
 def load_or_build(root: str, m: Manifest, *, reads: storage.RemoteReads | None = None, store: bool = True) -> Index:

@@ -36,6 +36,8 @@ from shardkit.errors import ConfigError, Failure, ShardkitError
 from shardkit.loading import elastic, plan, turns
 from shardkit.loading.batch import Result, ShardBlock, Step, cut_tasks, raw_batches
 from shardkit.loading.decode import Transform
+from shardkit.loading.early import EarlyPile
+from shardkit.loading.early import lookup as early_lookup
 from shardkit.loading.elastic import Phase
 from shardkit.loading.on_error import LoaderStats, Policy
 from shardkit.loading.options import LoaderOptions, resolve_world
@@ -260,10 +262,16 @@ class Loader:
         resident: dict[int, Shard | None] = {}
         active: list[plan.PileUse] = []
         pulled = 0
+        early = self._early(uses, reader)
+        if early is not None:  # the first pile hands out checked ranges until its whole read is in
+            active.append(uses[0])
+            resident[uses[0].pile], pulled = early, 1  # type: ignore[assignment]
 
         def need(pile: int, at: int) -> Shard | None:
             nonlocal pulled
             while pile not in resident:
+                if early is not None:
+                    early.settle()  # its whole read comes first out of the reader
                 item = reader.get()
                 if item is None:
                     raise RuntimeError(f"internal error: the pile reader ended before pile {pile}")
@@ -289,8 +297,24 @@ class Loader:
             end = block.start + len(piles)
             for use in [u for u in active if u.last < end]:
                 active.remove(use)
+                if early is not None and resident[use.pile] is early:
+                    early.finish()
                 del resident[use.pile]
                 reader.release()
+
+    def _early(self, uses: list[plan.PileUse], reader: PileReader[int, Fetched]) -> EarlyPile | None:
+        """The epoch's first pile as an :class:`EarlyPile` when the dataset's index can check its
+        samples one by one (a local plain pile, ``mix=1``, ``on_error="raise"``), else None."""
+        o = self.options
+        if not uses or o.mix != 1 or o.on_error != "raise":
+            return None
+        use, pile = uses[0], self.source.piles[uses[0].pile]
+        found = early_lookup(self.source.name, self.source.generation, pile.info, pile.url)
+        if found is None:
+            return None
+        return EarlyPile(
+            pile.url, *found, take=reader.get, ready=reader.ready, accept=lambda item: self._accept(item, use), views=self._views
+        )
 
     def _accept(self, item: Fetched | Failure, use: plan.PileUse) -> Shard | None:
         url = self.source.piles[use.pile].url

@@ -102,6 +102,11 @@ class PileReader(Generic[Item, T]):
             self._delivered += 1
             return self._results.pop(i)  # type: ignore[no-any-return]
 
+    def ready(self) -> bool:
+        """Whether :meth:`get` would return at once (the next result is in, or there is none)."""
+        with self._cond:
+            return self._stop or self._delivered >= len(self._items) or self._delivered in self._results
+
     def release(self) -> None:
         """The consumer dropped one result (or a Failure): a thread may read one more."""
         with self._cond:
