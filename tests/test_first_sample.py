@@ -197,3 +197,32 @@ def test_the_index_section_of_each_pile_matches_the_whole_index(ds):
         assert [manifest.checksum(pile[a:b]) for a, b in itertools.pairwise(bounds.tolist())] == crcs.tolist()
     other = manifest.PileInfo(name=m.piles[0].name, samples=m.piles[0].samples, bytes=m.piles[0].bytes, checksum="crc32:00000000")
     assert index_module.file_checks(data, other, url) is None  # another file of that name: not this index's
+
+
+def test_a_resumed_epoch_starts_its_pile_early_where_the_state_says(ds, monkeypatch):
+    reference = _epoch(ds, seed=2)
+    _index(ds)
+    with shardkit.loader(ds, decode=False, seed=2) as loader:
+        samples = iter(loader)
+        for _ in range(7):
+            next(samples)
+        state = loader.state_dict()
+    gate = _hold_whole_reads(monkeypatch)
+    with shardkit.loader(ds, decode=False, seed=2) as loader:
+        loader.load_state_dict(state)
+        samples = iter(loader)
+        first = next(samples)  # from its range: no pile was read whole yet
+        gate.set()
+        rest = [first, *samples]
+    assert [s["__key__"] for s in rest] == [s["__key__"] for s in reference[7:]]
+
+
+def test_random_access_checks_each_ranged_read_against_the_index(ds):
+    idx, _ = _index(ds)
+    f, start, _ = idx.locate(10)
+    _flip(os.path.join(ds, idx.files[f].name), start + 512 + 3)  # a payload byte: headers and key unchanged
+    data = shardkit.open(ds, decode=False)
+    with pytest.raises(CorruptShardError, match=rf"{idx.files[f].name}: the sample at offset {start} does not match its checksum"):
+        data.raw(10)
+    assert data.raw(11)["__key__"]  # the others still read
+    assert shardkit.open(ds, decode=False, verify=False).raw(10)["__key__"]  # verify=False: not checked

@@ -165,6 +165,8 @@ class MapDataset:
             data = bytes(self._whole(f, url)[start:end])
         if len(data) != end - start:
             raise CorruptShardError(f"{url}: sample at offset {start} ends past the file ({len(data)} of {end - start} bytes read)")
+        if self.options.verify and idx.crcs is not None and manifest.checksum(data) != int(idx.crcs[position]):
+            raise CorruptShardError(f"{url}: the sample at offset {start} does not match its checksum in the index: the file changed")
         sample = parse(data)
         if sample is None:  # pax or long-name records, or damage: the careful reader says which
             shard = Shard(url, data + TRAILER)
@@ -238,7 +240,8 @@ def open(
             mix=mix)`` yields in epoch ``epoch`` with one rank.
         epoch, mix: the epoch (see :meth:`MapDataset.set_epoch`) and the loader's ``mix``.
         decode, map, allow_pickle: as for :func:`shardkit.loader`; ``decode=False`` gives raw bytes.
-        verify: check a compressed pile read whole against the manifest's checksum.
+        verify: check each sample read by range against its CRC-32 in the index (an index of
+            the first version has none), and a compressed pile read whole against the manifest's checksum.
         keep_piles: compressed piles (or cached remote piles) kept in memory, decompressed.
         remote_concurrency, cache_dir, cache_limit, storage_options: as for :func:`shardkit.loader`.
 
