@@ -226,3 +226,22 @@ def test_random_access_checks_each_ranged_read_against_the_index(ds):
         data.raw(10)
     assert data.raw(11)["__key__"]  # the others still read
     assert shardkit.open(ds, decode=False, verify=False).raw(10)["__key__"]  # verify=False: not checked
+
+
+def test_a_paused_reader_reads_nothing_until_resumed_or_asked():
+    from shardkit.loading.prefetch import PileReader
+
+    read = []
+    reader = PileReader([1, 2, 3], lambda x: read.append(x) or x * 10, slots=2, paused=True)
+    try:
+        threading.Event().wait(0.2)
+        assert read == [] and not reader.ready()
+        assert reader.get() == 10  # asking resumes it
+        reader.release()
+        assert reader.get() == 20 and read[:2] == [1, 2]
+    finally:
+        reader.close()
+    other = PileReader([1, 2], lambda x: x, slots=1, paused=True)
+    other.resume()
+    assert other.get() == 1
+    other.close()

@@ -84,6 +84,8 @@ class EarlyPile:
         take: the pile read whole, checked (blocks until it is in): what the reader thread hands over.
         ready: whether ``take`` would return at once.
         accept: the pile's Shard from what ``take`` returned; raises what is wrong with it.
+        begin: start the whole read (called once the first sample is ready: until then the
+            read would only compete with it for the CPU).
         views: hand out fields as read-only ``memoryview`` objects.
 
     Attributes:
@@ -100,12 +102,13 @@ class EarlyPile:
         take: Callable[[], Any],
         ready: Callable[[], bool],
         accept: Callable[[Any], Shard | None],
+        begin: Callable[[], None] = lambda: None,
         views: bool = False,
     ) -> None:
         self.url = url
         self._buf: storage.Buffer | None = buf
         self._bounds, self._crcs = bounds, crcs
-        self._take, self._ready, self._accept = take, ready, accept
+        self._take, self._ready, self._accept, self._begin = take, ready, accept, begin
         self._views = views
         self._get: Callable[[int], Sample] | None = None
         self._full: Shard | None = None
@@ -181,5 +184,7 @@ class EarlyPile:
             return None
         if self._views:
             found = {k: v if k == "__key__" else memoryview(v) for k, v in found.items()}
+        if not self.ranged:
+            self._begin()
         self.ranged += 1
         return found

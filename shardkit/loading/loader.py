@@ -233,7 +233,7 @@ class Loader:
         slots = max(1, plan.peak(uses)) + self._ahead
         read = self._reader()
         reader: PileReader[int, Fetched] = PileReader(
-            [u.pile for u in uses], read, slots=slots, readers=self._readers, name=f"shardkit-reader-e{epoch}"
+            [u.pile for u in uses], read, slots=slots, readers=self._readers, name=f"shardkit-reader-e{epoch}", paused=True
         )
         skipped = self.stats.skipped_samples
         try:
@@ -262,7 +262,12 @@ class Loader:
         resident: dict[int, Shard | None] = {}
         active: list[plan.PileUse] = []
         pulled = 0
-        early = self._early(uses, reader)
+        early = None
+        try:
+            early = self._early(uses, reader)
+        finally:
+            if early is None:
+                reader.resume()
         if early is not None:  # the first pile hands out checked ranges until its whole read is in
             active.append(uses[0])
             resident[uses[0].pile], pulled = early, 1  # type: ignore[assignment]
@@ -313,7 +318,13 @@ class Loader:
         if found is None:
             return None
         return EarlyPile(
-            pile.url, *found, take=reader.get, ready=reader.ready, accept=lambda item: self._accept(item, use), views=self._views
+            pile.url,
+            *found,
+            take=reader.get,
+            ready=reader.ready,
+            accept=lambda item: self._accept(item, use),
+            begin=reader.resume,
+            views=self._views,
         )
 
     def _accept(self, item: Fetched | Failure, use: plan.PileUse) -> Shard | None:

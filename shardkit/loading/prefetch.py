@@ -52,10 +52,19 @@ class PileReader(Generic[Item, T]):
         slots: how many results may be alive at once (held by a thread, finished or in use).
         readers: threads reading at once (at most ``slots``); results come out in order all the same.
         name: the threads' name (shows in tracebacks and ``threading.enumerate()``).
+        paused: read nothing until :meth:`resume` (or the first :meth:`get`): the consumer has
+            something more urgent to do with the CPU first.
     """
 
     def __init__(
-        self, items: Sequence[Item], read: Callable[[Item], T], *, slots: int, readers: int = 1, name: str = "shardkit-reader"
+        self,
+        items: Sequence[Item],
+        read: Callable[[Item], T],
+        *,
+        slots: int,
+        readers: int = 1,
+        name: str = "shardkit-reader",
+        paused: bool = False,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
@@ -68,6 +77,7 @@ class PileReader(Generic[Item, T]):
         self._results: dict[int, Any] = {}
         self._cond = threading.Condition()
         self._stop = False
+        self._paused = paused
         count = max(1, min(readers, slots, len(self._items)))
         self._threads = [threading.Thread(target=self._run, name=name if count == 1 else f"{name}-{k}", daemon=True) for k in range(count)]
         for thread in self._threads:
@@ -76,7 +86,9 @@ class PileReader(Generic[Item, T]):
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stop or self._claimed >= len(self._items) or self._held < self._slots)
+                self._cond.wait_for(
+                    lambda: self._stop or (not self._paused and (self._claimed >= len(self._items) or self._held < self._slots))
+                )
                 if self._stop or self._claimed >= len(self._items):
                     return
                 i = self._claimed
@@ -94,6 +106,7 @@ class PileReader(Generic[Item, T]):
 
     def get(self) -> T | Failure | None:
         """The next result in order, a :class:`Failure` in its place, or None at the end."""
+        self.resume()
         with self._cond:
             i = self._delivered
             if i >= len(self._items) or self._stop:
@@ -101,6 +114,13 @@ class PileReader(Generic[Item, T]):
             self._cond.wait_for(lambda: i in self._results)
             self._delivered += 1
             return self._results.pop(i)  # type: ignore[no-any-return]
+
+    def resume(self) -> None:
+        """Start reading, when made ``paused`` (a no-op otherwise)."""
+        if self._paused:
+            with self._cond:
+                self._paused = False
+                self._cond.notify_all()
 
     def ready(self) -> bool:
         """Whether :meth:`get` would return at once (the next result is in, or there is none)."""
