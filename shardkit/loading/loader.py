@@ -8,7 +8,9 @@ and collate while the reader stays in the main process. The order does not depen
 ``num_workers`` or the world size, every rank yields the same count (of batches, even when
 ``on_error`` skips samples or piles), and ``state_dict()`` resumes mid-epoch exactly. Local
 piles are memory-mapped while in use: replace pile files (as shardkit does), never truncate one
-in place under a running loader.
+in place under a running loader. When the dataset has its random-access index, the epoch's
+first pile hands out samples as ranges checked against the index's CRC-32s before it is read
+whole (:mod:`shardkit.loading.early`).
 
     with shardkit.loader("data/", batch_size=256, seed=0) as loader:
         for epoch in range(10):
