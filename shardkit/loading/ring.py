@@ -58,9 +58,10 @@ class Ring:
         weakref.finalize(self, _close, self.map, fd)
 
     @classmethod
-    def make(cls, workers: int, region: int = REGION) -> Ring | None:
-        """A ring for ``workers`` workers, or None where shared files cannot be made (then batches
-        go through the DataLoader's queue)."""
+    def make(cls, workers: int, region: int | None = None) -> Ring | None:
+        """A ring for ``workers`` workers of ``region`` bytes each (default :data:`REGION`), or None
+        where shared files cannot be made (then batches go through the DataLoader's queue)."""
+        region = REGION if region is None else region
         if workers < 1 or workers > _HEADER // 8 or not hasattr(os, "memfd_create"):
             return None
         try:
@@ -99,6 +100,10 @@ class Ring:
         stops = (ends + start).tolist()
         return list(map(self.map.__getitem__, map(slice, [start, *stops[:-1]], stops)))
 
+    def count(self, worker: int) -> int:
+        """How many of worker ``worker``'s batches the main process has read out of the ring."""
+        return int(struct.unpack_from("q", self.map, 8 * worker)[0])
+
     def done(self, worker: int, seq: int) -> None:
         """Batch ``seq`` of worker ``worker`` was read (its batches are read in the order sent)."""
         struct.pack_into("q", self.map, 8 * worker, seq + 1)
@@ -113,14 +118,11 @@ class Writer:
         # batches sent and not yet read: (seq, start, end), in the order sent. A fresh process
         # goes on from the count the main process has read: whatever an earlier one sent is gone
         self.sent: deque[tuple[int, int, int]] = deque()
-        self.seq = self._read_count()
-
-    def _read_count(self) -> int:
-        return int(struct.unpack_from("q", self.ring.map, 8 * self.worker)[0])
+        self.seq = ring.count(worker)
 
     def _room(self, size: int) -> int | None:
         """The lowest offset with ``size`` bytes free, or None."""
-        read = self._read_count()
+        read = self.ring.count(self.worker)
         sent = self.sent
         while sent and sent[0][0] < read:
             sent.popleft()

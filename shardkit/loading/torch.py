@@ -388,6 +388,8 @@ class ShardkitDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`ShardkitDataset` that counts the items it yields, so its
     :meth:`state_dict` is exact with worker processes too. ``batch_size`` is None (the dataset
     batches; any other value is a ``ConfigError``); every other argument is the DataLoader's.
+    Its workers hand raw batches over in shared memory (:mod:`shardkit.loading.ring`) instead
+    of through the DataLoader's queue.
 
     Example:
         dl = ShardkitDataLoader(ShardkitDataset("data/", batch_size=32), num_workers=2)
