@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -133,3 +138,12 @@ def test_spawned_workers_get_the_shared_memory_too(data):
     got = plain(list(dl))
     assert got == reference(data)
     assert dl._ring.count(0) == len(dl)
+
+
+def test_the_epochs_benchmark_prints_both_contenders_and_the_ratios(tmp_path):
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "dataloader_epochs.py")
+    argv = [sys.executable, script, "--samples", "600", "--piles", "3", "--epochs", "2", "--repeats", "1", "--data", str(tmp_path)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "| shardkit.loader, one process |" in out.stdout and "| ShardkitDataLoader |" in out.stdout
+    assert re.search(r"first epoch \d+\.\d\dx, later epochs \d+\.\d\dx", out.stdout)
