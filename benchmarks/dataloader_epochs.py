@@ -175,13 +175,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     first, later = dl["first_epoch"] / one["first_epoch"], dl["later_epochs"] / one["later_epochs"]
     cores = min(os.cpu_count() or 1, args.workers + 1)
-    bound = min(1.0, cores * one["later_cpu"] / dl["later_cpu"])
+    # None where the later epochs were too short for the clock of CPU time (10 ms steps)
+    bound = min(1.0, cores * one["later_cpu"] / dl["later_cpu"]) if dl["later_cpu"] > 0 else None
     lines += [
         "",
         f"ShardkitDataLoader over one process: first epoch {first:.2f}x, later epochs {later:.2f}x "
         f"(goal ≥ {GOAL}x: {'met' if later >= GOAL else 'missed'} once the workers run).",
         f"CPU bound on {cores} idle cores for the later epochs: {cores} x {one['later_cpu'] * 1e6:.1f} / "
-        f"{dl['later_cpu'] * 1e6:.1f} = {bound:.2f}x (the one process uses one core; the DataLoader's processes all of them).",
+        f"{dl['later_cpu'] * 1e6:.1f} = {bound:.2f}x (the one process uses one core; the DataLoader's processes all of them)."
+        if bound is not None
+        else "CPU bound: not measured (the later epochs took less CPU time than the clock resolves; read more samples).",
     ]
     print("\n".join(lines))
     return 0

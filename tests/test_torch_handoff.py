@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -147,3 +148,17 @@ def test_the_epochs_benchmark_prints_both_contenders_and_the_ratios(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "| shardkit.loader, one process |" in out.stdout and "| ShardkitDataLoader |" in out.stdout
     assert re.search(r"first epoch \d+\.\d\dx, later epochs \d+\.\d\dx", out.stdout)
+
+
+def test_a_killed_worker_is_an_error_and_the_next_iteration_is_whole(data):
+    ds = ShardkitDataset(data, batch_size=16, decode=False, seed=2)
+    want = plain(list(ShardkitDataLoader(ds, num_workers=2)))
+    dl = ShardkitDataLoader(ds, num_workers=2, persistent_workers=True)
+    it = iter(dl)
+    next(it)
+    os.kill(dl._iterator._workers[0].pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        for _ in it:
+            pass
+    again = ShardkitDataLoader(ds, num_workers=2)  # fresh workers, fresh shared memory
+    assert plain(list(again)) == want
