@@ -162,3 +162,11 @@ def test_a_killed_worker_is_an_error_and_the_next_iteration_is_whole(data):
             pass
     again = ShardkitDataLoader(ds, num_workers=2)  # fresh workers, fresh shared memory
     assert plain(list(again)) == want
+
+
+def test_a_batch_of_more_pieces_than_one_write_takes_is_whole():
+    ring = Ring.make(1, region=1 << 16)
+    pieces = [bytes([i % 251]) * (i % 7) for i in range(3000)]  # more than IOV_MAX, empty ones among them
+    ends = np.cumsum([len(p) for p in pieces])
+    _, at = ring.writer(0).put([pieces, [b"tail"]], int(ends[-1]) + 4)
+    assert ring.cut(0, at, ends) == pieces and ring.read(0, at + int(ends[-1]), 4) == b"tail"

@@ -14,7 +14,7 @@ batches in flight need (at most the DataLoader's ``prefetch_factor`` of them, pl
 
     ring = Ring.make(workers=2)                  # main process, before the workers start
     seq, offset = ring.writer(0).put([[b"abc", b"de"]], 5)   # worker 0 (None: no room now)
-    ring.cut(0, offset, [3, 5]); ring.done(0, seq)          # main process: [b"abc", b"de"]
+    ring.cut(0, offset, np.array([3, 5])); ring.done(0, seq)  # main process: [b"abc", b"de"]
 """
 
 from __future__ import annotations
@@ -35,7 +35,10 @@ import numpy as np
 
 # room per worker: address space only until a batch touches it (the file is sparse)
 REGION = 256 << 20
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
+try:
+    _IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))
+except (AttributeError, ValueError, OSError):  # pragma: no cover - a platform without the name
+    _IOV_MAX = 16
 _HEADER = 4096  # one int64 a worker: how many of its batches the main process has read
 _LIVE: weakref.WeakValueDictionary[str, Ring] = weakref.WeakValueDictionary()  # rings of this process, by token
 
