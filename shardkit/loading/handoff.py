@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 from torch.utils.data import default_convert
 
-# how a field travels: as it is, or its byte strings joined into one
-_AS_IS, _JOINED = 0, 1
+from shardkit.loading.ring import Writer, find
+
+# how a field travels: as it is, its byte strings joined into one, or left in shared memory
+_AS_IS, _JOINED, _SHARED = 0, 1, 2
 # values default_convert leaves as they are: a list of these needs no walk
 _PLAIN = (str, bytes, int, float, bool, type(None))
 
@@ -38,24 +40,67 @@ class Handoff:
         yield Handoff(batch, views=False)        # inside IterableDataset.__iter__, in a worker
     """
 
-    __slots__ = ("item", "views")
+    __slots__ = ("borrowed", "item", "views", "writer")
 
-    def __init__(self, item: Any, views: bool) -> None:
-        self.item, self.views = item, views
+    def __init__(self, item: Any, views: bool, writer: Writer | None = None, borrowed: bool = False) -> None:
+        self.item, self.views, self.writer, self.borrowed = item, views, writer, borrowed
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         item = self.item
         if type(item) is not dict:
             return _as_is, (default_convert(item),)
-        return _unpack, (list(item), [_pack(value) for value in item.values()], self.views)
+        names, values = list(item), list(item.values())
+        flags = [_byte_strings(v, trusted=self.borrowed) for v in values]
+        if self.borrowed:  # the loader's views stand for copies: those of a list sent as it is become bytes
+            values = [v if flag else _copied(v) for v, flag in zip(values, flags, strict=True)]
+        if self.writer is not None and any(flags):
+            shared = _shared(names, values, flags, self.writer, self.views)
+            if shared is not None:
+                return shared
+        return _unpack, (names, [_pack(v, flag) for v, flag in zip(values, flags, strict=True)], self.views)
 
 
-def _byte_strings(value: Any) -> bool:
-    """A non-empty list of bytes, or of one-dimensional byte memoryviews."""
+def _copied(value: Any) -> Any:
+    """``value`` with the memoryviews of a list copied into bytes."""
+    if type(value) is list and memoryview in set(map(type, value)):
+        return [bytes(v) if type(v) is memoryview else v for v in value]
+    return value
+
+
+def _ends(value: list[Any]) -> np.ndarray:
+    return np.cumsum(np.fromiter(map(len, value), dtype=np.int64, count=len(value)))
+
+
+def _shared(names: list[str], values: list[Any], flags: list[bool], writer: Writer, views: bool) -> tuple[Any, tuple[Any, ...]] | None:
+    """How an item travels with its byte strings (the values ``flags`` marks) in the worker's
+    shared region, or None when they find no room there now."""
+    strings = [v for v, flag in zip(values, flags, strict=True) if flag]
+    ends = [_ends(v) for v in strings]
+    spot = writer.put(strings, sum(int(e[-1]) for e in ends))
+    if spot is None:
+        return None
+    seq, at = spot
+    fields: list[tuple[int, Any]] = []
+    each = iter(ends)
+    for value, flag in zip(values, flags, strict=True):
+        if flag:
+            e = next(each)
+            fields.append((_SHARED, (at, e.tobytes())))
+            at += int(e[-1])
+        else:
+            fields.append(_pack(value, False))
+    return _unpack_shared, (writer.ring.token, writer.worker, seq, names, fields, views)
+
+
+def _byte_strings(value: Any, trusted: bool = False) -> bool:
+    """A non-empty list of bytes, or of one-dimensional byte memoryviews (``trusted``: any
+    memoryviews are the loader's, which are)."""
     if type(value) is not list or not value:
         return False
     kinds = set(map(type, value))
-    return kinds == {bytes} or (kinds == {memoryview} and all(v.format == "B" and v.ndim == 1 for v in value))
+    if kinds != {memoryview}:
+        return kinds == {bytes}
+    return trusted or {(v.format, v.ndim) for v in value} == {("B", 1)}
 
 
 def _plain(value: Any) -> bool:
@@ -63,10 +108,11 @@ def _plain(value: Any) -> bool:
     return type(value) is list and set(map(type, value)).issubset(_PLAIN)
 
 
-def _pack(value: Any) -> tuple[int, Any]:
-    """How one field travels: byte strings joined, with their end offsets; the rest as converted."""
-    if _byte_strings(value):
-        ends = np.cumsum(np.fromiter(map(len, value), dtype=np.int64, count=len(value)))
+def _pack(value: Any, strings: bool) -> tuple[int, Any]:
+    """How one field travels through the queue: byte strings (``strings``) joined, with their
+    end offsets; the rest as converted."""
+    if strings:
+        ends = _ends(value)
         return _JOINED, (b"".join(value), ends.tobytes())
     return _AS_IS, value if _plain(value) else default_convert(value)
 
@@ -95,4 +141,27 @@ def _unpack(names: list[str], fields: list[tuple[int, Any]], views: bool) -> dic
         ends = np.frombuffer(ends_bytes, dtype=np.int64).tolist()
         whole = memoryview(joined) if views else joined
         out[name] = [whole[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    return out
+
+
+def _unpack_shared(token: str, worker: int, seq: int, names: list[str], fields: list[tuple[int, Any]], views: bool) -> dict[str, Any]:
+    """The batch again, in the main process, its byte strings copied out of worker ``worker``'s
+    shared region (which is then free for the worker's next batches)."""
+    ring = find(token)
+    out: dict[str, Any] = {}
+    try:
+        for name, (kind, payload) in zip(names, fields, strict=True):
+            if kind == _AS_IS:
+                out[name] = payload
+                continue
+            at, ends_bytes = payload
+            ends = np.frombuffer(ends_bytes, dtype=np.int64)
+            if views:
+                whole = memoryview(ring.read(worker, at, int(ends[-1])))
+                stops = ends.tolist()
+                out[name] = [whole[a:b] for a, b in zip([0, *stops[:-1]], stops, strict=True)]
+            else:
+                out[name] = ring.cut(worker, at, ends)
+    finally:
+        ring.done(worker, seq)
     return out

@@ -42,6 +42,7 @@ from shardkit.loading.elastic import Phase
 from shardkit.loading.handoff import Handoff, convert
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
+from shardkit.loading.ring import Ring, Writer
 from shardkit.loading.source import Source, SourceLike, resolve
 from shardkit.loading.state import check_done, check_format, identity, make_state
 from shardkit.loading.turns import FORMAT, READS, VERSION, Point, parse, round_robin, settle, worker_items
@@ -150,6 +151,9 @@ class ShardkitDataset(IterableDataset):
         self._phases = RawArray("c", PHASE_BYTES)  # the resume point's phases, as JSON
         self._anchor = RawArray("c", PHASE_BYTES)  # a blend's Anchor (where its sources stood), as JSON
         self._yielded = 0  # items this process yielded in its current iteration (num_workers=0)
+        # shared memory the workers of the DataLoader being started hand batches over in (set by
+        # ShardkitDataLoader only while it starts them; they keep it)
+        self._ring: Ring | None = None
 
     # -- epochs --------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -214,12 +218,25 @@ class ShardkitDataset(IterableDataset):
         s[_WORKERS] = info.num_workers if info is not None else 0
         if worker == 0 and done == epoch + 1:
             log.warning("epoch %d is read again from its start: call set_epoch() before each epoch (as with DistributedSampler)", epoch)
-        loader = self._resumed_loader(self._settle(pending, workers), worker=worker, workers=workers)
+        handoff = info is not None and _hands_off(caller)
+        # raw batches handed off are copied as they are packed: the loader need not copy each value first
+        borrow = handoff and self._raw_batches()
+        loader = self._resumed_loader(self._settle(pending, workers), worker=worker, workers=workers, views=borrow)
         items = self._iterate(loader, epoch, first=worker == 0, main=info is None)
-        return _packed(items, self.options.views) if info is not None and _hands_off(caller) else items
+        if not handoff:
+            return items
+        ring, views = self._ring, self.options.views
+        writer = ring.writer(worker) if ring is not None and worker < ring.workers else None
+        return _packed(items, views, writer, borrowed=borrow and not views)
 
-    def _resumed_loader(self, point: Point, *, worker: int, workers: int) -> Loader:
-        """The loader of DataLoader worker ``worker``, past what ``point`` (on this split) had taken."""
+    def _raw_batches(self) -> bool:
+        """Whether the items are batches of raw fields, made by the loader's default collate."""
+        o = self.options
+        return o.batch_size is not None and o.map is None and o.collate is None and o.codecs() is None
+
+    def _resumed_loader(self, point: Point, *, worker: int, workers: int, views: bool = False) -> Loader:
+        """The loader of DataLoader worker ``worker``, past what ``point`` (on this split) had
+        taken; with ``views``, one that yields raw fields as views whatever the options say."""
         o = self.options
         rest = self._rest(point)
         items = worker_items(rest, world=point.world_size, batch_size=o.batch_size, workers=workers, drop_last=o.drop_last)
@@ -227,7 +244,7 @@ class ShardkitDataset(IterableDataset):
         role = (turn + worker) % workers  # the DataLoader asks worker 0 first: it takes the next turn
         size = elastic.worker_lengths(rest, world=point.world_size, drop_last=o.drop_last, batch_size=o.batch_size, workers=workers)[role]
         position = min(given[role] * (o.batch_size or 1), size)
-        return self._loader_at(replace(o, worker=(role, workers)), point.epoch, position, point.done)
+        return self._loader_at(replace(o, worker=(role, workers), views=o.views or views), point.epoch, position, point.done)
 
     def _loader_at(self, options: LoaderOptions, epoch: int, position: int, done: tuple[Phase, ...]) -> Loader:
         """A loader with ``options`` at ``position`` of its slice of ``epoch``, after the phases
@@ -359,16 +376,20 @@ class ShardkitDataset(IterableDataset):
         self._yielded = 0
 
 
-def _packed(items: Iterator[Any], views: bool) -> Iterator[Handoff]:
-    """A worker's items, each to be packed as it is pickled for the main process."""
+def _packed(items: Iterator[Any], views: bool, writer: Writer | None, *, borrowed: bool) -> Iterator[Handoff]:
+    """A worker's items, each to be packed as it is pickled for the main process (byte strings
+    into ``writer``'s shared memory where there is one and room in it; ``borrowed``: the items'
+    memoryviews stand for bytes)."""
     for item in items:
-        yield Handoff(item, views)
+        yield Handoff(item, views, writer, borrowed)
 
 
 class ShardkitDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`ShardkitDataset` that counts the items it yields, so its
     :meth:`state_dict` is exact with worker processes too. ``batch_size`` is None (the dataset
     batches; any other value is a ``ConfigError``); every other argument is the DataLoader's.
+    Its workers hand raw batches over in shared memory (:mod:`shardkit.loading.ring`) instead
+    of through the DataLoader's queue.
 
     Example:
         dl = ShardkitDataLoader(ShardkitDataset("data/", batch_size=32), num_workers=2)
@@ -393,10 +414,22 @@ class ShardkitDataLoader(DataLoader):
         kwargs.setdefault("collate_fn", convert)
         super().__init__(dataset, **kwargs)
         self._yielded = 0
+        self._ring: Ring | None = None  # the persistent workers' shared memory
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._yielded = 0
-        for item in super().__iter__():
+        ring = self._ring  # held while this iteration runs: its batches are read out of it
+        if self.num_workers > 0 and (ring is None or not self.persistent_workers):
+            # fresh workers get fresh memory: an earlier iteration's workers may still be writing theirs
+            ring = Ring.make(self.num_workers)
+            self._ring = ring if self.persistent_workers else None
+        dataset: ShardkitDataset = self.dataset  # type: ignore[assignment]
+        dataset._ring = ring  # seen by the workers started (or resumed) here, and only by them
+        try:
+            batches = super().__iter__()
+        finally:
+            dataset._ring = None
+        for item in batches:
             self._yielded += 1
             yield item
 
