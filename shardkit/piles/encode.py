@@ -6,6 +6,7 @@ here, once, for everything that would make WebDataset readers split or merge it.
 
     data, exts = encode_sample({"__key__": "000017", "jpg": image, "cls": 3})
     parts, size, exts = encode_parts({"__key__": "000017", "jpg": image, "cls": 3})
+    key, exts, values, size = encode_values({"__key__": "000017", "jpg": image, "cls": 3})
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from shardkit.codecs import DEFAULT, Codecs, encode_field
 from shardkit.errors import SampleError
 from shardkit.storage import Chunk
 from shardkit.tar import write
+from shardkit.tar.scan import BLOCK
 
 # C0 and C1 control characters, DEL: tar cuts a name at NUL, and none belongs in a file name
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
@@ -79,25 +81,53 @@ def encode_parts(
     Raises:
         SampleError: as :func:`encode_sample`.
     """
+    key, exts, values, size = encode_values(sample, codecs, max_pile_bytes=max_pile_bytes)
+    parts: list[Chunk] = []
+    for ext, value in zip(exts, values, strict=True):
+        parts.extend(write.member_parts(f"{key}.{ext}", value))
+    return parts, size, exts
+
+
+def encode_values(
+    sample: Mapping[str, Any], codecs: Codecs = DEFAULT, *, max_pile_bytes: int | None = None
+) -> tuple[str, tuple[str, ...], list[bytes], int]:
+    """The checks and field encoding of :func:`encode_parts`, without the tar headers: the key,
+    the extensions (one tuple for every sample with the same field names), each field's bytes in
+    their order, and the size the members will take in a pile.
+
+    A writer that keeps the values until it writes them makes the headers of many samples at once
+    then (:func:`shardkit.tar.write.headers`), which costs a fraction of making them one by one.
+
+    Raises:
+        SampleError: as :func:`encode_sample`, before anything is kept.
+    """
     if "__key__" not in sample:
         raise SampleError(f"sample has no '__key__' (fields: {sorted(sample)})")
     key = check_key(sample["__key__"])
     found = _field_order(tuple(sample))
     if found is None:  # something is wrong with the field names: say what
         _refuse_fields(key, sample)
-    order, exts = found
-    parts: list[Chunk] = []
+    order, exts, room = found
+    values: list[bytes] = []
+    size = 0
     for name, ext in order:
         value = sample[name]
         if type(value) is not bytes:  # bytes pass as they are (most values, in a writer's hot loop)
             value = encode_field(codecs, key, ext, value)
             if type(value) is not bytes:  # kept until the writer's next write: a buffer its maker may reuse is copied now
                 value = bytes(value)
-        parts.extend(write.member_parts(f"{key}.{ext}", value))
-    size = sum(map(len, parts))
+        values.append(value)
+        size += len(value) + (-len(value) & _ROUND)
+    size += BLOCK * len(values)
+    if len(key) > room or size > write.MAX_OCTAL_SIZE or not key.isascii():  # a member needs a pax header (rare)
+        size = sum(len(part) for ext, value in zip(exts, values, strict=True) for part in write.member_parts(f"{key}.{ext}", value))
     if max_pile_bytes is not None and size + len(write.TRAILER) > max_pile_bytes:
         raise SampleError(f"sample {key!r} is {size} bytes, larger than max_pile_bytes ({max_pile_bytes}) on its own")
-    return parts, size, exts
+    return key, exts, values, size
+
+
+# what rounds a member's data up to whole blocks
+_ROUND = BLOCK - 1
 
 
 def _check_bytes(what: str, text: str) -> None:
@@ -113,9 +143,10 @@ def _check_bytes(what: str, text: str) -> None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _field_order(names: tuple[str, ...]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]] | None:
-    """(field name, extension) of the fields a sample with these names writes, by extension, and
-    the extensions alone.
+def _field_order(names: tuple[str, ...]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...], int] | None:
+    """(field name, extension) of the fields a sample with these names writes, by extension, the
+    extensions alone, and the longest ASCII key whose member names all fit a ustar header (-1 if
+    an extension is not ASCII: every member then has a pax header).
 
     Samples of one dataset share their field names, so this runs once per kind of sample.
     None when the names are not valid (:func:`_refuse_fields` says why).
@@ -129,7 +160,10 @@ def _field_order(names: tuple[str, ...]) -> tuple[tuple[tuple[str, str], ...], t
             return None
         fields[ext] = name
     exts = tuple(sorted(fields))
-    return (tuple((fields[ext], ext) for ext in exts), exts) if exts else None
+    if not exts:
+        return None
+    room = write.NAME_BYTES - 1 - max(map(len, exts)) if all(ext.isascii() for ext in exts) else -1
+    return tuple((fields[ext], ext) for ext in exts), exts, room
 
 
 def _writable(text: str) -> bool:

@@ -202,27 +202,36 @@ class PileSink:
     def flush(self) -> None:
         """Append the buffered bytes to the part files, and their keys' hashes to the key file."""
         self._settle_all()
-        hashes: list[np.ndarray] = []
-        at = self.hashed
+        self._write_parts()
+        self._write_hashes()
+        self._buffered = 0
+        self._maps = 0
+
+    def _write_parts(self) -> None:
         for pile, chunks in enumerate(self._chunks):
             if chunks:
                 _append(self.part(pile), chunks)
                 chunks.clear()
-            if self._hashes[pile]:
-                mine = np.concatenate(self._hashes[pile]).astype(_HASH)
-                self._hashes[pile].clear()
-                runs = self.key_runs[pile]
-                if runs and runs[-2] + runs[-1] == at:  # one run for a pile the only one written
-                    runs[-1] += len(mine)
-                else:
-                    runs.extend((at, len(mine)))
-                hashes.append(mine)
-                at += len(mine)
+
+    def _write_hashes(self) -> None:
+        """Append every pile's hashes held in memory to the key file, pile after pile."""
+        hashes: list[np.ndarray] = []
+        at = self.hashed
+        for pile, held in enumerate(self._hashes):
+            if not held:
+                continue
+            mine = (held[0] if len(held) == 1 else np.concatenate(held)).astype(_HASH, copy=False)
+            held.clear()
+            runs = self.key_runs[pile]
+            if runs and runs[-2] + runs[-1] == at:  # one run for a pile the only one written
+                runs[-1] += len(mine)
+            else:
+                runs.extend((at, len(mine)))
+            hashes.append(mine)
+            at += len(mine)
         if hashes:
             _append(keys_file(self.directory), [np.concatenate(hashes).tobytes()])
             self.hashed = at
-        self._buffered = 0
-        self._maps = 0
 
 
 def _append(path: str, chunks: Sequence[storage.Chunk]) -> None:

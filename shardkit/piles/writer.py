@@ -27,10 +27,11 @@ from shardkit.manifest import Manifest
 from shardkit.option_fields import from_call, specs
 from shardkit.piles import append, router
 from shardkit.piles.advice import sparse_piles, too_many_piles
-from shardkit.piles.encode import encode_parts
+from shardkit.piles.encode import encode_values
+from shardkit.piles.gather import SampleSink
 from shardkit.piles.options import PileOptions
 from shardkit.piles.output import claim, remove_staging
-from shardkit.piles.parts import PileSink, check_sink
+from shardkit.piles.parts import check_sink
 from shardkit.piles.publish import Run, publish
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ class PileWriter:
         self._staging = self._output.staging()
         try:
             self._base = append.start(self._output, self.options)  # None unless mode="append"
-            self._sink = PileSink(self._staging, self.options.piles, self.options.buffer_size)  # type: ignore[arg-type]
+            self._sink = SampleSink(self._staging, self.options.piles, self.options.buffer_size)  # type: ignore[arg-type]
         except BaseException:
             self._output.release()
             raise
@@ -135,14 +136,14 @@ class PileWriter:
         """
         if self._closed:
             raise RuntimeError("PileWriter.write() called after close(); open a new writer.")
-        if not isinstance(sample, Mapping):
+        if type(sample) is not dict and not isinstance(sample, Mapping):
             raise SampleError(f"PileWriter.write: expected a sample dict with '__key__', got {shown(sample)}")
-        parts, size, exts = encode_parts(sample, self._codecs, max_pile_bytes=self.options.max_bytes)
+        key, exts, values, size = encode_values(sample, self._codecs, max_pile_bytes=self.options.max_bytes)
         if exts is not self._exts:  # one tuple for every sample with the same fields
             self._fields.update(exts)
             self._exts = exts
         pile = self._router.next()
-        self._sink.add(pile, parts, size, -1, sample["__key__"])
+        self._sink.put(pile, key, exts, values, size)
         return pile
 
     def close(self) -> Manifest:

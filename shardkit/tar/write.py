@@ -31,6 +31,8 @@ _MAGIC = b"ustar\x0000"
 _TAIL = bytes(32 + 32 + 8 + 8 + 155 + 12)
 _LINKNAME = bytes(100)
 MAX_OCTAL_SIZE = 8**11 - 1
+# the bytes of a name that fit a ustar header; a longer one gets a pax header
+NAME_BYTES = 100
 # checksum of every constant byte, with the checksum field itself counted as eight spaces
 _CONST_SUM = sum(_MODE_UID_GID) + sum(_MTIME) + 8 * 32 + sum(_MAGIC)
 _PAX_NAME = b"././@PaxHeader"
@@ -78,7 +80,7 @@ def member(name: str, data: bytes | bytearray | memoryview) -> bytes:
 def member_parts(name: str, data: bytes | bytearray | memoryview) -> tuple[bytes | bytearray | memoryview, ...]:
     """The pieces of :func:`member` in order, for a caller that joins many members at once."""
     size = len(data)
-    if name.isascii() and len(name) <= 100 and size <= MAX_OCTAL_SIZE:
+    if name.isascii() and len(name) <= NAME_BYTES and size <= MAX_OCTAL_SIZE:
         return _header(name.encode("ascii"), size, b"0"), data, _PADDING[-size % BLOCK]
     raw = name.encode("utf-8", "surrogateescape")
     records = b""
