@@ -115,6 +115,8 @@ def test_vectorized_headers_equal_the_member_writer():
         names.append(name)
     built = tarwrite.headers(rows, sizes)
     assert [built[i].tobytes() for i in range(50)] == [tarwrite._header(n, int(s), b"0") for n, s in zip(names, sizes, strict=True)]
+    starts = tarwrite.header_starts(rows, sizes)  # the varying start of each, before a tail they share
+    assert [starts[i].tobytes() + tarwrite.HEADER_TAIL for i in range(50)] == [built[i].tobytes() for i in range(50)]
     assert tarwrite.canonical(built, rows, sizes).all()
     for _ in range(300):  # any single changed byte makes a header non-canonical
         i, j = int(rng.integers(50)), int(rng.integers(512))

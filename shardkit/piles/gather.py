@@ -109,14 +109,16 @@ class SampleSink(PileSink):
         hashes = key_hashes(raw_keys)
         samples = np.cumsum([0] + [len(self._held_keys[pile]) for pile in piles]).tolist()
         members = np.cumsum([0] + [len(self._held_values[pile]) for pile in piles]).tolist()
-        ends = np.cumsum(sizes)
+        ends = np.concatenate([[0], np.cumsum(sizes)]).tolist()  # where each member ends, from the first one's start
+        large = set(np.flatnonzero(sizes >= LARGE).tolist())
         for k, pile in enumerate(piles):
             lo, hi = members[k], members[k + 1]
-            start = self.sizes[pile]
-            self.crcs[pile] = _append_members(self.part(pile), chunks[3 * lo : 3 * hi], sizes[lo:hi], ends[lo:hi], self.crcs[pile])
-            nbytes = int(ends[hi - 1] - ends[lo] + sizes[lo])
-            last = len(exts[samples[k + 1] - 1])
-            self._last_start[pile] = start + nbytes - int(sizes[hi - last : hi].sum())
+            nbytes = ends[hi] - ends[lo]
+            # one piece for a small pile (each pile of a large M)
+            bounds = _piece_bounds(sizes[lo:hi], {m - lo for m in large if lo <= m < hi}) if nbytes > PIECE or large else [0, hi - lo]
+            self.crcs[pile] = _append_members(self.part(pile), chunks[4 * lo : 4 * hi], bounds, nbytes, self.crcs[pile])
+            first = hi - len(exts[samples[k + 1] - 1])  # the last sample's first member
+            self._last_start[pile] = self.sizes[pile] + ends[first] - ends[lo]
             self._record(pile, -1, nbytes, samples[k + 1] - samples[k])
             self._hashes[pile].append(hashes[samples[k] : samples[k + 1]])
             self._held_keys[pile].clear()
@@ -127,16 +129,16 @@ class SampleSink(PileSink):
 
 def _member_chunks(keys: list[str], exts: list[tuple[str, ...]], values: list[bytes]) -> tuple[list[storage.Chunk], np.ndarray, np.ndarray]:
     """The tar members of samples ``keys`` (fields ``exts[i]``, values in order in ``values``):
-    their pieces, three a member (header, value, padding), each member's size in the pile, and
-    the keys' UTF-8 bytes (numpy bytes).
+    their pieces, four a member (header start, header tail, value, padding), each member's size
+    in the pile, and the keys' UTF-8 bytes (numpy bytes).
 
-    Every ustar header is made by one :func:`~shardkit.tar.write.headers` call; a member whose
-    name needs a pax header (not ASCII, over 100 bytes) has that header before its own in the
-    first of its three pieces, as :func:`~shardkit.tar.write.member_parts` makes it.
+    Every ustar header is made by one :func:`~shardkit.tar.write.header_starts` call; a member
+    whose name needs a pax header (not ASCII, over 100 bytes) has its whole header, pax first, as
+    :func:`~shardkit.tar.write.member_parts` makes it, in its first piece (the second is empty).
     """
     n = len(keys)
     try:
-        raw_keys = np.array(keys).astype(np.bytes_)
+        raw_keys = np.array(list(map(str.encode, keys)), dtype=np.bytes_)
     except UnicodeEncodeError:  # not ASCII: UTF-8, an undecodable byte as itself
         raw_keys = np.array([key.encode("utf-8", "surrogateescape") for key in keys], dtype=np.bytes_)
     first = exts[0]
@@ -153,17 +155,19 @@ def _member_chunks(keys: list[str], exts: list[tuple[str, ...]], values: list[by
     plain = (np.char.str_len(names) <= write.NAME_BYTES) & (sizes <= write.MAX_OCTAL_SIZE)
     if width:
         plain &= table.max(axis=1) < 0x80
-    heads = write.headers(table[:, : min(width, write.NAME_BYTES)], np.where(plain, sizes, 0))
-    chunks: list[storage.Chunk] = [b""] * (3 * len(values))
-    chunks[0::3] = heads.view(f"V{BLOCK}").ravel().tolist()  # bytes, one a header: the cheapest way to n objects
-    chunks[1::3] = values
-    chunks[2::3] = [_PADDING[pad] for pad in (-sizes % BLOCK).tolist()]
+    # a header is its start (name to checksum) and a tail shared by all: a third of the bytes to make
+    starts = write.header_starts(table[:, : min(width, write.NAME_BYTES)], np.where(plain, sizes, 0))
+    chunks: list[storage.Chunk] = [write.HEADER_TAIL] * (4 * len(values))
+    chunks[0::4] = starts.view(f"V{starts.shape[1]}").ravel().tolist()  # bytes, one a row: the cheapest way to n objects
+    chunks[2::4] = values
+    chunks[3::4] = [_PADDING[pad] for pad in (-sizes % BLOCK).tolist()]
     member_sizes = BLOCK + sizes + (-sizes % BLOCK)
     for m in np.flatnonzero(~plain).tolist():  # a pax header first (rare)
         i = int(owner[m])
         ext = exts[i][m - int(np.searchsorted(owner, i))]  # the sample's first member is the first of owner i
         parts = write.member_parts(f"{keys[i]}.{ext}", values[m])
-        chunks[3 * m] = b"".join(parts[:-2])
+        chunks[4 * m] = b"".join(parts[:-2])
+        chunks[4 * m + 1] = b""
         member_sizes[m] = sum(map(len, parts))
     return chunks, member_sizes, raw_keys
 
@@ -177,26 +181,26 @@ def _suffixes(exts: tuple[str, ...]) -> np.ndarray:
     return np.array([f".{ext}".encode("utf-8", "surrogateescape") for ext in exts], dtype=np.bytes_)
 
 
-def _append_members(path: str, chunks: Sequence[storage.Chunk], sizes: np.ndarray, ends: np.ndarray, crc: int) -> int:
-    """Append the members ``chunks`` (three a member, ``sizes`` bytes each, ending at ``ends``
-    counted from any origin) to the file ``path``, joined into pieces of about :data:`PIECE`
-    bytes; returns ``crc`` continued over them."""
-    origin = int(ends[0] - sizes[0])
-    total = int(ends[-1]) - origin
-    if total <= PIECE and int(sizes.max()) < LARGE:  # one piece (every pile of a large M)
-        bounds = [0, len(sizes)]
-    else:
-        # piece boundaries, by member: every PIECE bytes, and around each large field
-        cuts = np.searchsorted(ends, origin + np.arange(PIECE, total, PIECE), side="right")
-        large = np.flatnonzero(sizes >= LARGE)
-        bounds = np.unique(np.concatenate([[0, len(sizes)], cuts, large, large + 1])).tolist()
+def _piece_bounds(sizes: np.ndarray, large: set[int]) -> list[int]:
+    """Where the pieces of members of ``sizes`` bytes begin and end, by member: about every
+    :data:`PIECE` bytes, and around each member of ``large`` (written alone, never copied)."""
+    ends = np.cumsum(sizes)
+    cuts = np.searchsorted(ends, np.arange(PIECE, int(ends[-1]), PIECE), side="right").tolist()
+    return sorted({0, len(sizes), *cuts, *large, *(m + 1 for m in large)})
+
+
+def _append_members(path: str, chunks: Sequence[storage.Chunk], bounds: list[int], nbytes: int, crc: int) -> int:
+    """Append the members ``chunks`` (four a member, ``nbytes`` in all) to the file ``path``,
+    those from ``bounds[i]`` to ``bounds[i + 1]`` joined into one piece (one member alone is
+    written as its pieces); returns ``crc`` continued over them."""
     checksum = manifest.checksum
-    with storage.guard(path, "write", size=total):
+    with storage.guard(path, "write", size=nbytes):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | storage.O_BINARY, 0o644)
         try:
             for lo, hi in itertools.pairwise(bounds):
-                # a large field is written as it is: a copy would cost more than the calls
-                pieces = chunks[3 * lo : 3 * hi] if hi == lo + 1 and sizes[lo] >= LARGE else [b"".join(chunks[3 * lo : 3 * hi])]
+                mine = chunks[4 * lo : 4 * hi]
+                # a large member is written as it is: a copy would cost more than the calls
+                pieces = mine if hi == lo + 1 and len(mine[2]) >= LARGE else [b"".join(mine)]
                 for piece in pieces:
                     crc = checksum(piece, crc)
                 storage.write_chunks(fd, pieces)
