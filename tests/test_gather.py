@@ -104,3 +104,22 @@ def test_a_sample_sink_takes_whole_samples_only(tmp_path):
     pieces, size, _ = encode_parts({"__key__": "a", "txt": "x"})
     with pytest.raises(TypeError, match="put"):
         sink.add(0, pieces, size, -1, "a")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd (Linux)")
+@pytest.mark.parametrize("ending", ["close", "abort"])
+def test_part_files_stay_open_between_flushes_and_are_closed_at_the_end(tmp_path, ending):
+    import shardkit
+
+    before = len(os.listdir("/proc/self/fd"))
+    piles = gather.OPEN_PARTS + 20  # the last 20 reopen their part at each flush
+    w = shardkit.PileWriter(str(tmp_path / "ds"), piles=piles, buffer_size=64 << 10)
+    opened = len(os.listdir("/proc/self/fd"))  # the output's lock
+    for i in range(3 * piles):
+        w.write({"__key__": f"k{i:05d}", "bin": bytes(300)})
+    assert len(os.listdir("/proc/self/fd")) - opened == gather.OPEN_PARTS
+    if ending == "close":
+        assert w.close().samples == 3 * piles
+    else:
+        w.abort()
+    assert len(os.listdir("/proc/self/fd")) == before

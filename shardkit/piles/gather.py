@@ -33,6 +33,8 @@ from shardkit.tar.scan import BLOCK
 PIECE = 1 << 20
 # a field at least this large is written and checksummed as it is, never copied into a piece
 LARGE = 256 << 10
+# part files a sink keeps open between flushes (a file descriptor each)
+OPEN_PARTS = 256
 
 
 class SampleSink(PileSink):
@@ -58,6 +60,14 @@ class SampleSink(PileSink):
         # the key of the last sample put in each pile, and where the last one written begins
         self._last_key: list[str | None] = [None] * piles
         self._last_start = [0] * piles
+        # part files kept open between flushes, by pile: reopening each at every flush costs more
+        # than writing a small pile's bytes (the first OPEN_PARTS piles written; the others reopen)
+        self._open: dict[int, int] = {}
+
+    def close(self) -> None:
+        """Close the part files kept open (idempotent); flush first to keep what is held."""
+        while self._open:
+            os.close(self._open.popitem()[1])
 
     def put(self, pile: int, key: str, exts: tuple[str, ...], values: list[bytes], size: int) -> None:
         """Append one sample to ``pile``: its valid key, its extensions in order and their values
@@ -116,7 +126,18 @@ class SampleSink(PileSink):
             nbytes = ends[hi] - ends[lo]
             # one piece for a small pile (each pile of a large M)
             bounds = _piece_bounds(sizes[lo:hi], {m - lo for m in large if lo <= m < hi}) if nbytes > PIECE or large else [0, hi - lo]
-            self.crcs[pile] = _append_members(self.part(pile), chunks[4 * lo : 4 * hi], bounds, nbytes, self.crcs[pile])
+            path = self.part(pile)
+            with storage.guard(path, "write", size=nbytes):
+                fd = self._open.get(pile)
+                if fd is None:
+                    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | storage.O_BINARY, 0o644)
+                    if len(self._open) < OPEN_PARTS:
+                        self._open[pile] = fd
+                try:
+                    self.crcs[pile] = _append_members(fd, chunks[4 * lo : 4 * hi], bounds, self.crcs[pile])
+                finally:
+                    if pile not in self._open:
+                        os.close(fd)
             first = hi - len(exts[samples[k + 1] - 1])  # the last sample's first member
             self._last_start[pile] = self.sizes[pile] + ends[first] - ends[lo]
             self._record(pile, -1, nbytes, samples[k + 1] - samples[k])
@@ -189,21 +210,16 @@ def _piece_bounds(sizes: np.ndarray, large: set[int]) -> list[int]:
     return sorted({0, len(sizes), *cuts, *large, *(m + 1 for m in large)})
 
 
-def _append_members(path: str, chunks: Sequence[storage.Chunk], bounds: list[int], nbytes: int, crc: int) -> int:
-    """Append the members ``chunks`` (four a member, ``nbytes`` in all) to the file ``path``,
-    those from ``bounds[i]`` to ``bounds[i + 1]`` joined into one piece (one member alone is
-    written as its pieces); returns ``crc`` continued over them."""
+def _append_members(fd: int, chunks: Sequence[storage.Chunk], bounds: list[int], crc: int) -> int:
+    """Append the members ``chunks`` (four a member) to the open file ``fd``, those from
+    ``bounds[i]`` to ``bounds[i + 1]`` joined into one piece (one member alone is written as its
+    pieces); returns ``crc`` continued over them."""
     checksum = manifest.checksum
-    with storage.guard(path, "write", size=nbytes):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | storage.O_BINARY, 0o644)
-        try:
-            for lo, hi in itertools.pairwise(bounds):
-                mine = chunks[4 * lo : 4 * hi]
-                # a large member is written as it is: a copy would cost more than the calls
-                pieces = mine if hi == lo + 1 and len(mine[2]) >= LARGE else [b"".join(mine)]
-                for piece in pieces:
-                    crc = checksum(piece, crc)
-                storage.write_chunks(fd, pieces)
-        finally:
-            os.close(fd)
+    for lo, hi in itertools.pairwise(bounds):
+        mine = chunks[4 * lo : 4 * hi]
+        # a large member is written as it is: a copy would cost more than the calls
+        pieces = mine if hi == lo + 1 and len(mine[2]) >= LARGE else [b"".join(mine)]
+        for piece in pieces:
+            crc = checksum(piece, crc)
+        storage.write_chunks(fd, pieces)
     return crc

@@ -161,6 +161,7 @@ class PileWriter:
             self._closed = True
             try:
                 self._sink.flush()
+                self._sink.close()
                 sink = self._sink
                 check_sink(sink)
                 runs = [[Run(sink.part(p), 0, sink.sizes[p], sink.crcs[p])] for p in range(self.options.piles)]
@@ -175,6 +176,7 @@ class PileWriter:
                 if (advice := sparse_piles(self.manifest, self.options.piles, f"PileWriter({self.path!r})")) is not None:
                     log.warning(advice)
             finally:
+                self._sink.close()
                 remove_staging(self._staging)
                 self._output.release()
         if self.manifest is None:
@@ -187,6 +189,7 @@ class PileWriter:
     def abort(self) -> None:
         """Drop everything written so far; the output directory gets no manifest."""
         self._closed = True
+        self._sink.close()
         remove_staging(self._staging)
         self._output.release()
 
