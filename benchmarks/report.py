@@ -156,7 +156,7 @@ def goals_for(rows: list[dict[str, Any]]) -> list[Goal]:
         Goal("a-50KB", LOADER, "≥ 15× webdataset samples/s", _ratio(LOADER, WEBDATASET), 15, True, ceiling=_ratio(RAW_READ, WEBDATASET)),
         Goal("a-50KB", LOADER, "≥ 50% of raw read MB/s", _ratio(LOADER, RAW_READ, "mb_per_s"), 0.5, True),
         Goal("b", LOADER, "≥ 1.2× webdataset + DataLoader samples/s", _ratio(LOADER, WDS_DATALOADER), 1.2, True),
-        Goal("c", pile_writer_name(64), "≥ 6× TarWriter samples/s", _ratio(pile_writer_name(64), TAR_WRITER), 6, True),
+        Goal("c", pile_writer_name(64), "≥ 8× TarWriter samples/s", _ratio(pile_writer_name(64), TAR_WRITER), 8, True),
         Goal(
             "c",
             pile_writer_name(256),
