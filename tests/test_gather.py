@@ -112,14 +112,23 @@ def test_part_files_stay_open_between_flushes_and_are_closed_at_the_end(tmp_path
     import shardkit
 
     before = len(os.listdir("/proc/self/fd"))
-    piles = gather.OPEN_PARTS + 20  # the last 20 reopen their part at each flush
+    keep = gather.open_parts()
+    piles = keep + 20  # the last 20 reopen their part at each flush
     w = shardkit.PileWriter(str(tmp_path / "ds"), piles=piles, buffer_size=64 << 10)
     opened = len(os.listdir("/proc/self/fd"))  # the output's lock
     for i in range(3 * piles):
         w.write({"__key__": f"k{i:05d}", "bin": bytes(300)})
-    assert len(os.listdir("/proc/self/fd")) - opened == gather.OPEN_PARTS
+    assert len(os.listdir("/proc/self/fd")) - opened == keep
     if ending == "close":
         assert w.close().samples == 3 * piles
     else:
         w.abort()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_low_limit_on_open_files_keeps_fewer_parts_open(monkeypatch):
+    resource = pytest.importorskip("resource", reason="RLIMIT_NOFILE is a Unix limit")
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (256, 4096))
+    assert gather.open_parts() == 64
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert gather.open_parts() == gather.OPEN_PARTS

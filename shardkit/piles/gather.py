@@ -33,8 +33,20 @@ from shardkit.tar.scan import BLOCK
 PIECE = 1 << 20
 # a field at least this large is written and checksummed as it is, never copied into a piece
 LARGE = 256 << 10
-# part files a sink keeps open between flushes (a file descriptor each)
+# part files a sink keeps open between flushes (a file descriptor each), at most a quarter of
+# the process's limit (256 by default on macOS)
 OPEN_PARTS = 256
+
+
+def open_parts() -> int:
+    """How many part files a sink keeps open: :data:`OPEN_PARTS`, or a quarter of the process's
+    limit on open files when that is less."""
+    try:
+        import resource
+    except ImportError:  # Windows: the C runtime allows 512 at first
+        return OPEN_PARTS // 2
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return OPEN_PARTS if soft == resource.RLIM_INFINITY else min(OPEN_PARTS, soft // 4)
 
 
 class SampleSink(PileSink):
@@ -61,8 +73,9 @@ class SampleSink(PileSink):
         self._last_key: list[str | None] = [None] * piles
         self._last_start = [0] * piles
         # part files kept open between flushes, by pile: reopening each at every flush costs more
-        # than writing a small pile's bytes (the first OPEN_PARTS piles written; the others reopen)
+        # than writing a small pile's bytes (the first open_parts() piles written; the others reopen)
         self._open: dict[int, int] = {}
+        self._keep = open_parts()
 
     def close(self) -> None:
         """Close the part files kept open (idempotent); flush first to keep what is held."""
@@ -131,7 +144,7 @@ class SampleSink(PileSink):
                 fd = self._open.get(pile)
                 if fd is None:
                     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | storage.O_BINARY, 0o644)
-                    if len(self._open) < OPEN_PARTS:
+                    if len(self._open) < self._keep:
                         self._open[pile] = fd
                 try:
                     self.crcs[pile] = _append_members(fd, chunks[4 * lo : 4 * hi], bounds, self.crcs[pile])
