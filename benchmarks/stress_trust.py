@@ -215,7 +215,7 @@ def _units(unit: int):
 
 
 def row_links(row, work: str, trials: int, rng: random.Random):
-    from shardkit.piles import output
+    from shardkit.dataset import lock as output
 
     temp = os.path.join(work, "links-tmp")
     os.makedirs(temp, exist_ok=True)

@@ -173,7 +173,7 @@ OVER_THE_LIMIT = {
     "shardkit/loading/loader.py",
     "shardkit/piles/resume.py",
     "shardkit/piles/preprocess.py",
-    "shardkit/piles/output.py",
+    "shardkit/dataset/lock.py",
 }
 
 

@@ -17,7 +17,7 @@ import pytest
 import shardkit
 from shardkit import manifest
 from shardkit.cli import main
-from shardkit.piles.output import LOCK, STAGING_PREFIX, claim
+from shardkit.dataset.lock import LOCK, STAGING_PREFIX, claim
 from tests.conftest import make_samples
 
 FORK = multiprocessing.get_context("fork")

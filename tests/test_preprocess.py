@@ -12,9 +12,9 @@ from conftest import write_wds_shards
 
 import shardkit
 from shardkit import manifest
+from shardkit.dataset.lock import STAGING_PREFIX
 from shardkit.loading.pile import read_pile
 from shardkit.piles import parts
-from shardkit.piles.output import STAGING_PREFIX
 from shardkit.tar.shard import iter_shard
 
 

@@ -279,7 +279,7 @@ def test_map_bytes_reads_small_empty_and_missing_files(tmp_path):
 def test_a_failure_while_merging_in_threads_leaves_no_dataset(tmp_path, monkeypatch, error):
     import threading
 
-    from shardkit.piles.output import STAGING_PREFIX
+    from shardkit.dataset.lock import STAGING_PREFIX
 
     real = publish._assemble
 

@@ -10,7 +10,7 @@ import pytest
 
 import shardkit
 from shardkit import manifest, storage
-from shardkit.piles.output import claim
+from shardkit.dataset.lock import claim
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

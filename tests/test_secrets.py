@@ -12,7 +12,7 @@ import pytest
 
 import shardkit
 from shardkit import redact
-from shardkit.piles import output
+from shardkit.dataset import lock as output
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 

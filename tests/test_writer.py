@@ -21,11 +21,11 @@ from scipy import stats
 
 import shardkit
 from shardkit import manifest
+from shardkit.dataset.lock import STAGING_PREFIX
 from shardkit.errors import SampleError
 from shardkit.loading.pile import read_pile
 from shardkit.piles import router
 from shardkit.piles.encode import encode_parts, encode_sample
-from shardkit.piles.output import STAGING_PREFIX
 
 # ---- helpers ---------------------------------------------------------------------------------
 

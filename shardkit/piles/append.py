@@ -38,13 +38,13 @@ import numpy as np
 
 from shardkit import manifest, storage
 from shardkit._util import parse_duration
+from shardkit.dataset.lock import Output
 from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
 from shardkit.manifest import Manifest, PileInfo, Segment, generation_name, joined, keys_name, leaf_name
 from shardkit.piles import classes as class_maps
 from shardkit.piles import leaves, router
 from shardkit.piles.leaves import HASH, Names, segments_by_pile
 from shardkit.piles.options import PileOptions
-from shardkit.piles.output import Output
 from shardkit.piles.pack import Pack
 from shardkit.piles.publish import LIMIT, Mapper, Run, assemble_pile, capacity, install, limit_record, map_threads
 from shardkit.tar.shard import Shard

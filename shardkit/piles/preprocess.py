@@ -32,6 +32,7 @@ import numpy as np
 from shardkit import storage
 from shardkit._util import bar, check_bool, check_path, check_paths, format_size, shown
 from shardkit.codecs import DEFAULT, Codecs, check_codecs
+from shardkit.dataset.lock import Output, claim
 from shardkit.errors import ConfigError, SampleError, ShardkitError
 from shardkit.manifest import Manifest
 from shardkit.option_fields import from_call
@@ -41,7 +42,6 @@ from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.executor import Executor, Tally, run_local
 from shardkit.piles.options import PileOptions
-from shardkit.piles.output import Output, claim
 from shardkit.piles.parts import SEGMENT, check_keys
 from shardkit.piles.publish import Mapper, Run, begin_merge, publish
 from shardkit.piles.units import Part, UnitWork, describe, reused_part, skip_record

@@ -31,12 +31,12 @@ from typing import Any, BinaryIO, TypeVar
 from shardkit import manifest, storage
 from shardkit._util import VERSION
 from shardkit.dataset.layout import journal_name
+from shardkit.dataset.lock import Output
 from shardkit.dataset.owned import Records, delete_owned, read_records
 from shardkit.errors import CorruptShardError, DatasetExistsError, ShardkitError
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import router
 from shardkit.piles.options import PileOptions
-from shardkit.piles.output import Output
 from shardkit.piles.pack import Pack, Packed, check_stop, run_stoppable
 from shardkit.tar import compression, index, write
 

@@ -22,6 +22,7 @@ from typing import Any
 from shardkit import storage
 from shardkit._util import check_path, shown
 from shardkit.codecs import Codecs, check_codecs
+from shardkit.dataset.lock import claim, remove_staging
 from shardkit.errors import ConfigError, SampleError
 from shardkit.manifest import Manifest
 from shardkit.option_fields import from_call, specs
@@ -30,7 +31,6 @@ from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.encode import encode_values
 from shardkit.piles.gather import SampleSink
 from shardkit.piles.options import PileOptions
-from shardkit.piles.output import claim, remove_staging
 from shardkit.piles.parts import check_sink
 from shardkit.piles.publish import Run, publish
 

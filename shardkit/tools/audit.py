@@ -18,12 +18,12 @@ from typing import Any
 
 from shardkit import _util, manifest, storage
 from shardkit.dataset import layout
+from shardkit.dataset.lock import LOCK, leftover
 from shardkit.errors import CorruptShardError, ManifestError, ShardkitError, StorageError
 from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile, tar_problem
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import classes as class_maps
 from shardkit.piles import resume
-from shardkit.piles.output import LOCK, leftover
 from shardkit.tar import compression, scan
 from shardkit.tar.keys import repeated_key, sample_at
 

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from shardkit import manifest, storage
 from shardkit._util import check_path, parse_duration
 from shardkit.dataset import layout
+from shardkit.dataset import lock as outputs
+from shardkit.dataset.lock import claim
 from shardkit.dataset.owned import delete_owned, read_records
 from shardkit.manifest import Manifest, keys_name
-from shardkit.piles import output as outputs
 from shardkit.piles import resume
-from shardkit.piles.output import claim
 
 log = logging.getLogger(__name__)
 
