@@ -112,7 +112,8 @@ def _kill_at(step: str) -> None:
     is in, before the job removes its staging, ``"removing"`` once it renamed its staging to a
     leftover's name, before it deleted any of it; with SIGKILL, or with the signal a third part
     names (``"install:2:SIGINT"``: Ctrl-C there)."""
-    from shardkit.piles import publish, resume
+    from shardkit.dataset import install as installing
+    from shardkit.piles import resume
 
     kind, _, rest = step.partition(":")
     count, _, name = rest.partition(":") if kind == "install" else ("", "", rest)
@@ -137,7 +138,7 @@ def _kill_at(step: str) -> None:
         return
     if kind != "install" or not count.isdigit():
         raise ValueError(f"stop_at: expected 'install:N[:SIGNAL]', 'published[:SIGNAL]' or 'removing[:SIGNAL]', got {step!r}")
-    link, linked = publish._link_new, []
+    link, linked = installing._link_new, []
 
     def link_then_stop(src: str, dst: str) -> None:
         if len(linked) == int(count):
@@ -145,7 +146,7 @@ def _kill_at(step: str) -> None:
         linked.append(dst)
         link(src, dst)
 
-    publish._link_new = link_then_stop
+    installing._link_new = link_then_stop
 
 
 class _logging:

@@ -32,6 +32,7 @@ import numpy as np
 from shardkit import _util, storage
 from shardkit._util import check_int, check_most, format_size, parse_size
 from shardkit.dataset import layout
+from shardkit.dataset.install import free_names, install, remove_strays
 from shardkit.dataset.lock import claim, remove_staging
 from shardkit.errors import ConfigError, ManifestError
 from shardkit.loading import plan
@@ -40,7 +41,6 @@ from shardkit.manifest import Manifest, PileInfo
 from shardkit.option_fields import check_bools, check_choices, from_call, meta, specs
 from shardkit.piles.options import EXECUTORS, KEY_PREFIX, MAX_PILES, PileOptions, check_ray_address
 from shardkit.piles.pack import Pack
-from shardkit.piles.publish import free_names, install, remove_strays
 from shardkit.shard_roller import ShardRoller
 from shardkit.tar import index, scan
 from shardkit.tar.compression import check_compression, check_level

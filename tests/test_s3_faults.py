@@ -109,8 +109,8 @@ def test_a_job_killed_while_publishing_leaves_one_whole_dataset(s3, tmp_path, mo
 
 
 def test_of_two_jobs_on_a_prefix_the_store_lets_one_publish_and_the_other_deletes_nothing_of_it(s3):
+    from shardkit.dataset.install import install
     from shardkit.dataset.lock import claim
-    from shardkit.piles.publish import install
 
     m = shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=2, quiet=True)
     first, second = claim(s3.url("ds"), overwrite=True), claim(s3.url("ds"), overwrite=True)

@@ -38,6 +38,7 @@ import numpy as np
 
 from shardkit import manifest, storage
 from shardkit._util import parse_duration
+from shardkit.dataset.install import install
 from shardkit.dataset.lock import Output
 from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
 from shardkit.manifest import Manifest, PileInfo, Segment, generation_name, joined, keys_name, leaf_name
@@ -46,7 +47,7 @@ from shardkit.piles import leaves, router
 from shardkit.piles.leaves import HASH, Names, segments_by_pile
 from shardkit.piles.options import PileOptions
 from shardkit.piles.pack import Pack
-from shardkit.piles.publish import LIMIT, Mapper, Run, assemble_pile, capacity, install, limit_record, map_threads
+from shardkit.piles.publish import LIMIT, Mapper, Run, assemble_pile, capacity, limit_record, map_threads
 from shardkit.tar.shard import Shard
 
 log = logging.getLogger(__name__)

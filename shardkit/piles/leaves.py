@@ -52,7 +52,7 @@ class Names:
     (``taken``: its files), for the file or for its key hashes beside it. Thread-safe.
 
     A name is taken only by files a crash or an overwrite left behind; then ``.v1`` (``.v2``...)
-    goes before ``.tar``, as :func:`shardkit.piles.publish.free_names` does for piles.
+    goes before ``.tar``, as :func:`shardkit.dataset.install.free_names` does for piles.
     """
 
     def __init__(self, taken: set[str], token: str, codec: str | None) -> None:

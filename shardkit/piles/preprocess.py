@@ -41,9 +41,10 @@ from shardkit.piles import key_prefix as key_prefix_rule
 from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.executor import Executor, Tally, run_local
+from shardkit.piles.merge_records import begin_merge
 from shardkit.piles.options import PileOptions
 from shardkit.piles.parts import SEGMENT, check_keys
-from shardkit.piles.publish import Mapper, Run, begin_merge, publish
+from shardkit.piles.publish import Mapper, Run, publish
 from shardkit.piles.units import Part, UnitWork, describe, reused_part, skip_record
 from shardkit.tar.shard import iter_shard
 

@@ -12,30 +12,27 @@ several are assembled at once in threads (the copies and checksums release the G
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import math
 import os
 import queue
-import re
 import shutil
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
 from shardkit import manifest, storage
 from shardkit._util import VERSION
-from shardkit.dataset.layout import journal_name
+from shardkit.dataset.install import free_names, install
 from shardkit.dataset.lock import Output
-from shardkit.dataset.owned import Records, delete_owned, read_records
-from shardkit.errors import CorruptShardError, DatasetExistsError, ShardkitError
-from shardkit.manifest import Manifest, PileInfo
+from shardkit.errors import CorruptShardError
+from shardkit.manifest import Manifest
 from shardkit.piles import router
+from shardkit.piles.merge_records import Staged, read_record, write_record
 from shardkit.piles.options import PileOptions
 from shardkit.piles.pack import Pack, Packed, check_stop, run_stoppable
 from shardkit.tar import compression, index, write
@@ -44,9 +41,6 @@ log = logging.getLogger(__name__)
 
 # bytes copied per read: small enough that the checksum runs on bytes still in the CPU cache
 _COPY_CHUNK = 1 << 20
-# piles uploaded at once to an object store: each holds one request's worth of memory
-# (storage.remote.UPLOAD_CHUNK) and a connection
-UPLOADS = 8
 # splitting holds a whole pile in memory: one at a time, however many threads merge
 _SPLITTING = threading.Lock()
 
@@ -73,52 +67,6 @@ class Run:
     offset: int
     length: int
     crc: int | None = None
-
-
-@dataclass(frozen=True)
-class _Staged:
-    """A finished pile file in the staging directory, waiting to be moved into place.
-
-    ``size`` and ``crc`` are the file's; a compressed pile also has its tar's (``tar``).
-    """
-
-    path: str
-    name: str
-    samples: int
-    size: int
-    crc: int
-    compression: str | None = None
-    tar: tuple[int, int] | None = None  # (size, crc) of the tar inside a compressed pile
-
-    @property
-    def tar_size(self) -> int:
-        return self.size if self.tar is None else self.tar[0]
-
-    def info(self) -> PileInfo:
-        """Its manifest entry."""
-        if self.tar is None:
-            return PileInfo(name=self.name, samples=self.samples, bytes=self.size, checksum=manifest.format_checksum(self.crc))
-        return PileInfo(
-            name=self.name,
-            samples=self.samples,
-            bytes=self.size,
-            checksum=manifest.format_checksum(self.crc),
-            compression=self.compression,
-            tar_bytes=self.tar[0],
-            tar_checksum=manifest.format_checksum(self.tar[1]),
-        )
-
-
-def _old_manifest(out: str) -> Manifest | None:
-    """The manifest of the dataset ``out`` holds now (None when there is none, or none that checks):
-    its files are all a new one deletes."""
-    if not manifest.is_dataset(out):
-        return None
-    try:
-        return manifest.read(out)
-    except ShardkitError as e:
-        log.warning("%s: the old manifest is unreadable, its files are left in place: %s", out, e)
-        return None
 
 
 def _assemble(runs: Sequence[Run], dst: str, pack: Pack | None = None) -> tuple[int, Packed | None]:
@@ -205,7 +153,7 @@ def capacity(limit: int | None, samples: int, nbytes: int) -> int | None:
 
 def _split(
     data: bytes, name: str, *, capacity: int, seed: int, trail: tuple[int, ...], staging: str, pack: Pack | None = None
-) -> list[_Staged]:
+) -> list[Staged]:
     """Write the pile ``data`` as the random sub-piles :func:`shardkit.router.sub_piles` draws,
     each compressed by ``pack`` when given."""
     layout = index.index(data, name, checked=True)  # assembled here, its checksum just computed
@@ -218,11 +166,11 @@ def _split(
         sub_name = stem + "".join(f"-{part:03d}" for part in leaf[len(trail) :]) + ".tar"
         sub = b"".join([*(data[bounds[i] : bounds[i + 1]] for i in samples), write.TRAILER])
         path = os.path.join(staging, sub_name)
-        staged = _Staged(path, sub_name, len(samples), len(sub), manifest.checksum(sub))
+        staged = Staged(path, sub_name, len(samples), len(sub), manifest.checksum(sub))
         if pack is not None:
             tar = (len(sub), staged.crc)
             sub = compression.compress(sub, pack.codec, level=pack.level, between=check_stop)
-            staged = _Staged(
+            staged = Staged(
                 path, sub_name + compression.suffix(pack.codec), len(samples), len(sub), manifest.checksum(sub), pack.codec, tar
             )
         with open(path, "wb") as f:
@@ -247,7 +195,7 @@ class PileWork:
     record: bool = True
 
 
-def finish_pile(work: PileWork) -> tuple[list[_Staged], bool]:
+def finish_pile(work: PileWork) -> tuple[list[Staged], bool]:
     """Assemble a pile in the staging directory, compressed by ``work.pack`` when given; split it
     (then compress each sub-pile) if it holds over ``work.most`` samples.
 
@@ -259,7 +207,7 @@ def finish_pile(work: PileWork) -> tuple[list[_Staged], bool]:
     path = os.path.join(work.staging, name)
     record = path + ".done"
     if work.record and os.path.exists(record):
-        return _read_record(record)
+        return read_record(record)
     splits = work.most is not None and work.count > work.most  # an empty pile is never split
     tar_size = sum(run.length for run in work.runs) + len(write.TRAILER)
     with storage.guard(path, "write", size=tar_size):
@@ -267,10 +215,10 @@ def finish_pile(work: PileWork) -> tuple[list[_Staged], bool]:
     size = os.path.getsize(path)
     if not splits:
         if packed is None:
-            result = [_Staged(path, name, work.count, size, crc)], False
+            result = [Staged(path, name, work.count, size, crc)], False
         else:
             codec = packed.packer.codec
-            result = [_Staged(path, name + compression.suffix(codec), work.count, packed.size, packed.crc, codec, (tar_size, crc))], False
+            result = [Staged(path, name + compression.suffix(codec), work.count, packed.size, packed.crc, codec, (tar_size, crc))], False
     else:
         assert work.most is not None
         with _SPLITTING, storage.guard(work.staging, "write the split piles", size=size):
@@ -287,77 +235,14 @@ def finish_pile(work: PileWork) -> tuple[list[_Staged], bool]:
         result = pieces, True
     check_stop()  # a merge stopped meanwhile records nothing and keeps its part files
     if work.record:
-        # renamed into place but not synced: it guards against a process that dies, as a retry needs
-        with open(record + ".tmp", "w") as f:
-            json.dump([[dataclasses.astuple(p) for p in result[0]], result[1]], f)
-        os.replace(record + ".tmp", record)
+        write_record(record, *result)
     for run in work.runs:  # each part file holds one pile's bytes: gone once the pile is made, so disk peaks near 1x the data
         with contextlib.suppress(FileNotFoundError):
             os.unlink(run.path)
     return result
 
 
-# what a merge in a staging directory was asked for: its finished piles serve a resumed job only
-# if it asks for the same (the job's fingerprint covers the rest: piles, seed, max_pile_bytes)
-MERGE = "merge.json"
-_DONE = re.compile(r"pile-(\d{6,})\.tar\.done")
-
-
-def begin_merge(staging: str, merge: Mapping[str, Any]) -> None:
-    """Record what the merge in ``staging`` makes (compression and level), before any pile."""
-    storage.makedirs(staging)
-    storage.write_bytes(os.path.join(staging, MERGE), json.dumps(dict(merge), sort_keys=True).encode())
-
-
-def finished_piles(staging: str, merge: Mapping[str, Any]) -> dict[int, int]:
-    """The piles a stopped merge in ``staging`` finished, with their samples: each has a record
-    and every file it names is there at its size. None count when the merge was asked for
-    something else than ``merge`` (another compression), or there was none."""
-    try:
-        said = json.loads(storage.read_bytes(os.path.join(staging, MERGE)))
-        names = os.listdir(staging)
-    except (OSError, ValueError, ShardkitError):
-        return {}
-    if said != json.loads(json.dumps(dict(merge), sort_keys=True)):
-        return {}
-    found = {}
-    for name in names:
-        if (match := _DONE.fullmatch(name)) is None:
-            continue
-        try:
-            pieces, _ = _read_record(os.path.join(staging, name))
-        except (OSError, ValueError, TypeError, ShardkitError):
-            continue
-        if all(os.path.exists(p.path) and os.path.getsize(p.path) == p.size for p in pieces):
-            found[int(match.group(1))] = sum(p.samples for p in pieces)
-    return found
-
-
-def merged_infos(staging: str) -> list[PileInfo]:
-    """The manifest entries of the piles the merge in ``staging`` recorded as finished, in no
-    order (their files are not looked at); none when it recorded none."""
-    try:
-        names = os.listdir(staging)
-    except OSError:
-        return []
-    infos = []
-    for name in names:
-        if _DONE.fullmatch(name) is not None:
-            try:
-                pieces, _ = _read_record(os.path.join(staging, name))
-            except (OSError, ValueError, TypeError, ShardkitError):
-                continue
-            infos += [piece.info() for piece in pieces]
-    return infos
-
-
-def _read_record(record: str) -> tuple[list[_Staged], bool]:
-    pieces, split = json.loads(storage.read_bytes(record))
-    staged = [_Staged(*piece) for piece in pieces]
-    return [dataclasses.replace(p, tar=tuple(p.tar)) if p.tar is not None else p for p in staged], bool(split)
-
-
-def _over_limit(pieces: Sequence[_Staged], limit: int | None) -> list[dict[str, Any]]:
+def _over_limit(pieces: Sequence[Staged], limit: int | None) -> list[dict[str, Any]]:
     """The piles still larger than ``limit`` (samples of very uneven size), each logged."""
     over = []
     for piece in pieces:
@@ -455,7 +340,7 @@ def publish(
         mapper: where the piles are assembled (:data:`Mapper`; default: ``threads`` threads
             here). The staging directory must be a path wherever it runs them.
         resumable: keep a record of each finished pile in the staging directory, for the job
-            run again to take up (see :func:`finished_piles`). A job that nothing resumes saves
+            run again to take up (see :func:`~shardkit.piles.merge_records.finished_piles`). A job that nothing resumes saves
             the files: on a busy disk, each costs more to make and remove than a small pile.
     """
     total = sum(run.length for pile_runs in runs for run in pile_runs)
@@ -485,165 +370,3 @@ def publish(
     # the staging, the merge's records included, stays for the caller to remove: a job stopped
     # after its manifest went in finds in them that it was published (see resume.published)
     return install(output, [piece.path for piece in pieces], result)
-
-
-def free_names(out: str, names: Sequence[str]) -> list[str]:
-    """Names for new files in ``out`` that no file there has: each of ``names`` as it is, else
-    ``STEM.vN.tar`` (``STEM.vN.tar.zst``) with the smallest free N. An overwrite's files then
-    never replace the old dataset's before its manifest is replaced."""
-    taken = set(storage.listdir(out, missing_ok=True))
-    chosen = []
-    for name in names:
-        if name in taken:
-            name = _next_free(name, taken)
-        taken.add(name)
-        chosen.append(name)
-    return chosen
-
-
-def _next_free(name: str, taken: set[str]) -> str:
-    """``STEM.vN.SUFFIX`` for ``name`` (``STEM.SUFFIX`` or ``STEM.vK.SUFFIX``), the smallest N none of ``taken`` has."""
-    at = name.rfind(".tar")
-    stem, suffix = (name[:at], name[at + 1 :]) if at > 0 else name.rsplit(".", 1)
-    stem = re.sub(r"\.v\d+$", "", stem)
-    version = 1
-    while f"{stem}.v{version}.{suffix}" in taken:
-        version += 1
-    return f"{stem}.v{version}.{suffix}"
-
-
-def _link_new(src: str, dst: str) -> None:
-    """Give the staged file ``src`` the name ``dst``, which must not exist: a link refuses to
-    replace a file. ``src`` keeps its name until the caller removes its staging, after the
-    manifest: a job killed while it installs still has every finished pile to resume from (the
-    next job removes the names it gave, which its journal lists), and no byte is copied."""
-    try:
-        os.link(src, dst)
-    except FileExistsError:
-        raise DatasetExistsError(f"{dst}: appeared while this job was publishing; nothing was replaced") from None
-    except OSError:  # no hard links on this file system: names were chosen free under the lock
-        os.replace(src, dst)
-
-
-def remove_strays(out: str, stray: re.Pattern[str]) -> None:
-    """Remove the files ``stray`` matches that the dataset in ``out`` (if any) does not list and
-    a record of it names (a kept generation, a journal): files of this kind nobody can be
-    reading. A file no record names is not shardkit's, and stays."""
-    names = storage.listdir(out, missing_ok=True)
-    records = read_records(out, names)
-    listed = set(records.latest.files()) if records.latest is not None else set()
-    strays = sorted(n for n in names if stray.fullmatch(n) and n not in listed and n in records.named)
-    if strays:
-        delete_owned(out, strays, reason="no manifest lists it", records=records)
-
-
-def install(output: Output, files: Sequence[str], result: Manifest, *, names: Sequence[str] | None = None, keep: bool = False) -> Manifest:
-    """Swap a finished dataset in: ``files[i]`` (staged elsewhere) becomes ``result.piles[i]``
-    (a second name: the staged one stays until the caller removes its staging), then the
-    manifest goes in, last. The one place a dataset is published, for pass 1, the eager
-    shuffle and repile. Returns the manifest published.
-
-    An overwrite is atomic: the new files' names (see :func:`free_names`) are none the directory
-    has, so the old dataset stays whole and readable until the manifest, renamed over the old one,
-    says otherwise; then the old dataset's own files are removed. Data and directory are made durable before the manifest is
-    renamed, and the names about to move in are noted first (:meth:`Output.journal`) so that the
-    next job removes them if this one dies before its manifest is in. A kill at any moment leaves
-    the old dataset or the new one whole. Into an object store the files are uploaded, several at
-    once, and the manifest is one request, made after every upload succeeded; with conditional
-    writes each object is created only where none is (a pile whose name another job took first
-    takes the next free ``.vN`` name), and the manifest is committed by :meth:`Output.commit`.
-
-    ``names`` (default: the piles' names) are the names ``files`` take; ``keep`` leaves the old
-    dataset's files in place (an append's new manifest still lists them).
-
-    Raises:
-        DatasetExistsError: another job published here while this one ran; nothing of this job's
-            stays.
-    """
-    out = output.path
-    previous = None if keep else _old_manifest(out)
-    old = set() if previous is None else set(previous.files())
-    renamable = names is None
-    names = [pile.name for pile in result.piles] if names is None else list(names)
-    output.journal(names, sorted(old))
-    records = Records(named=set(names) | old, journals={journal_name(output.token): {"files": names, "delete": sorted(old)}})
-    if previous is not None:
-        records.add(previous)
-    moved: list[str] = []
-    try:
-        if output.remote:
-            final = _upload_all(output, files, names, moved, renamable=renamable)
-            if final != names:
-                renamed = dict(zip(names, final, strict=True))
-                result = dataclasses.replace(result, piles=tuple(dataclasses.replace(p, name=renamed[p.name]) for p in result.piles))
-                names = final
-        else:
-            for path, name in zip(files, names, strict=True):
-                _link_new(path, os.path.join(out, name))
-                moved.append(name)
-            storage.fsync_dir(out)
-        output.commit(result)
-    except BaseException as e:
-        # the old dataset (or none) stays as it was
-        records.named |= set(moved)  # a pile renamed on upload is in the journal too
-        done = delete_owned(out, moved, reason="this job's install failed: the old dataset stays", records=records)
-        if isinstance(e, DatasetExistsError) and output.conditional and not done.skipped:
-            with contextlib.suppress(ShardkitError, OSError):
-                output.journal(None)  # what it named is gone: this job lost the race
-        raise
-    gone = delete_owned(out, sorted(old - set(moved)), reason="replaced by the new dataset", records=records)
-    if not gone.skipped:
-        output.journal(None)  # else kept: the next job writing here retries what is left
-    output.tidy()
-    return result
-
-
-def _upload_all(output: Output, files: Sequence[str], names: Sequence[str], moved: list[str], *, renamable: bool) -> list[str]:
-    """Upload ``files[i]`` to ``names[i]`` in the output, :data:`UPLOADS` at a time; ``moved`` gets
-    each name as its object is in. Returns the names taken. The local copies stay until the job
-    removes its staging (after the manifest): a job stopped during the uploads resumes from its
-    finished piles, uploading them again, and the disk held no more at its peak (every pile is
-    made before the first upload).
-
-    With conditional writes an object is only created, never replaced: a name another job took
-    first becomes the next free ``.vN`` one when ``renamable`` (noted in the journal before the
-    upload), else the job has lost the race.
-    """
-    out = output.path
-    lock = threading.Lock()
-    final = list(names)
-    taken = set(names)
-
-    def send(i: int) -> None:
-        name = final[i]
-        # an append's names carry its token: an object found there holding its bytes is its own upload
-        while output.conditional and not storage.upload_if_absent(files[i], storage.join(out, name), name_is_mine=not renamable):
-            if not renamable:
-                raise DatasetExistsError(
-                    f"{storage.join(out, name)}: another job wrote this object while this one was publishing; "
-                    "nothing of this job was published"
-                )
-            with lock:
-                name = _next_free(name, taken)
-                taken.add(name)
-                output.journal_more(name)
-            log.info("%s: %s was taken by another job, uploading as %s", out, final[i], name)
-        if not output.conditional:
-            storage.upload(files[i], storage.join(out, name))
-        with lock:
-            final[i] = name
-            moved.append(name)
-
-    # unlike the merge, an upload under way is waited for when another fails or Ctrl-C comes: the
-    # caller then removes every object this job sent, and none lands after that as a stray
-    with concurrent.futures.ThreadPoolExecutor(UPLOADS, thread_name_prefix="shardkit-upload") as pool:
-        futures = [pool.submit(send, i) for i in range(len(files))]
-        try:
-            for future in futures:
-                future.result()
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            concurrent.futures.wait(futures)
-            raise
-    return final

@@ -46,8 +46,8 @@ from shardkit.dataset import layout
 from shardkit.dataset.owned import Records, delete_owned
 from shardkit.dataset.staging import check_staging, clear_tree, make_staging, new_remote, recorded
 from shardkit.errors import ConfigError, DatasetExistsError, Failure, ShardkitError, StorageError
+from shardkit.piles.merge_records import finished_piles, merged_infos
 from shardkit.piles.parts import keys_file, part_file
-from shardkit.piles.publish import finished_piles, merged_infos
 
 log = logging.getLogger(__name__)
 

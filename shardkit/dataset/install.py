@@ -1,0 +1,209 @@
+"""Install a finished dataset: journal the names, link or upload the files, put the manifest in last, delete the old files.
+
+:func:`install` is the one place a dataset is published, for pass 1, an append, the eager
+shuffle and repile. Its journal (``.shardkit-install-<token>.json``, written through
+:meth:`~shardkit.dataset.lock.Output.journal`) names what it moves in and what it will delete
+before it does either, so that whoever finds it after a kill rolls the install back or forward
+(:mod:`shardkit.dataset.leftovers`).
+
+    names = free_names(output.path, [p.name for p in result.piles])   # never an old file's name
+    install(output, staged_files, result)                             # manifest last
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import os
+import re
+import threading
+from collections.abc import Sequence
+
+from shardkit import manifest, storage
+from shardkit.dataset.layout import journal_name
+from shardkit.dataset.lock import Output
+from shardkit.dataset.owned import Records, delete_owned, read_records
+from shardkit.errors import DatasetExistsError, ShardkitError
+from shardkit.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+# piles uploaded at once to an object store: each holds one request's worth of memory
+# (storage.remote.UPLOAD_CHUNK) and a connection
+UPLOADS = 8
+
+
+def _old_manifest(out: str) -> Manifest | None:
+    """The manifest of the dataset ``out`` holds now (None when there is none, or none that checks):
+    its files are all a new one deletes."""
+    if not manifest.is_dataset(out):
+        return None
+    try:
+        return manifest.read(out)
+    except ShardkitError as e:
+        log.warning("%s: the old manifest is unreadable, its files are left in place: %s", out, e)
+        return None
+
+
+def free_names(out: str, names: Sequence[str]) -> list[str]:
+    """Names for new files in ``out`` that no file there has: each of ``names`` as it is, else
+    ``STEM.vN.tar`` (``STEM.vN.tar.zst``) with the smallest free N. An overwrite's files then
+    never replace the old dataset's before its manifest is replaced."""
+    taken = set(storage.listdir(out, missing_ok=True))
+    chosen = []
+    for name in names:
+        if name in taken:
+            name = _next_free(name, taken)
+        taken.add(name)
+        chosen.append(name)
+    return chosen
+
+
+def _next_free(name: str, taken: set[str]) -> str:
+    """``STEM.vN.SUFFIX`` for ``name`` (``STEM.SUFFIX`` or ``STEM.vK.SUFFIX``), the smallest N none of ``taken`` has."""
+    at = name.rfind(".tar")
+    stem, suffix = (name[:at], name[at + 1 :]) if at > 0 else name.rsplit(".", 1)
+    stem = re.sub(r"\.v\d+$", "", stem)
+    version = 1
+    while f"{stem}.v{version}.{suffix}" in taken:
+        version += 1
+    return f"{stem}.v{version}.{suffix}"
+
+
+def _link_new(src: str, dst: str) -> None:
+    """Give the staged file ``src`` the name ``dst``, which must not exist: a link refuses to
+    replace a file. ``src`` keeps its name until the caller removes its staging, after the
+    manifest: a job killed while it installs still has every finished pile to resume from (the
+    next job removes the names it gave, which its journal lists), and no byte is copied."""
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        raise DatasetExistsError(f"{dst}: appeared while this job was publishing; nothing was replaced") from None
+    except OSError:  # no hard links on this file system: names were chosen free under the lock
+        os.replace(src, dst)
+
+
+def remove_strays(out: str, stray: re.Pattern[str]) -> None:
+    """Remove the files ``stray`` matches that the dataset in ``out`` (if any) does not list and
+    a record of it names (a kept generation, a journal): files of this kind nobody can be
+    reading. A file no record names is not shardkit's, and stays."""
+    names = storage.listdir(out, missing_ok=True)
+    records = read_records(out, names)
+    listed = set(records.latest.files()) if records.latest is not None else set()
+    strays = sorted(n for n in names if stray.fullmatch(n) and n not in listed and n in records.named)
+    if strays:
+        delete_owned(out, strays, reason="no manifest lists it", records=records)
+
+
+def install(output: Output, files: Sequence[str], result: Manifest, *, names: Sequence[str] | None = None, keep: bool = False) -> Manifest:
+    """Swap a finished dataset in: ``files[i]`` (staged elsewhere) becomes ``result.piles[i]``
+    (a second name: the staged one stays until the caller removes its staging), then the
+    manifest goes in, last. The one place a dataset is published, for pass 1, the eager
+    shuffle and repile. Returns the manifest published.
+
+    An overwrite is atomic: the new files' names (see :func:`free_names`) are none the directory
+    has, so the old dataset stays whole and readable until the manifest, renamed over the old one,
+    says otherwise; then the old dataset's own files are removed. Data and directory are made durable before the manifest is
+    renamed, and the names about to move in are noted first (:meth:`Output.journal`) so that the
+    next job removes them if this one dies before its manifest is in. A kill at any moment leaves
+    the old dataset or the new one whole. Into an object store the files are uploaded, several at
+    once, and the manifest is one request, made after every upload succeeded; with conditional
+    writes each object is created only where none is (a pile whose name another job took first
+    takes the next free ``.vN`` name), and the manifest is committed by :meth:`Output.commit`.
+
+    ``names`` (default: the piles' names) are the names ``files`` take; ``keep`` leaves the old
+    dataset's files in place (an append's new manifest still lists them).
+
+    Raises:
+        DatasetExistsError: another job published here while this one ran; nothing of this job's
+            stays.
+    """
+    out = output.path
+    previous = None if keep else _old_manifest(out)
+    old = set() if previous is None else set(previous.files())
+    renamable = names is None
+    names = [pile.name for pile in result.piles] if names is None else list(names)
+    output.journal(names, sorted(old))
+    records = Records(named=set(names) | old, journals={journal_name(output.token): {"files": names, "delete": sorted(old)}})
+    if previous is not None:
+        records.add(previous)
+    moved: list[str] = []
+    try:
+        if output.remote:
+            final = _upload_all(output, files, names, moved, renamable=renamable)
+            if final != names:
+                renamed = dict(zip(names, final, strict=True))
+                result = dataclasses.replace(result, piles=tuple(dataclasses.replace(p, name=renamed[p.name]) for p in result.piles))
+                names = final
+        else:
+            for path, name in zip(files, names, strict=True):
+                _link_new(path, os.path.join(out, name))
+                moved.append(name)
+            storage.fsync_dir(out)
+        output.commit(result)
+    except BaseException as e:
+        # the old dataset (or none) stays as it was
+        records.named |= set(moved)  # a pile renamed on upload is in the journal too
+        done = delete_owned(out, moved, reason="this job's install failed: the old dataset stays", records=records)
+        if isinstance(e, DatasetExistsError) and output.conditional and not done.skipped:
+            with contextlib.suppress(ShardkitError, OSError):
+                output.journal(None)  # what it named is gone: this job lost the race
+        raise
+    gone = delete_owned(out, sorted(old - set(moved)), reason="replaced by the new dataset", records=records)
+    if not gone.skipped:
+        output.journal(None)  # else kept: the next job writing here retries what is left
+    output.tidy()
+    return result
+
+
+def _upload_all(output: Output, files: Sequence[str], names: Sequence[str], moved: list[str], *, renamable: bool) -> list[str]:
+    """Upload ``files[i]`` to ``names[i]`` in the output, :data:`UPLOADS` at a time; ``moved`` gets
+    each name as its object is in. Returns the names taken. The local copies stay until the job
+    removes its staging (after the manifest): a job stopped during the uploads resumes from its
+    finished piles, uploading them again, and the disk held no more at its peak (every pile is
+    made before the first upload).
+
+    With conditional writes an object is only created, never replaced: a name another job took
+    first becomes the next free ``.vN`` one when ``renamable`` (noted in the journal before the
+    upload), else the job has lost the race.
+    """
+    out = output.path
+    lock = threading.Lock()
+    final = list(names)
+    taken = set(names)
+
+    def send(i: int) -> None:
+        name = final[i]
+        # an append's names carry its token: an object found there holding its bytes is its own upload
+        while output.conditional and not storage.upload_if_absent(files[i], storage.join(out, name), name_is_mine=not renamable):
+            if not renamable:
+                raise DatasetExistsError(
+                    f"{storage.join(out, name)}: another job wrote this object while this one was publishing; "
+                    "nothing of this job was published"
+                )
+            with lock:
+                name = _next_free(name, taken)
+                taken.add(name)
+                output.journal_more(name)
+            log.info("%s: %s was taken by another job, uploading as %s", out, final[i], name)
+        if not output.conditional:
+            storage.upload(files[i], storage.join(out, name))
+        with lock:
+            final[i] = name
+            moved.append(name)
+
+    # unlike the merge, an upload under way is waited for when another fails or Ctrl-C comes: the
+    # caller then removes every object this job sent, and none lands after that as a stray
+    with concurrent.futures.ThreadPoolExecutor(UPLOADS, thread_name_prefix="shardkit-upload") as pool:
+        futures = [pool.submit(send, i) for i in range(len(files))]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            concurrent.futures.wait(futures)
+            raise
+    return final
