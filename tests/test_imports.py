@@ -172,7 +172,6 @@ OVER_THE_LIMIT = {
     "shardkit/loading/loader.py",
     "shardkit/piles/resume.py",
     "shardkit/piles/preprocess.py",
-    "shardkit/dataset/lock.py",
 }
 
 

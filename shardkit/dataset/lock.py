@@ -38,7 +38,6 @@ import logging
 import os
 import re
 import socket
-import stat
 import sys
 import tempfile
 import time
@@ -49,9 +48,10 @@ from typing import Any
 from shardkit import manifest, redact, storage
 from shardkit._util import check_path
 from shardkit.dataset import layout
-from shardkit.dataset.owned import Records, delete_owned, read_records
+from shardkit.dataset.leftovers import clear_dead_staging, clear_leftovers, undo_installs
+from shardkit.dataset.owned import Records, delete_owned
 from shardkit.dataset.staging import make_staging, write_owner
-from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError, ShardkitError
+from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +61,6 @@ STAGING_PREFIX = layout.STAGING_PREFIX
 # seconds a job waits for a held lock before it says another job is writing
 _LOCK_GRACE = 2.0
 PILE_FILE = layout.PILE_FILE
-
-
-def leftover(name: str) -> bool:
-    """``name`` is of a kind a dead job leaves: a staging directory, a journal, a half-written file."""
-    if name.startswith(layout.PREFIX) and name not in (layout.LOCK, layout.STAGING, layout.REMOTE_STAGING):
-        return True
-    return layout.kind(name) == "partial"
 
 
 @dataclass
@@ -180,9 +173,9 @@ class Output:
         self.manifest_version = storage.version(url)
 
     def tidy(self) -> None:
-        """After a commit, remove what jobs that can no longer publish left (see :func:`_undo_installs`)."""
+        """After a commit, remove what jobs that can no longer publish left (see :func:`~shardkit.dataset.leftovers.undo_installs`)."""
         if self.conditional:
-            _undo_installs(self.path, conditional=True)
+            undo_installs(self.path, conditional=True)
 
     def release(self) -> None:
         """Let the output go: remove the lock file and drop the lock. Idempotent."""
@@ -225,7 +218,7 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
     fd = _lock(out, token)
     output = Output(out, token, None, fd)
     try:
-        _clear_leftovers(out)  # first: a dead job's half-installed files are not a dataset
+        clear_leftovers(out)  # first: a dead job's half-installed files are not a dataset
         _check_empty(out, overwrite, files)
         output.manifest_seen = _manifest_bytes(out)
     except BaseException:
@@ -236,14 +229,14 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
 
 def _claim_remote(out: str, overwrite: bool, files: re.Pattern[str]) -> Output:
     """:func:`claim` for an object-store output: no lock (see the module's docstring)."""
-    _clear_dead_staging(tempfile.gettempdir())
+    clear_dead_staging(tempfile.gettempdir())
     output = Output(out, uuid.uuid4().hex, None)
     _check_writable(output)
     url = storage.join(out, manifest.MANIFEST)
     output.conditional = storage.can_put_if_absent(url)
     if not output.conditional:
         _single_writer(out)
-    _undo_installs(out, conditional=output.conditional)
+    undo_installs(out, conditional=output.conditional)
     _check_empty(out, overwrite, files)
     if output.conditional:
         output.manifest_version = storage.version(url)  # first: bytes read after it are as new or newer
@@ -270,52 +263,6 @@ def _check_writable(output: Output) -> None:
     not after the whole job, when it publishes (a listing of a missing bucket finds nothing)."""
     output.journal([])
     output.journal(None)
-
-
-def _clear_dead_staging(temp: str) -> None:
-    """Remove the local staging directories of remote jobs that died: their lock is free (or,
-    renamed for removal, they have none). Only real directories of this user that hold shardkit's
-    owner record go (:func:`~shardkit.dataset.owned.delete_owned`); a pass-1 staging is its
-    dataset's to remove (its record in the dataset says where it is)."""
-    import fcntl
-
-    try:
-        names = [n for n in os.listdir(temp) if layout.kind(n) == "staging"]
-    except OSError:
-        return
-    dead = []
-    for name in names:
-        path = os.path.join(temp, name)
-        lock = STAGING_LOCK
-        if name.startswith(layout.STAGING + "-") and "-removed-" not in name:
-            # a pass 1's: its dataset's record names it, and it may hold work to resume; only one
-            # whose job died before it wrote its job record is nobody's
-            if os.path.lexists(os.path.join(path, "job.json")):
-                continue
-            lock = ".lock"
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
-            continue  # a link, a file, another user's: never touched
-        if "-removed-" in name:
-            dead.append(name)
-            continue
-        try:
-            fd = os.open(os.path.join(path, lock), os.O_RDWR | storage.O_BINARY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue  # its job may be between creating it and locking it
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # a live job's
-        else:
-            dead.append(name)
-        finally:
-            os.close(fd)
-    if dead:
-        delete_owned(temp, dead, reason="left by a job that did not finish", records=read_records(temp, []))
 
 
 def _check_empty(out: str, overwrite: bool, files: re.Pattern[str]) -> None:
@@ -389,67 +336,3 @@ def _read_holder(lock: str) -> str:
         except (OSError, ValueError, KeyError, TypeError):
             time.sleep(0.005)
     return "a job that has not said who it is"
-
-
-def _clear_leftovers(out: str) -> None:
-    """Remove what dead jobs left: nobody else writes here while this job holds the lock."""
-    _undo_installs(out)
-    names = [n for n in os.listdir(out) if leftover(n) and layout.kind(n) in ("staging", "journal", "partial")]
-    if names:
-        delete_owned(out, names, reason="left by a job that did not finish")
-
-
-def read_journals(out: str, names: list[str] | None = None) -> dict[str, Any]:
-    """The install journals in ``out`` (among ``names``, its listing, when given), by name, each
-    as it reads (None: unreadable)."""
-    found: dict[str, Any] = {}
-    for name in storage.listdir(out, missing_ok=True) if names is None else names:
-        if layout.kind(name) == "journal":
-            try:
-                found[name] = json.loads(storage.read_bytes(storage.join(out, name)))
-            except (ShardkitError, ValueError):
-                found[name] = None
-    return found
-
-
-def live(doc: Any, version: str | None) -> bool:
-    """A journal (``doc``) of a job that may still publish: it began from the manifest version
-    now in place (``version``). Any other job's commit would be refused, so it can only fail."""
-    return isinstance(doc, dict) and "base" in doc and doc["base"] == version
-
-
-def journal_names(doc: Any) -> list[str]:
-    """The file names a journal lists: those its install moves in and those it deletes."""
-    try:
-        return [n for n in (*doc.get("files", []), *doc.get("delete", [])) if isinstance(n, str)]
-    except (AttributeError, TypeError):
-        return []
-
-
-def _undo_installs(out: str, *, conditional: bool = False) -> None:
-    """Finish or undo the install of a job that died in it: of the files its journal lists (those
-    it moved in, those it was to delete), remove every one the manifest in place does not list,
-    then the journal (kept when a file of it could not be removed, for the next job to retry).
-
-    With conditional writes (no lock), only the journals of jobs that can no longer publish
-    (:func:`live`): the journals are read before the manifest's version is asked, so a journal
-    from another version is from one replaced before."""
-    names = storage.listdir(out, missing_ok=True)
-    journals = [n for n in names if layout.kind(n) == "journal"]
-    if conditional and journals:
-        docs = read_journals(out, journals)
-        version = storage.version(storage.join(out, manifest.MANIFEST))
-        # one that vanished since the listing was its job's to remove (it lost, or published)
-        journals = [n for n in journals if docs[n] is not None and not live(docs[n], version)]
-    if not journals:
-        return
-    records = read_records(out, names)
-    if layout.MANIFEST in names and records.latest is None:
-        return  # no sound manifest to tell ours from theirs: leave everything for the user
-    listed = set(records.latest.files()) if records.latest is not None else set()
-    for journal in journals:
-        doc = records.journals.get(journal)
-        stale = sorted({*doc["files"], *doc["delete"]} - listed) if doc is not None else []
-        done = delete_owned(out, stale, reason="left by a job that died while publishing", records=records)
-        if not done.skipped or all(why.startswith("not a name") for _, why in done.skipped):
-            delete_owned(out, [journal], reason="its install is undone", records=records)

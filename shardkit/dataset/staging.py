@@ -157,3 +157,34 @@ def new_remote(out: str, prefix: str) -> str:
     record = {"host": socket.gethostname(), "path": path}
     storage.write_bytes(storage.join(out, layout.REMOTE_STAGING), json.dumps(record).encode())
     return path
+
+
+def staging_path(out: str) -> str | None:
+    """Where pass 1 into ``out`` stages its parts: inside a local output. For an object-store
+    output it is a private directory in the local temporary directory, made by ``mkdtemp`` (so
+    nobody can plant a link at its name beforehand) and recorded in ``OUT/.shardkit-pass1.json``:
+    the one that record names when it is on this machine, a real directory of this user made for
+    ``out``; None when there is none."""
+    if not storage.is_remote(out):
+        return os.path.join(out, layout.STAGING)
+    return recorded(out)
+
+
+def published_staging(out: str, generation: int) -> int | None:
+    """The generation the pass-1 staging of ``out`` was an append of, if the dataset (now at
+    ``generation``) already has it: the append died after publishing, before it removed its
+    staging, and nobody can resume it. None when there is no such staging (none, a job's that
+    did not publish, or a new dataset's)."""
+    path = staging_path(out)
+    then = (read_job(path) or {}).get("generation") if path is not None else None
+    return then if isinstance(then, int) and then <= generation else None
+
+
+def read_job(path: str) -> dict[str, Any] | None:
+    """The job record (fingerprint) of the pass-1 staging ``path``; None when it has none that reads."""
+    try:
+        with open(os.path.join(path, layout.JOB), "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -44,7 +44,7 @@ from shardkit import manifest, storage
 from shardkit._util import VERSION, format_size
 from shardkit.dataset import layout
 from shardkit.dataset.owned import Records, delete_owned
-from shardkit.dataset.staging import check_staging, clear_tree, make_staging, new_remote, recorded
+from shardkit.dataset.staging import check_staging, clear_tree, make_staging, new_remote, published_staging, read_job, staging_path
 from shardkit.errors import ConfigError, DatasetExistsError, Failure, ShardkitError, StorageError
 from shardkit.piles.merge_records import finished_piles, merged_infos
 from shardkit.piles.parts import keys_file, part_file
@@ -221,17 +221,6 @@ def _differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
 # -- the staging directory ---------------------------------------------------------------------
 
 
-def staging_path(out: str) -> str | None:
-    """Where pass 1 into ``out`` stages its parts: inside a local output. For an object-store
-    output it is a private directory in the local temporary directory, made by ``mkdtemp`` (so
-    nobody can plant a link at its name beforehand) and recorded in ``OUT/.shardkit-pass1.json``:
-    the one that record names when it is on this machine, a real directory of this user made for
-    ``out``; None when there is none."""
-    if not storage.is_remote(out):
-        return os.path.join(out, STAGING)
-    return recorded(out)
-
-
 @dataclass
 class Staging:
     """The staging directory of a pass-1 job, and what earlier runs of the same job committed in it.
@@ -354,7 +343,7 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
         raise DatasetExistsError(f"{out}: another pass-1 job is writing into {path}; wait for it to finish")
     try:
         staging = Staging(path, {}, fd, out)
-        before = _read_job(path)
+        before = read_job(path)
         found = {} if not resume and _published(before, job) else _committed(path)
         if found and not resume and not overwrite:
             discard = f"delete {path}" if job.get("generation") else "with overwrite=True (--overwrite)"
@@ -413,7 +402,7 @@ def published(out: str, job: Mapping[str, Any]) -> manifest.Manifest | None:
     for candidate in found:
         if not check_staging(candidate):
             continue
-        before = _read_job(candidate)
+        before = read_job(candidate)
         merged = merged_infos(os.path.join(candidate, MERGING))
         if (
             before is not None
@@ -444,16 +433,6 @@ def finish_published(out: str, units: Any) -> None:
         _discard(path, out)
     finally:
         os.close(fd)
-
-
-def published_staging(out: str, generation: int) -> int | None:
-    """The generation the pass-1 staging of ``out`` was an append of, if the dataset (now at
-    ``generation``) already has it: the append died after publishing, before it removed its
-    staging, and nobody can resume it. None when there is no such staging (none, a job's that
-    did not publish, or a new dataset's)."""
-    path = staging_path(out)
-    then = (_read_job(path) or {}).get("generation") if path is not None else None
-    return then if isinstance(then, int) and then <= generation else None
 
 
 def remove_published(out: str, generation: int) -> bool:
@@ -491,15 +470,6 @@ def _published(before: Mapping[str, Any] | None, job: Mapping[str, Any]) -> bool
         log.info("removing the staging of the append of generation %d: it was published (the dataset is past it)", then)
         return True
     return False
-
-
-def _read_job(path: str) -> dict[str, Any] | None:
-    try:
-        with open(os.path.join(path, JOB), "rb") as f:
-            doc = json.loads(f.read())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def _committed(path: str) -> dict[str, Commit]:

@@ -10,20 +10,17 @@ sequential read of the dataset and holds one pile in memory at a time.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shardkit import _util, manifest, storage
-from shardkit.dataset import layout
-from shardkit.dataset.lock import LOCK, leftover
+from shardkit.dataset import layout, leftovers
 from shardkit.errors import CorruptShardError, ManifestError, ShardkitError, StorageError
 from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile, tar_problem
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import classes as class_maps
-from shardkit.piles import resume
 from shardkit.tar import compression, scan
 from shardkit.tar.keys import repeated_key, sample_at
 
@@ -277,29 +274,12 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
     # an older generation's files (retired by a window, or rewritten when an append split a
     # pile) are a pinned loader's until shardkit gc removes them: not strays
     listed = set(m.files()) | {manifest.MANIFEST} | _older_files(directory, names)
-    installing = _journaled(directory, names)
+    rest = [name for name in names if name not in listed]
+    left = {item.name: item for item in leftovers.find(directory, rest, m.generation)}
     found = []
-    for name in names:
-        if name in listed:
-            continue
-        if name in (resume.STAGING, layout.REMOTE_STAGING):
-            published = resume.published_staging(directory, m.generation)
-            said = (
-                "the committed parts of a pass 1 or append that did not finish: the same job run again with "
-                "resume=True continues it; another job writing here clears it"
-                if published is None
-                else f"the staging of the append of generation {published}, which stopped after it published: "
-                "shardkit gc or the next append removes it"
-            )
-            found.append(Problem(name=name, kind="leftover", message=said))
-        elif leftover(name) or name == LOCK or name in installing:
-            found.append(
-                Problem(
-                    name=name,
-                    kind="leftover",
-                    message="left by a job that did not finish (or is still running); the next job writing here removes it",
-                )
-            )
+    for name in rest:
+        if name in left:
+            found.append(Problem(name=name, kind="leftover", message=left[name].message))
         elif name.endswith(_SHARD_SUFFIXES):
             found.append(
                 Problem(
@@ -308,20 +288,6 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
                     message="shard file not listed in the manifest (readers ignore it; an interrupted overwrite leaves such files)",
                 )
             )
-    return found
-
-
-def _journaled(directory: str, names: list[str]) -> set[str]:
-    """The files the install journals name: moved in by a job that died before its manifest
-    (the next job writing here removes those the manifest does not list)."""
-    found: set[str] = set()
-    for name in names:
-        if layout.kind(name) == "journal":
-            try:
-                doc: Any = json.loads(storage.read_bytes(storage.join(directory, name)))
-                found |= {n for n in doc.get("files", []) if isinstance(n, str)}
-            except (ShardkitError, ValueError, AttributeError, TypeError):
-                continue  # not a journal: the journal itself is reported as a leftover
     return found
 
 

@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 
 from shardkit import manifest, storage
 from shardkit._util import check_path, parse_duration
-from shardkit.dataset import layout
-from shardkit.dataset import lock as outputs
+from shardkit.dataset import layout, leftovers
 from shardkit.dataset.lock import claim
 from shardkit.dataset.owned import delete_owned, read_records
 from shardkit.manifest import Manifest, keys_name
@@ -93,10 +92,10 @@ def _beside_jobs(out: str, grace: float) -> tuple[Manifest, list[str], set[str]]
     """The manifest, the objects of ``out``, and those of them gc may delete as jobs go on
     writing (see the module's docstring): written over ``grace`` ago, named by no live journal."""
     found = storage.entries(out)
-    journals = outputs.read_journals(out)
+    journals = leftovers.read_journals(out)
     version = storage.version(storage.join(out, manifest.MANIFEST))
     latest = manifest.read(out)  # last: a job that published since the listing is in it
-    busy = {name for doc in journals.values() if outputs.live(doc, version) for name in outputs.journal_names(doc)}
+    busy = {name for doc in journals.values() if leftovers.live(doc, version) for name in leftovers.journal_names(doc)}
     now = datetime.datetime.now(datetime.timezone.utc)
     old = {e.name for e in found if (now - e.modified).total_seconds() >= grace and e.name not in busy}
     for name in sorted(busy & {e.name for e in found}):

@@ -1,0 +1,200 @@
+"""What dead jobs leave in a dataset directory, and the one path that finds, rolls back or removes it.
+
+A job killed anywhere leaves things by name, never a half dataset: staging directories
+(``.shardkit-pass1``, ``.shardkit-staging-*``), half-written temporaries (``*.partial-*``), the
+install journal of an install it did not finish (``.shardkit-install-<token>.json``) and the files
+that journal names, and on this machine the private staging of a remote output's job.
+:func:`find` says what each of them is (verify reports it); :func:`clear_leftovers` and
+:func:`undo_installs` remove them or finish the install (the next job's claim and gc do it);
+:func:`clear_dead_staging` removes the local staging of remote jobs that died.
+
+    for item in find("data/train"):
+        print(item.name, item.message)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from shardkit import manifest, storage
+from shardkit.dataset import layout
+from shardkit.dataset.owned import delete_owned, read_records
+from shardkit.dataset.staging import published_staging
+from shardkit.errors import ShardkitError
+
+STAGING_LOCK = layout.STAGING_LOCK
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A name a job that did not finish (or one still running) left in a dataset directory.
+
+    ``kind``: ``"staging"`` (a pass 1's committed work, or the staging of an append already
+    published), ``"journal"`` (an install journal or a file it names), or ``"temporary"``
+    (anything else of a job's: another staging directory, a half-written file, the lock).
+    """
+
+    name: str
+    kind: str
+    message: str
+
+
+_UNFINISHED = "left by a job that did not finish (or is still running); the next job writing here removes it"
+
+
+def find(directory: str, names: Iterable[str] | None = None, generation: int | None = None) -> list[Leftover]:
+    """The leftovers among ``names`` (default: the directory's listing), in their order, for a
+    dataset now at ``generation`` (None: no dataset)."""
+    names = list(storage.listdir(directory, missing_ok=True) if names is None else names)
+    installing = journaled(directory, names)
+    found = []
+    for name in names:
+        if name in (layout.STAGING, layout.REMOTE_STAGING):
+            published = None if generation is None else published_staging(directory, generation)
+            said = (
+                "the committed parts of a pass 1 or append that did not finish: the same job run again with "
+                "resume=True continues it; another job writing here clears it"
+                if published is None
+                else f"the staging of the append of generation {published}, which stopped after it published: "
+                "shardkit gc or the next append removes it"
+            )
+            found.append(Leftover(name, "staging", said))
+        elif name in installing or layout.kind(name) == "journal":
+            found.append(Leftover(name, "journal", _UNFINISHED))
+        elif leftover(name) or name == layout.LOCK:
+            found.append(Leftover(name, "temporary", _UNFINISHED))
+    return found
+
+
+def journaled(directory: str, names: Iterable[str]) -> set[str]:
+    """The files the install journals among ``names`` say they move in: moved in by a job that
+    died before its manifest (the next job writing here removes those the manifest does not list)."""
+    found: set[str] = set()
+    for doc in read_journals(directory, list(names)).values():
+        try:
+            found |= {n for n in doc.get("files", []) if isinstance(n, str)}
+        except (AttributeError, TypeError):
+            continue  # not a journal: the journal itself is reported as a leftover
+    return found
+
+
+def leftover(name: str) -> bool:
+    """``name`` is of a kind a dead job leaves: a staging directory, a journal, a half-written file."""
+    if name.startswith(layout.PREFIX) and name not in (layout.LOCK, layout.STAGING, layout.REMOTE_STAGING):
+        return True
+    return layout.kind(name) == "partial"
+
+
+def clear_dead_staging(temp: str) -> None:
+    """Remove the local staging directories of remote jobs that died: their lock is free (or,
+    renamed for removal, they have none). Only real directories of this user that hold shardkit's
+    owner record go (:func:`~shardkit.dataset.owned.delete_owned`); a pass-1 staging is its
+    dataset's to remove (its record in the dataset says where it is)."""
+    import fcntl
+
+    try:
+        names = [n for n in os.listdir(temp) if layout.kind(n) == "staging"]
+    except OSError:
+        return
+    dead = []
+    for name in names:
+        path = os.path.join(temp, name)
+        lock = STAGING_LOCK
+        if name.startswith(layout.STAGING + "-") and "-removed-" not in name:
+            # a pass 1's: its dataset's record names it, and it may hold work to resume; only one
+            # whose job died before it wrote its job record is nobody's
+            if os.path.lexists(os.path.join(path, "job.json")):
+                continue
+            lock = ".lock"
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+            continue  # a link, a file, another user's: never touched
+        if "-removed-" in name:
+            dead.append(name)
+            continue
+        try:
+            fd = os.open(os.path.join(path, lock), os.O_RDWR | storage.O_BINARY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue  # its job may be between creating it and locking it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live job's
+        else:
+            dead.append(name)
+        finally:
+            os.close(fd)
+    if dead:
+        delete_owned(temp, dead, reason="left by a job that did not finish", records=read_records(temp, []))
+
+
+def clear_leftovers(out: str) -> None:
+    """Remove what dead jobs left: nobody else writes here while this job holds the lock."""
+    undo_installs(out)
+    names = [n for n in os.listdir(out) if leftover(n) and layout.kind(n) in ("staging", "journal", "partial")]
+    if names:
+        delete_owned(out, names, reason="left by a job that did not finish")
+
+
+def read_journals(out: str, names: list[str] | None = None) -> dict[str, Any]:
+    """The install journals in ``out`` (among ``names``, its listing, when given), by name, each
+    as it reads (None: unreadable)."""
+    found: dict[str, Any] = {}
+    for name in storage.listdir(out, missing_ok=True) if names is None else names:
+        if layout.kind(name) == "journal":
+            try:
+                found[name] = json.loads(storage.read_bytes(storage.join(out, name)))
+            except (ShardkitError, ValueError):
+                found[name] = None
+    return found
+
+
+def live(doc: Any, version: str | None) -> bool:
+    """A journal (``doc``) of a job that may still publish: it began from the manifest version
+    now in place (``version``). Any other job's commit would be refused, so it can only fail."""
+    return isinstance(doc, dict) and "base" in doc and doc["base"] == version
+
+
+def journal_names(doc: Any) -> list[str]:
+    """The file names a journal lists: those its install moves in and those it deletes."""
+    try:
+        return [n for n in (*doc.get("files", []), *doc.get("delete", [])) if isinstance(n, str)]
+    except (AttributeError, TypeError):
+        return []
+
+
+def undo_installs(out: str, *, conditional: bool = False) -> None:
+    """Finish or undo the install of a job that died in it: of the files its journal lists (those
+    it moved in, those it was to delete), remove every one the manifest in place does not list,
+    then the journal (kept when a file of it could not be removed, for the next job to retry).
+
+    With conditional writes (no lock), only the journals of jobs that can no longer publish
+    (:func:`live`): the journals are read before the manifest's version is asked, so a journal
+    from another version is from one replaced before."""
+    names = storage.listdir(out, missing_ok=True)
+    journals = [n for n in names if layout.kind(n) == "journal"]
+    if conditional and journals:
+        docs = read_journals(out, journals)
+        version = storage.version(storage.join(out, manifest.MANIFEST))
+        # one that vanished since the listing was its job's to remove (it lost, or published)
+        journals = [n for n in journals if docs[n] is not None and not live(docs[n], version)]
+    if not journals:
+        return
+    records = read_records(out, names)
+    if layout.MANIFEST in names and records.latest is None:
+        return  # no sound manifest to tell ours from theirs: leave everything for the user
+    listed = set(records.latest.files()) if records.latest is not None else set()
+    for journal in journals:
+        doc = records.journals.get(journal)
+        stale = sorted({*doc["files"], *doc["delete"]} - listed) if doc is not None else []
+        done = delete_owned(out, stale, reason="left by a job that died while publishing", records=records)
+        if not done.skipped or all(why.startswith("not a name") for _, why in done.skipped):
+            delete_owned(out, [journal], reason="its install is undone", records=records)
