@@ -32,8 +32,8 @@ import numpy as np
 from shardkit import _util, storage
 from shardkit._util import check_int, check_most, format_size, parse_size
 from shardkit.dataset import layout
-from shardkit.dataset.install import free_names, install, remove_strays
-from shardkit.dataset.lock import claim, remove_staging
+from shardkit.dataset.install import free_names, remove_strays
+from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError, ManifestError
 from shardkit.loading import plan
 from shardkit.loading.pile import fetch
@@ -284,11 +284,10 @@ def shuffle(
     _util.check_bool("quiet", quiet)
     storage.use([*_util.check_paths("inputs", inputs), _util.check_path("out", out)], opts.storage_options)
     urls = storage.expand(_util.check_paths("inputs", inputs))
-    output = claim(out, overwrite=opts.overwrite, files=_SHARD)
-    m, limit = opts.pass1(sum(storage.size(u) for u in urls))
-    log.info("shuffling %d input shards through %d piles (max %s each)", len(urls), m, format_size(limit) if limit else "unlimited")
-    temp = output.staging(TEMP_PREFIX)
-    try:
+    with Dataset(out).transaction(overwrite=opts.overwrite, files=_SHARD) as txn:
+        m, limit = opts.pass1(sum(storage.size(u) for u in urls))
+        log.info("shuffling %d input shards through %d piles (max %s each)", len(urls), m, format_size(limit) if limit else "unlimited")
+        temp = txn.staging(TEMP_PREFIX)
         piles_dir, staging = os.path.join(temp, "piles"), os.path.join(temp, "shards")
         os.makedirs(staging)
         piled = _pass1(urls, piles_dir, piles=m, max_pile_bytes=limit, opts=opts, quiet=quiet)
@@ -297,14 +296,11 @@ def shuffle(
         extra = {"kind": "shuffled", "piles": m, "split_piles": piled.split_piles, "maxcount": maxcount_, "maxsize": maxsize_}
         if "key_prefix" in piled.extra:  # pass 1 prefixed every key with its shard's name: say so
             extra["key_prefix"] = piled.extra["key_prefix"]
-        remove_strays(output.path, _SHARD)
-        names = free_names(output.path, [shard.name for shard in shards])
+        remove_strays(txn.path, _SHARD)
+        names = free_names(txn.path, [shard.name for shard in shards])
         staged = [os.path.join(staging, shard.name) for shard in shards]
         shards = [dataclasses.replace(shard, name=name) for shard, name in zip(shards, names, strict=True)]
         result = Manifest(piles=tuple(shards), seed=opts.seed, fields=piled.fields, created_by=piled.created_by, extra=extra)
-        result = install(output, staged, result)
-    finally:
-        remove_staging(temp)
-        output.release()
+        result = txn.commit(staged, result)
     log.info("wrote %d samples into %d shards in %s", result.samples, len(shards), out)
     return result

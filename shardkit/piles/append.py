@@ -20,8 +20,8 @@ Keys stay unique across generations without reading the old data: beside each se
 ``<segment>.keys`` holds the sorted 64-bit hashes of its keys, and the new keys' hashes are
 compared with them; only a hash that meets one is read back to compare the keys themselves.
 
-    base = start(output, options)        # after claim(); None unless options.mode == "append"
-    result = finish(base, output, runs, counts, options=options, fields=fields, staging=staging)
+    base = start(txn, options)           # in an append's transaction; None unless options.mode == "append"
+    result = finish(base, txn, runs, counts, options=options, fields=fields, staging=staging)
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ import numpy as np
 
 from shardkit import manifest, storage
 from shardkit._util import parse_duration
-from shardkit.dataset.install import install
-from shardkit.dataset.lock import Output
+from shardkit.dataset.transaction import Transaction
 from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
-from shardkit.manifest import Manifest, PileInfo, Segment, generation_name, joined, keys_name, leaf_name
+from shardkit.manifest import Manifest, PileInfo, Segment, joined, keys_name, leaf_name
 from shardkit.piles import classes as class_maps
 from shardkit.piles import leaves, router
 from shardkit.piles.leaves import HASH, Names, segments_by_pile
@@ -59,29 +58,22 @@ class Base:
 
     manifest: Manifest
     generation: int
-    seen: bytes  # the manifest's bytes, kept as the old generation's copy
 
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def start(output: Output, options: PileOptions) -> Base | None:
-    """The dataset ``output`` holds, checked against ``options``; None unless ``options.mode`` is ``"append"``.
+def start(txn: Transaction, options: PileOptions) -> Base | None:
+    """The dataset the transaction ``txn`` appends to, checked against ``options``; None unless ``options.mode`` is ``"append"``.
 
     Raises:
-        DatasetNotFoundError: there is no dataset to append to.
         ConfigError: ``piles`` or ``seed`` is not the dataset's (both values named), or a pile
             of it is not named after one of its piles (not a dataset pass 1 wrote).
     """
-    if options.mode != "append":
+    if options.mode != "append" or txn.base is None:
         return None
-    out = output.path
-    if output.manifest_seen is None:
-        raise DatasetNotFoundError(
-            f"{out}: no shardkit dataset to append to (no {manifest.MANIFEST}); write it first (mode='create', the default)"
-        )
-    old = manifest.parse(output.manifest_seen.decode("utf-8"), storage.join(out, manifest.MANIFEST))
+    out, old = txn.path, txn.base
     piles = manifest.original_piles(old)
     if piles != options.piles:
         raise ConfigError(
@@ -91,12 +83,12 @@ def start(output: Output, options: PileOptions) -> Base | None:
     if old.seed != options.seed:
         raise ConfigError(f"seed: {out} was written with seed={old.seed}, this append has seed={options.seed}; pass seed={old.seed}")
     segments_by_pile(old, piles, out)  # each pile, sub-pile or leaf must belong to one of the M piles
-    return Base(old, old.generation + 1, output.manifest_seen)
+    return Base(old, txn.generation)
 
 
 def finish(
     base: Base,
-    output: Output,
+    txn: Transaction,
     runs: Sequence[Sequence[Run]],
     counts: Sequence[int],
     *,
@@ -124,7 +116,8 @@ def finish(
         CorruptShardError: a segment to be rewritten is not what the manifest says.
     """
     old, g = base.manifest, base.generation
-    out = output.path
+    out, output = txn.path, txn.output
+    assert output is not None
     options = _with_limit(options, old)
     generations = _times(old, out)
     generations[g] = now()
@@ -166,13 +159,8 @@ def finish(
         generation=g,
         generations={k: t for k, t in generations.items() if k in keep},
     )
-    # the generation being replaced stays readable by loaders pinned to it
-    keep_copy = storage.join(out, generation_name(old.generation))
-    if output.conditional:
-        storage.put_if_absent(keep_copy, base.seen)  # racing appends from one generation write the same bytes, once
-    elif not storage.exists(keep_copy):
-        storage.write_bytes(keep_copy, base.seen)
-    install(output, staged, result, names=[os.path.basename(path) for path in staged], keep=True)
+    # the generation being replaced stays readable by loaders pinned to it (the transaction keeps its manifest)
+    txn.commit(staged, result, names=[os.path.basename(path) for path in staged], keep=True)
     # shared by every append that races to this generation: put in only by the one that won
     for path in first_keys:
         if output.remote:

@@ -32,7 +32,7 @@ import numpy as np
 from shardkit import storage
 from shardkit._util import bar, check_bool, check_path, check_paths, format_size, shown
 from shardkit.codecs import DEFAULT, Codecs, check_codecs
-from shardkit.dataset.lock import Output, claim
+from shardkit.dataset.transaction import Dataset, Transaction
 from shardkit.errors import ConfigError, SampleError, ShardkitError
 from shardkit.manifest import Manifest
 from shardkit.option_fields import from_call
@@ -234,54 +234,66 @@ def _run(
         raise ConfigError(f"mp_context: expected one of {', '.join(map(repr, _START_METHODS))} or None, got {shown(mp_context)}")
     if (advice := too_many_piles(options.piles, check_path("out", out))) is not None:
         log.warning(advice)
-    if options.resume and options.mode == "create" and (done := resume.published(check_path("out", out), _fingerprint(job, units))):
+    dataset = Dataset(out)
+    if options.resume and options.mode == "create" and (done := resume.published(dataset.path, _fingerprint(job, units))):
         # stopped after its manifest went in: nothing is left to do but free what it held
-        held = claim(out, overwrite=True)  # a dead job's lock and leftovers cleared; nothing is replaced
-        try:
+        with dataset.transaction(mode="collect") as held:  # a dead job's lock and leftovers cleared; nothing is replaced
             resume.finish_published(held.path, len(units))
-        finally:
-            held.release()
         return done
-    output = claim(out, overwrite=options.overwrite or options.mode == "append")
-    try:
-        base = append.start(output, options)  # None unless mode="append"
+    with dataset.transaction(mode=options.mode, resume=options.resume, overwrite=options.overwrite) as txn:
+        base = append.start(txn, options)  # None unless mode="append"
         if base is not None:  # its samples are routed by the generation, which the fingerprint then names
             job = dataclasses.replace(job, generation=base.generation)
         merge = {"compression": options.compression, "level": options.level}
-        stage = resume.open_staging(output.path, _fingerprint(job, units), resume=options.resume, overwrite=options.overwrite, merge=merge)
-    except BaseException:
-        output.release()
-        raise
-    try:
-        tally = Tally(units, quiet=quiet)
-        reused = [reused_part(directory, commit) for directory, commit in stage.commits.items()]
-        for commit in stage.commits.values():
-            tally.add(len(commit.units) + len(commit.failures), commit.samples, commit.nbytes, commit.failures, log_failures=False)
-        todo = stage.todo(len(units))
-        run, mapper = _executor(options, workers, mp_context)
-        with tally.bar:
-            parts = run(job, units, stage.path, todo=todo, attempt=stage.attempt(), buffer_size=int(options.buffer_size), tally=tally)
-        staging = stage.merging
-        begin_merge(staging, merge)
-        threads = min(workers, len(units))
-        extra = {**(extra or {}), "units": len(units)}
+        # an interrupted job leaves its committed parts for resume=True (the next job refuses them
+        # without it); whatever happens, the transaction lets the staging and the output go
+        stage = txn.hold(
+            resume.open_staging(txn.path, _fingerprint(job, units), resume=options.resume, overwrite=options.overwrite, merge=merge)
+        )
         try:
-            result = _publish(output, staging, [*reused, *parts], options, extra, tally, threads, units, mapper, base)
-        except SampleError:
-            stage.remove()  # two inputs share a key: the job must change before it can succeed, so nothing is to resume
-            raise
-        stage.remove()  # published: nothing left to resume
-    except ShardkitError as e:
-        if (full := resume.out_of_space(e)) is None:
-            raise
-        raise stage.full_disk(full) from e
-    finally:
-        # an interrupted job leaves its committed parts for resume=True (the next job refuses
-        # them without it); whatever happens, the output and the staging directory are let go
-        stage.release()
-        output.release()
-    if (advice := sparse_piles(result, options.piles, output.path)) is not None:
+            result = _pass1(txn, stage, job, units, options, workers=workers, mp_context=mp_context, quiet=quiet, extra=extra, base=base)
+        except ShardkitError as e:
+            if (full := resume.out_of_space(e)) is None:
+                raise
+            raise stage.full_disk(full) from e
+    if (advice := sparse_piles(result, options.piles, txn.path)) is not None:
         log.warning(advice)
+    return result
+
+
+def _pass1(
+    txn: Transaction,
+    stage: resume.Staging,
+    job: UnitWork,
+    units: list[Any],
+    options: PileOptions,
+    *,
+    workers: int,
+    mp_context: str | None,
+    quiet: bool,
+    extra: Mapping[str, Any] | None,
+    base: append.Base | None,
+) -> Manifest:
+    """Run the units the transaction has not done through the executor, then publish in it."""
+    tally = Tally(units, quiet=quiet)
+    reused = [reused_part(directory, commit) for directory, commit in stage.commits.items()]
+    for commit in stage.commits.values():
+        tally.add(len(commit.units) + len(commit.failures), commit.samples, commit.nbytes, commit.failures, log_failures=False)
+    done = txn.done
+    todo = [i for i in range(len(units)) if i not in done]
+    run, mapper = _executor(options, workers, mp_context)
+    with tally.bar:
+        parts = run(job, units, stage.path, todo=todo, attempt=stage.attempt(), buffer_size=int(options.buffer_size), tally=tally)
+    staging = stage.merging
+    begin_merge(staging, {"compression": options.compression, "level": options.level})
+    threads = min(workers, len(units))
+    extra = {**(extra or {}), "units": len(units)}
+    try:
+        result = _publish(txn, staging, [*reused, *parts], options, extra, tally, threads, units, mapper, base)
+    except SampleError:
+        stage.remove()  # two inputs share a key: the job must change before it can succeed, so nothing is to resume
+        raise
+    stage.remove()  # published: nothing left to resume
     return result
 
 
@@ -358,7 +370,7 @@ def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray, units: Se
 
 
 def _publish(
-    output: Output,
+    txn: Transaction,
     staging: str,
     parts: Sequence[Part],
     options: PileOptions,
@@ -390,7 +402,7 @@ def _publish(
     # piles are assembled in parallel: merging is copying and checksumming, which release the GIL
     with bar(total=len(runs), desc="merging", unit="pile", quiet=tally.quiet) as merging:
         result = (publish if base is None else functools.partial(append.finish, base))(
-            output,
+            txn,
             runs,
             counts,
             options=options,
@@ -405,7 +417,7 @@ def _publish(
     elapsed = time.perf_counter() - tally.start
     log.info(
         "%s: %d samples from %d units into %d piles (%s) in %.1fs; %d units skipped",
-        output.path,
+        txn.path,
         result.samples,
         extra["units"],
         len(result.piles),

@@ -1,4 +1,4 @@
-"""Turn part files into a dataset: assemble each pile, split oversized ones, write the manifest last.
+"""Turn part files into piles: assemble each pile, split oversized ones, hand them to the transaction to install.
 
 :func:`publish` is the one place piles are made. A pile is the concatenation of its runs (byte
 ranges of part files, in input order) plus the end-of-archive trailer. A pile that is one whole
@@ -7,7 +7,8 @@ computed on the bytes as they pass, so no pile is ever read twice. Piles are ind
 several are assembled at once in threads (the copies and checksums release the GIL).
 
     runs = [[Run("staging/part-0/000000.part", 0, 4096, crc)], ...]
-    manifest = publish("out/", runs, counts, options=options, fields={"jpg"}, staging="staging/")
+    with Dataset("out/").transaction() as txn:
+        manifest = publish(txn, runs, counts, options=options, fields={"jpg"}, staging="staging/")
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import Any, BinaryIO, TypeVar
 
 from shardkit import manifest, storage
 from shardkit._util import VERSION
-from shardkit.dataset.install import free_names, install
-from shardkit.dataset.lock import Output
+from shardkit.dataset.install import free_names
+from shardkit.dataset.transaction import Transaction
 from shardkit.errors import CorruptShardError
 from shardkit.manifest import Manifest
 from shardkit.piles import router
@@ -310,7 +311,7 @@ Mapper = Callable[[Callable[[Any], Any], Sequence[Any], Callable[[int], Any] | N
 
 
 def publish(
-    output: Output,
+    txn: Transaction,
     runs: Sequence[Sequence[Run]],
     counts: Sequence[int],
     *,
@@ -350,9 +351,9 @@ def publish(
     finished = map_threads(finish_pile, work, threads, progress) if mapper is None else mapper(finish_pile, work, progress)
     split = sum(was_split for _, was_split in finished)
     pieces = [piece for staged, _ in finished for piece in staged]
-    if not output.remote:
+    if not txn.remote:
         storage.sync_files([piece.path for piece in pieces])  # durable before the manifest lists them
-    names = free_names(output.path, [piece.name for piece in pieces])
+    names = free_names(txn.path, [piece.name for piece in pieces])
     pieces = [dataclasses.replace(piece, name=name) for piece, name in zip(pieces, names, strict=True)]
     over = _over_limit(pieces, options.max_bytes)
     extra = limit_record(extra, options)
@@ -369,4 +370,4 @@ def publish(
     )
     # the staging, the merge's records included, stays for the caller to remove: a job stopped
     # after its manifest went in finds in them that it was published (see resume.published)
-    return install(output, [piece.path for piece in pieces], result)
+    return txn.commit([piece.path for piece in pieces], result)

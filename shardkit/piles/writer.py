@@ -22,7 +22,7 @@ from typing import Any
 from shardkit import storage
 from shardkit._util import check_path, shown
 from shardkit.codecs import Codecs, check_codecs
-from shardkit.dataset.lock import claim, remove_staging
+from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError, SampleError
 from shardkit.manifest import Manifest
 from shardkit.option_fields import from_call, specs
@@ -107,15 +107,15 @@ class PileWriter:
         if (advice := too_many_piles(self.options.piles, f"PileWriter({check_path('out', path)!r})")) is not None:
             log.warning(advice)
         storage.use(path, self.options.storage_options)
-        appending = self.options.mode == "append"
-        self._output = claim(path, overwrite=self.options.overwrite or appending)  # held until close() or abort()
-        self.path = self._output.path
-        self._staging = self._output.staging()
+        # held until close() or abort(): the lock, and the staging the transaction removes when it ends
+        self._txn = Dataset(path).transaction(mode=self.options.mode, overwrite=self.options.overwrite).open()
+        self.path = self._txn.path
         try:
-            self._base = append.start(self._output, self.options)  # None unless mode="append"
+            self._staging = self._txn.staging()
+            self._base = append.start(self._txn, self.options)  # None unless mode="append"
             self._sink = SampleSink(self._staging, self.options.piles, self.options.buffer_size)  # type: ignore[arg-type]
         except BaseException:
-            self._output.release()
+            self._txn.close()
             raise
         generation = 0 if self._base is None else self._base.generation
         self._router = router.PileRouter(piles=self.options.piles, seed=self.options.seed, generation=generation)
@@ -167,18 +167,17 @@ class PileWriter:
                 runs = [[Run(sink.part(p), 0, sink.sizes[p], sink.crcs[p])] for p in range(self.options.piles)]
                 if self._base is None:  # a writer is not resumed: no records of finished piles
                     self.manifest = publish(
-                        self._output, runs, sink.counts, options=self.options, fields=self._fields, staging=self._staging, resumable=False
+                        self._txn, runs, sink.counts, options=self.options, fields=self._fields, staging=self._staging, resumable=False
                     )
                 else:
                     self.manifest = append.finish(
-                        self._base, self._output, runs, sink.counts, options=self.options, fields=self._fields, staging=self._staging
+                        self._base, self._txn, runs, sink.counts, options=self.options, fields=self._fields, staging=self._staging
                     )
                 if (advice := sparse_piles(self.manifest, self.options.piles, f"PileWriter({self.path!r})")) is not None:
                     log.warning(advice)
             finally:
                 self._sink.close()
-                remove_staging(self._staging)
-                self._output.release()
+                self._txn.close()
         if self.manifest is None:
             raise RuntimeError(
                 "PileWriter.close(): nothing was published (an earlier close() failed or abort() was called); "
@@ -190,8 +189,7 @@ class PileWriter:
         """Drop everything written so far; the output directory gets no manifest."""
         self._closed = True
         self._sink.close()
-        remove_staging(self._staging)
-        self._output.release()
+        self._txn.close()
 
     def __enter__(self) -> PileWriter:
         return self

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from shardkit import manifest, storage
 from shardkit._util import check_path, parse_duration
 from shardkit.dataset import layout, leftovers
-from shardkit.dataset.lock import claim
 from shardkit.dataset.owned import delete_owned, read_records
+from shardkit.dataset.staging import published_staging
+from shardkit.dataset.transaction import Dataset
 from shardkit.manifest import Manifest, keys_name
 from shardkit.piles import resume
 
@@ -67,25 +68,24 @@ def gc(directory: str | os.PathLike[str], *, grace: str | int | float = "1h", dr
     """
     out = check_path("directory", directory)
     seconds = parse_duration(grace, what="grace")
-    manifest.read(out)  # no dataset: fail before claim() makes the directory
-    output = claim(out, overwrite=True)  # locally no append publishes while files are being deleted
-    try:
-        if output.conditional:
-            latest, names, spare = _beside_jobs(output.path, seconds)
+    manifest.read(out)  # no dataset: fail before the transaction makes the directory
+    # locally no append publishes while files are being deleted
+    with Dataset(out).transaction(mode="collect") as txn:
+        assert txn.output is not None
+        if txn.output.conditional:
+            latest, names, spare = _beside_jobs(txn.path, seconds)
         else:
-            latest = manifest.read(output.path)
-            names, spare = storage.listdir(output.path), None
-        report = _collect(output.path, latest, seconds, dry_run, names, spare)
+            latest = manifest.read(txn.path)
+            names, spare = storage.listdir(txn.path), None
+        report = _collect(txn.path, latest, seconds, dry_run, names, spare)
         # the staging of an append that died after it published
         if dry_run:
-            stale = resume.published_staging(output.path, latest.generation) is not None
+            stale = published_staging(txn.path, latest.generation) is not None
         else:
-            stale = resume.remove_published(output.path, latest.generation)
+            stale = resume.remove_published(txn.path, latest.generation)
         if stale:
-            report.deleted.append(resume.STAGING)
+            report.deleted.append(layout.STAGING)
         return report
-    finally:
-        output.release()
 
 
 def _beside_jobs(out: str, grace: float) -> tuple[Manifest, list[str], set[str]]:

@@ -1,0 +1,233 @@
+"""A dataset as one object: its manifests and generations, its leftovers, and the transaction every writer runs in.
+
+Every job that changes a dataset directory runs one :class:`Transaction`, from
+:meth:`Dataset.transaction`: it takes the output's lock (clearing what dead jobs left),
+reads the generation it starts from, opens staging directories, holds a pass 1's resumable
+staging (and so knows its done units), and in :meth:`Transaction.commit` keeps the replaced
+generation's manifest, journals and installs the new files and puts the manifest in last; on
+the way out it lets everything go, whether the job published, failed or was stopped. The front
+doors (``PileWriter``, ``preprocess``, ``pile``, ``repile``, an append, the eager shuffle) and gc
+differ only in what they write between the two.
+
+    with Dataset("data/train").transaction(mode="append") as txn:
+        staging = txn.staging()                 # removed when the transaction ends
+        ...                                     # write the new files into it
+        txn.commit(files, result, keep=True)    # journal, install, manifest last
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from shardkit import manifest, storage
+from shardkit._util import check_path
+from shardkit.dataset import layout, leftovers
+from shardkit.dataset.install import install
+from shardkit.dataset.lock import STAGING_PREFIX, Output, claim, remove_staging
+from shardkit.errors import ConfigError, DatasetNotFoundError
+from shardkit.manifest import Manifest
+
+# create: a new dataset (or, with overwrite, one replacing the old); append: the next generation
+# of the dataset there; collect: nothing is published (gc, or clearing a finished job's leftovers)
+MODES = ("create", "append", "collect")
+
+
+class Stage(Protocol):
+    """A resumable staging a transaction holds (pass 1's: :class:`shardkit.piles.resume.Staging`)."""
+
+    def done(self) -> set[int]: ...
+
+    def release(self) -> None: ...
+
+
+class Dataset:
+    """A dataset directory (a local path or an object-store URL) and its life.
+
+    Args:
+        path: the directory; nothing is made or read until a method asks.
+
+    Example::
+
+        ds = Dataset("data/train")
+        ds.manifest().generation, [item.name for item in ds.leftovers()]
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = check_path("out", path)
+
+    def manifest(self) -> Manifest:
+        """The current generation's manifest.
+
+        Raises:
+            DatasetNotFoundError: no dataset there.
+        """
+        return manifest.read(self.path)
+
+    def pinned(self, generation: int) -> Manifest:
+        """The manifest of ``generation``: the current one, or the copy kept when an append
+        replaced it (``shardkit.gNNNNNN.json``), which gc keeps while loaders may read it.
+
+        Raises:
+            DatasetNotFoundError: the dataset has no such generation (collected, or never written).
+        """
+        current = self.manifest()
+        if generation == current.generation:
+            return current
+        url = storage.join(self.path, layout.generation_name(generation))
+        if not storage.exists(url):
+            raise DatasetNotFoundError(
+                f"{url}: generation {generation} of {self.path} is not kept (the dataset is at generation {current.generation})"
+            )
+        return manifest.parse(storage.read_bytes(url).decode("utf-8"), url)
+
+    def leftovers(self) -> list[leftovers.Leftover]:
+        """What jobs that did not finish (or are still running) left here, as verify reports it."""
+        generation = self.manifest().generation if manifest.is_dataset(self.path) else None
+        return leftovers.find(self.path, None, generation)
+
+    def transaction(
+        self, *, mode: str = "create", resume: bool = False, overwrite: bool = False, files: re.Pattern[str] = layout.PILE_FILE
+    ) -> Transaction:
+        """A transaction on this dataset, begun when its ``with`` block is entered (see :class:`Transaction`).
+
+        Args:
+            mode: ``"create"``, ``"append"`` or ``"collect"`` (:data:`MODES`).
+            resume: the job takes up a pass 1's committed work (see :mod:`shardkit.piles.resume`).
+            overwrite: a ``"create"`` may replace a dataset, or files named like ``files``.
+            files: the names of the files the job writes (piles, or an eager shuffle's shards).
+        """
+        if mode not in MODES:
+            raise ConfigError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
+        return Transaction(self, mode=mode, resume=resume, overwrite=overwrite, files=files)
+
+
+class Transaction:
+    """One job's hold on a dataset, from its lock to its release.
+
+    Attributes:
+        base: the manifest an append adds to (None for ``"create"`` and ``"collect"``).
+        generation: the generation the job writes: the base's next for an append, else 0.
+        result: the manifest :meth:`commit` put in (None until then).
+    """
+
+    def __init__(self, dataset: Dataset, *, mode: str, resume: bool, overwrite: bool, files: re.Pattern[str]) -> None:
+        self.dataset, self.mode, self.resume, self.overwrite, self.files = dataset, mode, resume, overwrite, files
+        self.output: Output | None = None
+        self.base: Manifest | None = None
+        self.generation = 0
+        self.result: Manifest | None = None
+        self._staging: list[str] = []
+        self._held: list[Stage] = []
+
+    # -- begin and end ---------------------------------------------------------------------------
+
+    def open(self) -> Transaction:
+        """Take the lock (clearing dead jobs' leftovers) and read the generation the job starts from.
+
+        Raises:
+            DatasetExistsError: another job holds the lock, or (``"create"`` without ``overwrite``)
+                a dataset or files named like the job's are there.
+            DatasetNotFoundError: an append with no dataset to add to.
+        """
+        self.output = claim(self.dataset.path, overwrite=self.overwrite or self.mode != "create", files=self.files)
+        try:
+            if self.mode == "append":
+                self._read_base()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Let everything go: the held stagings (kept when they hold committed work), the staging
+        directories, the lock. Idempotent."""
+        held, self._held = self._held, []
+        staging, self._staging = self._staging, []
+        try:
+            for stage in held:
+                stage.release()
+            for path in staging:
+                remove_staging(path)
+        finally:
+            if self.output is not None:
+                self.output.release()
+
+    def __enter__(self) -> Transaction:
+        return self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- what the job uses -----------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """The dataset's directory, as the lock names it (a local path for a ``file://`` URL)."""
+        return self.dataset.path if self.output is None else self.output.path
+
+    @property
+    def remote(self) -> bool:
+        """The dataset is in an object store: files go in by upload, not by rename."""
+        return self._claim().remote
+
+    def staging(self, prefix: str = STAGING_PREFIX) -> str:
+        """A fresh, private staging directory for the job's files, removed when the transaction ends."""
+        path = self._claim().staging(prefix)
+        self._staging.append(path)
+        return path
+
+    def hold(self, stage: Stage) -> Any:
+        """Hold a pass 1's resumable staging (returned as given) until the transaction ends."""
+        self._held.append(stage)
+        return stage
+
+    @property
+    def done(self) -> set[int]:
+        """The input units the held stagings' commits name: a resumed job does not run them again."""
+        return {unit for stage in self._held for unit in stage.done()}
+
+    def commit(self, files: Sequence[str], result: Manifest, *, names: Sequence[str] | None = None, keep: bool = False) -> Manifest:
+        """Publish ``result``: an append first keeps the manifest it replaces (loaders pinned to it
+        read on), then :func:`~shardkit.dataset.install.install` journals the names, moves
+        ``files`` in (as ``names``, default the piles' names) and puts the manifest in last;
+        ``keep`` leaves the old files (an append's manifest still lists them). Returns the
+        manifest published.
+
+        Raises:
+            DatasetExistsError: another job published here while this one ran; nothing of it stays.
+        """
+        output = self._claim()
+        if self.mode == "collect":
+            raise ConfigError(f"{output.path}: a collect transaction publishes nothing")
+        if self.base is not None:
+            self._keep_base(output)
+        self.result = install(output, files, result, names=names, keep=keep)
+        return self.result
+
+    # -- inside ----------------------------------------------------------------------------------
+
+    def _claim(self) -> Output:
+        if self.output is None or self.output.released:
+            raise RuntimeError("the transaction is not open: use it inside its with block")
+        return self.output
+
+    def _read_base(self) -> None:
+        output = self._claim()
+        if output.manifest_seen is None:
+            raise DatasetNotFoundError(
+                f"{output.path}: no shardkit dataset to append to (no {manifest.MANIFEST}); write it first (mode='create', the default)"
+            )
+        self.base = manifest.parse(output.manifest_seen.decode("utf-8"), storage.join(output.path, manifest.MANIFEST))
+        self.generation = self.base.generation + 1
+
+    def _keep_base(self, output: Output) -> None:
+        """Keep the replaced generation's manifest, as it was read, for loaders pinned to it."""
+        assert self.base is not None and output.manifest_seen is not None
+        copy = storage.join(output.path, layout.generation_name(self.base.generation))
+        if output.conditional:
+            storage.put_if_absent(copy, output.manifest_seen)  # racing appends from one generation write the same bytes, once
+        elif not storage.exists(copy):
+            storage.write_bytes(copy, output.manifest_seen)
