@@ -210,12 +210,12 @@ def files(directory: str) -> dict[str, bytes]:
 
 def committed(out: str) -> int:
     """Units the commits in ``out``'s staging directory name (0 when there is none)."""
-    from shardkit.piles import resume
+    from shardkit.piles import commits, resume
 
     staging = resume.staging_path(out)
     if not os.path.isdir(staging):
         return 0
-    return sum(len(c.units) + len(c.failures) for c in resume._committed(staging).values())
+    return sum(len(c.units) + len(c.failures) for c in commits.committed(staging).values())
 
 
 def merge_round(work: str, rng: random.Random, *, level: int, sig: int, reference: dict[str, bytes] | None) -> dict:

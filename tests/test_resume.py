@@ -19,7 +19,7 @@ import pytest
 
 import shardkit
 from shardkit.errors import ConfigError, DatasetExistsError
-from shardkit.piles import resume
+from shardkit.piles import commits, fingerprint, resume
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import kill_resume
@@ -118,13 +118,13 @@ def test_fn_with_other_code_under_the_same_name_is_refused():
 
         return fn
 
-    a, b = resume.describe_fn(make(1)), resume.describe_fn(make(2))
+    a, b = fingerprint.describe_fn(make(1)), fingerprint.describe_fn(make(2))
     assert a["name"] == b["name"] and a["code"] == b["code"]  # a closure's cell is data, not code
-    c = resume.describe_fn(lambda unit: [{"__key__": str(unit)}])
+    c = fingerprint.describe_fn(lambda unit: [{"__key__": str(unit)}])
     assert c["code"] and c["code"] != a["code"]
-    said = resume._differences({"fn": a}, {"fn": c})
+    said = fingerprint.differences({"fn": a}, {"fn": c})
     assert said == [f"fn was {a['name']}, is {c['name']}"]
-    said = resume._differences({"fn": a}, {"fn": {**a, "code": "0" * 16}})
+    said = fingerprint.differences({"fn": a}, {"fn": {**a, "code": "0" * 16}})
     assert said == [f"fn {a['name']} has other code than it had"]
 
 
@@ -132,7 +132,7 @@ def test_a_committed_part_that_fails_its_check_is_done_again(tmp_path, reference
     out = str(tmp_path / "out")
     done = _interrupt(out, tmp_path, workers=1)
     staging = resume.staging_path(out)
-    (directory,) = resume._committed(staging)  # one worker: one part directory
+    (directory,) = commits.committed(staging)  # one worker: one part directory
     part = next(p for p in sorted(Path(directory).glob("*.part")) if p.stat().st_size)
     data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -149,7 +149,7 @@ def test_two_commits_naming_one_unit_keep_the_first(tmp_path, reference, caplog)
     out = str(tmp_path / "out")
     done = _interrupt(out, tmp_path, workers=1)
     staging = resume.staging_path(out)
-    (directory,) = resume._committed(staging)
+    (directory,) = commits.committed(staging)
     shutil.copytree(directory, os.path.join(staging, "part-zzzzzzzz-w0"))
     redone = _resume(out, tmp_path, workers=1)
     assert len(redone) == kill_resume.UNITS - done
@@ -160,7 +160,7 @@ def test_two_commits_naming_one_unit_keep_the_first(tmp_path, reference, caplog)
 def test_an_uncommitted_tail_is_cut_off(tmp_path, reference):
     out = str(tmp_path / "out")
     _interrupt(out, tmp_path, workers=1)
-    (directory,) = resume._committed(resume.staging_path(out))
+    (directory,) = commits.committed(resume.staging_path(out))
     for part in [*Path(directory).glob("*.part"), Path(directory) / "keys"]:  # written after the last commit, by a unit that never finished
         with open(part, "ab") as f:
             f.write(b"\0" * 704)
@@ -171,8 +171,8 @@ def test_an_uncommitted_tail_is_cut_off(tmp_path, reference):
 def test_a_key_file_shorter_than_its_commit_says_is_done_again(tmp_path, reference, caplog):
     out = str(tmp_path / "out")
     done = _interrupt(out, tmp_path, workers=1)
-    (directory,) = resume._committed(resume.staging_path(out))
-    have = resume.read_commit(directory).hashed * 8 - 8
+    (directory,) = commits.committed(resume.staging_path(out))
+    have = commits.read_commit(directory).hashed * 8 - 8
     os.truncate(Path(directory) / "keys", have)  # the disk lost the last hash the commit counts
     redone = _resume(out, tmp_path, workers=1)
     assert done > 0 and len(redone) == kill_resume.UNITS

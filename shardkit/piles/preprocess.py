@@ -22,36 +22,25 @@ import hashlib
 import json
 import logging
 import os
-import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from shardkit import storage
-from shardkit._util import bar, check_bool, check_path, check_paths, format_size, shown
+from shardkit._util import check_bool, check_path, check_paths, shown
 from shardkit.codecs import DEFAULT, Codecs, check_codecs
-from shardkit.dataset.transaction import Dataset, Transaction
-from shardkit.errors import ConfigError, SampleError, ShardkitError
+from shardkit.dataset.transaction import Dataset
+from shardkit.errors import ConfigError, ShardkitError
 from shardkit.manifest import Manifest
 from shardkit.option_fields import from_call
-from shardkit.piles import append, canonical, readers, resume
+from shardkit.piles import append, canonical, fingerprint, readers, resume
 from shardkit.piles import key_prefix as key_prefix_rule
-from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.advice import sparse_piles, too_many_piles
-from shardkit.piles.executor import Executor, Tally, run_local
-from shardkit.piles.merge_records import begin_merge
 from shardkit.piles.options import PileOptions
-from shardkit.piles.parts import SEGMENT, check_keys
-from shardkit.piles.publish import Mapper, Run, publish
-from shardkit.piles.units import Part, UnitWork, describe, reused_part, skip_record
+from shardkit.piles.pass1 import run_pass1
+from shardkit.piles.units import UnitWork
 from shardkit.tar.shard import iter_shard
 
 log = logging.getLogger(__name__)
-
-# how many skipped units the manifest lists by name (all are counted)
-_MAX_LISTED_SKIPS = 1000
 
 
 _RESERVED_EXTRA = ("units", "skipped", "over_max_pile_bytes", "repeat")
@@ -244,56 +233,20 @@ def _run(
         base = append.start(txn, options)  # None unless mode="append"
         if base is not None:  # its samples are routed by the generation, which the fingerprint then names
             job = dataclasses.replace(job, generation=base.generation)
-        merge = {"compression": options.compression, "level": options.level}
+        merge = {"compression": options.compression, "level": options.level}  # what finished piles a resume keeps were made with
         # an interrupted job leaves its committed parts for resume=True (the next job refuses them
         # without it); whatever happens, the transaction lets the staging and the output go
         stage = txn.hold(
             resume.open_staging(txn.path, _fingerprint(job, units), resume=options.resume, overwrite=options.overwrite, merge=merge)
         )
         try:
-            result = _pass1(txn, stage, job, units, options, workers=workers, mp_context=mp_context, quiet=quiet, extra=extra, base=base)
+            result = run_pass1(txn, stage, job, units, options, workers=workers, mp_context=mp_context, quiet=quiet, extra=extra, base=base)
         except ShardkitError as e:
             if (full := resume.out_of_space(e)) is None:
                 raise
             raise stage.full_disk(full) from e
     if (advice := sparse_piles(result, options.piles, txn.path)) is not None:
         log.warning(advice)
-    return result
-
-
-def _pass1(
-    txn: Transaction,
-    stage: resume.Staging,
-    job: UnitWork,
-    units: list[Any],
-    options: PileOptions,
-    *,
-    workers: int,
-    mp_context: str | None,
-    quiet: bool,
-    extra: Mapping[str, Any] | None,
-    base: append.Base | None,
-) -> Manifest:
-    """Run the units the transaction has not done through the executor, then publish in it."""
-    tally = Tally(units, quiet=quiet)
-    reused = [reused_part(directory, commit) for directory, commit in stage.commits.items()]
-    for commit in stage.commits.values():
-        tally.add(len(commit.units) + len(commit.failures), commit.samples, commit.nbytes, commit.failures, log_failures=False)
-    done = txn.done
-    todo = [i for i in range(len(units)) if i not in done]
-    run, mapper = _executor(options, workers, mp_context)
-    with tally.bar:
-        parts = run(job, units, stage.path, todo=todo, attempt=stage.attempt(), buffer_size=int(options.buffer_size), tally=tally)
-    staging = stage.merging
-    begin_merge(staging, {"compression": options.compression, "level": options.level})
-    threads = min(workers, len(units))
-    extra = {**(extra or {}), "units": len(units)}
-    try:
-        result = _publish(txn, staging, [*reused, *parts], options, extra, tally, threads, units, mapper, base)
-    except SampleError:
-        stage.remove()  # two inputs share a key: the job must change before it can succeed, so nothing is to resume
-        raise
-    stage.remove()  # published: nothing left to resume
     return result
 
 
@@ -306,8 +259,8 @@ def _shard_samples(url: str, *, unit_prefix: bool) -> Iterator[Mapping[str, Any]
 
 
 def _fingerprint(job: UnitWork, units: Sequence[Any]) -> dict[str, Any]:
-    """What a resumed job must share with the interrupted one (see :func:`resume.fingerprint`)."""
-    codecs = {ext: resume.describe_fn(fn) for ext, fn in sorted(job.codecs.encoders.items())}
+    """What a resumed job must share with the interrupted one (see :func:`~shardkit.piles.fingerprint.fingerprint`)."""
+    codecs = {ext: fingerprint.describe_fn(fn) for ext, fn in sorted(job.codecs.encoders.items())}
     options = {
         "piles": job.piles,
         "seed": job.seed,
@@ -315,117 +268,11 @@ def _fingerprint(job: UnitWork, units: Sequence[Any]) -> dict[str, Any]:
         "shards": job.shards,
         "key_prefix": job.key_prefix,
         "encoders": hashlib.sha256(json.dumps(codecs, sort_keys=True).encode()).hexdigest()[:16],
-        "repeat": None if job.repeat is None else resume.describe_fn(job.repeat),
+        "repeat": None if job.repeat is None else fingerprint.describe_fn(job.repeat),
     }
     if job.generation:  # an append routes by the generation it writes: another one's parts are of no use
         options["generation"] = job.generation
-    return resume.fingerprint(units, job.fn, options)
-
-
-def _executor(options: PileOptions, workers: int, mp_context: str | None) -> tuple[Executor, Mapper | None]:
-    """The executor ``options.executor`` names, and where it merges the piles (None: threads
-    here); Ray is imported only when it is asked for."""
-    if options.executor == "ray":
-        from shardkit.piles import ray_executor
-
-        address = options.ray_address
-        return functools.partial(ray_executor.run_ray, address=address), functools.partial(ray_executor.ray_map, address=address)
-    return functools.partial(run_local, workers=workers, mp_context=mp_context), None
-
-
-def _merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray, units: Sequence[Any]) -> tuple[np.ndarray, int]:
-    """Pile ``pile``'s byte ranges in output order as rows (part, offset, length), and its count.
-
-    Segments are sorted by unit, then by position (one process writes a whole unit, in order);
-    a skipped unit's segments are left out; ranges that continue each other are joined.
-
-    Raises:
-        SampleError: two samples of the pile have one key (see :func:`shardkit.piles.parts.check_keys`).
-    """
-    tables = [np.frombuffer(part.segments[pile], dtype=np.int64).reshape(-1, SEGMENT) for part in parts]
-    check_keys(
-        tables,
-        [part.paths[pile] for part in parts],
-        [part.hashes(pile) for part in parts],
-        pile,
-        skipped=skipped,
-        unit_name=lambda u: f"input unit {u} ({describe(units[u])})",
-    )
-    rows = np.concatenate(
-        [np.column_stack([t, np.full(len(t), k, dtype=np.int64)]) for k, t in enumerate(tables)]
-        + [np.zeros((0, SEGMENT + 1), dtype=np.int64)]
-    )
-    if len(skipped):
-        rows = rows[~np.isin(rows[:, 0], skipped)]
-    if not len(rows):
-        return np.zeros((0, 3), dtype=np.int64), 0
-    rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
-    _, start, end, count, part = rows.T
-    # a new run starts where the part changes or the bytes do not continue the previous range
-    new = np.ones(len(rows), dtype=bool)
-    new[1:] = (part[1:] != part[:-1]) | (start[1:] != end[:-1])
-    first = np.flatnonzero(new)
-    last = np.append(first[1:], len(rows)) - 1
-    return np.column_stack([part[first], start[first], end[last] - start[first]]), int(count.sum())
-
-
-def _publish(
-    txn: Transaction,
-    staging: str,
-    parts: Sequence[Part],
-    options: PileOptions,
-    extra: dict[str, Any],
-    tally: Tally,
-    workers: int,
-    units: Sequence[Any],
-    mapper: Mapper | None,
-    base: append.Base | None = None,
-) -> Manifest:
-    skipped = np.array(sorted(f.index for f in tally.failures), dtype=np.int64)
-    runs, counts = [], []
-    for p in range(options.piles):
-        plan, count = _merge_plan(parts, p, skipped, units)
-        pile_runs = [Run(parts[k].paths[p], offset, length) for k, offset, length in plan.tolist()]
-        if len(pile_runs) == 1 and pile_runs[0].offset == 0:  # maybe a whole part file: its CRC is known
-            pile_runs[0] = dataclasses.replace(pile_runs[0], crc=parts[int(plan[0, 0])].crcs[p])
-        runs.append(pile_runs)
-        counts.append(count)
-    if tally.failures:
-        failures = sorted(tally.failures, key=lambda f: f.index)
-        extra["skipped"] = [skip_record(f, units[f.index]) for f in failures[:_MAX_LISTED_SKIPS]]
-    fields = set().union(*(part.fields for part in parts))
-    if options.repeat is not None:
-        factors: Counter[int] = Counter()
-        for part in parts:
-            factors.update(part.factors)
-        extra["repeat"] = repeat_rules.record(options.repeat, factors)
-    # piles are assembled in parallel: merging is copying and checksumming, which release the GIL
-    with bar(total=len(runs), desc="merging", unit="pile", quiet=tally.quiet) as merging:
-        result = (publish if base is None else functools.partial(append.finish, base))(
-            txn,
-            runs,
-            counts,
-            options=options,
-            fields=fields,
-            staging=staging,
-            skipped_units=len(tally.failures),
-            extra=extra,
-            threads=workers,
-            progress=merging.update,
-            mapper=mapper,
-        )
-    elapsed = time.perf_counter() - tally.start
-    log.info(
-        "%s: %d samples from %d units into %d piles (%s) in %.1fs; %d units skipped",
-        txn.path,
-        result.samples,
-        extra["units"],
-        len(result.piles),
-        format_size(result.bytes),
-        elapsed,
-        len(tally.failures),
-    )
-    return result
+    return fingerprint.fingerprint(units, job.fn, options)
 
 
 def pile(

@@ -8,7 +8,7 @@ keeps the :class:`~shardkit.piles.executor.Tally` as tasks finish and raises a f
 exactly as the local executor does; publishing then orders every pile's bytes by unit, so the
 output is byte-identical to ``executor="local"``.
 
-Each task commits its directory when it is done (:mod:`shardkit.piles.resume`), so a job
+Each task commits its directory when it is done (:mod:`shardkit.piles.commits`), so a job
 whose driver died resumes with only the chunks no commit covers. The per-pile merge runs as
 Ray tasks too (:func:`ray_map` over :func:`shardkit.piles.publish.finish_pile`, which is safe to
 retry); the driver writes the manifest last.

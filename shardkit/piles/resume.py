@@ -1,53 +1,42 @@
-"""Resume an interrupted pass 1: the job's fingerprint, committed part directories, and their check.
+"""Resume an interrupted pass 1: its staging directory, taken again, checked and handed on, or refused.
 
-Pass 1 stages its part files in one directory per output (:func:`staging_path`), with one
-subdirectory per process or Ray task. Now and then, and when it finishes, a process *commits*
-its subdirectory: it writes out its buffers, then renames :data:`COMMIT` into place, a record of the units it has done (and skipped) and how long each
-part file and the key-hash file were at that moment. Bytes written after the last commit belong to
-no record; a unit is done once a record names it.
+Pass 1 stages its part files in one directory per output (:func:`~shardkit.dataset.staging.staging_path`),
+with one subdirectory per process or Ray task, each committed now and then
+(:mod:`shardkit.piles.commits`). A job that dies (kill -9, Ctrl-C, a lost machine) leaves the
+staging directory, with :data:`JOB` describing the job. Run again with ``resume=True``, it checks
+that the job is the same one (:mod:`shardkit.piles.fingerprint`: inputs, ``fn``, options and
+seed), checks every committed part file by name, size and CRC-32, cuts the uncommitted tail off,
+and hands the committed parts on: only the units no record names are processed again.
+Publishing orders every pile's bytes by unit, so the result is byte-identical to a run that
+never stopped. Without ``resume``, a staging directory holding committed work is refused
+(:func:`open_staging`), saying how to resume or to discard it.
 
-A job that dies (kill -9, Ctrl-C, a lost machine) leaves the staging directory, with
-:data:`JOB` describing the job. Run again with ``resume=True``, it checks that the job is the
-same one (:func:`fingerprint`: inputs, ``fn``, options and seed), checks every committed part
-file by name, size and CRC-32, cuts the uncommitted tail off, and hands the committed parts on:
-only the units no record names are processed again. Publishing orders every pile's bytes by
-unit, so the result is byte-identical to a run that never stopped. Without ``resume``, a staging
-directory holding committed work is refused (:func:`open_staging`), saying how to resume or to
-discard it.
-
-    staging = open_staging(output, job_doc, resume=True, overwrite=False)
+    staging = txn.hold(open_staging(txn.path, job_doc, resume=True, overwrite=False))
     print(len(staging.commits), "parts reused;", len(staging.todo(units)), "units left")
 """
 
 from __future__ import annotations
 
-import dataclasses
 import errno
-import functools
 import glob
-import hashlib
-import inspect
 import json
 import logging
 import os
-import pickle
-import struct
 import time
-import types
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit import manifest, storage
-from shardkit._util import VERSION, format_size
+from shardkit._util import format_size
 from shardkit.dataset import layout
 from shardkit.dataset.owned import Records, delete_owned
 from shardkit.dataset.staging import check_staging, clear_tree, make_staging, new_remote, published_staging, read_job, staging_path
-from shardkit.errors import ConfigError, DatasetExistsError, Failure, ShardkitError, StorageError
+from shardkit.errors import ConfigError, DatasetExistsError, ShardkitError, StorageError
+from shardkit.piles.commits import Commit, check_all, committed
+from shardkit.piles.fingerprint import differences
 from shardkit.piles.merge_records import finished_piles, merged_infos
-from shardkit.piles.parts import keys_file, part_file
 
 log = logging.getLogger(__name__)
 
@@ -55,167 +44,13 @@ log = logging.getLogger(__name__)
 STAGING = layout.STAGING
 # the job's fingerprint, written when its staging directory is made
 JOB = layout.JOB
-# the record a committed part directory holds
-COMMIT = "commit"
 # where the merge assembles piles, inside the staging directory: the piles it finished before it
 # stopped are kept for a resumed job (their part files are gone: each is deleted once its pile is made)
 MERGING = "piles"
 # held by the job that uses a staging directory, so a second job on the same output fails
 LOCK = ".lock"
-# 2: one key-hash file a part directory (1 had one a part file): a record of 1 is no commit
-_MAGIC = b"shardkit-commit-2\n"
 # seconds between the commits of a process that keeps working: what a kill can cost it
 COMMIT_SECONDS = 15.0
-# the key-hash files hold 8 bytes a sample
-_HASH_BYTES = 8
-
-
-@dataclass
-class Commit:
-    """What a part directory held when it was last committed.
-
-    ``sizes[p]``/``crcs[p]``: length and CRC-32 of part file p; ``counts[p]``: its samples;
-    ``segments[p]``: its ``[unit, start, end, samples]`` rows; ``key_runs[p]``: where its key
-    hashes are in the key file, which holds ``hashed`` of them (8 bytes each); ``units``: the
-    units written completely; ``failures``: the units skipped (``on_error="skip"``);
-    ``factors``: input samples by their number of copies (with a repeat rule).
-    """
-
-    sizes: list[int]
-    crcs: list[int]
-    counts: list[int]
-    segments: list[Any]
-    key_runs: list[Any]
-    hashed: int
-    fields: set[str]
-    units: list[int]
-    failures: list[Failure]
-    samples: int
-    nbytes: int
-    factors: dict[int, int] = field(default_factory=dict)
-
-
-def write_commit(directory: str, commit: Commit) -> None:
-    """Record ``commit`` atomically (a rename), once its part files are written.
-
-    Nothing is synced to disk here (a sync per commit costs more than a task's work on a busy
-    disk): after a lost machine a record may survive bytes that did not, and the size and
-    CRC-32 check at resume finds it. Publishing syncs the piles before the manifest names them.
-    """
-    commit = dataclasses.replace(commit, failures=[f.portable() for f in commit.failures])
-    payload = pickle.dumps(commit, protocol=pickle.HIGHEST_PROTOCOL)
-    path = os.path.join(directory, COMMIT)
-    with storage.guard(path, "write"):
-        with open(path + ".tmp", "wb") as f:
-            f.write(_MAGIC + struct.pack("<I", manifest.checksum(payload)) + payload)
-        os.replace(path + ".tmp", path)
-
-
-def read_commit(directory: str) -> Commit | None:
-    """The commit a part directory holds; None when it holds none or one that does not check."""
-    try:
-        with open(os.path.join(directory, COMMIT), "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    head = len(_MAGIC) + 4
-    if not data.startswith(_MAGIC) or len(data) < head:
-        return None
-    (crc,) = struct.unpack("<I", data[len(_MAGIC) : head])
-    if manifest.checksum(data[head:]) != crc:
-        return None
-    try:
-        commit = pickle.loads(data[head:])
-    except Exception:
-        return None
-    return commit if isinstance(commit, Commit) else None
-
-
-# -- the job's fingerprint ---------------------------------------------------------------------
-
-
-def _code_digest(code: types.CodeType, h: Any) -> None:
-    h.update(code.co_code)
-    h.update(repr(code.co_names).encode())
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            _code_digest(const, h)
-        else:
-            h.update(repr(const).encode())
-
-
-def describe_fn(fn: Callable[..., Any]) -> dict[str, str]:
-    """``fn``'s qualified name and a hash of its code (its bytecode and constants, or its source);
-    ``code`` is ``""`` when there is no code to hash (a builtin, a callable object's C method)."""
-    inner = fn
-    bound = ""
-    while isinstance(inner, functools.partial):
-        bound += repr((inner.args, sorted(inner.keywords.items())))
-        inner = inner.func
-    if inspect.isroutine(inner) or inspect.isclass(inner):
-        target, func = inner, inspect.unwrap(inner)
-    else:  # a callable object: its class's __call__, and what it holds when its repr shows it
-        target, func = type(inner), type(inner).__call__
-        shown = repr(inner)
-        bound += "" if " at 0x" in shown else shown
-    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
-    code = getattr(func, "__code__", None)
-    if code is None:
-        return {"name": name, "code": ""}
-    h = hashlib.sha256(bound.encode())
-    _code_digest(code, h)
-    return {"name": name, "code": h.hexdigest()[:16]}
-
-
-def _unit_bytes(unit: Any) -> bytes:
-    if isinstance(unit, (str, os.PathLike)):
-        return os.fspath(unit).encode("utf-8", "surrogateescape")
-    try:
-        return pickle.dumps(unit, protocol=4)
-    except Exception:
-        return repr(unit).encode("utf-8", "backslashreplace")
-
-
-def fingerprint(units: Sequence[Any], fn: Callable[..., Any], options: Mapping[str, Any]) -> dict[str, Any]:
-    """What a resumed job must share with the one that left the parts: the shardkit version, the
-    input units (their number and a hash of each in order), ``fn`` (by :func:`describe_fn`) and
-    ``options`` (those that change the bytes written: M, seed, max_pile_bytes, codecs...)."""
-    h = hashlib.sha256()
-    for unit in units:
-        data = _unit_bytes(unit)
-        h.update(struct.pack("<Q", len(data)))
-        h.update(data)
-    return {
-        "shardkit": VERSION,
-        "units": len(units),
-        "inputs": h.hexdigest()[:32],
-        "fn": describe_fn(fn),
-        **{k: options[k] for k in sorted(options)},
-    }
-
-
-def _shown(value: Any) -> str:
-    """An option's value in a message: a function (a :func:`describe_fn` record) by its name."""
-    if isinstance(value, dict) and isinstance(value.get("name"), str):
-        return value["name"]
-    return repr(value)
-
-
-def _differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    said = []
-    for key in sorted(set(then) | set(now)):
-        a, b = then.get(key), now.get(key)
-        if a == b or key == "started":
-            continue
-        if key == "inputs" and then.get("units") == now.get("units"):
-            said.append(f"the input units differ (the same number, {b and now.get('units')}, but other values or order)")
-        elif key == "fn" and isinstance(a, dict) and isinstance(b, dict) and a.get("name") == b.get("name"):
-            said.append(f"fn {b.get('name')} has other code than it had")
-        elif key == "fn" and isinstance(a, dict) and isinstance(b, dict):
-            said.append(f"fn was {a.get('name')}, is {b.get('name')}")
-        elif key != "inputs":
-            said.append(f"{key} was {_shown(a)}, is {_shown(b)}")
-    return said
 
 
 # -- the staging directory ---------------------------------------------------------------------
@@ -261,12 +96,12 @@ class Staging:
         """The one-line error of a job that ran out of disk, once what no resume can use (the
         publish scratch, parts no commit names) is removed: how much the staging keeps and how to
         continue or discard it; nothing kept when nothing was committed (:meth:`release` removes it)."""
-        committed = _committed(self.path)
-        if not committed:
+        kept = committed(self.path)
+        if not kept:
             said = f"the job's staging {self.path} is removed: none of its work was committed, so nothing could be resumed"
         else:
-            clear_tree(self.path, keep={LOCK, JOB, layout.OWNER, *(os.path.basename(d) for d in committed)})
-            units = sum(len(c.units) + len(c.failures) for c in committed.values())
+            clear_tree(self.path, keep={LOCK, JOB, layout.OWNER, *(os.path.basename(d) for d in kept)})
+            units = sum(len(c.units) + len(c.failures) for c in kept.values())
             held = sum(os.lstat(os.path.join(root, f)).st_size for root, _, files in os.walk(self.path) for f in files)
             said = (
                 f"the job's staging {self.path} keeps {format_size(held)} of committed work ({units} input units): free space "
@@ -278,7 +113,7 @@ class Staging:
         """Let the directory go; removed unless it holds committed work (for ``resume=True``). Idempotent."""
         if self.lock_fd < 0:
             return
-        if not _committed(self.path):
+        if not committed(self.path):
             _discard(self.path, self.out)
         os.close(self.lock_fd)
         self.lock_fd = -1
@@ -344,7 +179,7 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
     try:
         staging = Staging(path, {}, fd, out)
         before = read_job(path)
-        found = {} if not resume and _published(before, job) else _committed(path)
+        found = {} if not resume and _published(before, job) else committed(path)
         if found and not resume and not overwrite:
             discard = f"delete {path}" if job.get("generation") else "with overwrite=True (--overwrite)"
             units = sum(len(c.units) + len(c.failures) for c in found.values())
@@ -355,7 +190,7 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
                 f"YAML resume: true) to continue it, or {discard} to discard it"
             )
         if resume and found:
-            said = _differences(before or {}, job)
+            said = differences(before or {}, job)
             if said and _was_published(before, job):
                 raise ConfigError(
                     f"{out}: cannot resume: the append in {path} wrote generation {(before or {}).get('generation')}, and the dataset "
@@ -407,7 +242,7 @@ def published(out: str, job: Mapping[str, Any]) -> manifest.Manifest | None:
         if (
             before is not None
             and merged
-            and not _differences(before, job)
+            and not differences(before, job)
             and sorted((p.checksum, p.bytes, p.samples) for p in merged) == mine
         ):
             return current
@@ -472,20 +307,6 @@ def _published(before: Mapping[str, Any] | None, job: Mapping[str, Any]) -> bool
     return False
 
 
-def _committed(path: str) -> dict[str, Commit]:
-    """The part directories in ``path`` that hold a sound commit."""
-    found = {}
-    try:
-        names = sorted(os.listdir(path))
-    except OSError:
-        return {}
-    for name in names:
-        directory = os.path.join(path, name)
-        if os.path.isdir(directory) and not os.path.islink(directory) and (commit := read_commit(directory)) is not None:
-            found[directory] = commit
-    return found
-
-
 def _clear(path: str, keep: set[str]) -> None:
     """Remove everything in the staging directory but its lock, its owner record and the
     directories in ``keep``, following no link."""
@@ -516,52 +337,9 @@ def _checked(found: Mapping[str, Commit], merged: Mapping[int, int]) -> tuple[di
     pile itself). The merged piles are kept only if every commit checks: a unit done again
     would belong in them.
     """
-    kept, failed = _check_all(found, merged)
+    kept, failed = check_all(found, merged)
     if failed and merged:
         log.warning("%d committed parts do not check: the %d piles a stopped merge finished are made again", failed, len(merged))
-        kept, _ = _check_all(found, {})
+        kept, _ = check_all(found, {})
         return kept, {}
     return kept, dict(merged)
-
-
-def _check_all(found: Mapping[str, Commit], merged: Mapping[int, int]) -> tuple[dict[str, Commit], int]:
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="shardkit-resume") as pool:
-        problems = list(pool.map(lambda item: _check_dir(item[0], item[1], skip=merged), found.items()))
-    kept: dict[str, Commit] = {}
-    claimed: set[int] = set()
-    for (directory, commit), problem in zip(found.items(), problems, strict=True):
-        units = {*commit.units, *(f.index for f in commit.failures)}
-        if problem is None and units & claimed:
-            # a task a killed run left on a cluster committed units a later run did again
-            problem = f"holds units another committed part holds ({min(units & claimed)}...)"
-        if problem is None:
-            kept[directory] = commit
-            claimed |= units
-        else:
-            log.warning("%s: %s; its %d units are processed again", directory, problem, len(units))
-    return kept, len(found) - len(kept)
-
-
-def _check_dir(directory: str, commit: Commit, skip: Mapping[int, int]) -> str | None:
-    checked = [(keys_file(directory), commit.hashed * _HASH_BYTES)]
-    for pile, size in enumerate(commit.sizes):
-        if pile not in skip:  # a merged pile's part file went into the pile (a link to it, or deleted)
-            checked.append((part_file(directory, pile), size))
-    for path, length in checked:
-        have = os.path.getsize(path) if os.path.exists(path) else 0  # a pile no unit wrote to has no file
-        if have < length:
-            return f"{os.path.basename(path)} holds {have} bytes, the commit says {length}"
-        if have > length:
-            os.truncate(path, length)  # written after the commit: belongs to no unit that is done
-    for pile, (size, crc) in enumerate(zip(commit.sizes, commit.crcs, strict=True)):
-        if pile not in skip and size and _crc(part_file(directory, pile), size) != crc:
-            return f"{os.path.basename(part_file(directory, pile))} does not match its checksum"
-    return None
-
-
-def _crc(path: str, size: int) -> int:
-    crc = 0
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(min(1 << 20, size)):
-            crc = manifest.checksum(chunk, crc)
-    return crc

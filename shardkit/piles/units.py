@@ -20,7 +20,7 @@ from typing import Any
 from shardkit import errors, storage
 from shardkit.codecs import Codecs
 from shardkit.errors import Failure, InputError, RemoteTraceback, SampleError, ShardkitError
-from shardkit.piles import canonical, resume, router
+from shardkit.piles import canonical, commits, resume, router
 from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.encode import encode_parts
 from shardkit.piles.parts import ADVICE, Hashes, PileSink, part_file
@@ -226,7 +226,7 @@ class UnitWriter:
         if self.broken:
             return
         sink = self.sink
-        record = resume.Commit(
+        record = commits.Commit(
             sizes=list(sink.sizes),
             crcs=list(sink.crcs),
             counts=list(sink.counts),
@@ -240,7 +240,7 @@ class UnitWriter:
             samples=self.samples,
             nbytes=self.nbytes,
         )
-        resume.write_commit(sink.directory, record)
+        commits.write_commit(sink.directory, record)
         self.committed = time.monotonic()
 
     def commit_due(self) -> None:
@@ -262,7 +262,7 @@ def part_of(
     return Part([part_file(directory, p) for p in range(piles)], segments, fields, crcs, key_runs, factors)
 
 
-def reused_part(directory: str, commit: resume.Commit) -> Part:
+def reused_part(directory: str, commit: commits.Commit) -> Part:
     """The :class:`Part` an earlier run committed in ``directory``."""
     return part_of(directory, len(commit.sizes), commit.segments, commit.fields, commit.crcs, commit.key_runs, commit.factors)
 
