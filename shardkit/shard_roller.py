@@ -13,18 +13,15 @@ import os
 import numpy as np
 
 from shardkit import manifest, storage
+from shardkit.dataset.layout import shard_name
 from shardkit.errors import SampleError
 from shardkit.manifest import PileInfo
 from shardkit.piles.pack import Pack, Packed
 from shardkit.storage import write_chunks
-from shardkit.tar import compression, write
+from shardkit.tar import write
 from shardkit.tar.keys import first_repeat, repeated_key, sample_at
 
 log = logging.getLogger(__name__)
-
-
-def shard_name(index: int, codec: str | None = None) -> str:
-    return f"shard-{index:06d}.tar{compression.suffix(codec)}"
 
 
 class ShardRoller:

@@ -19,6 +19,7 @@ import re
 
 from shardkit.errors import ManifestError
 from shardkit.tar.compression import SUFFIX_PATTERN as _PACKED
+from shardkit.tar.compression import suffix as _suffix
 
 MANIFEST = "shardkit.json"
 # every name of a job's own records and temporaries in a dataset directory starts so
@@ -38,6 +39,15 @@ JOB = "job.json"
 # a remote output's record of where its pass-1 staging lives on this machine
 REMOTE_STAGING = ".shardkit-pass1.json"
 JOURNAL_PREFIX = ".shardkit-install-"
+# inside a pass-1 staging: the lock its job holds, each part directory's commit record, where the
+# merge assembles the piles, what the merge was asked for, and its record of each finished pile
+STAGING_JOB_LOCK = ".lock"
+COMMIT = "commit"
+MERGING = "piles"
+MERGE = "merge.json"
+DONE_SUFFIX = ".done"
+# the first letters of every name a dataset's files and records have (hidden job files aside)
+NAME_PREFIXES = ("pile-", "shard-", "shardkit.")
 # the names a manifest may never give a pile: the dataset's own records
 RESERVED = frozenset({MANIFEST, LOCK, STAGING, REMOTE_STAGING})
 
@@ -61,10 +71,31 @@ PARTIAL = re.compile(r"(.+)\.partial-[0-9a-f]{32}")
 _PILE = re.compile(rf"^pile-(\d+)(?:-\d+)*(?:\.r\d+-\d+)?(?:\.v\d+)?(?:\.g\d+)?\.tar{_PACKED}?$")
 # a whole pile pass 1 wrote (not split): pile-000012.tar, .v1.tar after an overwrite, .tar.zst compressed
 _WHOLE_PILE = re.compile(rf"^pile-(\d{{6,}})(?:\.v\d+)?\.tar{_PACKED}?$")
+# the merge's record of a finished pile, in a pass-1 staging
+DONE_FILE = re.compile(r"pile-(\d{6,})\.tar" + re.escape(DONE_SUFFIX))
 _TAR_SUFFIX = re.compile(rf"\.tar{_PACKED}?$")
 # what an interrupted pass 1 leaves in a directory without a manifest: piles, a staging directory
 _UNFINISHED = re.compile(rf"^(pile-\d{{6,}}(-\d{{3}})*\.tar{_PACKED}?|\.shardkit-.*)$")
 _MAX_NAME = 255
+
+
+def pile_name(index: int) -> str:
+    """The file of pile ``index`` of pass 1: ``pile-000003.tar`` (a suffix is added when compressed)."""
+    return f"pile-{index:06d}.tar"
+
+
+def shard_name(index: int, codec: str | None = None) -> str:
+    """The eager shuffle's output shard ``index``: ``shard-000003.tar`` (``.tar.zst`` with ``codec="zstd"``)."""
+    return f"shard-{index:06d}.tar{_suffix(codec)}"
+
+
+def segment_name(pile: int, generation: int, token: str = "", codec: str | None = None, resolution: int = 1, leaf: int = 0) -> str:
+    """``pile-000003.g000002.tar``: generation 2's segment of pile 3; ``token`` goes after a dash,
+    a leaf finer than the whole pile adds ``.r<resolution>-<leaf>`` (``pile-000003.g000002.r4-1.tar``),
+    ``codec`` its suffix (``.tar.zst``)."""
+    dash = f"-{token}" if token else ""
+    cut = f".r{resolution}-{leaf}" if resolution > 1 else ""
+    return f"pile-{pile:06d}.g{generation:06d}{dash}{cut}.tar{_suffix(codec)}"
 
 
 def generation_name(generation: int) -> str:

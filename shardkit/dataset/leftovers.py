@@ -108,9 +108,9 @@ def clear_dead_staging(temp: str) -> None:
         if name.startswith(layout.STAGING + "-") and "-removed-" not in name:
             # a pass 1's: its dataset's record names it, and it may hold work to resume; only one
             # whose job died before it wrote its job record is nobody's
-            if os.path.lexists(os.path.join(path, "job.json")):
+            if os.path.lexists(os.path.join(path, layout.JOB)):
                 continue
-            lock = ".lock"
+            lock = layout.STAGING_JOB_LOCK
         try:
             st = os.lstat(path)
         except OSError:

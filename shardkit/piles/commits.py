@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit import manifest, storage
+from shardkit.dataset import layout
 from shardkit.errors import Failure
 from shardkit.piles.parts import keys_file, part_file
 
 log = logging.getLogger(__name__)
 
 # the record a committed part directory holds
-COMMIT = "commit"
+COMMIT = layout.COMMIT
 
 
 # 2: one key-hash file a part directory (1 had one a part file): a record of 1 is no commit

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from shardkit import manifest, storage
+from shardkit.dataset.layout import segment_name
 from shardkit.errors import ConfigError, CorruptShardError
 from shardkit.manifest import Manifest, PileInfo, Segment, keys_name, pile_number
 from shardkit.piles import router
@@ -36,15 +37,6 @@ from shardkit.tar.keys import key_hashes
 HASH = np.dtype("<u8")
 # a split holds a whole segment in memory: one at a time, however many threads write segments
 _SPLITTING = threading.Lock()
-
-
-def segment_name(pile: int, generation: int, token: str = "", codec: str | None = None, resolution: int = 1, leaf: int = 0) -> str:
-    """``pile-000003.g000002.tar``: generation 2's segment of pile 3; ``token`` goes after a dash,
-    a leaf finer than the whole pile adds ``.r<resolution>-<leaf>`` (``pile-000003.g000002.r4-1.tar``),
-    ``codec`` its suffix (``.tar.zst``)."""
-    dash = f"-{token}" if token else ""
-    cut = f".r{resolution}-{leaf}" if resolution > 1 else ""
-    return f"pile-{pile:06d}.g{generation:06d}{dash}{cut}.tar{compression.suffix(codec)}"
 
 
 class Names:

@@ -15,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shardkit import manifest, storage
+from shardkit.dataset import layout
 from shardkit.errors import ShardkitError
 from shardkit.manifest import PileInfo
 
@@ -61,10 +61,10 @@ class Staged:
 
 # what a merge in a staging directory was asked for: its finished piles serve a resumed job only
 # if it asks for the same (the job's fingerprint covers the rest: piles, seed, max_pile_bytes)
-MERGE = "merge.json"
+MERGE = layout.MERGE
 
 
-_DONE = re.compile(r"pile-(\d{6,})\.tar\.done")
+_DONE = layout.DONE_FILE
 
 
 def begin_merge(staging: str, merge: Mapping[str, Any]) -> None:

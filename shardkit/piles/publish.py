@@ -28,7 +28,9 @@ from typing import Any, BinaryIO, TypeVar
 
 from shardkit import manifest, storage
 from shardkit._util import VERSION
+from shardkit.dataset import layout
 from shardkit.dataset.install import free_names
+from shardkit.dataset.layout import pile_name
 from shardkit.dataset.transaction import Transaction
 from shardkit.errors import CorruptShardError
 from shardkit.manifest import Manifest
@@ -47,10 +49,6 @@ _SPLITTING = threading.Lock()
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-def pile_name(index: int) -> str:
-    return f"pile-{index:06d}.tar"
 
 
 def _version() -> str:
@@ -206,7 +204,7 @@ def finish_pile(work: PileWork) -> tuple[list[Staged], bool]:
     """
     name = pile_name(work.pile)
     path = os.path.join(work.staging, name)
-    record = path + ".done"
+    record = path + layout.DONE_SUFFIX
     if work.record and os.path.exists(record):
         return read_record(record)
     splits = work.most is not None and work.count > work.most  # an empty pile is never split

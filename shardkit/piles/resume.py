@@ -46,9 +46,9 @@ STAGING = layout.STAGING
 JOB = layout.JOB
 # where the merge assembles piles, inside the staging directory: the piles it finished before it
 # stopped are kept for a resumed job (their part files are gone: each is deleted once its pile is made)
-MERGING = "piles"
+MERGING = layout.MERGING
 # held by the job that uses a staging directory, so a second job on the same output fails
-LOCK = ".lock"
+LOCK = layout.STAGING_JOB_LOCK
 # seconds between the commits of a process that keeps working: what a kill can cost it
 COMMIT_SECONDS = 15.0
 

@@ -133,7 +133,7 @@ def _collect(out: str, latest: Manifest, grace: float, dry_run: bool, names: lis
     report.deleted, report.freed = done.deleted, done.freed
     ours = keep | records.named | set(done.deleted) | {layout.MANIFEST, layout.generation_name(latest.generation)}
     ours |= {layout.generation_name(g) for g in report.kept_generations} | {layout.index_name(g) for g in report.kept_generations}
-    unknown = [n for n in names if n not in ours and n.startswith(("pile-", "shard-", "shardkit."))]
+    unknown = [n for n in names if n not in ours and n.startswith(layout.NAME_PREFIXES)]
     for name in unknown:
         log.warning("%s: gc leaves %s: no manifest or journal of this dataset names it, so shardkit did not write it", out, name)
     report.skipped = sorted({*unknown, *(name for name, _ in done.skipped)})
