@@ -74,6 +74,9 @@ def test_an_append_transaction_reads_its_base_and_keeps_the_generation_it_replac
     before = Path(out, layout.MANIFEST).read_bytes()
     with Dataset(out).transaction(mode="append") as txn:
         assert txn.base == first and txn.generation == 1
+        times, kept = txn.advance(None)
+        assert sorted(times) == [0, 1] and kept == {0, 1}  # a pass 1's dataset is generation 0, dated by its manifest
+        assert txn.advance(1)[1] == {1} and txn.advance("1h")[1] == {0, 1}
         path = os.path.join(txn.staging(), "pile-000002.tar")
         staged = _pile(path, ["new"])
         result = Manifest(piles=(*first.piles, staged), seed=0, fields=first.fields, created_by="test", generation=1)
@@ -102,8 +105,11 @@ def test_a_create_transaction_refuses_a_dataset_and_collect_publishes_nothing(tm
         Dataset(out).transaction().open()
     with pytest.raises(ConfigError, match="mode: expected one of 'create', 'append', 'collect', got 'replace'"):
         Dataset(out).transaction(mode="replace")
-    with Dataset(out).transaction(mode="collect") as txn, pytest.raises(ConfigError, match="publishes nothing"):
-        txn.commit([], manifest.read(out))
+    with Dataset(out).transaction(mode="collect") as txn:
+        with pytest.raises(ConfigError, match="publishes nothing"):
+            txn.commit([], manifest.read(out))
+        with pytest.raises(ConfigError, match="only an append transaction advances"):
+            txn.advance(None)
 
 
 def test_leftovers_are_found_by_name_and_the_next_transaction_clears_them(tmp_path):

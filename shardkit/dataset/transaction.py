@@ -17,13 +17,14 @@ differ only in what they write between the two.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from shardkit import manifest, storage
-from shardkit._util import check_path
+from shardkit._util import check_path, parse_duration
 from shardkit.dataset import layout, leftovers
 from shardkit.dataset.install import install
 from shardkit.dataset.lock import STAGING_PREFIX, Output, claim, remove_staging
@@ -189,6 +190,26 @@ class Transaction:
         """The input units the held stagings' commits name: a resumed job does not run them again."""
         return {unit for stage in self._held for unit in stage.done()}
 
+    def advance(self, window: int | str | None) -> tuple[dict[int, str], set[int]]:
+        """The generation an append writes, stamped now, beside those of its base: when each was
+        written, and those ``window`` keeps (the last K generations, or those of the last
+        ``"90d"``; all when None; the new one always). A dataset pass 1 wrote has its manifest's time.
+        """
+        if self.base is None:
+            raise ConfigError(f"{self.path}: only an append transaction advances the generation")
+        times = dict(self.base.generations)
+        if 0 not in times and self.base.generation == 0:
+            path = storage.local_path(storage.join(self.path, manifest.MANIFEST))
+            when = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc) if path else None
+            times[0] = when.isoformat(timespec="seconds") if when else _now()
+        times[self.generation] = _now()
+        if window is None:
+            return times, set(times)
+        if isinstance(window, int):
+            return times, {g for g in times if g > self.generation - window}
+        cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=parse_duration(window, what="window"))
+        return times, {g for g, t in times.items() if g == self.generation or datetime.datetime.fromisoformat(t) >= cutoff}
+
     def commit(self, files: Sequence[str], result: Manifest, *, names: Sequence[str] | None = None, keep: bool = False) -> Manifest:
         """Publish ``result``: an append first keeps the manifest it replaces (loaders pinned to it
         read on), then :func:`~shardkit.dataset.install.install` journals the names, moves
@@ -231,3 +252,7 @@ class Transaction:
             storage.put_if_absent(copy, output.manifest_seen)  # racing appends from one generation write the same bytes, once
         elif not storage.exists(copy):
             storage.write_bytes(copy, output.manifest_seen)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

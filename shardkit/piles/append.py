@@ -27,7 +27,6 @@ compared with them; only a hash that meets one is read back to compare the keys 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -37,7 +36,6 @@ from typing import Any
 import numpy as np
 
 from shardkit import manifest, storage
-from shardkit._util import parse_duration
 from shardkit.dataset.transaction import Transaction
 from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
 from shardkit.manifest import Manifest, PileInfo, Segment, joined, keys_name, leaf_name
@@ -58,10 +56,6 @@ class Base:
 
     manifest: Manifest
     generation: int
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def start(txn: Transaction, options: PileOptions) -> Base | None:
@@ -119,9 +113,7 @@ def finish(
     out, output = txn.path, txn.output
     assert output is not None
     options = _with_limit(options, old)
-    generations = _times(old, out)
-    generations[g] = now()
-    keep = _kept(generations, options.window, g)
+    generations, keep = txn.advance(options.window)
     kept = [[s for s in segments if s.generation in keep] for segments in segments_by_pile(old, len(runs), out)]
     resolutions = _resolutions(kept, runs, counts, options.max_bytes)
     pack = Pack.of(options)
@@ -411,26 +403,6 @@ def _keys_with(hashes: np.ndarray, files: Sequence[tuple[str, Segment]]) -> list
         hit = np.isin(leaves.hashes(keys), hashes)
         found += [(keys[i], os.path.basename(url)) for i in np.flatnonzero(hit).tolist()]
     return found
-
-
-def _times(old: Manifest, out: str) -> dict[int, str]:
-    """When each generation of ``old`` was written; a dataset pass 1 wrote has its manifest's time."""
-    times = dict(old.generations)
-    if 0 not in times and old.generation == 0:
-        path = storage.local_path(storage.join(out, manifest.MANIFEST))
-        when = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc) if path else None
-        times[0] = when.isoformat(timespec="seconds") if when else now()
-    return times
-
-
-def _kept(times: dict[int, str], window: int | str | None, generation: int) -> set[int]:
-    """The generations the window keeps (the new one always)."""
-    if window is None:
-        return set(times)
-    if isinstance(window, int):
-        return {g for g in times if g > generation - window}
-    cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=parse_duration(window, what="window"))
-    return {g for g, t in times.items() if g == generation or datetime.datetime.fromisoformat(t) >= cutoff}
 
 
 def _span(generations: list[int]) -> str:
