@@ -25,7 +25,8 @@ from shardkit import manifest, storage
 from shardkit.dataset import layout
 from shardkit.dataset.owned import delete_owned, read_records
 from shardkit.dataset.staging import published_staging
-from shardkit.errors import ShardkitError
+from shardkit.errors import ManifestError, ShardkitError
+from shardkit.manifest import Manifest
 
 STAGING_LOCK = layout.STAGING_LOCK
 
@@ -69,6 +70,22 @@ def find(directory: str, names: Iterable[str] | None = None, generation: int | N
         elif leftover(name) or name == layout.LOCK:
             found.append(Leftover(name, "temporary", _UNFINISHED))
     return found
+
+
+def unlisted(directory: str, latest: Manifest, names: Iterable[str] | None = None) -> list[str]:
+    """The names among ``names`` (default: the directory's listing) that neither the manifest
+    ``latest`` nor a kept older generation's manifest lists (nor their key hashes), in their order."""
+    names = list(storage.listdir(directory) if names is None else names)
+    listed = {*latest.files(), manifest.MANIFEST}
+    for name in names:
+        if layout.GENERATION_FILE.fullmatch(name):
+            url = storage.join(directory, name)
+            try:
+                files = manifest.parse(storage.read_bytes(url).decode("utf-8"), url).files()
+            except (ManifestError, UnicodeDecodeError):
+                continue  # not a manifest: its files are reported as what they are
+            listed |= {name, *files, *(layout.keys_name(f) for f in files)}
+    return [name for name in names if name not in listed]
 
 
 def journaled(directory: str, names: Iterable[str]) -> set[str]:

@@ -85,9 +85,16 @@ class Dataset:
         return manifest.parse(storage.read_bytes(url).decode("utf-8"), url)
 
     def leftovers(self) -> list[leftovers.Leftover]:
-        """What jobs that did not finish (or are still running) left here, as verify reports it."""
-        generation = self.manifest().generation if manifest.is_dataset(self.path) else None
-        return leftovers.find(self.path, None, generation)
+        """What jobs that did not finish (or are still running) left here, as verify reports it:
+        names no kept manifest lists that a job's staging, journal or temporary has.
+
+        Raises:
+            ManifestError: the manifest there does not read.
+        """
+        if not manifest.is_dataset(self.path):
+            return leftovers.find(self.path)
+        latest = self.manifest()
+        return leftovers.find(self.path, leftovers.unlisted(self.path, latest), latest.generation)
 
     def transaction(
         self, *, mode: str = "create", resume: bool = False, overwrite: bool = False, files: re.Pattern[str] = layout.PILE_FILE

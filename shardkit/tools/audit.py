@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit import _util, manifest, storage
-from shardkit.dataset import layout, leftovers
-from shardkit.errors import CorruptShardError, ManifestError, ShardkitError, StorageError
+from shardkit.dataset import leftovers
+from shardkit.errors import CorruptShardError, ShardkitError, StorageError
 from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile, tar_problem
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import classes as class_maps
@@ -270,11 +270,9 @@ def _duplicate_keys(name: str, keys: list[str], offsets: list[int]) -> list[Prob
 
 
 def _unlisted(directory: str, m: Manifest) -> list[Problem]:
-    names = storage.listdir(directory)
     # an older generation's files (retired by a window, or rewritten when an append split a
     # pile) are a pinned loader's until shardkit gc removes them: not strays
-    listed = set(m.files()) | {manifest.MANIFEST} | _older_files(directory, names)
-    rest = [name for name in names if name not in listed]
+    rest = leftovers.unlisted(directory, m)
     left = {item.name: item for item in leftovers.find(directory, rest, m.generation)}
     found = []
     for name in rest:
@@ -288,20 +286,6 @@ def _unlisted(directory: str, m: Manifest) -> list[Problem]:
                     message="shard file not listed in the manifest (readers ignore it; an interrupted overwrite leaves such files)",
                 )
             )
-    return found
-
-
-def _older_files(directory: str, names: list[str]) -> set[str]:
-    """The files the kept manifests of older generations list (their key hashes too), and those manifests."""
-    found: set[str] = set()
-    for name in names:
-        if layout.GENERATION_FILE.fullmatch(name):
-            url = storage.join(directory, name)
-            try:
-                files = manifest.parse(storage.read_bytes(url).decode("utf-8"), url).files()
-            except (ManifestError, UnicodeDecodeError):
-                continue  # not a manifest: its files are reported as what they are
-            found |= {name, *files, *(manifest.keys_name(f) for f in files)}
     return found
 
 
