@@ -215,7 +215,7 @@ def _units(unit: int):
 
 
 def row_links(row, work: str, trials: int, rng: random.Random):
-    from shardkit.dataset import lock as output
+    from shardkit.dataset import leftovers
 
     temp = os.path.join(work, "links-tmp")
     os.makedirs(temp, exist_ok=True)
@@ -246,7 +246,7 @@ def row_links(row, work: str, trials: int, rng: random.Random):
         op = rng.choice(["preprocess", "writer", "append+gc", "tmpdir"])
         try:
             if op == "tmpdir" or where[0] == temp:
-                output._clear_dead_staging(temp)  # what a remote job's claim does to TMPDIR
+                leftovers.clear_dead_staging(temp)  # what a remote job's claim does to TMPDIR
             if op == "preprocess" or op == "append+gc":
                 shardkit.preprocess(range(3), _units, out, piles=2, quiet=True)
             if op == "writer":

@@ -119,7 +119,7 @@ def read_record(record: str) -> tuple[list[Staged], bool]:
     """The finished pile (or its sub-piles) a record names, and whether it was split."""
     pieces, split = json.loads(storage.read_bytes(record))
     staged = [Staged(*piece) for piece in pieces]
-    return [dataclasses.replace(p, tar=tuple(p.tar)) if p.tar is not None else p for p in staged], bool(split)
+    return [dataclasses.replace(p, tar=(p.tar[0], p.tar[1])) if p.tar is not None else p for p in staged], bool(split)
 
 
 def write_record(record: str, staged: list[Staged], split: bool) -> None:
