@@ -21,7 +21,7 @@ import datetime
 import os
 import re
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from shardkit import manifest, storage
 from shardkit._util import check_path, parse_duration
@@ -42,6 +42,9 @@ class Stage(Protocol):
     def done(self) -> set[int]: ...
 
     def release(self) -> None: ...
+
+
+S = TypeVar("S", bound=Stage)
 
 
 class Dataset:
@@ -187,7 +190,7 @@ class Transaction:
         self._staging.append(path)
         return path
 
-    def hold(self, stage: Stage) -> Any:
+    def hold(self, stage: S) -> S:
         """Hold a pass 1's resumable staging (returned as given) until the transaction ends."""
         self._held.append(stage)
         return stage
