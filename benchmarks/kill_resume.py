@@ -271,7 +271,10 @@ def one_round(reference: dict[str, bytes], work: str, rng: random.Random, *, kil
             except subprocess.TimeoutExpired:
                 proc.send_signal(rng.choice([signal.SIGKILL, signal.SIGINT]))
             proc.wait()
-            if proc.returncode == 0:  # finished before the kill: nothing left to resume
+            # finished before the kill, or the kill landed after the job's last step (its staging gone, the
+            # process still exiting): the dataset is whole and a resume has nothing to do
+            whole = os.path.exists(os.path.join(out, "shardkit.json")) and not os.path.exists(os.path.join(out, ".shardkit-pass1"))
+            if proc.returncode == 0 or whole:
                 row["finished_early"] = True
                 break
             row["kills"].append(round(delay, 2))
