@@ -1,38 +1,31 @@
 """Every file access shardkit makes, behind one small URL-taking layer.
 
-Local paths and ``file://`` URLs use the OS directly. Any other scheme (``s3://``, ``gs://``,
-``memory://``...) goes through fsspec (:mod:`shardkit.storage.remote`), every call retried on
-failures of the moment (:mod:`shardkit.storage.retry`). Writes are atomic: locally data goes to
-``NAME.partial-<uuid>`` and is renamed into place only when complete; an object is written in
-one request. A crash never leaves a file that looks whole. Nothing above this package knows
-which backend a URL lives on.
+Every byte goes through a :class:`~shardkit.storage.store.Store` (``store_for(url)``, or
+``locate(url)`` for one file): local paths and ``file://`` URLs are a :class:`LocalStore`, any
+other scheme (``s3://``, ``gs://``, ``memory://``...) an :class:`FsspecStore`, every call
+retried on failures of the moment (:mod:`shardkit.storage.retry`), and a store mounted in this
+process (a :class:`MemoryStore`) answers the URLs under its root. The functions here take URLs
+and hand them to the store. Writes are atomic: locally data goes to ``NAME.partial-<uuid>`` and
+is renamed into place only when complete; an object is written in one request. A crash never
+leaves a file that looks whole. Nothing above this package asks which backend a URL lives on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import glob as _glob
-import io
 import logging
 import os
 import re
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
-from shardkit.errors import CorruptShardError, DatasetNotFoundError
+from shardkit.errors import DatasetNotFoundError
 from shardkit.storage import remote, retry
-from shardkit.storage.conditional import (
-    Entry,
-    can_put_if_absent,
-    entries,
-    forget_listings,
-    put_if_absent,
-    put_if_unchanged,
-    upload_if_absent,
-    version,
-)
+from shardkit.storage.caching_store import CachingStore
+from shardkit.storage.conditional import forget_listings, put_if_unchanged, upload_if_absent, version
+from shardkit.storage.faulty_store import FaultyStore
+from shardkit.storage.fsspec_store import FsspecStore
 from shardkit.storage.local import (
     IOV_MAX,
     O_BINARY,
@@ -41,22 +34,31 @@ from shardkit.storage.local import (
     fsync_dir,
     fsync_file,
     lock_file,
-    map_open,
     sync_files,
     unmap,
     write_chunks,
     write_fully,
 )
+from shardkit.storage.local_store import LocalStore
+from shardkit.storage.memory_store import MemoryStore
 from shardkit.storage.options import check_storage_options
 from shardkit.storage.paths import guard, is_remote, join, local_path, storage_error
+from shardkit.storage.store import Entry, Store
+from shardkit.storage.stores import RemoteReads, locate, mount, store_for, unmount
 
 __all__ = [
     "IOV_MAX",
     "O_BINARY",
     "Buffer",
+    "CachingStore",
     "Chunk",
     "Entry",
+    "FaultyStore",
+    "FsspecStore",
+    "LocalStore",
+    "MemoryStore",
     "RemoteReads",
+    "Store",
     "atomic_write",
     "brace_expand",
     "can_put_if_absent",
@@ -71,9 +73,11 @@ __all__ = [
     "join",
     "listdir",
     "local_path",
+    "locate",
     "lock_file",
     "makedirs",
     "map_bytes",
+    "mount",
     "open_read",
     "put_if_absent",
     "put_if_unchanged",
@@ -85,8 +89,10 @@ __all__ = [
     "retry",
     "size",
     "storage_error",
+    "store_for",
     "sync_files",
     "unmap",
+    "unmount",
     "upload",
     "upload_if_absent",
     "use",
@@ -112,40 +118,24 @@ def use(sources: Any, options: Mapping[str, Any] | None) -> None:
     remote.use([os.fspath(item) for item in items if isinstance(item, (str, os.PathLike))], options)
 
 
-def _call(url: str, fn: Callable[[Any, str], T]) -> T:
-    """``fn(fs, path)`` on the remote ``url``'s filesystem, retried on failures of the moment."""
-    fs, path = remote.filesystem(url)
-    return remote.call(url, fs, lambda: fn(fs, path))
-
-
 def exists(url: str) -> bool:
-    path = local_path(url)
-    if path is not None:
-        return os.path.exists(path)
-    with guard(url, "look it up"):
-        return _call(url, lambda fs, p: bool(fs.exists(p)))
+    store, name = locate(url)
+    return store.exists(name)
 
 
 def size(url: str) -> int:
     """Size of the file in bytes; raises DatasetNotFoundError if it is missing."""
-    path = local_path(url)
-    with guard(url, "read its size"):
-        if path is not None:
-            return os.path.getsize(path)
-        return _call(url, lambda fs, p: int(fs.size(p)))
+    store, name = locate(url)
+    return store.size(name)
 
 
 def read_bytes(url: str, *, size: int | None = None, concurrency: int = 1) -> bytes:
     """The whole file: locally in one sequential read; an object in up to ``concurrency``
     ranged requests at once when its ``size`` is known (a manifest says it), else in one."""
-    path = local_path(url)
-    with guard(url, "read"):
-        if path is not None:
-            with open(path, "rb", buffering=0) as f:
-                return f.readall()
-        if size is not None:
-            return remote.read_ranges(url, size=size, concurrency=concurrency)
-        return _call(url, lambda fs, p: bytes(fs.cat_file(p)))
+    store, name = locate(url, reads=RemoteReads(concurrency=concurrency))
+    if size is None or store.supports_mapping:
+        return store.read(name)
+    return bytes(store.read_whole(name, size=size))
 
 
 def map_bytes(url: str) -> Buffer:
@@ -157,45 +147,15 @@ def map_bytes(url: str) -> Buffer:
     files, and files under 1 MiB (a map holds a file descriptor while it lives), come back as
     ``bytes`` (see :func:`shardkit.storage.local.map_open`).
     """
-    path = local_path(url)
-    if path is None:
-        return read_bytes(url)
-    try:
-        with open(path, "rb", buffering=0) as f:
-            return map_open(f)
-    except OSError:  # no file, or not one to read: read_bytes says why
-        return read_bytes(url)
+    store, name = locate(url)
+    return store.read_whole(name)
 
 
 def read_range(url: str, start: int, end: int) -> bytes:
     """Bytes ``start`` to ``end`` (exclusive) of the file: one positioned read locally, one
     ranged request for an object. Fewer bytes come back only when the file is shorter."""
-    path = local_path(url)
-    with guard(url, "read"):
-        if path is not None:
-            fd = os.open(path, os.O_RDONLY | O_BINARY)
-            try:
-                return os.pread(fd, end - start, start)
-            finally:
-                os.close(fd)
-        return _call(url, lambda fs, p: bytes(fs.cat_file(p, start=start, end=end)))
-
-
-# tries at an object whose bytes came back wrong (a transfer torn without an error) before they are called corrupt
-_CHECKED_READS = 3
-
-
-@dataclasses.dataclass(frozen=True)
-class RemoteReads:
-    """How whole objects (piles) are read from an object store.
-
-    Attributes:
-        concurrency: ranged requests in flight at once for one object.
-        cache: a :class:`~shardkit.storage.cache.PileCache` keeping local copies, or None.
-    """
-
-    concurrency: int = remote.DEFAULT_CONCURRENCY
-    cache: Any = None
+    store, name = locate(url)
+    return store.read_range(name, start, end)
 
 
 def read_checked(
@@ -206,36 +166,19 @@ def read_checked(
     reads: RemoteReads | None = None,
     first_check: Callable[[Buffer], str | None] | None = None,
 ) -> Buffer:
-    """The object ``url`` of ``size`` bytes, with ``check(buffer)`` (a problem in words, or None) passed.
+    """The file ``url`` of ``size`` bytes, with ``check(buffer)`` (a problem in words, or None) passed.
 
-    It is read in concurrent ranges (``reads``), through the cache when there is one; bytes that
-    fail the check are read again (a transfer can be torn without an error) before the problem is
-    raised. A cached copy passes ``first_check`` (when given: a full checksum where ``check`` skips
-    it) the first time the cache uses it, and a fresh copy replacing a wrong one does too. A local
-    file needs none of this: map it (:func:`map_bytes`) and check it once.
+    An object is read in concurrent ranges (``reads``), through the cache when there is one;
+    bytes that fail the check are read again (a transfer can be torn without an error) before
+    the problem is raised (see :meth:`Store.read_checked`). A cached copy passes ``first_check``
+    (when given: a full checksum where ``check`` skips it) the first time the cache uses it, and
+    a fresh copy replacing a wrong one does too.
 
     Raises:
         CorruptShardError: the bytes fail the check every time.
     """
-    reads = reads or RemoteReads()
-    if reads.cache is not None:
-        with guard(url, "read"):
-            return reads.cache.get(
-                url, size=size, fetch=lambda: _fetch_checked(url, size, check, reads.concurrency), check=check, first_check=first_check
-            )
-    return _fetch_checked(url, size, check, reads.concurrency)
-
-
-def _fetch_checked(url: str, size: int, check: Callable[[Buffer], str | None], concurrency: int) -> bytes:
-    """The object ``url``, read again while ``check`` finds its bytes wrong, up to :data:`_CHECKED_READS` times."""
-    for tried in range(1, _CHECKED_READS + 1):
-        data = read_bytes(url, size=size, concurrency=concurrency)
-        problem = check(data)
-        if problem is None:
-            return data
-        if tried < _CHECKED_READS:
-            log.info("%s: %s (read %d of %d), reading it again", url, problem, tried, _CHECKED_READS)
-    raise CorruptShardError(f"{url}: {problem} (read {_CHECKED_READS} times)")
+    store, name = locate(url, reads=reads or RemoteReads())
+    return store.read_checked(name, size=size, check=check, first_check=first_check)
 
 
 @contextlib.contextmanager
@@ -258,85 +201,67 @@ def atomic_write(url: str, *, size: int | None = None) -> Iterator[IO[bytes]]:
 
     ``size``, the bytes about to be written when known, is named if the disk fills up.
     """
-    path = local_path(url)
-    if path is None:
-        # an object is published whole or not at all by one PUT: gather the bytes, send them on success
-        buffer = io.BytesIO()
-        yield buffer
-        with guard(url, "write", size=buffer.tell()):
-            remote.write_bytes(url, buffer.getvalue())
-        return
-    tmp = f"{path}.partial-{uuid.uuid4().hex}"
-    try:
-        with guard(url, "write", size=size):
-            with open(tmp, "wb") as f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())  # the bytes are on disk before the name says they are there
-            os.replace(tmp, path)
-        fsync_dir(os.path.dirname(path) or ".")
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    store, name = locate(url)
+    with store.put_stream(name, size=size) as f:
+        yield f
 
 
 def write_bytes(url: str, data: bytes) -> None:
     """Atomically replace ``url`` with ``data``."""
-    with atomic_write(url, size=len(data)) as f:
-        f.write(data)
+    store, name = locate(url)
+    store.put(name, data)
 
 
 def upload(local: str, url: str) -> None:
-    """Copy the local file ``local`` to the object ``url``, streamed (see :func:`remote.upload`)."""
-    with guard(url, "upload"):
-        remote.upload(local, url)
+    """Copy the local file ``local`` to ``url``, streamed where the store can (see :meth:`Store.upload`)."""
+    store, name = locate(url)
+    store.upload(name, local)
 
 
 def remove(url: str) -> None:
     """Delete a file if it exists."""
-    path = local_path(url)
-    if path is not None:
-        with guard(url, "remove"), contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return
-    with guard(url, "remove"), contextlib.suppress(FileNotFoundError):
-        _call(url, lambda fs, p: fs.rm_file(p))
+    store, name = locate(url)
+    store.delete(name)
+
+
+def put_if_absent(url: str, data: bytes) -> bool:
+    """Create ``url`` holding ``data`` unless it exists; True when this call created it.
+
+    Atomic: of writers racing to one name exactly one gets True, and a reader sees the whole
+    file or none. Raises :class:`~shardkit.errors.ConfigError` where the store cannot (see
+    :func:`can_put_if_absent`)."""
+    store, name = locate(url)
+    return store.put_if_absent(name, data)
+
+
+def can_put_if_absent(url: str) -> bool:
+    """True when the store of ``url`` makes conditional writes atomic (its ``supports_put_if_absent``)."""
+    return locate(url)[0].supports_put_if_absent
+
+
+def entries(url: str, *, missing_ok: bool = False) -> list[Entry]:
+    """The files directly inside the directory ``url``, sorted by name, each with its size and
+    last write time, from a fresh listing."""
+    return store_for(url).entries(missing_ok=missing_ok)
 
 
 def makedirs(url: str | os.PathLike[str]) -> None:
-    """Create the directory ``url`` and its parents, unless it is there."""
+    """Create the directory ``url`` and its parents, unless it is there (nothing to do in a
+    store without directories)."""
     url = os.fspath(url)
     path = local_path(url)
     with guard(url, "create the directory"):
         if path is not None:
             os.makedirs(path, exist_ok=True)
-        else:
-            _call(url, lambda fs, p: fs.makedirs(p, exist_ok=True))
+        elif isinstance(store_for(url), FsspecStore):
+            fs, p = remote.filesystem(url)
+            remote.call(url, fs, lambda: fs.makedirs(p, exist_ok=True))
 
 
 def listdir(url: str, *, missing_ok: bool = False) -> list[str]:
     """Sorted names of the entries directly inside the directory ``url``; with ``missing_ok``,
     none when it does not exist (an object-store prefix nothing was written under yet)."""
-    path = local_path(url)
-    try:
-        with guard(url, "list the directory"):
-            if path is not None:
-                return sorted(os.listdir(path))
-            # a fresh listing: fsspec's cache of listings would hide what another process just wrote
-            entries = _call(url, lambda fs, p: _listed(fs, p, fs.ls(p, detail=False, refresh=True)))
-            return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries)
-    except DatasetNotFoundError:
-        if missing_ok:
-            return []
-        raise DatasetNotFoundError(f"{url}: no such directory") from None
-
-
-def _listed(fs: Any, path: str, listing: T) -> T:
-    """``listing``, with the client's cached copy dropped: a later lookup of one object asks the
-    store, so an object another process adds afterwards is not taken for missing."""
-    forget_listings(fs, path)
-    return listing
+    return store_for(url).list(missing_ok=missing_ok)
 
 
 def brace_expand(pattern: str) -> list[str]:

@@ -15,35 +15,24 @@ a cached listing, so an object another process adds after it would look missing.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
 import hashlib
 import inspect
 import logging
 import os
-import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import ConfigError, DatasetNotFoundError
 from shardkit.storage import remote, retry
-from shardkit.storage.local import fsync_dir
+from shardkit.storage.local_store import LocalStore
 from shardkit.storage.paths import guard, local_path
+from shardkit.storage.store import Entry
 
 log = logging.getLogger(__name__)
 
 # the S3 error codes of a conditional write another writer beat (412), or raced (409)
 _LOST = {"PreconditionFailed", "ConditionalRequestConflict"}
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A file in a listing: its name, size and when it was last written (an aware time)."""
-
-    name: str
-    size: int
-    modified: datetime.datetime
 
 
 def can_put_if_absent(url: str) -> bool:
@@ -111,10 +100,8 @@ def put_if_absent(url: str, data: bytes) -> bool:
     Atomic: of writers racing to one name exactly one gets True, and a reader sees the whole
     file or none. Raises :class:`~shardkit.errors.ConfigError` where the store cannot (see
     :func:`can_put_if_absent`)."""
-    path = local_path(url)
-    if path is not None:
-        with guard(url, "write", size=len(data)):
-            return _create_local(path, data)
+    if local_path(url) is not None:
+        return LocalStore(os.path.dirname(url)).put_if_absent(os.path.basename(url), data)
     return _put_remote(url, data, {}, "create")
 
 
@@ -218,60 +205,32 @@ def _mine(url: str, data: bytes) -> bool:
     return False
 
 
-def _create_local(path: str, data: bytes) -> bool:
-    """Write a temporary file and link it to ``path``: a link never replaces a file."""
-    if os.path.lexists(path):
-        return False
-    tmp = f"{path}.partial-{uuid.uuid4().hex}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        except OSError:  # no hard links here: an exclusive create (a reader may see it grow)
-            return _create_exclusive(path, data)
-        fsync_dir(os.path.dirname(path) or ".")
-        return True
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
-def _create_exclusive(path: str, data: bytes) -> bool:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True
-
-
 def entries(url: str, *, missing_ok: bool = False) -> list[Entry]:
     """The files directly inside the directory ``url``, sorted by name, each with its size and
     last write time, from a fresh listing (never a cached one, and none is left cached)."""
-    path = local_path(url)
+    if local_path(url) is not None:
+        return LocalStore(url).entries(missing_ok=missing_ok)
     try:
         with guard(url, "list the directory"):
-            if path is not None:
-                found = []
-                for name in sorted(os.listdir(path)):
-                    with contextlib.suppress(FileNotFoundError):
-                        st = os.stat(os.path.join(path, name))
-                        when = datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc)
-                        found.append(Entry(name, st.st_size, when))
-                return found
             fs, p = remote.filesystem(url)
             listed = retry.DEFAULT.call(lambda: fs.ls(p, detail=True, refresh=True), what=url)
             forget_listings(fs, p)
             return sorted((_entry(item) for item in listed if item.get("type") == "file"), key=lambda e: e.name)
+    except DatasetNotFoundError:
+        if missing_ok:
+            return []
+        raise DatasetNotFoundError(f"{url}: no such directory") from None
+
+
+def names(url: str, *, missing_ok: bool = False) -> list[str]:
+    """Sorted names of what is directly under the remote directory ``url`` (files and prefixes),
+    from a fresh listing; with ``missing_ok`` none when nothing was written under it yet."""
+    try:
+        with guard(url, "list the directory"):
+            fs, p = remote.filesystem(url)
+            listed = remote.call(url, fs, lambda: fs.ls(p, detail=False, refresh=True))
+            forget_listings(fs, p)
+            return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in listed)
     except DatasetNotFoundError:
         if missing_ok:
             return []

@@ -1,0 +1,162 @@
+"""A store of local files: one directory, atomic writes by rename, reads memory-mapped, a kernel lock.
+
+store = LocalStore("data/train")
+buf = store.read_whole("pile-000003.tar")        # a memory map of 1 MiB and more
+with store.lock(".shardkit-lock", wait=False) as mine: ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import uuid
+from collections.abc import Iterator
+from typing import IO
+
+from shardkit.errors import DatasetNotFoundError
+from shardkit.storage.local import O_BINARY, Buffer, fsync_dir, lock_file, map_open
+from shardkit.storage.paths import guard, local_path
+from shardkit.storage.store import Entry, Store, held
+
+
+class LocalStore(Store):
+    """The files of one local directory (a path or a ``file://`` URL).
+
+    Example::
+
+        store = LocalStore(str(tmp_path))
+        store.put("a.bin", b"abc")
+        assert store.list() == ["a.bin"]
+    """
+
+    supports_put_if_absent = True
+    supports_locks = True
+    supports_mapping = True
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self._dir = local_path(root) or ""
+
+    def url(self, name: str) -> str:
+        return os.path.join(self.root, name) if name else self.root
+
+    def path(self, name: str) -> str:
+        """The filesystem path of ``name`` (for the few writers that rename files in place)."""
+        return os.path.join(self._dir, name) if name else self._dir
+
+    def read(self, name: str) -> bytes:
+        with guard(self.url(name), "read"), open(self.path(name), "rb", buffering=0) as f:
+            return f.readall()
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        with guard(self.url(name), "read"):
+            fd = os.open(self.path(name), os.O_RDONLY | O_BINARY)
+            try:
+                return os.pread(fd, end - start, start)
+            finally:
+                os.close(fd)
+
+    def size(self, name: str) -> int:
+        with guard(self.url(name), "read its size"):
+            return os.path.getsize(self.path(name))
+
+    def exists(self, name: str) -> bool:
+        return os.path.exists(self.path(name))
+
+    def read_whole(self, name: str, *, size: int | None = None) -> Buffer:
+        """The file memory-mapped (its pages are the page cache's: no copy, no fresh memory); files
+        under :data:`~shardkit.storage.local.MAP_MIN` are read. The file must not shrink while the
+        map is in use (a read past its new end is SIGBUS): shardkit maps only files it reads once."""
+        try:
+            with open(self.path(name), "rb", buffering=0) as f:
+                return map_open(f)
+        except OSError:  # no file, or not one to read: read says why
+            return self.read(name)
+
+    def entries(self, *, missing_ok: bool = False) -> list[Entry]:
+        found = []
+        for name in self.list(missing_ok=missing_ok):
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(self.path(name))
+                when = datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc)
+                found.append(Entry(name, st.st_size, when))
+        return found
+
+    def list(self, *, missing_ok: bool = False) -> list[str]:
+        try:
+            with guard(self.root, "list the directory"):
+                return sorted(os.listdir(self._dir))
+        except DatasetNotFoundError:
+            if missing_ok:
+                return []
+            raise DatasetNotFoundError(f"{self.root}: no such directory") from None
+
+    @contextlib.contextmanager
+    def put_stream(self, name: str, *, size: int | None = None) -> Iterator[IO[bytes]]:
+        """Write ``NAME.partial-<uuid>``, flush it to disk, rename it into place; unlink it on error."""
+        path = self.path(name)
+        tmp = f"{path}.partial-{uuid.uuid4().hex}"
+        try:
+            with guard(self.url(name), "write", size=size):
+                with open(tmp, "wb") as f:
+                    yield f
+                    f.flush()
+                    os.fsync(f.fileno())  # the bytes are on disk before the name says they are there
+                os.replace(tmp, path)
+            fsync_dir(os.path.dirname(path) or ".")
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def put(self, name: str, data: bytes) -> None:
+        with self.put_stream(name, size=len(data)) as f:
+            f.write(data)
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        """A temporary file hard-linked to ``name`` (a link never replaces a file); an exclusive
+        create where the filesystem has no hard links."""
+        path = self.path(name)
+        with guard(self.url(name), "write", size=len(data)):
+            if os.path.lexists(path):
+                return False
+            tmp = f"{path}.partial-{uuid.uuid4().hex}"
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    return False
+                except OSError:  # no hard links here: an exclusive create (a reader may see it grow)
+                    return _create_exclusive(path, data)
+                fsync_dir(os.path.dirname(path) or ".")
+                return True
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+    def delete(self, name: str) -> None:
+        with guard(self.url(name), "remove"), contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(name))
+
+    def lock(self, name: str, *, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
+        """The ``flock`` of the file ``name`` (created if missing): the kernel drops it when its holder dies."""
+        fd = lock_file(self.path(name), wait=wait)
+        return held(fd is not None, lambda: os.close(fd) if fd is not None else None)
+
+
+def _create_exclusive(path: str, data: bytes) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True

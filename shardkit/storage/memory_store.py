@@ -1,0 +1,95 @@
+"""A store held in this process's memory: what tests run a dataset's life in, in milliseconds.
+
+store = MemoryStore()                       # its root is a fresh ``memory-store://<id>`` URL
+store.put("shardkit.json", data)
+mount(store)                                # URLs under store.root now reach it (see stores)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import threading
+import uuid
+
+from shardkit.storage.paths import guard
+from shardkit.storage.store import Entry, Store, held
+
+SCHEME = "memory-store"
+
+
+class MemoryStore(Store):
+    """Files as bytes in a dict, safe to share between threads. Every write is atomic (a name
+    points to whole bytes or to none), :meth:`put_if_absent` is atomic, :meth:`lock` holds a
+    lock among the threads of this process. Directories are not kept: a name with a ``/`` is
+    one file, listed by :meth:`list` as the part before the first ``/``.
+
+    Example::
+
+        store = MemoryStore()
+        assert store.put_if_absent("a", b"1") and not store.put_if_absent("a", b"2")
+        assert store.read("a") == b"1"
+    """
+
+    supports_put_if_absent = True
+    supports_locks = True
+    supports_mapping = True  # a read is the stored bytes themselves: no copy, never torn
+
+    def __init__(self, root: str | None = None) -> None:
+        super().__init__(root or f"{SCHEME}://{uuid.uuid4().hex[:12]}")
+        self._files: dict[str, tuple[bytes, datetime.datetime]] = {}
+        self._mutex = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+
+    def _get(self, name: str) -> bytes:
+        with self._mutex:
+            found = self._files.get(name)
+        if found is None:
+            with guard(self.url(name), "read"):
+                raise FileNotFoundError(errno.ENOENT, "No such file", self.url(name))
+        return found[0]
+
+    def read(self, name: str) -> bytes:
+        return self._get(name)
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        return self._get(name)[start:end]
+
+    def size(self, name: str) -> int:
+        return len(self._get(name))
+
+    def exists(self, name: str) -> bool:
+        with self._mutex:
+            return name in self._files
+
+    def entries(self, *, missing_ok: bool = False) -> list[Entry]:
+        with self._mutex:
+            files = dict(self._files)
+        return [Entry(name, len(data), when) for name, (data, when) in sorted(files.items()) if "/" not in name]
+
+    def list(self, *, missing_ok: bool = False) -> list[str]:
+        with self._mutex:
+            return sorted({name.split("/", 1)[0] for name in self._files})
+
+    def put(self, name: str, data: bytes) -> None:
+        now = datetime.datetime.now(datetime.timezone.utc)
+        with self._mutex:
+            self._files[name] = (bytes(data), now)
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        now = datetime.datetime.now(datetime.timezone.utc)
+        with self._mutex:
+            if name in self._files:
+                return False
+            self._files[name] = (bytes(data), now)
+            return True
+
+    def delete(self, name: str) -> None:
+        with self._mutex:
+            self._files.pop(name, None)
+
+    def lock(self, name: str, *, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
+        with self._mutex:
+            lock = self._locks.setdefault(name, threading.Lock())
+        return held(lock.acquire(blocking=wait), lock.release)

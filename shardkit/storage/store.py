@@ -1,0 +1,247 @@
+"""The one interface to the bytes a dataset holds: a ``Store`` of named files under one root URL.
+
+A store is addressed by names relative to its root (``"pile-000003.tar"``, ``"shardkit.json"``)
+and says what it can do by capability flags, never by where it lives: callers ask
+``store.supports_put_if_absent``, not whether a URL is local. Every failure comes out as the
+shardkit error naming the file's full URL (:func:`~shardkit.storage.paths.guard`).
+
+    store = storage.store_for("s3://bucket/data")
+    text = store.read("shardkit.json")
+    won = store.put_if_absent("shardkit.g000002.json", data)   # where supports_put_if_absent
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import datetime
+import io
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, ClassVar
+
+from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError
+from shardkit.storage.local import Buffer
+
+log = logging.getLogger(__name__)
+
+Check = Callable[[Buffer], "str | None"]
+
+# tries at a file whose bytes came back wrong (a transfer torn without an error) before they are called corrupt
+CHECKED_READS = 3
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A file in a listing: its name, size and when it was last written (an aware time)."""
+
+    name: str
+    size: int
+    modified: datetime.datetime
+
+
+class Store(abc.ABC):
+    """Files under one root URL: read whole or in ranges, list, write atomically, delete, lock.
+
+    Capability flags (class attributes; an instance may narrow them) say what a backend can do:
+
+    - ``supports_writes`` / ``supports_deletes`` / ``supports_listing``: what the names say.
+    - ``supports_put_if_absent``: :meth:`put_if_absent` is atomic (of racing writers exactly
+      one wins); where it is False the method raises :class:`~shardkit.errors.ConfigError`.
+    - ``supports_locks``: :meth:`lock` gives a lock the holder's death releases.
+    - ``supports_mapping``: reading a file whole costs no copy, its size is one cheap look and a
+      read is never torn, so a check that fails is not worth reading again. Where it is False
+      the bytes travel (an object store): they are worth caching and re-reading when torn.
+    - ``caches_reads``: whole files read through :meth:`read_checked` are kept (a cache): a
+      caller wanting part of a file it will come back to reads it whole, not a range.
+
+    Example::
+
+        store = MemoryStore()
+        store.put("a.bin", b"abc")
+        assert store.read_range("a.bin", 1, 3) == b"bc"
+    """
+
+    supports_writes: ClassVar[bool] = True
+    supports_deletes: ClassVar[bool] = True
+    supports_listing: ClassVar[bool] = True
+    supports_put_if_absent: bool = False
+    supports_locks: ClassVar[bool] = False
+    supports_mapping: ClassVar[bool] = False
+    caches_reads: ClassVar[bool] = False
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.root!r})"
+
+    def url(self, name: str) -> str:
+        """The full URL of the file ``name`` (the URL errors name)."""
+        return self.root.rstrip("/") + "/" + name if name else self.root
+
+    # -- reading -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def read(self, name: str) -> bytes:
+        """The whole file. Raises DatasetNotFoundError when it is missing."""
+
+    @abc.abstractmethod
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` (exclusive); fewer only when the file is shorter."""
+
+    @abc.abstractmethod
+    def size(self, name: str) -> int:
+        """The file's size in bytes. Raises DatasetNotFoundError when it is missing."""
+
+    def exists(self, name: str) -> bool:
+        try:
+            self.size(name)
+        except DatasetNotFoundError:
+            return False
+        return True
+
+    def read_whole(self, name: str, *, size: int | None = None) -> Buffer:
+        """The whole file as a read-only buffer: mapped without a copy where the store can, read
+        in concurrent ranges where ``size`` (the size a manifest says) lets it."""
+        return self.read(name)
+
+    def read_checked(self, name: str, *, size: int, check: Check, first_check: Check | None = None) -> Buffer:
+        """The file ``name`` of ``size`` bytes with ``check(buffer)`` (a problem in words, or None)
+        passed, read again while a transfer comes back wrong (``first_check`` is for a cache).
+
+        Raises:
+            CorruptShardError: the bytes fail the check every time (or once, where a read is never torn).
+        """
+        tries = 1 if self.supports_mapping else CHECKED_READS
+        problem = None
+        for tried in range(1, tries + 1):
+            data = self.read_whole(name, size=size)
+            problem = check(data)
+            if problem is None:
+                return data
+            if tried < tries:
+                log.info("%s: %s (read %d of %d), reading it again", self.url(name), problem, tried, tries)
+        if tries == 1:
+            raise CorruptShardError(f"{self.url(name)}: {problem}")
+        raise CorruptShardError(f"{self.url(name)}: {problem} (read {tries} times)")
+
+    # -- listing -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def entries(self, *, missing_ok: bool = False) -> list[Entry]:
+        """The files directly under the root, sorted by name, from a fresh listing.
+
+        Raises:
+            DatasetNotFoundError: the root is not there (unless ``missing_ok``: then none).
+        """
+
+    def list(self, *, missing_ok: bool = False) -> list[str]:
+        """Sorted names of the entries directly under the root (directories too, where there are any)."""
+        return [e.name for e in self.entries(missing_ok=missing_ok)]
+
+    # -- writing -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def put(self, name: str, data: bytes) -> None:
+        """Make ``data`` the file ``name``, atomically: a reader sees the old file or the new, whole."""
+
+    @contextlib.contextmanager
+    def put_stream(self, name: str, *, size: int | None = None) -> Iterator[IO[bytes]]:
+        """A file object whose bytes become ``name`` when the block exits cleanly (and nothing
+        when it raises). ``size``, the bytes about to be written when known, is named if the
+        disk fills up. Here: gathered in memory and :meth:`put` whole."""
+        buffer = io.BytesIO()
+        yield buffer
+        self.put(name, buffer.getvalue())
+
+    def upload(self, name: str, local: str) -> None:
+        """Copy the local file ``local`` to ``name`` (atomically, as :meth:`put`)."""
+        with open(local, "rb") as f:
+            self.put(name, f.read())
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        """Create ``name`` holding ``data`` unless it exists; True when this call created it.
+
+        Raises:
+            ConfigError: the store has no atomic create (``supports_put_if_absent`` is False).
+        """
+        raise ConfigError(f"{self.url(name)}: this store has no conditional write (If-None-Match); it cannot commit safely")
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove the file ``name``; nothing happens when it is missing."""
+
+    def lock(self, name: str, *, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
+        """A context holding the exclusive lock named ``name`` (True), or not (False: another
+        holder, and ``wait`` is off).
+
+        Raises:
+            ConfigError: the store has no lock (``supports_locks`` is False).
+        """
+        raise ConfigError(f"{self.url(name)}: this store has no lock a dead holder gives back; one writer at a time is yours to keep")
+
+
+class WrappingStore(Store):
+    """A store that hands every call to ``inner``: the base of stores that add to another
+    (a cache, injected faults). Its flags are the inner store's."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner.root)
+        self.inner = inner
+        self.supports_put_if_absent = inner.supports_put_if_absent
+        self.supports_mapping = inner.supports_mapping  # type: ignore[misc]
+        self.supports_locks = inner.supports_locks  # type: ignore[misc]
+
+    def url(self, name: str) -> str:
+        return self.inner.url(name)
+
+    def read(self, name: str) -> bytes:
+        return self.inner.read(name)
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        return self.inner.read_range(name, start, end)
+
+    def size(self, name: str) -> int:
+        return self.inner.size(name)
+
+    def exists(self, name: str) -> bool:
+        return self.inner.exists(name)
+
+    def read_whole(self, name: str, *, size: int | None = None) -> Buffer:
+        return self.inner.read_whole(name, size=size)
+
+    def read_checked(self, name: str, *, size: int, check: Check, first_check: Check | None = None) -> Buffer:
+        return self.inner.read_checked(name, size=size, check=check, first_check=first_check)
+
+    def entries(self, *, missing_ok: bool = False) -> list[Entry]:
+        return self.inner.entries(missing_ok=missing_ok)
+
+    def list(self, *, missing_ok: bool = False) -> list[str]:
+        return self.inner.list(missing_ok=missing_ok)
+
+    def put(self, name: str, data: bytes) -> None:
+        self.inner.put(name, data)
+
+    def put_stream(self, name: str, *, size: int | None = None) -> contextlib.AbstractContextManager[IO[bytes]]:
+        return self.inner.put_stream(name, size=size)
+
+    def upload(self, name: str, local: str) -> None:
+        self.inner.upload(name, local)
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        return self.inner.put_if_absent(name, data)
+
+    def delete(self, name: str) -> None:
+        self.inner.delete(name)
+
+    def lock(self, name: str, *, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
+        return self.inner.lock(name, wait=wait)
+
+
+@contextlib.contextmanager
+def held(acquired: bool, release: Callable[[], None]) -> Iterator[bool]:
+    """``acquired`` for the block, then ``release()`` when it was: what :meth:`Store.lock` yields."""
+    try:
+        yield acquired
+    finally:
+        if acquired:
+            release()
