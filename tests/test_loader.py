@@ -467,14 +467,14 @@ def test_non_regular_members(tmp_path, kind, word):
 def test_pile_over_max_pile_bytes_is_refused_unread(dataset, monkeypatch):
     from shardkit import storage
 
-    read_bytes = storage.read_bytes
+    for method in ("read", "read_whole"):
+        real = getattr(storage.LocalStore, method)
 
-    def no_pile_read(url):
-        assert not url.endswith(".tar"), f"{url} was read"
-        return read_bytes(url)
+        def no_pile_read(store, name, real=real, **kw):
+            assert not name.endswith(".tar"), f"{store.url(name)} was read"
+            return real(store, name, **kw)
 
-    monkeypatch.setattr(storage, "read_bytes", no_pile_read)
-    monkeypatch.setattr(storage, "map_bytes", no_pile_read)
+        monkeypatch.setattr(storage.LocalStore, method, no_pile_read)
     with pytest.raises(shardkit.PileTooLargeError, match=r"pile-\d+\.tar: \d+ bytes is over the memory limit max_pile_bytes=1000"):
         read_all(dataset, max_pile_bytes="1000")
 
@@ -581,15 +581,15 @@ def test_resident_piles_stay_within_mix_plus_prefetch(dataset, monkeypatch, mix,
     alive: set[int] = set()
     peaks = [0]
 
-    def tracked_read(url):
-        with open(url, "rb") as f:
+    def tracked_read(store, name, **kw):
+        with open(store.url(name), "rb") as f:
             buf = Tracked(f.read())
         alive.add(id(buf))
         weakref.finalize(buf, alive.discard, id(buf))
         peaks.append(len(alive))  # measured in the reader thread, as each pile arrives
         return buf
 
-    monkeypatch.setattr(storage, "map_bytes", tracked_read)
+    monkeypatch.setattr(storage.LocalStore, "read_whole", tracked_read)
     options = dict(decode=False, mix=mix, prefetch=prefetch, num_workers=workers, batch_size=5 if workers else None)
     with shardkit.loader(dataset, **options) as loader:
         for _ in loader:

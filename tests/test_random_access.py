@@ -85,15 +85,15 @@ def test_each_sample_is_one_ranged_read_of_its_own_bytes(ds_dir, monkeypatch):
     ds = shardkit.open(ds_dir, decode=False)
     assert len(ds.index) == N  # built: every pile read once
     reads: list[tuple[str, int, int]] = []
-    real = storage.read_range
+    real = storage.LocalStore.read_range
 
-    def spy(url, start, end):
-        reads.append((os.path.basename(url), start, end))
-        return real(url, start, end)
+    def spy(store, name, start, end):
+        reads.append((name, start, end))
+        return real(store, name, start, end)
 
-    monkeypatch.setattr(storage, "read_range", spy)
-    monkeypatch.setattr(storage, "read_bytes", lambda *a, **k: pytest.fail("a whole file was read"))
-    monkeypatch.setattr(storage, "map_bytes", lambda *a, **k: pytest.fail("a whole file was mapped"))
+    monkeypatch.setattr(storage.LocalStore, "read_range", spy)
+    monkeypatch.setattr(storage.LocalStore, "read", lambda *a, **k: pytest.fail("a whole file was read"))
+    monkeypatch.setattr(storage.LocalStore, "read_whole", lambda *a, **k: pytest.fail("a whole file was mapped"))
     ds[17]
     ds.get("s0000042")
     # two members (.bin, .cls): a header and a block of data each
@@ -171,13 +171,14 @@ def test_on_s3_a_sample_is_one_ranged_read(s3, monkeypatch):
     keys = [ds[i]["__key__"] for i in range(len(ds))]
     assert sorted(keys) == sorted(s["__key__"] for s in make_samples(80))
     assert storage.exists(storage.join(url, layout.index_name(manifest.read(url).generation)))
-    real = storage.read_bytes
+    for method in ("read", "read_whole"):
+        real = getattr(storage.FsspecStore, method)
 
-    def whole(url, **kw):
-        assert "pile-" not in url, f"a whole pile was read: {url}"
-        return real(url, **kw)
+        def whole(store, name, real=real, **kw):
+            assert "pile-" not in name, f"a whole pile was read: {store.url(name)}"
+            return real(store, name, **kw)
 
-    monkeypatch.setattr(storage, "read_bytes", whole)
+        monkeypatch.setattr(storage.FsspecStore, method, whole)
     fresh = pickle.loads(pickle.dumps(ds))  # a worker: the manifest and the stored index, then one range a sample
     assert fresh.get(keys[5])["__key__"] == keys[5] and fresh[7]["__key__"] == keys[7]
 

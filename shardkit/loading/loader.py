@@ -507,7 +507,7 @@ def _read_ahead(source: Source, options: LoaderOptions, reads: storage.RemoteRea
     """(piles read ahead, piles read at once, how each is read): ``prefetch``, else chosen from the
     pile size and where the piles are (see :func:`~shardkit.loading.prefetch.read_ahead`). Piles in an
     object store are read as many at once as are read ahead, sharing ``remote_concurrency`` requests."""
-    remote = bool(source.piles) and storage.is_remote(source.piles[0].url)
+    remote = bool(source.piles) and not storage.locate(source.piles[0].url)[0].supports_mapping  # the bytes travel
     sizes = [p.info.bytes for p in source.piles if p.info is not None]
     largest = max(sizes) if sizes and len(sizes) == len(source.piles) else None
     ahead = options.prefetch

@@ -137,17 +137,18 @@ def _stored(
     url: str, expected: PileInfo, *, max_bytes: int | None, verify: bool, mapped: bool, reads: storage.RemoteReads | None
 ) -> storage.Buffer:
     """The pile's file as stored, checked against the manifest's size and (``verify``) checksum."""
-    if storage.is_remote(url):  # the manifest's size decides; the read finds an object of another size
+    store, name = storage.locate(url, reads=reads or storage.RemoteReads())
+    if not store.supports_mapping:  # the bytes travel: the manifest's size decides, the read finds an object of another size
         _check_limit(url, expected.bytes, max_bytes)
         # a cached copy is checksummed when first used whatever ``verify`` says: a disk or a person may have changed it
         full = None if verify else _checker(url, expected, True)
-        return storage.read_checked(url, size=expected.bytes, check=_checker(url, expected, verify), reads=reads, first_check=full)
+        return store.read_checked(name, size=expected.bytes, check=_checker(url, expected, verify), first_check=full)
     # one look at the size, before any byte is read: over the limit, or not what the manifest says
-    nbytes = storage.size(url)
+    nbytes = store.size(name)
     _check_limit(url, nbytes, max_bytes)
     if nbytes != expected.bytes:
         raise CorruptShardError(f"{url}: file is {nbytes} bytes, the manifest says {expected.bytes} (truncated or replaced?)")
-    buf = storage.map_bytes(url) if mapped else storage.read_bytes(url)
+    buf = store.read_whole(name) if mapped else store.read(name)
     problems = byte_problems(url, buf, expected, checksum=verify)
     if problems:
         raise CorruptShardError(f"{url}: {problems[0][1]}")

@@ -159,8 +159,9 @@ class MapDataset:
         if self._urls is None:
             self._urls = [storage.join(self.root, p.name) for p in idx.files]
         url = self._urls[f]
-        if part.info.compression is None and (self.options.cache_dir is None or not storage.is_remote(url)):
-            data = storage.read_range(url, start, end)
+        store, name = storage.locate(url, reads=self._remote())
+        if part.info.compression is None and not store.caches_reads:  # a cached pile is read whole, once
+            data = store.read_range(name, start, end)
         else:
             data = bytes(self._whole(f, url)[start:end])
         if len(data) != end - start:

@@ -14,6 +14,7 @@ names two samples (its members are not adjacent), which a pile cannot hold.
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import json
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from shardkit import manifest, storage
 from shardkit._util import check_paths
 from shardkit.dataset import layout
-from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError
+from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError, StorageError
 from shardkit.loading import elastic
 from shardkit.loading.elastic import Phase, Range
 from shardkit.loading.pile import Fetched, fetch, fetch_segments, open_pile
@@ -170,21 +171,23 @@ def at_generation(root: str, generation: int) -> Source:
 
 
 def _manifest(root: str) -> manifest.Manifest | None:
-    """The manifest of the dataset ``root``, or None when it is not one. An object store is
-    asked once (a read that may find nothing), not twice (does it exist? then the read)."""
-    if not storage.is_remote(root):
-        return manifest.read(root) if manifest.is_dataset(root) else None
+    """The manifest of the dataset ``root``, or None when it is not one. The store is asked
+    once (a read that may find nothing), not twice (does it exist? then the read)."""
     if glob.has_magic(root) or storage.brace_expand(root) != [root]:  # a pattern of shards
         return None
     try:
         return manifest.read(root)
     except DatasetNotFoundError:
         return None
+    except StorageError as e:
+        if e.errno == errno.ENOTDIR:  # a file (a plain shard), not a directory
+            return None
+        raise
 
 
 def _is_directory(root: str) -> bool:
-    path = storage.local_path(root)
-    return os.path.isdir(path) if path is not None else root.endswith("/")
+    store, name = storage.locate(root)
+    return store.is_dir(name)
 
 
 def _not_a_dataset(root: str) -> DatasetNotFoundError:
@@ -229,12 +232,8 @@ def _counted(url: str, skip: Callable[[BaseException, str], None] | None) -> int
 
 def count_samples(url: str) -> int:
     """Samples in a WebDataset tar, walked once and then remembered for this process."""
-    path = storage.local_path(url)
-    if path is not None:
-        st = os.stat(path)
-        key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
-    else:
-        key = (url, storage.size(url), 0)
+    store, name = storage.locate(url)
+    key = (store.url(name), store.version(name))
     with _cache_lock:
         if key in _counts_cache:
             return _counts_cache[key]

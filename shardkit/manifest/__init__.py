@@ -14,7 +14,6 @@ This module reads and writes the file in a dataset directory; the values it hold
 from __future__ import annotations
 
 import errno
-import os
 
 from shardkit import storage
 from shardkit._util import check_path
@@ -89,8 +88,7 @@ def read(directory: str) -> Manifest:
             raise DatasetNotFoundError(f"{directory}: the bucket {e.bucket} does not exist (a typo? create it first)") from None  # type: ignore[attr-defined]
         raise DatasetNotFoundError(f"{directory}: not a shardkit dataset (no {MANIFEST}; a job that did not finish leaves none)") from None
     except StorageError as e:
-        path = storage.local_path(directory)
-        if e.errno == errno.ENOTDIR and path is not None and os.path.isfile(path):
+        if e.errno == errno.ENOTDIR and storage.exists(directory):  # the name is there, and is no directory
             raise StorageError(
                 f"{directory}: is a file, expected a shardkit dataset directory (holding {MANIFEST})", url=url, errno=e.errno
             ) from e

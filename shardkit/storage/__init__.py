@@ -23,7 +23,7 @@ from typing import IO, Any, TypeVar
 from shardkit.errors import DatasetNotFoundError
 from shardkit.storage import remote, retry
 from shardkit.storage.caching_store import CachingStore
-from shardkit.storage.conditional import forget_listings, put_if_unchanged, upload_if_absent, version
+from shardkit.storage.conditional import forget_listings, put_if_unchanged, upload_if_absent
 from shardkit.storage.faulty_store import FaultyStore
 from shardkit.storage.fsspec_store import FsspecStore
 from shardkit.storage.local import (
@@ -232,6 +232,13 @@ def put_if_absent(url: str, data: bytes) -> bool:
     :func:`can_put_if_absent`)."""
     store, name = locate(url)
     return store.put_if_absent(name, data)
+
+
+def version(url: str) -> str | None:
+    """What the file ``url`` is now, as a string that changes when it is rewritten (an object's
+    ETag, a local file's size and modification time); None when it is missing."""
+    store, name = locate(url)
+    return store.version(name)
 
 
 def can_put_if_absent(url: str) -> bool:

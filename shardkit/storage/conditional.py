@@ -77,14 +77,9 @@ def _botocore_conditional() -> bool:
 def version(url: str) -> str | None:
     """What the object ``url`` is now, asked of the object itself (its ETag); None when it is
     missing. Locally, the file's size and modification time."""
-    path = local_path(url)
+    if local_path(url) is not None:
+        return LocalStore(os.path.dirname(url)).version(os.path.basename(url))
     with guard(url, "look it up"):
-        if path is not None:
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                return None
-            return f"{st.st_size}-{st.st_mtime_ns}"
         fs, p = remote.filesystem(url)
         try:
             info = retry.DEFAULT.call(lambda: fs.info(p, refresh=True), what=url)

@@ -72,6 +72,10 @@ class FsspecStore(Store):
         with guard(self.url(name), "look it up"):
             return self._call(name, lambda fs, p: bool(fs.exists(p)))
 
+    def version(self, name: str) -> str | None:
+        """Its ETag, asked of the object itself (never a cached listing)."""
+        return conditional.version(self.url(name))
+
     def read_whole(self, name: str, *, size: int | None = None) -> Buffer:
         """Up to ``concurrency`` ranged requests at once when ``size`` is known (the last asks one
         byte past it, so an object of another size shows in what comes back), else one request."""

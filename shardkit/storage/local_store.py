@@ -64,6 +64,18 @@ class LocalStore(Store):
     def exists(self, name: str) -> bool:
         return os.path.exists(self.path(name))
 
+    def is_dir(self, name: str) -> bool:
+        return os.path.isdir(self.path(name))
+
+    def version(self, name: str) -> str | None:
+        """Its size and modification time (in nanoseconds)."""
+        with guard(self.url(name), "look it up"):
+            try:
+                st = os.stat(self.path(name))
+            except FileNotFoundError:
+                return None
+        return f"{st.st_size}-{st.st_mtime_ns}"
+
     def read_whole(self, name: str, *, size: int | None = None) -> Buffer:
         """The file memory-mapped (its pages are the page cache's: no copy, no fresh memory); files
         under :data:`~shardkit.storage.local.MAP_MIN` are read. The file must not shrink while the

@@ -63,6 +63,16 @@ class MemoryStore(Store):
         with self._mutex:
             return name in self._files
 
+    def is_dir(self, name: str) -> bool:
+        prefix = name.rstrip("/") + "/" if name else ""
+        with self._mutex:
+            return any(key.startswith(prefix) for key in self._files)
+
+    def version(self, name: str) -> str | None:
+        with self._mutex:
+            found = self._files.get(name)
+        return None if found is None else f"{len(found[0])}-{found[1].isoformat()}"
+
     def entries(self, *, missing_ok: bool = False) -> list[Entry]:
         with self._mutex:
             files = dict(self._files)

@@ -101,6 +101,19 @@ class Store(abc.ABC):
             return False
         return True
 
+    def is_dir(self, name: str) -> bool:
+        """Whether ``name`` (``""``: the root) names a directory. An object store has none: there a
+        name ending in ``/`` (or the root given so) is taken for one."""
+        return self.url(name).endswith("/")
+
+    def version(self, name: str) -> str | None:
+        """What the file ``name`` is now, as a string that changes when it is rewritten (None:
+        missing, or a store that cannot say): what a cache of facts about a file is keyed by."""
+        try:
+            return str(self.size(name))
+        except DatasetNotFoundError:
+            return None
+
     def read_whole(self, name: str, *, size: int | None = None) -> Buffer:
         """The whole file as a read-only buffer: mapped without a copy where the store can, read
         in concurrent ranges where ``size`` (the size a manifest says) lets it."""
@@ -205,6 +218,12 @@ class WrappingStore(Store):
 
     def exists(self, name: str) -> bool:
         return self.inner.exists(name)
+
+    def is_dir(self, name: str) -> bool:
+        return self.inner.is_dir(name)
+
+    def version(self, name: str) -> str | None:
+        return self.inner.version(name)
 
     def read_whole(self, name: str, *, size: int | None = None) -> Buffer:
         return self.inner.read_whole(name, size=size)
