@@ -7,12 +7,12 @@ Pure values with no I/O: :mod:`shardkit.manifest` reads and writes them, and
 from __future__ import annotations
 
 import json
-import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit.dataset.layout import keys_name, pile_number
+from shardkit.storage.local import Buffer
 from shardkit.tar.write import TRAILER
 
 FORMAT = "shardkit"
@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - a platform without zlib-ng wheels
     from zlib import crc32 as _crc32
 
 
-def checksum(data: bytes | bytearray | memoryview | mmap.mmap, previous: int = 0) -> int:
+def checksum(data: Buffer | bytearray | memoryview, previous: int = 0) -> int:
     """Running CRC-32 (zlib's); pass the last value to continue over more bytes."""
     return _crc32(data, previous)
 
