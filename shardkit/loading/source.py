@@ -233,7 +233,8 @@ def _counted(url: str, skip: Callable[[BaseException, str], None] | None) -> int
 def count_samples(url: str) -> int:
     """Samples in a WebDataset tar, walked once and then remembered for this process."""
     store, name = storage.locate(url)
-    key = (store.url(name), store.version(name))
+    # a cheap look (a stat) also gives the version; of an object the size is one request, its version would be another
+    key = (store.url(name), store.size(name), store.version(name) if store.supports_mapping else None)
     with _cache_lock:
         if key in _counts_cache:
             return _counts_cache[key]

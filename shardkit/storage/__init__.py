@@ -23,7 +23,7 @@ from typing import IO, Any, TypeVar
 from shardkit.errors import DatasetNotFoundError
 from shardkit.storage import remote, retry
 from shardkit.storage.caching_store import CachingStore
-from shardkit.storage.conditional import forget_listings, put_if_unchanged, upload_if_absent
+from shardkit.storage.conditional import forget_listings
 from shardkit.storage.faulty_store import FaultyStore
 from shardkit.storage.fsspec_store import FsspecStore
 from shardkit.storage.local import (
@@ -239,6 +239,23 @@ def version(url: str) -> str | None:
     ETag, a local file's size and modification time); None when it is missing."""
     store, name = locate(url)
     return store.version(name)
+
+
+def put_if_unchanged(url: str, data: bytes, *, seen: str | None) -> bool:
+    """Replace ``url`` with ``data`` only if it is still the version ``seen`` (:func:`version`;
+    None: only if it is absent); True when this call wrote it. A request whose answer was lost
+    and that the store then refuses may be this call's own write: holding ``data``, it counts
+    as written. Only where the store compares and replaces in one step (an object store with
+    conditional writes); a local writer holds the directory's lock instead."""
+    store, name = locate(url)
+    return store.put_if_unchanged(name, data, seen=seen)
+
+
+def upload_if_absent(local: str, url: str, *, name_is_mine: bool = False) -> bool:
+    """Copy the local file ``local`` to ``url`` unless something is there; True when this call
+    created it (see :meth:`Store.upload_if_absent`)."""
+    store, name = locate(url)
+    return store.upload_if_absent(name, local, name_is_mine=name_is_mine)
 
 
 def can_put_if_absent(url: str) -> bool:

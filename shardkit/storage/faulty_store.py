@@ -16,8 +16,11 @@ from shardkit.storage.local import Buffer
 from shardkit.storage.paths import guard
 from shardkit.storage.store import Check, Store, WrappingStore
 
-# what a fault can be planted on; put_stream counts as a put
+# what a fault can be planted on: put (also put_stream and upload), put_if_absent (every
+# conditional write: put_if_absent, put_if_unchanged, upload_if_absent), delete, read (every read)
 OPERATIONS = ("put", "put_if_absent", "delete", "read")
+# what the error says was being done, in the backends' words
+_DOING = {"put": "write", "put_if_absent": "write", "delete": "remove", "read": "read"}
 
 
 class FaultyStore(WrappingStore):
@@ -59,7 +62,7 @@ class FaultyStore(WrappingStore):
             error = self._faults.pop(key)
         if error is not None:
             raise error
-        with guard(self.url(name), operation.replace("_", " ")):
+        with guard(self.url(name), _DOING[operation]):
             raise OSError(errno.EIO, f"injected failure of {operation} call {key[1]}", self.url(name))
 
     def read(self, name: str) -> bytes:
@@ -91,6 +94,18 @@ class FaultyStore(WrappingStore):
     def put_if_absent(self, name: str, data: bytes) -> bool:
         self._count("put_if_absent", name)
         return self.inner.put_if_absent(name, data)
+
+    def upload(self, name: str, local: str) -> None:
+        self._count("put", name)
+        self.inner.upload(name, local)
+
+    def put_if_unchanged(self, name: str, data: bytes, *, seen: str | None) -> bool:
+        self._count("put_if_absent", name)
+        return self.inner.put_if_unchanged(name, data, seen=seen)
+
+    def upload_if_absent(self, name: str, local: str, *, name_is_mine: bool = False) -> bool:
+        self._count("put_if_absent", name)
+        return self.inner.upload_if_absent(name, local, name_is_mine=name_is_mine)
 
     def delete(self, name: str) -> None:
         self._count("delete", name)

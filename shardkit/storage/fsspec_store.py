@@ -105,6 +105,14 @@ class FsspecStore(Store):
     def put_if_absent(self, name: str, data: bytes) -> bool:
         return conditional.put_if_absent(self.url(name), data)
 
+    def put_if_unchanged(self, name: str, data: bytes, *, seen: str | None) -> bool:
+        """``If-Match: <seen>`` (``If-None-Match: *`` when ``seen`` is None)."""
+        return conditional.put_if_unchanged(self.url(name), data, seen=seen)
+
+    def upload_if_absent(self, name: str, local: str, *, name_is_mine: bool = False) -> bool:
+        """Streamed, the multipart upload refused when it completes if an object is there."""
+        return conditional.upload_if_absent(local, self.url(name), name_is_mine=name_is_mine)
+
     def delete(self, name: str) -> None:
         with guard(self.url(name), "remove"), contextlib.suppress(FileNotFoundError):
             self._call(name, lambda fs, p: fs.rm_file(p))

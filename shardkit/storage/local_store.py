@@ -151,6 +151,11 @@ class LocalStore(Store):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
 
+    def put_if_unchanged(self, name: str, data: bytes, *, seen: str | None) -> bool:
+        if seen is None:
+            return self.put_if_absent(name, data)
+        raise ValueError(f"{self.url(name)}: put_if_unchanged is for object stores; a local writer holds the output's lock")
+
     def delete(self, name: str) -> None:
         with guard(self.url(name), "remove"), contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(name))

@@ -12,6 +12,7 @@ import datetime
 import errno
 import threading
 import uuid
+import zlib
 
 from shardkit.storage.paths import guard
 from shardkit.storage.store import Entry, Store, held
@@ -41,10 +42,20 @@ class MemoryStore(Store):
         self._files: dict[str, tuple[bytes, datetime.datetime]] = {}
         self._mutex = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
+        self._prefix = ""
+
+    def sub(self, path: str) -> MemoryStore:
+        """The store of the directory ``path`` (``"a/b"``) under this one: the same files, seen
+        from there."""
+        view = object.__new__(MemoryStore)
+        Store.__init__(view, self.url(path.strip("/")))
+        view._files, view._mutex, view._locks = self._files, self._mutex, self._locks
+        view._prefix = self._prefix + path.strip("/") + "/"
+        return view
 
     def _get(self, name: str) -> bytes:
         with self._mutex:
-            found = self._files.get(name)
+            found = self._files.get(self._prefix + name)
         if found is None:
             with guard(self.url(name), "read"):
                 raise FileNotFoundError(errno.ENOENT, "No such file", self.url(name))
@@ -61,45 +72,63 @@ class MemoryStore(Store):
 
     def exists(self, name: str) -> bool:
         with self._mutex:
-            return name in self._files
+            return self._prefix + name in self._files
 
     def is_dir(self, name: str) -> bool:
-        prefix = name.rstrip("/") + "/" if name else ""
+        under = self._prefix + (name.rstrip("/") + "/" if name else "")
         with self._mutex:
-            return any(key.startswith(prefix) for key in self._files)
+            return any(key.startswith(under) for key in self._files)
 
     def version(self, name: str) -> str | None:
         with self._mutex:
-            found = self._files.get(name)
-        return None if found is None else f"{len(found[0])}-{found[1].isoformat()}"
+            found = self._files.get(self._prefix + name)
+        return None if found is None else _version(*found)
+
+    def _below(self, *, missing_ok: bool) -> dict[str, tuple[bytes, datetime.datetime]]:
+        """The files under this store's root, by their names relative to it."""
+        n = len(self._prefix)
+        with self._mutex:
+            found = {key[n:]: value for key, value in self._files.items() if key.startswith(self._prefix)}
+        if not found and self._prefix and not missing_ok:
+            with guard(self.root, "list the directory"):
+                raise FileNotFoundError(errno.ENOENT, "No such directory", self.root)
+        return found
 
     def entries(self, *, missing_ok: bool = False) -> list[Entry]:
-        with self._mutex:
-            files = dict(self._files)
+        files = self._below(missing_ok=missing_ok)
         return [Entry(name, len(data), when) for name, (data, when) in sorted(files.items()) if "/" not in name]
 
     def list(self, *, missing_ok: bool = False) -> list[str]:
-        with self._mutex:
-            return sorted({name.split("/", 1)[0] for name in self._files})
+        return sorted({name.split("/", 1)[0] for name in self._below(missing_ok=missing_ok)})
 
     def put(self, name: str, data: bytes) -> None:
         now = datetime.datetime.now(datetime.timezone.utc)
         with self._mutex:
-            self._files[name] = (bytes(data), now)
+            self._files[self._prefix + name] = (bytes(data), now)
 
     def put_if_absent(self, name: str, data: bytes) -> bool:
+        return self.put_if_unchanged(name, data, seen=None)
+
+    def put_if_unchanged(self, name: str, data: bytes, *, seen: str | None) -> bool:
         now = datetime.datetime.now(datetime.timezone.utc)
         with self._mutex:
-            if name in self._files:
+            found = self._files.get(self._prefix + name)
+            if (None if found is None else _version(*found)) != seen:
                 return False
-            self._files[name] = (bytes(data), now)
+            self._files[self._prefix + name] = (bytes(data), now)
             return True
 
     def delete(self, name: str) -> None:
         with self._mutex:
-            self._files.pop(name, None)
+            self._files.pop(self._prefix + name, None)
 
     def lock(self, name: str, *, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
         with self._mutex:
-            lock = self._locks.setdefault(name, threading.Lock())
+            lock = self._locks.setdefault(self._prefix + name, threading.Lock())
         return held(lock.acquire(blocking=wait), lock.release)
+
+
+def _version(data: bytes, when: datetime.datetime) -> str:
+    """A file's version: its size and write time (to the microsecond), and a digest of its bytes
+    (two writes within one microsecond have different versions unless they wrote the same)."""
+    return f"{len(data)}-{when.isoformat()}-{zlib.crc32(data):08x}"

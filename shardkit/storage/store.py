@@ -81,6 +81,11 @@ class Store(abc.ABC):
         """The full URL of the file ``name`` (the URL errors name)."""
         return self.root.rstrip("/") + "/" + name if name else self.root
 
+    def sub(self, path: str) -> Store:
+        """The store of the directory ``path`` under this one (what a mounted store answers for
+        the URLs below its root). Stores that URLs reach directly are made by ``store_for``."""
+        raise ValueError(f"{self.url(path)}: a {type(self).__name__} is reached by its URL (storage.store_for), not as a sub-store")
+
     # -- reading -------------------------------------------------------------------------------
     @abc.abstractmethod
     def read(self, name: str) -> bytes:
@@ -179,6 +184,27 @@ class Store(abc.ABC):
         """
         raise ConfigError(f"{self.url(name)}: this store has no conditional write (If-None-Match); it cannot commit safely")
 
+    def put_if_unchanged(self, name: str, data: bytes, *, seen: str | None) -> bool:
+        """Replace ``name`` with ``data`` only if it is still the version ``seen`` (:meth:`version`;
+        None: only if it is absent); True when this call wrote it.
+
+        Raises:
+            ConfigError: the store cannot compare and replace in one step.
+        """
+        if seen is None:
+            return self.put_if_absent(name, data)
+        raise ConfigError(f"{self.url(name)}: this store has no conditional write (If-Match); it cannot commit safely")
+
+    def upload_if_absent(self, name: str, local: str, *, name_is_mine: bool = False) -> bool:
+        """Copy the local file ``local`` to ``name`` unless something is there; True when this
+        call created it. With ``name_is_mine`` (no other job writes ``name``), a file there that
+        holds the same bytes is a retry of this upload and counts as created."""
+        with open(local, "rb") as f:
+            data = f.read()
+        if self.put_if_absent(name, data):
+            return True
+        return name_is_mine and self.read(name) == data
+
     @abc.abstractmethod
     def delete(self, name: str) -> None:
         """Remove the file ``name``; nothing happens when it is missing."""
@@ -248,6 +274,12 @@ class WrappingStore(Store):
 
     def put_if_absent(self, name: str, data: bytes) -> bool:
         return self.inner.put_if_absent(name, data)
+
+    def put_if_unchanged(self, name: str, data: bytes, *, seen: str | None) -> bool:
+        return self.inner.put_if_unchanged(name, data, seen=seen)
+
+    def upload_if_absent(self, name: str, local: str, *, name_is_mine: bool = False) -> bool:
+        return self.inner.upload_if_absent(name, local, name_is_mine=name_is_mine)
 
     def delete(self, name: str) -> None:
         self.inner.delete(name)

@@ -67,9 +67,7 @@ def store_for(url: str | os.PathLike[str], *, reads: RemoteReads | None = None) 
     found = _mounted_at(url)
     if found is not None:
         store, name = found
-        if name:
-            raise ValueError(f"{url}: a store mounted at {store.root} has no sub-stores")
-        return store
+        return store.sub(name) if name else store
     if remote.scheme(url) is None:
         return LocalStore(url)
     return _reading(FsspecStore(url, concurrency=(reads or RemoteReads()).concurrency), reads)
@@ -80,7 +78,11 @@ def locate(url: str | os.PathLike[str], *, reads: RemoteReads | None = None) -> 
     url = os.fspath(url)
     found = _mounted_at(url)
     if found is not None:
-        return found
+        store, name = found
+        if "/" in name.rstrip("/"):
+            path, name = name.rsplit("/", 1)
+            return store.sub(path), name
+        return store, name
     cut = max(url.rfind("/"), url.rfind(os.sep)) + 1
     if remote.scheme(url) is None:
         return LocalStore(url[:cut]), url[cut:]
