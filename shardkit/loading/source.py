@@ -2,7 +2,7 @@
 
 A dataset directory is described by its manifest (names, counts, sizes, checksums). Plain tar
 shards (a list, a glob or a brace pattern) are walked once to count their samples; the counts
-are cached per process by (URL, size, modification time), so a second loader starts at once.
+are cached per process by (URL, size, version: a local file's modification time), so a second loader starts at once.
 Each plain shard is read as one pile, so its samples stay together in the order: the loader
 says so once, with the command that makes piles. A plain shard is also checked for a key that
 names two samples (its members are not adjacent), which a pile cannot hold.
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 _SHARD_SUFFIXES = compression.SHARD_SUFFIXES
 
-_counts_cache: dict[tuple[str, int, int], int] = {}
+_counts_cache: dict[tuple[str, int, str], int] = {}
 _cache_lock = threading.Lock()
 
 
@@ -234,7 +234,7 @@ def count_samples(url: str) -> int:
     """Samples in a WebDataset tar, walked once and then remembered for this process."""
     store, name = storage.locate(url)
     # a cheap look (a stat) also gives the version; of an object the size is one request, its version would be another
-    key = (store.url(name), store.size(name), store.version(name) if store.supports_mapping else None)
+    key = (store.url(name), store.size(name), (store.version(name) if store.supports_mapping else None) or "")
     with _cache_lock:
         if key in _counts_cache:
             return _counts_cache[key]

@@ -39,8 +39,8 @@ class FsspecStore(Store):
         self.concurrency = concurrency
         self._conditional: bool | None = None
 
-    @property  # type: ignore[override]
-    def supports_put_if_absent(self) -> bool:  # asks the filesystem, which may connect: only when wanted
+    @property
+    def supports_put_if_absent(self) -> bool:  # type: ignore[override]  # asks the filesystem, which may connect: only when wanted
         if self._conditional is None:
             self._conditional = conditional.can_put_if_absent(self.url("x"))
         return self._conditional

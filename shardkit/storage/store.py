@@ -162,14 +162,11 @@ class Store(abc.ABC):
     def put(self, name: str, data: bytes) -> None:
         """Make ``data`` the file ``name``, atomically: a reader sees the old file or the new, whole."""
 
-    @contextlib.contextmanager
-    def put_stream(self, name: str, *, size: int | None = None) -> Iterator[IO[bytes]]:
+    def put_stream(self, name: str, *, size: int | None = None) -> contextlib.AbstractContextManager[IO[bytes]]:
         """A file object whose bytes become ``name`` when the block exits cleanly (and nothing
         when it raises). ``size``, the bytes about to be written when known, is named if the
         disk fills up. Here: gathered in memory and :meth:`put` whole."""
-        buffer = io.BytesIO()
-        yield buffer
-        self.put(name, buffer.getvalue())
+        return _gathered(self, name)
 
     def upload(self, name: str, local: str) -> None:
         """Copy the local file ``local`` to ``name`` (atomically, as :meth:`put`)."""
@@ -286,6 +283,13 @@ class WrappingStore(Store):
 
     def lock(self, name: str, *, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
         return self.inner.lock(name, wait=wait)
+
+
+@contextlib.contextmanager
+def _gathered(store: Store, name: str) -> Iterator[IO[bytes]]:
+    buffer = io.BytesIO()
+    yield buffer
+    store.put(name, buffer.getvalue())
 
 
 @contextlib.contextmanager
