@@ -223,9 +223,12 @@ class WrappingStore(Store):
     def __init__(self, inner: Store) -> None:
         super().__init__(inner.root)
         self.inner = inner
-        self.supports_put_if_absent = inner.supports_put_if_absent
         self.supports_mapping = inner.supports_mapping  # type: ignore[misc]
         self.supports_locks = inner.supports_locks  # type: ignore[misc]
+
+    @property
+    def supports_put_if_absent(self) -> bool:  # type: ignore[override]  # asked of the inner store when wanted: it may connect
+        return self.inner.supports_put_if_absent
 
     def url(self, name: str) -> str:
         return self.inner.url(name)
