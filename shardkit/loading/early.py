@@ -19,7 +19,6 @@ pile read whole (checked against the manifest) answers for it, and raises what i
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -45,14 +44,15 @@ def lookup(root: str, generation: int | None, info: PileInfo | None, url: str) -
     """
     if info is None or generation is None or info.compression is not None or info.segments is not None:
         return None
-    if storage.local_path(url) is None or storage.local_path(root) is None:
-        return None  # an object store: a ranged request costs about what the first range of the whole read does
-    where = storage.join(root, layout.index_name(generation))
-    path = storage.local_path(where)
-    if path is None or not os.path.isfile(path):
+    store, name = storage.locate(url)
+    index, index_name = storage.locate(storage.join(root, layout.index_name(generation)))
+    if not (store.supports_mapping and index.supports_mapping):
+        return None  # the bytes travel: a ranged request costs about what the first range of the whole read does
+    where = index.url(index_name)
+    if not index.exists(index_name) or index.is_dir(index_name):
         return None
     try:
-        data = storage.map_bytes(where)
+        data = index.read_whole(index_name)
     except DatasetNotFoundError:
         return None
     try:
@@ -63,7 +63,7 @@ def lookup(root: str, generation: int | None, info: PileInfo | None, url: str) -
     if found is None:
         return None
     try:
-        buf = storage.map_bytes(url)
+        buf = store.read_whole(name)
     except DatasetNotFoundError:
         return None  # the whole read says so
     if len(buf) != info.bytes or int(found[0][-1]) > len(buf):
