@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 import shardkit
-from shardkit.loading.blend import Frames, apportion, composition, iid_sources
+from shardkit.loading.blend.frames import Frames, apportion, composition, iid_sources
 
 MIXTURES = {"70/30": (0.7, 0.3), "50/30/20": (0.5, 0.3, 0.2), "90/5/5": (0.9, 0.05, 0.05), "8 even": (1,) * 8}
 SIZES = {"smoke": {"batches": 200, "samples": 2_000, "repeats": 1}, "small": {"batches": 20_000, "samples": 60_000, "repeats": 3}}

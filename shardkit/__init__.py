@@ -34,8 +34,8 @@ if TYPE_CHECKING:
         StorageError,
         WorkerError,
     )
-    from shardkit.loading.blend_loader import loader
-    from shardkit.loading.blend_spec import Blend, BlendSource
+    from shardkit.loading.blend.loader import loader
+    from shardkit.loading.blend.spec import Blend, BlendSource
     from shardkit.loading.loader import Loader
     from shardkit.loading.options import LoaderOptions
     from shardkit.loading.random_access import MapDataset, open
@@ -49,8 +49,8 @@ if TYPE_CHECKING:
 
 
 _WHERE = {
-    "Blend": "shardkit.loading.blend_spec",
-    "BlendSource": "shardkit.loading.blend_spec",
+    "Blend": "shardkit.loading.blend.spec",
+    "BlendSource": "shardkit.loading.blend.spec",
     "Codecs": "shardkit.codecs",
     "ConfigError": "shardkit.errors",
     "CorruptShardError": "shardkit.errors",
@@ -81,7 +81,7 @@ _WHERE = {
     "gc": "shardkit.tools",
     "info": "shardkit.tools",
     "load_job": "shardkit.cli",
-    "loader": "shardkit.loading.blend_loader",
+    "loader": "shardkit.loading.blend.loader",
     "open": "shardkit.loading.random_access",
     "pile": "shardkit.piles.preprocess",
     "pile_kwargs": "shardkit.cli",

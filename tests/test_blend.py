@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardkit.loading import blend
-from shardkit.loading.blend import Frames, apportion, composition, epoch_length, sources, taken_before
+from shardkit.loading.blend import frames as blend
+from shardkit.loading.blend.frames import Frames, apportion, composition, epoch_length, sources, taken_before
 
 
 def test_apportion_is_exact_and_breaks_ties_to_the_earlier():

@@ -9,7 +9,7 @@ import os
 import pytest
 
 import shardkit
-from shardkit.loading.blend_loader import BlendLoader
+from shardkit.loading.blend.loader import BlendLoader
 
 
 def make(root, name: str, n: int, *, piles: int, seed: int, field: str = "txt") -> str:
@@ -105,7 +105,7 @@ def test_a_state_of_other_shares_is_refused_naming_the_source(pair):
 
 def test_different_fields_collate_with_none_and_say_so(tmp_path, pair, caplog):
     img = make(tmp_path, "img", 60, piles=2, seed=5, field="bin")
-    with caplog.at_level(logging.INFO, logger="shardkit.loading.blend_source"):
+    with caplog.at_level(logging.INFO, logger="shardkit.loading.blend.source"):
         loader = shardkit.loader({"web": pair["web"], "img": img}, weights={"web": 1, "img": 1}, batch_size=6, decode=False, epoch_size=60)
     assert "different fields" in caplog.text
     batch = next(iter(loader))
@@ -162,7 +162,7 @@ def test_torch_dataloader_workers_read_the_blend_and_resume(pair):
 
 
 def test_many_piles_to_a_cell_never_stall_the_reader(tmp_path, monkeypatch):
-    from shardkit.loading import blend_schedule
+    from shardkit.loading.blend import schedule as blend_schedule
 
     monkeypatch.setattr(blend_schedule, "CELL", 16)  # so an epoch spans many cells and many piles
     many = {"a": make(tmp_path, "a", 400, piles=40, seed=1), "b": make(tmp_path, "b", 200, piles=25, seed=2)}

@@ -33,11 +33,11 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 from shardkit._util import check_int
 from shardkit.errors import ConfigError
 from shardkit.loading import elastic
-from shardkit.loading.blend_loader import FORMAT as BLEND_FORMAT
-from shardkit.loading.blend_loader import VERSION as BLEND_VERSION
-from shardkit.loading.blend_loader import BlendLoader, check_sources, is_blend, source_fields
-from shardkit.loading.blend_source import Anchor, BlendedSource, resolve_blend
-from shardkit.loading.blend_spec import Blend
+from shardkit.loading.blend.loader import FORMAT as BLEND_FORMAT
+from shardkit.loading.blend.loader import VERSION as BLEND_VERSION
+from shardkit.loading.blend.loader import BlendLoader, check_sources, is_blend, source_fields
+from shardkit.loading.blend.source import Anchor, BlendedSource, resolve_blend
+from shardkit.loading.blend.spec import Blend
 from shardkit.loading.elastic import Phase
 from shardkit.loading.handoff import Handoff, convert
 from shardkit.loading.loader import Loader
@@ -122,7 +122,7 @@ class ShardkitDataset(IterableDataset):
     (each worker skips what it had given and they take turns where they left off); with others,
     it is every sample no worker of any rank had read, split anew among the ranks and workers
     (equal counts on every rank); a blend's rest is shaped as
-    :meth:`shardkit.loading.blend_loader.BlendLoader.load_state_dict` says.
+    :meth:`shardkit.loading.blend.loader.BlendLoader.load_state_dict` says.
     With workers, only the DataLoader knows how many items it yielded: use
     :class:`ShardkitDataLoader`, or pass the count to :meth:`state_dict`.
 

@@ -19,7 +19,7 @@ from typing import Any
 from shardkit import storage
 from shardkit._util import bar, check_int, check_path
 from shardkit.errors import ConfigError
-from shardkit.loading.blend_loader import loader
+from shardkit.loading.blend.loader import loader
 from shardkit.tools.audit import info
 
 FORMATS = ("parquet",)

@@ -6,12 +6,12 @@ on. Each blend epoch takes the next stretch of every source's stream (its share 
 so a source that gives fewer samples than it holds continues where it stopped in the next blend
 epoch, one that gives more runs on into its next permutation, and no sample of a source comes
 twice before all of it was read. Which source fills each position is
-:mod:`~shardkit.loading.blend`'s schedule, a pure function of (seed, epoch, shares, batch size):
+:mod:`~shardkit.loading.blend.frames`'s schedule, a pure function of (seed, epoch, shares, batch size):
 every batch holds each source's share to within one sample.
 
 Ranks split the positions of a blend epoch as :mod:`~shardkit.loading.elastic` splits any
 epoch, so a state resumes on another world size, batch size or number of DataLoader workers
-(:mod:`~shardkit.loading.blend_source` says how the rest of such an epoch is shaped). The piles
+(:mod:`~shardkit.loading.blend.source` says how the rest of such an epoch is shaped). The piles
 of all sources are one list for the loader's reader, so prefetch, ``mix``, workers, ``on_error``
 and resume work as for one dataset. Memory: about ``mix + 1`` piles per source being read plus
 ``prefetch``.
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import ConfigError
-from shardkit.loading.blend_schedule import BlendSchedule
-from shardkit.loading.blend_source import Anchor, BlendedSource, resolve_blend
-from shardkit.loading.blend_spec import Blend, BlendSource
+from shardkit.loading.blend.schedule import BlendSchedule
+from shardkit.loading.blend.source import Anchor, BlendedSource, resolve_blend
+from shardkit.loading.blend.spec import Blend, BlendSource
 from shardkit.loading.elastic import Phase, Range
 from shardkit.loading.loader import Loader
 from shardkit.loading.loader import loader as plain_loader

@@ -17,8 +17,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from shardkit.loading import plan
-from shardkit.loading.blend import Frames, composition, sources, taken_before
-from shardkit.loading.blend_source import BlendedSource
+from shardkit.loading.blend.frames import Frames, composition, sources, taken_before
+from shardkit.loading.blend.source import BlendedSource
 from shardkit.loading.elastic import Range
 from shardkit.loading.options import LoaderOptions
 

@@ -31,8 +31,8 @@ import numpy as np
 from shardkit import manifest, storage
 from shardkit.errors import ConfigError
 from shardkit.loading import elastic
-from shardkit.loading.blend import Frames, apportion, epoch_length, taken_before
-from shardkit.loading.blend_spec import Blend
+from shardkit.loading.blend.frames import Frames, apportion, epoch_length, taken_before
+from shardkit.loading.blend.spec import Blend
 from shardkit.loading.elastic import Phase
 from shardkit.loading.options import LoaderOptions
 from shardkit.loading.source import Source, resolve

@@ -21,7 +21,7 @@ from typing import Any
 
 from shardkit._util import shown
 from shardkit.errors import ConfigError
-from shardkit.loading.blend import apportion
+from shardkit.loading.blend.frames import apportion
 
 _CHOICES = ("weight", "count", "repeat")
 
