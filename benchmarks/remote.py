@@ -256,7 +256,7 @@ def run_cached(data: Data, server: Server, cache_dir: str) -> tuple[dict[str, An
         n2, s2 = _epoch(loader, 1)
         seen = delta(before, server.counts())
         filling = delta(start, before)
-        stats = loader._reads.cache.stats()
+        stats = loader._setup.reads.cache.stats()
     assert n1 == n2 == data.samples, (n1, n2)
     fill = {"samples": n1, "bytes": data.bytes, "seconds": s1, "requests": filling["requests"], "connections": filling["connections"]}
     cached = {

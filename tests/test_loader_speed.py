@@ -45,7 +45,7 @@ def general(source: str, **options) -> list:
 
 def fast(source: str, **options) -> list:
     with shardkit.loader(source, decode=False, **options) as loader:
-        assert loader._columnar
+        assert loader._setup.columnar
         return list(loader)
 
 

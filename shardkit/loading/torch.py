@@ -33,11 +33,11 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 from shardkit._util import check_int
 from shardkit.errors import ConfigError
 from shardkit.loading import elastic
-from shardkit.loading.blend.loader import FORMAT as BLEND_FORMAT
-from shardkit.loading.blend.loader import VERSION as BLEND_VERSION
-from shardkit.loading.blend.loader import BlendLoader, check_sources, is_blend, source_fields
+from shardkit.loading.blend.epochs import FORMAT as BLEND_FORMAT
+from shardkit.loading.blend.epochs import VERSION as BLEND_VERSION
+from shardkit.loading.blend.epochs import check_sources, source_fields
 from shardkit.loading.blend.source import Anchor, BlendedSource, resolve_blend
-from shardkit.loading.blend.spec import Blend
+from shardkit.loading.blend.spec import Blend, is_blend
 from shardkit.loading.elastic import Phase
 from shardkit.loading.handoff import Handoff, convert
 from shardkit.loading.loader import Loader
@@ -122,7 +122,7 @@ class ShardkitDataset(IterableDataset):
     (each worker skips what it had given and they take turns where they left off); with others,
     it is every sample no worker of any rank had read, split anew among the ranks and workers
     (equal counts on every rank); a blend's rest is shaped as
-    :meth:`shardkit.loading.blend.loader.BlendLoader.load_state_dict` says.
+    :meth:`shardkit.loading.blend.epochs.BlendEpochs.resume` says.
     With workers, only the DataLoader knows how many items it yielded: use
     :class:`ShardkitDataLoader`, or pass the count to :meth:`state_dict`.
 
@@ -249,7 +249,7 @@ class ShardkitDataset(IterableDataset):
     def _loader_at(self, options: LoaderOptions, epoch: int, position: int, done: tuple[Phase, ...]) -> Loader:
         """A loader with ``options`` at ``position`` of its slice of ``epoch``, after the phases
         ``done``; a blend's is told where each source stood when the epoch began."""
-        loader = BlendLoader(self.source, options) if isinstance(self.source, BlendedSource) else Loader(self.source, options)
+        loader = Loader(self.source, options)  # a blend's source reads as a blend
         state = make_state(
             epoch=epoch, position=position, options=loader.options, dataset=self._fingerprint, samples=self.source.samples, done=done
         )

@@ -184,3 +184,12 @@ class Blend:
         if sum(counts) == 0:
             raise ConfigError(f"blend: every source gives 0 samples per epoch ({', '.join(self.names)}); expected at least one > 0")
         return counts
+
+
+def is_blend(source: Any) -> bool:
+    """Whether ``source`` names several datasets (a Blend, a mapping, or a list of named sources)."""
+    if isinstance(source, (Blend, Mapping)):
+        return True
+    return (
+        isinstance(source, Sequence) and not isinstance(source, (str, bytes)) and any(isinstance(s, (BlendSource, Mapping)) for s in source)
+    )

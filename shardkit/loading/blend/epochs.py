@@ -1,0 +1,176 @@
+"""A blend's epochs: each one's schedule over its sources' streams, and what a resume state records of them.
+
+Each blend epoch takes the next stretch of every source's endless stream
+(:mod:`~shardkit.loading.blend.source`), mixed by :mod:`~shardkit.loading.blend.frames`'s
+schedule. A blend state is a loader state with each source's identity and its stream position
+when the epoch began; an :class:`~shardkit.loading.blend.source.Anchor` keeps where the epoch a
+state resumed began, so the epochs after it follow on from there.
+
+    epochs = BlendEpochs(resolve_blend(blend, options), options)
+    schedule = epochs.schedule(0, (), [(0, 512)], world=1, batch_size=64)
+    state = epochs.state(0, 128, ())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import ConfigError
+from shardkit.loading.blend.schedule import BlendSchedule
+from shardkit.loading.blend.source import Anchor, BlendedSource
+from shardkit.loading.elastic import Phase, Range
+from shardkit.loading.epochs import ranges
+from shardkit.loading.options import LoaderOptions
+from shardkit.loading.state import (
+    Resume,
+    bounded,
+    check_done,
+    check_epoch,
+    check_format,
+    check_identity,
+    check_order,
+    check_position,
+    check_split,
+    make_state,
+)
+
+FORMAT = "shardkit.blend"
+# the furthest stream position a state may start a source at: int64 with room for epochs after it
+MAX_START = 1 << 56
+# version 2 adds "done" (the phases of the epoch read before a change of split) and each
+# source's "start" (its stream position when the epoch began) and "wanted"; a version 1 state
+# (taken before a blend could change split) reads as one with none
+VERSION = 2
+READS = (1, 2)
+
+
+class BlendEpochs:
+    """The epochs of a blend read with ``options``; see the module docstring.
+
+    Example:
+        epochs = BlendEpochs(source, options)
+        resume = epochs.resume(state)      # and the epochs after it follow on from the state's
+    """
+
+    def __init__(self, source: BlendedSource, options: LoaderOptions) -> None:
+        self.source, self.options = source, options
+        self.fingerprint = source.fingerprint()
+        self.anchor = Anchor()  # where the epoch a state resumed began, in every source's stream
+
+    def starts(self, epoch: int) -> np.ndarray:
+        """Each source's stream position when ``epoch`` begins."""
+        o = self.options
+        assert o.world_size is not None
+        return self.source.starts(self.anchor, epoch, seed=o.seed, world=o.world_size, batch_size=o.batch_size, drop_last=o.drop_last)
+
+    def schedule(self, epoch: int, done: Sequence[Phase], ranges: Sequence[Range], *, world: int, batch_size: int | None) -> BlendSchedule:
+        o = self.options
+        frames = self.source.frames(seed=o.seed, epoch=epoch, done=done, world=world, batch_size=batch_size, drop_last=o.drop_last)
+        return BlendSchedule(self.source, frames, self.starts(epoch), ranges, o)
+
+    def state(self, epoch: int, position: int, done: Sequence[Phase]) -> dict[str, Any]:
+        """A loader state with each source's stream position when the epoch began (``start``)
+        and where this rank stands in it."""
+        o = self.options
+        state = make_state(epoch=epoch, position=position, options=o, dataset=self.fingerprint, samples=self.source.samples, done=done)
+        state.update(format=FORMAT, version=VERSION)
+        sched = self.schedule(epoch, done, ranges(self.source.rest, done, o), world=o.world_size, batch_size=o.batch_size)  # type: ignore[arg-type]
+        at = sched.stream_at(sched.global_at(position))
+        state["sources"] = source_fields(self.source, sched.start.tolist())
+        for name, part, p in zip(self.source.names, self.source.parts, at.tolist(), strict=True):
+            # where this rank stands in each source's stream (for a reader: not read back)
+            state["sources"][name].update(epoch=int(p) // part.samples, position=int(p) % part.samples)
+        return state
+
+    def resume(self, state: Any) -> Resume:
+        """Where a blend ``state`` resumes; the epochs after it follow on from where it stood.
+
+        The state may come from another world size, batch size or number of ``shardkit.torch``
+        DataLoader workers, and from several changes in one epoch. What holds then:
+
+        * the rest of the epoch is every position of it no rank had read, each once, split in
+          equal shares among this job's ranks; it is rounded *up* to whole batches on every rank
+          (whatever ``drop_last``) by reading on into the sources, and the next epoch starts
+          where each source stopped, so no sample of a source comes twice before all of it
+          was read, and none is skipped;
+        * the order of the rest is a pure function of the state, which grows by a few integers
+          per change;
+        * the mixture: while every phase keeps the batch size the epoch began with (any world
+          sizes and workers), every batch of the rest is a whole batch of the epoch's schedule,
+          holding each source's share to within one sample. Once a phase has another batch
+          size, a batch is a stretch of that schedule cut across its batches (and across what
+          other ranks had read): its whole batches are within one sample, the parts at its ends
+          are random draws, so a source may be off by a few samples in a batch; over the rest
+          of the epoch every source still gives exactly its unread positions.
+
+        Raises:
+            ConfigError: the state is malformed, or was taken on other sources, shares or order
+                options (each difference is named).
+        """
+        o = self.options
+        state = check_format(state, FORMAT, READS, "shardkit blend")
+        start = check_sources(
+            state, self.source, drop_last=o.drop_last, legacy=state["version"] == 1
+        )  # first: a difference is named by source
+        if state["version"] == 1:  # its fingerprint was of its split too; the sources matched
+            check_order(state, o)
+        else:
+            check_identity(state, options=o, dataset=self.fingerprint, samples=self.source.samples, name=self.source.name)
+        resume = check_position(state, options=o, rest=self.source.rest)
+        anchor = Anchor(resume.epoch, start, resume.done)
+        if resume.epoch != state["epoch"]:  # the state's phase had read all it split: the next epoch follows on
+            world, batch = check_split(state)
+            done, _ = check_done(state, rest=self.source.rest, world=world, batch_size=batch, drop_last=o.drop_last)
+            taken = Anchor(state["epoch"], start, done)
+            following = self.source.starts(taken, resume.epoch, seed=o.seed, world=world, batch_size=batch, drop_last=o.drop_last)
+            anchor = Anchor(resume.epoch, tuple(following.tolist()))
+        self.anchor = anchor
+        return resume
+
+    def pins(self, state: Any) -> int | None:
+        """None: a blend reads each source's latest generation."""
+        return None
+
+    def at_generation(self, generation: int) -> BlendEpochs:
+        raise NotImplementedError("a blend reads its sources' latest generations: pins() never names one")
+
+
+def check_sources(state: dict[str, Any], source: BlendedSource, *, drop_last: bool, legacy: bool = False) -> tuple[int, ...]:
+    """Each source's stream position when the state's epoch began, once the state's sources are
+    ``source``'s (the first difference named by source). ``legacy``: a version 1 blend state,
+    which records each source's share on its own split and no start."""
+    taken = state.get("sources")
+    if not isinstance(taken, dict) or sorted(taken) != sorted(source.names):
+        shown = sorted(taken) if isinstance(taken, dict) else taken
+        raise ConfigError(f"load_state_dict: the state was taken on sources {shown!r}, this blend has {sorted(source.names)}")
+    epoch = check_epoch(state)
+    if legacy:  # its epoch began on its own split
+        world, batch = check_split(state)
+        asked = ("share", source.shape(world=world, batch_size=batch, drop_last=drop_last)[1])
+    else:
+        asked = ("wanted", list(source.wanted))
+    starts = []
+    for name, part, count in zip(source.names, source.parts, asked[1], strict=True):
+        theirs = taken[name] if isinstance(taken[name], dict) else {}
+        for field, ours in (("dataset", part.fingerprint()), ("samples", part.samples), (asked[0], count)):
+            if theirs.get(field) != ours:
+                raise ConfigError(
+                    f"load_state_dict: source {name!r}: the state has {field}={theirs.get(field)!r}, this blend has {field}={ours!r}"
+                )
+        start = epoch * count if legacy else theirs.get("start")
+        # a stream position: numpy holds it as int64, with room for the epoch's positions after it
+        starts.append(
+            bounded(f"load_state_dict: sources[{name!r}].start", start, low=0, most=MAX_START, why="int64, with room for epochs after it")
+        )
+    return tuple(starts)
+
+
+def source_fields(source: BlendedSource, starts: Sequence[int]) -> dict[str, dict[str, Any]]:
+    """What a state records of each source: what identifies it, and its stream position when the epoch began."""
+    return {
+        name: {"dataset": part.fingerprint(), "samples": part.samples, "wanted": wanted, "start": int(start)}
+        for name, part, wanted, start in zip(source.names, source.parts, source.wanted, starts, strict=True)
+    }

@@ -1,0 +1,154 @@
+"""What differs between reading one dataset and a blend: each epoch's schedule and the resume state.
+
+A :class:`~shardkit.Loader` is the same machine for one dataset and for a blend; it holds an
+:class:`Epochs`, which says which schedule reads a rank's global ranges of an epoch, what a
+state records of a position in it, and where a state resumes. :class:`PileEpochs` serves one
+dataset (its piles in the order of :mod:`~shardkit.loading.plan`), and
+:class:`~shardkit.loading.blend.epochs.BlendEpochs` a blend. :func:`keys` is the ledger both share.
+
+    epochs = PileEpochs(source, options)
+    schedule = epochs.schedule(0, (), [(0, 1024)], world=1, batch_size=32)
+    resume = epochs.resume(epochs.state(0, 512, ()))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from shardkit import storage
+from shardkit.errors import ConfigError
+from shardkit.loading import elastic, plan, turns
+from shardkit.loading.elastic import Phase, Range
+from shardkit.loading.options import LoaderOptions
+from shardkit.loading.reading import Schedule
+from shardkit.loading.source import Source, at_generation
+from shardkit.loading.state import Resume, check_state, make_state, pinned_generation
+
+log = logging.getLogger(__name__)
+
+
+class Epochs(Protocol):
+    """How a loader's epochs are read and resumed (see the module docstring)."""
+
+    @property
+    def source(self) -> Source:
+        """What is read."""
+        ...
+
+    @property
+    def fingerprint(self) -> str:
+        """What identifies the data (a state names it)."""
+        ...
+
+    def schedule(self, epoch: int, done: Sequence[Phase], ranges: Sequence[Range], *, world: int, batch_size: int | None) -> Schedule:
+        """What reads the global ``ranges`` of ``epoch`` (split by ``world`` ranks of ``batch_size``
+        after the phases ``done``)."""
+        ...
+
+    def state(self, epoch: int, position: int, done: Sequence[Phase]) -> dict[str, Any]:
+        """The state of this rank at ``position`` of its slice of ``epoch``, after the phases ``done``."""
+        ...
+
+    def resume(self, state: Any) -> Resume:
+        """Where ``state`` resumes, once checked against this loader's data and options."""
+        ...
+
+    def pins(self, state: Any) -> int | None:
+        """The generation ``state`` was taken on, when it is not the one read; else None."""
+        ...
+
+    def at_generation(self, generation: int) -> Epochs:
+        """These epochs on generation ``generation`` of the dataset."""
+        ...
+
+
+class PileEpochs:
+    """The epochs of one dataset: each an :class:`~shardkit.loading.plan.EpochOrder` of its piles.
+
+    Example:
+        epochs = PileEpochs(source, options)
+        sched = epochs.schedule(0, (), [(0, len(source))], world=1, batch_size=None)
+    """
+
+    def __init__(self, source: Source, options: LoaderOptions) -> None:
+        self.source, self.options = source, options
+        self.fingerprint = source.fingerprint()
+
+    def schedule(self, epoch: int, done: Sequence[Phase], ranges: Sequence[Range], *, world: int, batch_size: int | None) -> plan.Schedule:
+        o = self.options
+        order = plan.EpochOrder(self.source.counts, seed=o.seed, epoch=epoch, shuffle=o.shuffle, mix=o.mix)
+        return plan.Schedule.over(order, ranges)
+
+    def state(self, epoch: int, position: int, done: Sequence[Phase]) -> dict[str, Any]:
+        src = self.source
+        return make_state(
+            epoch=epoch,
+            position=position,
+            options=self.options,
+            dataset=self.fingerprint,
+            samples=src.samples,
+            done=done,
+            generation=src.generation,
+        )
+
+    def resume(self, state: Any) -> Resume:
+        src = self.source
+        return check_state(state, options=self.options, dataset=self.fingerprint, samples=src.samples, name=src.name, rest=src.rest)
+
+    def pins(self, state: Any) -> int | None:
+        generation = pinned_generation(state)
+        return None if generation is None or self.source.generation in (None, generation) else generation
+
+    def at_generation(self, generation: int) -> PileEpochs:
+        pinned = PileEpochs(at_generation(self.source.name, generation), self.options)
+        log.info("%s: reading generation %d, the one the state was taken on", self.source.name, generation)
+        return pinned
+
+
+def keys(
+    epochs: Epochs,
+    options: LoaderOptions,
+    *,
+    step: int,
+    epoch: int,
+    done: tuple[Phase, ...],
+    workers: int,
+    reads: storage.RemoteReads,
+) -> list[list[str]]:
+    """The keys of the samples global step ``step`` of ``epoch`` reads on every rank
+    (``keys[rank]``), after the phases ``done``, for ``workers`` DataLoader workers a rank; see
+    :meth:`shardkit.Loader.keys`."""
+    o, source = options, epochs.source
+    assert o.world_size is not None
+    at = turns.locate(
+        step, rest=source.rest, done=done, world=o.world_size, batch_size=o.batch_size, workers=workers, drop_last=o.drop_last
+    )
+    if isinstance(at, int):
+        raise ConfigError(f"step: {step} is past the end of the epoch ({at} steps a rank)")
+    per = at.batch_size or 1
+    names: dict[int, list[str]] = {}
+    found = []
+    for rank in range(at.world):
+        ranges = elastic.share(
+            at.rest, world=at.world, rank=rank, drop_last=o.drop_last, batch_size=at.batch_size, workers=at.workers, worker=at.worker
+        )
+        schedule = epochs.schedule(epoch, done[: at.phase], ranges, world=at.world, batch_size=at.batch_size)
+        piles, index = schedule.take(at.item * per, min((at.item + 1) * per, len(schedule)))
+        for pile in set(piles.tolist()) - names.keys():
+            names[pile] = source.open(pile, source.fetch(pile, reads=reads)).keys
+        found.append([names[p][i] for p, i in zip(piles.tolist(), index.tolist(), strict=True)])
+    return found
+
+
+def ranges(rest: Callable[..., list[Range]], done: Sequence[Phase], options: LoaderOptions) -> list[Range]:
+    """The global ranges a loader with ``options`` reads of an epoch whose phases ``done`` were
+    read before (``rest``: its source's :meth:`~shardkit.loading.source.Source.rest`)."""
+    o = options
+    assert o.rank is not None and o.world_size is not None
+    left = rest(done, world=o.world_size, batch_size=o.batch_size, drop_last=o.drop_last)
+    index, workers = o.worker
+    return elastic.share(
+        left, world=o.world_size, rank=o.rank, drop_last=o.drop_last, batch_size=o.batch_size, workers=workers, worker=index
+    )
