@@ -170,3 +170,18 @@ def test_many_piles_to_a_cell_never_stall_the_reader(tmp_path, monkeypatch):
         loader = shardkit.loader(many, weights={"a": 2, "b": 1}, batch_size=4, decode=False, **extra)
         batches = keys(loader) + keys(loader)
         assert len(of("b", batches)) == 400 and len(set(of("b", batches))) == 200
+
+
+def test_a_blend_loader_is_the_loader_over_a_blends_source(pair):
+    # what a blend reads differently lives in its source's epochs: the subclass overrides nothing,
+    # and a plain Loader given the blended source reads the same order and resumes the same state
+    assert {name for name, value in vars(BlendLoader).items() if callable(value)} == {"__init__"}
+    with shardkit.loader(pair, weights={"web": 0.7, "code": 0.3}, batch_size=10, seed=3) as blended:
+        with shardkit.Loader(blended.source, blended.options) as plain:
+            assert keys(plain) == keys(blended)
+            it = iter(plain)
+            next(it)
+            state = plain.state_dict()
+        assert state["format"] == "shardkit.blend"
+        blended.load_state_dict(state)
+        assert len(keys(blended)) == len(blended) - 1
