@@ -4,7 +4,8 @@ A :class:`~shardkit.Loader` is the same machine for one dataset and for a blend;
 :class:`Epochs`, which says which schedule reads a rank's global ranges of an epoch, what a
 state records of a position in it, and where a state resumes. :class:`PileEpochs` serves one
 dataset (its piles in the order of :mod:`~shardkit.loading.plan`), and
-:class:`~shardkit.loading.blend.epochs.BlendEpochs` a blend. :func:`keys` is the ledger both share.
+:class:`~shardkit.loading.blend.epochs.BlendEpochs` a blend. Both share :func:`rank_ranges` (what
+a rank reads of an epoch) and :func:`step_keys` (the ledger).
 
     epochs = PileEpochs(source, options)
     schedule = epochs.schedule(0, (), [(0, 1024)], world=1, batch_size=32)
@@ -107,7 +108,7 @@ class PileEpochs:
         return pinned
 
 
-def keys(
+def step_keys(
     epochs: Epochs,
     options: LoaderOptions,
     *,
@@ -142,7 +143,7 @@ def keys(
     return found
 
 
-def ranges(rest: Callable[..., list[Range]], done: Sequence[Phase], options: LoaderOptions) -> list[Range]:
+def rank_ranges(rest: Callable[..., list[Range]], done: Sequence[Phase], options: LoaderOptions) -> list[Range]:
     """The global ranges a loader with ``options`` reads of an epoch whose phases ``done`` were
     read before (``rest``: its source's :meth:`~shardkit.loading.source.Source.rest`)."""
     o = options

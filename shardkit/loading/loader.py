@@ -32,11 +32,10 @@ from shardkit import storage
 from shardkit._util import check_int
 from shardkit.codecs import Codecs
 from shardkit.loading import elastic
-from shardkit.loading import epochs as ledger
 from shardkit.loading.blend.epochs import BlendEpochs
 from shardkit.loading.blend.source import BlendedSource
 from shardkit.loading.elastic import Phase
-from shardkit.loading.epochs import Epochs, PileEpochs
+from shardkit.loading.epochs import Epochs, PileEpochs, rank_ranges, step_keys
 from shardkit.loading.on_error import LoaderStats, Policy
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.reading import Reading, Schedule, remote_reads, setup
@@ -91,7 +90,7 @@ class Loader:
     def _schedule(self, epoch: int, done: tuple[Phase, ...] = ()) -> Schedule:
         o = self.options
         assert o.world_size is not None
-        return self._epochs.schedule(epoch, done, ledger.ranges(self.source.rest, done, o), world=o.world_size, batch_size=o.batch_size)
+        return self._epochs.schedule(epoch, done, rank_ranges(self.source.rest, done, o), world=o.world_size, batch_size=o.batch_size)
 
     def _done_in(self, epoch: int) -> tuple[Phase, ...]:
         """The phases read before a change of world size in ``epoch`` (the one being read or resumed)."""
@@ -127,14 +126,14 @@ class Loader:
         workers = max(1, check_int("num_workers", num_workers, low=0))
         epoch = self._epoch if epoch is None else epoch
         done = self._done_in(epoch) if done is None else tuple(done)
-        return ledger.keys(self._epochs, self.options, step=step, epoch=epoch, done=done, workers=workers, reads=self._setup.reads)
+        return step_keys(self._epochs, self.options, step=step, epoch=epoch, done=done, workers=workers, reads=self._setup.reads)
 
     @property
     def samples_per_epoch(self) -> int:
         """Samples (positions) this rank reads per epoch, padding included: in an epoch resumed
         on another world size, those of its slice of what was left."""
         epoch = self._epoch if self._running is None else self._running
-        return elastic.length(ledger.ranges(self.source.rest, self._done_in(epoch), self.options))
+        return elastic.length(rank_ranges(self.source.rest, self._done_in(epoch), self.options))
 
     def __len__(self) -> int:
         """Batches (or samples, unbatched) this rank yields per epoch; equal on every rank."""

@@ -22,7 +22,7 @@ from shardkit.errors import ConfigError
 from shardkit.loading.blend.schedule import BlendSchedule
 from shardkit.loading.blend.source import Anchor, BlendedSource
 from shardkit.loading.elastic import Phase, Range
-from shardkit.loading.epochs import ranges
+from shardkit.loading.epochs import rank_ranges
 from shardkit.loading.options import LoaderOptions
 from shardkit.loading.state import (
     Resume,
@@ -77,7 +77,7 @@ class BlendEpochs:
         o = self.options
         state = make_state(epoch=epoch, position=position, options=o, dataset=self.fingerprint, samples=self.source.samples, done=done)
         state.update(format=FORMAT, version=VERSION)
-        sched = self.schedule(epoch, done, ranges(self.source.rest, done, o), world=o.world_size, batch_size=o.batch_size)  # type: ignore[arg-type]
+        sched = self.schedule(epoch, done, rank_ranges(self.source.rest, done, o), world=o.world_size, batch_size=o.batch_size)  # type: ignore[arg-type]
         at = sched.stream_at(sched.global_at(position))
         state["sources"] = source_fields(self.source, sched.start.tolist())
         for name, part, p in zip(self.source.names, self.source.parts, at.tolist(), strict=True):
