@@ -37,6 +37,7 @@ PILE_FLAGS = (
     "repeat",
     "mode",
     "window",
+    "index",
 )
 
 
@@ -142,7 +143,7 @@ def add_pile_args(parser: argparse.ArgumentParser) -> None:
     """Add the pass-1 flags every preprocessing script shares.
 
     ``--piles --workers --seed --max-pile-bytes --buffer-size --overwrite --resume --on-error --executor --ray-address
-    --compression --compression-level --repeat --mode --window --append --quiet --storage-option``; turn the parsed
+    --compression --compression-level --repeat --mode --window --index --append --quiet --storage-option``; turn the parsed
     namespace into keyword arguments for :func:`shardkit.preprocess` with :func:`pile_kwargs`.
     """
     group = parser.add_argument_group("piles (pass 1 of the shuffle)")

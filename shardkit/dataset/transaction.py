@@ -18,22 +18,25 @@ differ only in what they write between the two.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from shardkit import manifest, storage
 from shardkit._util import check_path, parse_duration
-from shardkit.dataset import layout, leftovers
+from shardkit.dataset import index_file, layout, leftovers
 from shardkit.dataset.install import install
 from shardkit.dataset.lock import STAGING_PREFIX, Output, claim, remove_staging
-from shardkit.errors import ConfigError, DatasetNotFoundError
+from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
 from shardkit.manifest import Manifest
 
 # create: a new dataset (or, with overwrite, one replacing the old); append: the next generation
 # of the dataset there; collect: nothing is published (gc, or clearing a finished job's leftovers)
 MODES = ("create", "append", "collect")
+
+log = logging.getLogger(__name__)
 
 
 class Stage(Protocol):
@@ -220,12 +223,15 @@ class Transaction:
         cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=parse_duration(window, what="window"))
         return times, {g for g, t in times.items() if g == self.generation or datetime.datetime.fromisoformat(t) >= cutoff}
 
-    def commit(self, files: Sequence[str], result: Manifest, *, names: Sequence[str] | None = None, keep: bool = False) -> Manifest:
+    def commit(
+        self, files: Sequence[str], result: Manifest, *, names: Sequence[str] | None = None, keep: bool = False, index: bool = False
+    ) -> Manifest:
         """Publish ``result``: an append first keeps the manifest it replaces (loaders pinned to it
         read on), then :func:`~shardkit.dataset.install.install` journals the names, moves
         ``files`` in (as ``names``, default the piles' names) and puts the manifest in last;
-        ``keep`` leaves the old files (an append's manifest still lists them). Returns the
-        manifest published.
+        ``keep`` leaves the old files (an append's manifest still lists them). With ``index``
+        the random-access index of the published manifest is written next, from ``files`` (see
+        :func:`write_index`). Returns the manifest published.
 
         Raises:
             DatasetExistsError: another job published here while this one ran; nothing of it stays.
@@ -236,7 +242,27 @@ class Transaction:
         if self.base is not None:
             self._keep_base(output)
         self.result = install(output, files, result, names=names, keep=keep)
+        if index:
+            published = [p.name for p in self.result.piles] if names is None else list(names)  # install keeps the order
+            self.write_index(dict(zip(published, files, strict=True)))
         return self.result
+
+    def write_index(self, staged: Mapping[str, str]) -> None:
+        """Write the random-access index (``shardkit.gNNNNNN.idx``) of the manifest just
+        published, from ``staged`` (file name -> local staged copy), so that a loader starts
+        its first pile by ranges and ``shardkit.open`` reads no pile to build it. The dataset
+        is published already: an index that cannot be made is logged, and built when first
+        needed. None is written when the manifest lists files this job did not stage (an
+        append to a dataset: its old files are not read again)."""
+        output, result = self._claim(), self.result
+        assert result is not None
+        if not output.remote:  # a file system without links renamed the staged copy in
+            staged = {name: path if os.path.exists(path) else os.path.join(output.path, name) for name, path in staged.items()}
+        try:
+            if not index_file.write_staged(output.path, result, staged):
+                log.info("%s: no index written: generation %d keeps files this job did not write", output.path, result.generation)
+        except ShardkitError as e:
+            log.warning("%s: the dataset is published, but its index was not written (%s); it is built when first needed", output.path, e)
 
     # -- inside ----------------------------------------------------------------------------------
 

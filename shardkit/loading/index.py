@@ -6,8 +6,10 @@ order, the index holds the byte bounds of its samples (sample ``j`` of the file 
 and for the whole dataset the sorted 64-bit key hashes with the pile-order position of each.
 It also holds the CRC-32 of every sample's bytes, so that one sample read by range can be
 checked on its own (the loader starts its first pile that way, see :mod:`shardkit.loading.early`).
-It is built once, by reading every file whole (each checked against the manifest first), and
-stored beside the manifest as ``shardkit.gNNNNNN.idx`` for the manifest's generation. Its
+Pass 1 writes it as it publishes the dataset, from its staged files
+(:mod:`shardkit.dataset.index_file`, which holds the format's writing); else it is built once
+here, by reading every file whole (each checked against the manifest first), and stored beside
+the manifest as ``shardkit.gNNNNNN.idx`` for the manifest's generation. Its
 header names the generation and the manifest's checksum, and a CRC-32 of the rest closes it:
 an index of another manifest, or one whose bytes changed, is rebuilt, never trusted.
 
@@ -27,51 +29,25 @@ no header checksum, no ``crcs``, no ``sections``) still serves random access.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from shardkit import manifest, storage
-from shardkit.dataset import layout
+from shardkit.dataset import index_file, layout
 from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError
 from shardkit.loading.one_sample import key_hash
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
-from shardkit.tar import index as tar_index
-from shardkit.tar.keys import key_hashes
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"SKIDX02\n"
-MAGIC_V1 = b"SKIDX01\n"
-VERSION = 2
-_CRC = struct.Struct("<I")
-_LEN = struct.Struct("<I")
-
-
-@dataclass(frozen=True)
-class DataFile:
-    """One file samples are read from: its name, the pile it belongs to, its manifest entry."""
-
-    name: str
-    pile: int
-    info: PileInfo
-
-
-def data_files(m: Manifest) -> list[DataFile]:
-    """The files of ``m`` in the order their samples come in pile order (segments in pile order)."""
-    return [DataFile(part.name, p, part) for p, pile in enumerate(m.piles) for part in pile.parts if part.samples]
-
-
-def identity(m: Manifest) -> str:
-    """What an index of ``m`` is checked against: the checksum of its serialized form."""
-    return manifest.format_checksum(manifest.checksum(m.to_json().encode("utf-8")))
+MAGIC, MAGIC_V1, VERSION = index_file.MAGIC, index_file.MAGIC_V1, index_file.VERSION
+_CRC, _LEN = index_file.CRC, index_file.LEN
+DataFile, data_files, identity, sample_crcs = index_file.DataFile, index_file.data_files, index_file.identity, index_file.sample_crcs
 
 
 class Index:
@@ -131,53 +107,29 @@ def build(root: str, m: Manifest, *, reads: storage.RemoteReads | None = None) -
         url = storage.join(root, f.name)
         fetched = fetch(url, expected=f.info, reads=reads)
         try:
-            found = tar_index.index(fetched.buf, url, checked=fetched.checked)
-            starts = found.samples()
-            if len(starts) - 1 != f.info.samples:
-                raise CorruptShardError(f"{url}: holds {len(starts) - 1} samples, the manifest says {f.info.samples}")
-            run = found.sample_bounds(starts)
-            bounds.append(run)
-            hashes.append(key_hashes(found.sample_keys(starts[:-1])))
-            crcs.append(sample_crcs(fetched.buf, run))
+            entries = index_file.file_entries(fetched.buf, url, f.info.samples, checked=fetched.checked)
         finally:
             del fetched
+        bounds.append(entries.bounds)
+        hashes.append(entries.hashes)
+        crcs.append(entries.crcs)
     flat = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
     order = np.argsort(flat, kind="stable").astype(np.uint32 if len(flat) < 2**32 else np.uint64)
     joined = np.concatenate(bounds) if bounds else np.zeros(0, np.int64)
     return Index(files, joined, flat[order], order, np.concatenate(crcs) if crcs else np.zeros(0, np.uint32))
 
 
-def sample_crcs(buf: storage.Buffer, bounds: np.ndarray) -> np.ndarray:
-    """The CRC-32 of ``buf[bounds[j]:bounds[j + 1]]`` for each sample ``j`` (uint32)."""
-    view = memoryview(buf)
-    return np.array([manifest.checksum(view[a:b]) for a, b in itertools.pairwise(bounds.tolist())], dtype=np.uint32)
-
-
 def encode(idx: Index, m: Manifest) -> bytes:
     """The bytes of the index file of ``idx``, built from the manifest ``m`` (it must have ``crcs``)."""
     if idx.crcs is None:
         raise ValueError("an index without sample checksums cannot be stored in this version")
-    bounds, crcs = idx.bounds.astype("<i8"), idx.crcs.astype("<u4")
-    sections = []
-    for f, part in enumerate(idx.files):
+    hashes = np.empty(len(idx), dtype=np.uint64)
+    hashes[idx.order] = idx.hashes  # back in pile order: encoding sorts them again, stably
+    runs = []
+    for f in range(len(idx.files)):
         lo, hi = int(idx.starts[f]), int(idx.starts[f + 1])
-        crc = manifest.checksum(bounds[lo + f : hi + f + 1].tobytes())
-        sections.append([part.info.checksum, hi - lo, manifest.checksum(crcs[lo:hi].tobytes(), crc)])
-    header = {
-        "version": VERSION,
-        "generation": m.generation,
-        "manifest": identity(m),
-        "samples": len(idx),
-        "files": [f.name for f in idx.files],
-        "order": idx.order.dtype.str,
-        "sections": sections,
-    }
-    text = json.dumps(header).encode("utf-8")
-    head = MAGIC + _LEN.pack(len(text)) + text
-    head += _CRC.pack(manifest.checksum(head))
-    head += b"\0" * (-len(head) % 8)
-    body = b"".join([head, bounds.tobytes(), idx.hashes.astype("<u8").tobytes(), idx.order.tobytes(), crcs.tobytes()])
-    return body + _CRC.pack(manifest.checksum(body))
+        runs.append(index_file.Entries(idx.bounds[lo + f : hi + f + 1], hashes[lo:hi], idx.crcs[lo:hi]))
+    return index_file.encode(idx.files, runs, m)
 
 
 def _header(view: memoryview, where: str) -> tuple[dict[str, Any], int, bool]:

@@ -110,6 +110,12 @@ class PileOptions:
         window: with ``mode="append"``, keep only the last ``window`` generations (an int), or
             the generations written in the last ``window`` (``"90d"``, ``"12h"``): older ones
             leave the manifest in the same update (``shardkit gc`` deletes their files later).
+        index: write the dataset's random-access index (``shardkit.gNNNNNN.idx``, what
+            ``shardkit.open`` builds otherwise) right after the manifest goes in, from the
+            piles' staged copies (no pile is read back from the output, an object store
+            included): the loader then starts its first pile by ranges, and the first sample
+            comes without reading a whole pile (see docs/loader-speed.md). The piles are the
+            same bytes either way. An append writes none (its old files are not read again).
 
     ``workers``, ``on_error``, ``key_prefix``, ``executor``, ``ray_address``, ``resume`` and ``repeat`` describe a job over input units:
     :class:`PileWriter` writes in the calling process and refuses values other than the defaults.
@@ -205,6 +211,15 @@ class PileOptions:
         metadata=meta(
             help="with mode append: keep the last K generations (an integer) or those of the last DURATION (90d, 12h)",
             metavar="K|DURATION",
+            yaml="output",
+        ),
+    )
+
+    index: bool = field(
+        default=True,
+        metadata=meta(
+            help="write the random-access index (shardkit.gNNNNNN.idx) from the staged piles as the dataset is published, "
+            "so the loader's first sample comes without reading a whole pile",
             yaml="output",
         ),
     )

@@ -96,6 +96,7 @@ def preprocess(
     repeat: Any = None,
     mode: str = "create",
     window: int | str | None = None,
+    index: bool = True,
 ) -> Manifest:
     """Run ``fn`` on every input unit and write its samples into M random piles in ``out``.
 
@@ -137,6 +138,9 @@ def preprocess(
             then be a path every node of the cluster sees.
         compression, compression_level: ``"zstd"``, ``"gzip"`` or ``"lz4"`` compresses each pile whole
             as it is assembled (``pile-000000.tar.zst``); see :class:`~shardkit.PileOptions`.
+        index: write the random-access index (``shardkit.gNNNNNN.idx``) from the staged piles
+            as the dataset is published, so the loader's first sample comes without reading a
+            whole pile (see :class:`~shardkit.PileOptions`).
         repeat: oversampling: ``repeat(sample) -> int`` copies of each sample ``fn`` yields (0
             drops it), each routed to its own pile, copy i keyed ``f"{key}_r{i}"``; or
             ``{"field": "cls", "counts": {"3": 4}}`` (see :class:`~shardkit.PileOptions`). The
@@ -180,6 +184,7 @@ def preprocess(
         "repeat": repeat,
         "mode": mode,
         "window": window,
+        "index": index,
     }
     options = from_call(PileOptions, options, keywords)
     if not callable(fn):
@@ -299,6 +304,7 @@ def pile(
     repeat: Any = None,
     mode: str = "create",
     window: int | str | None = None,
+    index: bool = True,
     format: Any = None,
 ) -> Manifest:
     """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.
@@ -355,6 +361,7 @@ def pile(
         "repeat": repeat,
         "mode": mode,
         "window": window,
+        "index": index,
     }
     options = from_call(PileOptions, options, keywords)
     found = readers.resolve(inputs, format)

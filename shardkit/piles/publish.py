@@ -368,4 +368,4 @@ def publish(
     )
     # the staging, the merge's records included, stays for the caller to remove: a job stopped
     # after its manifest went in finds in them that it was published (see resume.published)
-    return txn.commit([piece.path for piece in pieces], result)
+    return txn.commit([piece.path for piece in pieces], result, index=options.index)

@@ -49,6 +49,7 @@ def repile(
     resume: bool = False,
     compression: str | None = None,
     compression_level: int | None = None,
+    index: bool = True,
 ) -> Manifest:
     """Pass 1 again over a dataset's piles, with a new seed, into a new dataset.
 
@@ -64,6 +65,8 @@ def repile(
             resume: as in :func:`shardkit.pile`.
         compression, compression_level: how the new piles are compressed (see
             :class:`~shardkit.PileOptions`); the source's piles may be compressed or not.
+        index: write the new dataset's random-access index as it is published (see
+            :class:`~shardkit.PileOptions`).
 
     Returns:
         The new dataset's manifest.
@@ -92,6 +95,7 @@ def repile(
         "resume": resume,
         "compression": compression,
         "compression_level": compression_level,
+        "index": index,
     }
     if options is None:
         # the source's M and the next seed, unless given

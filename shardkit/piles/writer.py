@@ -63,7 +63,7 @@ class PileWriter:
             ``workers``, ``on_error`` and ``key_prefix`` describe jobs over input units: the
             writer writes in the calling process and refuses values other than the defaults.
         piles, seed, max_pile_bytes, buffer_size, overwrite, storage_options, compression,
-            compression_level: see :class:`PileOptions`;
+            compression_level, index: see :class:`PileOptions`;
             ``piles`` is required without ``options``.
         mode, window: ``mode="append"`` adds the samples to the dataset at ``path`` as its next
             generation (``piles`` and ``seed`` must be the dataset's); ``window`` keeps the last
@@ -90,6 +90,7 @@ class PileWriter:
         compression_level: int | None = None,
         mode: str = "create",
         window: int | str | None = None,
+        index: bool = True,
     ) -> None:
         keywords = {
             "mode": mode,
@@ -102,6 +103,7 @@ class PileWriter:
             "storage_options": storage_options,
             "compression": compression,
             "compression_level": compression_level,
+            "index": index,
         }
         self.options = _in_process(from_call(PileOptions, options, keywords))
         if (advice := too_many_piles(self.options.piles, f"PileWriter({check_path('out', path)!r})")) is not None:

@@ -210,6 +210,7 @@ REPILE_FLAGS = (
     "ray_address",
     "compression",
     "compression_level",
+    "index",
 )
 REPILE_DEFAULTS: dict[str, dict[str, Any]] = {
     "piles": {"default": None, "required": False, "help": "piles of the new dataset (default: the M of SRC)"},

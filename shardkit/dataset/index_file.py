@@ -1,0 +1,150 @@
+"""The random-access index file's format and its writing: sample bounds, key hashes and CRC-32s of a manifest's data files.
+
+The format is described in :mod:`shardkit.loading.index`, which reads it (and builds an index of
+a dataset by reading its files). What lives here is what a writer needs too, below both the
+loader and pass 1: the data files of a manifest, the index's identity, one file's entries from
+its bytes (:func:`file_entries`), the encoding, and :func:`write_staged`, which a transaction
+calls right after it installed a manifest, to index the files it just published from their
+local staged copies (no download, no second check of bytes whose checksums it computed).
+
+    entries = file_entries(buf, "pile-000000.tar", samples=1000)   # bounds, hashes, crcs
+    write_staged("data/train", manifest, {"pile-000000.tar": "staging/pile-000000.tar"})
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import json
+import os
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from shardkit import manifest, storage
+from shardkit.dataset import layout
+from shardkit.errors import CorruptShardError
+from shardkit.manifest import Manifest, PileInfo
+from shardkit.tar import compression
+from shardkit.tar import index as tar_index
+from shardkit.tar.keys import key_hashes
+
+MAGIC = b"SKIDX02\n"
+MAGIC_V1 = b"SKIDX01\n"
+VERSION = 2
+CRC = struct.Struct("<I")
+LEN = struct.Struct("<I")
+# data files indexed at once: the scan and the checksums release the GIL for a file's bytes
+_THREADS = 4
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One file samples are read from: its name, the pile it belongs to, its manifest entry."""
+
+    name: str
+    pile: int
+    info: PileInfo
+
+
+def data_files(m: Manifest) -> list[DataFile]:
+    """The files of ``m`` in the order their samples come in pile order (segments in pile order)."""
+    return [DataFile(part.name, p, part) for p, pile in enumerate(m.piles) for part in pile.parts if part.samples]
+
+
+def identity(m: Manifest) -> str:
+    """What an index of ``m`` is checked against: the checksum of its serialized form."""
+    return manifest.format_checksum(manifest.checksum(m.to_json().encode("utf-8")))
+
+
+class Entries(NamedTuple):
+    """One data file's part of an index: its sample bounds (``n + 1``, int64), its samples' key
+    hashes (``n``, uint64, in file order) and the CRC-32 of each sample's bytes (``n``, uint32)."""
+
+    bounds: np.ndarray
+    hashes: np.ndarray
+    crcs: np.ndarray
+
+
+def sample_crcs(buf: storage.Buffer, bounds: np.ndarray) -> np.ndarray:
+    """The CRC-32 of ``buf[bounds[j]:bounds[j + 1]]`` for each sample ``j`` (uint32)."""
+    view = memoryview(buf)
+    return np.array([manifest.checksum(view[a:b]) for a, b in itertools.pairwise(bounds.tolist())], dtype=np.uint32)
+
+
+def file_entries(tar: storage.Buffer, where: str, samples: int, *, checked: bool = True) -> Entries:
+    """The index entries of the tar ``tar`` (a data file's bytes, decompressed), which must hold
+    ``samples`` samples; ``checked``: its bytes already matched their recorded checksum.
+
+    Raises:
+        CorruptShardError: naming ``where``: not a tar, or another number of samples.
+    """
+    found = tar_index.index(tar, where, checked=checked)
+    starts = found.samples()
+    if len(starts) - 1 != samples:
+        raise CorruptShardError(f"{where}: holds {len(starts) - 1} samples, the manifest says {samples}")
+    bounds = found.sample_bounds(starts)
+    return Entries(bounds, key_hashes(found.sample_keys(starts[:-1])), sample_crcs(tar, bounds))
+
+
+def encode(files: Sequence[DataFile], entries: Sequence[Entries], m: Manifest) -> bytes:
+    """The bytes of the index file of the manifest ``m``, whose data files (:func:`data_files`)
+    are ``files``, each with its ``entries``."""
+    counts = [len(e.crcs) for e in entries]
+    flat = np.concatenate([e.hashes for e in entries]) if entries else np.zeros(0, np.uint64)
+    order = np.argsort(flat, kind="stable").astype(np.uint32 if len(flat) < 2**32 else np.uint64)
+    sections = []
+    for f, e in zip(files, entries, strict=True):
+        crc = manifest.checksum(e.bounds.astype("<i8").tobytes())
+        sections.append([f.info.checksum, len(e.crcs), manifest.checksum(e.crcs.astype("<u4").tobytes(), crc)])
+    header = {
+        "version": VERSION,
+        "generation": m.generation,
+        "manifest": identity(m),
+        "samples": sum(counts),
+        "files": [f.name for f in files],
+        "order": order.dtype.str,
+        "sections": sections,
+    }
+    text = json.dumps(header).encode("utf-8")
+    head = MAGIC + LEN.pack(len(text)) + text
+    head += CRC.pack(manifest.checksum(head))
+    head += b"\0" * (-len(head) % 8)
+    arrays = [e.bounds.astype("<i8").tobytes() for e in entries]
+    arrays += [flat[order].astype("<u8").tobytes(), order.tobytes()]
+    arrays += [e.crcs.astype("<u4").tobytes() for e in entries]
+    body = b"".join([head, *arrays])
+    return body + CRC.pack(manifest.checksum(body))
+
+
+def staged_entries(path: str, info: PileInfo) -> Entries:
+    """The entries of the data file ``info`` from its local staged copy ``path`` (its bytes
+    written by this job, their checksum computed as they were: not checked again)."""
+    data = storage.map_bytes(path)
+    try:
+        tar = data if info.compression is None else compression.decompress(data, info.compression, path, size=info.tar_bytes, checked=True)
+        return file_entries(tar, path, info.samples)
+    finally:
+        del data
+
+
+def write_staged(root: str, m: Manifest, staged: Mapping[str, str]) -> bool:
+    """Write the index of ``m``, just installed in ``root``, from the local staged copies of its
+    data files (``staged``: file name -> local path). False (nothing written) when a data file
+    has no staged copy (an append keeps files it did not write).
+
+    Raises:
+        CorruptShardError: a staged copy does not hold what the manifest says.
+        ShardkitError: the index cannot be written (see :mod:`shardkit.io_errors`).
+    """
+    files = data_files(m)
+    if any(f.name not in staged for f in files):
+        return False
+    threads = max(1, min(_THREADS, os.cpu_count() or 1, len(files)))
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shardkit-index") as pool:
+        entries = list(pool.map(lambda f: staged_entries(staged[f.name], f.info), files))
+    storage.write_bytes(storage.join(root, layout.index_name(m.generation)), encode(files, entries, m))
+    return True
