@@ -331,7 +331,7 @@ def test_two_appends_racing_on_s3_one_wins_and_no_manifest_is_lost(s3):
         loser.close()
     assert manifest.read(url) == winner
     objects = {name for path in s3.client().find(s3.path("ds")) if not (name := path.rsplit("/", 1)[1]).startswith(".")}
-    assert objects == {"shardkit.json", "shardkit.g000000.json", *winner.files()}  # the loser's uploads are gone
+    assert objects == {"shardkit.json", "shardkit.g000000.json", "shardkit.g000000.idx", *winner.files()}  # the loser's uploads are gone
     assert sorted(_keys(url)) == ["a0", "a1", "a2", "w0", "w1"]
     assert manifest.read_generation(url, 0).samples == 3
 
