@@ -67,7 +67,7 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         (VALID.replace("piles: 4", "piles: 0"), "output.piles: expected an integer >= 1, got 0"),
         (
             VALID.replace("piles: 4", "pilez: 4"),
-            "output.pilez: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite, compression, compression_level, mode, window)",
+            "output.pilez: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite, compression, compression_level, mode, window, index)",
         ),
         (VALID.replace("piles: 4", "seed: 1"), "output.piles: missing (required)"),
         (
@@ -110,7 +110,7 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         ),
         (
             "job: pile\ninputs: data/a.jsonl\noutput: {path: o, piles: 2, memory: 1MiB}\n",
-            "output.memory: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite, compression, compression_level, mode, window)",
+            "output.memory: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite, compression, compression_level, mode, window, index)",
         ),
     ],
 )
