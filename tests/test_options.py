@@ -190,7 +190,8 @@ def test_every_flag_is_an_option_field(command, cls, every_field):
         assert list(flags) != [] and set(flags) == set(fields) - {"storage_options"}
     for name, action in flags.items():
         spec = fields[name]
-        assert action.option_strings == [spec.flag]
+        negative = [f"--no-{spec.flag[2:]}"] if spec.is_bool and spec.default is True else []  # an option on by default
+        assert action.option_strings == [spec.flag, *negative]
         assert action.choices is spec.choices  # the options module's tuple, not a copy
         assert spec.help is not None
         if command != "repile" or name not in ("piles", "seed"):  # repile's defaults come from SRC
@@ -238,6 +239,7 @@ def test_pile_kwargs_are_the_keywords_of_preprocess():
         "repeat": None,
         "mode": "create",
         "window": None,
+        "index": True,
         "storage_options": None,
         "quiet": True,
     }
@@ -259,7 +261,7 @@ def test_every_yaml_key_is_an_option_field(tmp_path, kind, cls):
     values |= {"on_error": "skip", "memory": "3MiB", "maxcount": 10, "maxsize": "5MiB", "storage_options": {"anon": True}}
     values |= {"executor": "ray", "ray_address": "auto", "resume": True, "compression": "zstd", "compression_level": 5}
     values |= {"repeat": "cls:1=2", "key_prefix": "unit"}
-    values |= {"mode": "append", "window": 3}
+    values |= {"mode": "append", "window": 3, "index": False}
     output = {name: values[name] for name in yaml_names(cls, "output")}
     if "mode" in output:
         output["overwrite"] = False  # an append adds to the dataset there: it refuses to replace it
