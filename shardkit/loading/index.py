@@ -38,6 +38,7 @@ import numpy as np
 
 from shardkit import manifest, storage
 from shardkit.dataset import index_file, layout
+from shardkit.dataset.index_file import DataFile
 from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError
 from shardkit.loading.one_sample import key_hash
 from shardkit.loading.pile import fetch
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 
 MAGIC, MAGIC_V1, VERSION = index_file.MAGIC, index_file.MAGIC_V1, index_file.VERSION
 _CRC, _LEN = index_file.CRC, index_file.LEN
-DataFile, data_files, identity, sample_crcs = index_file.DataFile, index_file.data_files, index_file.identity, index_file.sample_crcs
+data_files, identity, sample_crcs = index_file.data_files, index_file.identity, index_file.sample_crcs
 
 
 class Index:
