@@ -161,3 +161,14 @@ def test_the_command_line_writes_it_unless_told_not_to(tmp_path):
         out = str(tmp_path / f"out{len(flag)}")
         assert main(["pile", *shards, "-o", out, "--piles", "2", "-q", *flag]) == 0
         assert os.path.exists(_index_path(out)) is expected
+
+
+def test_an_index_that_cannot_be_written_is_logged_and_the_dataset_stays_published(tmp_path, caplog):
+    out = tmp_path / "ds"
+    (out / layout.index_name(0)).mkdir(parents=True)  # where the index goes: a directory, so no file can take its name
+    with caplog.at_level("WARNING"):
+        m = _write("writer", str(out), tmp_path)
+    assert manifest.read(str(out)) == m
+    assert "the dataset is published, but its index was not written" in caplog.text
+    with shardkit.loader(str(out), decode=False) as loader:
+        assert len(list(loader)) == N
