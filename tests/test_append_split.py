@@ -208,6 +208,7 @@ def test_two_splitting_appends_racing_on_s3_leave_the_winners_files(s3):
         "shardkit.json",
         "shardkit.g000000.json",
         "shardkit.g000000.idx",
+        "shardkit.g000001.idx",
         *winner.files(),
         *first,
         *map(manifest.keys_name, first),

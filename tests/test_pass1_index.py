@@ -127,17 +127,38 @@ def test_an_overwrite_and_gc_keep_only_the_current_generations_index(tmp_path):
     assert shardkit.verify(out, quiet=True) == []
 
 
-def test_an_append_writes_no_index_and_gc_drops_the_retired_generations(tmp_path):
+@pytest.mark.parametrize("split", [False, True])
+def test_an_append_indexes_its_new_files_and_takes_the_kept_ones_from_the_last_index(split, tmp_path, monkeypatch):
     out = str(tmp_path / "ds")
-    _write("writer", out, tmp_path)
-    old = _index_path(out)
-    with shardkit.PileWriter(out, piles=3, seed=4, mode="append", window=1) as w:
-        for s in make_samples(20, size=100, seed=9):
-            w.write({**s, "__key__": "new-" + s["__key__"]})
+    limit = {"max_pile_bytes": "64KiB"} if split else {}
+    with shardkit.PileWriter(out, piles=3, seed=4, **limit) as w:
+        for s in make_samples(N, size=500):
+            w.write(s)
+    first = _index_path(out)
+    for generation, window in ((1, None), (2, 1)):
+        with shardkit.PileWriter(out, piles=3, seed=4, mode="append", window=window, **limit) as w:
+            for s in make_samples(N // 2, size=400, seed=9):
+                w.write({**s, "__key__": f"g{generation}-{s['__key__']}"})
+        m = manifest.read(out)
+        assert m.generation == generation
+        if window is None:
+            assert any(len(p.parts) > 1 for p in m.piles)  # files of generation 0 kept beside the new segments
+        with open(_index_path(out), "rb") as f:
+            assert f.read() == index_module.encode(index_module.build(out, m), m)
+        assert shardkit.verify(out, quiet=True) == []
+    assert _starts_by_range(out, monkeypatch)
+    shardkit.gc(out, grace=0)  # generations 0 and 1 left the window: their indexes go with them
+    assert sorted(n for n in os.listdir(out) if layout.INDEX_FILE.fullmatch(n)) == [layout.index_name(2)]
+    assert not os.path.exists(first)
+
+
+def test_an_append_to_a_dataset_without_an_index_writes_none(tmp_path):
+    out = str(tmp_path / "ds")
+    _write("writer", out, tmp_path, index=False)
+    with shardkit.PileWriter(out, piles=3, seed=4, mode="append") as w:
+        w.write({"__key__": "new", "bin": b"x"})
     assert not os.path.exists(_index_path(out))  # its old files are not read again: built when first needed
     assert shardkit.verify(out, quiet=True) == []
-    shardkit.gc(out, grace=0)
-    assert not os.path.exists(old)
 
 
 def test_on_s3_the_index_is_made_from_the_local_staging_and_uploaded(s3, monkeypatch):

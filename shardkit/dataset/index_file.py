@@ -20,13 +20,13 @@ import os
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from shardkit import manifest, storage
 from shardkit.dataset import layout
-from shardkit.errors import CorruptShardError
+from shardkit.errors import CorruptShardError, ShardkitError
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.tar import compression
 from shardkit.tar import index as tar_index
@@ -120,6 +120,71 @@ def encode(files: Sequence[DataFile], entries: Sequence[Entries], m: Manifest) -
     return body + CRC.pack(manifest.checksum(body))
 
 
+def read_header(view: memoryview, where: str) -> tuple[dict[str, Any], int, bool]:
+    """The JSON header of the index in ``view``, the offset of its arrays, and whether it is of
+    this version (else the first, whose header has no checksum of its own).
+
+    Raises:
+        CorruptShardError: naming ``where``: no magic, a header past the end, not JSON, or (this
+            version) a header whose checksum does not match.
+    """
+    magic = bytes(view[: len(MAGIC)])
+    if len(view) < len(MAGIC) + 8 or magic not in (MAGIC, MAGIC_V1):
+        raise CorruptShardError(f"{where}: not a shardkit index (no {MAGIC!r} at offset 0)")
+    current = magic == MAGIC
+    (n,) = LEN.unpack_from(view, len(MAGIC))
+    at = len(MAGIC) + 4 + n
+    if at + (4 if current else 0) > len(view):
+        raise CorruptShardError(f"{where}: header of {n} bytes runs past the end ({len(view)} bytes)")
+    if current:
+        if manifest.checksum(view[:at]) != CRC.unpack_from(view, at)[0]:
+            raise CorruptShardError(f"{where}: header checksum does not match its bytes (torn or changed after writing)")
+        at += 4
+    try:
+        header = json.loads(bytes(view[len(MAGIC) + 4 : len(MAGIC) + 4 + n]))
+    except ValueError:
+        raise CorruptShardError(f"{where}: header at offset {len(MAGIC) + 4} is not JSON") from None
+    if not isinstance(header, dict):
+        raise CorruptShardError(f"{where}: header at offset {len(MAGIC) + 4} is not a JSON object")
+    return header, at + (-at % 8), current
+
+
+def arrays(
+    data: storage.Buffer | memoryview, m: Manifest, where: str
+) -> tuple[list[DataFile], np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """The arrays of the index in ``data`` when it is a whole index of exactly the manifest
+    ``m`` (of this version, or of the first, which has no sample checksums): its data files,
+    bounds, sorted hashes, their positions, and the sample CRC-32s (None in the first version).
+
+    Raises:
+        CorruptShardError: naming ``where`` and what does not match (magic, version, manifest,
+            files, sizes, checksum).
+    """
+    view = memoryview(data)
+    header, at, current = read_header(view, where)
+    if manifest.checksum(view[:-4]) != CRC.unpack(view[-4:])[0]:
+        raise CorruptShardError(f"{where}: checksum does not match its bytes (torn or changed after writing)")
+    files = data_files(m)
+    version = VERSION if current else 1
+    want = {"version": version, "generation": m.generation, "manifest": identity(m), "files": [f.name for f in files]}
+    for name, value in want.items():
+        if header.get(name) != value:
+            raise CorruptShardError(f"{where}: header {name}={str(header.get(name))[:80]!r}, the manifest needs {str(value)[:80]!r}")
+    total = m.samples
+    try:
+        order_type = np.dtype(header.get("order", "<u4"))
+    except TypeError:
+        raise CorruptShardError(f"{where}: header order={str(header.get('order'))[:20]!r} is not an integer type") from None
+    sizes = [(total + len(files)) * 8, total * 8, total * order_type.itemsize, total * 4 if current else 0]
+    if at + sum(sizes) + 4 != len(view):
+        raise CorruptShardError(f"{where}: {len(view)} bytes, a header for {total} samples needs {at + sum(sizes) + 4}")
+    bounds = np.frombuffer(view, dtype="<i8", count=total + len(files), offset=at)
+    hashes = np.frombuffer(view, dtype="<u8", count=total, offset=at + sizes[0])
+    order = np.frombuffer(view, dtype=order_type, count=total, offset=at + sizes[0] + sizes[1])
+    crcs = np.frombuffer(view, dtype="<u4", count=total, offset=at + sum(sizes[:3])) if current else None
+    return files, bounds, hashes, order, crcs
+
+
 def staged_entries(path: str, info: PileInfo) -> Entries:
     """The entries of the data file ``info`` from its local staged copy ``path`` (its bytes
     written by this job, their checksum computed as they were: not checked again)."""
@@ -131,20 +196,43 @@ def staged_entries(path: str, info: PileInfo) -> Entries:
         del data
 
 
-def write_staged(root: str, m: Manifest, staged: Mapping[str, str]) -> bool:
+def stored_entries(root: str, m: Manifest) -> dict[str, Entries]:
+    """The entries of each data file of ``m`` (a generation of ``root``) that its stored index
+    holds, by file name; empty when it has none of this version, or one that does not check."""
+    try:
+        files, bounds, hashes, order, crcs = arrays(storage.read_bytes(storage.join(root, layout.index_name(m.generation))), m, root)
+    except ShardkitError:
+        return {}
+    if crcs is None:
+        return {}
+    in_order = np.empty(len(hashes), dtype=np.uint64)
+    in_order[order] = hashes
+    starts = np.concatenate([[0], np.cumsum([f.info.samples for f in files])]).astype(np.int64).tolist()
+    found = {}
+    for k, f in enumerate(files):
+        lo, hi = starts[k], starts[k + 1]
+        found[f.name] = Entries(bounds[lo + k : hi + k + 1], in_order[lo:hi], crcs[lo:hi])
+    return found
+
+
+def write_staged(root: str, m: Manifest, staged: Mapping[str, str], base: Manifest | None = None) -> bool:
     """Write the index of ``m``, just installed in ``root``, from the local staged copies of its
-    data files (``staged``: file name -> local path). False (nothing written) when a data file
-    has no staged copy (an append keeps files it did not write).
+    data files (``staged``: file name -> local path) and, for files this job kept, the stored
+    index of ``base`` (the generation an append started from). False (nothing written) when a
+    data file is in neither (an append to a dataset that has no index: its files are not read
+    again).
 
     Raises:
         CorruptShardError: a staged copy does not hold what the manifest says.
         ShardkitError: the index cannot be written (see :mod:`shardkit.io_errors`).
     """
     files = data_files(m)
-    if any(f.name not in staged for f in files):
+    kept = [f for f in files if f.name not in staged]
+    known = stored_entries(root, base) if kept and base is not None else {}
+    if any(f.name not in known for f in kept):
         return False
     threads = max(1, min(_THREADS, os.cpu_count() or 1, len(files)))
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shardkit-index") as pool:
-        entries = list(pool.map(lambda f: staged_entries(staged[f.name], f.info), files))
-    storage.write_bytes(storage.join(root, layout.index_name(m.generation)), encode(files, entries, m))
+        made = list(pool.map(lambda f: known[f.name] if f.name not in staged else staged_entries(staged[f.name], f.info), files))
+    storage.write_bytes(storage.join(root, layout.index_name(m.generation)), encode(files, made, m))
     return True

@@ -252,15 +252,15 @@ class Transaction:
         published, from ``staged`` (file name -> local staged copy), so that a loader starts
         its first pile by ranges and ``shardkit.open`` reads no pile to build it. The dataset
         is published already: an index that cannot be made is logged, and built when first
-        needed. None is written when the manifest lists files this job did not stage (an
-        append to a dataset: its old files are not read again)."""
+        needed. An append takes the entries of the files it kept from its base generation's
+        index; none is written when that has none (its old files are not read again)."""
         output, result = self._claim(), self.result
         assert result is not None
         if not output.remote:  # a file system without links renamed the staged copy in
             staged = {name: path if os.path.exists(path) else os.path.join(output.path, name) for name, path in staged.items()}
         try:
-            if not index_file.write_staged(output.path, result, staged):
-                log.info("%s: no index written: generation %d keeps files this job did not write", output.path, result.generation)
+            if not index_file.write_staged(output.path, result, staged, self.base):
+                log.info("%s: no index written: generation %d keeps files of one that has none", output.path, result.generation)
         except ShardkitError as e:
             log.warning("%s: the dataset is published, but its index was not written (%s); it is built when first needed", output.path, e)
 

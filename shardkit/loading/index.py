@@ -29,10 +29,8 @@ no header checksum, no ``crcs``, no ``sections``) still serves random access.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -133,35 +131,6 @@ def encode(idx: Index, m: Manifest) -> bytes:
     return index_file.encode(idx.files, runs, m)
 
 
-def _header(view: memoryview, where: str) -> tuple[dict[str, Any], int, bool]:
-    """The JSON header of the index in ``view``, the offset of its arrays, and whether it is of
-    this version (else the first, whose header has no checksum of its own).
-
-    Raises:
-        CorruptShardError: naming ``where``: no magic, a header past the end, not JSON, or (this
-            version) a header whose checksum does not match.
-    """
-    magic = bytes(view[: len(MAGIC)])
-    if len(view) < len(MAGIC) + 8 or magic not in (MAGIC, MAGIC_V1):
-        raise CorruptShardError(f"{where}: not a shardkit index (no {MAGIC!r} at offset 0)")
-    current = magic == MAGIC
-    (n,) = _LEN.unpack_from(view, len(MAGIC))
-    at = len(MAGIC) + 4 + n
-    if at + (4 if current else 0) > len(view):
-        raise CorruptShardError(f"{where}: header of {n} bytes runs past the end ({len(view)} bytes)")
-    if current:
-        if manifest.checksum(view[:at]) != _CRC.unpack_from(view, at)[0]:
-            raise CorruptShardError(f"{where}: header checksum does not match its bytes (torn or changed after writing)")
-        at += 4
-    try:
-        header = json.loads(bytes(view[len(MAGIC) + 4 : len(MAGIC) + 4 + n]))
-    except ValueError:
-        raise CorruptShardError(f"{where}: header at offset {len(MAGIC) + 4} is not JSON") from None
-    if not isinstance(header, dict):
-        raise CorruptShardError(f"{where}: header at offset {len(MAGIC) + 4} is not a JSON object")
-    return header, at + (-at % 8), current
-
-
 def decode(data: storage.Buffer | memoryview, m: Manifest, where: str) -> Index:
     """The index in ``data`` when it is a whole index of exactly the manifest ``m`` (of this
     version, or of the first, which has no sample checksums).
@@ -170,29 +139,7 @@ def decode(data: storage.Buffer | memoryview, m: Manifest, where: str) -> Index:
         CorruptShardError: naming ``where`` and what does not match (magic, version, manifest,
             files, sizes, checksum).
     """
-    view = memoryview(data)
-    header, at, current = _header(view, where)
-    if manifest.checksum(view[:-4]) != _CRC.unpack(view[-4:])[0]:
-        raise CorruptShardError(f"{where}: checksum does not match its bytes (torn or changed after writing)")
-    files = data_files(m)
-    version = VERSION if current else 1
-    want = {"version": version, "generation": m.generation, "manifest": identity(m), "files": [f.name for f in files]}
-    for name, value in want.items():
-        if header.get(name) != value:
-            raise CorruptShardError(f"{where}: header {name}={str(header.get(name))[:80]!r}, the manifest needs {str(value)[:80]!r}")
-    total = m.samples
-    try:
-        order_type = np.dtype(header.get("order", "<u4"))
-    except TypeError:
-        raise CorruptShardError(f"{where}: header order={str(header.get('order'))[:20]!r} is not an integer type") from None
-    sizes = [(total + len(files)) * 8, total * 8, total * order_type.itemsize, total * 4 if current else 0]
-    if at + sum(sizes) + 4 != len(view):
-        raise CorruptShardError(f"{where}: {len(view)} bytes, a header for {total} samples needs {at + sum(sizes) + 4}")
-    bounds = np.frombuffer(view, dtype="<i8", count=total + len(files), offset=at)
-    hashes = np.frombuffer(view, dtype="<u8", count=total, offset=at + sizes[0])
-    order = np.frombuffer(view, dtype=order_type, count=total, offset=at + sizes[0] + sizes[1])
-    crcs = np.frombuffer(view, dtype="<u4", count=total, offset=at + sum(sizes[:3])) if current else None
-    return Index(files, bounds, hashes, order, crcs)
+    return Index(*index_file.arrays(data, m, where))
 
 
 def file_checks(data: storage.Buffer | memoryview, info: PileInfo, where: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -207,7 +154,7 @@ def file_checks(data: storage.Buffer | memoryview, info: PileInfo, where: str) -
             or is malformed.
     """
     view = memoryview(data)
-    header, at, current = _header(view, where)
+    header, at, current = index_file.read_header(view, where)
     if not current:
         return None
     files, sections, order = header.get("files"), header.get("sections"), header.get("order", "<u4")

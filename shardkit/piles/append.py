@@ -152,7 +152,7 @@ def finish(
         generations={k: t for k, t in generations.items() if k in keep},
     )
     # the generation being replaced stays readable by loaders pinned to it (the transaction keeps its manifest)
-    txn.commit(staged, result, names=[os.path.basename(path) for path in staged], keep=True)
+    txn.commit(staged, result, names=[os.path.basename(path) for path in staged], keep=True, index=options.index)
     # shared by every append that races to this generation: put in only by the one that won
     for path in first_keys:
         if output.remote:

@@ -115,7 +115,8 @@ class PileOptions:
             piles' staged copies (no pile is read back from the output, an object store
             included): the loader then starts its first pile by ranges, and the first sample
             comes without reading a whole pile (see docs/loader-speed.md). The piles are the
-            same bytes either way. An append writes none (its old files are not read again).
+            same bytes either way. An append takes the entries of the files it keeps from the
+            index of the generation it starts from, and writes none where that has none.
 
     ``workers``, ``on_error``, ``key_prefix``, ``executor``, ``ray_address``, ``resume`` and ``repeat`` describe a job over input units:
     :class:`PileWriter` writes in the calling process and refuses values other than the defaults.
