@@ -239,7 +239,7 @@ def test_pile_kwargs_are_the_keywords_of_preprocess():
         "repeat": None,
         "mode": "create",
         "window": None,
-        "index": True,
+        "index": False,
         "storage_options": None,
         "quiet": True,
     }
@@ -261,7 +261,7 @@ def test_every_yaml_key_is_an_option_field(tmp_path, kind, cls):
     values |= {"on_error": "skip", "memory": "3MiB", "maxcount": 10, "maxsize": "5MiB", "storage_options": {"anon": True}}
     values |= {"executor": "ray", "ray_address": "auto", "resume": True, "compression": "zstd", "compression_level": 5}
     values |= {"repeat": "cls:1=2", "key_prefix": "unit"}
-    values |= {"mode": "append", "window": 3, "index": False}
+    values |= {"mode": "append", "window": 3, "index": True}
     output = {name: values[name] for name in yaml_names(cls, "output")}
     if "mode" in output:
         output["overwrite"] = False  # an append adds to the dataset there: it refuses to replace it

@@ -81,13 +81,7 @@ def test_a_dead_jobs_lock_and_leftovers_are_taken_over(tmp_path):
     (out / "shardkit.json.partial-0123456789abcdef0123456789abcdef").write_bytes(b"{")
     with shardkit.PileWriter(out, piles=2) as w:
         w.write({"__key__": "a", "cls": 1})
-    assert sorted(os.listdir(out)) == [
-        f"{STAGING_PREFIX}{'89ab' * 8}",
-        "pile-000000.tar",
-        "pile-000001.tar",
-        "shardkit.g000000.idx",
-        "shardkit.json",
-    ]
+    assert sorted(os.listdir(out)) == [f"{STAGING_PREFIX}{'89ab' * 8}", "pile-000000.tar", "pile-000001.tar", "shardkit.json"]
     (out / LOCK).write_bytes(b'{"pid": 12')  # a job killed while writing its lock
     shardkit.PileWriter(out, piles=2, overwrite=True).abort()
     assert not (out / LOCK).exists()
@@ -104,7 +98,7 @@ def test_a_job_killed_while_holding_the_lock_leaves_it_free(tmp_path):
     holder.wait()
     with shardkit.PileWriter(out, piles=2) as w:  # the system dropped the dead job's lock; its staging goes too
         w.write({"__key__": "a", "cls": 1})
-    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "shardkit.g000000.idx", "shardkit.json"]
+    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "shardkit.json"]
 
 
 def test_leftovers_beside_a_sound_dataset_are_warnings(dataset, capsys):
@@ -233,5 +227,5 @@ def test_an_install_cut_short_is_undone_or_finished_by_the_next_job(tmp_path, ma
         )
     claim(out, overwrite=True).release()
     kept = "pile-000000.tar" if manifest_in_place == "old" else "pile-000000.v1.tar"
-    assert sorted(os.listdir(out)) == [kept, "shardkit.g000000.idx", "shardkit.json"]
+    assert sorted(os.listdir(out)) == [kept, "shardkit.json"]
     assert shardkit.verify(str(out), quiet=True) == []

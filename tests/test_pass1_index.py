@@ -24,7 +24,8 @@ def _samples(i: int) -> list[dict]:
 
 
 def _write(door: str, out: str, tmp_path: Path, **options) -> manifest.Manifest:
-    """A dataset written by one front door, its M and seed fixed."""
+    """A dataset written by one front door, its M and seed fixed, with its index unless told otherwise."""
+    options.setdefault("index", True)
     if door == "writer":
         with shardkit.PileWriter(out, piles=3, seed=4, **options) as w:
             for s in make_samples(N, size=500):
@@ -105,7 +106,9 @@ def test_the_piles_are_the_same_bytes_without_the_index_and_then_none_is_written
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_split_and_compressed_piles_are_indexed_from_their_staged_copies(compression, tmp_path):
     out = str(tmp_path / "ds")
-    m = shardkit.preprocess(list(range(4)), _samples, out, piles=2, seed=1, max_pile_bytes="40KiB", compression=compression, quiet=True)
+    m = shardkit.preprocess(
+        list(range(4)), _samples, out, piles=2, seed=1, max_pile_bytes="40KiB", compression=compression, index=True, quiet=True
+    )
     assert m.split_piles > 0
     with open(_index_path(out), "rb") as f:
         assert f.read() == index_module.encode(index_module.build(out, m), m)
@@ -131,12 +134,12 @@ def test_an_overwrite_and_gc_keep_only_the_current_generations_index(tmp_path):
 def test_an_append_indexes_its_new_files_and_takes_the_kept_ones_from_the_last_index(split, tmp_path, monkeypatch):
     out = str(tmp_path / "ds")
     limit = {"max_pile_bytes": "64KiB"} if split else {}
-    with shardkit.PileWriter(out, piles=3, seed=4, **limit) as w:
+    with shardkit.PileWriter(out, piles=3, seed=4, index=True, **limit) as w:
         for s in make_samples(N, size=500):
             w.write(s)
     first = _index_path(out)
     for generation, window in ((1, None), (2, 1)):
-        with shardkit.PileWriter(out, piles=3, seed=4, mode="append", window=window, **limit) as w:
+        with shardkit.PileWriter(out, piles=3, seed=4, mode="append", window=window, index=True, **limit) as w:
             for s in make_samples(N // 2, size=400, seed=9):
                 w.write({**s, "__key__": f"g{generation}-{s['__key__']}"})
         m = manifest.read(out)
@@ -155,7 +158,7 @@ def test_an_append_indexes_its_new_files_and_takes_the_kept_ones_from_the_last_i
 def test_an_append_to_a_dataset_without_an_index_writes_none(tmp_path):
     out = str(tmp_path / "ds")
     _write("writer", out, tmp_path, index=False)
-    with shardkit.PileWriter(out, piles=3, seed=4, mode="append") as w:
+    with shardkit.PileWriter(out, piles=3, seed=4, mode="append", index=True) as w:
         w.write({"__key__": "new", "bin": b"x"})
     assert not os.path.exists(_index_path(out))  # its old files are not read again: built when first needed
     assert shardkit.verify(out, quiet=True) == []
@@ -176,9 +179,9 @@ def test_on_s3_the_index_is_made_from_the_local_staging_and_uploaded(s3, monkeyp
     assert data == index_module.encode(index_module.build(url, m), m)
 
 
-def test_the_command_line_writes_it_unless_told_not_to(tmp_path):
+def test_the_command_line_writes_it_when_asked(tmp_path):
     shards = _shards(tmp_path, 2)
-    for flag, expected in (([], True), (["--no-index"], False)):
+    for flag, expected in (([], False), (["--index"], True)):
         out = str(tmp_path / f"out{len(flag)}")
         assert main(["pile", *shards, "-o", out, "--piles", "2", "-q", *flag]) == 0
         assert os.path.exists(_index_path(out)) is expected

@@ -61,8 +61,8 @@ def test_pass1_to_s3_gives_the_local_bytes_for_any_number_of_workers(s3, local_d
         assert m.samples == len(SAMPLES)
     one, three = _objects(s3, "w1"), _objects(s3, "w3")
     assert one == three == _local_files(local_dataset)
-    # objects: one per pile, the manifest and the index; no part or staging object ever reaches the bucket
-    assert len(one) == 6 + 2
+    # objects: one per pile and the manifest; no part or staging object ever reaches the bucket
+    assert len(one) == 6 + 1
 
 
 def test_every_writer_takes_an_s3_url(s3, local_dataset, tmp_path):
@@ -96,7 +96,7 @@ def test_an_overwrite_on_s3_leaves_the_old_dataset_or_the_new_one(s3):
         shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=4, seed=2, quiet=True)
     m = shardkit.preprocess(UNITS[:3], _identity, s3.url("ds"), piles=2, seed=2, overwrite=True, quiet=True)
     names = s3.names("ds")
-    assert names == {p.name for p in m.piles} | {"shardkit.json", "shardkit.g000000.idx"}  # the old piles are gone
+    assert names == {p.name for p in m.piles} | {"shardkit.json"}  # the old piles are gone
     assert shardkit.verify(s3.url("ds"), quiet=True) == []
 
 
@@ -122,7 +122,7 @@ def test_an_upload_that_keeps_failing_fails_the_job_cleanly(s3, faulty_s3, monke
     assert "shardkit.json" not in _objects(s3, "ds")
     # the next job clears what this one left and writes the whole dataset
     m = shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=4, quiet=True)
-    assert s3.names("ds") == {p.name for p in m.piles} | {"shardkit.json", "shardkit.g000000.idx"}
+    assert s3.names("ds") == {p.name for p in m.piles} | {"shardkit.json"}
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -393,7 +393,7 @@ def test_an_overwrite_killed_mid_upload_leaves_the_old_dataset(s3, faulty_s3, tm
     # the next job finds the dead one's journal and removes its objects before writing, and
     # removes its local staging (its lock is free)
     m = shardkit.preprocess(UNITS, _identity, s3.url("ds"), piles=4, overwrite=True, quiet=True)
-    assert s3.names("ds") == {p.name for p in m.piles} | {"shardkit.json", "shardkit.g000000.idx"}
+    assert s3.names("ds") == {p.name for p in m.piles} | {"shardkit.json"}
     assert shardkit.verify(s3.url("ds"), quiet=True) == []
     assert os.listdir(temp) == []
 

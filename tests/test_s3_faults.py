@@ -103,7 +103,7 @@ def test_a_job_killed_while_publishing_leaves_one_whole_dataset(s3, tmp_path, mo
     assert problems and all(p.warning for p in problems)  # the dead job's objects, listed beside it
     # the next job clears what the dead one left: its objects, its journal, its local staging
     m = shardkit.preprocess(UNITS, _identity, url, piles=4, overwrite=True, quiet=True)
-    assert s3.names("ds") == {p.name for p in m.piles} | {manifest.MANIFEST, "shardkit.g000000.idx"}
+    assert s3.names("ds") == {p.name for p in m.piles} | {manifest.MANIFEST}
     assert shardkit.verify(url, quiet=True) == []
     assert os.listdir(temp) == []
 
@@ -126,7 +126,7 @@ def test_of_two_jobs_on_a_prefix_the_store_lets_one_publish_and_the_other_delete
     with pytest.raises(shardkit.DatasetExistsError, match="another job published here while this one ran"):
         install(second, [staged[1]], one)  # its pile took another name: the first's is left alone
     assert manifest.read(s3.url("ds")) == won
-    assert s3.names("ds") == {won.piles[0].name, manifest.MANIFEST, "shardkit.g000000.idx"}  # the loser's pile and journal are gone
+    assert s3.names("ds") == {won.piles[0].name, manifest.MANIFEST}  # the loser's pile and journal are gone
     assert shardkit.verify(s3.url("ds"), quiet=True) == []
 
 

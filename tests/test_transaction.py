@@ -132,4 +132,4 @@ def test_leftovers_are_found_by_name_and_the_next_transaction_clears_them(tmp_pa
     with ds.transaction(mode="collect"):
         pass
     assert ds.leftovers() == []
-    assert sorted(os.listdir(out)) == sorted([layout.MANIFEST, layout.index_name(0), *manifest.read(out).files()])
+    assert sorted(os.listdir(out)) == sorted([layout.MANIFEST, *manifest.read(out).files()])

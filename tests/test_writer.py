@@ -361,12 +361,10 @@ def test_an_existing_dataset_is_refused_unless_overwrite(tmp_path):
     assert files(out) == before
     m = write(out, make_samples(10, seed=1), piles=2, overwrite=True)
     # the new piles came in beside the old ones under names of their own; the old ones went after
-    assert sorted(os.listdir(out)) == ["pile-000000.v1.tar", "pile-000001.v1.tar", "shardkit.g000000.idx", "shardkit.json"]
+    assert sorted(os.listdir(out)) == ["pile-000000.v1.tar", "pile-000001.v1.tar", "shardkit.json"]
     assert manifest.read(out) == m and m.samples == 10
     again = write(out, make_samples(10, seed=2), piles=2, overwrite=True)  # the plain names are free again
-    assert (
-        sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "shardkit.g000000.idx", "shardkit.json"] and again.samples == 10
-    )
+    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "shardkit.json"] and again.samples == 10
 
 
 @pytest.mark.parametrize(
@@ -402,7 +400,7 @@ def test_stray_pile_files_without_a_manifest_are_refused_and_kept(tmp_path):
     assert os.listdir(out) == ["pile-000009.tar"]  # refused before any work: no staging either
     write(out, [{"__key__": "a", "txt": "x"}], piles=2, overwrite=True)
     assert (out / "pile-000009.tar").read_bytes() == b"not ours"  # no manifest listed it
-    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "pile-000009.tar", "shardkit.g000000.idx", "shardkit.json"]
+    assert sorted(os.listdir(out)) == ["pile-000000.tar", "pile-000001.tar", "pile-000009.tar", "shardkit.json"]
 
 
 def test_overwrite_deletes_only_the_files_of_the_old_manifest(tmp_path):
@@ -411,14 +409,7 @@ def test_overwrite_deletes_only_the_files_of_the_old_manifest(tmp_path):
     (out / "pile-notes.tar").write_bytes(b"kept")
     (out / "readme.txt").write_bytes(b"kept")
     m = write(out, make_samples(5, seed=1), piles=2, overwrite=True)
-    assert sorted(os.listdir(out)) == [
-        "pile-000000.v1.tar",
-        "pile-000001.v1.tar",
-        "pile-notes.tar",
-        "readme.txt",
-        "shardkit.g000000.idx",
-        "shardkit.json",
-    ]
+    assert sorted(os.listdir(out)) == ["pile-000000.v1.tar", "pile-000001.v1.tar", "pile-notes.tar", "readme.txt", "shardkit.json"]
     assert manifest.read(out) == m
     (out / "shardkit.json").write_text("{broken")  # an unreadable old manifest: its files stay, the new dataset is whole
     m = write(out, make_samples(5, seed=2), piles=1, overwrite=True)

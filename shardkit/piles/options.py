@@ -111,7 +111,7 @@ class PileOptions:
             the generations written in the last ``window`` (``"90d"``, ``"12h"``): older ones
             leave the manifest in the same update (``shardkit gc`` deletes their files later).
         index: write the dataset's random-access index (``shardkit.gNNNNNN.idx``, what
-            ``shardkit.open`` builds otherwise) right after the manifest goes in, from the
+            ``shardkit.open`` builds otherwise; off by default: it adds CPU to pass 1) right after the manifest goes in, from the
             piles' staged copies (no pile is read back from the output, an object store
             included): the loader then starts its first pile by ranges, and the first sample
             comes without reading a whole pile (see docs/loader-speed.md). The piles are the
@@ -217,7 +217,7 @@ class PileOptions:
     )
 
     index: bool = field(
-        default=True,
+        default=False,
         metadata=meta(
             help="write the random-access index (shardkit.gNNNNNN.idx) from the staged piles as the dataset is published, "
             "so the loader's first sample comes without reading a whole pile",

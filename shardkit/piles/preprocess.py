@@ -96,7 +96,7 @@ def preprocess(
     repeat: Any = None,
     mode: str = "create",
     window: int | str | None = None,
-    index: bool = True,
+    index: bool = False,
 ) -> Manifest:
     """Run ``fn`` on every input unit and write its samples into M random piles in ``out``.
 
@@ -304,7 +304,7 @@ def pile(
     repeat: Any = None,
     mode: str = "create",
     window: int | str | None = None,
-    index: bool = True,
+    index: bool = False,
     format: Any = None,
 ) -> Manifest:
     """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.

@@ -49,7 +49,7 @@ def repile(
     resume: bool = False,
     compression: str | None = None,
     compression_level: int | None = None,
-    index: bool = True,
+    index: bool = False,
 ) -> Manifest:
     """Pass 1 again over a dataset's piles, with a new seed, into a new dataset.
 

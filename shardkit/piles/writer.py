@@ -90,7 +90,7 @@ class PileWriter:
         compression_level: int | None = None,
         mode: str = "create",
         window: int | str | None = None,
-        index: bool = True,
+        index: bool = False,
     ) -> None:
         keywords = {
             "mode": mode,
