@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 
 import numpy as np
 import pytest
 
 import shardkit
+from shardkit.loading import source as source_module
 
 
 def make_samples(n: int, *, size: int = 64, classes: int = 10, seed: int = 0) -> list[dict]:
@@ -31,6 +33,20 @@ def write_wds_shards(directory, name: str, count: int, sample) -> list[str]:
                 i += 1
         paths.append(path)
     return paths
+
+
+def hold_whole_reads(monkeypatch) -> threading.Event:
+    """Piles read whole wait until the event is set; a read still held after 20 s fails the test."""
+    gate = threading.Event()
+    real = source_module.fetch
+
+    def held(url, **kw):
+        if not gate.wait(20):
+            raise AssertionError(f"{url}: the test never let this pile be read whole")
+        return real(url, **kw)
+
+    monkeypatch.setattr(source_module, "fetch", held)
+    return gate
 
 
 @pytest.fixture(autouse=True)

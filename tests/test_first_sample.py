@@ -18,8 +18,7 @@ from shardkit import manifest
 from shardkit.dataset import layout
 from shardkit.errors import CorruptShardError
 from shardkit.loading import index as index_module
-from shardkit.loading import source as source_module
-from tests.conftest import make_samples
+from tests.conftest import hold_whole_reads, make_samples
 
 N = 240
 
@@ -43,20 +42,6 @@ def _index(out: str) -> tuple[index_module.Index, str]:
     return index_module.load_or_build(out, m), os.path.join(out, layout.index_name(m.generation))
 
 
-def _hold_whole_reads(monkeypatch) -> threading.Event:
-    """Piles read whole wait until the event is set; a read still held after 20 s fails the test."""
-    gate = threading.Event()
-    real = source_module.fetch
-
-    def held(url, **kw):
-        if not gate.wait(20):
-            raise AssertionError(f"{url}: the test never let this pile be read whole")
-        return real(url, **kw)
-
-    monkeypatch.setattr(source_module, "fetch", held)
-    return gate
-
-
 @pytest.mark.parametrize(("seed", "epoch", "views"), [(0, 0, False), (5, 2, True)])
 def test_first_samples_come_by_range_before_the_pile_is_read_and_the_order_is_unchanged(ds, monkeypatch, seed, epoch, views):
     reference = []
@@ -64,7 +49,7 @@ def test_first_samples_come_by_range_before_the_pile_is_read_and_the_order_is_un
         loader.set_epoch(epoch)
         reference = [{k: bytes(v) if k != "__key__" else v for k, v in s.items()} for s in loader]
     _index(ds)
-    gate = _hold_whole_reads(monkeypatch)
+    gate = hold_whole_reads(monkeypatch)
     with shardkit.loader(ds, decode=False, seed=seed, views=views) as loader:
         loader.set_epoch(epoch)
         samples = iter(loader)
@@ -144,7 +129,7 @@ def test_an_index_whose_sample_checksum_is_wrong_never_hands_out_its_range(ds, m
     crcs[int(np.flatnonzero(idx.bounds == start)[0]) - [f.name for f in idx.files].index(name)] ^= 1
     bad = index_module.Index(idx.files, idx.bounds, idx.hashes, idx.order, crcs)
     Path(url).write_bytes(index_module.encode(bad, manifest.read(ds)))  # consistent, but wrong about one sample
-    gate = _hold_whole_reads(monkeypatch)
+    gate = hold_whole_reads(monkeypatch)
     threading.Timer(0.5, gate.set).start()
     assert _epoch(ds) == reference  # that sample came from the pile read whole
     assert gate.is_set()
@@ -180,7 +165,7 @@ def test_an_index_of_the_first_version_still_serves_random_access_and_the_loader
     monkeypatch.setattr(index_module, "build", lambda *a, **k: builds.append(1) or real(*a, **k))
     ds_map = shardkit.open(ds, decode=False)
     assert ds_map[3]["__key__"] == ds_map.raw(3)["__key__"] and builds == []  # the old index is used as it is
-    gate = _hold_whole_reads(monkeypatch)
+    gate = hold_whole_reads(monkeypatch)
     threading.Timer(0.3, gate.set).start()
     assert _epoch(ds) == reference
 
@@ -207,7 +192,7 @@ def test_a_resumed_epoch_starts_its_pile_early_where_the_state_says(ds, monkeypa
         for _ in range(7):
             next(samples)
         state = loader.state_dict()
-    gate = _hold_whole_reads(monkeypatch)
+    gate = hold_whole_reads(monkeypatch)
     with shardkit.loader(ds, decode=False, seed=2) as loader:
         loader.load_state_dict(state)
         samples = iter(loader)

@@ -14,7 +14,7 @@ from shardkit.cli.main import main
 from shardkit.dataset import layout
 from shardkit.loading import index as index_module
 from shardkit.loading import source as source_module
-from tests.conftest import make_samples, write_wds_shards
+from tests.conftest import hold_whole_reads, make_samples, write_wds_shards
 
 N = 160
 
@@ -51,15 +51,8 @@ def _index_path(out: str) -> str:
 
 def _starts_by_range(out: str, monkeypatch) -> bool:
     """Whether the loader hands out its first samples while no pile may be read whole."""
-    gate = threading.Event()
     real = source_module.fetch
-
-    def held(url, **kw):
-        if not gate.wait(20):
-            raise AssertionError(f"{url}: never let through")
-        return real(url, **kw)
-
-    monkeypatch.setattr(source_module, "fetch", held)
+    gate = hold_whole_reads(monkeypatch)
     done: list[bool] = []
 
     def first() -> None:
@@ -174,7 +167,7 @@ def test_on_s3_the_index_is_made_from_the_local_staging_and_uploaded(s3, monkeyp
         )
     m = _write("writer", url, Path("."))
     assert not [r for r in reads if "pile-" in r]  # no pile came back from the store
-    monkeypatch.undo()
+    monkeypatch.setattr(source_module, "fetch", real)
     data = storage.read_bytes(storage.join(url, layout.index_name(m.generation)))
     assert data == index_module.encode(index_module.build(url, m), m)
 
