@@ -7,7 +7,8 @@ reads one pile, checked against its manifest entry; :mod:`~shardkit.loading.pref
 next piles in a background thread; :mod:`~shardkit.loading.decode` and
 :mod:`~shardkit.loading.batch` turn raw samples into what is yielded, here or in worker
 processes; :mod:`~shardkit.loading.loader` puts it together, with :mod:`~shardkit.loading.on_error`
-(skip or raise) and :mod:`~shardkit.loading.state` (exact resume). :mod:`~shardkit.loading.torch`
+(skip or raise), :mod:`~shardkit.loading.position` (where a reader stands, to resume exactly) and
+:mod:`~shardkit.loading.state` (a position as a state dict). :mod:`~shardkit.loading.torch`
 adapts it to PyTorch's DataLoader. Blends of several datasets read as one live in
 :mod:`~shardkit.loading.blend`.
 """

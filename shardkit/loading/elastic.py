@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from shardkit.loading.plan import rank_span, slice_span, worker_span
 
@@ -46,6 +46,14 @@ class Phase:
 
     def to_dict(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "batch_size": self.batch_size, "read": list(self.read)}
+
+
+class RestOf(Protocol):
+    """The global ranges of an epoch a phase of ``world`` ranks of ``batch_size`` splits after the
+    phases ``done`` (:meth:`shardkit.loading.source.Source.rest`); ValueError for phases that
+    cannot be."""
+
+    def __call__(self, done: Sequence[Phase], *, world: int, batch_size: int | None, drop_last: bool) -> list[Range]: ...
 
 
 def whole(total: int) -> list[Range]:

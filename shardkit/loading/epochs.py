@@ -1,31 +1,33 @@
-"""What differs between reading one dataset and a blend: each epoch's schedule and the resume state.
+"""What differs between reading one dataset and a blend: each epoch's schedule and what a position holds.
 
-A :class:`~shardkit.Loader` is the same machine for one dataset and for a blend; it holds an
-:class:`Epochs`, which says which schedule reads a rank's global ranges of an epoch, what a
-state records of a position in it, and where a state resumes. :class:`PileEpochs` serves one
-dataset (its piles in the order of :mod:`~shardkit.loading.plan`), and
-:class:`~shardkit.loading.blend.epochs.BlendEpochs` a blend. Both share :func:`rank_ranges` (what
-a rank reads of an epoch) and :func:`step_keys` (the ledger).
+A :class:`~shardkit.Loader` and a :class:`~shardkit.torch.ShardkitDataset` are the same
+machines for one dataset and for a blend; each holds an :class:`Epochs`, which says which
+schedule reads a rank's global ranges of an epoch, how a
+:class:`~shardkit.loading.position.Position` is saved as a state and read back from one, and
+where a position resumes. :class:`PileEpochs` serves one dataset (its piles in the order of
+:mod:`~shardkit.loading.plan`), and :class:`~shardkit.loading.blend.epochs.BlendEpochs` a blend.
+Both share :func:`rank_ranges` (what a rank reads of an epoch) and :func:`step_keys` (the ledger).
 
     epochs = PileEpochs(source, options)
     schedule = epochs.schedule(0, (), [(0, 1024)], world=1, batch_size=32)
-    resume = epochs.resume(epochs.state(0, 512, ()))
+    position = epochs.resume(epochs.load(epochs.save(position)), workers=1)
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from shardkit import storage
 from shardkit.errors import ConfigError
-from shardkit.loading import elastic, plan, turns
+from shardkit.loading import elastic, plan, state, turns
 from shardkit.loading.elastic import Phase, Range
 from shardkit.loading.options import LoaderOptions
+from shardkit.loading.position import Position, settle
 from shardkit.loading.reading import Schedule
 from shardkit.loading.source import Source, at_generation
-from shardkit.loading.state import Resume, check_state, make_state, pinned_generation
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +50,17 @@ class Epochs(Protocol):
         after the phases ``done``)."""
         ...
 
-    def state(self, epoch: int, position: int, done: Sequence[Phase]) -> dict[str, Any]:
-        """The state of this rank at ``position`` of its slice of ``epoch``, after the phases ``done``."""
+    def save(self, position: Position, *, torch: bool = False) -> dict[str, Any]:
+        """The state of ``position`` (a loader's, or with ``torch`` a ``shardkit.torch`` dataset's)."""
         ...
 
-    def resume(self, state: Any) -> Resume:
-        """Where ``state`` resumes, once checked against this loader's data and options."""
+    def load(self, state: Any, *, torch: bool = False) -> Position:
+        """The position ``state`` records, once checked against this data and these options."""
+        ...
+
+    def resume(self, position: Position, *, workers: int) -> Position:
+        """``position`` settled on these options' ranks and batch size with ``workers`` workers a
+        rank; the epochs after it follow on from it."""
         ...
 
     def pins(self, state: Any) -> int | None:
@@ -82,24 +89,22 @@ class PileEpochs:
         order = plan.EpochOrder(self.source.counts, seed=o.seed, epoch=epoch, shuffle=o.shuffle, mix=o.mix)
         return plan.Schedule.over(order, ranges)
 
-    def state(self, epoch: int, position: int, done: Sequence[Phase]) -> dict[str, Any]:
-        src = self.source
-        return make_state(
-            epoch=epoch,
-            position=position,
-            options=self.options,
-            dataset=self.fingerprint,
-            samples=src.samples,
-            done=done,
-            generation=src.generation,
-        )
+    def save(self, position: Position, *, torch: bool = False) -> dict[str, Any]:
+        # a DataLoader's dataset was resolved once, at one generation: its state names none
+        pinned = replace(position, generation=None if torch else self.source.generation)
+        fmt = state.TORCH if torch else state.LOADER
+        return state.write(pinned, fmt, options=self.options, dataset=self.fingerprint, samples=self.source.samples)
 
-    def resume(self, state: Any) -> Resume:
-        src = self.source
-        return check_state(state, options=self.options, dataset=self.fingerprint, samples=src.samples, name=src.name, rest=src.rest)
+    def load(self, found: Any, *, torch: bool = False) -> Position:
+        src, fmt = self.source, state.TORCH if torch else state.LOADER
+        found = state.check_format(found, fmt)
+        return state.read(found, fmt, options=self.options, dataset=self.fingerprint, samples=src.samples, name=src.name, rest=src.rest)
 
-    def pins(self, state: Any) -> int | None:
-        generation = pinned_generation(state)
+    def resume(self, position: Position, *, workers: int) -> Position:
+        return on_split(position, self.options, self.source, workers=workers)
+
+    def pins(self, found: Any) -> int | None:
+        generation = state.pinned_generation(found)
         return None if generation is None or self.source.generation in (None, generation) else generation
 
     def at_generation(self, generation: int) -> PileEpochs:
@@ -141,6 +146,14 @@ def step_keys(
             names[pile] = source.open(pile, source.fetch(pile, reads=reads)).keys
         found.append([names[p][i] for p, i in zip(piles.tolist(), index.tolist(), strict=True)])
     return found
+
+
+def on_split(position: Position, options: LoaderOptions, source: Source, *, workers: int) -> Position:
+    """``position`` settled on ``options``' ranks and batch size with ``workers`` workers a rank."""
+    assert options.world_size is not None
+    return settle(
+        position, world=options.world_size, batch_size=options.batch_size, workers=workers, rest=source.rest, drop_last=options.drop_last
+    )
 
 
 def rank_ranges(rest: Callable[..., list[Range]], done: Sequence[Phase], options: LoaderOptions) -> list[Range]:

@@ -32,12 +32,14 @@ from shardkit import storage
 from shardkit._util import check_int
 from shardkit.codecs import Codecs
 from shardkit.loading import elastic
+from shardkit.loading.batch import Step
 from shardkit.loading.blend.epochs import BlendEpochs
 from shardkit.loading.blend.source import BlendedSource
 from shardkit.loading.elastic import Phase
 from shardkit.loading.epochs import Epochs, PileEpochs, rank_ranges, step_keys
 from shardkit.loading.on_error import LoaderStats, Policy
 from shardkit.loading.options import LoaderOptions, resolve_world
+from shardkit.loading.position import Place, Position
 from shardkit.loading.reading import Reading, Schedule, remote_reads, setup
 from shardkit.loading.source import Source, SourceLike, resolve
 from shardkit.option_fields import from_call
@@ -70,13 +72,8 @@ class Loader:
         # a plain shard that cannot even be counted is a pile the policy skips (0 samples)
         source = source if isinstance(source, Source) else resolve(source, skip=policy.pile)
         self._setup = setup(source, self.options, policy, reads)
-        self._epochs: Epochs = BlendEpochs(source, self.options) if isinstance(source, BlendedSource) else PileEpochs(source, self.options)
-        self._epoch = 0
-        self._start = 0
-        self._done: tuple[Phase, ...] = ()  # phases of the epoch read before a change of world size
-        self._running: int | None = None  # epoch of the iteration in progress (or abandoned)
-        self._running_done: tuple[Phase, ...] = ()
-        self._reading: Reading | None = None  # the iteration in progress (or abandoned)
+        self._epochs = epochs_of(source, self.options)
+        self._place = Place()  # which epoch is read next and from where, and the one being read
         self._active: weakref.ref[Iterator[Any]] | None = None
         self._workers: Pool | None = None
         self._closed = False
@@ -91,12 +88,6 @@ class Loader:
         o = self.options
         assert o.world_size is not None
         return self._epochs.schedule(epoch, done, rank_ranges(self.source.rest, done, o), world=o.world_size, batch_size=o.batch_size)
-
-    def _done_in(self, epoch: int) -> tuple[Phase, ...]:
-        """The phases read before a change of world size in ``epoch`` (the one being read or resumed)."""
-        if self._running is not None:
-            return self._running_done if epoch == self._running else ()
-        return self._done if epoch == self._epoch else ()
 
     def keys(self, step: int, *, epoch: int | None = None, num_workers: int = 0, done: Sequence[Phase] | None = None) -> list[list[str]]:
         """The keys of the samples global step ``step`` reads on every rank: ``keys[rank]`` is
@@ -124,16 +115,15 @@ class Loader:
         check_int("step", step, low=0)
         check_int("epoch", epoch, low=0, none=True)
         workers = max(1, check_int("num_workers", num_workers, low=0))
-        epoch = self._epoch if epoch is None else epoch
-        done = self._done_in(epoch) if done is None else tuple(done)
+        epoch = self._place.epoch if epoch is None else epoch
+        done = self._place.done_in(epoch) if done is None else tuple(done)
         return step_keys(self._epochs, self.options, step=step, epoch=epoch, done=done, workers=workers, reads=self._setup.reads)
 
     @property
     def samples_per_epoch(self) -> int:
         """Samples (positions) this rank reads per epoch, padding included: in an epoch resumed
         on another world size, those of its slice of what was left."""
-        epoch = self._epoch if self._running is None else self._running
-        return elastic.length(rank_ranges(self.source.rest, self._done_in(epoch), self.options))
+        return elastic.length(rank_ranges(self.source.rest, self._place.done_in(self._place.current), self.options))
 
     def __len__(self) -> int:
         """Batches (or samples, unbatched) this rank yields per epoch; equal on every rank."""
@@ -143,7 +133,7 @@ class Loader:
     @property
     def epoch(self) -> int:
         """The epoch the next iteration reads."""
-        return self._epoch
+        return self._place.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next (as ``DistributedSampler.set_epoch``).
@@ -154,34 +144,27 @@ class Loader:
         restarting. Without ``set_epoch``, each completed epoch moves on to the next.
         """
         check_int("epoch", epoch, low=0)
-        resuming = self._running is None and epoch == self._epoch
-        self._epoch, self._running = epoch, None
-        self._start, self._done = (self._start, self._done) if resuming else (0, ())
+        self._place.set_epoch(epoch)
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this Loader was closed; create a new one with shardkit.loader(...)")
         self._stop_active()
-        if self._workers is not None and self._workers.broken:
-            self._workers.terminate()
-            self._workers = None
-        if self.options.num_workers and self._workers is None:
-            # start the processes before the reader thread exists: forking copies no thread state
-            step = self._setup.step
-            self._workers = Pool(self.options.num_workers, lambda k: step, name="shardkit-worker")
-        gen = self._run(self._epoch, self._start, self._done)
+        self._workers = ready_pool(self._workers, self.options.num_workers, self._setup.step)
+        place = self._place
+        gen = self._run(place.epoch, place.start, place.done)
         self._active = weakref.ref(gen)
         return gen
 
     def _run(self, epoch: int, start: int, done: tuple[Phase, ...]) -> Iterator[Any]:
         reading = Reading(self.source, self._setup, workers=self._workers, start=start)
-        self._running, self._reading, self._start, self._running_done, self._done = epoch, reading, 0, done, ()
+        self._place.begin(epoch, done, reading.where)
         skipped = self.stats.skipped_samples
         yield from reading.run(self._schedule(epoch, done), name=f"shardkit-reader-e{epoch}")
         if self.stats.skipped_samples > skipped:
             log.warning("epoch %d: skipped %d samples (on_error=%r)", epoch, self.stats.skipped_samples - skipped, self.options.on_error)
-        self._epoch, self._running, self._reading, self._running_done = epoch + 1, None, None, ()
+        self._place.end(epoch)
 
     # -- resume ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -192,11 +175,9 @@ class Loader:
         of them resumes every rank, with the same world size and batch size or others (see
         :meth:`load_state_dict`). A blend's state also holds each source's position.
         """
-        if self._running is not None and self._reading is not None:
-            epoch, position, done = self._running, self._reading.where(), self._running_done
-        else:
-            epoch, position, done = self._epoch, self._start, self._done
-        return self._epochs.state(epoch, position, done)
+        o = self.options
+        assert o.world_size is not None
+        return self._epochs.save(self._place.position(world=o.world_size, batch_size=o.batch_size))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields the rest of that epoch.
@@ -221,9 +202,20 @@ class Loader:
         if generation is not None:
             self._stop_active()
             self._epochs = self._epochs.at_generation(generation)
-        resume = self._epochs.resume(state)
+        self.resume(self.read_state(state))
+
+    def read_state(self, state: Any, *, torch: bool = False) -> Position:
+        """The position ``state`` records (a ``shardkit.torch`` dataset's state, with ``torch``),
+        checked against this loader's data and options; see :meth:`load_state_dict`."""
+        return self._epochs.load(state, torch=torch)
+
+    def resume(self, position: Position) -> None:
+        """Continue from ``position`` (a state read back, or a DataLoader worker's share of one):
+        settled on this loader's split, the next iteration reads on from its worker's count."""
+        index, workers = self.options.worker
+        settled = self._epochs.resume(position, workers=workers)
         self._stop_active()
-        self._epoch, self._start, self._done, self._running = resume.epoch, resume.position, resume.done, None
+        self._place.resume(settled, index)
 
     # -- lifecycle -------------------------------------------------------------------------
     def _stop_active(self) -> None:
@@ -254,7 +246,24 @@ class Loader:
 
     def __repr__(self) -> str:
         o = self.options
-        return f"<Loader {self.source.name}: {self.source.samples} samples in {len(self.source.piles)} piles, rank {o.rank}/{o.world_size}, epoch {self._epoch}>"
+        return f"<Loader {self.source.name}: {self.source.samples} samples in {len(self.source.piles)} piles, rank {o.rank}/{o.world_size}, epoch {self._place.epoch}>"
+
+
+def ready_pool(pool: Pool | None, count: int, step: Step) -> Pool | None:
+    """The worker processes an iteration decodes in: ``pool``, or a new one in place of a broken
+    one (None when ``count`` is 0). Called before the reader thread exists: forking copies no
+    thread state."""
+    if pool is not None and pool.broken:
+        pool.terminate()
+        pool = None
+    if count and pool is None:
+        pool = Pool(count, lambda k: step, name="shardkit-worker")
+    return pool
+
+
+def epochs_of(source: Source, options: LoaderOptions) -> Epochs:
+    """The :class:`~shardkit.loading.epochs.Epochs` a reader of ``source`` with ``options`` holds."""
+    return BlendEpochs(source, options) if isinstance(source, BlendedSource) else PileEpochs(source, options)
 
 
 def loader(

@@ -1,32 +1,54 @@
-"""Loader state dicts: small and JSON-able, and refused with the reason when they do not fit.
+"""State dicts: a :class:`~shardkit.loading.position.Position` written small and JSON-able, and
+read back, or refused with the reason, by every reader through the same two functions.
 
-A state records the epoch, the position of a rank in its slice, the options that fix the order,
-the world size and batch size that split it, and the phases of the epoch read before the last
-change of those (:mod:`shardkit.loading.elastic`). Ranks move in step, so every rank's state is
-the same: any one of them resumes all ranks, on the same world size or another.
+A state records the epoch, the options that fix the order, the world size and batch size that
+split it, the phases of the epoch read before the last change of those
+(:mod:`shardkit.loading.elastic`), what identifies the data, and how far the phase in progress
+got, in one of three formats (:class:`Format`): a loader's and a blend's count the samples a
+rank read of its slice (a blend's add each source's stream position, a dataset's its
+generation), ``shardkit.torch``'s the items a rank's DataLoader yielded and its workers. Ranks
+move in step, so every rank's state is the same: any one of them resumes all ranks, on the
+same split or another.
 
-state = make_state(epoch=2, position=512, options=opts, dataset="3539d8ee", samples=10_000)
-resume = check_state(state, options=opts, dataset="3539d8ee", samples=10_000, name="data/")
-resume.epoch, resume.position, resume.done
+    state = write(position, LOADER, options=opts, dataset="3539d8ee", samples=10_000)
+    position = read(check_format(state, LOADER), LOADER, options=opts, dataset="3539d8ee",
+                    samples=10_000, name="data/", rest=source.rest)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from shardkit._util import check_int, check_most, shown
 from shardkit.errors import ConfigError
 from shardkit.loading import elastic
-from shardkit.loading.elastic import Phase
+from shardkit.loading.elastic import Phase, RestOf
 from shardkit.loading.options import MAX_WORLD, LoaderOptions
+from shardkit.loading.position import Position, at_items
+from shardkit.loading.turns import worker_items
 
-FORMAT = "shardkit.loader"
+
+@dataclass(frozen=True)
+class Format:
+    """A kind of state: its ``format`` name, the version written, the versions read, what it is
+    called in an error, and whether it counts items a DataLoader yielded (else samples read)."""
+
+    name: str
+    version: int
+    reads: tuple[int, ...]
+    what: str
+    items: bool = False
+
+
 # version 2 adds "done", the phases read before a change of world size or batch size; a
 # version 1 state (which has none) reads as a version 2 state with none
-VERSION = 2
-READS = (1, 2)
+LOADER = Format("shardkit.loader", 2, (1, 2), "shardkit loader")
+# version 2 adds "done" and each source's "start" (its stream position when the epoch began) and
+# "wanted"; a version 1 state (taken before a blend could change split) reads as one with none
+BLEND = Format("shardkit.blend", 2, (1, 2), "shardkit blend")
+# version 2 adds "done", also after a change of the number of workers
+TORCH = Format("shardkit.torch", 2, (1, 2), "shardkit.torch dataset", items=True)
 # options that change the order itself: a state taken with other values cannot resume
 ORDER_OPTIONS = ("seed", "shuffle", "mix", "drop_last")
 # options that split the order among ranks: a state taken with other values resumes on what is
@@ -48,42 +70,11 @@ def bounded(name: str, value: Any, *, low: int, most: int, why: str, none: bool 
     return found
 
 
-@dataclass(frozen=True, slots=True)
-class Resume:
-    """Where a loader with given options resumes: ``position`` in its slice of the epoch's
-    ``epoch`` that the phases ``done`` left."""
-
-    epoch: int
-    position: int
-    done: tuple[Phase, ...] = ()
-
-
 def identity(options: LoaderOptions, dataset: str, samples: int) -> dict[str, Any]:
     """What a state records of the loader: the order and split options and the data's fingerprint and size."""
     found: dict[str, Any] = {name: getattr(options, name) for name in ORDER_OPTIONS + SPLIT_OPTIONS}
     found.update(dataset=dataset, samples=samples)
     return found
-
-
-def make_state(
-    *,
-    epoch: int,
-    position: int,
-    options: LoaderOptions,
-    dataset: str,
-    samples: int,
-    done: Sequence[Phase] = (),
-    generation: int | None = None,
-) -> dict[str, Any]:
-    """The state of a rank at ``position`` (samples read) of its slice of ``epoch`` (after the
-    phases ``done``); ``generation`` pins the dataset's generation it was taken on (None: plain
-    shards, which have none)."""
-    state: dict[str, Any] = {"format": FORMAT, "version": VERSION, "epoch": epoch, "position": position}
-    state.update(identity(options, dataset, samples))
-    state["done"] = [phase.to_dict() for phase in done]
-    if generation is not None:
-        state["generation"] = generation
-    return state
 
 
 def pinned_generation(state: Any) -> int | None:
@@ -92,13 +83,12 @@ def pinned_generation(state: Any) -> int | None:
     return None if generation is None else bounded("load_state_dict: generation", generation, low=0, most=MAX_EPOCH, why="generations")
 
 
-def check_format(state: Any, fmt: str, version: int | tuple[int, ...], what: str) -> dict[str, Any]:
-    """``state`` if it is a dict of format ``fmt`` and a version in ``version``, else a ConfigError."""
-    versions = version if isinstance(version, tuple) else (version,)
-    if not isinstance(state, dict) or state.get("format") != fmt:
-        raise ConfigError(f"load_state_dict: not a {what} state (expected 'format': {fmt!r})")
-    if state.get("version") not in versions:
-        read = " or ".join(map(str, versions))
+def check_format(state: Any, fmt: Format) -> dict[str, Any]:
+    """``state`` if it is a dict of format ``fmt`` in a version it reads, else a ConfigError."""
+    if not isinstance(state, dict) or state.get("format") != fmt.name:
+        raise ConfigError(f"load_state_dict: not a {fmt.what} state (expected 'format': {fmt.name!r})")
+    if state.get("version") not in fmt.reads:
+        read = " or ".join(map(str, fmt.reads))
         raise ConfigError(f"load_state_dict: state version {state.get('version')!r}, this shardkit reads version {read}")
     return state
 
@@ -134,14 +124,6 @@ def check_epoch(state: dict[str, Any]) -> int:
     return bounded("load_state_dict: epoch", state.get("epoch"), low=0, most=MAX_EPOCH, why="epochs of one run")
 
 
-class RestOf(Protocol):
-    """The global ranges of an epoch a phase of ``world`` ranks of ``batch_size`` splits after the
-    phases ``done`` (:meth:`shardkit.loading.source.Source.rest`); ValueError for phases that
-    cannot be."""
-
-    def __call__(self, done: Sequence[Phase], *, world: int, batch_size: int | None, drop_last: bool) -> list[elastic.Range]: ...
-
-
 def check_done(
     state: dict[str, Any], *, rest: RestOf, world: int, batch_size: int | None, drop_last: bool
 ) -> tuple[tuple[Phase, ...], list[elastic.Range]]:
@@ -169,48 +151,66 @@ def check_done(
         raise ConfigError(f"load_state_dict: {e}") from None
 
 
-def check_state(state: Any, *, options: LoaderOptions, dataset: str, samples: int, name: str, rest: RestOf) -> Resume:
-    """Where a loader with ``options`` resumes a state taken on the same data with the same order options.
+def write(position: Position, fmt: Format, *, options: LoaderOptions, dataset: str, samples: int) -> dict[str, Any]:
+    """The state of ``position`` in format ``fmt``, taken with ``options`` on the data ``dataset``
+    (its fingerprint) of ``samples`` samples. A loader's position has one worker a rank."""
+    state: dict[str, Any] = {"format": fmt.name, "version": fmt.version, "epoch": position.epoch}
+    world, batch, workers = position.split
+    if fmt.items:
+        state.update(taken=position.taken, workers=workers)
+    else:
+        state["position"] = position.phase.read[0]
+    state.update(identity(options, dataset, samples))
+    state.update(world_size=world, batch_size=batch, done=[phase.to_dict() for phase in position.done])
+    if position.generation is not None:
+        state["generation"] = position.generation
+    return state
 
-    A state taken with another world size or batch size ends its phase there: the loader reads
-    what is left of the epoch, split among its own ranks (:mod:`shardkit.loading.elastic`);
-    ``rest`` says what each phase splits.
+
+def read(
+    state: dict[str, Any],
+    fmt: Format,
+    *,
+    options: LoaderOptions,
+    dataset: str,
+    samples: int,
+    name: str,
+    rest: RestOf,
+    order_only: bool = False,
+) -> Position:
+    """The position ``state`` (of format ``fmt``, checked with :func:`check_format`) records, once
+    checked against the data (``dataset`` fingerprint, ``samples``, called ``name``) and
+    ``options``' order (only that, with ``order_only``); ``rest`` says what each phase splits.
+
+    The position is on the state's own split: a reader settles (:func:`~shardkit.loading.position.settle`)
+    it on its own, which ends its phase when they differ.
 
     Raises:
         ConfigError: the state is malformed, was taken on other data (fingerprint or sample
             count differ), with other order options (each is named), or points off its slice
             or off a batch boundary.
     """
-    state = check_format(state, FORMAT, READS, "shardkit loader")
-    check_identity(state, options=options, dataset=dataset, samples=samples, name=name)
-    return check_position(state, options=options, rest=rest)
-
-
-def check_position(state: dict[str, Any], *, options: LoaderOptions, rest: RestOf) -> Resume:
-    """Where a loader with ``options`` resumes ``state`` (whose data and order options were checked)."""
+    if order_only:
+        check_order(state, options)
+    else:
+        check_identity(state, options=options, dataset=dataset, samples=samples, name=name)
     epoch = check_epoch(state)
     world, batch = check_split(state)
-    done, left = check_done(state, rest=rest, world=world, batch_size=batch, drop_last=options.drop_last)
-    index, workers = options.worker
-    length = elastic.length(
-        elastic.share(left, world=world, rank=0, drop_last=options.drop_last, batch_size=batch, workers=workers, worker=index)
+    drop_last = options.drop_last
+    # sized and looped over below: 2**40 workers would take hours before any check could fail
+    workers = (
+        bounded("load_state_dict: workers", state.get("workers"), low=1, most=MAX_WORKERS, why="DataLoader workers of a rank")
+        if fmt.items
+        else 1
     )
+    done, span = check_done(state, rest=rest, world=world, batch_size=batch, drop_last=drop_last)
+    start = Position(epoch, Phase(world, batch, (0,) * workers), done, generation=pinned_generation(state))
+    if fmt.items:
+        length = sum(worker_items(span, world=world, batch_size=batch, workers=workers, drop_last=drop_last))
+        taken = check_int("load_state_dict: taken", state.get("taken"), low=0, high=max(1, length) - 1)
+        return at_items(start, taken, rest=rest, drop_last=drop_last)
+    length = elastic.length(elastic.share(span, world=world, rank=0, drop_last=drop_last, batch_size=batch))
     position = check_int("load_state_dict: position", state.get("position"), low=0, high=length)
     if batch and position % batch and position != length:
         raise ConfigError(f"load_state_dict: position {position} is not on a batch boundary (batch_size={batch})")
-    if (world, batch) == (options.world_size, options.batch_size):
-        return Resume(epoch, position, done)
-    return close(Resume(epoch, position, done), Phase(world, batch, (position,)), left, drop_last=options.drop_last)
-
-
-def close(resume: Resume, phase: Phase, rest: Sequence[elastic.Range], *, drop_last: bool) -> Resume:
-    """``resume`` with its phase, which read as far as ``phase`` says, ended: the next one starts.
-
-    A phase that read nothing is dropped; one that read all of its slices ended the epoch.
-    """
-    if not any(phase.read):
-        return Resume(resume.epoch, 0, resume.done)
-    sizes = elastic.worker_lengths(rest, world=phase.world_size, drop_last=drop_last, batch_size=phase.batch_size, workers=len(phase.read))
-    if list(phase.read) == sizes:
-        return Resume(resume.epoch + 1, 0)
-    return Resume(resume.epoch, 0, (*resume.done, phase))
+    return Position(epoch, Phase(world, batch, (position,)), done, generation=start.generation)

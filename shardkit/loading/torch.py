@@ -17,12 +17,10 @@ read, split anew (:mod:`shardkit.loading.elastic`).
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
-from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
 try:
@@ -32,28 +30,19 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 
 from shardkit._util import check_int
 from shardkit.errors import ConfigError
-from shardkit.loading import elastic
-from shardkit.loading.blend.epochs import FORMAT as BLEND_FORMAT
-from shardkit.loading.blend.epochs import VERSION as BLEND_VERSION
-from shardkit.loading.blend.epochs import check_sources, source_fields
-from shardkit.loading.blend.source import Anchor, BlendedSource, resolve_blend
+from shardkit.loading.blend.source import BlendedSource, resolve_blend
 from shardkit.loading.blend.spec import Blend, is_blend
-from shardkit.loading.elastic import Phase
 from shardkit.loading.handoff import Handoff, convert
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.ring import Ring, Writer
+from shardkit.loading.shared_place import SharedPlace
 from shardkit.loading.source import Source, SourceLike, resolve
-from shardkit.loading.state import check_done, check_format, identity, make_state
-from shardkit.loading.turns import FORMAT, READS, VERSION, Point, parse, round_robin, settle, worker_items
+from shardkit.loading.turns import round_robin
 
 __all__ = ["ShardkitDataLoader", "ShardkitDataset", "round_robin"]
 
 log = logging.getLogger(__name__)
-
-# slots of the shared array (_RESUME_PHASES, _ANCHOR: bytes of JSON in the phases and anchor buffers)
-_EPOCH, _RESUME_EPOCH, _RESUME_TAKEN, _RESUME_WORKERS, _WORKERS, _DONE, _RESUME_WORLD, _RESUME_BATCH, _RESUME_PHASES, _ANCHOR = range(10)
-PHASE_BYTES = 1 << 16  # room for the phases of about a thousand changes in one epoch
 
 
 def _batched_again(dataset: Any, caller: Any) -> bool:
@@ -143,13 +132,7 @@ class ShardkitDataset(IterableDataset):
             self.source = resolve_blend(Blend(source, weights=weights, epoch_size=epoch_size), self.options)
         else:
             self.source = resolve(source)  # type: ignore[arg-type]  # a Blend was taken above
-        self._fingerprint = self.source.fingerprint()
-        # shared with the workers, fork, spawn or forkserver. No lock: the main process writes
-        # between iterations, each worker reads once as its iteration starts, and a slot written
-        # by workers (_WORKERS, _DONE) is one aligned 64-bit word
-        self._shared = RawArray("q", [0, -1, 0, 0, 0, 0, 0, 0, 0, 0])
-        self._phases = RawArray("c", PHASE_BYTES)  # the resume point's phases, as JSON
-        self._anchor = RawArray("c", PHASE_BYTES)  # a blend's Anchor (where its sources stood), as JSON
+        self._place = SharedPlace(self.source, self.options)  # the epoch and the loaded position, seen by every worker
         self._yielded = 0  # items this process yielded in its current iteration (num_workers=0)
         # shared memory the workers of the DataLoader being started hand batches over in (set by
         # ShardkitDataLoader only while it starts them; they keep it)
@@ -160,50 +143,16 @@ class ShardkitDataset(IterableDataset):
         """Read epoch ``epoch`` on the next iteration, in every worker (a pending resume of
         that same epoch is kept)."""
         check_int("epoch", epoch, low=0)
-        s = self._shared
-        if s[_RESUME_EPOCH] != epoch:
-            s[_RESUME_EPOCH] = -1
-        s[_EPOCH], s[_DONE] = epoch, 0
+        self._place.set_epoch(epoch)
 
     @property
     def epoch(self) -> int:
-        return int(self._shared[_EPOCH])
+        return self._place.epoch
 
     def __len__(self) -> int:
         """Batches (or samples) this rank yields per epoch, all workers together (an epoch
         resumed on another world size yields what is left of it, which is no more)."""
-        return self._phase_length(self._fresh(0))
-
-    def _phase_length(self, point: Point) -> int:
-        """Items a rank yields in the phase of ``point``, from its start."""
-        rest = self._rest(point)
-        o = self.options
-        return sum(worker_items(rest, world=point.world_size, batch_size=point.batch_size, workers=point.workers, drop_last=o.drop_last))
-
-    def _rest(self, point: Point) -> list[elastic.Range]:
-        """What the phase of ``point`` splits of its epoch."""
-        return self.source.rest(point.done, world=point.world_size, batch_size=point.batch_size, drop_last=self.options.drop_last)
-
-    def _fresh(self, epoch: int) -> Point:
-        """The start of ``epoch`` on this dataset's ranks."""
-        o = self.options
-        assert o.world_size is not None
-        return Point(epoch, 0, 1, o.world_size, o.batch_size)
-
-    def _pending(self, epoch: int) -> Point:
-        """Where ``epoch`` starts: the loaded state's point if it is that epoch's."""
-        s = self._shared
-        if s[_RESUME_EPOCH] != epoch:
-            return self._fresh(epoch)
-        done = json.loads(bytes(self._phases[: s[_RESUME_PHASES]]) or b"[]")
-        world, batch = int(s[_RESUME_WORLD]), int(s[_RESUME_BATCH]) or None
-        phases, _ = check_done({"done": done}, rest=self.source.rest, world=world, batch_size=batch, drop_last=self.options.drop_last)
-        return Point(epoch, int(s[_RESUME_TAKEN]), int(s[_RESUME_WORKERS]), world, batch, phases)
-
-    def _settle(self, point: Point, workers: int) -> Point:
-        o = self.options
-        assert o.world_size is not None
-        return settle(point, world=o.world_size, batch_size=o.batch_size, workers=workers, rest=self._rest(point), drop_last=o.drop_last)
+        return self._place.length(self._place.fresh(0))
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -212,16 +161,16 @@ class ShardkitDataset(IterableDataset):
             raise _rebatching(self.options.batch_size)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        s = self._shared  # read once, at the start: the main process may change it later
-        epoch, done = int(s[_EPOCH]), int(s[_DONE])
-        pending = self._pending(epoch)
-        s[_WORKERS] = info.num_workers if info is not None else 0
-        if worker == 0 and done == epoch + 1:
+        place = self._place  # read once, at the start: the main process may change it later
+        epoch = place.epoch
+        finished, pending = place.finished(epoch), place.pending(epoch)
+        place.workers = info.num_workers if info is not None else 0
+        if worker == 0 and finished:
             log.warning("epoch %d is read again from its start: call set_epoch() before each epoch (as with DistributedSampler)", epoch)
         handoff = info is not None and _hands_off(caller)
         # raw batches handed off are copied as they are packed: the loader need not copy each value first
         borrow = handoff and self._raw_batches()
-        loader = self._resumed_loader(self._settle(pending, workers), worker=worker, workers=workers, views=borrow)
+        loader = place.worker_loader(pending, worker=worker, workers=workers, views=borrow)
         items = self._iterate(loader, epoch, first=worker == 0, main=info is None)
         if not handoff:
             return items
@@ -233,42 +182,6 @@ class ShardkitDataset(IterableDataset):
         """Whether the items are batches of raw fields, made by the loader's default collate."""
         o = self.options
         return o.batch_size is not None and o.map is None and o.collate is None and o.codecs() is None
-
-    def _resumed_loader(self, point: Point, *, worker: int, workers: int, views: bool = False) -> Loader:
-        """The loader of DataLoader worker ``worker``, past what ``point`` (on this split) had
-        taken; with ``views``, one that yields raw fields as views whatever the options say."""
-        o = self.options
-        rest = self._rest(point)
-        items = worker_items(rest, world=point.world_size, batch_size=o.batch_size, workers=workers, drop_last=o.drop_last)
-        given, turn = round_robin(items, point.taken)
-        role = (turn + worker) % workers  # the DataLoader asks worker 0 first: it takes the next turn
-        size = elastic.worker_lengths(rest, world=point.world_size, drop_last=o.drop_last, batch_size=o.batch_size, workers=workers)[role]
-        position = min(given[role] * (o.batch_size or 1), size)
-        return self._loader_at(replace(o, worker=(role, workers), views=o.views or views), point.epoch, position, point.done)
-
-    def _loader_at(self, options: LoaderOptions, epoch: int, position: int, done: tuple[Phase, ...]) -> Loader:
-        """A loader with ``options`` at ``position`` of its slice of ``epoch``, after the phases
-        ``done``; a blend's is told where each source stood when the epoch began."""
-        loader = Loader(self.source, options)  # a blend's source reads as a blend
-        state = make_state(
-            epoch=epoch, position=position, options=loader.options, dataset=self._fingerprint, samples=self.source.samples, done=done
-        )
-        if isinstance(self.source, BlendedSource):
-            state.update(format=BLEND_FORMAT, version=BLEND_VERSION, sources=source_fields(self.source, self._starts(epoch)))
-        loader.load_state_dict(state)
-        return loader
-
-    def _starts(self, epoch: int) -> list[int]:
-        """A blend's stream position of each source when ``epoch`` begins (see :class:`Anchor`)."""
-        assert isinstance(self.source, BlendedSource)
-        s, o = self._shared, self.options
-        assert o.world_size is not None
-        found = json.loads(bytes(self._anchor[: s[_ANCHOR]]) or b"{}")
-        anchor = (
-            Anchor(found["epoch"], tuple(found["start"]), tuple(Phase(w, b, tuple(r)) for w, b, r in found["done"])) if found else Anchor()
-        )
-        starts = self.source.starts(anchor, epoch, seed=o.seed, world=o.world_size, batch_size=o.batch_size, drop_last=o.drop_last)
-        return starts.tolist()
 
     def _iterate(self, loader: Loader, epoch: int, *, first: bool, main: bool) -> Iterator[Any]:
         if main:
@@ -283,7 +196,7 @@ class ShardkitDataset(IterableDataset):
         finally:
             loader.close()
         if first and complete:
-            self._shared[_DONE] = epoch + 1
+            self._place.finish(epoch)
 
     # -- the ledger ----------------------------------------------------------------------------
     def keys(self, step: int, *, epoch: int | None = None, num_workers: int = 0) -> list[list[str]]:
@@ -295,9 +208,10 @@ class ShardkitDataset(IterableDataset):
         ``ShardkitDataLoader.keys`` passes its own ``num_workers``.
         """
         check_int("num_workers", num_workers, low=0)
-        epoch = int(self._shared[_EPOCH]) if epoch is None else check_int("epoch", epoch, low=0)
-        done = self._settle(self._pending(epoch), max(1, num_workers)).done
-        with self._loader_at(self.options, epoch, 0, done) as loader:
+        place = self._place
+        epoch = place.epoch if epoch is None else check_int("epoch", epoch, low=0)
+        done = place.settle(place.pending(epoch), max(1, num_workers)).done
+        with place.loader(self.options) as loader:
             return loader.keys(step, epoch=epoch, num_workers=num_workers, done=done)
 
     # -- resume --------------------------------------------------------------------------------
@@ -312,8 +226,7 @@ class ShardkitDataset(IterableDataset):
         Raises:
             RuntimeError: the DataLoader reads in worker processes and ``yielded`` is missing.
         """
-        s = self._shared
-        epoch, workers = int(s[_EPOCH]), int(s[_WORKERS])
+        workers = self._place.workers
         check_int("state_dict: yielded", yielded, low=0, none=True)
         if yielded is None:
             if workers > 0:
@@ -322,23 +235,7 @@ class ShardkitDataset(IterableDataset):
                     "use ShardkitDataLoader, or pass state_dict(yielded=...) (items the DataLoader yielded in this iteration)"
                 )
             yielded = self._yielded
-        point = self._pending(epoch)
-        # the iteration read on this dataset's split, from where the point settles on it; one that
-        # ended having yielded nothing (a rest too short for a whole batch on every rank) read it too
-        if yielded or int(s[_DONE]) == epoch + 1:
-            point = self._settle(point, max(1, workers))
-            point = replace(point, taken=point.taken + yielded)
-        length = self._phase_length(point)
-        if point.taken > length:
-            raise ConfigError(f"state_dict: yielded={yielded} is more than the {length - point.taken + yielded} items this iteration has")
-        if point.taken == length:  # the epoch is over: the next one starts from its beginning
-            point = self._fresh(point.epoch + 1)
-        state: dict[str, Any] = {"format": FORMAT, "version": VERSION, "epoch": point.epoch, "taken": point.taken, "workers": point.workers}
-        state.update(identity(self.options, self._fingerprint, self.source.samples))
-        state.update(world_size=point.world_size, batch_size=point.batch_size, done=[phase.to_dict() for phase in point.done])
-        if isinstance(self.source, BlendedSource):
-            state["sources"] = source_fields(self.source, self._starts(point.epoch))
-        return state
+        return self._place.epochs.save(self._place.after(yielded), torch=True)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration yield exactly the rest of the epoch ``state`` was taken in.
@@ -351,28 +248,7 @@ class ShardkitDataset(IterableDataset):
                 change the order (each difference is named); for a blend, on other sources or
                 shares (the source is named).
         """
-        state = check_format(state, FORMAT, READS, "shardkit.torch dataset")
-        blend = isinstance(self.source, BlendedSource)
-        start = check_sources(state, self.source, drop_last=self.options.drop_last) if isinstance(self.source, BlendedSource) else ()
-        o = self.options
-        point = parse(
-            state, options=o, dataset=self._fingerprint, samples=self.source.samples, name=self.source.name, rest=self.source.rest
-        )
-        epoch, taken, workers, world, batch, done = point.epoch, point.taken, point.workers, point.world_size, point.batch_size, point.done
-        if blend:  # where the sources stood; the phases are those read before the epoch goes on here
-            settled = self._settle(point, workers)
-            anchor = json.dumps({"epoch": epoch, "start": start, "done": [list(p.to_dict().values()) for p in settled.done]}).encode()
-            if len(anchor) > PHASE_BYTES:
-                raise ConfigError(f"load_state_dict: done: {len(done)} phases are more than shardkit.torch holds in one epoch")
-            self._anchor[: len(anchor)] = anchor
-            self._shared[_ANCHOR] = len(anchor)
-        phases = json.dumps([phase.to_dict() for phase in done]).encode()
-        if len(phases) > PHASE_BYTES:
-            raise ConfigError(f"load_state_dict: done: {len(done)} phases are more than shardkit.torch holds in one epoch")
-        s = self._shared
-        self._phases[: len(phases)] = phases
-        s[_RESUME_WORLD], s[_RESUME_BATCH], s[_RESUME_PHASES] = world, batch or 0, len(phases)
-        s[_EPOCH], s[_RESUME_EPOCH], s[_RESUME_TAKEN], s[_RESUME_WORKERS], s[_DONE] = epoch, epoch, taken, workers, 0
+        self._place.load(state)
         self._yielded = 0
 
 

@@ -18,7 +18,8 @@ def _trace(args: argparse.Namespace) -> int:
     import json
 
     from shardkit._util import check_int
-    from shardkit.loading import turns
+    from shardkit.loading import state as states
+    from shardkit.loading.epochs import on_split
     from shardkit.loading.loader import Loader
 
     options = LoaderOptions(decode=False, rank=0, **option_values(args, TRACE_FLAGS))
@@ -28,13 +29,9 @@ def _trace(args: argparse.Namespace) -> int:
     if args.state:
         with open(args.state, encoding="utf-8") as f:
             state = json.load(f)
-        if isinstance(state, dict) and state.get("format") == turns.FORMAT:
-            source = loader.source
-            point = turns.parse(
-                state, options=loader.options, dataset=source.fingerprint(), samples=source.samples, name=source.name, rest=source.rest
-            )
-            done = turns.done_before(point, options=loader.options, rest=source.rest, workers=max(1, workers))
-            done = done if point.epoch == args.epoch else ()
+        if isinstance(state, dict) and state.get("format") == states.TORCH.name:
+            position = loader.read_state(state, torch=True)
+            done = on_split(position, loader.options, loader.source, workers=max(1, workers)).done if position.epoch == args.epoch else ()
         else:
             loader.load_state_dict(state)
     keys = loader.keys(args.step, epoch=args.epoch, num_workers=workers, done=done)

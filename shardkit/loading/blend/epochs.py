@@ -8,43 +8,29 @@ state resumed began, so the epochs after it follow on from there.
 
     epochs = BlendEpochs(resolve_blend(blend, options), options)
     schedule = epochs.schedule(0, (), [(0, 512)], world=1, batch_size=64)
-    state = epochs.state(0, 128, ())
+    found = epochs.save(Position(0, Phase(1, 64, (128,))))
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from shardkit.errors import ConfigError
+from shardkit.loading import state
 from shardkit.loading.blend.schedule import BlendSchedule
 from shardkit.loading.blend.source import Anchor, BlendedSource
 from shardkit.loading.elastic import Phase, Range
-from shardkit.loading.epochs import rank_ranges
+from shardkit.loading.epochs import on_split, rank_ranges
 from shardkit.loading.options import LoaderOptions
-from shardkit.loading.state import (
-    Resume,
-    bounded,
-    check_done,
-    check_epoch,
-    check_format,
-    check_identity,
-    check_order,
-    check_position,
-    check_split,
-    make_state,
-)
+from shardkit.loading.position import Position
+from shardkit.loading.state import bounded, check_epoch, check_split
 
-FORMAT = "shardkit.blend"
 # the furthest stream position a state may start a source at: int64 with room for epochs after it
 MAX_START = 1 << 56
-# version 2 adds "done" (the phases of the epoch read before a change of split) and each
-# source's "start" (its stream position when the epoch began) and "wanted"; a version 1 state
-# (taken before a blend could change split) reads as one with none
-VERSION = 2
-READS = (1, 2)
 
 
 class BlendEpochs:
@@ -52,7 +38,7 @@ class BlendEpochs:
 
     Example:
         epochs = BlendEpochs(source, options)
-        resume = epochs.resume(state)      # and the epochs after it follow on from the state's
+        position = epochs.resume(epochs.load(state), workers=1)   # the epochs after it follow on from it
     """
 
     def __init__(self, source: BlendedSource, options: LoaderOptions) -> None:
@@ -71,22 +57,42 @@ class BlendEpochs:
         frames = self.source.frames(seed=o.seed, epoch=epoch, done=done, world=world, batch_size=batch_size, drop_last=o.drop_last)
         return BlendSchedule(self.source, frames, self.starts(epoch), ranges, o)
 
-    def state(self, epoch: int, position: int, done: Sequence[Phase]) -> dict[str, Any]:
-        """A loader state with each source's stream position when the epoch began (``start``)
-        and where this rank stands in it."""
-        o = self.options
-        state = make_state(epoch=epoch, position=position, options=o, dataset=self.fingerprint, samples=self.source.samples, done=done)
-        state.update(format=FORMAT, version=VERSION)
-        sched = self.schedule(epoch, done, rank_ranges(self.source.rest, done, o), world=o.world_size, batch_size=o.batch_size)  # type: ignore[arg-type]
-        at = sched.stream_at(sched.global_at(position))
-        state["sources"] = source_fields(self.source, sched.start.tolist())
-        for name, part, p in zip(self.source.names, self.source.parts, at.tolist(), strict=True):
+    def save(self, position: Position, *, torch: bool = False) -> dict[str, Any]:
+        """A state with each source's stream position when the epoch began (``start``) and, a
+        loader's, where this rank stands in it."""
+        o, src = self.options, self.source
+        found = state.write(position, state.TORCH if torch else state.BLEND, options=o, dataset=self.fingerprint, samples=src.samples)
+        found["sources"] = source_fields(src, self.starts(position.epoch).tolist())
+        if torch:
+            return found
+        done = position.done
+        sched = self.schedule(position.epoch, done, rank_ranges(src.rest, done, o), world=o.world_size, batch_size=o.batch_size)  # type: ignore[arg-type]
+        at = sched.stream_at(sched.global_at(position.phase.read[0]))
+        for name, part, p in zip(src.names, src.parts, at.tolist(), strict=True):
             # where this rank stands in each source's stream (for a reader: not read back)
-            state["sources"][name].update(epoch=int(p) // part.samples, position=int(p) % part.samples)
-        return state
+            found["sources"][name].update(epoch=int(p) // part.samples, position=int(p) % part.samples)
+        return found
 
-    def resume(self, state: Any) -> Resume:
-        """Where a blend ``state`` resumes; the epochs after it follow on from where it stood.
+    def load(self, found: Any, *, torch: bool = False) -> Position:
+        """The position a blend state records, with each source's stream position when its epoch began.
+
+        Raises:
+            ConfigError: the state is malformed, or was taken on other sources, shares or order
+                options (each difference is named).
+        """
+        fmt = state.TORCH if torch else state.BLEND
+        found = state.check_format(found, fmt)
+        legacy = fmt is state.BLEND and found["version"] == 1  # its fingerprint was of its split too; the sources matched
+        start = check_sources(found, self.source, drop_last=self.options.drop_last, legacy=legacy)  # first: a difference is named by source
+        src = self.source
+        position = state.read(
+            found, fmt, options=self.options, dataset=self.fingerprint, samples=src.samples, name=src.name, rest=src.rest, order_only=legacy
+        )
+        return replace(position, start=start)
+
+    def resume(self, position: Position, *, workers: int) -> Position:
+        """``position`` settled on this blend's split (``workers`` workers a rank); the epochs
+        after it follow on from where it stood (a position with no ``start`` leaves them as they were).
 
         The state may come from another world size, batch size or number of ``shardkit.torch``
         DataLoader workers, and from several changes in one epoch. What holds then:
@@ -105,30 +111,19 @@ class BlendEpochs:
           other ranks had read): its whole batches are within one sample, the parts at its ends
           are random draws, so a source may be off by a few samples in a batch; over the rest
           of the epoch every source still gives exactly its unread positions.
-
-        Raises:
-            ConfigError: the state is malformed, or was taken on other sources, shares or order
-                options (each difference is named).
         """
         o = self.options
-        state = check_format(state, FORMAT, READS, "shardkit blend")
-        start = check_sources(
-            state, self.source, drop_last=o.drop_last, legacy=state["version"] == 1
-        )  # first: a difference is named by source
-        if state["version"] == 1:  # its fingerprint was of its split too; the sources matched
-            check_order(state, o)
-        else:
-            check_identity(state, options=o, dataset=self.fingerprint, samples=self.source.samples, name=self.source.name)
-        resume = check_position(state, options=o, rest=self.source.rest)
-        anchor = Anchor(resume.epoch, start, resume.done)
-        if resume.epoch != state["epoch"]:  # the state's phase had read all it split: the next epoch follows on
-            world, batch = check_split(state)
-            done, _ = check_done(state, rest=self.source.rest, world=world, batch_size=batch, drop_last=o.drop_last)
-            taken = Anchor(state["epoch"], start, done)
-            following = self.source.starts(taken, resume.epoch, seed=o.seed, world=world, batch_size=batch, drop_last=o.drop_last)
-            anchor = Anchor(resume.epoch, tuple(following.tolist()))
+        settled = on_split(position, o, self.source, workers=workers)
+        if position.start is None:
+            return settled
+        anchor = Anchor(settled.epoch, position.start, settled.done)
+        if settled.epoch != position.epoch:  # the position's phase had read all it split: the next epoch follows on
+            world, batch, _ = position.split
+            taken = Anchor(position.epoch, position.start, position.done)
+            following = self.source.starts(taken, settled.epoch, seed=o.seed, world=world, batch_size=batch, drop_last=o.drop_last)
+            anchor = Anchor(settled.epoch, tuple(following.tolist()))
         self.anchor = anchor
-        return resume
+        return settled
 
     def pins(self, state: Any) -> int | None:
         """None: a blend reads each source's latest generation."""

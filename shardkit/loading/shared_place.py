@@ -1,0 +1,182 @@
+"""Where a ``shardkit.torch`` dataset's DataLoader stands, shared by the main process and its workers.
+
+A DataLoader's workers hold copies of the dataset made when they started (persistent workers
+keep theirs), so :meth:`~shardkit.torch.ShardkitDataset.set_epoch` and ``load_state_dict`` in
+the main process reach them through shared memory, whether they were forked or spawned: the
+epoch, and the :class:`~shardkit.loading.position.Position` loaded last with whether its epoch is
+still to be resumed. The workers write back how many of them there are and that the epoch was
+read to its end. From these and the items the DataLoader yielded, :class:`SharedPlace` makes
+the positions a state saves and each worker's loader resumes, through the loader's own
+:class:`~shardkit.loading.epochs.Epochs` and :meth:`~shardkit.Loader.resume`.
+
+No lock: the main process writes between iterations, each worker reads once as its iteration
+starts, and a slot a worker writes is one aligned 64-bit word.
+
+    place = SharedPlace(source, options)
+    place.load(state)                       # in the main process
+    loader = place.worker_loader(place.pending(place.epoch), worker=0, workers=2)   # in a worker
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from multiprocessing.sharedctypes import RawArray
+from typing import Any
+
+from shardkit.errors import ConfigError
+from shardkit.loading.elastic import Phase
+from shardkit.loading.epochs import on_split
+from shardkit.loading.loader import Loader, epochs_of
+from shardkit.loading.options import LoaderOptions
+from shardkit.loading.position import Position, at_items, fresh, items, turn
+from shardkit.loading.source import Source
+
+# slots of the shared array (_POSITION: bytes of JSON in the position buffer, 0 when none is loaded)
+_EPOCH, _RESUME_EPOCH, _WORKERS, _DONE, _POSITION = range(5)
+POSITION_BYTES = 1 << 17  # room for the phases of about two thousand changes in one epoch
+
+
+class SharedPlace:
+    """The epoch, the loaded position, the DataLoader's workers and the last epoch read to its
+    end, in memory every worker shares, for a dataset of ``source`` read with ``options``.
+
+    Example:
+        place = SharedPlace(source, options)
+        place.set_epoch(3)
+        place.pending(3).taken             # 0: epoch 3 starts at its beginning
+    """
+
+    def __init__(self, source: Source, options: LoaderOptions) -> None:
+        self.source, self.options = source, options
+        # saves and reads states; a blend's knows where the epochs after a loaded state follow on from
+        self.epochs = epochs_of(source, options)
+        self._slots = RawArray("q", [0, -1, 0, 0, 0])
+        self._position = RawArray("c", POSITION_BYTES)
+
+    # -- what is shared ------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return int(self._slots[_EPOCH])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` next; a loaded position of that same epoch stays to be resumed."""
+        s = self._slots
+        if s[_RESUME_EPOCH] != epoch:
+            s[_RESUME_EPOCH] = -1
+        s[_EPOCH], s[_DONE] = epoch, 0
+
+    @property
+    def workers(self) -> int:
+        """The DataLoader workers of the last iteration begun (0: it read in the main process)."""
+        return int(self._slots[_WORKERS])
+
+    @workers.setter
+    def workers(self, count: int) -> None:
+        self._slots[_WORKERS] = count
+
+    def finish(self, epoch: int) -> None:
+        """``epoch`` was read to its end (an iteration of it again reads it anew)."""
+        self._slots[_DONE] = epoch + 1
+
+    def finished(self, epoch: int) -> bool:
+        """Whether ``epoch`` was read to its end since it was set."""
+        return int(self._slots[_DONE]) == epoch + 1
+
+    def loaded(self) -> Position | None:
+        """The position loaded last (its epoch resumed or not), or None."""
+        size = int(self._slots[_POSITION])
+        if not size:
+            return None
+        doc = json.loads(bytes(self._position[:size]))
+        start = None if doc["start"] is None else tuple(doc["start"])
+        return Position(doc["epoch"], _phase(doc["phase"]), tuple(_phase(p) for p in doc["done"]), start)
+
+    # -- positions -----------------------------------------------------------------------------
+    def fresh(self, epoch: int) -> Position:
+        """The start of ``epoch`` on the dataset's ranks."""
+        o = self.options
+        assert o.world_size is not None
+        return fresh(epoch, world=o.world_size, batch_size=o.batch_size)
+
+    def pending(self, epoch: int) -> Position:
+        """Where ``epoch`` starts: the loaded position if it is that epoch's."""
+        loaded = self.loaded() if self._slots[_RESUME_EPOCH] == epoch else None
+        return loaded or self.fresh(epoch)
+
+    def settle(self, position: Position, workers: int) -> Position:
+        """``position`` on the dataset's ranks and batch size with ``workers`` DataLoader workers."""
+        return on_split(position, self.options, self.source, workers=workers)
+
+    def length(self, position: Position) -> int:
+        """Items a rank yields in the phase of ``position``, from its start, its workers together."""
+        return sum(items(position, rest=self.source.rest, drop_last=self.options.drop_last))
+
+    def after(self, yielded: int) -> Position:
+        """Where the epoch stands once the DataLoader yielded ``yielded`` items of its iteration.
+
+        Raises:
+            ConfigError: the iteration has fewer items than that.
+        """
+        epoch = self.epoch
+        point = self.pending(epoch)
+        # the iteration read on the dataset's split, from where the point settles on it; one that
+        # ended having yielded nothing (a rest too short for a whole batch on every rank) read it too
+        if yielded or self.finished(epoch):
+            point = self.settle(point, max(1, self.workers))
+        length = self.length(point)
+        if point.taken + yielded > length:
+            raise ConfigError(f"state_dict: yielded={yielded} is more than the {length - point.taken} items this iteration has")
+        if point.taken + yielded == length:  # the epoch is over: the next one starts from its beginning
+            return self.fresh(point.epoch + 1)
+        return at_items(point, point.taken + yielded, rest=self.source.rest, drop_last=self.options.drop_last) if yielded else point
+
+    def load(self, state: Any) -> None:
+        """Resume at the position of the ``shardkit.torch`` state ``state`` when its epoch is read next.
+
+        Raises:
+            ConfigError: the state is malformed, or was taken on other data or with options that
+                change the order, or records more phases than the shared memory holds.
+        """
+        position = self.epochs.load(state, torch=True)
+        doc = {
+            "epoch": position.epoch,
+            "phase": position.phase.to_dict(),
+            "done": [phase.to_dict() for phase in position.done],
+            "start": None if position.start is None else list(position.start),
+        }
+        found = json.dumps(doc).encode()
+        if len(found) > POSITION_BYTES:
+            raise ConfigError(f"load_state_dict: done: {len(position.done)} phases are more than shardkit.torch holds in one epoch")
+        s = self._slots
+        self._position[: len(found)] = found
+        s[_POSITION] = len(found)
+        s[_EPOCH], s[_RESUME_EPOCH], s[_DONE] = position.epoch, position.epoch, 0
+        self.epochs.resume(position, workers=position.split[2])  # a blend's epochs after it follow on from it
+
+    # -- loaders -------------------------------------------------------------------------------
+    def loader(self, options: LoaderOptions) -> Loader:
+        """A loader with ``options`` that resumed the loaded position, if any: a blend's epochs
+        follow on from where it stood."""
+        loader = Loader(self.source, options)  # a blend's source reads as a blend
+        loaded = self.loaded()
+        if loaded is not None:
+            loader.resume(loaded)
+        return loader
+
+    def worker_loader(self, position: Position, *, worker: int, workers: int, views: bool = False) -> Loader:
+        """The loader of DataLoader worker ``worker`` of ``workers``, past what ``position`` had
+        taken; with ``views``, one that yields raw fields as views whatever the options say."""
+        o = self.options
+        settled = self.settle(position, workers)
+        role = (
+            turn(settled, rest=self.source.rest, drop_last=o.drop_last) + worker
+        ) % workers  # the DataLoader asks worker 0 first: it takes the next turn
+        loader = self.loader(replace(o, worker=(role, workers), views=o.views or views))
+        loader.resume(position)
+        return loader
+
+
+def _phase(doc: dict[str, Any]) -> Phase:
+    return Phase(doc["world_size"], doc["batch_size"], tuple(doc["read"]))
