@@ -17,6 +17,7 @@ from scipy import stats
 import shardkit
 from shardkit import manifest
 from shardkit.cli.main import main
+from shardkit.dataset.transaction import Dataset
 
 LOADER_SEED = 100_000  # loader seeds kept apart from writer seeds
 
@@ -92,7 +93,7 @@ def test_append_adds_segments_and_leaves_the_old_files_alone(tmp_path):
     # a loader opened on generation 0 keeps reading it; a new one reads both generations
     assert sorted(s["__key__"] for s in old_loader) == sorted(f"a{i:03d}" for i in range(40))
     assert len(set(_keys(out))) == 60
-    assert manifest.read_generation(out, 0) == first
+    assert Dataset(out).pinned(0) == first
 
 
 def test_the_segments_of_a_pile_are_read_as_one_tar_by_any_reader(tmp_path):
@@ -179,7 +180,7 @@ def test_window_by_count_retires_old_generations_in_the_same_manifest(tmp_path):
     assert {s.generation for p in m.piles for s in p.segments} <= {1, 2}
     # the retired files are still there (gc deletes them), and generation 1 still reads all it had
     assert (tmp_path / "ds" / "pile-000000.tar").exists()
-    assert manifest.read_generation(out, 1).samples == 4
+    assert Dataset(out).pinned(1).samples == 4
 
 
 def test_window_by_time_keeps_the_generations_written_within_it(tmp_path):
@@ -333,7 +334,7 @@ def test_two_appends_racing_on_s3_one_wins_and_no_manifest_is_lost(s3):
     objects = {name for path in s3.client().find(s3.path("ds")) if not (name := path.rsplit("/", 1)[1]).startswith(".")}
     assert objects == {"shardkit.json", "shardkit.g000000.json", *winner.files()}  # the loser's uploads are gone
     assert sorted(_keys(url)) == ["a0", "a1", "a2", "w0", "w1"]
-    assert manifest.read_generation(url, 0).samples == 3
+    assert Dataset(url).pinned(0).samples == 3
 
 
 def test_verify_checks_each_segment_and_the_loader_names_a_bad_one(tmp_path):

@@ -17,6 +17,7 @@ from test_append import LOADER_SEED, _append, _keys, _write, run_killed
 
 import shardkit
 from shardkit import manifest
+from shardkit.dataset.transaction import Dataset
 from shardkit.piles.router import draws, leaves
 from shardkit.tar.shard import Shard
 
@@ -202,7 +203,7 @@ def test_two_splitting_appends_racing_on_s3_leave_the_winners_files(s3):
     winner = _append(url, [f"w{i}" for i in range(6)], piles=2, max_pile_bytes=SMALL)
     with pytest.raises(shardkit.DatasetExistsError, match="another job published here while this one ran"):
         loser.close()
-    first = manifest.read_generation(url, 0).files()
+    first = Dataset(url).pinned(0).files()
     objects = {name for path in s3.client().find(s3.path("ds")) if not (name := path.rsplit("/", 1)[1]).startswith(".")}
     assert objects == {"shardkit.json", "shardkit.g000000.json", *winner.files(), *first, *map(manifest.keys_name, first)}
     assert any(s.resolution > 1 for p in winner.piles for s in p.segments)

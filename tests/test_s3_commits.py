@@ -11,6 +11,7 @@ import pytest
 import shardkit
 from shardkit import manifest, storage
 from shardkit.dataset.lock import claim
+from shardkit.dataset.transaction import Dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -88,7 +89,7 @@ def test_gc_on_s3_keeps_what_was_written_within_the_grace(s3):
     url = s3.url("ds")
     shardkit.preprocess([_samples("a", 20)], _same, url, piles=2, workers=1, quiet=True)
     shardkit.preprocess([_samples("b", 20)], _same, url, piles=2, workers=1, mode="append", window=1, quiet=True)
-    retired = set(manifest.read_generation(url, 0).files()) - set(manifest.read(url).files())
+    retired = set(Dataset(url).pinned(0).files()) - set(manifest.read(url).files())
     assert retired
     assert shardkit.gc(url, grace="1h").deleted == []  # the retired files were written seconds ago
     assert set(shardkit.gc(url, grace=0).deleted) >= retired

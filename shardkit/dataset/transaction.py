@@ -29,7 +29,7 @@ from shardkit._util import check_path, parse_duration
 from shardkit.dataset import index_file, layout, leftovers
 from shardkit.dataset.install import install
 from shardkit.dataset.lock import STAGING_PREFIX, Output, claim, remove_staging
-from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
+from shardkit.errors import ConfigError, DatasetNotFoundError, ManifestError, ShardkitError
 from shardkit.manifest import Manifest
 
 # create: a new dataset (or, with overwrite, one replacing the old); append: the next generation
@@ -75,20 +75,32 @@ class Dataset:
 
     def pinned(self, generation: int) -> Manifest:
         """The manifest of ``generation``: the current one, or the copy kept when an append
-        replaced it (``shardkit.gNNNNNN.json``), which gc keeps while loaders may read it.
+        replaced it (``shardkit.gNNNNNN.json``), which gc keeps while loaders may read it. Every
+        reader that pins a generation (a resumed loader, a pickled random-access dataset) reads
+        it here.
 
         Raises:
             DatasetNotFoundError: the dataset has no such generation (collected, or never written).
+            ManifestError: the copy is not a valid manifest, or holds another generation.
         """
         current = self.manifest()
         if generation == current.generation:
             return current
-        url = storage.join(self.path, layout.generation_name(generation))
-        if not storage.exists(url):
+        name = layout.generation_name(generation)
+        url = storage.join(self.path, name)
+        try:
+            text = storage.read_bytes(url).decode("utf-8")
+        except DatasetNotFoundError:
             raise DatasetNotFoundError(
-                f"{url}: generation {generation} of {self.path} is not kept (the dataset is at generation {current.generation})"
-            )
-        return manifest.parse(storage.read_bytes(url).decode("utf-8"), url)
+                f"{self.path}: generation {generation} is gone: it is not kept (no {name}; the dataset is at generation "
+                f"{current.generation}, and shardkit gc removes the files of generations no manifest needs)"
+            ) from None
+        except UnicodeDecodeError:
+            raise ManifestError(f"{url}: not UTF-8 text") from None
+        found = manifest.parse(text, url)
+        if found.generation != generation:
+            raise ManifestError(f"{url}: holds generation {found.generation}, expected {generation}")
+        return found
 
     def leftovers(self) -> list[leftovers.Leftover]:
         """What jobs that did not finish (or are still running) left here, as verify reports it:

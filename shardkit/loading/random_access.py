@@ -29,6 +29,7 @@ import numpy as np
 from shardkit import manifest, storage
 from shardkit._util import check_int, check_path
 from shardkit.codecs import Codecs
+from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError, CorruptShardError
 from shardkit.loading import plan
 from shardkit.loading.decode import Transform
@@ -91,7 +92,7 @@ class MapDataset:
         self.__dict__.update(state)
         storage.use(self.root, self.options.storage_options)
         # the generation the pickled dataset read, whatever the latest is now: every worker reads the same samples
-        self._setup(manifest.read_generation(self.root, generation))
+        self._setup(Dataset(self.root).pinned(generation))
 
     # -- the index and the order ---------------------------------------------------------------
     @property

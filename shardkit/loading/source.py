@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from shardkit import manifest, storage
 from shardkit._util import check_paths
 from shardkit.dataset import layout
+from shardkit.dataset.transaction import Dataset
 from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError, StorageError
 from shardkit.loading import elastic
 from shardkit.loading.elastic import Phase, Range
@@ -153,13 +154,14 @@ def of_manifest(root: str, m: manifest.Manifest) -> Source:
 
 
 def at_generation(root: str, generation: int) -> Source:
-    """The dataset ``root`` as generation ``generation`` of it listed it, every file checked present.
+    """The dataset ``root`` as generation ``generation`` of it listed it (pinned through
+    :meth:`shardkit.dataset.transaction.Dataset.pinned`), every file checked present.
 
     Raises:
         DatasetNotFoundError: that generation's manifest or one of its files is gone (named,
             with the generation).
     """
-    m = manifest.read_generation(root, generation)
+    m = Dataset(root).pinned(generation)
     present = set(storage.listdir(root))
     missing = [name for p in m.piles if p.samples for name in p.files if name not in present]
     if missing:

@@ -61,7 +61,6 @@ __all__ = [
     "parse_time",
     "pile_number",
     "read",
-    "read_generation",
     "whole_pile",
     "write",
 ]
@@ -101,30 +100,3 @@ def read(directory: str) -> Manifest:
 def write(directory: str, manifest: Manifest) -> None:
     """Write the manifest atomically. Call this last: it is what makes a dataset whole."""
     storage.write_bytes(storage.join(directory, MANIFEST), manifest.to_json().encode("utf-8"))
-
-
-def read_generation(directory: str, generation: int) -> Manifest:
-    """The manifest of generation ``generation`` of a dataset that grows (the latest one's, or
-    the copy :func:`generation_name` keeps).
-
-    Raises:
-        DatasetNotFoundError: that generation's manifest is gone (removed by ``shardkit gc``, or
-            never published); ManifestError: it is not a valid manifest.
-    """
-    latest = read(directory)
-    if latest.generation == generation:
-        return latest
-    url = storage.join(directory, generation_name(generation))
-    try:
-        text = storage.read_bytes(url).decode("utf-8")
-    except DatasetNotFoundError:
-        raise DatasetNotFoundError(
-            f"{directory}: generation {generation} is gone (no {generation_name(generation)}; the dataset is at generation "
-            f"{latest.generation}, and shardkit gc removes the files of generations no manifest needs)"
-        ) from None
-    except UnicodeDecodeError:
-        raise ManifestError(f"{url}: not UTF-8 text") from None
-    found = parse(text, url)
-    if found.generation != generation:
-        raise ManifestError(f"{url}: holds generation {found.generation}, expected {generation}")
-    return found
