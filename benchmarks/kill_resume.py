@@ -113,6 +113,7 @@ def _kill_at(step: str) -> None:
     leftover's name, before it deleted any of it; with SIGKILL, or with the signal a third part
     names (``"install:2:SIGINT"``: Ctrl-C there)."""
     from shardkit.dataset import install as installing
+    from shardkit.dataset import leftovers
     from shardkit.piles import resume
 
     kind, _, rest = step.partition(":")
@@ -127,14 +128,14 @@ def _kill_at(step: str) -> None:
         resume.Staging.remove = stop  # type: ignore[method-assign]
         return
     if kind == "removing":  # the staging is renamed to a leftover's name, nothing of it deleted yet
-        delete = resume.delete_owned
+        delete = leftovers.delete_owned
 
         def stop_deleting(directory: str, names: list[str], **kwargs: object) -> object:
             if kwargs.get("reason") == "the staging of a finished pass 1":
                 stop()
             return delete(directory, names, **kwargs)
 
-        resume.delete_owned = stop_deleting
+        leftovers.delete_owned = stop_deleting  # the staging is discarded there
         return
     if kind != "install" or not count.isdigit():
         raise ValueError(f"stop_at: expected 'install:N[:SIGNAL]', 'published[:SIGNAL]' or 'removing[:SIGNAL]', got {step!r}")

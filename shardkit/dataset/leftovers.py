@@ -6,7 +6,9 @@ install journal of an install it did not finish (``.shardkit-install-<token>.jso
 that journal names, and on this machine the private staging of a remote output's job.
 :func:`find` says what each of them is (verify reports it); :func:`clear_leftovers` and
 :func:`undo_installs` remove them or finish the install (the next job's claim and gc do it);
-:func:`clear_dead_staging` removes the local staging of remote jobs that died.
+:func:`clear_dead_staging` removes the local staging of remote jobs that died, and
+:func:`remove_published` the staging of an append that died after it published (gc does it);
+:func:`discard_staging` is how any staging directory goes.
 
     for item in find("data/train"):
         print(item.name, item.message)
@@ -15,20 +17,24 @@ that journal names, and on this machine the private staging of a remote output's
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from shardkit import manifest, storage
 from shardkit.dataset import layout
-from shardkit.dataset.owned import delete_owned, read_records
-from shardkit.dataset.staging import published_staging
+from shardkit.dataset.owned import Records, delete_owned, read_records
+from shardkit.dataset.staging import check_staging, published_staging, staging_path
 from shardkit.errors import ManifestError, ShardkitError
 from shardkit.manifest import Manifest
 
 STAGING_LOCK = layout.STAGING_LOCK
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -215,3 +221,45 @@ def undo_installs(out: str, *, conditional: bool = False) -> None:
         done = delete_owned(out, stale, reason="left by a job that died while publishing", records=records)
         if not done.skipped or all(why.startswith("not a name") for _, why in done.skipped):
             delete_owned(out, [journal], reason="its install is undone", records=records)
+
+
+def discard_staging(path: str, out: str = "") -> None:
+    """Remove a staging directory: renamed first, so a kill in the middle leaves a leftover by its
+    name (the next job writing here removes it), never a half-removed staging that looks like an
+    interrupted job. Its records go last, and no link is followed (see
+    :func:`shardkit.dataset.owned.delete_owned`)."""
+    if not check_staging(path):
+        return
+    trash = f"{path}-removed-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    except OSError:
+        trash = path  # a filesystem that will not rename it: removed where it is
+    delete_owned(os.path.dirname(trash), [os.path.basename(trash)], reason="the staging of a finished pass 1", records=Records())
+    if out and storage.is_remote(out):  # its record in the output goes once the directory is gone
+        delete_owned(out, [layout.REMOTE_STAGING], reason="its staging is removed", records=Records())
+
+
+def remove_published(out: str, generation: int, *, dry_run: bool = False) -> bool:
+    """Remove the staging of an append ``out`` already has (see
+    :func:`~shardkit.dataset.staging.published_staging`), unless a job holds it now; whether it
+    was removed (with ``dry_run``, whether it would be). The caller holds the output's claim, so
+    no job takes the staging while it goes: gc's ``collect`` transaction, or pass 1's."""
+    path = staging_path(out)
+    if path is None or published_staging(out, generation) is None:
+        return False
+    if dry_run:
+        return True
+    fd = storage.lock_file(os.path.join(path, layout.STAGING_JOB_LOCK), wait=False)
+    if fd is None:
+        return False  # a job took it: it clears the staging itself
+    try:
+        if published_staging(out, generation) is None:
+            return False
+        log.info("%s: removing %s, the staging of an append already published", out, path)
+        discard_staging(path, out)  # the lock file too: lock_file() copes with that
+    finally:
+        os.close(fd)
+    return True

@@ -31,8 +31,8 @@ from typing import Any
 from shardkit import manifest, storage
 from shardkit._util import format_size
 from shardkit.dataset import layout
-from shardkit.dataset.owned import Records, delete_owned
-from shardkit.dataset.staging import check_staging, clear_tree, make_staging, new_remote, published_staging, read_job, staging_path
+from shardkit.dataset.leftovers import discard_staging
+from shardkit.dataset.staging import check_staging, clear_tree, make_staging, new_remote, read_job, staging_path
 from shardkit.errors import ConfigError, DatasetExistsError, ShardkitError, StorageError
 from shardkit.piles.commits import Commit, check_all, committed
 from shardkit.piles.fingerprint import differences
@@ -89,7 +89,7 @@ class Staging:
 
     def remove(self) -> None:
         """The job is published (or can never succeed as it is): remove the staging directory."""
-        _discard(self.path, self.out)
+        discard_staging(self.path, self.out)
         self.release()
 
     def full_disk(self, error: StorageError) -> StorageError:
@@ -114,7 +114,7 @@ class Staging:
         if self.lock_fd < 0:
             return
         if not committed(self.path):
-            _discard(self.path, self.out)
+            discard_staging(self.path, self.out)
         os.close(self.lock_fd)
         self.lock_fd = -1
 
@@ -129,25 +129,6 @@ def out_of_space(error: BaseException) -> StorageError | None:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
-
-
-def _discard(path: str, out: str = "") -> None:
-    """Remove a staging directory: renamed first, so a kill in the middle leaves a leftover by its
-    name (the next job writing here removes it), never a half-removed staging that looks like an
-    interrupted job. Its records go last, and no link is followed (see
-    :func:`shardkit.dataset.owned.delete_owned`)."""
-    if not check_staging(path):
-        return
-    trash = f"{path}-removed-{uuid.uuid4().hex[:8]}"
-    try:
-        os.rename(path, trash)
-    except FileNotFoundError:
-        return
-    except OSError:
-        trash = path  # a filesystem that will not rename it: removed where it is
-    delete_owned(os.path.dirname(trash), [os.path.basename(trash)], reason="the staging of a finished pass 1", records=Records())
-    if out and storage.is_remote(out):  # its record in the output goes once the directory is gone
-        delete_owned(out, [layout.REMOTE_STAGING], reason="its staging is removed", records=Records())
 
 
 def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: bool, merge: Mapping[str, Any] | None = None) -> Staging:
@@ -265,29 +246,9 @@ def finish_published(out: str, units: Any) -> None:
     if fd is None:
         return  # a job holds it: it clears it itself
     try:
-        _discard(path, out)
+        discard_staging(path, out)
     finally:
         os.close(fd)
-
-
-def remove_published(out: str, generation: int) -> bool:
-    """Remove the staging of an append ``out`` already has (see :func:`published_staging`),
-    unless a job holds it now; whether it was removed. The caller holds the output's claim, so
-    no job takes the staging while it goes."""
-    path = staging_path(out)
-    if path is None or published_staging(out, generation) is None:
-        return False
-    fd = storage.lock_file(os.path.join(path, LOCK), wait=False)
-    if fd is None:
-        return False  # a job took it: it clears the staging itself
-    try:
-        if published_staging(out, generation) is None:
-            return False
-        log.info("%s: removing %s, the staging of an append already published", out, path)
-        _discard(path, out)  # the lock file too: lock_file() copes with that
-    finally:
-        os.close(fd)
-    return True
 
 
 def _was_published(before: Mapping[str, Any] | None, job: Mapping[str, Any]) -> bool:

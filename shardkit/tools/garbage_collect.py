@@ -30,10 +30,8 @@ from shardkit import manifest, storage
 from shardkit._util import check_path, parse_duration
 from shardkit.dataset import layout, leftovers
 from shardkit.dataset.owned import delete_owned, read_records
-from shardkit.dataset.staging import published_staging
 from shardkit.dataset.transaction import Dataset
 from shardkit.manifest import Manifest, keys_name
-from shardkit.piles import resume
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +77,7 @@ def gc(directory: str | os.PathLike[str], *, grace: str | int | float = "1h", dr
             names, spare = storage.listdir(txn.path), None
         report = _collect(txn.path, latest, seconds, dry_run, names, spare)
         # the staging of an append that died after it published
-        if dry_run:
-            stale = published_staging(txn.path, latest.generation) is not None
-        else:
-            stale = resume.remove_published(txn.path, latest.generation)
-        if stale:
+        if leftovers.remove_published(txn.path, latest.generation, dry_run=dry_run):
             report.deleted.append(layout.STAGING)
         return report
 
