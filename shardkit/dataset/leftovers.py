@@ -156,7 +156,7 @@ def clear_dead_staging(temp: str) -> None:
 def clear_leftovers(out: str) -> None:
     """Remove what dead jobs left: nobody else writes here while this job holds the lock."""
     undo_installs(out)
-    names = [n for n in os.listdir(out) if leftover(n) and layout.kind(n) in ("staging", "journal", "partial")]
+    names = [n for n in storage.listdir(out) if leftover(n) and layout.kind(n) in ("staging", "journal", "partial")]
     if names:
         delete_owned(out, names, reason="left by a job that did not finish")
 
