@@ -25,7 +25,7 @@ from typing import Any
 
 from shardkit import manifest, storage
 from shardkit.dataset import layout
-from shardkit.errors import Failure
+from shardkit.errors import Failure, ShardkitError
 from shardkit.piles.parts import keys_file, part_file
 
 log = logging.getLogger(__name__)
@@ -76,19 +76,15 @@ def write_commit(directory: str, commit: Commit) -> None:
     """
     commit = dataclasses.replace(commit, failures=[f.portable() for f in commit.failures])
     payload = pickle.dumps(commit, protocol=pickle.HIGHEST_PROTOCOL)
-    path = os.path.join(directory, COMMIT)
-    with storage.guard(path, "write"):
-        with open(path + ".tmp", "wb") as f:
-            f.write(_MAGIC + struct.pack("<I", manifest.checksum(payload)) + payload)
-        os.replace(path + ".tmp", path)
+    data = _MAGIC + struct.pack("<I", manifest.checksum(payload)) + payload
+    storage.write_bytes(os.path.join(directory, COMMIT), data, sync=False)
 
 
 def read_commit(directory: str) -> Commit | None:
     """The commit a part directory holds; None when it holds none or one that does not check."""
     try:
-        with open(os.path.join(directory, COMMIT), "rb") as f:
-            data = f.read()
-    except OSError:
+        data = storage.read_bytes(os.path.join(directory, COMMIT))
+    except ShardkitError:
         return None
     head = len(_MAGIC) + 4
     if not data.startswith(_MAGIC) or len(data) < head:
@@ -154,7 +150,7 @@ def _check_dir(directory: str, commit: Commit, skip: Mapping[int, int]) -> str |
 
 def _crc(path: str, size: int) -> int:
     crc = 0
-    with open(path, "rb", buffering=0) as f:
+    with storage.open_read(path) as f:
         while chunk := f.read(min(1 << 20, size)):
             crc = manifest.checksum(chunk, crc)
     return crc
