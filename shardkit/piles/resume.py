@@ -146,7 +146,7 @@ def _discard(path: str, out: str = "") -> None:
     except OSError:
         trash = path  # a filesystem that will not rename it: removed where it is
     delete_owned(os.path.dirname(trash), [os.path.basename(trash)], reason="the staging of a finished pass 1", records=Records())
-    if out and storage.is_remote(out):  # its record in the output goes once the directory is gone
+    if out and storage.store_for(out).local_file() is None:  # its record in the output goes once the directory is gone
         delete_owned(out, [layout.REMOTE_STAGING], reason="its staging is removed", records=Records())
 
 
