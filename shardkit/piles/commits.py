@@ -25,7 +25,7 @@ from typing import Any
 
 from shardkit import manifest, storage
 from shardkit.dataset import layout
-from shardkit.errors import Failure, ShardkitError
+from shardkit.errors import DatasetNotFoundError, Failure, ShardkitError
 from shardkit.piles.parts import keys_file, part_file
 
 log = logging.getLogger(__name__)
@@ -137,11 +137,11 @@ def _check_dir(directory: str, commit: Commit, skip: Mapping[int, int]) -> str |
         if pile not in skip:  # a merged pile's part file went into the pile (a link to it, or deleted)
             checked.append((part_file(directory, pile), size))
     for path, length in checked:
-        have = os.path.getsize(path) if os.path.exists(path) else 0  # a pile no unit wrote to has no file
+        have = _size(path)  # a pile no unit wrote to has no file
         if have < length:
             return f"{os.path.basename(path)} holds {have} bytes, the commit says {length}"
         if have > length:
-            os.truncate(path, length)  # written after the commit: belongs to no unit that is done
+            storage.truncate(path, length)  # written after the commit: belongs to no unit that is done
     for pile, (size, crc) in enumerate(zip(commit.sizes, commit.crcs, strict=True)):
         if pile not in skip and size and _crc(part_file(directory, pile), size) != crc:
             return f"{os.path.basename(part_file(directory, pile))} does not match its checksum"
@@ -154,3 +154,11 @@ def _crc(path: str, size: int) -> int:
         while chunk := f.read(min(1 << 20, size)):
             crc = manifest.checksum(chunk, crc)
     return crc
+
+
+def _size(path: str) -> int:
+    """The size of the file ``path``; 0 when there is none."""
+    try:
+        return storage.size(path)
+    except DatasetNotFoundError:
+        return 0

@@ -93,6 +93,7 @@ __all__ = [
     "storage_error",
     "store_for",
     "sync_files",
+    "truncate",
     "unmap",
     "unmount",
     "upload",
@@ -193,6 +194,12 @@ def open_fd(url: str, *, append: bool = True) -> int:
     """A descriptor writing the local file ``url``, appended to or emptied first (see :meth:`Store.open_fd`)."""
     store, name = locate(url)
     return store.open_fd(name, append=append)
+
+
+def truncate(url: str, size: int) -> None:
+    """Cut the file ``url`` back to its first ``size`` bytes (see :meth:`Store.truncate`)."""
+    store, name = locate(url)
+    store.truncate(name, size)
 
 
 def link_in(local: str, url: str, *, exclusive: bool = False) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from shardkit.errors import DatasetNotFoundError
-from shardkit.storage.local import O_BINARY, Buffer, fsync_dir, lock_file, map_open, write_fully
+from shardkit.storage.local import O_BINARY, Buffer, fsync_dir, fsync_file, lock_file, map_open, write_fully
 from shardkit.storage.paths import guard, local_path
 from shardkit.storage.store import Entry, Store, held
 
@@ -145,6 +145,29 @@ class LocalStore(Store):
     def put(self, name: str, data: bytes, *, sync: bool = True) -> None:
         with self.put_stream(name, size=len(data), sync=sync) as f:
             f.write(data)
+
+    def upload(self, name: str, local: str) -> None:
+        """A second name for the local file (a copy where there are no links), renamed into place
+        and made durable: no byte is copied where the file system has links."""
+        path = self.path(name)
+        tmp = f"{path}.partial-{uuid.uuid4().hex}"
+        try:
+            with guard(self.url(name), "write"):
+                try:
+                    os.link(local, tmp)
+                except OSError:  # no hard links here
+                    shutil.copyfile(local, tmp)
+                fsync_file(tmp)
+                os.replace(tmp, path)
+            fsync_dir(os.path.dirname(path) or ".")
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def truncate(self, name: str, size: int) -> None:
+        with guard(self.url(name), "write"):
+            os.truncate(self.path(name), size)
 
     def open_fd(self, name: str, *, append: bool) -> int:
         mode = os.O_APPEND if append else os.O_TRUNC

@@ -187,6 +187,10 @@ class Store(abc.ABC):
         disk fills up; ``sync`` as for :meth:`put`. Here: gathered in memory and :meth:`put` whole."""
         return _gathered(self, name)
 
+    def truncate(self, name: str, size: int) -> None:
+        """Cut the file ``name`` back to its first ``size`` bytes (not synced). Here: rewritten whole."""
+        self.put(name, self.read_range(name, 0, size), sync=False)
+
     def open_fd(self, name: str, *, append: bool) -> int:
         """A descriptor writing the local file ``name`` (created if missing; appended to, or emptied
         first): for the writers whose hot path keeps one open or writes it in many calls (pass 1's
@@ -320,6 +324,9 @@ class WrappingStore(Store):
 
     def put_stream(self, name: str, *, size: int | None = None, sync: bool = True) -> contextlib.AbstractContextManager[IO[bytes]]:
         return self.inner.put_stream(name, size=size, sync=sync)
+
+    def truncate(self, name: str, size: int) -> None:
+        self.inner.truncate(name, size)
 
     def open_fd(self, name: str, *, append: bool) -> int:
         return self.inner.open_fd(name, append=append)
