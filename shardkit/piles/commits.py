@@ -25,6 +25,7 @@ from typing import Any
 
 from shardkit import manifest, storage
 from shardkit.dataset import layout
+from shardkit.dataset.staging import check_staging
 from shardkit.errors import DatasetNotFoundError, Failure, ShardkitError
 from shardkit.piles.parts import keys_file, part_file
 
@@ -103,12 +104,16 @@ def committed(path: str) -> dict[str, Commit]:
     """The part directories in ``path`` that hold a sound commit."""
     found = {}
     try:
-        names = sorted(os.listdir(path))
-    except OSError:
+        names = storage.listdir(path)
+    except ShardkitError:
         return {}
     for name in names:
         directory = os.path.join(path, name)
-        if os.path.isdir(directory) and not os.path.islink(directory) and (commit := read_commit(directory)) is not None:
+        try:
+            real = check_staging(directory)  # a link or a file is never followed or read
+        except ShardkitError:
+            continue
+        if real and (commit := read_commit(directory)) is not None:
             found[directory] = commit
     return found
 
