@@ -152,3 +152,24 @@ def test_a_stopped_pass_1_on_memory_resumes_without_redoing_its_committed_units(
     _same_files(mem.sub("ds"), reference)
     assert not mem.sub("ds").exists(layout.REMOTE_STAGING)
     assert shardkit.verify(out, quiet=True) == []
+
+
+@pytest.mark.parametrize(("nth", "named"), [(1, "shardkit-install"), (3, "pile-0000"), (6, "shardkit.json")])
+def test_an_overwrite_whose_nth_put_fails_on_a_local_store_keeps_the_old_dataset(tmp_path, nth, named):
+    out = str(tmp_path / "ds")
+    _write(out, 60, piles=4)
+    before = {n: storage.read_bytes(f"{out}/{n}") for n in storage.listdir(out)}
+    faulty = storage.mount(storage.FaultyStore(storage.LocalStore(out)))
+    try:
+        faulty.fail("put", nth=nth)  # the install's puts: its journal, four piles linked in (Store.link_in), the manifest
+        with pytest.raises(StorageError, match=rf"{out}/\.?{named}\S*: cannot write: .*injected failure"):
+            _write(out, 30, piles=4, overwrite=True)
+    finally:
+        storage.unmount(faulty)
+    # the old dataset whole, nothing of the new one; its journal may stay, for the next job
+    left = {n: storage.read_bytes(f"{out}/{n}") for n in storage.listdir(out) if not n.startswith(".shardkit-install-")}
+    assert left == before
+    assert _keys(out) == sorted(s["__key__"] for s in make_samples(60))
+    _write(out, 30, piles=4, overwrite=True)
+    assert _keys(out) == sorted(s["__key__"] for s in make_samples(30)) and shardkit.verify(out, quiet=True) == []
+    assert not [n for n in storage.listdir(out) if n.startswith(".shardkit-install-")]

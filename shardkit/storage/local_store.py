@@ -42,6 +42,9 @@ class LocalStore(Store):
     def url(self, name: str) -> str:
         return os.path.join(self.root, name) if name else self.root
 
+    def sub(self, path: str) -> LocalStore:
+        return LocalStore(os.path.join(self.root, path))
+
     def path(self, name: str) -> str:
         """The filesystem path of ``name``."""
         return os.path.join(self._dir, name) if name else self._dir

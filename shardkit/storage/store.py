@@ -280,6 +280,10 @@ class WrappingStore(Store):
     def url(self, name: str) -> str:
         return self.inner.url(name)
 
+    def sub(self, path: str) -> Store:
+        """The inner store's sub-store (what is added here stays with the root)."""
+        return self.inner.sub(path)
+
     def read(self, name: str) -> bytes:
         return self.inner.read(name)
 
