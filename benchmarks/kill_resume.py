@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 UNITS = 48
@@ -141,11 +142,11 @@ def _kill_at(step: str) -> None:
         raise ValueError(f"stop_at: expected 'install:N[:SIGNAL]', 'published[:SIGNAL]' or 'removing[:SIGNAL]', got {step!r}")
     link, linked = installing._link_new, []
 
-    def link_then_stop(src: str, dst: str) -> None:
+    def link_then_stop(output: Any, src: str, name: str) -> None:
         if len(linked) == int(count):
             stop()
-        linked.append(dst)
-        link(src, dst)
+        linked.append(name)
+        link(output, src, name)
 
     installing._link_new = link_then_stop
 

@@ -203,7 +203,7 @@ def _pass2(piles_dir: str, piles: Manifest, staging: str, opts: ShuffleOptions, 
                 info = piles.piles[index]
                 url = os.path.join(piles_dir, info.name)
                 _copy_pile(url, info, order.in_pile(index), roller)
-                os.unlink(url)  # disk stays at about one copy of the data
+                storage.remove(url)  # disk stays at about one copy of the data
                 progress.update(info.samples)
         return roller.close()
     finally:
@@ -289,7 +289,7 @@ def shuffle(
         log.info("shuffling %d input shards through %d piles (max %s each)", len(urls), m, format_size(limit) if limit else "unlimited")
         temp = txn.staging(TEMP_PREFIX)
         piles_dir, staging = os.path.join(temp, "piles"), os.path.join(temp, "shards")
-        os.makedirs(staging)
+        storage.makedirs(staging)
         piled = _pass1(urls, piles_dir, piles=m, max_pile_bytes=limit, opts=opts, quiet=quiet)
         shards = _pass2(piles_dir, piled, staging, opts, quiet)
         maxcount_, maxsize_ = opts.limits()

@@ -103,7 +103,7 @@ class ShardRoller:
     def _open(self, first: int) -> None:
         name = self._name(len(self.shards))
         with storage.guard(self._path(), "create"):
-            self._fd = os.open(self._path(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | storage.O_BINARY, 0o644)
+            self._fd = storage.open_fd(self._path(), append=False)
         if self.pack is not None:
             self._packed = Packed(self._fd, self.pack)
         if self.maxsize is not None and first + len(write.TRAILER) > self.maxsize:
@@ -160,7 +160,7 @@ class ShardRoller:
                 packed.finish()
             else:
                 write_chunks(self._fd, [write.TRAILER])
-            os.fsync(self._fd)  # durable before the manifest that lists it
+            storage.fsync_file(self._path())  # durable before the manifest that lists it
         os.close(self._fd)
         self._fd, self._packed = None, None
         crc = manifest.format_checksum(manifest.checksum(write.TRAILER, self._crc))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from conftest import make_samples
 
 import shardkit
 from shardkit import manifest, storage
+from shardkit.dataset import layout
 from shardkit.errors import CorruptShardError, DatasetNotFoundError, StorageError
 
 
@@ -95,3 +98,78 @@ def test_a_failed_install_leaves_no_dataset_and_the_next_writer_succeeds(nth):
         assert _keys(faulty.root) == sorted(s["__key__"] for s in make_samples(60))
     finally:
         storage.unmount(faulty)
+
+
+_STOP: dict[str, int | None] = {"at": None}
+
+
+def _unit_samples(unit):
+    if unit == _STOP["at"]:
+        raise KeyboardInterrupt
+    for k in range(6):
+        yield {"__key__": f"u{unit:02d}-{k}", "txt": f"unit {unit} sample {k}"}
+
+
+def _same_files(mem_dir: storage.Store, local: str) -> None:
+    names = [n for n in mem_dir.list() if not n.startswith("shardkit.")]
+    assert names == [n for n in sorted(storage.listdir(local)) if not n.startswith("shardkit.")]
+    for name in names:  # byte for byte what a local writer makes
+        assert mem_dir.read(name) == storage.read_bytes(f"{local}/{name}"), name
+
+
+def test_an_append_on_memory_writes_the_segments_a_local_append_writes(mem, tmp_path):
+    for out in (mem.root + "/ds", str(tmp_path / "ds")):
+        shardkit.preprocess([0, 1, 2, 3], _unit_samples, out, piles=3, seed=2, quiet=True)
+        grown = shardkit.preprocess(range(4, 10), _unit_samples, out, piles=3, seed=2, mode="append", quiet=True)
+        assert grown.generation == 1 and grown.samples == 60
+    # the same segments, byte for byte; their names on a store without a lock carry the job's token
+    mine, local = manifest.read(mem.root + "/ds").files(), manifest.read(str(tmp_path / "ds")).files()
+    assert len(mine) == len(local) and any(".g000001-" in n for n in mine)
+    for a, b in zip(mine, local, strict=True):
+        assert mem.sub("ds").read(a) == storage.read_bytes(str(tmp_path / "ds" / b)), (a, b)
+    assert _keys(mem.root + "/ds") == sorted(f"u{u:02d}-{k}" for u in range(10) for k in range(6))
+    assert shardkit.verify(mem.root + "/ds", quiet=True) == []
+
+
+def test_a_stopped_pass_1_on_memory_resumes_without_redoing_its_committed_units(mem, tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    from shardkit.piles import resume
+
+    out, reference = mem.root + "/ds", str(tmp_path / "ref")
+    shardkit.preprocess(range(12), _unit_samples, reference, piles=3, seed=2, quiet=True)
+    monkeypatch.setattr(resume, "COMMIT_SECONDS", 0.0)
+    monkeypatch.setitem(_STOP, "at", 8)
+    with pytest.raises(KeyboardInterrupt):
+        shardkit.preprocess(range(12), _unit_samples, out, piles=3, seed=2, quiet=True)
+    assert not mem.sub("ds").exists(manifest.MANIFEST)
+    assert mem.sub("ds").exists(layout.REMOTE_STAGING)  # where its staging is, on this machine
+    with pytest.raises(shardkit.DatasetExistsError, match="holds an interrupted pass 1"):
+        shardkit.preprocess(range(12), _unit_samples, out, piles=3, seed=2, quiet=True)
+    _STOP["at"] = None
+    shardkit.preprocess(range(12), _unit_samples, out, piles=3, seed=2, quiet=True, resume=True)
+    said = [r.getMessage() for r in caplog.records if ": resuming: keeping" in r.getMessage()]
+    assert len(said) == 1 and "keeping 0 of" not in said[0], said
+    _same_files(mem.sub("ds"), reference)
+    assert not mem.sub("ds").exists(layout.REMOTE_STAGING)
+    assert shardkit.verify(out, quiet=True) == []
+
+
+@pytest.mark.parametrize(("nth", "named"), [(1, "shardkit-install"), (3, "pile-0000"), (6, "shardkit.json")])
+def test_an_overwrite_whose_nth_put_fails_on_a_local_store_keeps_the_old_dataset(tmp_path, nth, named):
+    out = str(tmp_path / "ds")
+    _write(out, 60, piles=4)
+    before = {n: storage.read_bytes(f"{out}/{n}") for n in storage.listdir(out)}
+    faulty = storage.mount(storage.FaultyStore(storage.LocalStore(out)))
+    try:
+        faulty.fail("put", nth=nth)  # the install's puts: its journal, four piles linked in (Store.link_in), the manifest
+        with pytest.raises(StorageError, match=rf"{out}/\.?{named}\S*: cannot write: .*injected failure"):
+            _write(out, 30, piles=4, overwrite=True)
+    finally:
+        storage.unmount(faulty)
+    # the old dataset whole, nothing of the new one; its journal may stay, for the next job
+    left = {n: storage.read_bytes(f"{out}/{n}") for n in storage.listdir(out) if not n.startswith(".shardkit-install-")}
+    assert left == before
+    assert _keys(out) == sorted(s["__key__"] for s in make_samples(60))
+    _write(out, 30, piles=4, overwrite=True)
+    assert _keys(out) == sorted(s["__key__"] for s in make_samples(30)) and shardkit.verify(out, quiet=True) == []
+    assert not [n for n in storage.listdir(out) if n.startswith(".shardkit-install-")]

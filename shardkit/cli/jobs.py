@@ -350,7 +350,7 @@ def _check_inputs(top: Fields, inputs: tuple[str, ...], *, folders: bool) -> Non
 
 def _resolve(base: str, path: str) -> str:
     """A job path made absolute against the job file's directory (URLs are left alone)."""
-    local = storage.local_path(path)
+    local = storage.store_for(path).local_file()
     if local is None or path.startswith("file://"):
         return path
     return os.path.normpath(os.path.join(base, os.path.expanduser(local)))

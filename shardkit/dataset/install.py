@@ -16,7 +16,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-import os
 import re
 import threading
 from collections.abc import Sequence
@@ -72,17 +71,14 @@ def _next_free(name: str, taken: set[str]) -> str:
     return f"{stem}.v{version}.{suffix}"
 
 
-def _link_new(src: str, dst: str) -> None:
-    """Give the staged file ``src`` the name ``dst``, which must not exist: a link refuses to
-    replace a file. ``src`` keeps its name until the caller removes its staging, after the
-    manifest: a job killed while it installs still has every finished pile to resume from (the
-    next job removes the names it gave, which its journal lists), and no byte is copied."""
-    try:
-        os.link(src, dst)
-    except FileExistsError:
-        raise DatasetExistsError(f"{dst}: appeared while this job was publishing; nothing was replaced") from None
-    except OSError:  # no hard links on this file system: names were chosen free under the lock
-        os.replace(src, dst)
+def _link_new(output: Output, src: str, name: str) -> None:
+    """Give the staged file ``src`` the name ``name`` in the output, which must not exist: a link
+    refuses to replace a file. ``src`` keeps its name until the caller removes its staging, after
+    the manifest: a job killed while it installs still has every finished pile to resume from
+    (the next job removes the names it gave, which its journal lists), and no byte is copied.
+    Where the file system has no links it is moved in: names were chosen free under the lock."""
+    if not output.store.link_in(name, src, exclusive=True):
+        raise DatasetExistsError(f"{storage.join(output.path, name)}: appeared while this job was publishing; nothing was replaced")
 
 
 def remove_strays(out: str, stray: re.Pattern[str]) -> None:
@@ -139,7 +135,7 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
                 names = final
         else:
             for path, name in zip(files, names, strict=True):
-                _link_new(path, os.path.join(out, name))
+                _link_new(output, path, name)
                 moved.append(name)
             storage.fsync_dir(out)
         output.commit(result)

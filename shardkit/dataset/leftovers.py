@@ -162,7 +162,7 @@ def clear_dead_staging(temp: str) -> None:
 def clear_leftovers(out: str) -> None:
     """Remove what dead jobs left: nobody else writes here while this job holds the lock."""
     undo_installs(out)
-    names = [n for n in os.listdir(out) if leftover(n) and layout.kind(n) in ("staging", "journal", "partial")]
+    names = [n for n in storage.listdir(out) if leftover(n) and layout.kind(n) in ("staging", "journal", "partial")]
     if names:
         delete_owned(out, names, reason="left by a job that did not finish")
 
@@ -238,7 +238,7 @@ def discard_staging(path: str, out: str = "") -> None:
     except OSError:
         trash = path  # a filesystem that will not rename it: removed where it is
     delete_owned(os.path.dirname(trash), [os.path.basename(trash)], reason="the staging of a finished pass 1", records=Records())
-    if out and storage.is_remote(out):  # its record in the output goes once the directory is gone
+    if out and storage.store_for(out).local_file() is None:  # its record in the output goes once the directory is gone
         delete_owned(out, [layout.REMOTE_STAGING], reason="its staging is removed", records=Records())
 
 

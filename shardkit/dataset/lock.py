@@ -51,7 +51,7 @@ from shardkit.dataset import layout
 from shardkit.dataset.leftovers import clear_dead_staging, clear_leftovers, undo_installs
 from shardkit.dataset.owned import Records, delete_owned
 from shardkit.dataset.staging import make_staging, write_owner
-from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError
+from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError, ShardkitError
 
 log = logging.getLogger(__name__)
 
@@ -75,20 +75,25 @@ class Output:
     path: str
     token: str
     manifest_seen: bytes | None
-    lock_fd: int = -1
+    # what the job holds while it lives: the output's lock (Store.lock), its local stagings' locks
+    held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     released: bool = field(default=False)
     # an object store with conditional writes: the manifest's version (ETag) when the job began
     conditional: bool = False
     manifest_version: str | None = None
     # what the journal says now (see journal())
     journaled: dict[str, Any] | None = None
-    # locks held on local staging directories of a remote output (see staging())
-    staging_locks: list[int] = field(default_factory=list)
+
+    @property
+    def store(self) -> storage.Store:
+        """The store the output's files are in."""
+        return storage.store_for(self.path)
 
     @property
     def remote(self) -> bool:
-        """The output is in an object store: files go in by upload, not by rename."""
-        return storage.is_remote(self.path)
+        """The output's files are not local files (an object store, memory): files go in by
+        upload, not by a second name, and the staging is in the local temporary directory."""
+        return self.store.local_file() is None
 
     def staging(self, prefix: str = STAGING_PREFIX) -> str:
         """A fresh staging directory's path: inside a local output (not created), so its files are
@@ -102,9 +107,7 @@ class Output:
         with storage.guard(tempfile.gettempdir(), "create the staging directory"):
             path = tempfile.mkdtemp(prefix=prefix)  # private (0700), a name nobody can plant a link at beforehand
         write_owner(path, record)
-        fd = storage.lock_file(os.path.join(path, STAGING_LOCK), wait=True)  # a new file: taken at once
-        if fd is not None:
-            self.staging_locks.append(fd)
+        self.held.enter_context(storage.store_for(path).lock(STAGING_LOCK))  # a new file: taken at once
         return path
 
     def check_unchanged(self) -> None:
@@ -182,13 +185,7 @@ class Output:
         if self.released:
             return
         self.released = True
-        for fd in self.staging_locks:
-            os.close(fd)
-        if self.lock_fd >= 0:
-            # unlinked while still held: a job that opened the old file sees it is not the lock any more
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.path, LOCK))
-            os.close(self.lock_fd)
+        self.held.close()
 
 
 def remove_staging(path: str) -> None:
@@ -208,15 +205,16 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
             files are there (without ``overwrite``), or another job holds the lock.
     """
     out = check_path("out", path)
-    if storage.is_remote(out):
+    store = storage.store_for(out)
+    local = store.local_file()
+    if local is None:
         return _claim_remote(out.rstrip("/"), overwrite, files)
-    out = storage.local_path(out) or out
-    if os.path.exists(out) and not os.path.isdir(out):
+    out = local
+    if store.exists("") and not store.is_dir(""):
         raise ConfigError(f"{out}: output exists and is not a directory")
     storage.makedirs(out)
-    token = uuid.uuid4().hex
-    fd = _lock(out, token)
-    output = Output(out, token, None, fd)
+    output = Output(out, uuid.uuid4().hex, None)
+    _lock(output)
     try:
         clear_leftovers(out)  # first: a dead job's half-installed files are not a dataset
         _check_empty(out, overwrite, files)
@@ -299,40 +297,29 @@ def _whoami(token: str) -> bytes:
     return json.dumps(me, indent=1).encode()
 
 
-def _lock(out: str, token: str) -> int:
-    """Take ``out``'s lock; returns the file descriptor that holds it.
+def _lock(output: Output) -> None:
+    """Take the output's lock (:meth:`Store.lock`, saying who holds it), held until :meth:`Output.release`.
 
     Raises:
         DatasetExistsError: another job holds it (named from what it wrote into the file).
     """
-    lock = os.path.join(out, LOCK)
-    fd = storage.lock_file(lock, wait=False)
+    store, me = output.store, _whoami(output.token)
     deadline = time.monotonic() + _LOCK_GRACE
-    while fd is None and time.monotonic() < deadline:  # the worker processes of a job just killed take a moment to die
-        time.sleep(0.05)
-        fd = storage.lock_file(lock, wait=False)
-    if fd is None:
-        raise DatasetExistsError(
-            f"{out}: another job is writing here ({_read_holder(lock)}); wait for it to finish (a dead job's lock is released by "
-            "the system, so this one is alive)"
-        )
-    try:
-        with storage.guard(lock, "create"):
-            os.ftruncate(fd, 0)
-            storage.write_fully(fd, _whoami(token))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    while not output.held.enter_context(store.lock(LOCK, wait=False, holder=me)):
+        if time.monotonic() >= deadline:
+            raise DatasetExistsError(
+                f"{output.path}: another job is writing here ({_read_holder(store)}); wait for it to finish (a dead job's lock is "
+                "released by the system, so this one is alive)"
+            )
+        time.sleep(0.05)  # the worker processes of a job just killed take a moment to die
 
 
-def _read_holder(lock: str) -> str:
+def _read_holder(store: storage.Store) -> str:
     """Who holds the lock, as its holder wrote it (it writes just after it takes the lock)."""
     for _ in range(40):
         try:
-            with open(lock, "rb") as f:
-                holder = json.loads(f.read(1 << 16))
+            holder = json.loads(store.read_range(LOCK, 0, 1 << 16))
             return redact.mask(f"pid {holder['pid']} on {holder['host']}, started {holder['started']}: {holder.get('command') or '?'}")
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ShardkitError, ValueError, KeyError, TypeError):
             time.sleep(0.005)
     return "a job that has not said who it is"

@@ -156,7 +156,7 @@ def why_not(directory: str, name: str, records: Records) -> str | None:
 
 
 def _staging_owned(directory: str, name: str) -> str | None:
-    path = storage.local_path(directory)
+    path = storage.store_for(directory).local_file()
     if path is None:
         return "a staging directory lives on a local disk"
     try:
@@ -202,7 +202,7 @@ def delete_owned(
     """
     records = read_records(directory) if records is None else records
     done = Deletion()
-    local = storage.local_path(directory)
+    local = storage.store_for(directory).local_file()
     for name in names:
         problem = why_not(directory, name, records)
         if problem is None:

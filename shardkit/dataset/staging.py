@@ -141,8 +141,7 @@ def recorded(out: str) -> str | None:
     try:
         if not check_staging(path):
             return None
-        with open(os.path.join(path, layout.OWNER), "rb") as f:
-            owner = json.loads(f.read(1 << 16))
+        owner = json.loads(storage.read_range(os.path.join(path, layout.OWNER), 0, 1 << 16))
     except (ShardkitError, OSError, ValueError):
         return None  # a link, another user's, no record: never used
     return path if isinstance(owner, dict) and owner.get("dataset") == out else None
@@ -165,9 +164,8 @@ def staging_path(out: str) -> str | None:
     nobody can plant a link at its name beforehand) and recorded in ``OUT/.shardkit-pass1.json``:
     the one that record names when it is on this machine, a real directory of this user made for
     ``out``; None when there is none."""
-    if not storage.is_remote(out):
-        return os.path.join(out, layout.STAGING)
-    return recorded(out)
+    local = storage.store_for(out).local_file(layout.STAGING)
+    return local if local is not None else recorded(out)
 
 
 def published_staging(out: str, generation: int) -> int | None:
@@ -183,8 +181,7 @@ def published_staging(out: str, generation: int) -> int | None:
 def read_job(path: str) -> dict[str, Any] | None:
     """The job record (fingerprint) of the pass-1 staging ``path``; None when it has none that reads."""
     try:
-        with open(os.path.join(path, layout.JOB), "rb") as f:
-            doc = json.loads(f.read())
-    except (OSError, ValueError):
+        doc = json.loads(storage.read_bytes(os.path.join(path, layout.JOB)))
+    except (ShardkitError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None

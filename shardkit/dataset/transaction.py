@@ -224,8 +224,7 @@ class Transaction:
             raise ConfigError(f"{self.path}: only an append transaction advances the generation")
         times = dict(self.base.generations)
         if 0 not in times and self.base.generation == 0:
-            path = storage.local_path(storage.join(self.path, manifest.MANIFEST))
-            when = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc) if path else None
+            when = self._claim().store.modified(manifest.MANIFEST)
             times[0] = when.isoformat(timespec="seconds") if when else _now()
         times[self.generation] = _now()
         if window is None:
@@ -268,8 +267,8 @@ class Transaction:
         index; none is written when that has none (its old files are not read again)."""
         output, result = self._claim(), self.result
         assert result is not None
-        if not output.remote:  # a file system without links renamed the staged copy in
-            staged = {name: path if os.path.exists(path) else os.path.join(output.path, name) for name, path in staged.items()}
+        # where the file system has no links, the staged copy was renamed in
+        staged = {name: path if storage.exists(path) else storage.join(output.path, name) for name, path in staged.items()}
         try:
             if not index_file.write_staged(output.path, result, staged, self.base):
                 log.info("%s: no index written: generation %d keeps files of one that has none", output.path, result.generation)

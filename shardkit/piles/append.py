@@ -155,10 +155,7 @@ def finish(
     txn.commit(staged, result, names=[os.path.basename(path) for path in staged], keep=True, index=options.index)
     # shared by every append that races to this generation: put in only by the one that won
     for path in first_keys:
-        if output.remote:
-            storage.upload(path, storage.join(out, os.path.basename(path)))
-        else:
-            os.replace(path, os.path.join(out, os.path.basename(path)))
+        output.store.upload(os.path.basename(path), path)
     log.info("%s: generation %d adds %d samples in %d segments; %d samples in all", out, g, sum(counts), sum(map(len, new)), result.samples)
     return result
 
@@ -314,7 +311,7 @@ def _write_segments(work: tuple[Sequence[Run], int, int, Callable[[int], str], i
         )
     path = os.path.join(staging, name(0))
     crc, packed = assemble_pile(runs, path, pack)
-    size = os.path.getsize(path)
+    size = storage.size(path)
     checksum = manifest.format_checksum(crc)
     if packed is None:
         segment = Segment(name=os.path.basename(path), samples=count, bytes=size, checksum=checksum, generation=generation)
@@ -365,7 +362,7 @@ def _read_keys(out: str, segment: Segment, staging: str) -> bytes:
     file that went missing: it is only an index) made again from the segment."""
     name = keys_name(segment.name)
     local = os.path.join(staging, name)
-    if os.path.exists(local):
+    if storage.exists(local):
         return storage.read_bytes(local)
     url = storage.join(out, name)
     try:

@@ -25,7 +25,8 @@ from typing import Any
 
 from shardkit import manifest, storage
 from shardkit.dataset import layout
-from shardkit.errors import Failure
+from shardkit.dataset.staging import check_staging
+from shardkit.errors import DatasetNotFoundError, Failure, ShardkitError
 from shardkit.piles.parts import keys_file, part_file
 
 log = logging.getLogger(__name__)
@@ -76,19 +77,15 @@ def write_commit(directory: str, commit: Commit) -> None:
     """
     commit = dataclasses.replace(commit, failures=[f.portable() for f in commit.failures])
     payload = pickle.dumps(commit, protocol=pickle.HIGHEST_PROTOCOL)
-    path = os.path.join(directory, COMMIT)
-    with storage.guard(path, "write"):
-        with open(path + ".tmp", "wb") as f:
-            f.write(_MAGIC + struct.pack("<I", manifest.checksum(payload)) + payload)
-        os.replace(path + ".tmp", path)
+    data = _MAGIC + struct.pack("<I", manifest.checksum(payload)) + payload
+    storage.write_bytes(os.path.join(directory, COMMIT), data, sync=False)
 
 
 def read_commit(directory: str) -> Commit | None:
     """The commit a part directory holds; None when it holds none or one that does not check."""
     try:
-        with open(os.path.join(directory, COMMIT), "rb") as f:
-            data = f.read()
-    except OSError:
+        data = storage.read_bytes(os.path.join(directory, COMMIT))
+    except ShardkitError:
         return None
     head = len(_MAGIC) + 4
     if not data.startswith(_MAGIC) or len(data) < head:
@@ -107,12 +104,16 @@ def committed(path: str) -> dict[str, Commit]:
     """The part directories in ``path`` that hold a sound commit."""
     found = {}
     try:
-        names = sorted(os.listdir(path))
-    except OSError:
+        names = storage.listdir(path)
+    except ShardkitError:
         return {}
     for name in names:
         directory = os.path.join(path, name)
-        if os.path.isdir(directory) and not os.path.islink(directory) and (commit := read_commit(directory)) is not None:
+        try:
+            real = check_staging(directory)  # a link or a file is never followed or read
+        except ShardkitError:
+            continue
+        if real and (commit := read_commit(directory)) is not None:
             found[directory] = commit
     return found
 
@@ -141,11 +142,11 @@ def _check_dir(directory: str, commit: Commit, skip: Mapping[int, int]) -> str |
         if pile not in skip:  # a merged pile's part file went into the pile (a link to it, or deleted)
             checked.append((part_file(directory, pile), size))
     for path, length in checked:
-        have = os.path.getsize(path) if os.path.exists(path) else 0  # a pile no unit wrote to has no file
+        have = _size(path)  # a pile no unit wrote to has no file
         if have < length:
             return f"{os.path.basename(path)} holds {have} bytes, the commit says {length}"
         if have > length:
-            os.truncate(path, length)  # written after the commit: belongs to no unit that is done
+            storage.truncate(path, length)  # written after the commit: belongs to no unit that is done
     for pile, (size, crc) in enumerate(zip(commit.sizes, commit.crcs, strict=True)):
         if pile not in skip and size and _crc(part_file(directory, pile), size) != crc:
             return f"{os.path.basename(part_file(directory, pile))} does not match its checksum"
@@ -154,7 +155,15 @@ def _check_dir(directory: str, commit: Commit, skip: Mapping[int, int]) -> str |
 
 def _crc(path: str, size: int) -> int:
     crc = 0
-    with open(path, "rb", buffering=0) as f:
+    with storage.open_read(path) as f:
         while chunk := f.read(min(1 << 20, size)):
             crc = manifest.checksum(chunk, crc)
     return crc
+
+
+def _size(path: str) -> int:
+    """The size of the file ``path``; 0 when there is none."""
+    try:
+        return storage.size(path)
+    except DatasetNotFoundError:
+        return 0

@@ -23,7 +23,7 @@ import numpy as np
 
 from shardkit import manifest, storage
 from shardkit.errors import SampleError
-from shardkit.piles.parts import ADVICE, PileSink
+from shardkit.piles.parts import ADVICE, PileSink, part_name
 from shardkit.tar import write
 from shardkit.tar.keys import key_hashes, repeated_key, sample_at
 from shardkit.tar.scan import BLOCK
@@ -143,7 +143,7 @@ class SampleSink(PileSink):
             with storage.guard(path, "write", size=nbytes):
                 fd = self._open.get(pile)
                 if fd is None:
-                    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | storage.O_BINARY, 0o644)
+                    fd = self.store.open_fd(part_name(pile), append=True)
                     if len(self._open) < self._keep:
                         self._open[pile] = fd
                 try:

@@ -141,8 +141,7 @@ def hashes(keys: Sequence[str]) -> np.ndarray:
 def write_keys(segment: str, found: np.ndarray) -> str:
     """Write the sorted key hashes ``found`` beside the segment file ``segment``; returns the path."""
     path = keys_name(segment)
-    with storage.guard(path, "write"), open(path, "wb") as f:
-        f.write(np.sort(found.astype(HASH)).tobytes())
+    storage.write_bytes(path, np.sort(found.astype(HASH)).tobytes(), sync=False)
     return path
 
 
@@ -177,8 +176,7 @@ def _store(tar: bytes, path: str, *, samples: int, generation: int, resolution: 
     """Write ``tar`` to ``path`` (compressed whole by ``pack``) and return its segment entry."""
     crc = manifest.format_checksum(manifest.checksum(tar))
     stored = tar if pack is None else compression.compress(tar, pack.codec, level=pack.level, between=check_stop)
-    with storage.guard(path, "write", size=len(stored)), open(path, "wb") as f:
-        f.write(stored)
+    storage.write_bytes(path, stored, sync=False)
     segment = Segment(
         name=os.path.basename(path), samples=samples, bytes=len(tar), checksum=crc, generation=generation, resolution=resolution, leaf=leaf
     )
@@ -240,9 +238,7 @@ def split_runs(
     with _SPLITTING:
         chunks = []
         for run in runs:
-            with open(run.path, "rb") as f:
-                f.seek(run.offset)
-                chunk = f.read(run.length)
+            chunk = storage.read_range(run.path, run.offset, run.offset + run.length)
             if len(chunk) != run.length:
                 raise CorruptShardError(
                     f"{run.path}: part file ends early: expected {run.length} bytes at offset {run.offset}, got {len(chunk)}"

@@ -79,8 +79,8 @@ def finished_piles(staging: str, merge: Mapping[str, Any]) -> dict[int, int]:
     something else than ``merge`` (another compression), or there was none."""
     try:
         said = json.loads(storage.read_bytes(os.path.join(staging, MERGE)))
-        names = os.listdir(staging)
-    except (OSError, ValueError, ShardkitError):
+        names = storage.listdir(staging)
+    except (ValueError, ShardkitError):
         return {}
     if said != json.loads(json.dumps(dict(merge), sort_keys=True)):
         return {}
@@ -92,7 +92,7 @@ def finished_piles(staging: str, merge: Mapping[str, Any]) -> dict[int, int]:
             pieces, _ = read_record(os.path.join(staging, name))
         except (OSError, ValueError, TypeError, ShardkitError):
             continue
-        if all(os.path.exists(p.path) and os.path.getsize(p.path) == p.size for p in pieces):
+        if all(_size(p.path) == p.size for p in pieces):
             found[int(match.group(1))] = sum(p.samples for p in pieces)
     return found
 
@@ -100,10 +100,7 @@ def finished_piles(staging: str, merge: Mapping[str, Any]) -> dict[int, int]:
 def merged_infos(staging: str) -> list[PileInfo]:
     """The manifest entries of the piles the merge in ``staging`` recorded as finished, in no
     order (their files are not looked at); none when it recorded none."""
-    try:
-        names = os.listdir(staging)
-    except OSError:
-        return []
+    names = storage.listdir(staging, missing_ok=True)
     infos = []
     for name in names:
         if _DONE.fullmatch(name) is not None:
@@ -125,6 +122,12 @@ def read_record(record: str) -> tuple[list[Staged], bool]:
 def write_record(record: str, staged: list[Staged], split: bool) -> None:
     """Record a finished pile (renamed into place but not synced: it guards against a process
     that dies, as a retry needs)."""
-    with open(record + ".tmp", "w") as f:
-        json.dump([[dataclasses.astuple(p) for p in staged], split], f)
-    os.replace(record + ".tmp", record)
+    storage.write_bytes(record, json.dumps([[dataclasses.astuple(p) for p in staged], split]).encode(), sync=False)
+
+
+def _size(path: str) -> int | None:
+    """The size of the file ``path``; None when it is not there."""
+    try:
+        return storage.size(path)
+    except ShardkitError:
+        return None

@@ -33,9 +33,14 @@ ADVICE = (
 )
 
 
+def part_name(pile: int) -> str:
+    """The name of pile ``pile``'s part file in a part directory."""
+    return f"{pile:06d}.part"
+
+
 def part_file(directory: str, pile: int) -> str:
     """Pile ``pile``'s part file in the part directory ``directory``."""
-    return os.path.join(directory, f"{pile:06d}.part")
+    return os.path.join(directory, part_name(pile))
 
 
 # the file of key hashes in a part directory: 8 bytes a sample, each flush's by pile
@@ -85,6 +90,8 @@ class PileSink:
     def __init__(self, directory: str, piles: int, buffer_size: int) -> None:
         self.directory = directory
         storage.makedirs(directory)
+        # the part directory's store: pass 1 stages on this machine's disk (Store.open_fd)
+        self.store = storage.store_for(directory)
         self._chunks: list[list[storage.Chunk]] = [[] for _ in range(piles)]
         self._buffered = 0
         self._maps = 0
@@ -210,7 +217,7 @@ class PileSink:
     def _write_parts(self) -> None:
         for pile, chunks in enumerate(self._chunks):
             if chunks:
-                _append(self.part(pile), chunks)
+                _append(self.store, part_name(pile), chunks)
                 chunks.clear()
 
     def _write_hashes(self) -> None:
@@ -230,14 +237,14 @@ class PileSink:
             hashes.append(mine)
             at += len(mine)
         if hashes:
-            _append(keys_file(self.directory), [np.concatenate(hashes).tobytes()])
+            _append(self.store, KEYS, [np.concatenate(hashes).tobytes()])
             self.hashed = at
 
 
-def _append(path: str, chunks: Sequence[storage.Chunk]) -> None:
-    """Append ``chunks`` to the file ``path``; a failure (a full disk...) is a StorageError naming it."""
-    with storage.guard(path, "write", size=sum(map(len, chunks))):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | storage.O_BINARY, 0o644)
+def _append(store: storage.Store, name: str, chunks: Sequence[storage.Chunk]) -> None:
+    """Append ``chunks`` to the file ``name``; a failure (a full disk...) is a StorageError naming it."""
+    with storage.guard(store.url(name), "write", size=sum(map(len, chunks))):
+        fd = store.open_fd(name, append=True)
         try:
             storage.write_chunks(fd, chunks)
         finally:
@@ -326,7 +333,7 @@ def _read_hashes(parts: Sequence[Hashes]) -> tuple[np.ndarray, list[int]]:
     for part, lo in zip(parts, bounds[:-1], strict=True):
         if not len(part.runs):
             continue
-        with storage.guard(part.path, "read key hashes"), open(part.path, "rb") as f:
+        with storage.guard(part.path, "read key hashes"), storage.open_read(part.path) as f:
             for first, count in part.runs.tolist():
                 f.seek(first * size)
                 if f.readinto(view[lo * size : (lo + count) * size]) != count * size:
@@ -374,9 +381,7 @@ def _keys_at(path: str, table: np.ndarray, placed: np.ndarray, samples: np.ndarr
         if placed[row, 0] < 0:
             continue
         unit, start, end, count = table[row, :4].tolist()
-        with open(path, "rb") as f:
-            f.seek(start)
-            segment = Shard(path, f.read(end - start) + write.TRAILER)
+        segment = Shard(path, storage.read_range(path, start, end) + write.TRAILER)
         if len(segment) != count:  # add() keeps two samples of one key from meeting in a segment
             raise CorruptShardError(f"{path}: bytes {start} to {end} hold {len(segment)} samples, {count} were written there")
         offsets = segment.sample_offsets()

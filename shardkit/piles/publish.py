@@ -20,11 +20,10 @@ import logging
 import math
 import os
 import queue
-import shutil
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, TypeVar
+from typing import IO, Any, TypeVar
 
 from shardkit import manifest, storage
 from shardkit._util import VERSION
@@ -73,28 +72,27 @@ def _assemble(runs: Sequence[Run], dst: str, pack: Pack | None = None) -> tuple[
     compresses it on the way (one pass over the bytes), what was written. The part files stay."""
     runs = [r for r in runs if r.length]
     only = runs[0] if len(runs) == 1 else None
-    if pack is None and only is not None and only.crc is not None and only.offset == 0 and os.path.getsize(only.path) == only.length:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(dst)
-        try:  # a second name for the part file: no copy, and a merge run again still finds its part
-            os.link(only.path, dst)
-        except OSError:
-            shutil.copyfile(only.path, dst)
-        with open(dst, "ab") as f:  # the part grows too: a merge run again copies its first `length` bytes
-            f.write(write.TRAILER)
+    if pack is None and only is not None and only.crc is not None and only.offset == 0 and storage.size(only.path) == only.length:
+        # a second name for the part file: no copy, and a merge run again still finds its part
+        storage.link_in(only.path, dst)
+        out = storage.open_fd(dst, append=True)
+        try:  # the part grows too: a merge run again copies its first `length` bytes
+            storage.write_fully(out, write.TRAILER)
+        finally:
+            os.close(out)
         return manifest.checksum(write.TRAILER, only.crc), None
     crc = 0
     buffer = memoryview(bytearray(_COPY_CHUNK))
     with contextlib.ExitStack() as stack:
-        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o644)
+        out = storage.open_fd(dst, append=False)
         stack.callback(os.close, out)
         packed = None if pack is None else Packed(out, pack)
         put: Callable[[Any], None] = functools.partial(storage.write_fully, out) if packed is None else packed.write
-        sources: dict[str, BinaryIO] = {}  # one handle per part file, however many runs it has
+        sources: dict[str, IO[bytes]] = {}  # one handle per part file, however many runs it has
         for run in runs:
             src = sources.get(run.path)
             if src is None:
-                src = sources[run.path] = stack.enter_context(open(run.path, "rb", buffering=0))
+                src = sources[run.path] = stack.enter_context(storage.open_read(run.path))
             crc = _copy_range(src, put, run, crc, buffer)
         put(write.TRAILER)
         if packed is not None:
@@ -109,7 +107,7 @@ def assemble_pile(runs: Sequence[Run], path: str, pack: Pack | None = None) -> t
         return _assemble(runs, path, pack)
 
 
-def _copy_range(src: BinaryIO, put: Callable[[Any], None], run: Run, crc: int, buffer: memoryview) -> int:
+def _copy_range(src: IO[bytes], put: Callable[[Any], None], run: Run, crc: int, buffer: memoryview) -> int:
     """Pass ``run``'s bytes of ``src`` to ``put``; returns ``crc`` continued over them."""
     src.seek(run.offset)
     done = 0
@@ -172,8 +170,7 @@ def _split(
             staged = Staged(
                 path, sub_name + compression.suffix(pack.codec), len(samples), len(sub), manifest.checksum(sub), pack.codec, tar
             )
-        with open(path, "wb") as f:
-            f.write(sub)
+        storage.write_bytes(path, sub, sync=False)
         pieces.append(staged)
     return pieces
 
@@ -205,13 +202,13 @@ def finish_pile(work: PileWork) -> tuple[list[Staged], bool]:
     name = pile_name(work.pile)
     path = os.path.join(work.staging, name)
     record = path + layout.DONE_SUFFIX
-    if work.record and os.path.exists(record):
+    if work.record and storage.exists(record):
         return read_record(record)
     splits = work.most is not None and work.count > work.most  # an empty pile is never split
     tar_size = sum(run.length for run in work.runs) + len(write.TRAILER)
     with storage.guard(path, "write", size=tar_size):
         crc, packed = _assemble(work.runs, path, None if splits else work.pack)
-    size = os.path.getsize(path)
+    size = storage.size(path)
     if not splits:
         if packed is None:
             result = [Staged(path, name, work.count, size, crc)], False
@@ -222,7 +219,7 @@ def finish_pile(work: PileWork) -> tuple[list[Staged], bool]:
         assert work.most is not None
         with _SPLITTING, storage.guard(work.staging, "write the split piles", size=size):
             data = storage.read_bytes(path)
-            os.unlink(path)
+            storage.remove(path)
             pieces = _split(data, name, capacity=work.most, seed=work.seed, trail=(work.pile,), staging=work.staging, pack=work.pack)
         log.info(
             "%s holds %d samples, over the %d that fit max_pile_bytes on average: split into %d random sub-piles",
@@ -236,8 +233,7 @@ def finish_pile(work: PileWork) -> tuple[list[Staged], bool]:
     if work.record:
         write_record(record, *result)
     for run in work.runs:  # each part file holds one pile's bytes: gone once the pile is made, so disk peaks near 1x the data
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(run.path)
+        storage.remove(run.path)
     return result
 
 

@@ -22,14 +22,15 @@ units and the parts' bookkeeping, never the part files.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardkit import storage
-from shardkit.errors import ConfigError, InputError
+from shardkit.dataset.staging import remove_tree
+from shardkit.errors import ConfigError, InputError, ShardkitError
 from shardkit.piles.executor import Tally, account
 from shardkit.piles.units import ChunkDone, Part, UnitWork, UnitWriter, chunk_directory, run_chunk
 
@@ -193,7 +194,8 @@ def _run_task(job: UnitWork, chunk: list[tuple[int, Any]], staging: str, attempt
     """One Ray task: write the units of ``chunk`` into the chunk's own part directory."""
     storage.remote.restore(job.storage)
     directory = chunk_directory(staging, attempt, chunk[0][0], chunk[-1][0])
-    shutil.rmtree(directory, ignore_errors=True)  # a retried task starts over: nothing is written twice
+    with contextlib.suppress(ShardkitError):  # a retried task starts over: nothing is written twice
+        remove_tree(directory)
     writer = UnitWriter(job, directory, buffer_size)
     reply = run_chunk(writer, chunk)
     return writer.finish(), reply

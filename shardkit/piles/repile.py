@@ -26,7 +26,7 @@ __all__ = ["repile"]
 
 
 def _same_place(a: str, b: str) -> bool:
-    pa, pb = storage.local_path(a), storage.local_path(b)
+    pa, pb = storage.store_for(a).local_file(), storage.store_for(b).local_file()
     if pa is None or pb is None:
         return a.rstrip("/") == b.rstrip("/")
     return os.path.realpath(pa) == os.path.realpath(pb)

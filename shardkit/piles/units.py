@@ -9,7 +9,6 @@ into the error the caller sees, naming the unit.
 
 from __future__ import annotations
 
-import mmap
 import os
 import time
 from collections import Counter
@@ -197,7 +196,7 @@ class UnitWriter:
         count = len(found.chunks)
         if count:  # canonical_samples refused a key the shard repeats; one another unit has is found at the merge
             piles = router.route(piles=self.job.piles, seed=self.job.seed, unit=index, count=count, generation=self.job.generation)
-            self.sink.extend(index, piles, found.chunks, found.sizes, found.keys, mapped=isinstance(buf, mmap.mmap))
+            self.sink.extend(index, piles, found.chunks, found.sizes, found.keys, mapped=storage.is_mapped(buf))
         self.fields |= found.fields
         return count, int(found.sizes.sum())
 

@@ -33,6 +33,7 @@ from shardkit.storage.local import (
     Chunk,
     fsync_dir,
     fsync_file,
+    is_mapped,
     lock_file,
     sync_files,
     unmap,
@@ -69,8 +70,10 @@ __all__ = [
     "fsync_dir",
     "fsync_file",
     "guard",
+    "is_mapped",
     "is_remote",
     "join",
+    "link_in",
     "listdir",
     "local_path",
     "locate",
@@ -78,6 +81,7 @@ __all__ = [
     "makedirs",
     "map_bytes",
     "mount",
+    "open_fd",
     "open_read",
     "put_if_absent",
     "put_if_unchanged",
@@ -91,6 +95,7 @@ __all__ = [
     "storage_error",
     "store_for",
     "sync_files",
+    "truncate",
     "unmap",
     "unmount",
     "upload",
@@ -181,18 +186,28 @@ def read_checked(
     return store.read_checked(name, size=size, check=check, first_check=first_check)
 
 
-@contextlib.contextmanager
-def open_read(url: str) -> Iterator[IO[bytes]]:
-    """A binary file object for streaming reads."""
-    path = local_path(url)
-    with guard(url, "read"):
-        if path is not None:
-            with open(path, "rb") as f:
-                yield f
-        else:
-            fs, p = remote.filesystem(url)
-            with fs.open(p, "rb") as f:
-                yield f
+def open_read(url: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+    """A binary file object for streaming reads (see :meth:`Store.open_read`)."""
+    store, name = locate(url)
+    return store.open_read(name)
+
+
+def open_fd(url: str, *, append: bool = True) -> int:
+    """A descriptor writing the local file ``url``, appended to or emptied first (see :meth:`Store.open_fd`)."""
+    store, name = locate(url)
+    return store.open_fd(name, append=append)
+
+
+def truncate(url: str, size: int) -> None:
+    """Cut the file ``url`` back to its first ``size`` bytes (see :meth:`Store.truncate`)."""
+    store, name = locate(url)
+    store.truncate(name, size)
+
+
+def link_in(local: str, url: str, *, exclusive: bool = False) -> bool:
+    """Give the local file ``local`` the second name ``url`` (see :meth:`Store.link_in`)."""
+    store, name = locate(url)
+    return store.link_in(name, local, exclusive=exclusive)
 
 
 @contextlib.contextmanager
@@ -206,10 +221,10 @@ def atomic_write(url: str, *, size: int | None = None) -> Iterator[IO[bytes]]:
         yield f
 
 
-def write_bytes(url: str, data: bytes) -> None:
-    """Atomically replace ``url`` with ``data``."""
+def write_bytes(url: str, data: bytes, *, sync: bool = True) -> None:
+    """Atomically replace ``url`` with ``data`` (on disk when it returns, unless ``sync`` is off: see :meth:`Store.put`)."""
     store, name = locate(url)
-    store.put(name, data)
+    store.put(name, data, sync=sync)
 
 
 def upload(local: str, url: str) -> None:

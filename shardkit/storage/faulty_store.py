@@ -16,7 +16,7 @@ from shardkit.storage.local import Buffer
 from shardkit.storage.paths import guard
 from shardkit.storage.store import Check, Store, WrappingStore
 
-# what a fault can be planted on: put (also put_stream and upload), put_if_absent (every
+# what a fault can be planted on: put (also put_stream, upload and link_in), put_if_absent (every
 # conditional write: put_if_absent, put_if_unchanged, upload_if_absent), delete, read (every read)
 OPERATIONS = ("put", "put_if_absent", "delete", "read")
 # what the error says was being done, in the backends' words
@@ -73,6 +73,10 @@ class FaultyStore(WrappingStore):
         self._count("read", name)
         return self.inner.read_range(name, start, end)
 
+    def open_read(self, name: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        self._count("read", name)
+        return self.inner.open_read(name)
+
     def read_whole(self, name: str, *, size: int | None = None) -> Buffer:
         self._count("read", name)
         return self.inner.read_whole(name, size=size)
@@ -81,15 +85,19 @@ class FaultyStore(WrappingStore):
         self._count("read", name)
         return self.inner.read_checked(name, size=size, check=check, first_check=first_check)
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, sync: bool = True) -> None:
         self._count("put", name)
-        self.inner.put(name, data)
+        self.inner.put(name, data, sync=sync)
 
     @contextlib.contextmanager
-    def put_stream(self, name: str, *, size: int | None = None) -> Iterator[IO[bytes]]:
+    def put_stream(self, name: str, *, size: int | None = None, sync: bool = True) -> Iterator[IO[bytes]]:
         self._count("put", name)
-        with self.inner.put_stream(name, size=size) as f:
+        with self.inner.put_stream(name, size=size, sync=sync) as f:
             yield f
+
+    def link_in(self, name: str, local: str, *, exclusive: bool = False) -> bool:
+        self._count("put", name)
+        return self.inner.link_in(name, local, exclusive=exclusive)
 
     def put_if_absent(self, name: str, data: bytes) -> bool:
         self._count("put_if_absent", name)

@@ -8,8 +8,8 @@ won = store.put_if_absent("shardkit.json", data)               # If-None-Match: 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import IO, Any, TypeVar
 
 from shardkit.storage import conditional, remote
 from shardkit.storage.local import Buffer
@@ -92,10 +92,19 @@ class FsspecStore(Store):
         listings would hide what another process just wrote."""
         return conditional.names(self.root, missing_ok=missing_ok)
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, sync: bool = True) -> None:
         """One request: the object appears whole or not at all."""
         with guard(self.url(name), "write", size=len(data)):
             remote.write_bytes(self.url(name), data)
+
+    @contextlib.contextmanager
+    def open_read(self, name: str) -> Iterator[IO[bytes]]:
+        """A streaming reader (fsspec's, which fetches in blocks as it is read)."""
+        url = self.url(name)
+        with guard(url, "read"):
+            fs, path = remote.filesystem(url)
+            with fs.open(path, "rb") as f:
+                yield f
 
     def upload(self, name: str, local: str) -> None:
         """Streamed in :data:`~shardkit.storage.remote.UPLOAD_CHUNK` pieces (multipart when large)."""

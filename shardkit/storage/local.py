@@ -33,6 +33,11 @@ def map_open(f: BinaryIO) -> Buffer:
     return f.read()
 
 
+def is_mapped(buf: object) -> bool:
+    """Whether ``buf`` is a memory map :func:`map_open` made (it holds a file descriptor while it lives)."""
+    return isinstance(buf, mmap.mmap)
+
+
 def unmap(buf: Buffer) -> None:
     """Let go of a buffer :func:`map_open` made now, not when it is collected (bytes: nothing to do)."""
     if isinstance(buf, mmap.mmap):

@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from typing import IO
 
 from shardkit.errors import DatasetNotFoundError
-from shardkit.storage.local import O_BINARY, Buffer, fsync_dir, lock_file, map_open
+from shardkit.storage.local import O_BINARY, Buffer, fsync_dir, fsync_file, lock_file, map_open, write_fully
 from shardkit.storage.paths import guard, local_path
 from shardkit.storage.store import Entry, Store, held
 
@@ -41,9 +42,29 @@ class LocalStore(Store):
     def url(self, name: str) -> str:
         return os.path.join(self.root, name) if name else self.root
 
+    def sub(self, path: str) -> LocalStore:
+        return LocalStore(os.path.join(self.root, path))
+
     def path(self, name: str) -> str:
-        """The filesystem path of ``name`` (for the few writers that rename files in place)."""
+        """The filesystem path of ``name``."""
         return os.path.join(self._dir, name) if name else self._dir
+
+    def local_file(self, name: str = "") -> str | None:
+        return self.path(name)
+
+    def modified(self, name: str) -> datetime.datetime | None:
+        with guard(self.url(name), "look it up"):
+            try:
+                when = os.stat(self.path(name)).st_mtime
+            except FileNotFoundError:
+                return None
+        return datetime.datetime.fromtimestamp(when, datetime.timezone.utc)
+
+    @contextlib.contextmanager
+    def open_read(self, name: str) -> Iterator[IO[bytes]]:
+        """The file unbuffered: a caller reading into its own buffers pays for no second copy."""
+        with guard(self.url(name), "read"), open(self.path(name), "rb", buffering=0) as f:
+            yield f
 
     def read(self, name: str) -> bytes:
         with guard(self.url(name), "read"), open(self.path(name), "rb", buffering=0) as f:
@@ -105,16 +126,41 @@ class LocalStore(Store):
             raise DatasetNotFoundError(f"{self.root}: no such directory") from None
 
     @contextlib.contextmanager
-    def put_stream(self, name: str, *, size: int | None = None) -> Iterator[IO[bytes]]:
-        """Write ``NAME.partial-<uuid>``, flush it to disk, rename it into place; unlink it on error."""
+    def put_stream(self, name: str, *, size: int | None = None, sync: bool = True) -> Iterator[IO[bytes]]:
+        """Write ``NAME.partial-<uuid>``, flush it to disk (``sync``), rename it into place; unlink it on error."""
         path = self.path(name)
         tmp = f"{path}.partial-{uuid.uuid4().hex}"
         try:
             with guard(self.url(name), "write", size=size):
                 with open(tmp, "wb") as f:
                     yield f
-                    f.flush()
-                    os.fsync(f.fileno())  # the bytes are on disk before the name says they are there
+                    if sync:
+                        f.flush()
+                        os.fsync(f.fileno())  # the bytes are on disk before the name says they are there
+                os.replace(tmp, path)
+            if sync:
+                fsync_dir(os.path.dirname(path) or ".")
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def put(self, name: str, data: bytes, *, sync: bool = True) -> None:
+        with self.put_stream(name, size=len(data), sync=sync) as f:
+            f.write(data)
+
+    def upload(self, name: str, local: str) -> None:
+        """A second name for the local file (a copy where there are no links), renamed into place
+        and made durable: no byte is copied where the file system has links."""
+        path = self.path(name)
+        tmp = f"{path}.partial-{uuid.uuid4().hex}"
+        try:
+            with guard(self.url(name), "write"):
+                try:
+                    os.link(local, tmp)
+                except OSError:  # no hard links here
+                    shutil.copyfile(local, tmp)
+                fsync_file(tmp)
                 os.replace(tmp, path)
             fsync_dir(os.path.dirname(path) or ".")
         except BaseException:
@@ -122,9 +168,33 @@ class LocalStore(Store):
                 os.unlink(tmp)
             raise
 
-    def put(self, name: str, data: bytes) -> None:
-        with self.put_stream(name, size=len(data)) as f:
-            f.write(data)
+    def truncate(self, name: str, size: int) -> None:
+        with guard(self.url(name), "write"):
+            os.truncate(self.path(name), size)
+
+    def open_fd(self, name: str, *, append: bool) -> int:
+        mode = os.O_APPEND if append else os.O_TRUNC
+        with guard(self.url(name), "write"):
+            return os.open(self.path(name), os.O_WRONLY | os.O_CREAT | mode | O_BINARY, 0o644)
+
+    def link_in(self, name: str, local: str, *, exclusive: bool = False) -> bool:
+        path = self.path(name)
+        with guard(self.url(name), "write"):
+            if not exclusive:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            try:
+                os.link(local, path)
+            except FileExistsError:
+                if not exclusive:
+                    raise
+                return False
+            except OSError:  # no hard links on this file system
+                if exclusive:
+                    os.replace(local, path)
+                else:
+                    shutil.copyfile(local, path)
+        return True
 
     def put_if_absent(self, name: str, data: bytes) -> bool:
         """A temporary file hard-linked to ``name`` (a link never replaces a file); an exclusive
@@ -160,10 +230,29 @@ class LocalStore(Store):
         with guard(self.url(name), "remove"), contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(name))
 
-    def lock(self, name: str, *, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
-        """The ``flock`` of the file ``name`` (created if missing): the kernel drops it when its holder dies."""
-        fd = lock_file(self.path(name), wait=wait)
-        return held(fd is not None, lambda: os.close(fd) if fd is not None else None)
+    def lock(self, name: str, *, wait: bool = True, holder: bytes | None = None) -> contextlib.AbstractContextManager[bool]:
+        """The ``flock`` of the file ``name`` (created if missing): the kernel drops it when its
+        holder dies. ``holder`` is written into the file, which is unlinked while still held
+        when it is let go (a job that opened the old file sees it is not the lock any more)."""
+        path = self.path(name)
+        fd = lock_file(path, wait=wait)
+        if fd is not None and holder is not None:
+            try:
+                with guard(self.url(name), "create"):
+                    os.ftruncate(fd, 0)
+                    write_fully(fd, holder)
+            except BaseException:
+                os.close(fd)
+                raise
+
+        def release() -> None:
+            assert fd is not None
+            if holder is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            os.close(fd)
+
+        return held(fd is not None, release)
 
 
 def _create_exclusive(path: str, data: bytes) -> bool:

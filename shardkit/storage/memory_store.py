@@ -101,7 +101,7 @@ class MemoryStore(Store):
     def list(self, *, missing_ok: bool = False) -> list[str]:
         return sorted({name.split("/", 1)[0] for name in self._below(missing_ok=missing_ok)})
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, sync: bool = True) -> None:
         now = datetime.datetime.now(datetime.timezone.utc)
         with self._mutex:
             self._files[self._prefix + name] = (bytes(data), now)
@@ -122,10 +122,19 @@ class MemoryStore(Store):
         with self._mutex:
             self._files.pop(self._prefix + name, None)
 
-    def lock(self, name: str, *, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
+    def lock(self, name: str, *, wait: bool = True, holder: bytes | None = None) -> contextlib.AbstractContextManager[bool]:
         with self._mutex:
             lock = self._locks.setdefault(self._prefix + name, threading.Lock())
-        return held(lock.acquire(blocking=wait), lock.release)
+        acquired = lock.acquire(blocking=wait)
+        if acquired and holder is not None:
+            self.put(name, holder)
+
+        def release() -> None:
+            if holder is not None:
+                self.delete(name)
+            lock.release()
+
+        return held(acquired, release)
 
 
 def _version(data: bytes, when: datetime.datetime) -> str:

@@ -55,6 +55,10 @@ class Store(abc.ABC):
       the bytes travel (an object store): they are worth caching and re-reading when torn.
     - ``caches_reads``: whole files read through :meth:`read_checked` are kept (a cache): a
       caller wanting part of a file it will come back to reads it whole, not a range.
+    - :meth:`local_file` (a path, or None): the store's files are files of this machine, so a
+      writer may hold a descriptor on one (:meth:`open_fd`), link a staged file in
+      (:meth:`link_in`) and stage its work beside them; where it is None files travel by
+      :meth:`put` and :meth:`upload`.
 
     Example::
 
@@ -106,6 +110,15 @@ class Store(abc.ABC):
             return False
         return True
 
+    def local_file(self, name: str = "") -> str | None:
+        """The path of ``name`` (``""``: the root) on this machine's file system where the store's
+        files are local files; None where they are not (an object store, memory)."""
+        return None
+
+    def modified(self, name: str) -> datetime.datetime | None:
+        """When the file ``name`` was last written (an aware time); None when it is missing."""
+        return next((e.modified for e in self.entries(missing_ok=True) if e.name == name), None)
+
     def is_dir(self, name: str) -> bool:
         """Whether ``name`` (``""``: the root) names a directory. An object store has none: there a
         name ending in ``/`` (or the root given so) is taken for one."""
@@ -118,6 +131,10 @@ class Store(abc.ABC):
             return str(self.size(name))
         except DatasetNotFoundError:
             return None
+
+    def open_read(self, name: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        """A binary file object reading ``name`` from its start (seek where the store can)."""
+        return contextlib.nullcontext(io.BytesIO(self.read(name)))
 
     def read_whole(self, name: str, *, size: int | None = None) -> Buffer:
         """The whole file as a read-only buffer: mapped without a copy where the store can, read
@@ -159,14 +176,43 @@ class Store(abc.ABC):
 
     # -- writing -------------------------------------------------------------------------------
     @abc.abstractmethod
-    def put(self, name: str, data: bytes) -> None:
-        """Make ``data`` the file ``name``, atomically: a reader sees the old file or the new, whole."""
+    def put(self, name: str, data: bytes, *, sync: bool = True) -> None:
+        """Make ``data`` the file ``name``, atomically: a reader sees the old file or the new, whole.
+        ``sync`` off: the bytes need not be on disk when it returns (a job's own record that a
+        later check covers, or files synced together before anything names them)."""
 
-    def put_stream(self, name: str, *, size: int | None = None) -> contextlib.AbstractContextManager[IO[bytes]]:
+    def put_stream(self, name: str, *, size: int | None = None, sync: bool = True) -> contextlib.AbstractContextManager[IO[bytes]]:
         """A file object whose bytes become ``name`` when the block exits cleanly (and nothing
         when it raises). ``size``, the bytes about to be written when known, is named if the
-        disk fills up. Here: gathered in memory and :meth:`put` whole."""
+        disk fills up; ``sync`` as for :meth:`put`. Here: gathered in memory and :meth:`put` whole."""
         return _gathered(self, name)
+
+    def truncate(self, name: str, size: int) -> None:
+        """Cut the file ``name`` back to its first ``size`` bytes (not synced). Here: rewritten whole."""
+        self.put(name, self.read_range(name, 0, size), sync=False)
+
+    def open_fd(self, name: str, *, append: bool) -> int:
+        """A descriptor writing the local file ``name`` (created if missing; appended to, or emptied
+        first): for the writers whose hot path keeps one open or writes it in many calls (pass 1's
+        part files, a pile assembled from them). The caller closes it. A reader may see the file
+        grow: it is for a job's own staging, never for a file a manifest names.
+
+        Raises:
+            ConfigError: the store's files are not local files (:meth:`local_file` is None).
+        """
+        raise ConfigError(f"{self.url(name)}: this store holds no local files to write through a descriptor; stage them locally")
+
+    def link_in(self, name: str, local: str, *, exclusive: bool = False) -> bool:
+        """Give the local file ``local`` the second name ``name`` here, replacing what ``name``
+        held (a copy where the file system has no links); the file is not synced. ``exclusive``:
+        only where ``name`` is free (False when it is taken, True when linked), and where there
+        are no links the file is moved in, not copied (a name the caller chose free). Returns True
+        when linked.
+
+        Raises:
+            ConfigError: the store's files are not local files (:meth:`local_file` is None).
+        """
+        raise ConfigError(f"{self.url(name)}: this store holds no local files to link {local} in; upload it")
 
     def upload(self, name: str, local: str) -> None:
         """Copy the local file ``local`` to ``name`` (atomically, as :meth:`put`)."""
@@ -206,9 +252,10 @@ class Store(abc.ABC):
     def delete(self, name: str) -> None:
         """Remove the file ``name``; nothing happens when it is missing."""
 
-    def lock(self, name: str, *, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
+    def lock(self, name: str, *, wait: bool = True, holder: bytes | None = None) -> contextlib.AbstractContextManager[bool]:
         """A context holding the exclusive lock named ``name`` (True), or not (False: another
-        holder, and ``wait`` is off).
+        holder, and ``wait`` is off). With ``holder``, the lock says who holds it (read back by
+        :meth:`read` of ``name``, for the message another job gets) and is removed when let go.
 
         Raises:
             ConfigError: the store has no lock (``supports_locks`` is False).
@@ -233,6 +280,10 @@ class WrappingStore(Store):
     def url(self, name: str) -> str:
         return self.inner.url(name)
 
+    def sub(self, path: str) -> Store:
+        """The inner store's sub-store (what is added here stays with the root)."""
+        return self.inner.sub(path)
+
     def read(self, name: str) -> bytes:
         return self.inner.read(name)
 
@@ -247,6 +298,15 @@ class WrappingStore(Store):
 
     def is_dir(self, name: str) -> bool:
         return self.inner.is_dir(name)
+
+    def local_file(self, name: str = "") -> str | None:
+        return self.inner.local_file(name)
+
+    def modified(self, name: str) -> datetime.datetime | None:
+        return self.inner.modified(name)
+
+    def open_read(self, name: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        return self.inner.open_read(name)
 
     def version(self, name: str) -> str | None:
         return self.inner.version(name)
@@ -263,11 +323,20 @@ class WrappingStore(Store):
     def list(self, *, missing_ok: bool = False) -> list[str]:
         return self.inner.list(missing_ok=missing_ok)
 
-    def put(self, name: str, data: bytes) -> None:
-        self.inner.put(name, data)
+    def put(self, name: str, data: bytes, *, sync: bool = True) -> None:
+        self.inner.put(name, data, sync=sync)
 
-    def put_stream(self, name: str, *, size: int | None = None) -> contextlib.AbstractContextManager[IO[bytes]]:
-        return self.inner.put_stream(name, size=size)
+    def put_stream(self, name: str, *, size: int | None = None, sync: bool = True) -> contextlib.AbstractContextManager[IO[bytes]]:
+        return self.inner.put_stream(name, size=size, sync=sync)
+
+    def truncate(self, name: str, size: int) -> None:
+        self.inner.truncate(name, size)
+
+    def open_fd(self, name: str, *, append: bool) -> int:
+        return self.inner.open_fd(name, append=append)
+
+    def link_in(self, name: str, local: str, *, exclusive: bool = False) -> bool:
+        return self.inner.link_in(name, local, exclusive=exclusive)
 
     def upload(self, name: str, local: str) -> None:
         self.inner.upload(name, local)
@@ -284,8 +353,8 @@ class WrappingStore(Store):
     def delete(self, name: str) -> None:
         self.inner.delete(name)
 
-    def lock(self, name: str, *, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
-        return self.inner.lock(name, wait=wait)
+    def lock(self, name: str, *, wait: bool = True, holder: bytes | None = None) -> contextlib.AbstractContextManager[bool]:
+        return self.inner.lock(name, wait=wait, holder=holder)
 
 
 @contextlib.contextmanager

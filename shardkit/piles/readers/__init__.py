@@ -92,7 +92,7 @@ def detect(source: Any) -> str | None:
     if not isinstance(source, (str, os.PathLike)):
         return None
     path = os.fspath(source)
-    local = storage.local_path(path)
+    local = storage.store_for(path).local_file()
     if local is not None and os.path.isdir(local):
         return _directory_format(local)
     name = path.lower().rstrip("/")

@@ -42,7 +42,8 @@ def _batches(url: str) -> Iterator[tuple[int | None, Any]]:
     """(number of batches or None for the stream format, reader) for the IPC file ``url``."""
     import pyarrow as pa
 
-    local = storage.local_path(url)
+    store, name = storage.locate(url)
+    local = store.local_file(name)
     try:
         source = pa.memory_map(local) if local is not None else pa.BufferReader(storage.read_bytes(url))
     except FileNotFoundError:

@@ -74,7 +74,7 @@ def local_folders(inputs: Sequence[Any], what: str) -> list[str]:
     """
     folders = []
     for item in inputs:
-        path = storage.local_path(os.fspath(item))
+        path = storage.store_for(item).local_file()
         if path is None:
             raise ConfigError(f"{os.fspath(item)}: {what} folders are read from local disk: copy it here first")
         folders.append(os.path.abspath(path))

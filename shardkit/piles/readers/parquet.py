@@ -50,7 +50,8 @@ def open_parquet(url: str) -> Iterator[Any]:
     """A ``pyarrow.parquet.ParquetFile`` of ``url`` (local or through fsspec); bad bytes are a CorruptShardError."""
     import pyarrow.parquet as pq
 
-    local = storage.local_path(url)
+    store, name = storage.locate(url)
+    local = store.local_file(name)
     with contextlib.ExitStack() as stack:
         source = local if local is not None else stack.enter_context(storage.open_read(url))
         try:
