@@ -89,6 +89,15 @@ def test_every_option_field_has_a_yaml_place(cls):
     assert [name for name, spec in specs(cls).items() if spec.yaml is None] == []
 
 
+@pytest.mark.parametrize("cls", [shardkit.PileOptions, shardkit.ShuffleOptions, shardkit.LoaderOptions])
+def test_every_option_field_has_a_group_that_help_and_the_docs_list_it_under(cls):
+    assert [name for name, spec in specs(cls).items() if spec.group is None] == []
+    parser = argparse.ArgumentParser()
+    add_option_flags(parser, cls, [name for name, spec in specs(cls).items() if spec.help])
+    for group in parser._action_groups[2:]:  # after the positional arguments and the ungrouped options
+        assert {specs(cls)[a.dest].group for a in group._group_actions} == {group.title.removesuffix(" options")}
+
+
 # ---- a front door takes its class's fields, less those listed here ---------------------------------
 
 _JOB_ONLY = "describes a job over input units; the writer writes in the calling process"
