@@ -38,7 +38,7 @@ from shardkit.errors import ConfigError, ManifestError
 from shardkit.loading import plan
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
-from shardkit.option_fields import check_bools, check_choices, from_call, meta, specs
+from shardkit.option_fields import Door, check_bools, check_choices, meta, specs
 from shardkit.piles.options import EXECUTORS, KEY_PREFIX, MAX_PILES, PileOptions, check_ray_address
 from shardkit.piles.pack import Pack
 from shardkit.shard_roller import ShardRoller
@@ -89,38 +89,58 @@ class ShuffleOptions:
     piles: int | None = field(
         default=None,
         metadata=meta(
-            help="temporary piles M (default: 2 x input bytes / memory, so a pile is half the budget)", metavar="M", yaml="output"
+            help="temporary piles M (default: 2 x input bytes / memory, so a pile is half the budget)",
+            metavar="M",
+            yaml="output",
+            group="piles",
         ),
     )
     memory: int | str | None = field(
         default=None,
         metadata=meta(
-            help="most bytes of one pile in RAM; larger piles are split (default 1GiB without piles)", metavar="SIZE", yaml="output"
+            help="most bytes of one pile in RAM; larger piles are split (default 1GiB without piles)",
+            metavar="SIZE",
+            yaml="output",
+            group="piles",
         ),
     )
-    maxcount: int | None = field(default=None, metadata=meta(help="samples per output shard at most", metavar="N", yaml="output"))
+    maxcount: int | None = field(
+        default=None, metadata=meta(help="samples per output shard at most", metavar="N", yaml="output", group="shards")
+    )
     maxsize: int | str | None = field(
         default=None,
         metadata=meta(
             help="bytes per output shard at most, e.g. 1GB (with neither limit: 100000 samples and 3 GB)",
             metavar="SIZE",
             yaml="output",
+            group="shards",
         ),
     )
-    seed: int = field(default=0, metadata=meta(help="same inputs and seed give byte-identical output", metavar="S", yaml="output"))
-    workers: int = field(
-        default=1, metadata=meta(help="processes for the re-piling pass; the output is identical for any number", metavar="N", yaml="job")
+    seed: int = field(
+        default=0, metadata=meta(help="same inputs and seed give byte-identical output", metavar="S", yaml="output", group="piles")
     )
-    overwrite: bool = field(default=False, metadata=meta(help="replace a dataset already in the output directory", yaml="output"))
+    workers: int = field(
+        default=1,
+        metadata=meta(
+            help="processes for the re-piling pass; the output is identical for any number", metavar="N", yaml="job", group="executor"
+        ),
+    )
+    overwrite: bool = field(
+        default=False, metadata=meta(help="replace a dataset already in the output directory", yaml="output", group="output")
+    )
     # the same option as pass 1's, read by it
-    key_prefix: str = field(default="auto", metadata=meta(help=specs(PileOptions)["key_prefix"].help or "", choices=KEY_PREFIX, yaml="job"))
+    key_prefix: str = field(
+        default="auto", metadata=meta(help=specs(PileOptions)["key_prefix"].help or "", choices=KEY_PREFIX, yaml="job", group="samples")
+    )
     storage_options: Mapping[str, Any] | None = field(
-        default=None, repr=False, metadata=meta(help=specs(PileOptions)["storage_options"].help or "", yaml="job")
+        default=None, repr=False, metadata=meta(help=specs(PileOptions)["storage_options"].help or "", yaml="job", group="storage")
     )
     # pass 1's executor, read by it
-    executor: str = field(default="local", metadata=meta(help=specs(PileOptions)["executor"].help or "", choices=EXECUTORS, yaml="job"))
+    executor: str = field(
+        default="local", metadata=meta(help=specs(PileOptions)["executor"].help or "", choices=EXECUTORS, yaml="job", group="executor")
+    )
     ray_address: str | None = field(
-        default=None, metadata=meta(help=specs(PileOptions)["ray_address"].help or "", metavar="ADDR", yaml="job")
+        default=None, metadata=meta(help=specs(PileOptions)["ray_address"].help or "", metavar="ADDR", yaml="job", group="executor")
     )
     compression: str | None = field(
         default=None,
@@ -128,10 +148,12 @@ class ShuffleOptions:
             help="compress each output shard whole: zstd (shard-000000.tar.zst), gzip (.tar.gz) or lz4 (.tar.lz4); default: plain tar",
             metavar="CODEC",
             yaml="output",
+            group="compression",
         ),
     )
     compression_level: int | None = field(
-        default=None, metadata=meta(help=specs(PileOptions)["compression_level"].help or "", metavar="L", yaml="output")
+        default=None,
+        metadata=meta(help=specs(PileOptions)["compression_level"].help or "", metavar="L", yaml="output", group="compression"),
     )
 
     def __post_init__(self) -> None:
@@ -169,6 +191,10 @@ class ShuffleOptions:
         memory = self.memory if self.memory is not None or self.piles is not None else parse_size(DEFAULT_MEMORY)
         piles = self.piles or max(1, math.ceil(2 * input_bytes / memory))  # type: ignore[operator]
         return piles, memory  # type: ignore[return-value]
+
+
+# shuffle takes every option as a keyword
+SHUFFLE = Door(ShuffleOptions)
 
 
 def _pass1(urls: list[str], directory: str, *, piles: int, max_pile_bytes: int | None, opts: ShuffleOptions, quiet: bool) -> Manifest:
@@ -229,24 +255,14 @@ def _copy_pile(url: str, info: PileInfo, permutation: np.ndarray, roller: ShardR
         storage.unmap(buf)
 
 
+@SHUFFLE
 def shuffle(
     inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
     *,
     options: ShuffleOptions | None = None,
-    piles: int | None = None,
-    memory: int | str | None = None,
-    maxcount: int | None = None,
-    maxsize: int | str | None = None,
-    seed: int = 0,
-    workers: int = 1,
-    overwrite: bool = False,
     quiet: bool = False,
-    key_prefix: str = "auto",
-    executor: str = "local",
-    ray_address: str | None = None,
-    compression: str | None = None,
-    compression_level: int | None = None,
+    **keywords: Any,
 ) -> Manifest:
     """Shuffle existing WebDataset shards into ``out/shard-000000.tar ...`` plus ``shardkit.json``.
 
@@ -255,8 +271,6 @@ def shuffle(
             order, ``.tar.zst`` and ``.tar.gz`` accepted.
         out: output directory; it holds only the shards and the manifest when done.
         options: a :class:`ShuffleOptions`, instead of the keyword options below (not both).
-        piles, memory, maxcount, maxsize, seed, workers, overwrite, key_prefix, executor,
-            ray_address, compression, compression_level: see :class:`ShuffleOptions`.
         quiet: no progress bars.
 
     Returns:
@@ -266,21 +280,7 @@ def shuffle(
     Raises:
         ConfigError, DatasetExistsError, DatasetNotFoundError, CorruptShardError, SampleError.
     """
-    keywords = {
-        "piles": piles,
-        "memory": memory,
-        "maxcount": maxcount,
-        "maxsize": maxsize,
-        "seed": seed,
-        "workers": workers,
-        "overwrite": overwrite,
-        "key_prefix": key_prefix,
-        "executor": executor,
-        "ray_address": ray_address,
-        "compression": compression,
-        "compression_level": compression_level,
-    }
-    opts = from_call(ShuffleOptions, options, keywords)
+    opts = SHUFFLE.options(options, keywords)
     _util.check_bool("quiet", quiet)
     storage.use([*_util.check_paths("inputs", inputs), _util.check_path("out", out)], opts.storage_options)
     urls = storage.expand(_util.check_paths("inputs", inputs))

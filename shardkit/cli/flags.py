@@ -16,29 +16,13 @@ import yaml
 from shardkit._util import shown
 from shardkit.errors import ConfigError
 from shardkit.option_fields import Spec, specs
-from shardkit.piles.options import PileOptions
+from shardkit.piles.options import PREPROCESS, PileOptions
 
 T = TypeVar("T")
 
-# the PileOptions fields every preprocessing script takes as flags, in --help order
-PILE_FLAGS = (
-    "piles",
-    "workers",
-    "seed",
-    "max_pile_bytes",
-    "buffer_size",
-    "overwrite",
-    "resume",
-    "on_error",
-    "executor",
-    "ray_address",
-    "compression",
-    "compression_level",
-    "repeat",
-    "mode",
-    "window",
-    "index",
-)
+# the options of shardkit.preprocess every preprocessing script takes as flags; storage options come
+# from --storage-option, which every command takes and applies to every URL
+PILE_FLAGS = tuple(name for name in PREPROCESS.names if name != "storage_options")
 
 
 def add_option_flags(
@@ -59,7 +43,17 @@ def add_option_flags(
         settings = {**_flag_settings(fields[name], cls), **(overrides or {}).get(name, {})}
         if "help" not in (overrides or {}).get(name, {}):
             settings["help"] = _help(fields[name], settings)
-        parser.add_argument(fields[name].flag, dest=name, **settings)
+        _group(parser, fields[name].group).add_argument(fields[name].flag, dest=name, **settings)
+
+
+def _group(parser: argparse.ArgumentParser | argparse._ArgumentGroup, group: str | None) -> Any:
+    """Where ``--help`` lists an option of ``group``: under "GROUP options", made on first use;
+    where the caller gave a group of its own, or the field names none, there."""
+    if not isinstance(parser, argparse.ArgumentParser) or group is None:
+        return parser
+    title = f"{group} options"
+    found = next((g for g in parser._action_groups if g.title == title), None)
+    return found or parser.add_argument_group(title)
 
 
 def _flag_settings(spec: Spec, cls: type) -> dict[str, Any]:
@@ -146,9 +140,8 @@ def add_pile_args(parser: argparse.ArgumentParser) -> None:
     --compression --compression-level --repeat --mode --window --index --append --quiet --storage-option``; turn the parsed
     namespace into keyword arguments for :func:`shardkit.preprocess` with :func:`pile_kwargs`.
     """
-    group = parser.add_argument_group("piles (pass 1 of the shuffle)")
-    add_option_flags(group, PileOptions, PILE_FLAGS)
-    group.add_argument(
+    add_option_flags(parser, PileOptions, PILE_FLAGS)
+    _group(parser, specs(PileOptions)["mode"].group).add_argument(
         "--append",
         dest="mode",
         action="store_const",
@@ -156,7 +149,7 @@ def add_pile_args(parser: argparse.ArgumentParser) -> None:
         default=argparse.SUPPRESS,
         help="the same as --mode append: add the samples to the dataset in the output as its next generation",
     )
-    group.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_storage_flag(parser)
 
 

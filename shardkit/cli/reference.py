@@ -15,10 +15,10 @@ import argparse
 import dataclasses
 import inspect
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from shardkit.option_fields import Spec, specs
+from shardkit.option_fields import Spec, field_docs, specs
 
 # the keys of a YAML job that are not options of its function, said once here
 JOB_KEYS = {
@@ -172,24 +172,6 @@ def _yaml_option_rows(cls: type) -> list[str]:
     return rows
 
 
-def _arg_docs(cls: type) -> dict[str, str]:
-    """``name: text`` entries of the Google-style ``Args:`` section of ``cls``'s docstring."""
-    doc = inspect.getdoc(cls) or ""
-    section = doc.partition("Args:")[2]
-    found: dict[str, str] = {}
-    name = None
-    for line in section.splitlines():
-        m = re.match(r"^    (\w+): (.*)", line)
-        if m:
-            name = m[1]
-            found[name] = m[2]
-        elif line.startswith("        ") and name and line.strip():
-            found[name] += " " + line.strip()
-        elif line.strip():
-            name = None
-    return found
-
-
 def _transforms() -> list[str]:
     from shardkit.piles.transforms import TRANSFORMS
 
@@ -197,7 +179,7 @@ def _transforms() -> list[str]:
     for name, cls in TRANSFORMS.items():
         summary = (inspect.getdoc(cls) or "").split("\n\n")[0]
         lines += [f"`{name}` (`shardkit.transforms.{cls.__name__}`): {' '.join(summary.split())}", ""]
-        docs = _arg_docs(cls)
+        docs = field_docs(cls)
         fields = dataclasses.fields(cls)
         if not fields:
             continue
@@ -218,12 +200,18 @@ def options_reference() -> str:
 
     lines = ["## Python options", "", "Each entry point takes these as keywords, or one options object (`options=`).", ""]
     for cls in (PileOptions, ShuffleOptions, LoaderOptions):
-        lines += [f"### `shardkit.{cls.__name__}`", "", "| field | value | default | what it does |", "|---|---|---|---|"]
-        for spec in specs(cls).values():
+        lines += [f"### `shardkit.{cls.__name__}`", "", "| field | group | value | default | what it does |", "|---|---|---|---|---|"]
+        for spec in sorted(specs(cls).values(), key=_by_group(cls)):
             default = "(required)" if spec.required else "" if spec.default is None else f"`{spec.default!r}`"
-            lines.append(f"| `{spec.name}` | {_value(spec)} | {default} | {_cell(_spec_help(cls, spec))} |")
+            lines.append(f"| `{spec.name}` | {spec.group or ''} | {_value(spec)} | {default} | {_cell(_spec_help(cls, spec))} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _by_group(cls: type) -> Callable[[Spec], int]:
+    """The sort key that lists the fields of ``cls`` group by group, each group where its first field is."""
+    order = list(dict.fromkeys(spec.group for spec in specs(cls).values()))
+    return lambda spec: order.index(spec.group)
 
 
 def reference(scripts: Mapping[str, argparse.ArgumentParser] | None = None) -> str:

@@ -24,13 +24,12 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 from shardkit import storage
 from shardkit._util import check_int
-from shardkit.codecs import Codecs
 from shardkit.loading import elastic
 from shardkit.loading.batch import Step
 from shardkit.loading.blend.epochs import BlendEpochs
@@ -38,11 +37,10 @@ from shardkit.loading.blend.source import BlendedSource
 from shardkit.loading.elastic import Phase
 from shardkit.loading.epochs import Epochs, PileEpochs, rank_ranges, step_keys
 from shardkit.loading.on_error import LoaderStats, Policy
-from shardkit.loading.options import LoaderOptions, resolve_world
+from shardkit.loading.options import LOADER, LoaderOptions, resolve_world
 from shardkit.loading.position import Place, Position
 from shardkit.loading.reading import Reading, Schedule, remote_reads, setup
 from shardkit.loading.source import Source, SourceLike, resolve
-from shardkit.option_fields import from_call
 from shardkit.workers import Pool
 
 log = logging.getLogger(__name__)
@@ -266,31 +264,12 @@ def epochs_of(source: Source, options: LoaderOptions) -> Epochs:
     return BlendEpochs(source, options) if isinstance(source, BlendedSource) else PileEpochs(source, options)
 
 
+@LOADER
 def loader(
     source: SourceLike,
     *,
     options: LoaderOptions | None = None,
-    batch_size: int | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    decode: bool | str | Codecs = True,
-    map: Callable[[dict[str, Any]], Any] | None = None,
-    num_workers: int = 0,
-    rank: int | None = None,
-    world_size: int | None = None,
-    drop_last: bool = True,
-    prefetch: int | None = None,
-    on_error: str = "raise",
-    mix: int = 1,
-    max_pile_bytes: int | str | None = None,
-    verify: bool = True,
-    allow_pickle: bool = False,
-    views: bool = False,
-    collate: Callable[[list[dict[str, Any]]], Any] | None = None,
-    remote_concurrency: int = storage.remote.DEFAULT_CONCURRENCY,
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_limit: int | str | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    **keywords: Any,
 ) -> Loader:
     """Read a pile dataset (or WebDataset shards) shuffled, one epoch per iteration.
 
@@ -300,80 +279,10 @@ def loader(
             found by walking each once (cached per process).
         options: a :class:`~shardkit.LoaderOptions` instead of the keyword options below (not
             both: with ``options``, a keyword other than its default is a ``ConfigError``).
-        batch_size: yield batches of this many samples (per rank) instead of single samples:
-            ``{"__key__": [keys], field: numpy array or list}``.
-        shuffle: permute pile order and in-pile order every epoch; False reads manifest order.
-        seed: the order is a pure function of (seed, epoch, dataset).
-        decode: True (images -> HWC uint8 numpy), ``"pil"``, False (raw bytes), or a
-            :class:`~shardkit.Codecs` registry.
-        map: a function applied to each decoded sample.
-        num_workers: worker processes for decode, map and collation (0 = in this process);
-            the output is identical, in order, whatever the count.
-        rank, world_size: default to ``RANK``/``WORLD_SIZE``, else torch.distributed, else 0/1.
-        drop_last: True: each rank reads ``N // world_size`` samples and only full batches.
-            False: the order is padded by wrapping round to its start to a multiple of
-            ``world_size``, and the last batch may be partial (the same size on every rank).
-        prefetch: piles read ahead in the background (memory: ``1 + prefetch`` piles, or
-            ``mix + 1 + prefetch``). None: 1, or for small piles in an object store as many as
-            keep ``remote_concurrency`` requests busy within 256 MiB (piles under 16 MiB are one
-            request each, so 8 of them at once by default), read at once.
-        on_error: ``"raise"``, or ``"skip"``/``"warn"`` (also logs each) a pile that cannot be
-            read, or a sample that is malformed or fails to decode or map; counts in
-            ``loader.stats``. Batched, a skip never changes how many batches a rank yields:
-            each batch keeps its slot, so a failed sample makes its batch smaller, and a batch
-            whose samples all failed is yielded empty: ``collate([])``, by default
-            ``{"__key__": []}`` (check ``len(batch["__key__"])``; under DDP every rank must still
-            take its step, e.g. with a loss weighted zero). Unbatched, a failed sample is not
-            yielded, so a rank may yield fewer than ``len(loader)`` samples: batch here, not
-            after the loader, when ranks must stay in step.
-        mix: spread each pile over ``mix + 1`` piles' worth of positions, reading from ``mix +
-            1`` piles at once (memory ``mix + 1 + prefetch`` piles). The first epoch stays
-            exactly uniform; in later epochs pile-mates share a batch again about ``mix ** 2``
-            times less often (while that stays well below the number of piles).
-        max_pile_bytes: refuse, before reading, a pile larger than this (``"2GiB"``).
-        verify: check each pile's checksum against the manifest.
-        allow_pickle: decode ``.pyd``/``.pickle`` fields (runs code from the data).
-        views: with ``decode=False``, yield raw fields as read-only ``memoryview`` slices of the
-            pile in memory instead of ``bytes`` copies (faster for large fields). A view keeps
-            its whole pile in memory while it is held: copy (``bytes(view)``) what you keep.
-        collate: ``fn(list of samples) -> batch`` instead of the default.
-        remote_concurrency: requests in flight at once when piles are read from an object
-            store (``s3://``...), shared by the piles read at once; a pile is one request, or
-            ranges of at least 8 MiB when it is larger. Each pile's checksum is checked, and a pile whose
-            bytes come back wrong is read again before it is an error.
-        cache_dir: a local directory where copies of remote piles are kept, so later epochs
-            read them from disk; processes and ranks on one machine can share it. Copies are
-            checked against the manifest on every read; the source is never touched.
-        cache_limit: the most the cache holds (``"200GiB"``); least recently used copies are
-            evicted first. A pile larger than the limit is read without caching. Default: no limit.
-        storage_options: options for the object store, given to fsspec as they are
-            (``{"endpoint_url": ..., "anon": True}``); otherwise its usual environment applies
-            (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``...). Never logged or shown.
 
     Raises:
         ConfigError: an option is invalid (the message names it).
     """
-    keywords = {
-        "batch_size": batch_size,
-        "shuffle": shuffle,
-        "seed": seed,
-        "decode": decode,
-        "map": map,
-        "num_workers": num_workers,
-        "rank": rank,
-        "world_size": world_size,
-        "drop_last": drop_last,
-        "prefetch": prefetch,
-        "on_error": on_error,
-        "mix": mix,
-        "max_pile_bytes": max_pile_bytes,
-        "verify": verify,
-        "allow_pickle": allow_pickle,
-        "views": views,
-        "collate": collate,
-        "remote_concurrency": remote_concurrency,
-        "cache_dir": os.fspath(cache_dir) if isinstance(cache_dir, os.PathLike) else cache_dir,
-        "cache_limit": cache_limit,
-        "storage_options": storage_options,
-    }
-    return Loader(source, from_call(LoaderOptions, options, keywords))
+    if isinstance(keywords.get("cache_dir"), os.PathLike):
+        keywords["cache_dir"] = os.fspath(keywords["cache_dir"])
+    return Loader(source, LOADER.options(options, keywords))

@@ -16,7 +16,7 @@ from typing import Any
 from shardkit._util import check_int, check_most, parse_size, shown
 from shardkit.codecs import Codecs
 from shardkit.errors import ConfigError
-from shardkit.option_fields import check_bools, check_choices, meta, specs
+from shardkit.option_fields import Door, check_bools, check_choices, meta, specs
 from shardkit.storage import check_storage_options
 from shardkit.storage.remote import DEFAULT_CONCURRENCY
 
@@ -36,10 +36,61 @@ def _callable(name: str, value: Any) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderOptions:
-    """How a :class:`shardkit.Loader` reads; see :func:`shardkit.loader` for each option.
+    """How a :class:`shardkit.Loader` reads; :func:`shardkit.loader` takes each option as a keyword.
 
-    ``worker`` is ``(index, count)``: the share of the rank this loader reads when it runs
-    inside a ``torch.utils.data.DataLoader`` worker (set by :mod:`shardkit.torch`).
+    Args:
+        batch_size: yield batches of this many samples (per rank) instead of single samples:
+            ``{"__key__": [keys], field: numpy array or list}``.
+        shuffle: permute pile order and in-pile order every epoch; False reads manifest order.
+        seed: the order is a pure function of (seed, epoch, dataset).
+        decode: True (images -> HWC uint8 numpy), ``"pil"``, False (raw bytes), or a
+            :class:`~shardkit.Codecs` registry.
+        map: a function applied to each decoded sample.
+        num_workers: worker processes for decode, map and collation (0 = in this process);
+            the output is identical, in order, whatever the count.
+        rank, world_size: default to ``RANK``/``WORLD_SIZE``, else torch.distributed, else 0/1.
+        drop_last: True: each rank reads ``N // world_size`` samples and only full batches.
+            False: the order is padded by wrapping round to its start to a multiple of
+            ``world_size``, and the last batch may be partial (the same size on every rank).
+        prefetch: piles read ahead in the background (memory: ``1 + prefetch`` piles, or
+            ``mix + 1 + prefetch``). None: 1, or for small piles in an object store as many as
+            keep ``remote_concurrency`` requests busy within 256 MiB (piles under 16 MiB are one
+            request each, so 8 of them at once by default), read at once.
+        on_error: ``"raise"``, or ``"skip"``/``"warn"`` (also logs each) a pile that cannot be
+            read, or a sample that is malformed or fails to decode or map; counts in
+            ``loader.stats``. Batched, a skip never changes how many batches a rank yields:
+            each batch keeps its slot, so a failed sample makes its batch smaller, and a batch
+            whose samples all failed is yielded empty: ``collate([])``, by default
+            ``{"__key__": []}`` (check ``len(batch["__key__"])``; under DDP every rank must still
+            take its step, e.g. with a loss weighted zero). Unbatched, a failed sample is not
+            yielded, so a rank may yield fewer than ``len(loader)`` samples: batch here, not
+            after the loader, when ranks must stay in step.
+        mix: spread each pile over ``mix + 1`` piles' worth of positions, reading from ``mix +
+            1`` piles at once (memory ``mix + 1 + prefetch`` piles). The first epoch stays
+            exactly uniform; in later epochs pile-mates share a batch again about ``mix ** 2``
+            times less often (while that stays well below the number of piles).
+        max_pile_bytes: refuse, before reading, a pile larger than this (``"2GiB"``).
+        verify: check each pile's checksum against the manifest.
+        allow_pickle: decode ``.pyd``/``.pickle`` fields (runs code from the data).
+        views: with ``decode=False``, yield raw fields as read-only ``memoryview`` slices of the
+            pile in memory instead of ``bytes`` copies (faster for large fields). A view keeps
+            its whole pile in memory while it is held: copy (``bytes(view)``) what you keep.
+        collate: ``fn(list of samples) -> batch`` instead of the default.
+        remote_concurrency: requests in flight at once when piles are read from an object
+            store (``s3://``...), shared by the piles read at once; a pile is one request, or
+            ranges of at least 8 MiB when it is larger. Each pile's checksum is checked, and a pile whose
+            bytes come back wrong is read again before it is an error.
+        cache_dir: a local directory where copies of remote piles are kept, so later epochs
+            read them from disk; processes and ranks on one machine can share it. Copies are
+            checked against the manifest on every read; the source is never touched.
+        cache_limit: the most the cache holds (``"200GiB"``); least recently used copies are
+            evicted first. A pile larger than the limit is read without caching. Default: no limit.
+        storage_options: options for the object store, given to fsspec as they are
+            (``{"endpoint_url": ..., "anon": True}``); otherwise its usual environment applies
+            (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``...). Never logged or shown.
+
+        worker: ``(index, count)``: the share of the rank this loader reads when it runs inside a
+            ``torch.utils.data.DataLoader`` worker (set by :mod:`shardkit.torch`).
 
     Example:
         opts = LoaderOptions(batch_size=32, seed=1)
@@ -48,68 +99,90 @@ class LoaderOptions:
     """
 
     batch_size: int | None = field(
-        default=None, metadata=meta(help="yield batches of this many samples per rank (default: single samples)", metavar="B")
+        default=None,
+        metadata=meta(help="yield batches of this many samples per rank (default: single samples)", metavar="B", group="order"),
     )
-    shuffle: bool = field(default=True, metadata=meta(help="permute pile order and in-pile order every epoch (off: manifest order)"))
-    seed: int = field(default=0, metadata=meta(help="the order is a pure function of seed, epoch and dataset", metavar="S"))
+    shuffle: bool = field(
+        default=True, metadata=meta(help="permute pile order and in-pile order every epoch (off: manifest order)", group="order")
+    )
+    seed: int = field(default=0, metadata=meta(help="the order is a pure function of seed, epoch and dataset", metavar="S", group="order"))
     decode: bool | str | Codecs = field(
-        default=True, metadata=meta(help="True (images as numpy arrays), 'pil', False (raw bytes) or a Codecs registry")
+        default=True, metadata=meta(help="True (images as numpy arrays), 'pil', False (raw bytes) or a Codecs registry", group="decode")
     )
-    map: Callable[[dict[str, Any]], Any] | None = field(default=None, metadata=meta(help="a function applied to each decoded sample"))
+    map: Callable[[dict[str, Any]], Any] | None = field(
+        default=None, metadata=meta(help="a function applied to each decoded sample", group="decode")
+    )
     num_workers: int = field(
-        default=0, metadata=meta(help="worker processes for decode, map and collation (0: in this process)", metavar="N")
+        default=0,
+        metadata=meta(help="worker processes for decode, map and collation (0: in this process)", metavar="N", group="throughput"),
     )
     rank: int | None = field(
-        default=None, metadata=meta(help="this process's rank (default: RANK, else torch.distributed, else 0)", metavar="R")
+        default=None, metadata=meta(help="this process's rank (default: RANK, else torch.distributed, else 0)", metavar="R", group="ranks")
     )
     world_size: int | None = field(
-        default=None, metadata=meta(help="ranks reading (default: WORLD_SIZE, else torch.distributed, else 1)", metavar="W")
+        default=None, metadata=meta(help="ranks reading (default: WORLD_SIZE, else torch.distributed, else 1)", metavar="W", group="ranks")
     )
     drop_last: bool = field(
-        default=True, metadata=meta(help="drop the end of the order that does not fill a batch on every rank (off: pad by wrapping round)")
+        default=True,
+        metadata=meta(
+            help="drop the end of the order that does not fill a batch on every rank (off: pad by wrapping round)", group="order"
+        ),
     )
     prefetch: int | None = field(
         default=None,
-        metadata=meta(help="piles read ahead in the background (default: 1, more for small piles in an object store)", metavar="P"),
+        metadata=meta(
+            help="piles read ahead in the background (default: 1, more for small piles in an object store)", metavar="P", group="throughput"
+        ),
     )
     on_error: str = field(
         default="raise",
         metadata=meta(
-            help="what a pile that cannot be read or a sample that fails does: raise, skip or warn (skip and log)", choices=ON_ERROR
+            help="what a pile that cannot be read or a sample that fails does: raise, skip or warn (skip and log)",
+            choices=ON_ERROR,
+            group="checks",
         ),
     )
     mix: int = field(
-        default=1, metadata=meta(help="piles drawn from at once; the first epoch stays uniform, later ones repeat less", metavar="K")
+        default=1,
+        metadata=meta(help="piles drawn from at once; the first epoch stays uniform, later ones repeat less", metavar="K", group="order"),
     )
     max_pile_bytes: int | str | None = field(
-        default=None, metadata=meta(help="refuse, before reading, a pile larger than SIZE (e.g. 2GiB)", metavar="SIZE")
+        default=None, metadata=meta(help="refuse, before reading, a pile larger than SIZE (e.g. 2GiB)", metavar="SIZE", group="checks")
     )
-    verify: bool = field(default=True, metadata=meta(help="check each pile's checksum against the manifest"))
+    verify: bool = field(default=True, metadata=meta(help="check each pile's checksum against the manifest", group="checks"))
     views: bool = field(
         default=False,
-        metadata=meta(help="with decode=False, raw fields as read-only memoryviews into the pile in memory instead of copies"),
+        metadata=meta(
+            help="with decode=False, raw fields as read-only memoryviews into the pile in memory instead of copies", group="decode"
+        ),
     )
-    allow_pickle: bool = field(default=False, metadata=meta(help="decode .pyd and .pickle fields (runs code from the data)"))
+    allow_pickle: bool = field(
+        default=False, metadata=meta(help="decode .pyd and .pickle fields (runs code from the data)", group="decode")
+    )
     collate: Callable[[list[dict[str, Any]]], Any] | None = field(
-        default=None, metadata=meta(help="fn(list of samples) -> batch instead of the default")
+        default=None, metadata=meta(help="fn(list of samples) -> batch instead of the default", group="decode")
     )
     worker: tuple[int, int] = field(
-        default=(0, 1), metadata=meta(help="(index, count): the share of the rank read inside a DataLoader worker")
+        default=(0, 1), metadata=meta(help="(index, count): the share of the rank read inside a DataLoader worker", group="ranks")
     )
 
     remote_concurrency: int = field(
-        default=DEFAULT_CONCURRENCY, metadata=meta(help="requests at once when reading piles from an object store", metavar="N")
+        default=DEFAULT_CONCURRENCY,
+        metadata=meta(help="requests at once when reading piles from an object store", metavar="N", group="storage"),
     )
     cache_dir: str | None = field(
-        default=None, metadata=meta(help="keep local copies of remote piles here (shared by processes)", metavar="DIR")
+        default=None, metadata=meta(help="keep local copies of remote piles here (shared by processes)", metavar="DIR", group="storage")
     )
     cache_limit: int | str | None = field(
-        default=None, metadata=meta(help="the most the cache holds (e.g. 200GiB); least recently used copies go first", metavar="SIZE")
+        default=None,
+        metadata=meta(help="the most the cache holds (e.g. 200GiB); least recently used copies go first", metavar="SIZE", group="storage"),
     )
     storage_options: Mapping[str, Any] | None = field(
         default=None,
         repr=False,  # may hold secrets
-        metadata=meta(help="options for the object store (endpoint_url, key, secret, anon...), given to fsspec as they are"),
+        metadata=meta(
+            help="options for the object store (endpoint_url, key, secret, anon...), given to fsspec as they are", group="storage"
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -171,6 +244,11 @@ class LoaderOptions:
         if self.decode is False:
             return None
         return Codecs(images="pil" if self.decode == "pil" else "numpy", allow_pickle=self.allow_pickle)
+
+
+# the loader (of one dataset, or of a blend) and the PyTorch dataset take every option as a keyword
+# but the DataLoader worker's share, which shardkit.torch sets
+LOADER, BLEND_LOADER, DATASET = (Door(LoaderOptions, exclude=("worker",)) for _ in range(3))
 
 
 def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from shardkit._util import check_int, check_most, parse_duration, parse_size
 from shardkit.errors import ConfigError
-from shardkit.option_fields import check_bools, check_choices, meta
+from shardkit.option_fields import Door, check_bools, check_choices, meta
 from shardkit.piles import key_prefix
 from shardkit.piles.repeat import check_rule
 from shardkit.storage import check_storage_options
@@ -127,29 +127,42 @@ class PileOptions:
         shardkit.pile("src/*.tar", "piles/", options=dataclasses.replace(opts, key_prefix="unit"))
     """
 
-    piles: int = field(metadata=meta(help="number of pile shards to write (expected pile size n/M)", metavar="M", yaml="output"))
+    piles: int = field(
+        metadata=meta(help="number of pile shards to write (expected pile size n/M)", metavar="M", yaml="output", group="piles")
+    )
     seed: int = field(
-        default=0, metadata=meta(help="router seed: same inputs and seed give byte-identical piles", metavar="S", yaml="output")
+        default=0,
+        metadata=meta(help="router seed: same inputs and seed give byte-identical piles", metavar="S", yaml="output", group="piles"),
     )
     max_pile_bytes: int | str | None = field(
-        default=None, metadata=meta(help="split piles larger than SIZE (e.g. 2GiB) into random sub-piles", metavar="SIZE", yaml="output")
+        default=None,
+        metadata=meta(help="split piles larger than SIZE (e.g. 2GiB) into random sub-piles", metavar="SIZE", yaml="output", group="piles"),
     )
     buffer_size: int | str = field(
-        default="64MiB", metadata=meta(help="bytes buffered in memory before part files are written", metavar="SIZE", yaml="output")
+        default="64MiB",
+        metadata=meta(help="bytes buffered in memory before part files are written", metavar="SIZE", yaml="output", group="piles"),
     )
-    overwrite: bool = field(default=False, metadata=meta(help="replace a dataset already in the output directory", yaml="output"))
+    overwrite: bool = field(
+        default=False, metadata=meta(help="replace a dataset already in the output directory", yaml="output", group="output")
+    )
     resume: bool = field(
         default=False,
         metadata=meta(
             help="continue an interrupted job from the parts it committed; the inputs, fn and options must be the same",
             yaml="job",
+            group="recovery",
         ),
     )
-    workers: int = field(default=1, metadata=meta(help="worker processes; the output is identical for any number", metavar="N", yaml="job"))
+    workers: int = field(
+        default=1, metadata=meta(help="worker processes; the output is identical for any number", metavar="N", yaml="job", group="executor")
+    )
     on_error: str = field(
         default="raise",
         metadata=meta(
-            help="what a failing input unit does: raise stops the job, skip drops the unit and counts it", choices=ON_ERROR, yaml="job"
+            help="what a failing input unit does: raise stops the job, skip drops the unit and counts it",
+            choices=ON_ERROR,
+            yaml="job",
+            group="recovery",
         ),
     )
     key_prefix: str = field(
@@ -159,6 +172,7 @@ class PileOptions:
             "them when two input shards start with the same key (keys that restart at 000000 in every shard)",
             choices=KEY_PREFIX,
             yaml="job",
+            group="samples",
         ),
     )
     executor: str = field(
@@ -167,6 +181,7 @@ class PileOptions:
             help="where input units run: local worker processes, or ray tasks (pip install 'shardkit[ray]'); the output is identical",
             choices=EXECUTORS,
             yaml="job",
+            group="executor",
         ),
     )
     ray_address: str | None = field(
@@ -175,6 +190,7 @@ class PileOptions:
             help="with --executor ray: the cluster to connect to (auto, host:port, ray://host:10001); default: a Ray on this machine",
             metavar="ADDR",
             yaml="job",
+            group="executor",
         ),
     )
 
@@ -185,6 +201,7 @@ class PileOptions:
             "(cls:3=4,7=2; *=N sets the rest), each copy routed to its own pile as KEY_r1, KEY_r2...",
             metavar="RULE",
             yaml="job",
+            group="samples",
         ),
     )
 
@@ -194,18 +211,24 @@ class PileOptions:
             help="compress each pile whole: zstd (pile-000000.tar.zst), gzip (.tar.gz) or lz4 (.tar.lz4, the fastest to write); default: plain tar",
             metavar="CODEC",
             yaml="output",
+            group="compression",
         ),
     )
     compression_level: int | None = field(
         default=None,
         metadata=meta(
-            help="the codec's level (zstd 1-22, default 3; gzip 1-9, default 6; lz4 0-16, default 0)", metavar="L", yaml="output"
+            help="the codec's level (zstd 1-22, default 3; gzip 1-9, default 6; lz4 0-16, default 0)",
+            metavar="L",
+            yaml="output",
+            group="compression",
         ),
     )
 
     mode: str = field(
         default="create",
-        metadata=meta(help="create a new dataset, or append a generation to the one in the output", choices=MODES, yaml="output"),
+        metadata=meta(
+            help="create a new dataset, or append a generation to the one in the output", choices=MODES, yaml="output", group="growth"
+        ),
     )
     window: int | str | None = field(
         default=None,
@@ -213,6 +236,7 @@ class PileOptions:
             help="with mode append: keep the last K generations (an integer) or those of the last DURATION (90d, 12h)",
             metavar="K|DURATION",
             yaml="output",
+            group="growth",
         ),
     )
 
@@ -222,13 +246,18 @@ class PileOptions:
             help="write the random-access index (shardkit.gNNNNNN.idx) from the staged piles as the dataset is published, "
             "so the loader's first sample comes without reading a whole pile",
             yaml="output",
+            group="output",
         ),
     )
 
     storage_options: Mapping[str, Any] | None = field(
         default=None,
         repr=False,  # may hold secrets
-        metadata=meta(help="options for the object store (endpoint_url, key, secret, anon...), given to fsspec as they are", yaml="job"),
+        metadata=meta(
+            help="options for the object store (endpoint_url, key, secret, anon...), given to fsspec as they are",
+            yaml="job",
+            group="storage",
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -278,3 +307,22 @@ class PileOptions:
     def level(self) -> int | None:
         """The compression level in effect: ``compression_level``, or the codec's default."""
         return check_level(self.compression, self.compression_level)
+
+
+# the options that describe a job over input units (worker processes, skipping units, keys of input
+# shards): a PileWriter writes in the calling process and takes none of them
+JOB_ONLY = ("workers", "on_error", "key_prefix", "executor", "ray_address", "resume", "repeat")
+
+# the options each entry point takes as keywords: every field, less those it has no use for
+PILE = Door(PileOptions)
+PREPROCESS = Door(PileOptions, exclude=("key_prefix",))  # its keys come from its function
+WRITER = Door(PileOptions, exclude=JOB_ONLY)
+REPILE = Door(
+    PileOptions,
+    exclude=("buffer_size", "on_error", "key_prefix", "repeat", "mode", "window"),  # it reads one dataset whole into a new one
+    defaults={"piles": None, "seed": None},
+    docs={
+        "piles": "M of the new dataset (default: the M of ``src``).",
+        "seed": "the new router seed (default: the source's seed + 1); must differ from the one ``src`` was written with.",
+    },
+)

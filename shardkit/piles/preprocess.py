@@ -31,11 +31,10 @@ from shardkit.codecs import DEFAULT, Codecs, check_codecs
 from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError, ShardkitError
 from shardkit.manifest import Manifest
-from shardkit.option_fields import from_call
 from shardkit.piles import append, canonical, fingerprint, readers, resume
 from shardkit.piles import key_prefix as key_prefix_rule
 from shardkit.piles.advice import sparse_piles, too_many_piles
-from shardkit.piles.options import PileOptions
+from shardkit.piles.options import PILE, PREPROCESS, PileOptions
 from shardkit.piles.pass1 import run_pass1
 from shardkit.piles.units import UnitWork
 from shardkit.tar.shard import iter_shard
@@ -70,33 +69,18 @@ def _validate(inputs: Any, extra: Mapping[str, Any] | None) -> list[Any]:
     return units
 
 
+@PREPROCESS
 def preprocess(
     inputs: Iterable[Any],
     fn: Callable[[Any], Iterable[Mapping[str, Any]]],
     out: str | os.PathLike[str],
     *,
     options: PileOptions | None = None,
-    piles: int | None = None,
-    workers: int = 1,
-    seed: int = 0,
-    max_pile_bytes: int | str | None = None,
-    overwrite: bool = False,
-    on_error: str = "raise",
     quiet: bool = False,
-    buffer_size: int | str = "64MiB",
     codecs: Codecs | None = None,
     mp_context: str | None = None,
     extra: Mapping[str, Any] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    executor: str = "local",
-    ray_address: str | None = None,
-    resume: bool = False,
-    compression: str | None = None,
-    compression_level: int | None = None,
-    repeat: Any = None,
-    mode: str = "create",
-    window: int | str | None = None,
-    index: bool = False,
+    **keywords: Any,
 ) -> Manifest:
     """Run ``fn`` on every input unit and write its samples into M random piles in ``out``.
 
@@ -110,15 +94,6 @@ def preprocess(
         options: a :class:`~shardkit.PileOptions` holding every option below that it names,
             instead of the keywords (not both: a keyword other than its default is then a
             ``ConfigError``). ``piles`` is required without it.
-        piles, seed, max_pile_bytes, overwrite, buffer_size: see :class:`~shardkit.PileOptions`.
-            ``buffer_size`` is the total across workers. ``max_pile_bytes`` is enforced through
-            sample counts, which keeps the first epoch exactly uniform; with very uneven sample
-            sizes a pile can end up above it (listed in ``manifest.extra["over_max_pile_bytes"]``;
-            ``shardkit info`` shows the largest pile).
-        workers: processes running ``fn``; the output is byte-identical for any number.
-        on_error: ``"raise"`` stops the job at the first failing unit; ``"skip"`` drops every
-            sample of a failing unit (those it yielded before failing too), logs it, counts it
-            in ``manifest.skipped_units`` and lists it in ``manifest.extra["skipped"]``.
         quiet: no progress bar (it is also off when stderr is not a terminal).
         codecs: encoders by extension (default :data:`shardkit.codecs.DEFAULT`).
         mp_context: multiprocessing start method (``"fork"``, ``"spawn"``, ``"forkserver"``);
@@ -126,30 +101,14 @@ def preprocess(
         extra: JSON-serializable metadata kept in ``manifest.extra`` (class names, a source
             version...). ``preprocess`` adds ``units`` (the number of input units) and, when
             units were skipped, ``skipped``.
-        storage_options: see :class:`~shardkit.PileOptions`. ``out`` may be an object-store
-            URL (``s3://bucket/prefix``): part files are then staged in the local temporary
-            directory (``TMPDIR``; up to the dataset's size, freed pile by pile) and each pile
-            is uploaded once, the manifest last.
-        resume: continue a job that was interrupted, from the parts it committed (see
-            :class:`~shardkit.PileOptions`); byte-identical to an uninterrupted run.
-        executor, ray_address: where the units run (see :class:`~shardkit.PileOptions`):
-            ``executor="ray"`` runs them as Ray tasks, byte-identical to the local executor.
-            The staging directory (inside ``out``, or ``TMPDIR`` for a remote ``out``) must
-            then be a path every node of the cluster sees.
-        compression, compression_level: ``"zstd"``, ``"gzip"`` or ``"lz4"`` compresses each pile whole
-            as it is assembled (``pile-000000.tar.zst``); see :class:`~shardkit.PileOptions`.
-        index: write the random-access index (``shardkit.gNNNNNN.idx``) from the staged piles
-            as the dataset is published, so the loader's first sample comes without reading a
-            whole pile (see :class:`~shardkit.PileOptions`).
-        repeat: oversampling: ``repeat(sample) -> int`` copies of each sample ``fn`` yields (0
-            drops it), each routed to its own pile, copy i keyed ``f"{key}_r{i}"``; or
-            ``{"field": "cls", "counts": {"3": 4}}`` (see :class:`~shardkit.PileOptions`). The
-            first epoch is a uniform permutation of the copies; ``manifest.extra["repeat"]``
-            records the rule and how many samples got each count.
-        mode, window: ``mode="append"`` adds the samples to the dataset in ``out`` as its next
-            generation, keeping only the last ``window`` generations (``3``) or those of the last
-            ``window`` (``"90d"``) when given (see :class:`~shardkit.PileOptions` and the README,
-            "Growing datasets").
+
+    The options above are the fields of :class:`~shardkit.PileOptions` but ``key_prefix``
+    (the keys come from ``fn``). A failing unit ``on_error="skip"`` drops is counted in
+    ``manifest.skipped_units`` and listed in ``manifest.extra["skipped"]``. ``out`` may be an
+    object-store URL (``s3://bucket/prefix``): part files are then staged in the local
+    temporary directory (``TMPDIR``; up to the dataset's size, freed pile by pile) and each pile
+    is uploaded once, the manifest last; with ``executor="ray"`` that staging directory (inside
+    ``out``, or ``TMPDIR`` for a remote ``out``) must be a path every node of the cluster sees.
 
     Sample keys must be unique across all inputs. A key a unit repeats fails that unit (as
     ``fn`` raising would); a key two units share is refused when they land in one pile, found
@@ -167,26 +126,7 @@ def preprocess(
         DatasetExistsError: ``out`` holds a dataset and ``overwrite`` is false.
         ConfigError: an option is invalid.
     """
-    keywords = {
-        "piles": piles,
-        "seed": seed,
-        "max_pile_bytes": max_pile_bytes,
-        "buffer_size": buffer_size,
-        "overwrite": overwrite,
-        "workers": workers,
-        "on_error": on_error,
-        "storage_options": storage_options,
-        "executor": executor,
-        "ray_address": ray_address,
-        "resume": resume,
-        "compression": compression,
-        "compression_level": compression_level,
-        "repeat": repeat,
-        "mode": mode,
-        "window": window,
-        "index": index,
-    }
-    options = from_call(PileOptions, options, keywords)
+    options = PREPROCESS.options(options, keywords)
     if not callable(fn):
         raise ConfigError(f"fn: expected a function fn(unit) that yields sample dicts, got {shown(fn)}")
     if options.key_prefix == "unit":
@@ -197,16 +137,22 @@ def preprocess(
     units = _validate(inputs, extra)
     if readers.is_reader(fn) and all(isinstance(u, (str, os.PathLike)) for u in units):
         units = _validate(fn.prepare(units)[0], None)  # paths to a reader: its units are what runs
+    job = _work(options, fn, codecs=check_codecs(codecs))
+    return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
+
+
+def _work(options: PileOptions, fn: Callable[[Any], Iterable[Mapping[str, Any]]], *, codecs: Codecs = DEFAULT, **changes: Any) -> UnitWork:
+    """What each worker needs of ``options`` to run ``fn`` on units, with ``changes`` made."""
     job = UnitWork(
         fn=fn,
         piles=options.piles,
         seed=options.seed,
         max_pile_bytes=options.max_bytes,
-        codecs=check_codecs(codecs),
+        codecs=codecs,
         on_error=options.on_error,
         repeat=options.repeat,
     )
-    return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
+    return dataclasses.replace(job, **changes)
 
 
 def _run(
@@ -280,32 +226,16 @@ def _fingerprint(job: UnitWork, units: Sequence[Any]) -> dict[str, Any]:
     return fingerprint.fingerprint(units, job.fn, options)
 
 
+@PILE
 def pile(
     inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
     *,
     options: PileOptions | None = None,
-    piles: int | None = None,
-    workers: int = 1,
-    seed: int = 0,
-    max_pile_bytes: int | str | None = None,
-    overwrite: bool = False,
-    on_error: str = "raise",
     quiet: bool = False,
-    buffer_size: int | str = "64MiB",
     mp_context: str | None = None,
-    key_prefix: str = "auto",
-    storage_options: Mapping[str, Any] | None = None,
-    executor: str = "local",
-    ray_address: str | None = None,
-    resume: bool = False,
-    compression: str | None = None,
-    compression_level: int | None = None,
-    repeat: Any = None,
-    mode: str = "create",
-    window: int | str | None = None,
-    index: bool = False,
     format: Any = None,
+    **keywords: Any,
 ) -> Manifest:
     """Re-pile existing WebDataset tar shards: every sample of ``inputs`` into M random piles.
 
@@ -315,8 +245,16 @@ def pile(
     re-encoding every sample with ``preprocess(urls, iter_shard, ...)``, i.e. plain
     ustar headers with fixed metadata and fields in sorted order (webdataset's pax headers
     and mtimes are dropped). Input already in that form, such as shardkit's own piles, is
-    copied as whole byte ranges. Other arguments as in :func:`preprocess`; ``options`` may
-    hold ``key_prefix`` too.
+    copied as whole byte ranges.
+
+    Args:
+        inputs: tar shard paths, URLs, globs or brace patterns, or inputs a reader takes (below).
+        out: output directory, or an object-store URL, as in :func:`preprocess`.
+        options: a :class:`~shardkit.PileOptions` instead of the keywords (not both: a keyword
+            other than its default is then a ``ConfigError``). ``piles`` is required without it.
+        quiet: no progress bar (it is also off when stderr is not a terminal).
+        mp_context: multiprocessing start method, as in :func:`preprocess`.
+        format: the inputs' reader, when they are not tar shards (below).
 
     Keys must be unique across the inputs, as in :func:`preprocess`: a shard that repeats a
     key (its members are not adjacent) is corrupt, and a key two shards share is refused
@@ -343,27 +281,7 @@ def pile(
             control character, a member without extension, a sample over ``max_pile_bytes``), or
             a key two inputs share in one pile.
     """
-    keywords = {
-        "piles": piles,
-        "seed": seed,
-        "max_pile_bytes": max_pile_bytes,
-        "buffer_size": buffer_size,
-        "overwrite": overwrite,
-        "workers": workers,
-        "on_error": on_error,
-        "key_prefix": key_prefix,
-        "storage_options": storage_options,
-        "executor": executor,
-        "ray_address": ray_address,
-        "resume": resume,
-        "compression": compression,
-        "compression_level": compression_level,
-        "repeat": repeat,
-        "mode": mode,
-        "window": window,
-        "index": index,
-    }
-    options = from_call(PileOptions, options, keywords)
+    options = PILE.options(options, keywords)
     found = readers.resolve(inputs, format)
     if found is not None:
         return _read(*found, out, options, quiet=quiet, mp_context=mp_context)
@@ -371,16 +289,7 @@ def pile(
     units = _validate(storage.expand(check_paths("inputs", inputs)), None)
     prefix = key_prefix_rule.resolve(options.key_prefix, units)
     options = dataclasses.replace(options, key_prefix=prefix)
-    job = UnitWork(
-        fn=iter_shard,
-        piles=options.piles,
-        seed=options.seed,
-        max_pile_bytes=options.max_bytes,
-        codecs=DEFAULT,
-        on_error=options.on_error,
-        shards=True,
-        key_prefix=options.key_prefix,
-    )
+    job = _work(options, iter_shard, shards=True, key_prefix=options.key_prefix, repeat=None)
     if options.repeat is not None:  # copies get keys of their own: samples are decoded, not copied as byte ranges
         fn = functools.partial(_shard_samples, unit_prefix=options.key_prefix == "unit")
         job = dataclasses.replace(job, fn=fn, shards=False, key_prefix="none", repeat=options.repeat)
@@ -398,13 +307,5 @@ def _read(
         )
     storage.use(sources, options.storage_options)  # before the inputs are listed
     units, extra = reader.prepare(sources)
-    job = UnitWork(
-        fn=reader,
-        piles=options.piles,
-        seed=options.seed,
-        max_pile_bytes=options.max_bytes,
-        codecs=DEFAULT,
-        on_error=options.on_error,
-        repeat=options.repeat,
-    )
+    job = _work(options, reader)
     return _run(job, _validate(units, None), out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra or None)

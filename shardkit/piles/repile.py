@@ -12,7 +12,6 @@ with the old ones. Train on the old dataset while the new one is written, then s
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 from shardkit import manifest, storage
@@ -20,7 +19,7 @@ from shardkit._util import check_bool, check_path
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
 from shardkit.option_fields import from_call
-from shardkit.piles.options import PileOptions
+from shardkit.piles.options import REPILE, PileOptions
 
 __all__ = ["repile"]
 
@@ -32,24 +31,14 @@ def _same_place(a: str, b: str) -> bool:
     return os.path.realpath(pa) == os.path.realpath(pb)
 
 
+@REPILE
 def repile(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     *,
     options: PileOptions | None = None,
-    seed: int | None = None,
-    piles: int | None = None,
-    workers: int = 1,
-    max_pile_bytes: int | str | None = None,
-    overwrite: bool = False,
     quiet: bool = False,
-    storage_options: Mapping[str, Any] | None = None,
-    executor: str = "local",
-    ray_address: str | None = None,
-    resume: bool = False,
-    compression: str | None = None,
-    compression_level: int | None = None,
-    index: bool = False,
+    **keywords: Any,
 ) -> Manifest:
     """Pass 1 again over a dataset's piles, with a new seed, into a new dataset.
 
@@ -58,15 +47,10 @@ def repile(
         dst: the new dataset's directory; must not be ``src``.
         options: a :class:`~shardkit.PileOptions` for the new dataset instead of the keyword
             options (not both); its ``piles`` and ``seed`` are used as given.
-        seed: the new router seed (default: the source's seed + 1); must differ from the one
-            ``src`` was written with.
-        piles: M of the new dataset (default: the M of ``src``).
-        workers, max_pile_bytes, overwrite, quiet, storage_options, executor, ray_address,
-            resume: as in :func:`shardkit.pile`.
-        compression, compression_level: how the new piles are compressed (see
-            :class:`~shardkit.PileOptions`); the source's piles may be compressed or not.
-        index: write the new dataset's random-access index as it is published (see
-            :class:`~shardkit.PileOptions`).
+        quiet: no progress bar.
+
+    The options above are those of :func:`shardkit.pile` that a copy of one whole dataset into
+    a new one has a use for; the source's piles may be compressed or not.
 
     Returns:
         The new dataset's manifest.
@@ -77,30 +61,16 @@ def repile(
     """
     from shardkit.piles.preprocess import pile
 
+    keywords = REPILE.keywords(keywords)
     src, dst = check_path("src", src), check_path("dst", dst)
     check_bool("quiet", quiet)
-    storage.use([src, dst], options.storage_options if options is not None else storage_options)
+    storage.use([src, dst], options.storage_options if options is not None else keywords["storage_options"])
     m = manifest.read(src)
     if _same_place(src, dst):
         raise ConfigError(f"{dst}: repile writes a new dataset and cannot replace its source in place; write elsewhere, then swap")
-    keywords = {
-        "seed": seed,
-        "piles": piles,
-        "workers": workers,
-        "max_pile_bytes": max_pile_bytes,
-        "overwrite": overwrite,
-        "storage_options": storage_options,
-        "executor": executor,
-        "ray_address": ray_address,
-        "resume": resume,
-        "compression": compression,
-        "compression_level": compression_level,
-        "index": index,
-    }
-    if options is None:
-        # the source's M and the next seed, unless given
-        keywords["piles"] = manifest.original_piles(m) if piles is None else piles
-        keywords["seed"] = m.seed + 1 if seed is None else seed
+    if options is None:  # the source's M and the next seed, unless given
+        keywords["piles"] = manifest.original_piles(m) if keywords["piles"] is None else keywords["piles"]
+        keywords["seed"] = m.seed + 1 if keywords["seed"] is None else keywords["seed"]
     options = from_call(PileOptions, options, keywords)
     if options.seed == m.seed:
         raise ConfigError(f"seed: {src} was written with seed {m.seed}; repile needs a different seed for new pile membership")

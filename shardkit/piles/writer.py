@@ -25,24 +25,21 @@ from shardkit.codecs import Codecs, check_codecs
 from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError, SampleError
 from shardkit.manifest import Manifest
-from shardkit.option_fields import from_call, specs
+from shardkit.option_fields import specs
 from shardkit.piles import append, router
 from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.encode import encode_values
 from shardkit.piles.gather import SampleSink
-from shardkit.piles.options import PileOptions
+from shardkit.piles.options import JOB_ONLY, WRITER, PileOptions
 from shardkit.piles.parts import check_sink
 from shardkit.piles.publish import Run, publish
 
 log = logging.getLogger(__name__)
 
-# options of jobs over input units (worker processes, skipping units, keys of input shards)
-_JOB_ONLY = ("workers", "on_error", "key_prefix", "executor", "ray_address", "resume", "repeat")
-
 
 def _in_process(options: PileOptions) -> PileOptions:
     """``options``, refused when it asks for what only a job over input units does."""
-    for name in _JOB_ONLY:
+    for name in JOB_ONLY:
         value, default = getattr(options, name), specs(PileOptions)[name].default
         if value != default:
             raise ConfigError(
@@ -52,6 +49,7 @@ def _in_process(options: PileOptions) -> PileOptions:
     return options
 
 
+@WRITER
 class PileWriter:
     """Write samples into M piles chosen uniformly at random; publish them on ``close()``.
 
@@ -59,15 +57,10 @@ class PileWriter:
         path: output directory (created if missing), or an object-store URL
             (``s3://bucket/prefix``): part files are then staged in the local temporary
             directory and each pile is uploaded once on ``close()``, the manifest last.
-        options: a :class:`PileOptions` instead of the keyword options below (not both). Its
-            ``workers``, ``on_error`` and ``key_prefix`` describe jobs over input units: the
-            writer writes in the calling process and refuses values other than the defaults.
-        piles, seed, max_pile_bytes, buffer_size, overwrite, storage_options, compression,
-            compression_level, index: see :class:`PileOptions`;
-            ``piles`` is required without ``options``.
-        mode, window: ``mode="append"`` adds the samples to the dataset at ``path`` as its next
-            generation (``piles`` and ``seed`` must be the dataset's); ``window`` keeps the last
-            K generations, or those of the last ``"90d"`` (see :class:`PileOptions`).
+        options: a :class:`PileOptions` instead of the keyword options below (not both);
+            ``piles`` is required without it. Its ``workers``, ``on_error``, ``key_prefix``...
+            describe jobs over input units: the writer writes in the calling process and refuses
+            values other than the defaults.
         codecs: encoders by extension (default :data:`shardkit.codecs.DEFAULT`).
 
     Leaving the ``with`` block on an exception (Ctrl-C included) removes the staging files and
@@ -79,33 +72,10 @@ class PileWriter:
         path: str | os.PathLike[str],
         *,
         options: PileOptions | None = None,
-        piles: int | None = None,
-        seed: int = 0,
-        max_pile_bytes: int | str | None = None,
-        buffer_size: int | str = "64MiB",
-        overwrite: bool = False,
         codecs: Codecs | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        compression: str | None = None,
-        compression_level: int | None = None,
-        mode: str = "create",
-        window: int | str | None = None,
-        index: bool = False,
+        **keywords: Any,
     ) -> None:
-        keywords = {
-            "mode": mode,
-            "window": window,
-            "piles": piles,
-            "seed": seed,
-            "max_pile_bytes": max_pile_bytes,
-            "buffer_size": buffer_size,
-            "overwrite": overwrite,
-            "storage_options": storage_options,
-            "compression": compression,
-            "compression_level": compression_level,
-            "index": index,
-        }
-        self.options = _in_process(from_call(PileOptions, options, keywords))
+        self.options = _in_process(WRITER.options(options, keywords))
         if (advice := too_many_piles(self.options.piles, f"PileWriter({check_path('out', path)!r})")) is not None:
             log.warning(advice)
         storage.use(path, self.options.storage_options)

@@ -9,17 +9,19 @@ from typing import Any
 
 from shardkit.cli.command import VERBOSE, VERBOSE_ONLY, Command, Options, arg, quiet
 from shardkit.cli.flags import PILE_FLAGS, add_pile_args, option_values, options_from_args
+from shardkit.eager_shuffle import SHUFFLE as SHUFFLE_DOOR
 from shardkit.eager_shuffle import ShuffleOptions
-from shardkit.option_fields import specs
+from shardkit.piles.options import PILE as PILE_DOOR
+from shardkit.piles.options import REPILE as REPILE_DOOR
 from shardkit.piles.options import PileOptions
 
 log = logging.getLogger(__name__)
 
 # --- pile: re-pile existing WebDataset shards -------------------------------------------------
 
-# `shardkit pile` takes every PileOptions field: the scripts' flags (add_pile_args) and the rest
-# every option is a flag; storage options come from --storage-option, which every command takes
-PILE_COMMAND_FLAGS = tuple(name for name in specs(PileOptions) if name != "storage_options")
+# `shardkit pile` takes every option of shardkit.pile: the scripts' flags (add_pile_args) and the
+# rest; storage options come from --storage-option, which every command takes
+PILE_COMMAND_FLAGS = tuple(name for name in PILE_DOOR.names if name != "storage_options")
 
 
 def _reader_flags(parser: argparse.ArgumentParser) -> None:
@@ -166,8 +168,8 @@ PLAN = Command(
 
 # --- shuffle: the eager pass 2 ----------------------------------------------------------------
 
-# every ShuffleOptions field is a flag of `shardkit shuffle`
-SHUFFLE_FLAGS = tuple(name for name in specs(ShuffleOptions) if name != "storage_options")
+# every option of shardkit.shuffle is a flag of `shardkit shuffle`; storage options come from --storage-option
+SHUFFLE_FLAGS = tuple(name for name in SHUFFLE_DOOR.names if name != "storage_options")
 
 
 def _run_shuffle(args: argparse.Namespace) -> int:
@@ -198,20 +200,8 @@ SHUFFLE = Command(
 
 # --- repile: fresh pile membership for later epochs --------------------------------------------
 
-# the PileOptions fields `shardkit repile` takes; piles and seed default to the source's
-REPILE_FLAGS = (
-    "piles",
-    "seed",
-    "workers",
-    "max_pile_bytes",
-    "overwrite",
-    "resume",
-    "executor",
-    "ray_address",
-    "compression",
-    "compression_level",
-    "index",
-)
+# the options of shardkit.repile; piles and seed default to the source's
+REPILE_FLAGS = tuple(name for name in REPILE_DOOR.names if name != "storage_options")
 REPILE_DEFAULTS: dict[str, dict[str, Any]] = {
     "piles": {"default": None, "required": False, "help": "piles of the new dataset (default: the M of SRC)"},
     "seed": {"default": None, "help": "the new router seed (default: SRC's seed + 1)"},

@@ -34,7 +34,7 @@ from shardkit.loading.blend.source import BlendedSource, resolve_blend
 from shardkit.loading.blend.spec import Blend, is_blend
 from shardkit.loading.loader import Loader
 from shardkit.loading.loader import loader as plain_loader
-from shardkit.loading.options import LoaderOptions, resolve_world
+from shardkit.loading.options import BLEND_LOADER, LoaderOptions, resolve_world
 from shardkit.option_fields import from_call
 
 
@@ -57,8 +57,9 @@ class BlendLoader(Loader):
         super().__init__(blend if isinstance(blend, BlendedSource) else resolve_blend(blend, options), options)
 
 
+@BLEND_LOADER
 def loader(source: Any, *, weights: Mapping[str, float] | None = None, epoch_size: int | None = None, **options: Any) -> Loader:
-    """Read one dataset, or blend several (see :func:`shardkit.loading.loader.loader` for every option).
+    """Read one dataset, or blend several.
 
     Args:
         source: one dataset (a directory, shard URLs or a pattern), or a blend: a
@@ -67,7 +68,9 @@ def loader(source: Any, *, weights: Mapping[str, float] | None = None, epoch_siz
         weights: ``{name: share}`` for every source of a blend: each source's share of every epoch
             and of every batch (within one sample).
         epoch_size: positions per blend epoch when weights are used (default: all sources' samples).
-        **options: the loader options (``batch_size``, ``seed``, ``options=`` ...).
+        **options: the loader options, below, or ``options=`` a :class:`~shardkit.LoaderOptions`
+            instead of them (not both: with ``options``, a keyword other than its default is a
+            ``ConfigError``).
 
     Example:
         shardkit.loader({"web": "data/web", "code": "s3://b/code"}, weights={"web": 0.7, "code": 0.3}, batch_size=256)
