@@ -80,6 +80,10 @@ class ShuffleOptions:
         compression, compression_level: ``"zstd"``, ``"gzip"`` or ``"lz4"`` writes each output shard
             compressed whole (``shard-000000.tar.zst``), as :class:`~shardkit.PileOptions` does
             for piles; ``maxsize`` still counts the tar's bytes. The temporary piles stay plain.
+        index: write the output's random-access index (``shardkit.gNNNNNN.idx``) from the
+            staged shards as the manifest goes in, as :class:`~shardkit.PileOptions` does for
+            piles: the loader then starts its first shard by ranges. The shards are the same
+            bytes either way.
 
     Example:
         opts = ShuffleOptions(piles=64, maxcount=10_000, seed=1)
@@ -133,6 +137,8 @@ class ShuffleOptions:
     compression_level: int | None = field(
         default=None, metadata=meta(help=specs(PileOptions)["compression_level"].help or "", metavar="L", yaml="output")
     )
+
+    index: bool = field(default=False, metadata=meta(help=specs(PileOptions)["index"].help or "", yaml="output"))
 
     def __post_init__(self) -> None:
         storage.check_storage_options(self.storage_options)
@@ -247,6 +253,7 @@ def shuffle(
     ray_address: str | None = None,
     compression: str | None = None,
     compression_level: int | None = None,
+    index: bool = False,
 ) -> Manifest:
     """Shuffle existing WebDataset shards into ``out/shard-000000.tar ...`` plus ``shardkit.json``.
 
@@ -256,7 +263,7 @@ def shuffle(
         out: output directory; it holds only the shards and the manifest when done.
         options: a :class:`ShuffleOptions`, instead of the keyword options below (not both).
         piles, memory, maxcount, maxsize, seed, workers, overwrite, key_prefix, executor,
-            ray_address, compression, compression_level: see :class:`ShuffleOptions`.
+            ray_address, compression, compression_level, index: see :class:`ShuffleOptions`.
         quiet: no progress bars.
 
     Returns:
@@ -279,6 +286,7 @@ def shuffle(
         "ray_address": ray_address,
         "compression": compression,
         "compression_level": compression_level,
+        "index": index,
     }
     opts = from_call(ShuffleOptions, options, keywords)
     _util.check_bool("quiet", quiet)
@@ -301,6 +309,6 @@ def shuffle(
         staged = [os.path.join(staging, shard.name) for shard in shards]
         shards = [dataclasses.replace(shard, name=name) for shard, name in zip(shards, names, strict=True)]
         result = Manifest(piles=tuple(shards), seed=opts.seed, fields=piled.fields, created_by=piled.created_by, extra=extra)
-        result = txn.commit(staged, result)
+        result = txn.commit(staged, result, index=opts.index)
     log.info("wrote %d samples into %d shards in %s", result.samples, len(shards), out)
     return result
