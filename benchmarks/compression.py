@@ -296,6 +296,9 @@ def profile(root: str, repeats: int) -> str:
         "frames, beside a busy thread": _busy(lambda: compression.decompress(stored, "zstd", url, size=info.tar_bytes), repeats),
         "checksum the tar": _best(lambda: manifest.checksum(tar), repeats),
         "lz4 (level 0) beside a busy thread": _busy(lambda: compression.decompress(lz4, "lz4", url, size=len(tar)), repeats),
+        "lz4, checked (the loader's way), busy": _busy(
+            lambda: compression.decompress(lz4, "lz4", url, size=len(tar), checked=True), repeats
+        ),
         "whole fetch (checked, scanned)": _best(lambda: fetch(url, expected=info), repeats),
         "plain pile fetch": _best(lambda: fetch(os.path.join(root, "plain", plain.name), expected=plain), repeats),
     }

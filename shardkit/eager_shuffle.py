@@ -80,6 +80,10 @@ class ShuffleOptions:
         compression, compression_level: ``"zstd"``, ``"gzip"`` or ``"lz4"`` writes each output shard
             compressed whole (``shard-000000.tar.zst``), as :class:`~shardkit.PileOptions` does
             for piles; ``maxsize`` still counts the tar's bytes. The temporary piles stay plain.
+        index: write the output's random-access index (``shardkit.gNNNNNN.idx``) from the
+            staged shards as the manifest goes in, as :class:`~shardkit.PileOptions` does for
+            piles: the loader then starts its first shard by ranges. The shards are the same
+            bytes either way.
 
     Example:
         opts = ShuffleOptions(piles=64, maxcount=10_000, seed=1)
@@ -155,6 +159,8 @@ class ShuffleOptions:
         default=None,
         metadata=meta(help=specs(PileOptions)["compression_level"].help or "", metavar="L", yaml="output", group="compression"),
     )
+
+    index: bool = field(default=False, metadata=meta(help=specs(PileOptions)["index"].help or "", yaml="output", group="output"))
 
     def __post_init__(self) -> None:
         storage.check_storage_options(self.storage_options)
@@ -301,6 +307,6 @@ def shuffle(
         staged = [os.path.join(staging, shard.name) for shard in shards]
         shards = [dataclasses.replace(shard, name=name) for shard, name in zip(shards, names, strict=True)]
         result = Manifest(piles=tuple(shards), seed=opts.seed, fields=piled.fields, created_by=piled.created_by, extra=extra)
-        result = txn.commit(staged, result)
+        result = txn.commit(staged, result, index=opts.index)
     log.info("wrote %d samples into %d shards in %s", result.samples, len(shards), out)
     return result

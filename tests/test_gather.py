@@ -37,8 +37,8 @@ def _same(one, many):
         if one.counts[pile]:
             with open(one.part(pile), "rb") as f, open(many.part(pile), "rb") as g:
                 assert f.read() == g.read(), f"pile {pile}"
-        else:
-            assert not os.path.exists(many.part(pile))
+        else:  # made empty ahead of a flush, or not at all
+            assert not os.path.exists(many.part(pile)) or os.path.getsize(many.part(pile)) == 0
     assert (one.counts, one.sizes, one.crcs) == (many.counts, many.sizes, many.crcs)
     assert [list(s) for s in one.segments] == [list(s) for s in many.segments]
     assert [list(r) for r in one.key_runs] == [list(r) for r in many.key_runs]
@@ -114,16 +114,50 @@ def test_part_files_stay_open_between_flushes_and_are_closed_at_the_end(tmp_path
     before = len(os.listdir("/proc/self/fd"))
     keep = gather.open_parts()
     piles = keep + 20  # the last 20 reopen their part at each flush
+    one = shardkit.PileWriter(str(tmp_path / "one"), piles=1)  # one pile: no part file open before its first flush
+    own = len(os.listdir("/proc/self/fd")) - before  # what a writer holds besides its parts (the output's lock)
+    one.abort()
     w = shardkit.PileWriter(str(tmp_path / "ds"), piles=piles, buffer_size=64 << 10)
-    opened = len(os.listdir("/proc/self/fd"))  # the output's lock
     for i in range(3 * piles):
         w.write({"__key__": f"k{i:05d}", "bin": bytes(300)})
-    assert len(os.listdir("/proc/self/fd")) - opened == keep
+    assert len(os.listdir("/proc/self/fd")) - before - own == keep
     if ending == "close":
         assert w.close().samples == 3 * piles
     else:
         w.abort()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_the_first_part_files_are_made_by_a_thread_that_is_gone_by_the_first_flush(tmp_path):
+    import threading
+
+    sink = gather.SampleSink(str(tmp_path / "parts"), piles=5, buffer_size=1 << 30)
+    assert "shardkit-part-files" in [t.name for t in threading.enumerate()] or len(sink._open) == 5
+    sink.put(3, "a", ("txt",), [b"x"], 1024)
+    sink.flush()
+    assert "shardkit-part-files" not in [t.name for t in threading.enumerate()]
+    assert sorted(sink._open) == list(range(5)) and [os.path.getsize(sink.part(p)) for p in range(5)] == [0, 0, 0, 1024, 0]
+    sink.close()
+    assert not sink._open
+    one = gather.SampleSink(str(tmp_path / "one"), piles=1, buffer_size=1 << 30)  # one pile: made by its first flush
+    assert not os.path.exists(one.part(0))
+    one.close()
+
+
+def test_a_part_file_the_thread_cannot_make_is_named_by_the_flush(tmp_path):
+    from shardkit.errors import StorageError
+
+    blocked = tmp_path / "parts"
+    sink = gather.SampleSink(str(blocked), piles=3, buffer_size=1 << 30)
+    sink.close()  # joins the thread; the parts it made are closed
+    for p in range(3):
+        os.unlink(sink.part(p))
+        os.mkdir(sink.part(p))  # a directory where the part file goes: no file can be made there
+    sink = gather.SampleSink(str(blocked), piles=3, buffer_size=1 << 30)
+    sink.put(1, "a", ("txt",), [b"x"], 1024)
+    with pytest.raises(StorageError, match=r"000001\.part"):
+        sink.flush()
+    sink.close()
 
 
 def test_a_low_limit_on_open_files_keeps_fewer_parts_open(monkeypatch):

@@ -100,8 +100,8 @@ def dataset(tmp_path_factory):
 
 
 @pytest.mark.parametrize("flags", [{}, {"store_size": True}, {"block_checksum": True}, {"block_size": 4, "block_linked": True}])
-@pytest.mark.parametrize("data", [b"", DATA, bytes(range(256)) * 40_000])
-def test_a_checked_read_skips_only_lz4s_content_checksum_and_gives_the_same_bytes(flags, data):
+@pytest.mark.parametrize("data", [b"", DATA, bytes(range(256)) * 40_000, np.random.default_rng(3).bytes(300_000)])
+def test_a_checked_read_decodes_block_by_block_and_gives_the_same_bytes(flags, data):
     import lz4.frame
 
     frame = lz4.frame.compress(data, content_checksum=True, **({"store_size": False} | flags))
@@ -109,8 +109,15 @@ def test_a_checked_read_skips_only_lz4s_content_checksum_and_gives_the_same_byte
     assert compression._header_check(frame[4 : descriptor_end - 1]) == frame[descriptor_end - 1]  # lz4's own check byte
     assert compression._lz4_checked(frame, len(data)) == data
     assert compression.decompress(frame, "lz4", URL, size=len(data), checked=True) == data
-    without = lz4.frame.compress(data, content_checksum=False, store_size=False)
-    assert compression._lz4_checked(without, len(data)) is None  # nothing to skip: read the full way
+    without = lz4.frame.compress(data, content_checksum=False, **({"store_size": False} | flags))
+    assert compression._lz4_checked(without, len(data)) == data  # no checksum to skip: read by blocks all the same
+
+
+def test_without_liblz4s_decoder_at_hand_a_checked_read_takes_the_full_way(monkeypatch):
+    monkeypatch.setattr(compression, "_lz4_decoder", lambda: None)
+    assert compression._lz4_checked(PACKED, SIZE) is None
+    assert compression.decompress(PACKED, "lz4", URL, size=SIZE, checked=True) == DATA
+    assert isinstance(_read(PACKED[:-5]), CorruptShardError)
 
 
 def test_a_checked_read_of_frames_it_cannot_take_falls_back_to_the_full_read():

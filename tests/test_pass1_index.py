@@ -1,4 +1,4 @@
-"""Pass 1 writes the random-access index as it publishes: the first pile of a dataset as written starts by range."""
+"""Pass 1 and the eager shuffle write the random-access index as they publish: the first pile of a dataset as written starts by range."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ def _write(door: str, out: str, tmp_path: Path, **options) -> manifest.Manifest:
         return w.manifest
     if door == "preprocess":
         return shardkit.preprocess(list(range(4)), _samples, out, piles=3, seed=4, quiet=True, **options)
+    if door == "shuffle":  # shards of at most 40 samples: several files, the first one read by range
+        return shardkit.shuffle(_shards(tmp_path), out, piles=3, seed=4, maxcount=40, quiet=True, **options)
     return shardkit.pile(_shards(tmp_path), out, piles=3, seed=4, quiet=True, **options)
 
 
@@ -70,7 +72,7 @@ def _starts_by_range(out: str, monkeypatch) -> bool:
     return early
 
 
-@pytest.mark.parametrize("door", ["writer", "preprocess", "pile"])
+@pytest.mark.parametrize("door", ["writer", "preprocess", "pile", "shuffle"])
 def test_a_dataset_as_written_has_its_index_and_starts_its_first_pile_by_range(door, tmp_path, monkeypatch):
     out = str(tmp_path / "ds")
     m = _write(door, out, tmp_path)
@@ -84,7 +86,7 @@ def test_a_dataset_as_written_has_its_index_and_starts_its_first_pile_by_range(d
     assert _starts_by_range(out, monkeypatch)
 
 
-@pytest.mark.parametrize("door", ["writer", "preprocess", "pile"])
+@pytest.mark.parametrize("door", ["writer", "preprocess", "pile", "shuffle"])
 def test_the_piles_are_the_same_bytes_without_the_index_and_then_none_is_written(door, tmp_path, monkeypatch):
     with_index, without = str(tmp_path / "a"), str(tmp_path / "b")
     _write(door, with_index, tmp_path)
@@ -172,11 +174,12 @@ def test_on_s3_the_index_is_made_from_the_local_staging_and_uploaded(s3, monkeyp
     assert data == index_module.encode(index_module.build(url, m), m)
 
 
-def test_the_command_line_writes_it_when_asked(tmp_path):
+@pytest.mark.parametrize("command", ["pile", "shuffle"])
+def test_the_command_line_writes_it_when_asked(command, tmp_path):
     shards = _shards(tmp_path, 2)
     for flag, expected in (([], False), (["--index"], True)):
         out = str(tmp_path / f"out{len(flag)}")
-        assert main(["pile", *shards, "-o", out, "--piles", "2", "-q", *flag]) == 0
+        assert main([command, *shards, "-o", out, "--piles", "2", "-q", *flag]) == 0
         assert os.path.exists(_index_path(out)) is expected
 
 

@@ -19,8 +19,12 @@ faster, which is what a loader that decompresses beside a training loop needs on
 
 from __future__ import annotations
 
+import functools
+import io
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from shardkit._util import check_int, shown
 from shardkit.errors import ConfigError, CorruptShardError
@@ -178,7 +182,7 @@ def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threa
     stream, of one frame or member or several, is read whole as a stream, and so is lz4. ``size``, the tar's
     length when a manifest says it, is checked. ``checked`` says the caller checks the bytes
     against a checksum of its own (a manifest's CRC-32 of the tar): an lz4 frame's content
-    checksum would repeat that check and is skipped, which decompresses about 1.4-1.6x faster
+    checksum would repeat that check and is skipped, and its blocks are decoded one by one
     (see :func:`_lz4_checked`).
 
     Raises:
@@ -291,37 +295,124 @@ def _lz4(buf: Any, size: int | None) -> bytes:
 
 _READERS = {"zstd": _zstd, "gzip": _gzip, "lz4": _lz4}
 
-# the frame descriptor's flag bits (FLG) this module looks at: content size and dictionary id
-# fields that lengthen the header, and the content checksum at the frame's end
+# the frame descriptor's flag bits (FLG) this module looks at: the version (01), independent
+# blocks, block checksums, content size and dictionary id fields that lengthen the header, and
+# the content checksum at the frame's end
+_LZ4_VERSION, _LZ4_INDEPENDENT, _LZ4_BLOCK_CHECKSUM = 0xC0, 0x20, 0x10
 _LZ4_CONTENT_SIZE, _LZ4_CONTENT_CHECKSUM, _LZ4_DICT_ID = 0x08, 0x04, 0x01
+# a block's size word: the high bit says the block is stored as it is, not compressed
+_LZ4_STORED = 1 << 31
+# what a linked block may refer back to in the output before it
+_LZ4_WINDOW = 64 << 10
 
 
 def _lz4_checked(buf: Any, size: int) -> bytes | None:
-    """A single LZ4 frame, already checked against a checksum of its own, decompressed without
-    its content checksum; None when ``buf`` is not such a frame (the caller then reads it the
-    full way, which names any fault).
+    """A single LZ4 frame of ``size`` bytes of content, which the caller checks against a
+    checksum of its own, decoded block by block into one buffer; None when ``buf`` is not such a
+    frame, a block does not decode, or liblz4's block decoder is not at hand (the caller then
+    reads it the full way, which names any fault).
 
-    python-lz4 has no switch to skip the frame's content checksum, and hashing the content costs
-    about a third of decompressing it. So the decompressor is given the same header with the
-    checksum flag cleared (and the header's own check byte recomputed), then the blocks without
-    the four checksum bytes at the end. Only output its caller checks against the manifest comes
-    from here, so this drops a repeated check, never the only one.
+    python-lz4's frame reader decodes into a buffer it guesses and grows, hashes the content
+    (xxHash-32, with no switch to skip it), then copies it all into a bytes object while it
+    holds the GIL: three buffers of fresh memory a pile, and on a virtual machine touching fresh
+    memory costs more than decoding into it. Here each block is decoded straight into the one
+    bytes object returned (liblz4's own ``LZ4_decompress_safe_usingDict``, through ctypes,
+    without the GIL). Only output its caller checks against the manifest comes from here, so
+    the frame's content checksum (and any block checksums) are left unread: a repeated check,
+    never the only one.
     """
-    import lz4.frame
+    decode = _lz4_decoder()
+    if decode is None:
+        return None
+    with memoryview(buf) as view:
+        blocks = _lz4_blocks(view, size)
+        if blocks is None:
+            return None
+        out = io.BytesIO()
+        if size:
+            out.seek(size - 1)
+            out.write(b"\0")
+        with out.getbuffer() as target:
+            src, dst = np.frombuffer(view, dtype=np.uint8), np.frombuffer(target, dtype=np.uint8)
+            done = _lz4_decode(decode, src, dst, blocks)
+            del src, dst
+    # getvalue() hands over the buffer it holds, when it holds exactly the content: no copy
+    return out.getvalue() if done == size else None
 
-    view = memoryview(buf)
-    flags = view[4] if len(view) > 7 else 0
-    if not flags & _LZ4_CONTENT_CHECKSUM:
+
+def _lz4_blocks(view: memoryview, size: int) -> tuple[int, list[tuple[int, int, bool]], bool] | None:
+    """Where the blocks of the single LZ4 frame ``view`` are: its maximum block size, each
+    block's ``(offset, length, stored as it is)``, and whether a block may refer to the output
+    before it (linked blocks); None when ``view`` is anything else (no frame header of version
+    01 with a good check byte, a dictionary id, another content size than ``size``, a block that
+    runs past the end, more after the frame)."""
+    if len(view) < 7 or view[4] & _LZ4_VERSION != 0x40 or view[4] & _LZ4_DICT_ID:
         return None
-    end = 7 + (8 if flags & _LZ4_CONTENT_SIZE else 0) + (4 if flags & _LZ4_DICT_ID else 0)  # the header's check byte's place + 1
-    descriptor = bytes(view[4 : end - 1])
-    if len(view) < end + 4 or _header_check(descriptor) != view[end - 1]:
+    flags, most = view[4], 1 << (8 + 2 * ((view[5] >> 4) & 7))  # the block descriptor's maximum block size
+    at = 6 + (8 if flags & _LZ4_CONTENT_SIZE else 0)  # the header's check byte
+    if len(view) <= at or _header_check(bytes(view[4:at])) != view[at]:
         return None
-    bare = bytes([flags & ~_LZ4_CONTENT_CHECKSUM]) + descriptor[1:]
-    frame = lz4.frame.LZ4FrameDecompressor()
-    frame.decompress(MAGIC["lz4"] + bare + bytes([_header_check(bare)]))
-    out = frame.decompress(view[end : len(view) - 4], max_length=size + 1)
-    return out if frame.eof and not frame.unused_data and len(out) == size else None
+    if flags & _LZ4_CONTENT_SIZE and int.from_bytes(view[6:14], "little") != size:
+        return None
+    at += 1
+    trailer = 4 if flags & _LZ4_BLOCK_CHECKSUM else 0
+    blocks = []
+    while True:
+        if at + 4 > len(view):
+            return None
+        word = int.from_bytes(view[at : at + 4], "little")
+        at += 4
+        if not word:  # the end mark
+            break
+        length = word & ~_LZ4_STORED
+        if length > most or at + length + trailer > len(view):
+            return None
+        blocks.append((at, length, bool(word & _LZ4_STORED)))
+        at += length + trailer
+    at += 4 if flags & _LZ4_CONTENT_CHECKSUM else 0
+    return (most, blocks, not flags & _LZ4_INDEPENDENT) if at == len(view) else None
+
+
+def _lz4_decode(decode: Any, src: np.ndarray, dst: np.ndarray, frame: tuple[int, list[tuple[int, int, bool]], bool]) -> int:
+    """Decode the blocks of ``frame`` (see :func:`_lz4_blocks`) from ``src`` into ``dst`` in
+    order; returns the bytes written, or -1 when a block does not decode or the content does not
+    fit ``dst``. A linked block reads the output before it, which lies just before it in ``dst``."""
+    most, blocks, linked = frame
+    done, size = 0, len(dst)
+    for at, length, stored in blocks:
+        room = min(most, size - done)
+        if stored:
+            if length > room:
+                return -1
+            dst[done : done + length] = src[at : at + length]
+            written = length
+        else:
+            window = min(done, _LZ4_WINDOW) if linked else 0
+            base = dst.ctypes.data + done
+            written = decode(src.ctypes.data + at, base, length, room, base - window, window) if room else -1
+            if written < 0:
+                return -1
+        done += written
+    return done
+
+
+@functools.lru_cache(maxsize=1)
+def _lz4_decoder() -> Any:
+    """liblz4's ``LZ4_decompress_safe_usingDict`` as python-lz4 bundles it (its block module
+    exports the library's symbols where the platform's linker does), or None."""
+    import ctypes
+
+    try:
+        import lz4.block._block as native
+
+        call = ctypes.CDLL(native.__file__).LZ4_decompress_safe_usingDict
+    except (ImportError, OSError, AttributeError):
+        return None
+    # (src, dst, compressed size, dst capacity, dictionary start, dictionary size) -> bytes written, < 0 on error;
+    # it never reads past the compressed size nor writes past the capacity, whatever the input
+    call.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+    call.restype = ctypes.c_int
+    return call
 
 
 _XXH_PRIMES = (2654435761, 2246822519, 3266489917, 668265263, 374761393)
