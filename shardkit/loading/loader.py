@@ -158,6 +158,14 @@ class Loader:
         self._epoch, self._running = epoch, None
         self._start, self._done = (self._start, self._done) if resuming else (0, ())
 
+    def locate_fields(self) -> Loader:
+        """From now on, yield raw batches whose fields from local, uncompressed piles are
+        :class:`~shardkit.loading.located.Located` (the file and the bounds of each value) instead
+        of values: for a DataLoader worker whose main process cuts them from its own map of the
+        same files. Only raw batches with the default collate change. Returns self."""
+        self._setup = replace(self._setup, located=self._setup.columnar)
+        return self
+
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         if self._closed:

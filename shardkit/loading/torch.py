@@ -42,7 +42,7 @@ from shardkit.loading.elastic import Phase
 from shardkit.loading.handoff import Handoff, convert
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
-from shardkit.loading.ring import Ring, Writer
+from shardkit.loading.ring import Ring
 from shardkit.loading.source import Source, SourceLike, resolve
 from shardkit.loading.state import check_done, check_format, identity, make_state
 from shardkit.loading.turns import FORMAT, READS, VERSION, Point, parse, round_robin, settle, worker_items
@@ -227,7 +227,9 @@ class ShardkitDataset(IterableDataset):
             return items
         ring, views = self._ring, self.options.views
         writer = ring.writer(worker) if ring is not None and worker < ring.workers else None
-        return _packed(items, views, writer, borrowed=borrow and not views)
+        # packed as each is pickled for the main process (see Handoff): byte strings into the ring's
+        # shared memory where there is room; the loader's memoryviews (borrowed) stand for bytes
+        return (Handoff(item, views, writer, borrow and not views) for item in items)
 
     def _raw_batches(self) -> bool:
         """Whether the items are batches of raw fields, made by the loader's default collate."""
@@ -236,7 +238,8 @@ class ShardkitDataset(IterableDataset):
 
     def _resumed_loader(self, point: Point, *, worker: int, workers: int, views: bool = False) -> Loader:
         """The loader of DataLoader worker ``worker``, past what ``point`` (on this split) had
-        taken; with ``views``, one that yields raw fields as views whatever the options say."""
+        taken; with ``views``, one that yields raw fields as views whatever the options say, and
+        those of local plain piles as where they lie (the main process maps the same files)."""
         o = self.options
         rest = self._rest(point)
         items = worker_items(rest, world=point.world_size, batch_size=o.batch_size, workers=workers, drop_last=o.drop_last)
@@ -244,7 +247,8 @@ class ShardkitDataset(IterableDataset):
         role = (turn + worker) % workers  # the DataLoader asks worker 0 first: it takes the next turn
         size = elastic.worker_lengths(rest, world=point.world_size, drop_last=o.drop_last, batch_size=o.batch_size, workers=workers)[role]
         position = min(given[role] * (o.batch_size or 1), size)
-        return self._loader_at(replace(o, worker=(role, workers), views=o.views or views), point.epoch, position, point.done)
+        loader = self._loader_at(replace(o, worker=(role, workers), views=o.views or views), point.epoch, position, point.done)
+        return loader.locate_fields() if views else loader
 
     def _loader_at(self, options: LoaderOptions, epoch: int, position: int, done: tuple[Phase, ...]) -> Loader:
         """A loader with ``options`` at ``position`` of its slice of ``epoch``, after the phases
@@ -374,14 +378,6 @@ class ShardkitDataset(IterableDataset):
         s[_RESUME_WORLD], s[_RESUME_BATCH], s[_RESUME_PHASES] = world, batch or 0, len(phases)
         s[_EPOCH], s[_RESUME_EPOCH], s[_RESUME_TAKEN], s[_RESUME_WORKERS], s[_DONE] = epoch, epoch, taken, workers, 0
         self._yielded = 0
-
-
-def _packed(items: Iterator[Any], views: bool, writer: Writer | None, *, borrowed: bool) -> Iterator[Handoff]:
-    """A worker's items, each to be packed as it is pickled for the main process (byte strings
-    into ``writer``'s shared memory where there is one and room in it; ``borrowed``: the items'
-    memoryviews stand for bytes)."""
-    for item in items:
-        yield Handoff(item, views, writer, borrowed)
 
 
 class ShardkitDataLoader(DataLoader):
