@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from shardkit.loading.decode import Transform
+from shardkit.loading.located import Located
 from shardkit.tar.shard import Shard
 
 Collate = Callable[[list[dict[str, Any]]], Any]
@@ -186,10 +187,12 @@ def raw_batches(
     start: int,
     length: int,
     batch_size: int,
+    columns: Callable[[Shard, list[int]], dict[str, Any] | None] | None = None,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(position after it, batch)`` of raw samples with the default :func:`collate`: what
     :func:`cut_tasks` and a batched :class:`Step` without decoding or ``map`` give, built a field
-    at a time from each pile's columns (:meth:`Shard.columns`) instead of a dict per sample.
+    at a time from each pile's columns (:meth:`Shard.columns`, or ``columns(shard, index)``)
+    instead of a dict per sample.
 
     A batch is yielded as soon as its last position is read, not when the next one arrives.
     Positions of a skipped pile or sample keep their slots, as in :func:`cut_tasks`.
@@ -203,7 +206,7 @@ def raw_batches(
         at = 0  # next item of index
         while at < len(index):
             n = min(len(index) - at, boundary - pos)
-            cols = shard.columns(index[at : at + n]) if shard is not None else None
+            cols = None if shard is None else shard.columns(index[at : at + n]) if columns is None else columns(shard, index[at : at + n])
             if cols is not None:
                 pieces.append(cols)
             else:  # one sample at a time: a skipped or irregular pile, or piles mixed position by position
@@ -228,7 +231,7 @@ def _join(pieces: list[dict[str, list[Any]] | list[dict[str, Any]]]) -> dict[str
     if len(columns) == len(pieces) and columns and all(list(c) == list(columns[0]) for c in columns):
         if len(columns) == 1:
             return columns[0]
-        return {name: [v for c in columns for v in c[name]] for name in columns[0]}
+        return {name: _concat([c[name] for c in columns]) for name in columns[0]}
     samples: list[dict[str, Any]] = []
     for p in pieces:
         if isinstance(p, dict):
@@ -237,3 +240,10 @@ def _join(pieces: list[dict[str, list[Any]] | list[dict[str, Any]]]) -> dict[str
         else:
             samples += p
     return collate(samples)
+
+
+def _concat(parts: list[Any]) -> Any:
+    """One field's values from its pieces' (fields left in their piles stay so)."""
+    if all(type(p) is Located for p in parts):
+        return Located.concat(parts)
+    return [v for p in parts for v in p]

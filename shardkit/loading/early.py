@@ -30,7 +30,7 @@ from shardkit.errors import CorruptShardError, DatasetNotFoundError, Failure
 from shardkit.loading.index import file_checks
 from shardkit.loading.one_sample import parse
 from shardkit.manifest import PileInfo
-from shardkit.tar.shard import Sample, Shard
+from shardkit.tar.shard import Sample, Shard, Spans
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,13 @@ class EarlyPile:
             return None
         assert self._full is not None
         return self._full.columns(index)
+
+    def spans(self, index: list[int]) -> Spans | None:
+        """The pile's :meth:`~shardkit.tar.shard.Shard.spans` once it is in; None before."""
+        if self._full is None and not (self._ready() and self.settle() is not None):
+            return None
+        assert self._full is not None
+        return self._full.spans(index)
 
     def settle(self) -> Shard | None:
         """Wait for the pile read whole and hand out from it from now on (a no-op once done)."""

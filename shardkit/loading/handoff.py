@@ -8,7 +8,9 @@ worker joins each list of byte strings into one (two large copies in C), and the
 slices it back into the same values: ``bytes``, or for a loader with ``views=True``, read-only
 ``memoryview`` slices of the one received buffer (no copy at all). The rest of the item is what
 ``default_convert`` makes of it (numpy arrays become tensors, which torch passes in shared
-memory), so the main process receives exactly what it would have without the packing.
+memory), so the main process receives exactly what it would have without the packing. The
+fields of a local plain pile's raw batches are not sent at all, only where they lie
+(:mod:`shardkit.loading.located`): the main process cuts them from its own map of the file.
 
     item = Handoff(batch, views=False)           # what a worker yields
     assert pickle.loads(ForkingPickler.dumps(item)) == default_convert(batch)   # in the main process
@@ -21,10 +23,12 @@ from typing import Any
 import numpy as np
 from torch.utils.data import default_convert
 
+from shardkit.loading.located import Located, cut
 from shardkit.loading.ring import Writer, find
 
-# how a field travels: as it is, its byte strings joined into one, or left in shared memory
-_AS_IS, _JOINED, _SHARED = 0, 1, 2
+# how a field travels: as it is, its byte strings joined into one, left in shared memory, or
+# left in its pile files (only where it lies is sent: shardkit.loading.located)
+_AS_IS, _JOINED, _SHARED, _LOCATED = 0, 1, 2, 3
 # values default_convert leaves as they are: a list of these needs no walk
 _PLAIN = (str, bytes, int, float, bool, type(None))
 
@@ -114,6 +118,8 @@ def _pack(value: Any, strings: bool) -> tuple[int, Any]:
     if strings:
         ends = _ends(value)
         return _JOINED, (b"".join(value), ends.tobytes())
+    if type(value) is Located:
+        return _LOCATED, value.wire()
     return _AS_IS, value if _plain(value) else default_convert(value)
 
 
@@ -134,8 +140,8 @@ def _unpack(names: list[str], fields: list[tuple[int, Any]], views: bool) -> dic
     """The batch again, in the main process: each joined field cut back into its values."""
     out: dict[str, Any] = {}
     for name, (kind, payload) in zip(names, fields, strict=True):
-        if kind == _AS_IS:
-            out[name] = payload
+        if kind in (_AS_IS, _LOCATED):
+            out[name] = payload if kind == _AS_IS else cut(payload, views)
             continue
         joined, ends_bytes = payload
         ends = np.frombuffer(ends_bytes, dtype=np.int64).tolist()
@@ -151,8 +157,8 @@ def _unpack_shared(token: str, worker: int, seq: int, names: list[str], fields: 
     out: dict[str, Any] = {}
     try:
         for name, (kind, payload) in zip(names, fields, strict=True):
-            if kind == _AS_IS:
-                out[name] = payload
+            if kind in (_AS_IS, _LOCATED):
+                out[name] = payload if kind == _AS_IS else cut(payload, views)
                 continue
             at, ends_bytes = payload
             ends = np.frombuffer(ends_bytes, dtype=np.int64)

@@ -144,6 +144,14 @@ class Loader:
         check_int("epoch", epoch, low=0)
         self._place.set_epoch(epoch)
 
+    def locate_fields(self) -> Loader:
+        """From now on, yield raw batches whose fields from local, uncompressed piles are
+        :class:`~shardkit.loading.located.Located` (the file and the bounds of each value) instead
+        of values: for a DataLoader worker whose main process cuts them from its own map of the
+        same files. Only raw batches with the default collate change. Returns self."""
+        self._setup = replace(self._setup, located=self._setup.columnar)
+        return self
+
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         if self._closed:

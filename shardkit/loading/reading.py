@@ -24,7 +24,7 @@ import numpy as np
 
 from shardkit import storage
 from shardkit.errors import Failure, ShardkitError
-from shardkit.loading import plan
+from shardkit.loading import located, plan
 from shardkit.loading.batch import Result, ShardBlock, Step, cut_tasks, raw_batches
 from shardkit.loading.decode import Transform
 from shardkit.loading.early import EarlyPile
@@ -57,6 +57,8 @@ class Setup:
         plain: raw samples, no decoding, no batching (the hot path).
         columnar: raw batches with the default collate, built a field at a time.
         views: raw fields as views of the pile in memory.
+        located: raw batches' fields from local plain piles as :class:`~shardkit.loading.located.Located`
+            (where they lie), for a process that maps the same files (see :meth:`Loader.locate_fields`).
     """
 
     options: LoaderOptions
@@ -68,6 +70,7 @@ class Setup:
     plain: bool
     columnar: bool
     views: bool
+    located: bool = False
 
 
 def setup(source: Source, options: LoaderOptions, policy: Policy, reads: storage.RemoteReads) -> Setup:
@@ -250,9 +253,26 @@ class Reading:
         :meth:`_processed` gives, built a field at a time."""
         batch_size = self.setup.options.batch_size
         assert batch_size is not None
-        for end, batch in raw_batches(blocks, self.setup.policy.sample, start=start, length=length, batch_size=batch_size):
+        columns = self._located() if self.setup.located else None
+        for end, batch in raw_batches(blocks, self.setup.policy.sample, start=start, length=length, batch_size=batch_size, columns=columns):
             self.position = end
             yield batch
+
+    def _located(self) -> Callable[[Any, list[int]], dict[str, Any] | None]:
+        """A pile's columns with the fields of a local plain pile left where they lie (see
+        :mod:`shardkit.loading.located`); values elsewhere, and until an early pile is read whole."""
+        piles = {p.url: p for p in self.source.piles}
+        versions: dict[str, str | None] = {}  # each pile's file, looked at once an epoch
+
+        def take(shard: Any, index: list[int]) -> dict[str, Any] | None:
+            url = shard.url
+            if url not in versions:
+                versions[url] = located.version(piles.get(url))
+            found = versions[url]
+            spans = shard.spans(index) if found is not None else None
+            return shard.columns(index) if spans is None else located.located_columns(url, found, spans)  # type: ignore[arg-type]
+
+        return take
 
     def _processed(self, blocks: Iterator[ShardBlock], start: int, length: int) -> Iterator[Any]:
         """What the step makes of the raw samples (decoded, mapped, batched), in order, here or in the workers."""

@@ -167,7 +167,8 @@ class SharedPlace:
 
     def worker_loader(self, position: Position, *, worker: int, workers: int, views: bool = False) -> Loader:
         """The loader of DataLoader worker ``worker`` of ``workers``, past what ``position`` had
-        taken; with ``views``, one that yields raw fields as views whatever the options say."""
+        taken; with ``views``, one that yields raw fields as views whatever the options say, and
+        those of local plain piles as where they lie (the main process maps the same files)."""
         o = self.options
         settled = self.settle(position, workers)
         role = (
@@ -175,7 +176,7 @@ class SharedPlace:
         ) % workers  # the DataLoader asks worker 0 first: it takes the next turn
         loader = self.loader(replace(o, worker=(role, workers), views=o.views or views))
         loader.resume(position)
-        return loader
+        return loader.locate_fields() if views else loader
 
 
 def _phase(doc: dict[str, Any]) -> Phase:

@@ -35,7 +35,7 @@ from shardkit.loading.blend.spec import Blend, is_blend
 from shardkit.loading.handoff import Handoff, convert
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
-from shardkit.loading.ring import Ring, Writer
+from shardkit.loading.ring import Ring
 from shardkit.loading.shared_place import SharedPlace
 from shardkit.loading.source import Source, SourceLike, resolve
 from shardkit.loading.turns import round_robin
@@ -176,7 +176,9 @@ class ShardkitDataset(IterableDataset):
             return items
         ring, views = self._ring, self.options.views
         writer = ring.writer(worker) if ring is not None and worker < ring.workers else None
-        return _packed(items, views, writer, borrowed=borrow and not views)
+        # packed as each is pickled for the main process (see Handoff): byte strings into the ring's
+        # shared memory where there is room; the loader's memoryviews (borrowed) stand for bytes
+        return (Handoff(item, views, writer, borrow and not views) for item in items)
 
     def _raw_batches(self) -> bool:
         """Whether the items are batches of raw fields, made by the loader's default collate."""
@@ -250,14 +252,6 @@ class ShardkitDataset(IterableDataset):
         """
         self._place.load(state)
         self._yielded = 0
-
-
-def _packed(items: Iterator[Any], views: bool, writer: Writer | None, *, borrowed: bool) -> Iterator[Handoff]:
-    """A worker's items, each to be packed as it is pickled for the main process (byte strings
-    into ``writer``'s shared memory where there is one and room in it; ``borrowed``: the items'
-    memoryviews stand for bytes)."""
-    for item in items:
-        yield Handoff(item, views, writer, borrowed)
 
 
 class ShardkitDataLoader(DataLoader):

@@ -11,7 +11,7 @@ loader's piles, re-piling, the eager shuffle and ``verify`` all go through :clas
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -23,6 +23,15 @@ from shardkit.tar.scan import BLOCK, Chain
 from shardkit.tar.walk import walk
 
 Sample = dict[str, Any]
+
+
+class Spans(NamedTuple):
+    """Samples of one shard field by field, as bounds: field ``name``'s value of the ``j``-th
+    sample is ``buf[starts[j]:ends[j]]`` (see :meth:`Shard.spans`)."""
+
+    keys: list[str]
+    buf: storage.Buffer
+    fields: list[tuple[str, np.ndarray, np.ndarray]]
 
 
 class Shard:
@@ -49,7 +58,21 @@ class Shard:
         get = shard.sampler()               # the same, faster, for many calls
     """
 
-    __slots__ = ("_data", "_ends", "_exts", "_fields", "_heads", "_offsets", "_sampler", "_spans", "_starts", "buf", "keys", "url")
+    __slots__ = (
+        "_arrays",
+        "_data",
+        "_ends",
+        "_exts",
+        "_fields",
+        "_heads",
+        "_offsets",
+        "_sampler",
+        "_spans",
+        "_starts",
+        "buf",
+        "keys",
+        "url",
+    )
 
     _UNSET: Any = object()
 
@@ -61,6 +84,7 @@ class Shard:
         self._data: storage.Buffer | memoryview = buf  # what fields are sliced from (see as_views)
         self._sampler: Callable[[int], Sample] | None = None
         self._spans: list[tuple[str, list[int], list[int]]] | None = None
+        self._arrays: list[tuple[str, np.ndarray, np.ndarray]] | None = None
         if chain is Shard._UNSET:
             chain = scan.scan(buf, checksums=not checked)
         if chain is not None:  # the common case, vectorized
@@ -145,6 +169,20 @@ class Shard:
         for name, starts, ends in self._field_spans():
             out[name] = [data[starts[i] : ends[i]] for i in index]
         return out
+
+    def spans(self, index: list[int]) -> Spans | None:
+        """Samples ``index`` field by field as byte bounds in :attr:`buf`: what :meth:`columns`
+        slices, left unsliced (for a reader that maps the same file itself). None when the shard
+        is not :attr:`uniform`."""
+        if self._fields is None:
+            return None
+        if self._arrays is None:
+            starts, ends = np.asarray(self._offsets, dtype=np.int64), np.asarray(self._ends, dtype=np.int64)
+            width = len(self._fields)
+            self._arrays = [(name, starts[f::width], ends[f::width]) for f, name in enumerate(self._fields)]
+        at = np.asarray(index, dtype=np.intp)
+        keys = self.keys
+        return Spans([keys[i] for i in index], self.buf, [(name, a[at], b[at]) for name, a, b in self._arrays])
 
     def as_views(self) -> Shard:
         """Hand out fields as read-only ``memoryview`` slices of the shard's buffer from now on,

@@ -1,0 +1,138 @@
+"""Raw fields left where they lie in local pile files: a DataLoader worker says where, the main process cuts.
+
+A DataLoader worker reading a local, uncompressed pile has in memory exactly the bytes of a file
+its main process can map too. So instead of copying a batch's values to the main process
+(through the DataLoader's queue, or shared memory: :mod:`shardkit.loading.ring`), it sends each
+raw field as :class:`Located` pieces: the pile's URL, the version of the file it read and
+checked, and the byte bounds of each value. The main process cuts the values out of its own map
+of the same file (:func:`cut`): ``bytes``, or for ``views=True`` read-only ``memoryview``
+slices of the map, which copy nothing. No byte of a value crosses processes. A file whose
+version is not the one the worker checked (rewritten in place in between) is refused by name.
+
+    field = located_columns(url, version, shard.spans([4, 0, 2]))["bin"]    # in the worker
+    cut(field.wire(), views=False)                                        # in the main process: [b"...", ...]
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardkit import storage
+from shardkit.errors import CorruptShardError
+from shardkit.loading.source import Pile
+from shardkit.tar import compression
+from shardkit.tar.shard import Spans
+
+# files the main process keeps mapped (about the piles its workers read at once, and the next)
+MAPS = 8
+# what a piece travels as: (URL, version, start offsets, end offsets), offsets as int64 bytes
+Wire = list[tuple[str, str, bytes, bytes]]
+
+
+class Located:
+    """One raw field of a batch as pieces of pile files, each ``(url, version, buf, starts, ends)``:
+    value ``j`` of a piece is ``buf[starts[j]:ends[j]]``. It iterates as those values (read-only
+    memoryviews, in the process that read the piles) wherever a list of values is wanted;
+    :meth:`wire` is what travels instead.
+
+    Example:
+        field = Located([("data/pile-000003.tar", "7400-1733", buf, np.array([512]), np.array([900]))])
+        list(field)          # [<memory at ...>]
+    """
+
+    __slots__ = ("pieces",)
+
+    def __init__(self, pieces: list[tuple[str, str, Any, np.ndarray, np.ndarray]]) -> None:
+        self.pieces = pieces
+
+    def __len__(self) -> int:
+        return sum(len(p[3]) for p in self.pieces)
+
+    def __iter__(self) -> Iterator[memoryview]:
+        for _, _, buf, starts, ends in self.pieces:
+            view = memoryview(buf).toreadonly()
+            yield from map(view.__getitem__, map(slice, starts.tolist(), ends.tolist()))
+
+    @staticmethod
+    def concat(parts: Sequence[Located]) -> Located:
+        return Located([piece for part in parts for piece in part.pieces])
+
+    def wire(self) -> Wire:
+        """The pieces as they travel: the buffers stay behind."""
+        return [(url, version, starts.tobytes(), ends.tobytes()) for url, version, _, starts, ends in self.pieces]
+
+
+def version(pile: Pile | None) -> str | None:
+    """The version of ``pile``'s file when a reader of it holds exactly the file's bytes (a
+    plain pile of one file, in a store that maps files, as every process of this machine sees
+    it), else None: its fields must travel as values."""
+    if pile is None or pile.segments is not None:
+        return None
+    compressed = compression.from_name(pile.url) is not None if pile.info is None else pile.info.compression is not None
+    store, name = storage.locate(pile.url)
+    if compressed or not store.supports_mapping:
+        return None
+    return store.version(name)
+
+
+def located_columns(url: str, version: str, spans: Spans) -> dict[str, Any]:
+    """Columns as :meth:`~shardkit.tar.shard.Shard.columns` gives them, each field :class:`Located`
+    in the file ``url`` at ``version``."""
+    out: dict[str, Any] = {"__key__": spans.keys}
+    for name, starts, ends in spans.fields:
+        out[name] = Located([(url, version, spans.buf, starts, ends)])
+    return out
+
+
+class _Maps:
+    """The files the main process has mapped, most recently used last (at most :data:`MAPS`)."""
+
+    def __init__(self) -> None:
+        self._held: OrderedDict[str, tuple[str, storage.Buffer]] = OrderedDict()
+        self._lock = threading.Lock()  # batches may be unpickled in more than one thread
+
+    def get(self, url: str, version: str) -> storage.Buffer:
+        with self._lock:
+            held = self._held.get(url)
+            if held is not None and held[0] == version:
+                self._held.move_to_end(url)
+                return held[1]
+        store, name = storage.locate(url)
+        buf = store.read_whole(name)
+        now = store.version(name)  # looked at after the map: a file replaced before it is caught
+        if now != version:
+            raise CorruptShardError(
+                f"{url}: the file changed while the DataLoader read it: version {version} in the worker that checked it, "
+                f"{now} here; replace pile files, never rewrite one in place under a running loader"
+            )
+        with self._lock:
+            self._held[url] = (version, buf)
+            self._held.move_to_end(url)
+            while len(self._held) > MAPS:
+                self._held.popitem(last=False)  # a view still held keeps its map alive
+        return buf
+
+
+_MAPS = _Maps()
+
+
+def cut(wire: Wire, views: bool) -> list[bytes] | list[memoryview]:
+    """The values of a :class:`Located` field from its :meth:`~Located.wire`, cut from this
+    process's maps of the same files: ``bytes``, or read-only memoryviews of the maps (``views``).
+
+    Raises:
+        CorruptShardError: a file is not the version the worker read (named).
+    """
+    out: list[Any] = []
+    for url, version, starts, ends in wire:
+        buf = _MAPS.get(url, version)
+        source = memoryview(buf).toreadonly() if views else buf
+        out += map(
+            source.__getitem__, map(slice, np.frombuffer(starts, dtype=np.int64).tolist(), np.frombuffer(ends, dtype=np.int64).tolist())
+        )
+    return out

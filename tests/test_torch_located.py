@@ -1,0 +1,213 @@
+"""DataLoader workers send where a local plain pile's fields lie; the main process cuts them from its own map."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import uuid
+
+import numpy as np
+import pytest
+
+import shardkit
+from shardkit import storage
+from shardkit.errors import CorruptShardError
+from shardkit.loading import located
+from shardkit.loading.located import Located, cut
+from tests.conftest import make_samples
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'shardkit[torch]')")
+
+from shardkit.loading.ring import Ring  # noqa: E402
+from shardkit.torch import ShardkitDataLoader, ShardkitDataset  # noqa: E402
+
+N = 150
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("located") / "ds")
+    with shardkit.PileWriter(out, piles=4, seed=3) as w:
+        for s in make_samples(N, size=300):
+            w.write(s)
+    return out
+
+
+def plain(batches: list[dict]) -> list[dict]:
+    return [{k: [bytes(x) for x in v] if k != "__key__" else v for k, v in b.items()} for b in batches]
+
+
+def read(dl: ShardkitDataLoader, epochs: int = 1) -> list[dict]:
+    got = []
+    for epoch in range(epochs):
+        dl.dataset.set_epoch(epoch)
+        got += list(dl)
+    return got
+
+
+def by_values(monkeypatch, make):
+    """What ``make()`` yields with no pile's fields left in place: the path before fields were located."""
+    with monkeypatch.context() as m:
+        m.setattr(located, "version", lambda pile: None)
+        return make()
+
+
+def ring_count(dl: ShardkitDataLoader) -> int:
+    ring = dl._ring
+    return 0 if ring is None else sum(ring.count(w) for w in range(ring.workers))
+
+
+@pytest.mark.parametrize("views", [False, True])
+def test_the_batches_are_those_sent_as_values_in_the_same_order(data, monkeypatch, views):
+    def make() -> ShardkitDataLoader:
+        return ShardkitDataLoader(
+            ShardkitDataset(data, batch_size=16, decode=False, seed=2, views=views), num_workers=2, persistent_workers=True
+        )
+
+    old = make()
+    want = by_values(monkeypatch, lambda: read(old, epochs=2))
+    dl = make()
+    got = read(dl, epochs=2)
+    assert plain(got) == plain(want)  # the same batches, in the same order
+    kind = memoryview if views else bytes
+    assert {type(v) for b in got for name in ("bin", "cls") for v in b[name]} == {kind}
+    assert all(v.readonly for b in got for v in b["bin"]) if views else True
+    if Ring.make(1) is not None:  # the old path went through the ring; now no batch does
+        assert ring_count(old) == 2 * len(old) and ring_count(dl) == 0
+
+
+def test_a_batch_across_two_piles_and_the_dataloader_s_ledger(data):
+    ds = ShardkitDataset(data, batch_size=16, decode=False, seed=2)
+    dl = ShardkitDataLoader(ds, num_workers=2)
+    ds.set_epoch(1)
+    got = list(dl)
+    with shardkit.loader(data, decode=False, seed=2) as one:
+        counts = [p.samples for p in one.source.piles]
+    assert N % 16 and all(c % 16 for c in counts)  # batches straddle piles
+    for step, batch in enumerate(got[:-1]):  # (the ledger's last step of this split is checked in test_torch.py)
+        assert dl.keys(step, epoch=1)[0] == batch["__key__"]
+    keys = [k for b in got for k in b["__key__"]]
+    assert len(set(keys)) == len(keys) == len(got) * 16
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_resume_mid_epoch_gives_exactly_the_rest(data, persistent):
+    ds = ShardkitDataset(data, batch_size=16, decode=False, seed=2)
+    dl = ShardkitDataLoader(ds, num_workers=2, persistent_workers=persistent)
+    ds.set_epoch(1)
+    want = plain(list(dl))
+    it = iter(dl)
+    head = plain([next(it) for _ in range(3)])
+    state = json.loads(json.dumps(dl.state_dict()))
+    del it
+    again = ShardkitDataset(data, batch_size=16, decode=False, seed=2)
+    resumed = ShardkitDataLoader(again, num_workers=2, persistent_workers=persistent)
+    resumed.load_state_dict(state)
+    again.set_epoch(1)
+    assert head + plain(list(resumed)) == want
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("located") / "packed")
+    with shardkit.PileWriter(out, piles=3, seed=3, compression="gzip") as w:
+        for s in make_samples(60, size=200):
+            w.write(s)
+    return out
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])  # fields left in the files; values through the ring
+def test_a_killed_worker_is_an_error_and_the_next_iteration_is_whole(tmp_path, compression):
+    out = str(tmp_path / "ds")
+    with shardkit.PileWriter(out, piles=3, seed=3, compression=compression) as w:
+        for s in make_samples(2000, size=200):  # 125 batches: the killed worker still has batches to give
+            w.write(s)
+    ds = ShardkitDataset(out, batch_size=16, decode=False, seed=2)
+    want = plain(list(ShardkitDataLoader(ds, num_workers=2)))
+    dl = ShardkitDataLoader(ds, num_workers=2, persistent_workers=True)
+    it = iter(dl)
+    next(it)
+    # torch's SIGCHLD handler raises wherever the main thread happens to be (at the kill, or in
+    # pytest after the test); without it torch's own poll raises in the loop, within 5 s
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        os.kill(dl._iterator._workers[0].pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="exited unexpectedly"):
+            for _ in it:
+                pass
+    finally:
+        dl._iterator._shutdown_workers()
+        signal.signal(signal.SIGCHLD, previous)
+    assert plain(list(ShardkitDataLoader(ds, num_workers=2))) == want
+
+
+def test_compressed_piles_and_a_mix_of_shards_fall_back_to_values(data, packed, tmp_path, monkeypatch):
+    dl = ShardkitDataLoader(ShardkitDataset(packed, batch_size=8, decode=False, seed=1), num_workers=2, persistent_workers=True)
+    want = by_values(
+        monkeypatch, lambda: plain(list(ShardkitDataLoader(ShardkitDataset(packed, batch_size=8, decode=False, seed=1), num_workers=2)))
+    )
+    assert plain(list(dl)) == want
+    if Ring.make(1) is not None:
+        assert ring_count(dl) == len(dl)  # every batch came as values
+    # plain shards, one compressed: batches that straddle both carry located and copied values
+    shutil.copy(os.path.join(packed, "pile-000000.tar.gz"), tmp_path / "b.tar.gz")
+    shutil.copy(os.path.join(data, "pile-000001.tar"), tmp_path / "a.tar")
+    shards = [str(tmp_path / "a.tar"), str(tmp_path / "b.tar.gz")]
+
+    def make() -> list[dict]:
+        return plain(list(ShardkitDataLoader(ShardkitDataset(shards, batch_size=16, decode=False, seed=4), num_workers=1)))
+
+    assert make() == by_values(monkeypatch, make)
+
+
+def test_piles_in_an_object_store_fall_back_to_values(data, monkeypatch):
+    fsspec = pytest.importorskip("fsspec", reason="remote URLs need the remote extra")
+    root = f"memory://located-{uuid.uuid4().hex}"
+    for name in sorted(os.listdir(data)):
+        if os.path.isfile(os.path.join(data, name)):
+            with open(os.path.join(data, name), "rb") as f:
+                storage.write_bytes(storage.join(root, name), f.read())
+    try:
+        assert all(located.version(p) is None for p in shardkit.loader(root, decode=False).source.piles)
+
+        def make() -> list[dict]:
+            return plain(list(ShardkitDataLoader(ShardkitDataset(root, batch_size=16, decode=False, seed=2), num_workers=2)))
+
+        assert make() == by_values(monkeypatch, make)
+    finally:
+        fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)
+
+
+def test_views_outlive_the_maps_the_main_process_lets_go(data, monkeypatch):
+    monkeypatch.setattr(located, "MAPS", 1)
+    ds = ShardkitDataset(data, batch_size=16, decode=False, seed=2, views=True)
+    got = list(ShardkitDataLoader(ds, num_workers=2))
+    want = plain(list(ShardkitDataLoader(ShardkitDataset(data, batch_size=16, decode=False, seed=2), num_workers=2)))
+    assert plain(got) == want  # every view still reads its bytes after its pile's map was let go
+
+
+def test_a_located_field_reads_as_its_values_and_travels_without_them(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(200)) * 10)
+    url, (store, name) = str(path), storage.locate(str(path))
+    version = store.version(name)
+    buf = store.read_whole(name)
+    a = Located([(url, version, buf, np.array([0, 10]), np.array([3, 10]))])
+    b = Located([(url, version, buf, np.array([500]), np.array([505]))])
+    field = Located.concat([a, b])
+    assert len(field) == 3 and [bytes(v) for v in field] == [bytes([0, 1, 2]), b"", bytes(range(100, 105))]
+    wire = field.wire()
+    assert all(type(x) is bytes for piece in wire for x in piece[2:]) and buf not in [x for piece in wire for x in piece]
+    assert cut(wire, views=False) == [bytes(v) for v in field]
+    views = cut(wire, views=True)
+    assert {type(v) for v in views} == {memoryview} and all(v.readonly for v in views) and [bytes(v) for v in views] == cut(wire, False)
+
+
+def test_a_file_rewritten_in_place_is_refused_by_name(tmp_path):
+    path = tmp_path / "pile-000000.tar"
+    path.write_bytes(b"x" * 100)
+    wire = [(str(path), "100-1", np.array([0], dtype=np.int64).tobytes(), np.array([4], dtype=np.int64).tobytes())]
+    with pytest.raises(CorruptShardError, match=r"pile-000000\.tar: the file changed while the DataLoader read it: version 100-1"):
+        cut(wire, views=False)
