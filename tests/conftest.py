@@ -154,3 +154,16 @@ def faulty_s3(s3, monkeypatch):
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+# the unit unit_samples stops at (Ctrl-C), when set: a pass 1's fn stays one function, by name and
+# code, so a resumed job finds its staging again
+STOP_AT: dict[str, int | None] = {"at": None}
+
+
+def unit_samples(unit):
+    """Six text samples of ``unit``, keyed by it; a KeyboardInterrupt at ``STOP_AT["at"]``."""
+    if unit == STOP_AT["at"]:
+        raise KeyboardInterrupt
+    for k in range(6):
+        yield {"__key__": f"u{unit:02d}-{k}", "txt": f"unit {unit} sample {k}"}

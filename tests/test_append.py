@@ -12,6 +12,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from conftest import STOP_AT, unit_samples
 from scipy import stats
 
 import shardkit
@@ -424,29 +425,18 @@ def test_append_with_repeat_routes_each_copy_like_a_sample(tmp_path):
         shardkit.preprocess([1], fn, out, piles=4, seed=5, repeat="cls:1=3", mode="append", quiet=True)
 
 
-# the unit _unit_samples stops at (Ctrl-C), when set: the job's fn stays one function, by name and code
-_STOP: dict[str, int | None] = {"at": None}
-
-
-def _unit_samples(unit):
-    if unit == _STOP["at"]:
-        raise KeyboardInterrupt
-    for k in range(6):
-        yield {"__key__": f"u{unit:02d}-{k}", "txt": f"unit {unit} sample {k}"}
-
-
 def _interrupted_append(out: str, units: list[int], stop_at: int, **options) -> None:
     """An append that stops (Ctrl-C) at unit ``stop_at``, after the units before it were committed."""
     from shardkit.piles import resume
 
     every, resume.COMMIT_SECONDS = resume.COMMIT_SECONDS, 0.0
-    _STOP["at"] = stop_at
+    STOP_AT["at"] = stop_at
     try:
         with pytest.raises(KeyboardInterrupt):
-            shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", quiet=True, **options)
+            shardkit.preprocess(units, unit_samples, out, piles=3, seed=2, mode="append", quiet=True, **options)
     finally:
         resume.COMMIT_SECONDS = every
-        _STOP["at"] = None
+        STOP_AT["at"] = None
 
 
 @pytest.mark.parametrize("options", [{}, {"max_pile_bytes": 4096}], ids=["whole", "split"])
@@ -456,15 +446,15 @@ def test_an_interrupted_append_resumes_to_the_same_segments(tmp_path, options):
 
     units = list(range(4, 16))
     reference = str(tmp_path / "reference")
-    shardkit.preprocess([0, 1, 2, 3], _unit_samples, reference, piles=3, seed=2, quiet=True, **options)
-    whole = shardkit.preprocess(units, _unit_samples, reference, piles=3, seed=2, mode="append", quiet=True, **options)
+    shardkit.preprocess([0, 1, 2, 3], unit_samples, reference, piles=3, seed=2, quiet=True, **options)
+    whole = shardkit.preprocess(units, unit_samples, reference, piles=3, seed=2, mode="append", quiet=True, **options)
     out = str(tmp_path / "out")
-    shardkit.preprocess([0, 1, 2, 3], _unit_samples, out, piles=3, seed=2, quiet=True, **options)
+    shardkit.preprocess([0, 1, 2, 3], unit_samples, out, piles=3, seed=2, quiet=True, **options)
     _interrupted_append(out, units, stop_at=10, **options)
     assert manifest.read(out).generation == 0 and os.path.isdir(resume.staging_path(out))
     with pytest.raises(shardkit.DatasetExistsError, match="holds an interrupted pass 1"):
-        shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", quiet=True, **options)
-    resumed = shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", resume=True, quiet=True, **options)
+        shardkit.preprocess(units, unit_samples, out, piles=3, seed=2, mode="append", quiet=True, **options)
+    resumed = shardkit.preprocess(units, unit_samples, out, piles=3, seed=2, mode="append", resume=True, quiet=True, **options)
     assert resumed.generation == 1 and resumed.piles == whole.piles
     assert any(s.resolution > 1 for p in whole.piles for s in p.segments) == bool(options)
     for pile in whole.piles:
@@ -476,14 +466,14 @@ def test_an_interrupted_append_resumes_to_the_same_segments(tmp_path, options):
 def test_an_interrupted_append_does_not_resume_onto_another_generation(tmp_path):
     units = list(range(4, 10))
     out = str(tmp_path / "out")
-    shardkit.preprocess([0, 1, 2, 3], _unit_samples, out, piles=3, seed=2, quiet=True)
+    shardkit.preprocess([0, 1, 2, 3], unit_samples, out, piles=3, seed=2, quiet=True)
     _interrupted_append(out, units, stop_at=7)
     _append(out, ["other"], piles=3, seed=2)  # another writer published generation 1 meanwhile
     with pytest.raises(
         shardkit.ConfigError,
         match=r"cannot resume: .*\(generation was 1, is 2\): it was published, by this job before it stopped or by another writer",
     ):
-        shardkit.preprocess(units, _unit_samples, out, piles=3, seed=2, mode="append", resume=True, quiet=True)
+        shardkit.preprocess(units, unit_samples, out, piles=3, seed=2, mode="append", resume=True, quiet=True)
 
 
 def test_repile_reads_every_segment_of_a_grown_compressed_dataset(tmp_path):

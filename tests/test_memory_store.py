@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from conftest import make_samples
+from conftest import STOP_AT, make_samples, unit_samples
 
 import shardkit
 from shardkit import manifest, storage
@@ -100,16 +100,6 @@ def test_a_failed_install_leaves_no_dataset_and_the_next_writer_succeeds(nth):
         storage.unmount(faulty)
 
 
-_STOP: dict[str, int | None] = {"at": None}
-
-
-def _unit_samples(unit):
-    if unit == _STOP["at"]:
-        raise KeyboardInterrupt
-    for k in range(6):
-        yield {"__key__": f"u{unit:02d}-{k}", "txt": f"unit {unit} sample {k}"}
-
-
 def _same_files(mem_dir: storage.Store, local: str) -> None:
     names = [n for n in mem_dir.list() if not n.startswith("shardkit.")]
     assert names == [n for n in sorted(storage.listdir(local)) if not n.startswith("shardkit.")]
@@ -119,8 +109,8 @@ def _same_files(mem_dir: storage.Store, local: str) -> None:
 
 def test_an_append_on_memory_writes_the_segments_a_local_append_writes(mem, tmp_path):
     for out in (mem.root + "/ds", str(tmp_path / "ds")):
-        shardkit.preprocess([0, 1, 2, 3], _unit_samples, out, piles=3, seed=2, quiet=True)
-        grown = shardkit.preprocess(range(4, 10), _unit_samples, out, piles=3, seed=2, mode="append", quiet=True)
+        shardkit.preprocess([0, 1, 2, 3], unit_samples, out, piles=3, seed=2, quiet=True)
+        grown = shardkit.preprocess(range(4, 10), unit_samples, out, piles=3, seed=2, mode="append", quiet=True)
         assert grown.generation == 1 and grown.samples == 60
     # the same segments, byte for byte; their names on a store without a lock carry the job's token
     mine, local = manifest.read(mem.root + "/ds").files(), manifest.read(str(tmp_path / "ds")).files()
@@ -136,17 +126,17 @@ def test_a_stopped_pass_1_on_memory_resumes_without_redoing_its_committed_units(
     from shardkit.piles import resume
 
     out, reference = mem.root + "/ds", str(tmp_path / "ref")
-    shardkit.preprocess(range(12), _unit_samples, reference, piles=3, seed=2, quiet=True)
+    shardkit.preprocess(range(12), unit_samples, reference, piles=3, seed=2, quiet=True)
     monkeypatch.setattr(resume, "COMMIT_SECONDS", 0.0)
-    monkeypatch.setitem(_STOP, "at", 8)
+    monkeypatch.setitem(STOP_AT, "at", 8)
     with pytest.raises(KeyboardInterrupt):
-        shardkit.preprocess(range(12), _unit_samples, out, piles=3, seed=2, quiet=True)
+        shardkit.preprocess(range(12), unit_samples, out, piles=3, seed=2, quiet=True)
     assert not mem.sub("ds").exists(manifest.MANIFEST)
     assert mem.sub("ds").exists(layout.REMOTE_STAGING)  # where its staging is, on this machine
     with pytest.raises(shardkit.DatasetExistsError, match="holds an interrupted pass 1"):
-        shardkit.preprocess(range(12), _unit_samples, out, piles=3, seed=2, quiet=True)
-    _STOP["at"] = None
-    shardkit.preprocess(range(12), _unit_samples, out, piles=3, seed=2, quiet=True, resume=True)
+        shardkit.preprocess(range(12), unit_samples, out, piles=3, seed=2, quiet=True)
+    STOP_AT["at"] = None
+    shardkit.preprocess(range(12), unit_samples, out, piles=3, seed=2, quiet=True, resume=True)
     said = [r.getMessage() for r in caplog.records if ": resuming: keeping" in r.getMessage()]
     assert len(said) == 1 and "keeping 0 of" not in said[0], said
     _same_files(mem.sub("ds"), reference)
