@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -166,3 +167,39 @@ def test_a_low_limit_on_open_files_keeps_fewer_parts_open(monkeypatch):
     assert gather.open_parts() == 64
     monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     assert gather.open_parts() == gather.OPEN_PARTS
+
+
+def test_a_sealed_part_is_its_pile_and_a_writer_installs_it_as_it_is(tmp_path):
+    """seal() ends each part with the trailer (empty piles included), sizes and checksums stay
+    those of the members; PileWriter's piles are those parts, under their names, nothing copied."""
+    from shardkit import manifest
+    from shardkit.piles.publish import Run, assemble_pile
+    from shardkit.piles.writer import PileWriter
+    from shardkit.tar.write import TRAILER
+
+    sink = gather.SampleSink(str(tmp_path / "p"), 3, 1 << 30)
+    for i in range(5):
+        sink.put(i % 2, *encode_values({"__key__": f"k{i}", "txt": "x" * i}))
+    sink.flush()
+    members = [Path(sink.part(p)).read_bytes() for p in range(2)]
+    sink.seal()
+    sink.close()
+    for pile in range(3):
+        data = Path(sink.part(pile)).read_bytes()
+        assert data == (members[pile] if pile < 2 else b"") + TRAILER
+        assert sink.sizes[pile] == len(data) - len(TRAILER)
+        assert manifest.checksum(data[: sink.sizes[pile]]) == sink.crcs[pile]
+        # a pile assembled from a sealed run (an append) takes the part as it is: the trailer once
+        crc, _ = assemble_pile([Run(sink.part(pile), 0, sink.sizes[pile], sink.crcs[pile], sealed=True)], str(tmp_path / f"a{pile}.tar"))
+        assert (tmp_path / f"a{pile}.tar").read_bytes() == data and crc == manifest.checksum(data)
+
+    out = tmp_path / "out"
+    with PileWriter(str(out), piles=3, seed=0) as w:
+        for i in range(30):
+            w.write({"__key__": f"k{i:02d}", "txt": str(i)})
+    for info in w.manifest.piles:
+        data = (out / info.name).read_bytes()
+        assert data.endswith(TRAILER) and len(data) == info.bytes
+        assert manifest.format_checksum(manifest.checksum(data)) == info.checksum
+        assert len(Shard(info.name, data)) == info.samples
+    assert sum(p.samples for p in w.manifest.piles) == 30

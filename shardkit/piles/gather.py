@@ -102,6 +102,23 @@ class SampleSink(PileSink):
             self._making.join()
             self._making = None
 
+    def seal(self) -> None:
+        """End every part file with the end-of-archive trailer, after the last :meth:`flush`:
+        each is then a whole tar, the pile itself (a :class:`~shardkit.piles.publish.Run` with
+        ``sealed``), through the descriptors held. ``sizes`` and ``crcs`` stay those of the
+        members, before the trailer; nothing may be put afterwards."""
+        self._made()
+        for pile in range(len(self.sizes)):
+            with storage.guard(self.part(pile), "write", size=len(write.TRAILER)):
+                fd = self._open.get(pile)
+                if fd is None:
+                    fd = self.store.open_fd(part_name(pile), append=True)
+                try:
+                    storage.write_fully(fd, write.TRAILER)
+                finally:
+                    if pile not in self._open:
+                        os.close(fd)
+
     def close(self) -> None:
         """Close the part files kept open (idempotent); flush first to keep what is held."""
         self._made()

@@ -2,7 +2,8 @@
 
 :func:`publish` is the one place piles are made. A pile is the concatenation of its runs (byte
 ranges of part files, in input order) plus the end-of-archive trailer. A pile that is one whole
-part file with a known checksum is renamed into place; any other is copied, with its CRC-32
+part file with a known checksum takes it as it is (linked, or installed straight from the part
+when ``PileWriter`` sealed it with the trailer); any other is copied, with its CRC-32
 computed on the bytes as they pass, so no pile is ever read twice. Piles are independent, so
 several are assembled at once in threads (the copies and checksums release the GIL).
 
@@ -59,12 +60,24 @@ class Run:
     """A byte range of a part file that belongs to a pile, in output order.
 
     ``crc`` is the CRC-32 of those bytes when the writer already knows it (a whole part file).
+    ``sealed``: the file is the run's bytes and then the end-of-archive trailer, nothing else (a
+    :class:`~shardkit.piles.gather.SampleSink` sealed it): a finished pile as it is.
     """
 
     path: str
     offset: int
     length: int
     crc: int | None = None
+    sealed: bool = False
+
+    @property
+    def whole(self) -> bool:
+        """The run is its whole file, with a known checksum: the pile needs no copy."""
+        return (
+            self.crc is not None
+            and self.offset == 0
+            and storage.size(self.path) == self.length + (len(write.TRAILER) if self.sealed else 0)
+        )
 
 
 def _assemble(runs: Sequence[Run], dst: str, pack: Pack | None = None) -> tuple[int, Packed | None]:
@@ -72,15 +85,16 @@ def _assemble(runs: Sequence[Run], dst: str, pack: Pack | None = None) -> tuple[
     compresses it on the way (one pass over the bytes), what was written. The part files stay."""
     runs = [r for r in runs if r.length]
     only = runs[0] if len(runs) == 1 else None
-    if pack is None and only is not None and only.crc is not None and only.offset == 0 and storage.size(only.path) == only.length:
+    if pack is None and only is not None and only.whole:
         # a second name for the part file: no copy, and a merge run again still finds its part
         storage.link_in(only.path, dst)
-        out = storage.open_fd(dst, append=True)
-        try:  # the part grows too: a merge run again copies its first `length` bytes
-            storage.write_fully(out, write.TRAILER)
-        finally:
-            os.close(out)
-        return manifest.checksum(write.TRAILER, only.crc), None
+        if not only.sealed:
+            out = storage.open_fd(dst, append=True)
+            try:  # the part grows too: a merge run again copies its first `length` bytes
+                storage.write_fully(out, write.TRAILER)
+            finally:
+                os.close(out)
+        return manifest.checksum(write.TRAILER, only.crc), None  # type: ignore[arg-type]
     crc = 0
     buffer = memoryview(bytearray(_COPY_CHUNK))
     with contextlib.ExitStack() as stack:
@@ -206,6 +220,11 @@ def finish_pile(work: PileWork) -> tuple[list[Staged], bool]:
         return read_record(record)
     splits = work.most is not None and work.count > work.most  # an empty pile is never split
     tar_size = sum(run.length for run in work.runs) + len(write.TRAILER)
+    only = work.runs[0] if len(work.runs) == 1 else None
+    if only is not None and only.sealed and only.crc is not None and not (splits or work.pack or work.record):
+        # the sealed part is the pile: installed under its name as it is, with no file made,
+        # written or removed here (a job that nothing resumes keeps no part to merge again)
+        return [Staged(only.path, name, work.count, tar_size, manifest.checksum(write.TRAILER, only.crc))], False
     with storage.guard(path, "write", size=tar_size):
         crc, packed = _assemble(work.runs, path, None if splits else work.pack)
     size = storage.size(path)

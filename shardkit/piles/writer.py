@@ -132,11 +132,12 @@ class PileWriter:
         if not self._closed:
             self._closed = True
             try:
-                self._sink.flush()
-                self._sink.close()
                 sink = self._sink
+                sink.flush()
+                sink.seal()  # each part is then its pile, installed as it is
+                sink.close()
                 check_sink(sink)
-                runs = [[Run(sink.part(p), 0, sink.sizes[p], sink.crcs[p])] for p in range(self.options.piles)]
+                runs = [[Run(sink.part(p), 0, sink.sizes[p], sink.crcs[p], sealed=True)] for p in range(self.options.piles)]
                 if self._base is None:  # a writer is not resumed: no records of finished piles
                     self.manifest = publish(
                         self._txn, runs, sink.counts, options=self.options, fields=self._fields, staging=self._staging, resumable=False
