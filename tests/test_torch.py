@@ -77,6 +77,21 @@ def test_shardkit_dataloader_takes_no_batch_size(odd_dataset):
     assert len(list(ShardkitDataLoader(batched))) == len(batched)
 
 
+def test_raw_batches_queue_deeper_in_the_workers_unless_told(odd_dataset):
+    """Raw batches cost little to hold: four in flight a worker by default; decoded ones keep the
+    DataLoader's two; a prefetch_factor given is kept, and no workers means none."""
+    from shardkit.loading.torch import RAW_PREFETCH
+
+    raw = ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0)
+    decoded = ShardkitDataset(odd_dataset, batch_size=8, decode=True, world_size=1, rank=0)
+    assert ShardkitDataLoader(raw, num_workers=2).prefetch_factor == RAW_PREFETCH == 4
+    assert ShardkitDataLoader(decoded, num_workers=2).prefetch_factor == 2
+    assert ShardkitDataLoader(raw, num_workers=2, prefetch_factor=3).prefetch_factor == 3
+    assert ShardkitDataLoader(raw).prefetch_factor is None
+    # the depth changes nothing of what is read, nor its order
+    assert flat_keys(ShardkitDataLoader(raw, num_workers=2)) == flat_keys(ShardkitDataLoader(raw, num_workers=2, prefetch_factor=2))
+
+
 def test_workers_share_the_rank_slice(odd_dataset):
     ds = ShardkitDataset(odd_dataset, decode=False, world_size=2, rank=1)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
