@@ -19,8 +19,8 @@ faster, which is what a loader that decompresses beside a training loop needs on
 
 from __future__ import annotations
 
+import ctypes
 import functools
-import io
 from collections.abc import Callable
 from typing import Any
 
@@ -317,9 +317,9 @@ def _lz4_checked(buf: Any, size: int) -> bytes | None:
     holds the GIL: three buffers of fresh memory a pile, and on a virtual machine touching fresh
     memory costs more than decoding into it. Here each block is decoded straight into the one
     bytes object returned (liblz4's own ``LZ4_decompress_safe_usingDict``, through ctypes,
-    without the GIL). Only output its caller checks against the manifest comes from here, so
-    the frame's content checksum (and any block checksums) are left unread: a repeated check,
-    never the only one.
+    without the GIL), made without zeroing it first (see :func:`_unfilled_bytes`). Only output
+    its caller checks against the manifest comes from here, so the frame's content checksum (and
+    any block checksums) are left unread: a repeated check, never the only one.
     """
     decode = _lz4_decoder()
     if decode is None:
@@ -328,16 +328,47 @@ def _lz4_checked(buf: Any, size: int) -> bytes | None:
         blocks = _lz4_blocks(view, size)
         if blocks is None:
             return None
-        out = io.BytesIO()
-        if size:
-            out.seek(size - 1)
-            out.write(b"\0")
-        with out.getbuffer() as target:
-            src, dst = np.frombuffer(view, dtype=np.uint8), np.frombuffer(target, dtype=np.uint8)
-            done = _lz4_decode(decode, src, dst, blocks)
-            del src, dst
-    # getvalue() hands over the buffer it holds, when it holds exactly the content: no copy
-    return out.getvalue() if done == size else None
+        made = _unfilled_bytes(size)
+        out, dst = made if made is not None else (bytearray(size), None)  # elsewhere: zeroed, then copied once
+        if dst is None:
+            dst = np.frombuffer(out, dtype=np.uint8)
+        src = np.frombuffer(view, dtype=np.uint8)
+        done = _lz4_decode(decode, src, dst, blocks)
+        del src, dst
+    if done != size:
+        return None  # ``out`` is dropped unseen: nothing reads bytes the decoder did not write
+    return out if isinstance(out, bytes) else bytes(out)
+
+
+def _unfilled_bytes(size: int) -> tuple[bytes, np.ndarray] | None:
+    """A new ``bytes`` of ``size`` whose contents are not set yet, and a writable view of it, for
+    the caller to fill before anyone else sees it; None where CPython's C API is not at hand.
+
+    ``bytes(size)`` (or a ``BytesIO`` grown to the size) zeroes every byte while it holds the
+    GIL: for fresh memory that is where its pages are first touched, which costs more than
+    decoding into them, and stalls the thread that hands out samples meanwhile.
+    ``PyBytes_FromStringAndSize(NULL, size)`` leaves the bytes for the caller to write (the C
+    API's way to build a bytes object in place); the decoder then touches the pages first,
+    without the GIL.
+    """
+    api = _bytes_api()
+    if api is None or size <= 0:
+        return None
+    make, data = api
+    out = make(None, size)
+    return out, np.frombuffer(memoryview((ctypes.c_char * size).from_address(data(out))).cast("B"), dtype=np.uint8)
+
+
+@functools.lru_cache(maxsize=1)
+def _bytes_api() -> tuple[Any, Any] | None:
+    """CPython's ``PyBytes_FromStringAndSize`` and ``PyBytes_AsString`` through ctypes, or None."""
+    try:
+        make, data = ctypes.pythonapi.PyBytes_FromStringAndSize, ctypes.pythonapi.PyBytes_AsString
+    except AttributeError:  # pragma: no cover - not CPython
+        return None
+    make.argtypes, make.restype = (ctypes.c_char_p, ctypes.c_ssize_t), ctypes.py_object
+    data.argtypes, data.restype = (ctypes.py_object,), ctypes.c_void_p
+    return make, data
 
 
 def _lz4_blocks(view: memoryview, size: int) -> tuple[int, list[tuple[int, int, bool]], bool] | None:
@@ -400,8 +431,6 @@ def _lz4_decode(decode: Any, src: np.ndarray, dst: np.ndarray, frame: tuple[int,
 def _lz4_decoder() -> Any:
     """liblz4's ``LZ4_decompress_safe_usingDict`` as python-lz4 bundles it (its block module
     exports the library's symbols where the platform's linker does), or None."""
-    import ctypes
-
     try:
         import lz4.block._block as native
 
