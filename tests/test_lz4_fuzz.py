@@ -113,6 +113,17 @@ def test_a_checked_read_decodes_block_by_block_and_gives_the_same_bytes(flags, d
     assert compression._lz4_checked(without, len(data)) == data  # no checksum to skip: read by blocks all the same
 
 
+def test_the_bytes_decoded_into_are_unset_until_written_and_zeroed_where_the_c_api_is_missing(monkeypatch):
+    made = compression._unfilled_bytes(SIZE)
+    assert made is not None and type(made[0]) is bytes and len(made[0]) == SIZE and made[1].flags.writeable
+    made[1][:] = 7
+    assert made[0] == bytes([7]) * SIZE  # the view writes into the bytes object itself
+    first = compression._lz4_checked(PACKED, SIZE)
+    monkeypatch.setattr(compression, "_unfilled_bytes", lambda size: None)
+    again = compression._lz4_checked(PACKED, SIZE)
+    assert first == again == DATA and type(again) is bytes
+
+
 def test_without_liblz4s_decoder_at_hand_a_checked_read_takes_the_full_way(monkeypatch):
     monkeypatch.setattr(compression, "_lz4_decoder", lambda: None)
     assert compression._lz4_checked(PACKED, SIZE) is None
