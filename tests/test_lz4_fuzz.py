@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import shardkit
 from shardkit import manifest
 from shardkit.errors import CorruptShardError
-from shardkit.tar import compression
+from shardkit.tar import compression, lz4_blocks
 
 URL = "d/pile-000001.tar.lz4"
 DATA = b"".join(b"%08d alpha beta gamma\n" % i for i in range(600))
@@ -106,38 +106,38 @@ def test_a_checked_read_decodes_block_by_block_and_gives_the_same_bytes(flags, d
 
     frame = lz4.frame.compress(data, content_checksum=True, **({"store_size": False} | flags))
     descriptor_end = 7 + (8 if frame[4] & 0x08 else 0)
-    assert compression._header_check(frame[4 : descriptor_end - 1]) == frame[descriptor_end - 1]  # lz4's own check byte
-    assert compression._lz4_checked(frame, len(data)) == data
+    assert lz4_blocks.header_check(frame[4 : descriptor_end - 1]) == frame[descriptor_end - 1]  # lz4's own check byte
+    assert lz4_blocks.read_checked(frame, len(data)) == data
     assert compression.decompress(frame, "lz4", URL, size=len(data), checked=True) == data
     without = lz4.frame.compress(data, content_checksum=False, **({"store_size": False} | flags))
-    assert compression._lz4_checked(without, len(data)) == data  # no checksum to skip: read by blocks all the same
+    assert lz4_blocks.read_checked(without, len(data)) == data  # no checksum to skip: read by blocks all the same
 
 
 def test_the_bytes_decoded_into_are_unset_until_written_and_zeroed_where_the_c_api_is_missing(monkeypatch):
-    made = compression._unfilled_bytes(SIZE)
+    made = lz4_blocks.unfilled_bytes(SIZE)
     assert made is not None and type(made[0]) is bytes and len(made[0]) == SIZE and made[1].flags.writeable
     made[1][:] = 7
     assert made[0] == bytes([7]) * SIZE  # the view writes into the bytes object itself
-    first = compression._lz4_checked(PACKED, SIZE)
-    monkeypatch.setattr(compression, "_unfilled_bytes", lambda size: None)
-    again = compression._lz4_checked(PACKED, SIZE)
+    first = lz4_blocks.read_checked(PACKED, SIZE)
+    monkeypatch.setattr(lz4_blocks, "unfilled_bytes", lambda size: None)
+    again = lz4_blocks.read_checked(PACKED, SIZE)
     assert first == again == DATA and type(again) is bytes
 
 
 def test_without_liblz4s_decoder_at_hand_a_checked_read_takes_the_full_way(monkeypatch):
-    monkeypatch.setattr(compression, "_lz4_decoder", lambda: None)
-    assert compression._lz4_checked(PACKED, SIZE) is None
+    monkeypatch.setattr(lz4_blocks, "decoder", lambda: None)
+    assert lz4_blocks.read_checked(PACKED, SIZE) is None
     assert compression.decompress(PACKED, "lz4", URL, size=SIZE, checked=True) == DATA
     assert isinstance(_read(PACKED[:-5]), CorruptShardError)
 
 
 def test_a_checked_read_of_frames_it_cannot_take_falls_back_to_the_full_read():
     joined = PACKED + PACKED  # two frames, as other tools may write: the fast path sees data after the first
-    assert compression._lz4_checked(joined, 2 * SIZE) is None
+    assert lz4_blocks.read_checked(joined, 2 * SIZE) is None
     assert compression.decompress(joined, "lz4", URL, size=2 * SIZE, checked=True) == DATA + DATA
-    assert compression._lz4_checked(PACKED, SIZE - 1) is None  # another size than the manifest's
+    assert lz4_blocks.read_checked(PACKED, SIZE - 1) is None  # another size than the manifest's
     bad_header = _flipped(PACKED, HEADER - 1, 0)
-    assert compression._lz4_checked(bad_header, SIZE) is None
+    assert lz4_blocks.read_checked(bad_header, SIZE) is None
     assert isinstance(_read(bad_header), CorruptShardError)
 
 

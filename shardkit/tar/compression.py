@@ -19,16 +19,12 @@ faster, which is what a loader that decompresses beside a training loop needs on
 
 from __future__ import annotations
 
-import ctypes
-import functools
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from shardkit._util import check_int, shown
 from shardkit.errors import ConfigError, CorruptShardError
-from shardkit.tar import zstd_frames
+from shardkit.tar import lz4_blocks, zstd_frames
 
 # the codecs, in the order they are offered; None (no compression) is the default everywhere
 CODECS = ("zstd", "gzip", "lz4")
@@ -183,7 +179,7 @@ def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threa
     length when a manifest says it, is checked. ``checked`` says the caller checks the bytes
     against a checksum of its own (a manifest's CRC-32 of the tar): an lz4 frame's content
     checksum would repeat that check and is skipped, and its blocks are decoded one by one
-    (see :func:`_lz4_checked`).
+    (see :func:`~shardkit.tar.lz4_blocks.read_checked`).
 
     Raises:
         CorruptShardError: naming ``url``: not this codec's data (wrong magic bytes), a stream
@@ -200,7 +196,7 @@ def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threa
     if frames is not None:
         return zstd_frames.decompress(buf, frames, url, threads=threads)
     try:
-        out = _lz4_checked(buf, size) if codec == "lz4" and checked and size is not None else None
+        out = lz4_blocks.read_checked(buf, size) if codec == "lz4" and checked and size is not None else None
         if out is None:
             out = _READERS[codec](buf, size)
     except Exception as e:  # the codecs' own errors (zstd.ZstdError, zlib.error, EOFError...): say which shard and why
@@ -294,179 +290,6 @@ def _lz4(buf: Any, size: int | None) -> bytes:
 
 
 _READERS = {"zstd": _zstd, "gzip": _gzip, "lz4": _lz4}
-
-# the frame descriptor's flag bits (FLG) this module looks at: the version (01), independent
-# blocks, block checksums, content size and dictionary id fields that lengthen the header, and
-# the content checksum at the frame's end
-_LZ4_VERSION, _LZ4_INDEPENDENT, _LZ4_BLOCK_CHECKSUM = 0xC0, 0x20, 0x10
-_LZ4_CONTENT_SIZE, _LZ4_CONTENT_CHECKSUM, _LZ4_DICT_ID = 0x08, 0x04, 0x01
-# a block's size word: the high bit says the block is stored as it is, not compressed
-_LZ4_STORED = 1 << 31
-# what a linked block may refer back to in the output before it
-_LZ4_WINDOW = 64 << 10
-
-
-def _lz4_checked(buf: Any, size: int) -> bytes | None:
-    """A single LZ4 frame of ``size`` bytes of content, which the caller checks against a
-    checksum of its own, decoded block by block into one buffer; None when ``buf`` is not such a
-    frame, a block does not decode, or liblz4's block decoder is not at hand (the caller then
-    reads it the full way, which names any fault).
-
-    python-lz4's frame reader decodes into a buffer it guesses and grows, hashes the content
-    (xxHash-32, with no switch to skip it), then copies it all into a bytes object while it
-    holds the GIL: three buffers of fresh memory a pile, and on a virtual machine touching fresh
-    memory costs more than decoding into it. Here each block is decoded straight into the one
-    bytes object returned (liblz4's own ``LZ4_decompress_safe_usingDict``, through ctypes,
-    without the GIL), made without zeroing it first (see :func:`_unfilled_bytes`). Only output
-    its caller checks against the manifest comes from here, so the frame's content checksum (and
-    any block checksums) are left unread: a repeated check, never the only one.
-    """
-    decode = _lz4_decoder()
-    if decode is None:
-        return None
-    with memoryview(buf) as view:
-        blocks = _lz4_blocks(view, size)
-        if blocks is None:
-            return None
-        made = _unfilled_bytes(size)
-        out, dst = made if made is not None else (bytearray(size), None)  # elsewhere: zeroed, then copied once
-        if dst is None:
-            dst = np.frombuffer(out, dtype=np.uint8)
-        src = np.frombuffer(view, dtype=np.uint8)
-        done = _lz4_decode(decode, src, dst, blocks)
-        del src, dst
-    if done != size:
-        return None  # ``out`` is dropped unseen: nothing reads bytes the decoder did not write
-    return out if isinstance(out, bytes) else bytes(out)
-
-
-def _unfilled_bytes(size: int) -> tuple[bytes, np.ndarray] | None:
-    """A new ``bytes`` of ``size`` whose contents are not set yet, and a writable view of it, for
-    the caller to fill before anyone else sees it; None where CPython's C API is not at hand.
-
-    ``bytes(size)`` (or a ``BytesIO`` grown to the size) zeroes every byte while it holds the
-    GIL: for fresh memory that is where its pages are first touched, which costs more than
-    decoding into them, and stalls the thread that hands out samples meanwhile.
-    ``PyBytes_FromStringAndSize(NULL, size)`` leaves the bytes for the caller to write (the C
-    API's way to build a bytes object in place); the decoder then touches the pages first,
-    without the GIL.
-    """
-    api = _bytes_api()
-    if api is None or size <= 0:
-        return None
-    make, data = api
-    out = make(None, size)
-    return out, np.frombuffer(memoryview((ctypes.c_char * size).from_address(data(out))).cast("B"), dtype=np.uint8)
-
-
-@functools.lru_cache(maxsize=1)
-def _bytes_api() -> tuple[Any, Any] | None:
-    """CPython's ``PyBytes_FromStringAndSize`` and ``PyBytes_AsString`` through ctypes, or None."""
-    try:
-        make, data = ctypes.pythonapi.PyBytes_FromStringAndSize, ctypes.pythonapi.PyBytes_AsString
-    except AttributeError:  # pragma: no cover - not CPython
-        return None
-    make.argtypes, make.restype = (ctypes.c_char_p, ctypes.c_ssize_t), ctypes.py_object
-    data.argtypes, data.restype = (ctypes.py_object,), ctypes.c_void_p
-    return make, data
-
-
-def _lz4_blocks(view: memoryview, size: int) -> tuple[int, list[tuple[int, int, bool]], bool] | None:
-    """Where the blocks of the single LZ4 frame ``view`` are: its maximum block size, each
-    block's ``(offset, length, stored as it is)``, and whether a block may refer to the output
-    before it (linked blocks); None when ``view`` is anything else (no frame header of version
-    01 with a good check byte, a dictionary id, another content size than ``size``, a block that
-    runs past the end, more after the frame)."""
-    if len(view) < 7 or view[4] & _LZ4_VERSION != 0x40 or view[4] & _LZ4_DICT_ID:
-        return None
-    flags, most = view[4], 1 << (8 + 2 * ((view[5] >> 4) & 7))  # the block descriptor's maximum block size
-    at = 6 + (8 if flags & _LZ4_CONTENT_SIZE else 0)  # the header's check byte
-    if len(view) <= at or _header_check(bytes(view[4:at])) != view[at]:
-        return None
-    if flags & _LZ4_CONTENT_SIZE and int.from_bytes(view[6:14], "little") != size:
-        return None
-    at += 1
-    trailer = 4 if flags & _LZ4_BLOCK_CHECKSUM else 0
-    blocks = []
-    while True:
-        if at + 4 > len(view):
-            return None
-        word = int.from_bytes(view[at : at + 4], "little")
-        at += 4
-        if not word:  # the end mark
-            break
-        length = word & ~_LZ4_STORED
-        if length > most or at + length + trailer > len(view):
-            return None
-        blocks.append((at, length, bool(word & _LZ4_STORED)))
-        at += length + trailer
-    at += 4 if flags & _LZ4_CONTENT_CHECKSUM else 0
-    return (most, blocks, not flags & _LZ4_INDEPENDENT) if at == len(view) else None
-
-
-def _lz4_decode(decode: Any, src: np.ndarray, dst: np.ndarray, frame: tuple[int, list[tuple[int, int, bool]], bool]) -> int:
-    """Decode the blocks of ``frame`` (see :func:`_lz4_blocks`) from ``src`` into ``dst`` in
-    order; returns the bytes written, or -1 when a block does not decode or the content does not
-    fit ``dst``. A linked block reads the output before it, which lies just before it in ``dst``."""
-    most, blocks, linked = frame
-    done, size = 0, len(dst)
-    for at, length, stored in blocks:
-        room = min(most, size - done)
-        if stored:
-            if length > room:
-                return -1
-            dst[done : done + length] = src[at : at + length]
-            written = length
-        else:
-            window = min(done, _LZ4_WINDOW) if linked else 0
-            base = dst.ctypes.data + done
-            written = decode(src.ctypes.data + at, base, length, room, base - window, window) if room else -1
-            if written < 0:
-                return -1
-        done += written
-    return done
-
-
-@functools.lru_cache(maxsize=1)
-def _lz4_decoder() -> Any:
-    """liblz4's ``LZ4_decompress_safe_usingDict`` as python-lz4 bundles it (its block module
-    exports the library's symbols where the platform's linker does), or None."""
-    try:
-        import lz4.block._block as native
-
-        call = ctypes.CDLL(native.__file__).LZ4_decompress_safe_usingDict
-    except (ImportError, OSError, AttributeError):
-        return None
-    # (src, dst, compressed size, dst capacity, dictionary start, dictionary size) -> bytes written, < 0 on error;
-    # it never reads past the compressed size nor writes past the capacity, whatever the input
-    call.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
-    call.restype = ctypes.c_int
-    return call
-
-
-_XXH_PRIMES = (2654435761, 2246822519, 3266489917, 668265263, 374761393)
-_U32 = 0xFFFFFFFF
-
-
-def _header_check(descriptor: bytes) -> int:
-    """An LZ4 frame header's check byte: the second byte of the 32-bit xxHash (seed 0) of its
-    descriptor (the flag byte up to the check byte; 2 to 14 bytes, so the hash's short form)."""
-    p1, p2, p3, p4, p5 = _XXH_PRIMES
-
-    def rotl(x: int, r: int) -> int:
-        return ((x << r) | (x >> (32 - r))) & _U32
-
-    h, at = (p5 + len(descriptor)) & _U32, 0
-    for at in range(0, len(descriptor) - 3, 4):
-        h = rotl((h + int.from_bytes(descriptor[at : at + 4], "little") * p3) & _U32, 17) * p4 & _U32
-    for byte in descriptor[len(descriptor) // 4 * 4 :]:
-        h = rotl((h + byte * p5) & _U32, 11) * p1 & _U32
-    h ^= h >> 15
-    h = h * p2 & _U32
-    h ^= h >> 13
-    h = h * p3 & _U32
-    h ^= h >> 16
-    return (h >> 8) & 0xFF
 
 
 def _reason(e: BaseException) -> str:

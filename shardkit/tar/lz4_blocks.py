@@ -1,0 +1,192 @@
+"""Read a whole LZ4 frame block by block into one bytes object, for a caller that checks the content itself.
+
+The loader reads a pile compressed with ``compression="lz4"`` through :func:`read_checked`:
+liblz4's block decoder (the one python-lz4 bundles, called through ctypes without the GIL)
+decodes each block of the frame straight into the bytes object returned, made unset rather than
+zeroed (:func:`unfilled_bytes`). Anything else (several frames, a dictionary, another size than
+the manifest's, a block that does not decode, no decoder at hand) gives None, and the caller
+reads the frame the full way (:func:`shardkit.tar.compression.decompress`), which names the fault.
+
+    tar = read_checked(stored, size=info.tar_bytes)   # None: read it the full way
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+import numpy as np
+
+# the frame descriptor's flag bits (FLG) this module looks at: the version (01), independent
+# blocks, block checksums, content size and dictionary id fields that lengthen the header, and
+# the content checksum at the frame's end
+_VERSION, _INDEPENDENT, _BLOCK_CHECKSUM = 0xC0, 0x20, 0x10
+_CONTENT_SIZE, _CONTENT_CHECKSUM, _DICT_ID = 0x08, 0x04, 0x01
+# a block's size word: the high bit says the block is stored as it is, not compressed
+_STORED = 1 << 31
+# what a linked block may refer back to in the output before it
+_WINDOW = 64 << 10
+
+
+def read_checked(buf: Any, size: int) -> bytes | None:
+    """A single LZ4 frame of ``size`` bytes of content, which the caller checks against a
+    checksum of its own, decoded block by block into one buffer; None when ``buf`` is not such a
+    frame, a block does not decode, or liblz4's block decoder is not at hand (the caller then
+    reads it the full way, which names any fault).
+
+    python-lz4's frame reader decodes into a buffer it guesses and grows, hashes the content
+    (xxHash-32, with no switch to skip it), then copies it all into a bytes object while it
+    holds the GIL: three buffers of fresh memory a pile, and on a virtual machine touching fresh
+    memory costs more than decoding into it. Here each block is decoded straight into the one
+    bytes object returned (liblz4's own ``LZ4_decompress_safe_usingDict``, through ctypes,
+    without the GIL), made without zeroing it first (see :func:`unfilled_bytes`). Only output
+    its caller checks against the manifest comes from here, so the frame's content checksum (and
+    any block checksums) are left unread: a repeated check, never the only one.
+    """
+    decode = decoder()
+    if decode is None:
+        return None
+    with memoryview(buf) as view:
+        blocks = frame_blocks(view, size)
+        if blocks is None:
+            return None
+        made = unfilled_bytes(size)
+        out, dst = made if made is not None else (bytearray(size), None)  # elsewhere: zeroed, then copied once
+        if dst is None:
+            dst = np.frombuffer(out, dtype=np.uint8)
+        src = np.frombuffer(view, dtype=np.uint8)
+        done = decode_blocks(decode, src, dst, blocks)
+        del src, dst
+    if done != size:
+        return None  # ``out`` is dropped unseen: nothing reads bytes the decoder did not write
+    return out if isinstance(out, bytes) else bytes(out)
+
+
+def unfilled_bytes(size: int) -> tuple[bytes, np.ndarray] | None:
+    """A new ``bytes`` of ``size`` whose contents are not set yet, and a writable view of it, for
+    the caller to fill before anyone else sees it; None where CPython's C API is not at hand.
+
+    ``bytes(size)`` (or a ``BytesIO`` grown to the size) zeroes every byte while it holds the
+    GIL: for fresh memory that is where its pages are first touched, which costs more than
+    decoding into them, and stalls the thread that hands out samples meanwhile.
+    ``PyBytes_FromStringAndSize(NULL, size)`` leaves the bytes for the caller to write (the C
+    API's way to build a bytes object in place); the decoder then touches the pages first,
+    without the GIL.
+    """
+    api = _bytes_api()
+    if api is None or size <= 0:
+        return None
+    make, data = api
+    out = make(None, size)
+    return out, np.frombuffer(memoryview((ctypes.c_char * size).from_address(data(out))).cast("B"), dtype=np.uint8)
+
+
+@functools.lru_cache(maxsize=1)
+def _bytes_api() -> tuple[Any, Any] | None:
+    """CPython's ``PyBytes_FromStringAndSize`` and ``PyBytes_AsString`` through ctypes, or None."""
+    try:
+        make, data = ctypes.pythonapi.PyBytes_FromStringAndSize, ctypes.pythonapi.PyBytes_AsString
+    except AttributeError:  # pragma: no cover - not CPython
+        return None
+    make.argtypes, make.restype = (ctypes.c_char_p, ctypes.c_ssize_t), ctypes.py_object
+    data.argtypes, data.restype = (ctypes.py_object,), ctypes.c_void_p
+    return make, data
+
+
+def frame_blocks(view: memoryview, size: int) -> tuple[int, list[tuple[int, int, bool]], bool] | None:
+    """Where the blocks of the single LZ4 frame ``view`` are: its maximum block size, each
+    block's ``(offset, length, stored as it is)``, and whether a block may refer to the output
+    before it (linked blocks); None when ``view`` is anything else (no frame header of version
+    01 with a good check byte, a dictionary id, another content size than ``size``, a block that
+    runs past the end, more after the frame)."""
+    if len(view) < 7 or view[4] & _VERSION != 0x40 or view[4] & _DICT_ID:
+        return None
+    flags, most = view[4], 1 << (8 + 2 * ((view[5] >> 4) & 7))  # the block descriptor's maximum block size
+    at = 6 + (8 if flags & _CONTENT_SIZE else 0)  # the header's check byte
+    if len(view) <= at or header_check(bytes(view[4:at])) != view[at]:
+        return None
+    if flags & _CONTENT_SIZE and int.from_bytes(view[6:14], "little") != size:
+        return None
+    at += 1
+    trailer = 4 if flags & _BLOCK_CHECKSUM else 0
+    blocks = []
+    while True:
+        if at + 4 > len(view):
+            return None
+        word = int.from_bytes(view[at : at + 4], "little")
+        at += 4
+        if not word:  # the end mark
+            break
+        length = word & ~_STORED
+        if length > most or at + length + trailer > len(view):
+            return None
+        blocks.append((at, length, bool(word & _STORED)))
+        at += length + trailer
+    at += 4 if flags & _CONTENT_CHECKSUM else 0
+    return (most, blocks, not flags & _INDEPENDENT) if at == len(view) else None
+
+
+def decode_blocks(decode: Any, src: np.ndarray, dst: np.ndarray, frame: tuple[int, list[tuple[int, int, bool]], bool]) -> int:
+    """Decode the blocks of ``frame`` (see :func:`frame_blocks`) from ``src`` into ``dst`` in
+    order; returns the bytes written, or -1 when a block does not decode or the content does not
+    fit ``dst``. A linked block reads the output before it, which lies just before it in ``dst``."""
+    most, blocks, linked = frame
+    done, size = 0, len(dst)
+    for at, length, stored in blocks:
+        room = min(most, size - done)
+        if stored:
+            if length > room:
+                return -1
+            dst[done : done + length] = src[at : at + length]
+            written = length
+        else:
+            window = min(done, _WINDOW) if linked else 0
+            base = dst.ctypes.data + done
+            written = decode(src.ctypes.data + at, base, length, room, base - window, window) if room else -1
+            if written < 0:
+                return -1
+        done += written
+    return done
+
+
+@functools.lru_cache(maxsize=1)
+def decoder() -> Any:
+    """liblz4's ``LZ4_decompress_safe_usingDict`` as python-lz4 bundles it (its block module
+    exports the library's symbols where the platform's linker does), or None."""
+    try:
+        import lz4.block._block as native
+
+        call = ctypes.CDLL(native.__file__).LZ4_decompress_safe_usingDict
+    except (ImportError, OSError, AttributeError):
+        return None
+    # (src, dst, compressed size, dst capacity, dictionary start, dictionary size) -> bytes written, < 0 on error;
+    # it never reads past the compressed size nor writes past the capacity, whatever the input
+    call.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+    call.restype = ctypes.c_int
+    return call
+
+
+_XXH_PRIMES = (2654435761, 2246822519, 3266489917, 668265263, 374761393)
+_U32 = 0xFFFFFFFF
+
+
+def header_check(descriptor: bytes) -> int:
+    """An LZ4 frame header's check byte: the second byte of the 32-bit xxHash (seed 0) of its
+    descriptor (the flag byte up to the check byte; 2 to 14 bytes, so the hash's short form)."""
+    p1, p2, p3, p4, p5 = _XXH_PRIMES
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & _U32
+
+    h, at = (p5 + len(descriptor)) & _U32, 0
+    for at in range(0, len(descriptor) - 3, 4):
+        h = rotl((h + int.from_bytes(descriptor[at : at + 4], "little") * p3) & _U32, 17) * p4 & _U32
+    for byte in descriptor[len(descriptor) // 4 * 4 :]:
+        h = rotl((h + byte * p5) & _U32, 11) * p1 & _U32
+    h ^= h >> 15
+    h = h * p2 & _U32
+    h ^= h >> 13
+    h = h * p3 & _U32
+    h ^= h >> 16
+    return (h >> 8) & 0xFF
