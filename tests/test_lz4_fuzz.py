@@ -118,6 +118,10 @@ def test_the_bytes_decoded_into_are_unset_until_written_and_zeroed_where_the_c_a
     assert made is not None and type(made[0]) is bytes and len(made[0]) == SIZE and made[1].flags.writeable
     made[1][:] = 7
     assert made[0] == bytes([7]) * SIZE  # the view writes into the bytes object itself
+    view = lz4_blocks.unfilled_bytes(SIZE)[1]  # its bytes object is not held here: the view holds it
+    view[:] = 3
+    assert bytes(view) == bytes([3]) * SIZE
+    assert lz4_blocks.read_checked(PACKED, 1 << 40) is None  # more than its blocks hold: nothing allocated, the full read names it
     first = lz4_blocks.read_checked(PACKED, SIZE)
     monkeypatch.setattr(lz4_blocks, "unfilled_bytes", lambda size: None)
     again = lz4_blocks.read_checked(PACKED, SIZE)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import sys
 from typing import Any
 
 import numpy as np
@@ -49,18 +50,24 @@ def read_checked(buf: Any, size: int) -> bytes | None:
         return None
     with memoryview(buf) as view:
         blocks = frame_blocks(view, size)
-        if blocks is None:
-            return None
-        made = unfilled_bytes(size)
-        out, dst = made if made is not None else (bytearray(size), None)  # elsewhere: zeroed, then copied once
-        if dst is None:
-            dst = np.frombuffer(out, dtype=np.uint8)
-        src = np.frombuffer(view, dtype=np.uint8)
-        done = decode_blocks(decode, src, dst, blocks)
-        del src, dst
+        if blocks is None or size > blocks[0] * len(blocks[1]):
+            return None  # more than the frame's blocks can hold (a wrong size): the full read says so
+        out, dst = unfilled_bytes(size) or _zeroed(size)
+        try:
+            done = decode_blocks(decode, np.frombuffer(view, dtype=np.uint8), dst, blocks)
+        except BaseException:
+            del out, dst  # a traceback keeps the frame: it must not hold bytes never written
+            raise
+        del dst
     if done != size:
         return None  # ``out`` is dropped unseen: nothing reads bytes the decoder did not write
     return out if isinstance(out, bytes) else bytes(out)
+
+
+def _zeroed(size: int) -> tuple[bytearray, np.ndarray]:
+    """Where :func:`unfilled_bytes` cannot help: zeroed memory, copied into bytes once filled."""
+    out = bytearray(size)
+    return out, np.frombuffer(out, dtype=np.uint8)
 
 
 def unfilled_bytes(size: int) -> tuple[bytes, np.ndarray] | None:
@@ -78,13 +85,17 @@ def unfilled_bytes(size: int) -> tuple[bytes, np.ndarray] | None:
     if api is None or size <= 0:
         return None
     make, data = api
-    out = make(None, size)
-    return out, np.frombuffer(memoryview((ctypes.c_char * size).from_address(data(out))).cast("B"), dtype=np.uint8)
+    out = make(None, size)  # a new object for any size above 0 (only a copied byte is shared)
+    place = (ctypes.c_char * size).from_address(data(out))
+    place._owner = out  # type: ignore[attr-defined]  # the view keeps the bytes alive, whoever holds it
+    return out, np.frombuffer(memoryview(place).cast("B"), dtype=np.uint8)
 
 
 @functools.lru_cache(maxsize=1)
 def _bytes_api() -> tuple[Any, Any] | None:
     """CPython's ``PyBytes_FromStringAndSize`` and ``PyBytes_AsString`` through ctypes, or None."""
+    if sys.implementation.name != "cpython":  # pragma: no cover - another Python's bytes are not CPython's
+        return None
     try:
         make, data = ctypes.pythonapi.PyBytes_FromStringAndSize, ctypes.pythonapi.PyBytes_AsString
     except AttributeError:  # pragma: no cover - not CPython
