@@ -97,10 +97,12 @@ def run_measured(argv: Sequence[str], *, timeout: float, env: dict[str, str] | N
         stderr = err.read().decode("utf-8", "replace")
     return {
         "wall_s": wall,
-        "peak_rss": max(polled, hwm),
+        # a process done before the first look leaves no VmHWM to read: the kernel's own maximum
+        # at exit (ru_maxrss, in KiB on Linux) covers it
+        "peak_rss": max(polled, hwm, usage.ru_maxrss * 1024),
         # user + system time of the process and every descendant it reaped (its workers)
         "cpu_s": usage.ru_utime + usage.ru_stime,
-        "rss_method": "max of the process tree's summed RSS (polled every 5 ms) and the main process's VmHWM"
+        "rss_method": "max of the process tree's summed RSS (polled every 5 ms), the main process's VmHWM and its maximum RSS at exit"
         if handle is not None
         else "VmHWM of the main process (psutil absent: worker processes not counted)",
         "returncode": proc.returncode,
