@@ -2,11 +2,12 @@
 
 Every measurement starts a new interpreter (or command), so imports, caches and allocator state
 never leak from one contender into the next, and peak RSS belongs to that contender alone. Peak
-RSS is the larger of two readings: the sum of RSS over the process tree, polled every few
-milliseconds with psutil when it is installed (worker processes included), and the kernel's
-high-water mark of the main process (``VmHWM`` in ``/proc/PID/status``; a Python contender also
-reports its own at the end), which no short spike escapes. ``wait4``'s ``ru_maxrss`` is not used:
-it keeps the high-water mark of the process that forked the child, here the harness itself.
+RSS is the larger of two readings: the sum of RSS over the process tree, polled every 50 ms
+with psutil when it is installed (worker processes included), and the kernel's high-water mark
+of the main process (``VmHWM`` in ``/proc/PID/status``, read every 5 ms; a Python contender also
+reports its own at the end), which no short spike escapes. ``wait4``'s ``ru_maxrss`` keeps the
+high-water mark of the process that forked the child, here the harness itself: it is used only
+for a command gone before the first look (``cat`` of a few MB), as an upper bound.
 
     result = measure_python("bench_read:raw_read", {"files": files})
     result["samples_per_s"], result["peak_rss"]
@@ -27,6 +28,10 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 POLL_S = 0.005
+# the process tree's RSS is summed every this many seconds: psutil finds children by reading
+# every process in /proc, 1.7 ms a time here, which every 5 ms took a third of a core from
+# the contender on 2 cores (the main process's VmHWM, 0.02 ms, is still read every POLL_S)
+TREE_POLL_S = 0.05
 
 try:
     import psutil
@@ -79,13 +84,15 @@ def run_measured(argv: Sequence[str], *, timeout: float, env: dict[str, str] | N
         proc = subprocess.Popen(list(argv), stdout=subprocess.DEVNULL, stderr=err, env=env)
         handle = psutil.Process(proc.pid) if psutil is not None else None
         polled = hwm = 0
+        tree_due = start
         while True:
             hwm = max(hwm, _hwm(proc.pid))
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            if handle is not None:
+            if handle is not None and time.perf_counter() >= tree_due:
                 polled = max(polled, _tree_rss(handle))
+                tree_due = time.perf_counter() + TREE_POLL_S
             if time.perf_counter() - start > timeout:
                 proc.kill()
                 os.waitpid(proc.pid, 0)
@@ -97,12 +104,13 @@ def run_measured(argv: Sequence[str], *, timeout: float, env: dict[str, str] | N
         stderr = err.read().decode("utf-8", "replace")
     return {
         "wall_s": wall,
-        # a process done before the first look leaves no VmHWM to read: the kernel's own maximum
-        # at exit (ru_maxrss, in KiB on Linux) covers it
-        "peak_rss": max(polled, hwm, usage.ru_maxrss * 1024),
+        # a process done before the first look leaves no VmHWM to read: then the kernel's maximum
+        # at exit (ru_maxrss, KiB on Linux), an upper bound that counts the launcher's pages it
+        # held before exec (about 50 MB here), so it is only the last resort
+        "peak_rss": max(polled, hwm) or usage.ru_maxrss * 1024,
         # user + system time of the process and every descendant it reaped (its workers)
         "cpu_s": usage.ru_utime + usage.ru_stime,
-        "rss_method": "max of the process tree's summed RSS (polled every 5 ms), the main process's VmHWM and its maximum RSS at exit"
+        "rss_method": "max of the process tree's summed RSS (polled every 50 ms) and the main process's VmHWM (read every 5 ms; its maximum RSS at exit when it ended before the first look)"
         if handle is not None
         else "VmHWM of the main process (psutil absent: worker processes not counted)",
         "returncode": proc.returncode,
