@@ -180,8 +180,38 @@ def test_piles_in_an_object_store_fall_back_to_values(data, monkeypatch):
         fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)
 
 
+def test_the_main_process_keeps_files_mapped_within_its_budgets(tmp_path, monkeypatch):
+    """At least MAPS files, more while they total under MAPPED_BYTES, never over MAPS_MOST; the
+    least recently used go first."""
+    monkeypatch.setattr(located, "MAPS", 2)
+    monkeypatch.setattr(located, "MAPPED_BYTES", 350)
+    monkeypatch.setattr(located, "MAPS_MOST", 4)
+    maps = located._Maps()
+    urls = []
+    for i in range(6):
+        path = tmp_path / f"p{i}"
+        path.write_bytes(bytes(100))
+        urls.append(str(path))
+
+    def held() -> list[str]:
+        return list(maps._held)
+
+    versions = {u: storage.locate(u)[0].version(storage.locate(u)[1]) for u in urls}
+    for u in urls[:3]:
+        maps.get(u, versions[u])
+    assert held() == urls[:3]  # 300 bytes: under the budget
+    maps.get(urls[3], versions[urls[3]])
+    assert held() == urls[1:4]  # 400 bytes: the oldest goes, down to 300
+    maps.get(urls[1], versions[urls[1]])  # used again: the newest now
+    monkeypatch.setattr(located, "MAPPED_BYTES", 10**9)
+    maps.get(urls[4], versions[urls[4]])
+    maps.get(urls[5], versions[urls[5]])
+    assert held() == [urls[3], urls[1], urls[4], urls[5]]  # MAPS_MOST bounds it whatever the bytes
+
+
 def test_views_outlive_the_maps_the_main_process_lets_go(data, monkeypatch):
     monkeypatch.setattr(located, "MAPS", 1)
+    monkeypatch.setattr(located, "MAPPED_BYTES", 0)
     ds = ShardkitDataset(data, batch_size=16, decode=False, seed=2, views=True)
     got = list(ShardkitDataLoader(ds, num_workers=2))
     want = plain(list(ShardkitDataLoader(ShardkitDataset(data, batch_size=16, decode=False, seed=2), num_workers=2)))

@@ -28,8 +28,14 @@ from shardkit.loading.source import Pile
 from shardkit.tar import compression
 from shardkit.tar.shard import Spans
 
-# files the main process keeps mapped (about the piles its workers read at once, and the next)
+# files the main process keeps mapped: at least MAPS (about the piles its workers read at once,
+# and the next), more while they total under MAPPED_BYTES, never over MAPS_MOST (a descriptor
+# each). A file mapped again costs its page faults in the main process, the DataLoader's bound:
+# keeping a small dataset's piles mapped from one epoch to the next made later epochs of 12
+# piles of 17 MB 1.08-1.18x faster on 2 cores.
 MAPS = 8
+MAPPED_BYTES = 1 << 30
+MAPS_MOST = 128
 # what a piece travels as: (URL, version, start offsets, end offsets), offsets as int64 bytes
 Wire = list[tuple[str, str, bytes, bytes]]
 
@@ -90,7 +96,8 @@ def located_columns(url: str, version: str, spans: Spans) -> dict[str, Any]:
 
 
 class _Maps:
-    """The files the main process has mapped, most recently used last (at most :data:`MAPS`)."""
+    """The files the main process has mapped, most recently used last (as many as :data:`MAPS`,
+    :data:`MAPPED_BYTES` and :data:`MAPS_MOST` allow)."""
 
     def __init__(self) -> None:
         self._held: OrderedDict[str, tuple[str, storage.Buffer]] = OrderedDict()
@@ -113,9 +120,12 @@ class _Maps:
         with self._lock:
             self._held[url] = (version, buf)
             self._held.move_to_end(url)
-            while len(self._held) > MAPS:
+            while len(self._held) > MAPS_MOST or (len(self._held) > MAPS and self._bytes() > MAPPED_BYTES):
                 self._held.popitem(last=False)  # a view still held keeps its map alive
         return buf
+
+    def _bytes(self) -> int:
+        return sum(len(buf) for _, buf in self._held.values())
 
 
 _MAPS = _Maps()
