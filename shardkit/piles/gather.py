@@ -19,7 +19,7 @@ import functools
 import itertools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -109,15 +109,23 @@ class SampleSink(PileSink):
         members, before the trailer; nothing may be put afterwards."""
         self._made()
         for pile in range(len(self.sizes)):
-            with storage.guard(self.part(pile), "write", size=len(write.TRAILER)):
-                fd = self._open.get(pile)
-                if fd is None:
-                    fd = self.store.open_fd(part_name(pile), append=True)
-                try:
-                    storage.write_fully(fd, write.TRAILER)
-                finally:
-                    if pile not in self._open:
-                        os.close(fd)
+            with storage.guard(self.part(pile), "write", size=len(write.TRAILER)), self._part_fd(pile) as fd:
+                storage.write_fully(fd, write.TRAILER)
+
+    @contextlib.contextmanager
+    def _part_fd(self, pile: int) -> Iterator[int]:
+        """Pile ``pile``'s part file open for appending: the one kept open, else opened (and kept
+        while fewer than :func:`open_parts` are), closed after unless kept."""
+        fd = self._open.get(pile)
+        if fd is None:
+            fd = self.store.open_fd(part_name(pile), append=True)
+            if len(self._open) < self._keep:
+                self._open[pile] = fd
+        try:
+            yield fd
+        finally:
+            if pile not in self._open:
+                os.close(fd)
 
     def close(self) -> None:
         """Close the part files kept open (idempotent); flush first to keep what is held."""
@@ -184,17 +192,8 @@ class SampleSink(PileSink):
             # one piece for a small pile (each pile of a large M)
             bounds = _piece_bounds(sizes[lo:hi], {m - lo for m in large if lo <= m < hi}) if nbytes > PIECE or large else [0, hi - lo]
             path = self.part(pile)
-            with storage.guard(path, "write", size=nbytes):
-                fd = self._open.get(pile)
-                if fd is None:
-                    fd = self.store.open_fd(part_name(pile), append=True)
-                    if len(self._open) < self._keep:
-                        self._open[pile] = fd
-                try:
-                    self.crcs[pile] = _append_members(fd, chunks[4 * lo : 4 * hi], bounds, self.crcs[pile])
-                finally:
-                    if pile not in self._open:
-                        os.close(fd)
+            with storage.guard(path, "write", size=nbytes), self._part_fd(pile) as fd:
+                self.crcs[pile] = _append_members(fd, chunks[4 * lo : 4 * hi], bounds, self.crcs[pile])
             first = hi - len(exts[samples[k + 1] - 1])  # the last sample's first member
             self._last_start[pile] = self.sizes[pile] + ends[first] - ends[lo]
             self._record(pile, -1, nbytes, samples[k + 1] - samples[k])
