@@ -231,7 +231,8 @@ class Loader:
             gen.close()  # type: ignore[attr-defined]
 
     def close(self) -> None:
-        """Stop the reader thread and worker processes. Idempotent."""
+        """Stop the reader thread and worker processes, and let go of the memory kept for decoding
+        piles. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -239,6 +240,7 @@ class Loader:
         if self._workers is not None:
             self._workers.close()
             self._workers = None
+        self._setup.scratch.room(0)
 
     def __enter__(self) -> Loader:
         return self

@@ -65,9 +65,12 @@ def tar_problem(buf: storage.Buffer, expected: PileInfo) -> str | None:
     return None
 
 
-def unpack(url: str, stored: storage.Buffer, expected: PileInfo, *, checksum: bool = True) -> storage.Buffer:
+def unpack(
+    url: str, stored: storage.Buffer, expected: PileInfo, *, checksum: bool = True, scratch: storage.Scratch | None = None
+) -> storage.Buffer:
     """The tar of a pile as its manifest entry describes it: ``stored`` itself for a plain pile,
-    else decompressed and checked against ``tar_bytes`` (and ``tar_checksum`` when ``checksum``).
+    else decompressed (into one of ``scratch``'s maps where the codec can) and checked against
+    ``tar_bytes`` (and ``tar_checksum`` when ``checksum``).
 
     Raises:
         CorruptShardError: naming ``url``: not the codec's data, truncated or corrupt, or a tar
@@ -76,7 +79,7 @@ def unpack(url: str, stored: storage.Buffer, expected: PileInfo, *, checksum: bo
     if expected.compression is None:
         return stored
     # with ``checksum`` the tar's CRC-32 is checked just below, so an lz4 frame's own checksum of the same bytes is skipped
-    tar = compression.decompress(stored, expected.compression, url, size=expected.tar_bytes, checked=checksum)
+    tar = compression.decompress(stored, expected.compression, url, size=expected.tar_bytes, checked=checksum, into=scratch)
     problem = tar_problem(tar, expected) if checksum else None
     if problem is not None:
         raise CorruptShardError(f"{url}: {problem}")
@@ -98,6 +101,7 @@ def fetch(
     verify: bool = True,
     mapped: bool = True,
     reads: storage.RemoteReads | None = None,
+    scratch: storage.Scratch | None = None,
 ) -> Fetched:
     """A pile's bytes, checked (size limit, manifest size and checksum) and scanned.
 
@@ -105,7 +109,7 @@ def fetch(
     decompressed in memory. A pile in an object store is read as ``reads`` says (concurrent
     ranges, a cache; a cache keeps compressed piles compressed) and read again when its bytes
     come back wrong. A compressed pile is checked as stored, then decompressed (see
-    :func:`unpack`); ``max_bytes`` applies to its tar, the memory it takes.
+    :func:`unpack`, into ``scratch``'s memory when given); ``max_bytes`` applies to its tar, the memory it takes.
 
     Raises:
         PileTooLargeError, CorruptShardError, DatasetNotFoundError.
@@ -125,7 +129,7 @@ def fetch(
         _check_limit(url, expected.tar_size, max_bytes)
         stored = _stored(url, expected, max_bytes=None, verify=verify, mapped=True, reads=reads)
         try:
-            buf = unpack(url, stored, expected, checksum=verify)
+            buf = unpack(url, stored, expected, checksum=verify, scratch=scratch)
         finally:
             storage.unmap(stored)
     else:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -59,6 +59,8 @@ class Setup:
         views: raw fields as views of the pile in memory.
         located: raw batches' fields from local plain piles as :class:`~shardkit.loading.located.Located`
             (where they lie), for a process that maps the same files (see :meth:`Loader.locate_fields`).
+        scratch: the memory compressed piles are decoded into, used again from pile to pile and
+            epoch to epoch (fresh memory costs more to touch than the decoding).
     """
 
     options: LoaderOptions
@@ -71,6 +73,7 @@ class Setup:
     columnar: bool
     views: bool
     located: bool = False
+    scratch: storage.Scratch = field(default_factory=storage.Scratch, compare=False)
 
 
 def setup(source: Source, options: LoaderOptions, policy: Policy, reads: storage.RemoteReads) -> Setup:
@@ -116,6 +119,7 @@ class Reading:
         start, s = self.position, self.setup
         uses = sched.uses(start)
         slots = max(1, plan.peak(uses)) + s.ahead
+        s.scratch.room(slots + s.readers)  # every pile held or being read at once
         reader: PileReader[int, Fetched] = PileReader(
             [u.pile for u in uses], self._reader(), slots=slots, readers=s.readers, name=name, paused=True
         )
@@ -133,9 +137,9 @@ class Reading:
     def _reader(self) -> Callable[[int], Fetched]:
         # the thread maps, checksums and scans headers with numpy (all mostly without the GIL);
         # the consumer finishes the index
-        source, o, reads = self.source, self.setup.options, self.setup.reads
+        source, o, reads, scratch = self.source, self.setup.options, self.setup.reads, self.setup.scratch
         limit, verify = o.max_pile_bytes, o.verify
-        return lambda index: source.fetch(index, max_bytes=limit, verify=verify, reads=reads)  # type: ignore[arg-type]
+        return lambda index: source.fetch(index, max_bytes=limit, verify=verify, reads=reads, scratch=scratch)  # type: ignore[arg-type]
 
     def _blocks(self, sched: Schedule, start: int, uses: Sequence[plan.PileUse], reader: PileReader[int, Fetched]) -> Iterator[ShardBlock]:
         """The schedule's blocks with their piles loaded (None where a pile is skipped); each pile

@@ -86,13 +86,21 @@ class Source:
         ]
         return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
 
-    def fetch(self, index: int, *, max_bytes: int | None = None, verify: bool = True, reads: storage.RemoteReads | None = None) -> Fetched:
+    def fetch(
+        self,
+        index: int,
+        *,
+        max_bytes: int | None = None,
+        verify: bool = True,
+        reads: storage.RemoteReads | None = None,
+        scratch: storage.Scratch | None = None,
+    ) -> Fetched:
         """Pile ``index``'s checked bytes and the vectorized half of its index (see
         :func:`shardkit.loading.pile.fetch`): the work a background thread can do without the GIL."""
         pile = self.piles[index]
         if pile.segments is not None and pile.info is not None:
             return fetch_segments(pile.url, pile.segments, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads)
-        return fetch(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads)
+        return fetch(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads, scratch=scratch)
 
     def open(self, index: int, fetched: Fetched) -> Shard:
         """Finish indexing what :meth:`fetch` returned and check the sample count."""

@@ -44,6 +44,7 @@ from shardkit.storage.local_store import LocalStore
 from shardkit.storage.memory_store import MemoryStore
 from shardkit.storage.options import check_storage_options
 from shardkit.storage.paths import guard, is_remote, join, local_path, storage_error
+from shardkit.storage.scratch import Scratch
 from shardkit.storage.store import Entry, Store
 from shardkit.storage.stores import RemoteReads, locate, mount, store_for, unmount
 
@@ -59,6 +60,7 @@ __all__ = [
     "LocalStore",
     "MemoryStore",
     "RemoteReads",
+    "Scratch",
     "Store",
     "atomic_write",
     "brace_expand",

@@ -19,12 +19,16 @@ faster, which is what a loader that decompresses beside a training loop needs on
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardkit._util import check_int, shown
 from shardkit.errors import ConfigError, CorruptShardError
 from shardkit.tar import lz4_blocks, zstd_frames
+
+if TYPE_CHECKING:
+    from shardkit.storage.scratch import Scratch
 
 # the codecs, in the order they are offered; None (no compression) is the default everywhere
 CODECS = ("zstd", "gzip", "lz4")
@@ -170,7 +174,16 @@ def compress(data: Any, codec: str, *, level: int, between: Callable[[], None] |
     return packer.compress(data) + packer.finish()
 
 
-def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threads: int | None = None, checked: bool = False) -> bytes:
+def decompress(
+    buf: Any,
+    codec: str,
+    url: str,
+    *,
+    size: int | None = None,
+    threads: int | None = None,
+    checked: bool = False,
+    into: Scratch | None = None,
+) -> bytes | mmap.mmap:
     """The tar inside the compressed shard ``buf`` read from ``url``.
 
     A zstd shard with a seek table has its frames decompressed on ``threads`` of libzstd's
@@ -179,7 +192,8 @@ def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threa
     length when a manifest says it, is checked. ``checked`` says the caller checks the bytes
     against a checksum of its own (a manifest's CRC-32 of the tar): an lz4 frame's content
     checksum would repeat that check and is skipped, and its blocks are decoded one by one
-    (see :func:`~shardkit.tar.lz4_blocks.read_checked`).
+    (see :func:`~shardkit.tar.lz4_blocks.read_checked`). ``into``: an lz4 frame read that way, or a
+    zstd file with a seek table, is written into one of its maps (memory written before).
 
     Raises:
         CorruptShardError: naming ``url``: not this codec's data (wrong magic bytes), a stream
@@ -194,9 +208,9 @@ def decompress(buf: Any, codec: str, url: str, *, size: int | None = None, threa
         raise CorruptShardError(f"{url}: not {codec} data: expected the magic bytes {' '.join(f'{b:02x}' for b in magic)}, found {found}")
     frames = zstd_frames.table(buf, url, size=size) if codec == "zstd" else None
     if frames is not None:
-        return zstd_frames.decompress(buf, frames, url, threads=threads)
+        return zstd_frames.decompress(buf, frames, url, threads=threads, into=into)
     try:
-        out = lz4_blocks.read_checked(buf, size) if codec == "lz4" and checked and size is not None else None
+        out = lz4_blocks.read_checked(buf, size, into=into) if codec == "lz4" and checked and size is not None else None
         if out is None:
             out = _READERS[codec](buf, size)
     except Exception as e:  # the codecs' own errors (zstd.ZstdError, zlib.error, EOFError...): say which shard and why

@@ -1,23 +1,28 @@
-"""Read a whole LZ4 frame block by block into one bytes object, for a caller that checks the content itself.
+"""Read a whole LZ4 frame block by block into one buffer, for a caller that checks the content itself.
 
 The loader reads a pile compressed with ``compression="lz4"`` through :func:`read_checked`:
 liblz4's block decoder (the one python-lz4 bundles, called through ctypes without the GIL)
-decodes each block of the frame straight into the bytes object returned, made unset rather than
-zeroed (:func:`unfilled_bytes`). Anything else (several frames, a dictionary, another size than
+decodes each block of the frame straight into the buffer returned: a map of the loader's
+:class:`~shardkit.storage.scratch.Scratch` (memory decoded into before), else a bytes object made
+unset rather than zeroed (:func:`unfilled_bytes`). Anything else (several frames, a dictionary, another size than
 the manifest's, a block that does not decode, no decoder at hand) gives None, and the caller
 reads the frame the full way (:func:`shardkit.tar.compression.decompress`), which names the fault.
 
-    tar = read_checked(stored, size=info.tar_bytes)   # None: read it the full way
+    tar = read_checked(stored, size=info.tar_bytes, into=scratch)   # None: read it the full way
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from shardkit.storage.scratch import Scratch
 
 # the frame descriptor's flag bits (FLG) this module looks at: the version (01), independent
 # blocks, block checksums, content size and dictionary id fields that lengthen the header, and
@@ -30,7 +35,7 @@ _STORED = 1 << 31
 _WINDOW = 64 << 10
 
 
-def read_checked(buf: Any, size: int) -> bytes | None:
+def read_checked(buf: Any, size: int, *, into: Scratch | None = None) -> bytes | mmap.mmap | None:
     """A single LZ4 frame of ``size`` bytes of content, which the caller checks against a
     checksum of its own, decoded block by block into one buffer; None when ``buf`` is not such a
     frame, a block does not decode, or liblz4's block decoder is not at hand (the caller then
@@ -43,7 +48,8 @@ def read_checked(buf: Any, size: int) -> bytes | None:
     bytes object returned (liblz4's own ``LZ4_decompress_safe_usingDict``, through ctypes,
     without the GIL), made without zeroing it first (see :func:`unfilled_bytes`). Only output
     its caller checks against the manifest comes from here, so the frame's content checksum (and
-    any block checksums) are left unread: a repeated check, never the only one.
+    any block checksums) are left unread: a repeated check, never the only one. With ``into``, the
+    frame is decoded into one of its maps instead (memory decoded into before, no page to fault in).
     """
     decode = decoder()
     if decode is None:
@@ -52,7 +58,7 @@ def read_checked(buf: Any, size: int) -> bytes | None:
         blocks = frame_blocks(view, size)
         if blocks is None or size > blocks[0] * len(blocks[1]):
             return None  # more than the frame's blocks can hold (a wrong size): the full read says so
-        out, dst = unfilled_bytes(size) or _zeroed(size)
+        out, dst = _reused(into, size) or unfilled_bytes(size) or _zeroed(size)
         try:
             done = decode_blocks(decode, np.frombuffer(view, dtype=np.uint8), dst, blocks)
         except BaseException:
@@ -61,7 +67,13 @@ def read_checked(buf: Any, size: int) -> bytes | None:
         del dst
     if done != size:
         return None  # ``out`` is dropped unseen: nothing reads bytes the decoder did not write
-    return out if isinstance(out, bytes) else bytes(out)
+    return out if isinstance(out, (bytes, mmap.mmap)) else bytes(out)
+
+
+def _reused(into: Scratch | None, size: int) -> tuple[mmap.mmap, np.ndarray] | None:
+    """A map of ``into`` to decode into, and a writable view of it; None without one."""
+    out = into.take(size) if into is not None else None
+    return (out, np.frombuffer(out, dtype=np.uint8)) if out is not None else None
 
 
 def _zeroed(size: int) -> tuple[bytearray, np.ndarray]:

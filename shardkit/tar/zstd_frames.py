@@ -17,14 +17,18 @@ level only: not on the machine, nor on how many threads wrote or read them.
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardkit.errors import CorruptShardError
+
+if TYPE_CHECKING:
+    from shardkit.storage.scratch import Scratch
 
 # tar bytes per frame: 2 MiB keeps level 3's whole 2 MiB window (the size costs under 0.5%
 # against one frame) and gives a 100 MB pile 50 pieces to share among threads (benchmarks/compression.py)
@@ -188,9 +192,12 @@ def threads_for(frames: int, threads: int | None = None) -> int:
     return max(1, min(threads, frames))
 
 
-def decompress(buf: Any, frames: Sequence[Frame], url: str, *, threads: int | None = None) -> bytes:
+def decompress(
+    buf: Any, frames: Sequence[Frame], url: str, *, threads: int | None = None, into: Scratch | None = None
+) -> bytes | mmap.mmap:
     """The tar of the seekable file ``buf`` whose frames ``table`` found, decompressed on
-    ``threads`` threads (see :func:`threads_for`).
+    ``threads`` threads (see :func:`threads_for`), joined into one of ``into``'s maps when given
+    (memory written before) or else a new bytes object.
 
     All frames go to libzstd in one call, which decompresses them on its own threads: the GIL is
     let go once per pile, not once per frame. (Frame by frame, each frame's thread must take the
@@ -219,7 +226,15 @@ def decompress(buf: Any, frames: Sequence[Frame], url: str, *, threads: int | No
         raise _frame_error(url, frames, listed, str(e)) from None
     finally:
         source.release()
-    return b"".join(out[i] for i in range(len(out)))
+    parts_out = [memoryview(out[i]) for i in range(len(out))]
+    whole = into.take(sum(map(len, parts_out))) if into is not None else None
+    if whole is None:
+        return b"".join(parts_out)
+    at = 0
+    for part in parts_out:  # every byte of ``whole`` written: the sizes were summed from these parts
+        whole[at : at + len(part)] = part
+        at += len(part)
+    return whole
 
 
 def _check_frame(stored: memoryview, frame: Frame, where: str) -> None:
