@@ -12,7 +12,11 @@ machine's ups and downs; the table shows medians. The piles are in the page cach
 the disk or network is the bottleneck.
 
 The last lines split one zstd pile's read into its parts (read the file, decompress, check,
-index), for the default level, to show what bounds the read, and compare frame sizes.
+index), for the default level, to show what bounds the read, and compare frame sizes. Then one
+loader reads the JSON piles for several epochs (``--epochs``): its later epochs decode into memory
+an earlier pile was decoded into, and rows that decode every pile into new memory show what that
+saves (more with piles over 32 MB, which glibc gives back to the system when freed:
+``--piles 2`` makes ~50 MB piles of the default samples).
 
     python benchmarks/compression.py                     # ~100 MB of JSON, ~60 MB of JPEG, 3 rounds
     python benchmarks/compression.py --json-samples 2000 --jpeg-samples 200 --repeats 1
@@ -21,6 +25,7 @@ index), for the default level, to show what bounds the read, and compare frame s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import io
 import json
@@ -30,7 +35,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -315,12 +320,68 @@ def profile(root: str, repeats: int) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _new_memory(on: bool) -> Iterator[None]:
+    """With ``on``, every pile is decoded into memory of its own, as before the loader kept a
+    :class:`~shardkit.storage.Scratch` (the counterfactual row of :func:`epochs`)."""
+    if not on:
+        yield
+        return
+    real = storage.Scratch.take
+    storage.Scratch.take = lambda self, size: None  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        storage.Scratch.take = real  # type: ignore[method-assign]
+
+
+def epochs(root: str, count: int, repeats: int) -> str:
+    """Epochs of one loader over the JSON piles: the first, and the median of the later ones, in
+    samples/s (medians of ``repeats`` rounds). Later epochs decode into memory an earlier pile
+    was decoded into; the "new memory" rows decode every pile into memory of its own."""
+    lz4, zstd = compression.DEFAULT_LEVEL["lz4"], compression.DEFAULT_LEVEL["zstd"]
+    rows = [
+        ("plain", "plain", False),
+        (f"lz4 {lz4}", f"lz4-{lz4}", False),
+        (f"lz4 {lz4}, new memory each pile", f"lz4-{lz4}", True),
+        (f"zstd {zstd}, frames", f"zstd-{zstd}", False),
+        (f"zstd {zstd}, frames, new memory each pile", f"zstd-{zstd}", True),
+    ]
+    firsts: dict[str, list[float]] = {label: [] for label, _, _ in rows}
+    laters: dict[str, list[float]] = {label: [] for label, _, _ in rows}
+    n = manifest.read(os.path.join(root, "plain")).samples
+    for _ in range(repeats):
+        for label, name, fresh in rows:
+            with _new_memory(fresh), shardkit.loader(os.path.join(root, name), seed=0, decode=False) as loader:
+                took = []
+                for _ in range(count):
+                    start = time.perf_counter()
+                    got = sum(1 for _ in loader)
+                    took.append(time.perf_counter() - start)
+                    if got != n:
+                        raise SystemExit(f"{name}: read {got} samples, wrote {n}")
+            firsts[label].append(n / took[0])
+            laters[label].append(n / statistics.median(took[1:]))
+    plain = statistics.median(laters["plain"])
+    lines = [
+        f"{count} epochs of one loader ({n:,} samples, medians of {repeats} rounds)",
+        "",
+        "| piles | first epoch samples/s | later epochs samples/s | later vs plain |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, _, _ in rows:
+        later = statistics.median(laters[label])
+        lines.append(f"| {label} | {statistics.median(firsts[label]):,.0f} | {later:,.0f} | {later / plain:.2f}x |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--json-samples", type=int, default=20_000, help="~5 KB JSON records")
     parser.add_argument("--jpeg-samples", type=int, default=3_000, help="JPEG images (~20 KB)")
     parser.add_argument("--piles", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="rounds; the table shows medians")
+    parser.add_argument("--epochs", type=int, default=4, help="epochs of one loader over the JSON piles (0: none)")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory, removed after)")
     args = parser.parse_args()
     root = args.dir or tempfile.mkdtemp(prefix="shardkit-compression-")
@@ -335,6 +396,8 @@ def main() -> None:
             if make is json_samples:
                 print(goals(figures), "\n")
                 print(profile(os.path.join(root, title.split()[-2]), args.repeats), "\n")
+                if args.epochs > 1:
+                    print(epochs(os.path.join(root, title.split()[-2]), args.epochs, args.repeats), "\n")
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -321,7 +321,7 @@ def test_s3_piles_are_cached_compressed_and_decompressed_when_read(s3, datasets,
 # --- the benchmark ------------------------------------------------------------------------------
 
 
-def test_the_benchmark_prints_both_tables_and_the_profile(tmp_path):
+def test_the_benchmark_prints_both_tables_the_profile_and_the_epochs(tmp_path):
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -332,8 +332,13 @@ def test_the_benchmark_prints_both_tables_and_the_profile(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "### ~5 KB JSON samples (60 samples" in out and "### JPEG samples (12 samples" in out
+    before, _, rest = out.partition("4 epochs of one loader (60 samples")
+    later, _, jpeg = rest.partition("### JPEG")
+    tables = before + jpeg
     for row in ("| plain |", "| zstd 3, 1 frame |", "| zstd 3, frames |", "| gzip 6 |", "| lz4 0 |", "| lz4 3 |"):
-        assert out.count(row) == 2
+        assert tables.count(row) == 2
+    for row in ("plain", "lz4 0", "lz4 0, new memory each pile", "zstd 3, frames", "zstd 3, frames, new memory each pile"):
+        assert re.search(rf"^\| {re.escape(row)} \| [\d,]+ \| [\d,]+ \| \d+\.\d\dx \|\s*$", later, re.M), row
     assert "one zstd-3 pile:" in out and "frames, beside a busy thread" in out and "  2 MiB:" in out
     assert re.search(r"lz4 0: reads at \d\.\d\dx plain \(goal >= 0\.7x: (met|MISSED)\), \d+% smaller \(goal >= 40%: (met|MISSED)\)", out)
     assert "lz4 (level 0) beside a busy thread" in out
