@@ -72,6 +72,17 @@ def test_keep_bounds_the_maps_kept_and_a_closed_loader_lets_them_go(piles):
     assert len(scratch) == 0
 
 
+def test_where_reference_counts_cannot_tell_no_map_is_given_or_kept(piles, monkeypatch):
+    monkeypatch.setattr(scratch_module, "_ALONE", None)
+    s = Scratch(keep=3)
+    assert s.take(4096) is None and len(s) == 0
+    roots, truth = piles
+    with shardkit.loader(roots["lz4"], seed=4, decode=False) as loader:
+        assert {x["__key__"]: x["txt"] for x in loader} == truth
+        assert len(loader._setup.scratch) == 0
+
+
+@needs_counts
 def test_no_bytes_is_no_map_and_a_copy_or_pickle_starts_empty():
     s = Scratch(keep=3)
     assert s.take(0) is None

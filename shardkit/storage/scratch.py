@@ -6,7 +6,7 @@ here: 36 ms into memory already touched, 95 ms into new memory), and glibc hands
 32 MB back to the system when it is freed, so the next pile pays it all again. A :class:`Scratch`
 keeps the few anonymous maps a loader's piles were decoded into and gives one out again, resized,
 once nothing else refers to it: not the pile, not a field's ``memoryview``, not a traceback. Where
-that cannot be told (a Python other than CPython), every map is new.
+that cannot be told (a Python other than CPython), it gives none and decoders allocate as before.
 
     scratch = Scratch()
     scratch.room(4)                   # keep up to four maps (the piles alive at once)
@@ -63,9 +63,10 @@ class Scratch:
 
     def take(self, size: int) -> mmap.mmap | None:
         """A writable map of exactly ``size`` bytes, whose contents are left from its last use: the
-        caller writes every byte before anyone else sees it. None for no bytes, or where no
-        anonymous map can be made (the caller then allocates as it would without one)."""
-        if size <= 0:
+        caller writes every byte before anyone else sees it. None for no bytes, where no map
+        could ever be given again (it would only be held, never reused) or no anonymous map can
+        be made: the caller then allocates as it would without one."""
+        if size <= 0 or _ALONE is None:
             return None
         with self._lock:
             found = self._free(size)
@@ -88,8 +89,6 @@ class Scratch:
 
     def _free(self, size: int) -> mmap.mmap | None:
         """A kept map no one else refers to, resized to ``size``."""
-        if _ALONE is None:
-            return None
         i = 0
         while i < len(self._maps):
             if _refs(self._maps, i) != _ALONE:
