@@ -149,6 +149,8 @@ def test_the_epochs_benchmark_prints_both_contenders_and_the_ratios(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "| shardkit.loader, one process |" in out.stdout and "| ShardkitDataLoader |" in out.stdout
     assert re.search(r"first epoch \d+\.\d\dx, later epochs \d+\.\d\dx", out.stdout)
+    assert "| torch DataLoader, the same CPU a batch, no data |" in out.stdout
+    assert re.search(r"\d+\.\d\dx one process\. ShardkitDataLoader reaches \d+\.\d\dx of it", out.stdout)
 
 
 def test_a_batch_of_more_pieces_than_one_write_takes_is_whole():
