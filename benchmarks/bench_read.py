@@ -10,6 +10,7 @@ clock starts, so a contender pays only for its own imports and they are not time
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import types
@@ -95,19 +96,44 @@ def _import_streaming() -> tuple[Any, str | None]:
     ``streaming/__init__`` imports its torchvision-based vision datasets, and torchvision's
     PyPI wheel is a CUDA build that cannot load against a CPU-only torch. The vision classes
     are not used here, so when torchvision is unusable an empty stand-in takes their place.
+    Likewise its text datasets and its DataLoader import ``transformers``, which cannot be
+    installed beside ``datasets`` 4 (see ``pyproject.toml``). Without it, the text datasets (not
+    used here) become an empty module, and the two batch classes the DataLoader only tests
+    batches against become empty dict classes, which no batch here is an instance of. The
+    stand-in ``transformers`` is gone again once ``streaming`` is imported: other libraries
+    (``datasets``) look for a real one in ``sys.modules``.
     """
-    try:
-        import torchvision  # noqa: F401
-    except Exception:
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith(("torchvision.", "streaming"))]:
-            del sys.modules[name]
-        sys.modules["streaming.vision"] = types.ModuleType("streaming.vision")
-        import streaming
-
-        return streaming, "streaming.vision replaced by an empty module (torchvision unusable with CPU torch)"
+    if "streaming" not in sys.modules:
+        _STREAMING_NOTES[:] = []
+        try:
+            import torchvision  # noqa: F401
+        except Exception:
+            for name in [m for m in sys.modules if m == "torchvision" or m.startswith(("torchvision.", "streaming"))]:
+                del sys.modules[name]
+            sys.modules["streaming.vision"] = types.ModuleType("streaming.vision")
+            _STREAMING_NOTES.append("streaming.vision replaced by an empty module (torchvision unusable with CPU torch)")
+        stand_ins = {}
+        if "transformers" not in sys.modules and importlib.util.find_spec("transformers") is None:
+            sys.modules["streaming.text"] = types.ModuleType("streaming.text")
+            stand_ins["transformers"] = types.ModuleType("transformers")
+            for module, cls in (("feature_extraction_utils", "BatchFeature"), ("tokenization_utils_base", "BatchEncoding")):
+                stand_ins[f"transformers.{module}"] = types.ModuleType(f"transformers.{module}")
+                setattr(stand_ins[f"transformers.{module}"], cls, type(cls, (dict,), {}))
+            sys.modules.update(stand_ins)
+            _STREAMING_NOTES.append("streaming.text and transformers' batch classes replaced by stand-ins (transformers not installed)")
+        try:
+            import streaming
+        finally:
+            for name, stand_in in stand_ins.items():
+                if sys.modules.get(name) is stand_in:
+                    del sys.modules[name]
     import streaming
 
-    return streaming, None
+    return streaming, "; ".join(_STREAMING_NOTES) or None
+
+
+# what the first _import_streaming of this process replaced
+_STREAMING_NOTES: list[str] = []
 
 
 def mds_convert(p: dict[str, Any]) -> dict[str, Any]:

@@ -96,22 +96,9 @@ def write_mds(split: Split, out: str, per_shard: int) -> tuple[str, float]:
 
 
 def import_streaming():
-    """Import MosaicML ``streaming`` without its torchvision-based vision datasets.
+    """Import MosaicML ``streaming`` with stand-ins for what it imports and cannot load here
+    (torchvision built for another torch, transformers not installed): see
+    ``bench_read._import_streaming``."""
+    from bench_read import _import_streaming
 
-    ``streaming/__init__`` imports ``streaming.vision``, which needs torchvision; the PyPI
-    torchvision wheel is a CUDA build that cannot load next to a CPU torch. Nothing here uses
-    the vision datasets, so when torchvision cannot be imported an empty module stands in.
-    """
-    import sys
-    import types
-
-    try:
-        import torchvision  # noqa: F401
-    except Exception:
-        # a failed torchvision import can leave half-initialised modules behind
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-        sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
-    import streaming
-
-    return streaming
+    return _import_streaming()[0]

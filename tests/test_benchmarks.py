@@ -127,9 +127,8 @@ def test_peers_measured_or_skipped_with_a_reason(smoke):
         row = rows[(group, name)]
         if importlib.util.find_spec(module) is None:
             assert row["status"] == "skipped" and module in row["reason"]
-        else:  # installed; a peer that cannot run here (mosaicml-streaming without transformers) says why
-            assert row["status"] in ("ok", "failed", "skipped"), row
-            assert row["status"] == "ok" or row["reason"]
+        else:  # installed: it runs (mosaicml-streaming without transformers too, see bench_read._import_streaming)
+            assert row["status"] == "ok", row
 
 
 def test_ratios_and_goals(smoke):
@@ -179,9 +178,8 @@ def test_case_f_rows_and_goals(smoke_f):
         row = rows[("f", name)]
         if importlib.util.find_spec(module) is None:
             assert row["status"] == "skipped" and module in row["reason"]
-        else:  # installed; a peer that cannot run here (mosaicml-streaming without transformers) says why
-            assert row["status"] in ("ok", "failed", "skipped"), row
-            assert row["status"] == "ok" or row["reason"]
+        else:  # installed: it runs (mosaicml-streaming without transformers too, see bench_read._import_streaming)
+            assert row["status"] == "ok", row
     goals = {(g["row"], g["goal"]): g for g in doc["goals"] if g["group"] == "f"}
     assert goals[("shardkit.loader views=True", "≥ 0.4× cat MB/s")]["measured"] > 0
     assert goals[("shardkit.loader", "first sample ≤ 0.05 s")]["measured"] > 0

@@ -248,8 +248,8 @@ def test_the_random_access_benchmark_runs_at_toy_size():
             pytest.skip(f"{package} is not installed (pip install 'shardkit[mds,litdata]')")
 
     here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-    # Mosaic's StreamingDataset imports its DataLoader, which needs transformers: an install without
-    # mosaicml-streaming's dependencies (.ci/run's, which keeps the CPU torch) reads MDS but cannot run it
+    # Mosaic's StreamingDataset imports torchvision and transformers, which bench_read stands in for
+    # where they cannot load; anything else that keeps it from importing here is named
     probe = subprocess.run(
         [sys.executable, "-c", "import bench_read; bench_read._import_streaming()[0].StreamingDataset"],
         capture_output=True,
