@@ -90,6 +90,10 @@ def hf_read(p: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
+# what the first _import_streaming of this process replaced
+_STREAMING_NOTES: list[str] = []
+
+
 def _import_streaming() -> tuple[Any, str | None]:
     """Import MosaicML ``streaming``; returns (module, note).
 
@@ -130,10 +134,6 @@ def _import_streaming() -> tuple[Any, str | None]:
     import streaming
 
     return streaming, "; ".join(_STREAMING_NOTES) or None
-
-
-# what the first _import_streaming of this process replaced
-_STREAMING_NOTES: list[str] = []
 
 
 def mds_convert(p: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from _timing import Clock, cpu_seconds
+from _timing import Clock, cpu_seconds, load_shardkit
 
 
 def _profiled(fn: Callable[[dict[str, Any]], dict[str, Any]], params: dict[str, Any], stem: str) -> dict[str, Any]:
@@ -43,17 +43,6 @@ def _self_hwm() -> int:
         return next((int(line.split()[1]) * 1024 for line in f if line.startswith(b"VmHWM:")), 0)
 
 
-def _load_shardkit() -> None:
-    """Import every public name of shardkit now: its names load on first use, and the first use
-    must fall with the imports, not in the timed part (as it did when the package loaded all at once)."""
-    try:
-        import shardkit
-    except ImportError:  # a peer's run without shardkit on the path
-        return
-    for name in shardkit.__all__:
-        getattr(shardkit, name)
-
-
 def main(argv: list[str]) -> int:
     spec_path, out_path = argv
     with open(spec_path) as f:
@@ -61,7 +50,7 @@ def main(argv: list[str]) -> int:
     module_name, func_name = spec["target"].split(":")
     start = time.perf_counter()
     module = importlib.import_module(module_name)
-    _load_shardkit()
+    load_shardkit()
     import_s = time.perf_counter() - start
     params = spec["params"]
     fn = getattr(module, func_name)

@@ -37,7 +37,7 @@ import json
 import subprocess
 
 import harness
-from _timing import cpu_seconds
+from _timing import cpu_seconds, load_shardkit
 
 GOAL = 0.8
 MACHINERY = "torch DataLoader, the same CPU a batch, no data"
@@ -59,20 +59,11 @@ def build(root: str, samples: int, piles: int) -> str:
     return out
 
 
-def _imported() -> None:
-    """Load every public name of shardkit before a clock starts, as ``run.py``'s contenders do:
-    its names load on first use, which must not fall in the first epoch of one contender only."""
-    import shardkit
-
-    for name in shardkit.__all__:
-        getattr(shardkit, name)
-
-
 def one_process(p: dict[str, Any]) -> dict[str, Any]:
     """``shardkit.loader(decode=False)``: one sample at a time, one loader for every epoch."""
     import shardkit
 
-    _imported()
+    load_shardkit()  # as run.py's contenders: not in one contender's first epoch only
     t0 = time.perf_counter()
     cpu0 = cpu_seconds()
     loader = shardkit.loader(p["dir"], decode=False, seed=0)
@@ -91,7 +82,7 @@ def dataloader(p: dict[str, Any]) -> dict[str, Any]:
     """``ShardkitDataLoader(ShardkitDataset(decode=False, batch_size=B), num_workers=k, persistent_workers=True)``."""
     from shardkit.torch import ShardkitDataLoader, ShardkitDataset
 
-    _imported()
+    load_shardkit()  # as run.py's contenders: not in one contender's first epoch only
     t0 = time.perf_counter()
     cpu0 = cpu_seconds()
     dataset = ShardkitDataset(p["dir"], batch_size=p["batch_size"], decode=False, seed=0)
