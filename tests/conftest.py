@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import tempfile
 import threading
 
 import numpy as np
@@ -47,6 +48,24 @@ def hold_whole_reads(monkeypatch) -> threading.Event:
 
     monkeypatch.setattr(source_module, "fetch", held)
     return gate
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_in_this_run(tmp_path_factory):
+    """Send what goes to the system's temporary directory during the run into this run's pytest
+    directory, which pytest prunes (it keeps the last three runs): the doc blocks' ``mkdtemp()``
+    and ``mktemp -d``, the benchmarks', Ray's session folders, litdata's lock files and cache.
+    Left in ``/tmp`` they would pile up with every run. Child processes get it through ``TMPDIR``.
+    """
+    root = str(tmp_path_factory.mktemp("tmp", numbered=False))
+    before, cached = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = root, root
+    yield root
+    tempfile.tempdir = cached
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
 
 
 @pytest.fixture(autouse=True)
