@@ -129,13 +129,13 @@ def test_a_key_already_in_the_dataset_is_refused_and_nothing_is_published(tmp_pa
 def test_a_key_twice_in_one_append_is_refused_across_piles(tmp_path):
     out = str(tmp_path / "ds")
     _write(out, ["a0"], piles=1)
-    # two units with one key land in different piles: pass 1 checks within a pile only
+    # two units with one key: pass 1 refuses them in one pile and in two
     fn = lambda u: [{"__key__": "dup" if u in (0, 5) else f"k{u}", "bin": b"x"}]  # noqa: E731
     with pytest.raises(shardkit.SampleError, match="has the key 'dup'"):  # one pile: pass 1's own check
         shardkit.preprocess(list(range(8)), fn, out, piles=1, mode="append", quiet=True)
     out2 = str(tmp_path / "ds2")
     _write(out2, ["a0"], piles=64)
-    with pytest.raises(shardkit.SampleError, match=r"key 'dup' is in pile-\d+\.g000001\.tar and in .* both written by this append"):
+    with pytest.raises(shardkit.SampleError, match=r"pile \d+: sample 0 .* has the key 'dup' of pile \d+'s sample 0"):
         shardkit.preprocess(list(range(8)), fn, out2, piles=64, mode="append", quiet=True)
 
 

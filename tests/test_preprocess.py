@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 
@@ -302,6 +303,37 @@ def test_equal_keys_anywhere_in_a_pile_are_refused_whatever_wrote_them(tmp_path,
     ):
         shardkit.preprocess(range(6), fn, tmp_path / "out", piles=1, workers=workers, quiet=True)
     assert not shardkit.manifest.is_dataset(tmp_path / "out")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_key_in_two_piles_is_refused_whatever_the_seed(tmp_path, workers):
+    # unit 5's last sample repeats unit 0's first key: refused for every seed, wherever the two land
+    def fn(unit):
+        return [{"__key__": "shared" if (unit, i) in ((0, 0), (5, 3)) else f"u{unit}-{i}", "txt": f"{unit}"} for i in range(4)]
+
+    places = set()
+    for seed in range(40):
+        out = tmp_path / f"s{seed}"
+        with pytest.raises(shardkit.SampleError, match=r"has the key 'shared' of .*keys must be unique across all inputs") as refused:
+            shardkit.preprocess(range(8), fn, out, piles=8, seed=seed, workers=workers, buffer_size="1KiB", quiet=True)
+        said = str(refused.value)
+        assert "input unit 0 (0)" in said and "input unit 5 (5)" in said, said
+        places.add(re.search(r"has the key 'shared' of pile \d+'s sample", said) is not None)  # named when it differs
+        assert_no_dataset(out)
+        if len(places) == 2:
+            break
+    assert places == {True, False}, places  # both cases came up (seeds 0 to 39): one pile and two
+
+
+def test_a_skipped_units_keys_are_not_repeats_in_other_piles_either(tmp_path):
+    def fn(unit):
+        if unit == 3:
+            yield {"__key__": "u0-0", "txt": "x"}  # unit 0's key, then the unit fails: its samples are dropped
+            raise ValueError("bad unit")
+        yield {"__key__": f"u{unit}-0", "txt": "x"}
+
+    m = shardkit.preprocess(range(6), fn, tmp_path / "out", piles=64, on_error="skip", quiet=True)
+    assert m.samples == 5 and m.skipped_units == 1
 
 
 def test_a_key_a_unit_repeats_is_that_units_fault(tmp_path):

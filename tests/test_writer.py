@@ -113,7 +113,7 @@ def test_round_trip_shardkit_and_webdataset_read_back_what_was_written(samples, 
         if clash is not None:  # readers would merge the two samples, or mix them up
             pile, later, earlier, key = clash
             with pytest.raises(
-                SampleError, match=rf"pile {pile}: sample {later} .* has the key {re.escape(repr(key))} of sample {earlier} "
+                SampleError, match=rf"pile {pile}: sample {later} .* has the key {re.escape(repr(key))} of {re.escape(earlier)} "
             ):
                 write(out, samples, piles=piles, seed=seed)
             assert not manifest.is_dataset(out)
@@ -128,21 +128,26 @@ def test_round_trip_shardkit_and_webdataset_read_back_what_was_written(samples, 
         assert Counter(_raw_items(s) for s in theirs) == Counter(_raw_items(s) for s in ours)
 
 
-def _first_repeat(samples: list[dict], piles: int, seed: int) -> tuple[int, int, int, str] | None:
-    """(pile, position, earlier position, key) of the repeat the writer reports, else None:
-    write() refuses a key right after itself in a pile; close() the first repeat of the first pile."""
+def _first_repeat(samples: list[dict], piles: int, seed: int) -> tuple[int, int, str, str] | None:
+    """(pile, position, the earlier sample as the message names it, key) of the repeat the writer
+    reports, else None: write() refuses a key right after itself in a pile; close() the repeat
+    whose second place comes first in pile order, in one pile or in two."""
     route = router.PileRouter(piles=piles, seed=seed)
     held: list[list[str]] = [[] for _ in range(piles)]
     for s in samples:
         p = route.next()
         if held[p] and held[p][-1] == s["__key__"]:
-            return p, len(held[p]), len(held[p]) - 1, s["__key__"]
+            return p, len(held[p]), f"sample {len(held[p]) - 1}", s["__key__"]
         held[p].append(s["__key__"])
+    places: dict[str, list[tuple[int, int]]] = {}
     for p, keys in enumerate(held):
         for i, key in enumerate(keys):
-            if keys.index(key) < i:
-                return p, i, keys.index(key), key
-    return None
+            places.setdefault(key, []).append((p, i))
+    repeats = sorted((at[1], at[0], key) for key, at in places.items() if len(at) > 1)
+    if not repeats:
+        return None
+    (pile, later), (first_pile, earlier), key = repeats[0]
+    return pile, later, (f"sample {earlier}" if first_pile == pile else f"pile {first_pile}'s sample {earlier}"), key
 
 
 def test_adjacent_duplicate_key_is_refused_at_once_and_leaves_no_dataset(tmp_path):
@@ -174,35 +179,63 @@ def test_a_repeated_key_anywhere_in_a_pile_is_refused_on_close(tmp_path):
     assert not manifest.is_dataset(out) and os.listdir(out) == []
 
 
-def test_one_key_file_holds_every_piles_hashes_and_a_repeat_is_found_pile_by_pile(tmp_path):
+def test_one_key_file_holds_every_piles_hashes_and_a_repeat_is_found_in_a_pile_or_across_two(tmp_path):
     from shardkit.piles import parts
 
-    sink = parts.PileSink(str(tmp_path / "p"), 3, 1 << 30)
+    def sink_with(extra):
+        sink = parts.PileSink(str(tmp_path / f"p-{extra}"), 3, 1 << 30)
 
-    def put(pile, key):
-        pieces, size, _ = encode_parts({"__key__": key, "txt": key})
-        sink.add(pile, pieces, size, 0, key)
+        def put(pile, key):
+            pieces, size, _ = encode_parts({"__key__": key, "txt": key})
+            sink.add(pile, pieces, size, 0, key)
 
-    for flush in range(3):
-        for pile in range(3):
-            put(pile, f"k{flush}")  # every pile holds k0, k1, k2: a key in three piles repeats in none
-        sink.flush()
-    parts.check_sink(sink)  # hashes met across piles: each pile was checked on its own, and passed
-    put(2, "k0")  # pile 2's fourth sample has its first sample's key, two flushes back
-    sink.flush()
+        for flush in range(3):
+            for pile in range(3):
+                put(pile, f"k{flush}-p{pile}")
+            sink.flush()
+        if extra:
+            put(2, extra)  # pile 2's fourth sample, two flushes after the key it repeats
+            sink.flush()
+        return sink
+
+    sink = sink_with("")
+    parts.check_sink(sink)  # nine keys, each once
     assert sorted(os.listdir(sink.directory)) == ["000000.part", "000001.part", "000002.part", "keys"]
-    assert list(sink.key_runs[0]) == [0, 1, 3, 1, 6, 1] and list(sink.key_runs[2]) == [2, 1, 5, 1, 8, 2]
+    assert list(sink.key_runs[0]) == [0, 1, 3, 1, 6, 1] and list(sink.key_runs[2]) == [2, 1, 5, 1, 8, 1]
+    with pytest.raises(SampleError, match=r"pile 2: sample 3 \(offset 3072\) has the key 'k0-p2' of sample 0 \(offset 0\): keys must"):
+        parts.check_sink(sink_with("k0-p2"))
+    with pytest.raises(SampleError, match=r"pile 2: sample 3 \(offset 3072\) has the key 'k1-p0' of pile 0's sample 1 \(offset 1024\)"):
+        parts.check_sink(sink_with("k1-p0"))
 
-    def check(pile):
-        table = np.frombuffer(sink.segments[pile], dtype=np.int64).reshape(-1, parts.SEGMENT)
-        parts.check_keys([table], [sink.part(pile)], [parts.Hashes.of(sink.directory, sink.key_runs[pile])], pile)
 
-    check(0)
-    check(1)
-    with pytest.raises(SampleError, match=r"pile 2: sample 3 \(offset 3072\) has the key 'k0' of sample 0 \(offset 0\)"):
-        check(2)
-    with pytest.raises(SampleError, match=r"pile 2: sample 3 \(offset 3072\) has the key 'k0'"):
-        parts.check_sink(sink)
+def test_a_key_in_two_piles_of_a_writer_is_refused_and_nothing_is_published(tmp_path):
+    out = str(tmp_path / "ds")
+    w = shardkit.PileWriter(out, piles=64, seed=0)
+    for i in range(200):
+        w.write({"__key__": f"k{i}", "txt": "x"})
+    w.write({"__key__": "k7", "txt": "again"})
+    with pytest.raises(SampleError, match=r"has the key 'k7' of (pile \d+'s )?sample \d+ \(offset \d+\): keys must be unique"):
+        w.close()
+    assert not manifest.is_dataset(out)
+
+
+@pytest.mark.parametrize("budget", [1 << 30, 64, 8])
+def test_repeated_hashes_are_the_same_in_one_pass_or_in_many(tmp_path, budget):
+    from shardkit.piles import parts
+
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 2**64, size=500, dtype=np.uint64)
+    values[[10, 300, 499]] = values[[20, 301, 0]]  # three values twice (one in two key files)
+    values[[50, 51]] = values[40]  # and one three times
+    files = []
+    for k, part in enumerate((values[:250], values[250:])):
+        path = tmp_path / f"keys{k}"
+        part.astype("<u8").tofile(path)
+        # runs out of order and in pieces, as flushes of several piles leave them
+        files.append(parts.Hashes(str(path), np.array([[100, 150], [0, 60], [60, 40]], dtype=np.int64)))
+    found = parts.repeated_hashes(files, budget)
+    unique, counts = np.unique(values, return_counts=True)
+    assert found.tolist() == unique[counts > 1].tolist() and len(found) == 4
 
 
 @given(st.text(alphabet="aZ09-_./\u00e9", max_size=12))

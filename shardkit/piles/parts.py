@@ -4,16 +4,17 @@ A :class:`PileSink` is what one process writes pass 1 into: M append-only part f
 staging directory. It remembers which input unit wrote which byte range of each part (so parts
 from several processes can be merged back into input order), the CRC-32 of each part as it
 goes (so publishing never reads a part back just to checksum it), and, in one file beside the
-parts (:data:`KEYS`), a 64-bit hash of every sample's key: :func:`check_keys` finds a key
-repeated anywhere in a pile from the hashes of every part, and reads only the samples whose
-hashes meet.
+parts (:data:`KEYS`), a 64-bit hash of every sample's key: :func:`check_unique` finds a key
+repeated anywhere in the dataset (in one pile or in two) from the hashes of every part, and
+reads only the samples whose hashes meet.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,8 +79,8 @@ class PileSink:
     never reads it back. One key file for all piles (:func:`keys_file`) holds the 64-bit hash
     of each sample's key, written with the bytes at every flush, pile after pile;
     ``key_runs[p]`` (flat ``[first, count]`` rows, ``RUN`` numbers each) says where pile p's
-    are. Memory holds only the hashes of what is buffered, and :func:`check_keys` looks for a
-    key repeated anywhere in a pile once every part is written. One file, not one a pile: each
+    are. Memory holds only the hashes of what is buffered, and :func:`check_unique` looks for a
+    key repeated anywhere once every part is written. One file, not one a pile: each
     file made costs the disk more than a flush's bytes of a small pile.
 
         sink = PileSink("staging/part-0", piles=64, buffer_size=64 << 20)
@@ -251,76 +252,107 @@ def _append(store: storage.Store, name: str, chunks: Sequence[storage.Chunk]) ->
             os.close(fd)
 
 
-def check_keys(
-    tables: Sequence[np.ndarray],
-    paths: Sequence[str],
-    hashes: Sequence[Hashes],
-    pile: int,
+# the parts of one pile, each as (its segments as SEGMENT-number rows, its file, where its key hashes are)
+PileParts = Sequence[tuple[np.ndarray, str, Hashes]]
+
+
+def check_unique(
+    piles: Sequence[PileParts],
     *,
+    budget: int,
     skipped: np.ndarray | Sequence[int] = (),
     unit_name: Callable[[int], str] | None = None,
 ) -> None:
-    """Refuse two samples of pile ``pile`` with one key, wherever they are in it.
+    """Refuse two samples with one key anywhere in what is being written: in one pile or in two.
 
-    ``paths[k]`` is a part file of the pile, ``tables[k]`` its segments, in file order
-    (``(n, SEGMENT)`` int64), and ``hashes[k]`` where its samples' key hashes are; the pile is
-    the segments of units not in ``skipped``, by unit and then position. The hashes find the
-    candidates: 16 bytes of memory a sample of this one pile (its hashes and their sorted copy).
-    Only samples whose hashes meet are read back, and their keys decide, so a hash collision is
-    never an error.
+    ``piles[p]`` lists pile p's part files; the pile is the segments of units not in
+    ``skipped``, by unit and then position. The key hashes of every pile are compared in about
+    ``budget`` bytes of memory (all at once when they fit, else in passes over ranges of hash
+    values, see :func:`repeated_hashes`). Only samples whose hashes meet are read back, and their
+    keys decide, so a hash collision is never an error.
 
     Raises:
-        SampleError: two samples share a key; the message gives both positions in the pile (and,
+        SampleError: two samples share a key; the message gives both piles and positions (and,
             with ``unit_name``, the units they came from).
     """
-    found, bounds = _read_hashes(hashes)
-    if len(found) < 2:
+    suspects = repeated_hashes([hashes for pile in piles for _, _, hashes in pile], budget)
+    if not len(suspects):
         return
-    ordered = np.sort(found)
-    same = ordered[1:] == ordered[:-1]
-    if not same.any():
-        return
-    suspects = np.unique(ordered[1:][same])
-    del ordered
-    placed = _placed(tables, skipped)
-    places: dict[str, list[tuple[int, int, int]]] = {}
-    for k, table in enumerate(tables):
-        candidates = _among(found[bounds[k] : bounds[k + 1]], suspects)
-        for key, at in _keys_at(paths[k], table, placed[k], candidates):
-            places.setdefault(key, []).append(at)
-    # the first repeat in the pile's order: the second place of its key, and the first
+    places: dict[str, list[tuple[int, int, int, int]]] = {}
+    for p, pile in enumerate(piles):
+        found, bounds = _read_hashes([hashes for _, _, hashes in pile])
+        placed = _placed([table for table, _, _ in pile], skipped)
+        for k, (table, path, _) in enumerate(pile):
+            for key, (i, offset, unit) in _keys_at(path, table, placed[k], _among(found[bounds[k] : bounds[k + 1]], suspects)):
+                places.setdefault(key, []).append((p, i, offset, unit))
+    # the first repeat in the dataset's pile order: the second place of its key, and the first
     repeats = [(sorted(at)[1], min(at), key) for key, at in places.items() if len(at) > 1]
-    if repeats:
-        later, earlier, key = min(repeats)
+    if not repeats:
+        return
+    later, earlier, key = min(repeats)
 
-        def where(at: tuple[int, int, int]) -> str:
-            unit = [unit_name(at[2])] if unit_name is not None and at[2] >= 0 else []
-            return sample_at(at[0], f"offset {at[1]}", *unit)
+    def where(at: tuple[int, int, int, int]) -> str:
+        unit = [unit_name(at[3])] if unit_name is not None and at[3] >= 0 else []
+        return sample_at(at[1], f"offset {at[2]}", *unit)
 
-        raise SampleError(f"pile {pile}: {repeated_key(key, where(later), where(earlier))}{ADVICE}")
+    first = where(earlier) if earlier[0] == later[0] else f"pile {earlier[0]}'s {where(earlier)}"
+    raise SampleError(f"pile {later[0]}: {repeated_key(key, where(later), first)}{ADVICE}")
+
+
+def repeated_hashes(sources: Sequence[Hashes], budget: int) -> np.ndarray:
+    """The hash values (sorted, distinct) that two or more samples of ``sources`` have, found
+    in about ``budget`` bytes of memory. A sort of every hash needs 16 bytes a sample; past the
+    budget the hashes are read again once for each range of values (by their top bits) whose
+    sort fits, a piece of a file at a time."""
+    files: dict[str, list[np.ndarray]] = {}
+    for source in sources:  # one read of each key file a pass, whichever piles its runs are of
+        files.setdefault(source.path, []).append(source.runs)
+    merged = [Hashes(path, np.concatenate(runs)) for path, runs in files.items()]
+    total = sum(int(h.runs[:, 1].sum()) for h in merged)
+    bits = max(0, math.ceil(math.log2(max(1.0, 2 * total * _HASH.itemsize / max(1, budget)))))
+    piece = max(1, budget // (4 * _HASH.itemsize))
+    found = []
+    for value in range(1 << bits):
+        mine = [_HASHES_NONE]
+        for hashes in merged:
+            for part in _pieces(hashes, piece):
+                mine.append(part if not bits else part[(part >> np.uint64(64 - bits)) == value])
+        ordered = np.sort(np.concatenate(mine))
+        found.append(np.unique(ordered[1:][ordered[1:] == ordered[:-1]]))
+        del mine, ordered
+    return np.concatenate(found)  # each pass's values are above the last's
+
+
+def _pieces(hashes: Hashes, most: int) -> Iterator[np.ndarray]:
+    """The hashes ``hashes`` points at, read at most ``most`` at a time."""
+    rows: list[tuple[int, int]] = []
+    count = 0
+    for first, n in hashes.runs.tolist():
+        while n:
+            take = min(n, most - count)
+            rows.append((first, take))
+            first, n, count = first + take, n - take, count + take
+            if count == most:
+                yield _read_hashes([Hashes(hashes.path, np.array(rows, dtype=np.int64))])[0]
+                rows, count = [], 0
+    if rows:
+        yield _read_hashes([Hashes(hashes.path, np.array(rows, dtype=np.int64))])[0]
 
 
 def check_sink(sink: PileSink) -> None:
-    """:func:`check_keys` for every pile of ``sink``, the one part of each (after its last flush).
-
-    When every hash the sink holds fits twice in its buffer's memory (free once flushed), they
-    are read and sorted at once: if no two samples share a hash, no pile repeats a key.
-    Otherwise, and always for a larger sink, each pile is checked on its own. Checking M piles
-    one by one costs M reads and M small sorts, which at hundreds of piles is most of closing.
-    """
+    """:func:`check_unique` over every pile of ``sink``, the one part of each (after its last
+    flush), in the memory its buffer held (free once flushed)."""
     if sink.hashed < 2:
         return
-    if len(sink.sizes) > 1 and 2 * sink.hashed * _HASH.itemsize <= sink.limit:
-        everything = Hashes(keys_file(sink.directory), np.array([[0, sink.hashed]], dtype=np.int64))
-        found = np.sort(_read_hashes([everything])[0])
-        if not (found[1:] == found[:-1]).any():
-            return
-    for pile in range(len(sink.sizes)):
-        table = np.frombuffer(sink.segments[pile], dtype=np.int64).reshape(-1, SEGMENT)
-        check_keys([table], [sink.part(pile)], [Hashes.of(sink.directory, sink.key_runs[pile])], pile)
+    piles = [
+        [(np.frombuffer(sink.segments[p], dtype=np.int64).reshape(-1, SEGMENT), sink.part(p), Hashes.of(sink.directory, sink.key_runs[p]))]
+        for p in range(len(sink.sizes))
+    ]
+    check_unique(piles, budget=sink.limit)
 
 
 _HASH = np.dtype("<u8")
+_HASHES_NONE = np.zeros(0, dtype=_HASH)
 
 
 def _read_hashes(parts: Sequence[Hashes]) -> tuple[np.ndarray, list[int]]:

@@ -32,7 +32,7 @@ from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.executor import Executor, Tally, run_local
 from shardkit.piles.merge_records import begin_merge
 from shardkit.piles.options import PileOptions
-from shardkit.piles.parts import SEGMENT, check_keys
+from shardkit.piles.parts import SEGMENT, check_unique
 from shardkit.piles.publish import Mapper, Run, publish
 from shardkit.piles.units import Part, UnitWork, describe, reused_part, skip_record
 
@@ -90,24 +90,13 @@ def executor_for(options: PileOptions, workers: int, mp_context: str | None) -> 
 MAX_LISTED_SKIPS = 1000
 
 
-def merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray, units: Sequence[Any]) -> tuple[np.ndarray, int]:
+def merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray) -> tuple[np.ndarray, int]:
     """Pile ``pile``'s byte ranges in output order as rows (part, offset, length), and its count.
 
     Segments are sorted by unit, then by position (one process writes a whole unit, in order);
     a skipped unit's segments are left out; ranges that continue each other are joined.
-
-    Raises:
-        SampleError: two samples of the pile have one key (see :func:`shardkit.piles.parts.check_keys`).
     """
-    tables = [np.frombuffer(part.segments[pile], dtype=np.int64).reshape(-1, SEGMENT) for part in parts]
-    check_keys(
-        tables,
-        [part.paths[pile] for part in parts],
-        [part.hashes(pile) for part in parts],
-        pile,
-        skipped=skipped,
-        unit_name=lambda u: f"input unit {u} ({describe(units[u])})",
-    )
+    tables = [_segments(part, pile) for part in parts]
     rows = np.concatenate(
         [np.column_stack([t, np.full(len(t), k, dtype=np.int64)]) for k, t in enumerate(tables)]
         + [np.zeros((0, SEGMENT + 1), dtype=np.int64)]
@@ -126,6 +115,11 @@ def merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray, units: Seq
     return np.column_stack([part[first], start[first], end[last] - start[first]]), int(count.sum())
 
 
+def _segments(part: Part, pile: int) -> np.ndarray:
+    """Pile ``pile``'s segments in ``part`` as rows of SEGMENT numbers."""
+    return np.frombuffer(part.segments[pile], dtype=np.int64).reshape(-1, SEGMENT)
+
+
 def publish_parts(
     txn: Transaction,
     staging: str,
@@ -140,11 +134,23 @@ def publish_parts(
 ) -> Manifest:
     """Publish the piles ``parts`` hold in ``txn`` (an append's next generation when ``base`` is
     given), assembled on ``workers`` threads or by ``mapper``; skipped units are listed in the
-    manifest (the first :data:`MAX_LISTED_SKIPS`), a repeat rule's factors recorded."""
+    manifest (the first :data:`MAX_LISTED_SKIPS`), a repeat rule's factors recorded.
+
+    Raises:
+        SampleError: two samples have one key, in one pile or in two (see
+            :func:`shardkit.piles.parts.check_unique`); nothing is published.
+    """
     skipped = np.array(sorted(f.index for f in tally.failures), dtype=np.int64)
+    # keys unique across every pile, in the memory the buffers held (free now)
+    check_unique(
+        [[(_segments(part, p), part.paths[p], part.hashes(p)) for part in parts] for p in range(options.piles)],
+        budget=int(options.buffer_size),
+        skipped=skipped,
+        unit_name=lambda u: f"input unit {u} ({describe(units[u])})",
+    )
     runs, counts = [], []
     for p in range(options.piles):
-        plan, count = merge_plan(parts, p, skipped, units)
+        plan, count = merge_plan(parts, p, skipped)
         pile_runs = [Run(parts[k].paths[p], offset, length) for k, offset, length in plan.tolist()]
         if len(pile_runs) == 1 and pile_runs[0].offset == 0:  # maybe a whole part file: its CRC is known
             pile_runs[0] = dataclasses.replace(pile_runs[0], crc=parts[int(plan[0, 0])].crcs[p])

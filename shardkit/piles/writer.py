@@ -121,11 +121,11 @@ class PileWriter:
     def close(self) -> Manifest:
         """Publish the piles and the manifest. Idempotent; returns the manifest.
 
-        Every pile is first checked for two samples with one key, from the 64-bit key hashes
-        kept beside the part files (see :func:`~shardkit.piles.parts.check_sink`).
+        The piles are first checked for two samples with one key, in one pile or in two, from
+        the 64-bit key hashes kept beside the part files (see :func:`~shardkit.piles.parts.check_sink`).
 
         Raises:
-            SampleError: two samples of a pile have one key (nothing is published).
+            SampleError: two samples have one key (nothing is published).
             RuntimeError: an earlier ``close()`` failed, or ``abort()`` was called: nothing was
                 published.
         """
