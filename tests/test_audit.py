@@ -6,6 +6,7 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 
 import shardkit
@@ -161,6 +162,58 @@ def write_pile_by_hand(out: str, keys: list[str]) -> None:
         name="pile-000000.tar", samples=len(keys), bytes=len(data), checksum=manifest.format_checksum(manifest.checksum(data))
     )
     manifest.write(out, manifest.Manifest(piles=(info,), seed=0, fields=("cls",), created_by="test"))
+
+
+def write_piles_by_hand(out: str, piles: list[list[str]]) -> None:
+    """A dataset of several piles holding these keys in order, one member each (as no writer of
+    shardkit's makes it when a key is in two piles)."""
+    from shardkit.tar import write as tarwrite
+
+    os.makedirs(out)
+    infos = []
+    for p, keys in enumerate(piles):
+        data = b"".join(tarwrite.member(f"{key}.cls", str(i).encode()) for i, key in enumerate(keys)) + tarwrite.TRAILER
+        name = f"pile-{p:06d}.tar"
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+        checksum = manifest.format_checksum(manifest.checksum(data))
+        infos.append(manifest.PileInfo(name=name, samples=len(keys), bytes=len(data), checksum=checksum))
+    manifest.write(out, manifest.Manifest(piles=tuple(infos), seed=0, fields=("cls",), created_by="test"))
+
+
+@pytest.mark.parametrize("budget", [256 << 20, 16])
+def test_a_key_in_two_piles_is_listed_with_both_piles(tmp_path, monkeypatch, budget):
+    from shardkit.tools import audit
+
+    monkeypatch.setattr(audit, "_KEYS_BUDGET", budget)  # 16 bytes: one pass for each value of the top bits
+    out = str(tmp_path / "two")
+    write_piles_by_hand(out, [["a", "b", "c"], ["d", "b", "e"], ["f", "g", "a", "b"]])
+    problems = verify(out, quiet=True)
+    assert [(p.name, p.kind, p.message) for p in problems] == [
+        (
+            "pile-000001.tar",
+            "duplicate",
+            "sample 1 (offset 1024) has the key 'b' of pile-000000.tar's sample 1 (offset 1024): keys must be unique",
+        ),
+        (
+            "pile-000002.tar",
+            "duplicate",
+            "sample 2 (offset 2048) has the key 'a' of pile-000000.tar's sample 0 (offset 0): keys must be unique",
+        ),
+    ]
+    assert main(["verify", out, "--quiet"]) == 1
+    clean = str(tmp_path / "clean")
+    write_piles_by_hand(clean, [["a", "b"], ["c", "d"], []])
+    assert verify(clean, quiet=True) == []
+
+
+def test_keys_whose_hashes_meet_in_two_piles_are_compared_themselves(tmp_path, monkeypatch):
+    from shardkit.tools import audit
+
+    monkeypatch.setattr(audit, "hashes", lambda keys: np.zeros(len(keys), dtype=np.uint64))  # every key hashes alike
+    out = str(tmp_path / "ds")
+    write_piles_by_hand(out, [["a", "b"], ["c", "d"]])
+    assert verify(out, quiet=True) == []
 
 
 def test_duplicate_keys_are_listed_with_both_positions(tmp_path):

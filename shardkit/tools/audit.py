@@ -11,9 +11,13 @@ sequential read of the dataset and holds one pile in memory at a time.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from shardkit import _util, manifest, storage
 from shardkit.dataset import leftovers
@@ -21,11 +25,15 @@ from shardkit.errors import CorruptShardError, ShardkitError, StorageError
 from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile, tar_problem
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import classes as class_maps
+from shardkit.piles.leaves import HASH, hashes
+from shardkit.piles.parts import Hashes, repeated_hashes
 from shardkit.tar import compression, scan
 from shardkit.tar.keys import repeated_key, sample_at
 
 _SHARD_SUFFIXES = compression.SHARD_SUFFIXES
 _MAX_DUPLICATES = 10  # duplicate keys reported one by one per pile; the rest are counted
+# memory for finding a key in two files: 16 bytes a sample fit at once, more is sorted in passes
+_KEYS_BUDGET = 256 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,8 +222,11 @@ def _class_problems(name: str, shard: Any, classes: tuple[list[str], dict[str, A
     return found
 
 
-def _check_pile(directory: str, pile: PileInfo, classes: tuple[list[str], dict[str, Any]] | None = None) -> list[Problem]:
-    """Every problem of one pile, found by the loader's own read path (its checks listed, not raised)."""
+def _check_pile(
+    directory: str, pile: PileInfo, classes: tuple[list[str], dict[str, Any]] | None = None, keys: _Keys | None = None
+) -> list[Problem]:
+    """Every problem of one pile, found by the loader's own read path (its checks listed, not raised);
+    the hashes of its keys go to ``keys`` when it could be read."""
     url = storage.join(directory, pile.name)
     if not storage.exists(url):
         return [Problem(name=pile.name, kind="missing", message="listed in the manifest but the file does not exist")]
@@ -243,7 +254,78 @@ def _check_pile(directory: str, pile: PileInfo, classes: tuple[list[str], dict[s
     if count is not None:
         found.append(Problem(name=pile.name, kind="count", message=count))
     found += _class_problems(pile.name, shard, classes) if classes is not None else []
+    if keys is not None:
+        keys.add(pile, shard.keys)
     return found + _duplicate_keys(pile.name, shard.keys, shard.sample_offsets())
+
+
+def _pile_keys(directory: str, pile: PileInfo) -> tuple[list[str], list[int]]:
+    """The keys of a pile :func:`_check_pile` read whole before, and where each sample starts."""
+    url = storage.join(directory, pile.name)
+    buf = storage.read_bytes(url, size=pile.bytes, concurrency=storage.remote.DEFAULT_CONCURRENCY)
+    if pile.compression is not None:
+        buf = compression.decompress(buf, pile.compression, url, size=pile.tar_bytes)
+    shard = open_pile(Fetched(url, buf, scan.scan(buf), checked=False))
+    return shard.keys, shard.sample_offsets()
+
+
+class _Keys:
+    """The key hashes of every file checked, in a temporary file (8 bytes a sample), to find a key
+    that two files share once all are read (:meth:`repeats`)."""
+
+    def __init__(self, folder: str) -> None:
+        self.path = os.path.join(folder, "keys")
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        self.files: list[tuple[PileInfo, int, int]] = []  # (file, first hash, count)
+        self._written = 0
+
+    def add(self, pile: PileInfo, keys: list[str]) -> None:
+        self._file.write(hashes(keys).tobytes())
+        self.files.append((pile, self._written, len(keys)))
+        self._written += len(keys)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def repeats(self, directory: str) -> list[Problem]:
+        """Samples whose key an earlier file (in manifest order) has too, in the writers' words:
+        only files with a hash that meets another are read again, and their keys decide."""
+        runs = np.array([[first, count] for _, first, count in self.files], dtype=np.int64).reshape(-1, 2)
+        suspects = repeated_hashes([Hashes(self.path, runs)], _KEYS_BUDGET)
+        if not len(suspects):
+            return []
+        places: dict[str, list[tuple[int, int, int]]] = {}  # key -> (file, sample, offset)
+        for f, (pile, first, count) in enumerate(self.files):
+            mine = np.fromfile(self.path, dtype=HASH, count=count, offset=first * HASH.itemsize)
+            hit = np.flatnonzero(np.isin(mine, suspects)).tolist()
+            if hit:
+                keys, offsets = _pile_keys(directory, pile)
+                for i in hit:
+                    places.setdefault(keys[i], []).append((f, i, offsets[i]))
+        found = []
+        for key, at in places.items():
+            first = min(at)
+            later = [a for a in at if a[0] != first[0]]
+            if later:
+                (f, i, offset), (g, j, other) = min(later), first
+                earlier = f"{self.files[g][0].name}'s {sample_at(j, f'offset {other}')}"
+                found.append(
+                    (
+                        f,
+                        i,
+                        Problem(
+                            name=self.files[f][0].name,
+                            kind="duplicate",
+                            message=repeated_key(key, sample_at(i, f"offset {offset}"), earlier),
+                        ),
+                    )
+                )
+        found.sort(key=lambda item: item[:2])
+        problems = [problem for _, _, problem in found[:_MAX_DUPLICATES]]
+        if len(found) > _MAX_DUPLICATES:
+            more = len(found) - _MAX_DUPLICATES
+            problems.append(Problem(name=directory, kind="duplicate", message=f"{more} more keys are in two files"))
+        return problems
 
 
 def _duplicate_keys(name: str, keys: list[str], offsets: list[int]) -> list[Problem]:
@@ -296,7 +378,7 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
     file's, then the tar's it decompresses to), be a well-formed tar
     (every header checksum, no truncation, no unsafe or non-regular member, no sample with two
     members of one extension), hold the recorded number of samples and no two samples with one
-    key (the first ten per pile are listed with both positions). Where the manifest records a
+    key, in one pile or in two (the first ten are listed with both positions). Where the manifest records a
     class map and how to check it (the image transform's ``classes`` and ``class_check``), every
     sample's ``cls`` must index a class whose name is the one its ``json`` says. Shard files neither the manifest
     nor a kept older generation's manifest lists, and temporaries left by an interrupted job,
@@ -315,10 +397,18 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
     m = manifest.read(directory)
     problems: list[Problem] = []
     classes = _class_map(m)
-    with _util.bar(total=m.bytes, desc="verify", unit="B", quiet=quiet, unit_scale=True, unit_divisor=1024) as progress:
-        for pile in m.piles:
-            for part in pile.parts:  # a pile that grew: each segment file checked on its own (an append checked their keys unique)
-                problems.extend(_check_pile(directory, part, classes))
-            progress.update(pile.stored_bytes)
+    with (
+        tempfile.TemporaryDirectory(prefix="shardkit-verify-") as folder,
+        _util.bar(total=m.bytes, desc="verify", unit="B", quiet=quiet, unit_scale=True, unit_divisor=1024) as progress,
+    ):
+        keys = _Keys(folder)
+        try:
+            for pile in m.piles:
+                for part in pile.parts:  # a pile that grew: each segment file checked on its own
+                    problems.extend(_check_pile(directory, part, classes, keys))
+                progress.update(pile.stored_bytes)
+        finally:
+            keys.close()
+        problems.extend(keys.repeats(directory))
     problems.extend(_unlisted(directory, m))
     return problems
