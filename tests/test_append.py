@@ -12,7 +12,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import STOP_AT, unit_samples
+from conftest import STOP_AT, unit_samples, write_wds_shards
 from scipy import stats
 
 import shardkit
@@ -118,12 +118,38 @@ def test_a_key_already_in_the_dataset_is_refused_and_nothing_is_published(tmp_pa
     out = str(tmp_path / "ds")
     _write(out, [f"a{i}" for i in range(20)])
     seen = (tmp_path / "ds" / "shardkit.json").read_bytes()
-    with pytest.raises(shardkit.SampleError, match=r"key 'a7' of this append .* is already in the dataset, in pile-00000\d\.tar"):
+    with pytest.raises(
+        shardkit.SampleError,
+        match=r"key 'a7' of this append is already in the dataset, in pile-00000\d\.tar .*was appended before, or its keys restart",
+    ):
         _append(out, ["new", "a7"])
     assert (tmp_path / "ds" / "shardkit.json").read_bytes() == seen
     _append(out, ["b0"])
     with pytest.raises(shardkit.SampleError, match=r"key 'b0' .* in pile-00000\d\.g000001\.tar \(generation 1\)"):
         _append(out, ["b0"])
+
+
+def test_appending_shards_named_like_earlier_ones_says_why_their_keys_repeat(tmp_path, capsys):
+    # ordinary shards, keys from 000000 in each: their keys are prefixed with the shard's name
+    def day(d):
+        folder = tmp_path / f"day{d}"
+        folder.mkdir()
+        return write_wds_shards(str(folder), "shard-{:06d}.tar", 2, lambda k, i: {"__key__": f"{i:06d}", "txt": f"{d}"} if i < 20 else None)
+
+    out = str(tmp_path / "grow")
+    first, second = day(1), day(2)
+    assert main(["pile", *first, "-o", out, "--piles", "3", "-q"]) == 0
+    seen = (tmp_path / "grow" / "shardkit.json").read_bytes()
+    assert main(["pile", *second, "-o", out, "--piles", "3", "--append", "-q"]) == 1
+    said = capsys.readouterr().err
+    assert "key 'shard-00000" in said and "is already in the dataset" in said, said
+    assert "input shards are named like earlier ones: each key starts with its shard's name ('shard-00000" in said, said
+    assert (tmp_path / "grow" / "shardkit.json").read_bytes() == seen
+    renamed = [os.path.join(os.path.dirname(p), "day2-" + os.path.basename(p)) for p in second]
+    for old, new in zip(second, renamed, strict=True):
+        os.rename(old, new)
+    assert main(["pile", *renamed, "-o", out, "--piles", "3", "--append", "-q"]) == 0  # the way out the message gives
+    assert len(_keys(out)) == 80
 
 
 def test_a_key_twice_in_one_append_is_refused_across_piles(tmp_path):

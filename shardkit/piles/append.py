@@ -124,7 +124,8 @@ def finish(
     new = map_threads(_write_segments, work, threads, progress)
     first = [p for p in old.piles if p.segments is None and p.samples and 0 in keep]
     first_keys = _first_keys(out, first, staging)
-    _check_unique(out, [s for segments in kept for s in segments], [s for made in new for s in made], staging)
+    prefixed = (extra or {}).get("key_prefix") == "unit"
+    _check_unique(out, [s for segments in kept for s in segments], [s for made in new for s in made], staging, prefixed=prefixed)
     grouped = [_regroup(out, p, kept[p], resolutions[p], names, staging, pack, old.seed) for p in range(len(runs))]
     piles = []
     for p, (by_leaf, _) in enumerate(grouped):
@@ -343,8 +344,9 @@ def _first_keys(out: str, piles: Sequence[PileInfo], staging: str) -> list[str]:
     return staged
 
 
-def _check_unique(out: str, old: Sequence[Segment], new: Sequence[Segment], staging: str) -> None:
-    """Refuse a key of ``new`` (segments in ``staging``) that an ``old`` segment or another new one has."""
+def _check_unique(out: str, old: Sequence[Segment], new: Sequence[Segment], staging: str, *, prefixed: bool = False) -> None:
+    """Refuse a key of ``new`` (segments in ``staging``) that an ``old`` segment or another new one
+    has (``prefixed``: this append's keys carry their input shard's name, which the message explains)."""
     hashes = [np.fromfile(keys_name(os.path.join(staging, s.name)), dtype=HASH) for s in new]
     mine = np.sort(np.concatenate([*hashes, np.zeros(0, dtype=HASH)]))
     repeated = np.unique(mine[1:][mine[1:] == mine[:-1]])
@@ -354,7 +356,7 @@ def _check_unique(out: str, old: Sequence[Segment], new: Sequence[Segment], stag
         theirs = np.frombuffer(_read_keys(out, segment, staging), dtype=HASH)
         met = theirs[np.isin(theirs, mine)]
         if len(met):
-            _confirm(out, met, [segment], new, staging, f"{segment.name} (generation {segment.generation})")
+            _confirm(out, met, [segment], new, staging, f"{segment.name} (generation {segment.generation})", prefixed=prefixed)
 
 
 def _read_keys(out: str, segment: Segment, staging: str) -> bytes:
@@ -373,7 +375,9 @@ def _read_keys(out: str, segment: Segment, staging: str) -> bytes:
         return np.sort(leaves.hashes(Shard(data, leaves.read_tar(data, segment)).keys)).tobytes()
 
 
-def _confirm(out: str, hashes: np.ndarray, theirs: Sequence[Segment], new: Sequence[Segment], staging: str, where: str) -> None:
+def _confirm(
+    out: str, hashes: np.ndarray, theirs: Sequence[Segment], new: Sequence[Segment], staging: str, where: str, *, prefixed: bool = False
+) -> None:
     """Compare the keys behind hashes that met (a hash collision is not an error)."""
     mine = _keys_with(hashes, [(os.path.join(staging, s.name), s) for s in new])
     if theirs is new:
@@ -384,12 +388,21 @@ def _confirm(out: str, hashes: np.ndarray, theirs: Sequence[Segment], new: Seque
             seen[key] = name
         return
     other = dict(_keys_with(hashes, [(storage.join(out, s.name), s) for s in theirs]))
-    for key, name in mine:
+    for key, _ in mine:
         if key in other:
-            raise SampleError(
-                f"{out}: key {key!r} of this append ({name}) is already in the dataset, in {where}; keys must stay unique "
-                "across generations (was this data appended before?); nothing was published"
-            )
+            raise SampleError(f"{out}: key {key!r} of this append is already in the dataset, in {where}; {_why_repeated(key, prefixed)}")
+
+
+def _why_repeated(key: str, prefixed: bool) -> str:
+    """What to do about a key an append repeats: the two ways it happens, and the way out of each."""
+    said = "keys must stay unique across generations, so nothing was published. Either this data was appended before"
+    if prefixed:
+        shard = key.rsplit("/", 1)[0]
+        return (
+            f"{said}, or its input shards are named like earlier ones: each key starts with its shard's name "
+            f"({shard!r}, key_prefix='unit'), so new shards need names of their own (a date or a source in each file's name)"
+        )
+    return f"{said}, or its keys restart like an earlier input's: give each sample a unique '__key__', or prefix keys with their shard's name (key_prefix='unit')"
 
 
 def _keys_with(hashes: np.ndarray, files: Sequence[tuple[str, Segment]]) -> list[tuple[str, str]]:
