@@ -186,6 +186,28 @@ def test_shuffle_job_runs(job_dir, dataset, capsys):
         run_job(load_job(path), quiet=True)
 
 
+def test_a_job_whose_output_holds_a_dataset_says_what_to_set_in_the_job_file(job_dir, dataset, capsys):
+    text = f"job: shuffle\ninputs: {dataset}/pile-*.tar\noutput: {{path: shuffled, piles: 3, maxcount: 64}}\n"
+    path = _write(job_dir, text)
+    assert main(["run", "-q", path]) == 0
+    seen = (job_dir / "shuffled" / "shardkit.json").read_bytes()
+    for check in (["--check"], []):  # --check finds it before any work, as the run does
+        assert main(["run", "-q", *check, path]) == 1
+        said = capsys.readouterr().err
+        assert said == (
+            f"shardkit run: error: {path}: output.path: {job_dir}/shuffled already holds a shardkit dataset; "
+            "set 'overwrite: true' under output to replace it\n"
+        )
+    assert (job_dir / "shuffled" / "shardkit.json").read_bytes() == seen
+    _write(job_dir, text.replace("maxcount: 64", "maxcount: 64, overwrite: true"))
+    assert main(["run", "-q", "--check", path]) == 0 and main(["run", "-q", path]) == 0
+    pile_job = f"job: pile\ninputs: {dataset}/pile-*.tar\noutput: {{path: piled, piles: 2}}\n"
+    assert main(["run", "-q", _write(job_dir, pile_job)]) == 0
+    assert main(["run", "-q", path]) == 1  # the same job again
+    assert "'overwrite: true' under output to replace it, or 'mode: append' to add to it" in capsys.readouterr().err
+    assert main(["run", "-q", "--check", _write(job_dir, pile_job.replace("piles: 2", "piles: 2, mode: append"))]) == 0
+
+
 def test_fn_job_runs_in_worker_processes(job_dir):
     (job_dir / "data" / "b.jsonl").write_text('{"x": 3}\n')
     (job_dir / "gen_in_workers.py").write_text(

@@ -35,12 +35,12 @@ from typing import Any, TypeVar
 
 import yaml
 
-from shardkit import storage
+from shardkit import manifest, storage
 from shardkit._util import check_path, shown
 from shardkit.cli import schema
 from shardkit.cli.schema import Fields
 from shardkit.eager_shuffle import ShuffleOptions, shuffle
-from shardkit.errors import ConfigError, DatasetNotFoundError
+from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
 from shardkit.manifest import Manifest
 from shardkit.option_fields import Spec, specs, yaml_names
 from shardkit.piles import readers, transforms
@@ -378,6 +378,25 @@ def run_job(job: Job, *, quiet: bool = False) -> Any:
     from shardkit.tools.demo import demo
 
     return demo(out=job.output, samples=job.samples, quiet=quiet)
+
+
+def output_conflict(job: Job) -> str | None:
+    """What stops ``job`` at its output before any work, in the job file's words, or None: a
+    dataset already there that the job would neither replace nor append to."""
+    if isinstance(job, DemoJob) or job.output is None:
+        return None
+    options = job.options
+    if options.overwrite or getattr(options, "mode", "create") == "append" or getattr(options, "resume", False):
+        return None  # replaced, added to, or (resume) a job that may have published already: it says so itself
+    try:
+        there = manifest.is_dataset(job.output)
+    except ShardkitError:
+        return None  # an unreachable output: the run says what is wrong with it
+    if not there:
+        return None
+    return f"output.path: {job.output} already holds a shardkit dataset; set 'overwrite: true' under output to replace it" + (
+        ", or 'mode: append' to add to it" if not isinstance(job, ShuffleJob) else ""
+    )
 
 
 def describe(job: Job) -> str:

@@ -241,9 +241,13 @@ REPILE = Command(
 
 
 def _run_job(args: argparse.Namespace) -> int:
-    from shardkit.cli.jobs import DemoJob, describe, load_job, run_job, summary
+    from shardkit.cli.jobs import DemoJob, describe, load_job, output_conflict, run_job, summary
+    from shardkit.errors import DatasetExistsError
 
     job = load_job(args.config)
+    conflict = output_conflict(job)
+    if conflict is not None:  # said in the job file's words: `shardkit run` has no --overwrite
+        raise DatasetExistsError(f"{args.config}: {conflict}")
     if args.check:
         print(f"{args.config}: ok: {describe(job)}")
         return 0
