@@ -195,7 +195,7 @@ def test_a_job_whose_output_holds_a_dataset_says_what_to_set_in_the_job_file(job
         assert main(["run", "-q", *check, path]) == 1
         said = capsys.readouterr().err
         assert said == (
-            f"shardkit run: error: {path}: output.path: {job_dir}/shuffled already holds a shardkit dataset; "
+            f"shardkit run: error: {path}: output.path: {job_dir}/shuffled: already holds a shardkit dataset; "
             "set 'overwrite: true' under output to replace it\n"
         )
     assert (job_dir / "shuffled" / "shardkit.json").read_bytes() == seen

@@ -319,3 +319,21 @@ def test_mutated_parquet_files_give_samples_or_one_shardkit_error(tmp_path):
             assert f"bad-{case}.parquet" in str(e)
             outcomes.add(type(e).__name__)
     assert "CorruptShardError" in outcomes
+
+
+def test_a_file_pile_cannot_read_is_named_before_any_work(tmp_path, capsys):
+    import shutil
+
+    (tmp_path / "rows.jsonl").write_text('{"id": 1}\n{"id": 2, "text": "a longer line of json"}\n')
+    with pytest.raises(shardkit.ConfigError, match=r"inputs: .*rows\.jsonl is not a tar shard .*\(\.arrow, \.csv.*transform: jsonl"):
+        shardkit.pile(str(tmp_path / "rows.jsonl"), str(tmp_path / "out"), piles=2, quiet=True)
+    assert not (tmp_path / "out").exists()
+    assert main(["pile", str(tmp_path / "rows.jsonl"), "-o", str(tmp_path / "out"), "--piles", "2", "-q"]) == 1
+    assert "rows.jsonl is not a tar shard" in capsys.readouterr().err
+    # a tar is read whatever its name; and named as shards, a file is read as a tar (the walk names its fault)
+    with shardkit.PileWriter(str(tmp_path / "src"), piles=1) as w:
+        w.write({"__key__": "a", "txt": "x"})
+    shutil.copy(tmp_path / "src" / "pile-000000.tar", tmp_path / "no-suffix")
+    assert shardkit.pile(str(tmp_path / "no-suffix"), str(tmp_path / "ok"), piles=1, quiet=True).samples == 1
+    with pytest.raises(shardkit.CorruptShardError, match=r"rows\.jsonl: member 0 at offset 0"):
+        shardkit.pile(str(tmp_path / "rows.jsonl"), str(tmp_path / "out"), piles=2, quiet=True, format="shards")

@@ -394,7 +394,7 @@ def output_conflict(job: Job) -> str | None:
         return None  # an unreachable output: the run says what is wrong with it
     if not there:
         return None
-    return f"output.path: {job.output} already holds a shardkit dataset; set 'overwrite: true' under output to replace it" + (
+    return f"output.path: {job.output}: already holds a shardkit dataset; set 'overwrite: true' under output to replace it" + (
         ", or 'mode: append' to add to it" if not isinstance(job, ShuffleJob) else ""
     )
 

@@ -65,7 +65,7 @@ def find(directory: str, names: Iterable[str] | None = None, generation: int | N
             published = None if generation is None else published_staging(directory, generation)
             said = (
                 "the committed parts of a pass 1 or append that did not finish: the same job run again with "
-                "resume=True continues it; another job writing here clears it"
+                "resume=True continues it; a job with overwrite=True discards it (an append's: delete this folder)"
                 if published is None
                 else f"the staging of the append of generation {published}, which stopped after it published: "
                 "shardkit gc or the next append removes it"

@@ -20,7 +20,7 @@ MANY_PILES = 100_000
 _SUGGESTED_MEMORY = 1 << 30
 
 _RULE = (
-    "pick the smallest M for which two piles of s + 6 sqrt(s) samples (s = n/M) fit in the memory the loader may use (README, 'Choosing M')"
+    "pick the smallest M for which two piles of s + 6 sqrt(s) samples (s = n/M) fit in the memory the loader may use (docs/concepts.md, 'Choosing M')"
 )
 
 

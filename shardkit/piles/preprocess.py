@@ -279,7 +279,7 @@ def pile(
             names the unit first (with ``on_error="skip"`` the shard is skipped instead).
         SampleError: a sample shardkit cannot write (a key with an empty path component or a
             control character, a member without extension, a sample over ``max_pile_bytes``), or
-            a key two inputs share in one pile.
+            a key two inputs share.
     """
     options = PILE.options(options, keywords)
     found = readers.resolve(inputs, format)
@@ -287,6 +287,10 @@ def pile(
         return _read(*found, out, options, quiet=quiet, mp_context=mp_context)
     storage.use(check_paths("inputs", inputs), options.storage_options)  # before the inputs are listed
     units = _validate(storage.expand(check_paths("inputs", inputs)), None)
+    if format is None:  # named "shards": read as tar, whatever their names
+        for unit in units:
+            if (why := readers.unknown_file(unit)) is not None:
+                raise ConfigError(why)
     prefix = key_prefix_rule.resolve(options.key_prefix, units)
     options = dataclasses.replace(options, key_prefix=prefix)
     job = _work(options, iter_shard, shards=True, key_prefix=options.key_prefix, repeat=None)

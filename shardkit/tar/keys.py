@@ -102,4 +102,7 @@ def refuse_repeat(source: str, keys: np.ndarray, offset: Callable[[int], int]) -
     if pair is not None:
         i, j = pair
         said = repeated_key(bytes(keys[i]), sample_at(i, f"offset {offset(i)}"), sample_at(j, f"offset {offset(j)}"))
-        raise CorruptShardError(f"{source}: {said}, and the members of one sample adjacent")
+        raise CorruptShardError(
+            f"{source}: {said}, and the members of one sample adjacent (a tar of a folder lists files in the order the "
+            "file system keeps them: make it with `tar cf x.tar --sort=name -C DIR .`)"
+        )

@@ -100,6 +100,27 @@ def detect(source: Any) -> str | None:
     return next((fmt for suffix, fmt in _SUFFIXES.items() if name.endswith(suffix)), None)
 
 
+def unknown_file(path: str) -> str | None:
+    """Why pile cannot read the local file ``path`` as a tar shard, or None: a name without a shard
+    suffix (``.tar``, ``.tar.zst``...) whose first bytes are neither a tar header nor a codec's
+    magic. Other inputs (a URL, a shard by its name) are read, and any fault named there."""
+    from shardkit.tar import compression
+
+    local = storage.store_for(path).local_file()
+    if local is None or path.lower().endswith(compression.SHARD_SUFFIXES) or not os.path.isfile(local):
+        return None
+    with open(local, "rb") as f:
+        head = f.read(512)
+    if head[257:262] == b"ustar" or compression.sniff(head) is not None:
+        return None
+    known = ", ".join(sorted(set(_SUFFIXES)))
+    return (
+        f"inputs: {path} is not a tar shard (no '.tar' in its name, no tar header at its start) nor a file of a format "
+        f"pile reads by its suffix ({known}); name the format with format= (--format), or read other files with a "
+        "preprocess job (YAML 'transform: jsonl' for JSON lines)"
+    )
+
+
 def resolve(inputs: Any, format: Any = None) -> tuple[Any, list[Any]] | None:
     """The reader for ``inputs`` and the inputs it takes, or None when they are tar shards.
 
