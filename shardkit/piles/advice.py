@@ -19,9 +19,7 @@ MANY_PILES = 100_000
 # the loader memory a suggested M is sized for, as `shardkit shuffle` sizes its piles by default
 _SUGGESTED_MEMORY = 1 << 30
 
-_RULE = (
-    "pick the smallest M for which two piles of s + 6 sqrt(s) samples (s = n/M) fit in the memory the loader may use (docs/concepts.md, 'Choosing M')"
-)
+_RULE = "pick the smallest M for which two piles of s + 6 sqrt(s) samples (s = n/M) fit in the memory the loader may use (docs/concepts.md, 'Choosing M')"
 
 
 def too_many_piles(piles: int, where: str) -> str | None:
