@@ -122,3 +122,16 @@ def test_command_line_error_has_no_traceback(tmp_path):
     assert done.stderr.startswith(f"shardkit pile: error: input unit 0 ('{bad}'): {bad}: member 0")
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
     assert not (tmp_path / "out" / "shardkit.json").exists()
+
+
+@pytest.mark.parametrize("flags", [["--mode", "create", "--append"], ["--append", "--mode", "create"]])
+def test_append_and_another_mode_are_refused_in_either_order(tmp_path, shards, capsys, flags):
+    with pytest.raises(SystemExit) as refused:
+        main(["pile", str(shards / "*.tar"), "-o", str(tmp_path / "out"), "--piles", "2", "-q", *flags])
+    assert refused.value.code == 2
+    assert "ask for different modes: give one" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert main(["pile", str(shards / "*.tar"), "-o", str(tmp_path / "out"), "--piles", "2", "-q", "--mode", "create"]) == 0
+    # the same mode twice is no conflict: --append is --mode append
+    assert main(["pile", str(shards / "*.tar"), "-o", str(tmp_path / "other"), "--piles", "2", "-q", "--mode", "append", "--append"]) == 1
+    assert "no shardkit dataset to append to" in capsys.readouterr().err

@@ -83,6 +83,21 @@ def option_values(args: argparse.Namespace, names: Sequence[str]) -> dict[str, A
     return {name: getattr(args, name) for name in names}
 
 
+class _Mode(argparse.Action):
+    """``--mode`` and ``--append`` (``--mode append``): each remembers it was given, and a second
+    that asks for another mode is refused, in whichever order they come."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None
+    ) -> None:
+        mode = "append" if option_string == "--append" else values
+        flag = "--append" if option_string == "--append" else f"--mode {mode}"
+        said = getattr(namespace, "mode_given", None)
+        if said is not None and said[1] != mode:
+            parser.error(f"{said[0]} and {flag} ask for different modes: give one")
+        namespace.mode, namespace.mode_given = mode, (flag, mode)
+
+
 def options_from_args(cls: type[T], args: argparse.Namespace, names: Sequence[str]) -> T:
     """An option object from flags :func:`add_option_flags` added; fields not named keep their defaults."""
     return cls(**option_values(args, names))
@@ -140,12 +155,12 @@ def add_pile_args(parser: argparse.ArgumentParser) -> None:
     --compression --compression-level --repeat --mode --window --index --append --quiet --storage-option``; turn the parsed
     namespace into keyword arguments for :func:`shardkit.preprocess` with :func:`pile_kwargs`.
     """
-    add_option_flags(parser, PileOptions, PILE_FLAGS)
+    add_option_flags(parser, PileOptions, PILE_FLAGS, overrides={"mode": {"action": _Mode}})
     _group(parser, specs(PileOptions)["mode"].group).add_argument(
         "--append",
         dest="mode",
-        action="store_const",
-        const="append",
+        action=_Mode,
+        nargs=0,
         default=argparse.SUPPRESS,
         help="the same as --mode append: add the samples to the dataset in the output as its next generation",
     )
