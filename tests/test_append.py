@@ -593,3 +593,34 @@ def test_an_append_killed_while_it_removes_its_staging_leaves_a_leftover_gc_remo
     shardkit.gc(out, grace=0)
     assert shardkit.verify(out, quiet=True) == [] and not [n for n in os.listdir(out) if n.startswith(".shardkit-pass1")]
     assert shardkit.preprocess(range(20, 24), _units, out, piles=2, mode="append", quiet=True).generation == 2
+
+
+def test_a_loader_whose_files_are_gone_says_the_dataset_changed_under_it(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, [f"a{i}" for i in range(40)], piles=4)
+    pinned = iter(shardkit.loader(out, batch_size=2, decode=False, seed=0))
+    next(pinned)  # generation 0, its first pile read
+    _append(out, [f"b{i}" for i in range(40)], piles=4, window=1)  # generation 1 keeps none of generation 0's segments
+    shardkit.gc(out, grace=0)  # and they are deleted
+    with pytest.raises(
+        shardkit.DatasetNotFoundError, match=r"pile-00000\d\.tar: no such file: the dataset at .* moved on from generation 0"
+    ):
+        list(pinned)
+
+    replaced = iter(shardkit.loader(out, batch_size=2, decode=False, seed=0))
+    next(replaced)
+    _write(out, [f"c{i}" for i in range(40)], piles=4, overwrite=True)
+    with pytest.raises(
+        shardkit.DatasetNotFoundError, match=r"the dataset at .* was overwritten since this loader opened it; a new loader reads it"
+    ):
+        list(replaced)
+    assert len(_keys(out)) == 40  # as the message says
+
+    damaged = iter(shardkit.loader(out, batch_size=2, decode=False, seed=0))
+    next(damaged)
+    for name in os.listdir(out):
+        if name.startswith("pile-"):
+            os.remove(os.path.join(out, name))  # the same manifest: only the file is missing, as the error says
+    with pytest.raises(shardkit.DatasetNotFoundError) as missing:
+        list(damaged)
+    assert str(missing.value).endswith("no such file"), str(missing.value)

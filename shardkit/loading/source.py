@@ -98,9 +98,36 @@ class Source:
         """Pile ``index``'s checked bytes and the vectorized half of its index (see
         :func:`shardkit.loading.pile.fetch`): the work a background thread can do without the GIL."""
         pile = self.piles[index]
-        if pile.segments is not None and pile.info is not None:
-            return fetch_segments(pile.url, pile.segments, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads)
-        return fetch(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads, scratch=scratch)
+        try:
+            if pile.segments is not None and pile.info is not None:
+                return fetch_segments(pile.url, pile.segments, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads)
+            return fetch(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads, scratch=scratch)
+        except DatasetNotFoundError as e:
+            gone = self._gone() if self.generation is not None else None
+            if gone is None:
+                raise
+            raise DatasetNotFoundError(f"{e}: {gone}") from e
+
+    def _gone(self) -> str | None:
+        """Why a file of this dataset is missing, when its manifest says why: the dataset is no
+        longer the one this source opened (overwritten, or its older generation's files removed)."""
+        try:
+            now = manifest.read(self.name)
+        except DatasetNotFoundError:
+            return f"the dataset at {self.name} was removed since this loader opened it"
+        except ShardkitError:
+            return None  # the manifest cannot be read either: the error as it is says enough
+        mine = {os.path.basename(p.url): p.info.checksum if p.info else None for p in self.piles}
+        theirs = {p.name: p.checksum for p in now.piles}
+        if now.generation == self.generation and mine == theirs:
+            return None  # the same dataset: a file went missing, as the error says
+        if now.generation <= self.generation:  # an overwrite starts again at generation 0
+            return f"the dataset at {self.name} was overwritten since this loader opened it; a new loader reads it"
+        return (
+            f"the dataset at {self.name} moved on from generation {self.generation}, which this loader reads, to {now.generation}, "
+            f"and generation {self.generation}'s files are gone (an overwrite, or shardkit gc after its grace period); a new loader "
+            f"reads generation {now.generation}"
+        )
 
     def open(self, index: int, fetched: Fetched) -> Shard:
         """Finish indexing what :meth:`fetch` returned and check the sample count."""
