@@ -277,7 +277,10 @@ def test_bad_options(kwargs, message):
 def test_cli_shuffle(tmp_path, inputs, capsys):
     out = str(tmp_path / "out")
     assert main(["shuffle", inputs, "-o", out, "--piles", "3", "--maxcount", "100", "--seed", "4"]) == 0
-    assert "300 samples in 3 shards" in capsys.readouterr().out
+    assert "300 samples in 3 shards (shard-000000.tar ... shard-000002.tar)" in capsys.readouterr().out
+    packed = str(tmp_path / "packed")
+    assert main(["shuffle", inputs, "-o", packed, "--piles", "3", "--maxcount", "100", "--compression", "zstd"]) == 0
+    assert "300 samples in 3 shards (shard-000000.tar.zst ... shard-000002.tar.zst)" in capsys.readouterr().out
     assert main(["shuffle", inputs, "-o", out, "--piles", "3", "-q"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("shardkit shuffle: error: ") and "already holds a shardkit dataset" in err and "Traceback" not in err

@@ -178,7 +178,7 @@ def _run_shuffle(args: argparse.Namespace) -> int:
     m = shuffle(args.inputs, args.out, options=options_from_args(ShuffleOptions, args, SHUFFLE_FLAGS), quiet=args.quiet)
     if not args.quiet:
         print(
-            f"{args.out}: {m.samples:,} samples in {len(m.piles)} shards (shard-000000.tar ... {m.piles[-1].name}), via {m.extra['piles']} piles"
+            f"{args.out}: {m.samples:,} samples in {len(m.piles)} shards ({m.piles[0].name} ... {m.piles[-1].name}), via {m.extra['piles']} piles"
         )
     return 0
 
