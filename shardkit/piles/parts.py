@@ -303,19 +303,23 @@ def repeated_hashes(sources: Sequence[Hashes], budget: int) -> np.ndarray:
     """The hash values (sorted, distinct) that two or more samples of ``sources`` have, found
     in about ``budget`` bytes of memory. A sort of every hash needs 16 bytes a sample; past the
     budget the hashes are read again once for each range of values (by their top bits) whose
-    sort fits, a piece of a file at a time."""
-    files: dict[str, list[np.ndarray]] = {}
-    for source in sources:  # one read of each key file a pass, whichever piles its runs are of
-        files.setdefault(source.path, []).append(source.runs)
-    merged = [Hashes(path, np.concatenate(runs)) for path, runs in files.items()]
-    total = sum(int(h.runs[:, 1].sum()) for h in merged)
+    sort fits. Each key file is read straight through, over the span its runs cover, whichever
+    piles they are of (a hash in it that no run names can only add a candidate, which the keys
+    then clear)."""
+    spans: dict[str, tuple[int, int]] = {}
+    for source in sources:
+        if len(source.runs):
+            lo, hi = int(source.runs[:, 0].min()), int((source.runs[:, 0] + source.runs[:, 1]).max())
+            was = spans.get(source.path, (lo, hi))
+            spans[source.path] = (min(lo, was[0]), max(hi, was[1]))
+    total = sum(hi - lo for lo, hi in spans.values())
     bits = max(0, math.ceil(math.log2(max(1.0, 2 * total * _HASH.itemsize / max(1, budget)))))
     piece = max(1, budget // (4 * _HASH.itemsize))
     found = []
     for value in range(1 << bits):
         mine = [_HASHES_NONE]
-        for hashes in merged:
-            for part in _pieces(hashes, piece):
+        for path, (lo, hi) in spans.items():
+            for part in _span(path, lo, hi, piece):
                 mine.append(part if not bits else part[(part >> np.uint64(64 - bits)) == value])
         ordered = np.sort(np.concatenate(mine))
         found.append(np.unique(ordered[1:][ordered[1:] == ordered[:-1]]))
@@ -323,20 +327,16 @@ def repeated_hashes(sources: Sequence[Hashes], budget: int) -> np.ndarray:
     return np.concatenate(found)  # each pass's values are above the last's
 
 
-def _pieces(hashes: Hashes, most: int) -> Iterator[np.ndarray]:
-    """The hashes ``hashes`` points at, read at most ``most`` at a time."""
-    rows: list[tuple[int, int]] = []
-    count = 0
-    for first, n in hashes.runs.tolist():
-        while n:
-            take = min(n, most - count)
-            rows.append((first, take))
-            first, n, count = first + take, n - take, count + take
-            if count == most:
-                yield _read_hashes([Hashes(hashes.path, np.array(rows, dtype=np.int64))])[0]
-                rows, count = [], 0
-    if rows:
-        yield _read_hashes([Hashes(hashes.path, np.array(rows, dtype=np.int64))])[0]
+def _span(path: str, lo: int, hi: int, most: int) -> Iterator[np.ndarray]:
+    """Hashes ``lo`` to ``hi`` of the key file ``path``, read in order at most ``most`` at a time."""
+    size = _HASH.itemsize
+    with storage.guard(path, "read key hashes"), storage.open_read(path) as f:
+        f.seek(lo * size)
+        for at in range(lo, hi, most):
+            part = np.empty(min(most, hi - at), dtype=_HASH)
+            if f.readinto(part.data.cast("B")) != part.nbytes:
+                raise CorruptShardError(f"{path}: ends before the key hashes recorded up to offset {hi * size}")
+            yield part
 
 
 def check_sink(sink: PileSink) -> None:
@@ -344,6 +344,9 @@ def check_sink(sink: PileSink) -> None:
     flush), in the memory its buffer held (free once flushed)."""
     if sink.hashed < 2:
         return
+    everything = Hashes(keys_file(sink.directory), np.array([[0, sink.hashed]], dtype=np.int64))
+    if not len(repeated_hashes([everything], sink.limit)):
+        return  # no two hashes meet: nothing to place pile by pile (the usual case, and the cheap one)
     piles = [
         [(np.frombuffer(sink.segments[p], dtype=np.int64).reshape(-1, SEGMENT), sink.part(p), Hashes.of(sink.directory, sink.key_runs[p]))]
         for p in range(len(sink.sizes))
