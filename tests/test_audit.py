@@ -181,11 +181,11 @@ def write_piles_by_hand(out: str, piles: list[list[str]]) -> None:
     manifest.write(out, manifest.Manifest(piles=tuple(infos), seed=0, fields=("cls",), created_by="test"))
 
 
-@pytest.mark.parametrize("budget", [256 << 20, 16])
-def test_a_key_in_two_piles_is_listed_with_both_piles(tmp_path, monkeypatch, budget):
-    from shardkit.tools import audit
+@pytest.mark.parametrize("memory", [256 << 20, 16])
+def test_a_key_in_two_piles_is_listed_with_both_piles(tmp_path, monkeypatch, memory):
+    from shardkit.piles import unique_keys
 
-    monkeypatch.setattr(audit, "_KEYS_BUDGET", budget)  # 16 bytes: one pass for each value of the top bits
+    monkeypatch.setattr(unique_keys, "CHECK_MEMORY", memory)  # 16 bytes: the hashes go to a bucket file for each value of the top bits
     out = str(tmp_path / "two")
     write_piles_by_hand(out, [["a", "b", "c"], ["d", "b", "e"], ["f", "g", "a", "b"]])
     problems = verify(out, quiet=True)

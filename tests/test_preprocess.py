@@ -15,7 +15,7 @@ import shardkit
 from shardkit import manifest
 from shardkit.dataset.lock import STAGING_PREFIX
 from shardkit.loading.pile import read_pile
-from shardkit.piles import parts
+from shardkit.piles import parts, unique_keys
 from shardkit.tar.shard import iter_shard
 
 
@@ -366,6 +366,19 @@ def test_a_key_hash_collision_where_units_meet_is_not_an_error(tmp_path, monkeyp
     )
     keys = [s["__key__"] for s in read_pile(str(tmp_path / "out" / m.piles[0].name))]
     assert keys == ["1-0", "1-1", "3-0", "3-1", "5-0", "5-1"]
+
+
+def test_repeats_are_placed_a_few_hash_values_at_a_time_and_a_collision_does_not_stop_the_search(tmp_path, monkeypatch):
+    import numpy as np
+
+    monkeypatch.setattr(unique_keys, "PLACED", 1)
+    # hash 0 for every key but "a": b and c collide (no repeat), then a repeats under hash 1
+    monkeypatch.setattr(parts, "key_hashes", lambda keys: np.array([1 if k == b"a" else 0 for k in keys], dtype=np.uint64))
+    fn = lambda u: [{"__key__": k, "txt": "x"} for k in u]  # noqa: E731
+    with pytest.raises(shardkit.SampleError, match=r"has the key 'a' of (pile \d's )?sample \d \(offset \d+, input unit 0 \('ab'\)\)"):
+        shardkit.preprocess(["ab", "ca"], fn, tmp_path / "out", piles=3, quiet=True)
+    m = shardkit.preprocess(["ab", "c"], fn, tmp_path / "ok", piles=3, quiet=True)  # b and c collide, a is once: it passes
+    assert m.samples == 3
 
 
 def test_pile_counts_that_deserve_a_word_are_logged(tmp_path, caplog, monkeypatch):

@@ -180,7 +180,7 @@ def test_a_repeated_key_anywhere_in_a_pile_is_refused_on_close(tmp_path):
 
 
 def test_one_key_file_holds_every_piles_hashes_and_a_repeat_is_found_in_a_pile_or_across_two(tmp_path):
-    from shardkit.piles import parts
+    from shardkit.piles import parts, unique_keys
 
     def sink_with(extra):
         sink = parts.PileSink(str(tmp_path / f"p-{extra}"), 3, 1 << 30)
@@ -199,13 +199,13 @@ def test_one_key_file_holds_every_piles_hashes_and_a_repeat_is_found_in_a_pile_o
         return sink
 
     sink = sink_with("")
-    parts.check_sink(sink)  # nine keys, each once
+    unique_keys.check_sink(sink)  # nine keys, each once
     assert sorted(os.listdir(sink.directory)) == ["000000.part", "000001.part", "000002.part", "keys"]
     assert list(sink.key_runs[0]) == [0, 1, 3, 1, 6, 1] and list(sink.key_runs[2]) == [2, 1, 5, 1, 8, 1]
     with pytest.raises(SampleError, match=r"pile 2: sample 3 \(offset 3072\) has the key 'k0-p2' of sample 0 \(offset 0\): keys must"):
-        parts.check_sink(sink_with("k0-p2"))
+        unique_keys.check_sink(sink_with("k0-p2"))
     with pytest.raises(SampleError, match=r"pile 2: sample 3 \(offset 3072\) has the key 'k1-p0' of pile 0's sample 1 \(offset 1024\)"):
-        parts.check_sink(sink_with("k1-p0"))
+        unique_keys.check_sink(sink_with("k1-p0"))
 
 
 def test_a_key_in_two_piles_of_a_writer_is_refused_and_nothing_is_published(tmp_path):
@@ -219,9 +219,11 @@ def test_a_key_in_two_piles_of_a_writer_is_refused_and_nothing_is_published(tmp_
     assert not manifest.is_dataset(out)
 
 
-@pytest.mark.parametrize("budget", [1 << 30, 64, 8])
-def test_repeated_hashes_are_the_same_in_one_pass_or_in_many(tmp_path, budget):
-    from shardkit.piles import parts
+@pytest.mark.parametrize("memory", [1 << 30, 64, 8])
+def test_repeated_hashes_are_the_same_at_once_or_in_buckets(tmp_path, monkeypatch, memory):
+    from shardkit.piles import parts, unique_keys
+
+    monkeypatch.setattr(unique_keys, "CHECK_MEMORY", memory)  # the floor of the budget below
 
     rng = np.random.default_rng(0)
     values = rng.integers(0, 2**64, size=500, dtype=np.uint64)
@@ -233,9 +235,10 @@ def test_repeated_hashes_are_the_same_in_one_pass_or_in_many(tmp_path, budget):
         part.astype("<u8").tofile(path)
         # runs out of order and in pieces, as flushes of several piles leave them
         files.append(parts.Hashes(str(path), np.array([[100, 150], [0, 60], [60, 40]], dtype=np.int64)))
-    found = parts.repeated_hashes(files, budget)
+    found = unique_keys.repeated_hashes(files, 0, str(tmp_path))
     unique, counts = np.unique(values, return_counts=True)
     assert found.tolist() == unique[counts > 1].tolist() and len(found) == 4
+    assert sorted(os.listdir(tmp_path)) == ["keys0", "keys1"]  # the bucket files are gone
 
 
 @given(st.text(alphabet="aZ09-_./\u00e9", max_size=12))

@@ -140,7 +140,7 @@ class SampleSink(PileSink):
         Raises:
             SampleError: the sample just put in ``pile`` has the same key (checked before anything
                 changes): read back, the two would be one sample. A repeat anywhere else in the
-                pile is found by :func:`~shardkit.piles.parts.check_sink`.
+                pile is found by :func:`~shardkit.piles.unique_keys.check_sink`.
         """
         if key == self._last_key[pile]:
             self._refuse_repeat(pile, key, size)

@@ -4,26 +4,23 @@ A :class:`PileSink` is what one process writes pass 1 into: M append-only part f
 staging directory. It remembers which input unit wrote which byte range of each part (so parts
 from several processes can be merged back into input order), the CRC-32 of each part as it
 goes (so publishing never reads a part back just to checksum it), and, in one file beside the
-parts (:data:`KEYS`), a 64-bit hash of every sample's key: :func:`check_unique` finds a key
+parts (:data:`KEYS`), a 64-bit hash of every sample's key: :func:`~shardkit.piles.unique_keys.check_unique` finds a key
 repeated anywhere in the dataset (in one pile or in two) from the hashes of every part, and
 reads only the samples whose hashes meet.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from shardkit import manifest, storage
-from shardkit.errors import CorruptShardError, SampleError
-from shardkit.tar import write
+from shardkit.errors import SampleError
 from shardkit.tar.keys import key_hashes, repeated_key, sample_at
-from shardkit.tar.shard import Shard
 
 # numbers per row of PileSink.segments: unit, start, end, samples
 SEGMENT = 4
@@ -79,7 +76,7 @@ class PileSink:
     never reads it back. One key file for all piles (:func:`keys_file`) holds the 64-bit hash
     of each sample's key, written with the bytes at every flush, pile after pile;
     ``key_runs[p]`` (flat ``[first, count]`` rows, ``RUN`` numbers each) says where pile p's
-    are. Memory holds only the hashes of what is buffered, and :func:`check_unique` looks for a
+    are. Memory holds only the hashes of what is buffered, and :func:`~shardkit.piles.unique_keys.check_unique` looks for a
     key repeated anywhere once every part is written. One file, not one a pile: each
     file made costs the disk more than a flush's bytes of a small pile.
 
@@ -132,7 +129,7 @@ class PileSink:
         Raises:
             SampleError: the sample ``unit`` appended to ``pile`` just before has the same key
                 (checked before anything changes). Read back, the two would be one sample, and a
-                repeat anywhere else is found by :func:`check_keys` reading segments back.
+                repeat anywhere else is found by :func:`~shardkit.piles.unique_keys.check_unique` reading segments back.
         """
         last, start, seg = self._last[pile], self.sizes[pile], self.segments[pile]
         end = start + size
@@ -228,7 +225,7 @@ class PileSink:
         for pile, held in enumerate(self._hashes):
             if not held:
                 continue
-            mine = (held[0] if len(held) == 1 else np.concatenate(held)).astype(_HASH, copy=False)
+            mine = (held[0] if len(held) == 1 else np.concatenate(held)).astype(HASH, copy=False)
             held.clear()
             runs = self.key_runs[pile]
             if runs and runs[-2] + runs[-1] == at:  # one run for a pile the only one written
@@ -252,177 +249,8 @@ def _append(store: storage.Store, name: str, chunks: Sequence[storage.Chunk]) ->
             os.close(fd)
 
 
-# the parts of one pile, each as (its segments as SEGMENT-number rows, its file, where its key hashes are)
-PileParts = Sequence[tuple[np.ndarray, str, Hashes]]
-
-
-def check_unique(
-    piles: Sequence[PileParts],
-    *,
-    budget: int,
-    skipped: np.ndarray | Sequence[int] = (),
-    unit_name: Callable[[int], str] | None = None,
-) -> None:
-    """Refuse two samples with one key anywhere in what is being written: in one pile or in two.
-
-    ``piles[p]`` lists pile p's part files; the pile is the segments of units not in
-    ``skipped``, by unit and then position. The key hashes of every pile are compared in about
-    ``budget`` bytes of memory (all at once when they fit, else in passes over ranges of hash
-    values, see :func:`repeated_hashes`). Only samples whose hashes meet are read back, and their
-    keys decide, so a hash collision is never an error.
-
-    Raises:
-        SampleError: two samples share a key; the message gives both piles and positions (and,
-            with ``unit_name``, the units they came from).
-    """
-    suspects = repeated_hashes([hashes for pile in piles for _, _, hashes in pile], budget)
-    if not len(suspects):
-        return
-    places: dict[str, list[tuple[int, int, int, int]]] = {}
-    for p, pile in enumerate(piles):
-        found, bounds = _read_hashes([hashes for _, _, hashes in pile])
-        placed = _placed([table for table, _, _ in pile], skipped)
-        for k, (table, path, _) in enumerate(pile):
-            for key, (i, offset, unit) in _keys_at(path, table, placed[k], _among(found[bounds[k] : bounds[k + 1]], suspects)):
-                places.setdefault(key, []).append((p, i, offset, unit))
-    # the first repeat in the dataset's pile order: the second place of its key, and the first
-    repeats = [(sorted(at)[1], min(at), key) for key, at in places.items() if len(at) > 1]
-    if not repeats:
-        return
-    later, earlier, key = min(repeats)
-
-    def where(at: tuple[int, int, int, int]) -> str:
-        unit = [unit_name(at[3])] if unit_name is not None and at[3] >= 0 else []
-        return sample_at(at[1], f"offset {at[2]}", *unit)
-
-    first = where(earlier) if earlier[0] == later[0] else f"pile {earlier[0]}'s {where(earlier)}"
-    raise SampleError(f"pile {later[0]}: {repeated_key(key, where(later), first)}{ADVICE}")
-
-
-def repeated_hashes(sources: Sequence[Hashes], budget: int) -> np.ndarray:
-    """The hash values (sorted, distinct) that two or more samples of ``sources`` have, found
-    in about ``budget`` bytes of memory. A sort of every hash needs 16 bytes a sample; past the
-    budget the hashes are read again once for each range of values (by their top bits) whose
-    sort fits. Each key file is read straight through, over the span its runs cover, whichever
-    piles they are of (a hash in it that no run names can only add a candidate, which the keys
-    then clear)."""
-    spans: dict[str, tuple[int, int]] = {}
-    for source in sources:
-        if len(source.runs):
-            lo, hi = int(source.runs[:, 0].min()), int((source.runs[:, 0] + source.runs[:, 1]).max())
-            was = spans.get(source.path, (lo, hi))
-            spans[source.path] = (min(lo, was[0]), max(hi, was[1]))
-    total = sum(hi - lo for lo, hi in spans.values())
-    bits = max(0, math.ceil(math.log2(max(1.0, 2 * total * _HASH.itemsize / max(1, budget)))))
-    piece = max(1, budget // (4 * _HASH.itemsize))
-    found = []
-    for value in range(1 << bits):
-        mine = [_HASHES_NONE]
-        for path, (lo, hi) in spans.items():
-            for part in _span(path, lo, hi, piece):
-                mine.append(part if not bits else part[(part >> np.uint64(64 - bits)) == value])
-        ordered = np.sort(np.concatenate(mine))
-        found.append(np.unique(ordered[1:][ordered[1:] == ordered[:-1]]))
-        del mine, ordered
-    return np.concatenate(found)  # each pass's values are above the last's
-
-
-def _span(path: str, lo: int, hi: int, most: int) -> Iterator[np.ndarray]:
-    """Hashes ``lo`` to ``hi`` of the key file ``path``, read in order at most ``most`` at a time."""
-    size = _HASH.itemsize
-    with storage.guard(path, "read key hashes"), storage.open_read(path) as f:
-        f.seek(lo * size)
-        for at in range(lo, hi, most):
-            part = np.empty(min(most, hi - at), dtype=_HASH)
-            if f.readinto(part.data.cast("B")) != part.nbytes:
-                raise CorruptShardError(f"{path}: ends before the key hashes recorded up to offset {hi * size}")
-            yield part
-
-
-def check_sink(sink: PileSink) -> None:
-    """:func:`check_unique` over every pile of ``sink``, the one part of each (after its last
-    flush), in the memory its buffer held (free once flushed)."""
-    if sink.hashed < 2:
-        return
-    everything = Hashes(keys_file(sink.directory), np.array([[0, sink.hashed]], dtype=np.int64))
-    if not len(repeated_hashes([everything], sink.limit)):
-        return  # no two hashes meet: nothing to place pile by pile (the usual case, and the cheap one)
-    piles = [
-        [(np.frombuffer(sink.segments[p], dtype=np.int64).reshape(-1, SEGMENT), sink.part(p), Hashes.of(sink.directory, sink.key_runs[p]))]
-        for p in range(len(sink.sizes))
-    ]
-    check_unique(piles, budget=sink.limit)
-
-
-_HASH = np.dtype("<u8")
-_HASHES_NONE = np.zeros(0, dtype=_HASH)
-
-
-def _read_hashes(parts: Sequence[Hashes]) -> tuple[np.ndarray, list[int]]:
-    """The key hashes of every part, in one array; part k's are ``[bounds[k]:bounds[k + 1]]``."""
-    sizes = [int(p.runs[:, 1].sum()) for p in parts]
-    bounds = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
-    found = np.empty(bounds[-1], dtype=_HASH)
-    view = found.data.cast("B")
-    size = _HASH.itemsize
-    for part, lo in zip(parts, bounds[:-1], strict=True):
-        if not len(part.runs):
-            continue
-        with storage.guard(part.path, "read key hashes"), storage.open_read(part.path) as f:
-            for first, count in part.runs.tolist():
-                f.seek(first * size)
-                if f.readinto(view[lo * size : (lo + count) * size]) != count * size:
-                    raise CorruptShardError(f"{part.path}: ends before the {count} key hashes recorded at offset {first * size}")
-                lo += count
-    return found, bounds
-
-
-def _among(hashes: np.ndarray, suspects: np.ndarray, chunk: int = 1 << 20) -> np.ndarray:
-    """Indices of ``hashes`` found in the sorted ``suspects``, a chunk at a time (a bounded
-    temporary, where ``np.isin`` would sort a copy of all of them)."""
-    found = []
-    for lo in range(0, len(hashes), chunk):
-        part = hashes[lo : lo + chunk]
-        at = np.minimum(np.searchsorted(suspects, part), len(suspects) - 1)
-        found.append(lo + np.flatnonzero(suspects[at] == part))
-    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
-
-
-def _placed(tables: Sequence[np.ndarray], skipped: np.ndarray | Sequence[int]) -> list[np.ndarray]:
-    """Per part, per segment: its first sample's position and byte offset in the assembled pile
-    (-1 for a skipped unit's). The pile is every kept segment, by unit and then position."""
-    rows = np.concatenate(
-        [np.column_stack([t[:, :4], np.full(len(t), k), np.arange(len(t))]) for k, t in enumerate(tables)]
-        + [np.zeros((0, 6), dtype=np.int64)]
-    )
-    rows = rows[~np.isin(rows[:, 0], np.asarray(skipped, dtype=np.int64))]
-    rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
-    nbytes = rows[:, 2] - rows[:, 1]
-    firsts = np.column_stack([np.cumsum(rows[:, 3]) - rows[:, 3], np.cumsum(nbytes) - nbytes])
-    placed = [np.full((len(t), 2), -1, dtype=np.int64) for t in tables]
-    for k, out in enumerate(placed):
-        mine = rows[:, 4] == k
-        out[rows[mine, 5]] = firsts[mine]
-    return placed
-
-
-def _keys_at(path: str, table: np.ndarray, placed: np.ndarray, samples: np.ndarray) -> list[tuple[str, tuple[int, int, int]]]:
-    """(key, (position, offset, unit)) in the assembled pile of samples ``samples`` of one part
-    file (by their order in it); those of skipped units are left out. Reads only their segments."""
-    ends = np.cumsum(table[:, 3])
-    found = []
-    rows = np.searchsorted(ends, samples, side="right")
-    for row in np.unique(rows).tolist():
-        if placed[row, 0] < 0:
-            continue
-        unit, start, end, count = table[row, :4].tolist()
-        segment = Shard(path, storage.read_range(path, start, end) + write.TRAILER)
-        if len(segment) != count:  # add() keeps two samples of one key from meeting in a segment
-            raise CorruptShardError(f"{path}: bytes {start} to {end} hold {len(segment)} samples, {count} were written there")
-        offsets = segment.sample_offsets()
-        for i in (samples[rows == row] - (ends[row] - count)).tolist():
-            found.append((segment.keys[i], (int(placed[row, 0]) + i, int(placed[row, 1]) + offsets[i], unit)))
-    return found
+# how a key file stores each hash
+HASH = np.dtype("<u8")
 
 
 # memory maps extend() may keep alive at once, each with an open file descriptor

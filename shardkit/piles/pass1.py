@@ -32,8 +32,9 @@ from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.executor import Executor, Tally, run_local
 from shardkit.piles.merge_records import begin_merge
 from shardkit.piles.options import PileOptions
-from shardkit.piles.parts import SEGMENT, check_unique
+from shardkit.piles.parts import SEGMENT
 from shardkit.piles.publish import Mapper, Run, publish
+from shardkit.piles.unique_keys import check_unique
 from shardkit.piles.units import Part, UnitWork, describe, reused_part, skip_record
 
 log = logging.getLogger(__name__)
@@ -138,13 +139,14 @@ def publish_parts(
 
     Raises:
         SampleError: two samples have one key, in one pile or in two (see
-            :func:`shardkit.piles.parts.check_unique`); nothing is published.
+            :func:`shardkit.piles.unique_keys.check_unique`); nothing is published.
     """
     skipped = np.array(sorted(f.index for f in tally.failures), dtype=np.int64)
     # keys unique across every pile, in the memory the buffers held (free now)
     check_unique(
         [[(_segments(part, p), part.paths[p], part.hashes(p)) for part in parts] for p in range(options.piles)],
         budget=int(options.buffer_size),
+        scratch=staging,
         skipped=skipped,
         unit_name=lambda u: f"input unit {u} ({describe(units[u])})",
     )

@@ -31,8 +31,8 @@ from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.encode import encode_values
 from shardkit.piles.gather import SampleSink
 from shardkit.piles.options import JOB_ONLY, WRITER, PileOptions
-from shardkit.piles.parts import check_sink
 from shardkit.piles.publish import Run, publish
+from shardkit.piles.unique_keys import check_sink
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class PileWriter:
         """Publish the piles and the manifest. Idempotent; returns the manifest.
 
         The piles are first checked for two samples with one key, in one pile or in two, from
-        the 64-bit key hashes kept beside the part files (see :func:`~shardkit.piles.parts.check_sink`).
+        the 64-bit key hashes kept beside the part files (see :func:`~shardkit.piles.unique_keys.check_sink`).
 
         Raises:
             SampleError: two samples have one key (nothing is published).

@@ -26,14 +26,13 @@ from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pi
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import classes as class_maps
 from shardkit.piles.leaves import HASH, hashes
-from shardkit.piles.parts import Hashes, repeated_hashes
+from shardkit.piles.parts import Hashes
+from shardkit.piles.unique_keys import CHECK_MEMORY, repeated_hashes
 from shardkit.tar import compression, scan
 from shardkit.tar.keys import repeated_key, sample_at
 
 _SHARD_SUFFIXES = compression.SHARD_SUFFIXES
 _MAX_DUPLICATES = 10  # duplicate keys reported one by one per pile; the rest are counted
-# memory for finding a key in two files: 16 bytes a sample fit at once, more is sorted in passes
-_KEYS_BUDGET = 256 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -274,29 +273,31 @@ class _Keys:
     that two files share once all are read (:meth:`repeats`)."""
 
     def __init__(self, folder: str) -> None:
+        self.folder = folder
         self.path = os.path.join(folder, "keys")
-        self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        self._fd = storage.open_fd(self.path, append=True)
         self.files: list[tuple[PileInfo, int, int]] = []  # (file, first hash, count)
         self._written = 0
 
     def add(self, pile: PileInfo, keys: list[str]) -> None:
-        self._file.write(hashes(keys).tobytes())
+        with storage.guard(self.path, "write key hashes"):
+            storage.write_chunks(self._fd, [hashes(keys).tobytes()])
         self.files.append((pile, self._written, len(keys)))
         self._written += len(keys)
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
 
     def repeats(self, directory: str) -> list[Problem]:
         """Samples whose key an earlier file (in manifest order) has too, in the writers' words:
         only files with a hash that meets another are read again, and their keys decide."""
         runs = np.array([[first, count] for _, first, count in self.files], dtype=np.int64).reshape(-1, 2)
-        suspects = repeated_hashes([Hashes(self.path, runs)], _KEYS_BUDGET)
+        suspects = repeated_hashes([Hashes(self.path, runs)], CHECK_MEMORY, self.folder)
         if not len(suspects):
             return []
         places: dict[str, list[tuple[int, int, int]]] = {}  # key -> (file, sample, offset)
         for f, (pile, first, count) in enumerate(self.files):
-            mine = np.fromfile(self.path, dtype=HASH, count=count, offset=first * HASH.itemsize)
+            mine = np.frombuffer(storage.read_range(self.path, first * HASH.itemsize, (first + count) * HASH.itemsize), dtype=HASH)
             hit = np.flatnonzero(np.isin(mine, suspects)).tolist()
             if hit:
                 keys, offsets = _pile_keys(directory, pile)
