@@ -337,3 +337,14 @@ def test_a_file_pile_cannot_read_is_named_before_any_work(tmp_path, capsys):
     assert shardkit.pile(str(tmp_path / "no-suffix"), str(tmp_path / "ok"), piles=1, quiet=True).samples == 1
     with pytest.raises(shardkit.CorruptShardError, match=r"rows\.jsonl: member 0 at offset 0"):
         shardkit.pile(str(tmp_path / "rows.jsonl"), str(tmp_path / "out"), piles=2, quiet=True, format="shards")
+    # with on_error="skip" it is an input unit that fails, and is skipped
+    both = [str(tmp_path / "rows.jsonl"), str(tmp_path / "no-suffix")]
+    m = shardkit.pile(both, str(tmp_path / "skip"), piles=1, quiet=True, on_error="skip")
+    assert (m.samples, m.skipped_units) == (1, 1)
+    # a tar of the old form (no ustar magic) is known by its header checksum
+    data = bytearray((tmp_path / "no-suffix").read_bytes())
+    data[257:265] = bytes(8)
+    data[148:156] = b" " * 8
+    data[148:156] = b"%06o\0 " % sum(data[:512])
+    (tmp_path / "old-tar").write_bytes(bytes(data))
+    assert shardkit.pile(str(tmp_path / "old-tar"), str(tmp_path / "old"), piles=1, quiet=True).samples == 1

@@ -287,7 +287,7 @@ def pile(
         return _read(*found, out, options, quiet=quiet, mp_context=mp_context)
     storage.use(check_paths("inputs", inputs), options.storage_options)  # before the inputs are listed
     units = _validate(storage.expand(check_paths("inputs", inputs)), None)
-    if format is None:  # named "shards": read as tar, whatever their names
+    if format is None and options.on_error == "raise":  # named "shards": read as tar, whatever their names; else skipped as units
         for unit in units:
             if (why := readers.unknown_file(unit)) is not None:
                 raise ConfigError(why)

@@ -104,15 +104,22 @@ def unknown_file(path: str) -> str | None:
     """Why pile cannot read the local file ``path`` as a tar shard, or None: a name without a shard
     suffix (``.tar``, ``.tar.zst``...) whose first bytes are neither a tar header nor a codec's
     magic. Other inputs (a URL, a shard by its name) are read, and any fault named there."""
+    import numpy as np
+
     from shardkit.tar import compression
+    from shardkit.tar.scan import checksums
 
     local = storage.store_for(path).local_file()
     if local is None or path.lower().endswith(compression.SHARD_SUFFIXES) or not os.path.isfile(local):
         return None
-    with open(local, "rb") as f:
+    with storage.guard(path, "read"), open(local, "rb") as f:
         head = f.read(512)
-    if head[257:262] == b"ustar" or compression.sniff(head) is not None:
+    if compression.sniff(head) is not None or head[257:262] == b"ustar":
         return None
+    if len(head) == 512:  # a tar without the ustar magic (the old V7 form): its header checksum holds
+        stored, computed = checksums(np.frombuffer(head, dtype=np.uint8).reshape(1, 512))
+        if stored[0] == computed[0]:
+            return None
     known = ", ".join(sorted(set(_SUFFIXES)))
     return (
         f"inputs: {path} is not a tar shard (no '.tar' in its name, no tar header at its start) nor a file of a format "
