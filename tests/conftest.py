@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import tempfile
 import threading
 
@@ -54,18 +55,25 @@ def hold_whole_reads(monkeypatch) -> threading.Event:
 def _temporary_files_in_this_run(tmp_path_factory):
     """Send what goes to the system's temporary directory during the run into this run's pytest
     directory, which pytest prunes (it keeps the last three runs): the doc blocks' ``mkdtemp()``
-    and ``mktemp -d``, the benchmarks', Ray's session folders, litdata's lock files and cache.
-    Left in ``/tmp`` they would pile up with every run. Child processes get it through ``TMPDIR``.
+    and ``mktemp -d``, the benchmarks', litdata's lock files and cache. Left in ``/tmp`` they
+    would pile up with every run. Child processes get it through ``TMPDIR``. Ray's session
+    folders go to a short folder of their own (``RAY_TMPDIR``), removed at the end.
     """
     root = str(tmp_path_factory.mktemp("tmp", numbered=False))
-    before, cached = os.environ.get("TMPDIR"), tempfile.tempdir
-    os.environ["TMPDIR"], tempfile.tempdir = root, root
+    # Ray's sockets live in its folder, and a socket path may not pass 107 bytes: a short folder of its own
+    ray = tempfile.mkdtemp(prefix="ray-")
+    before = {name: os.environ.get(name) for name in ("TMPDIR", "RAY_TMPDIR")}
+    cached = tempfile.tempdir
+    os.environ.update(TMPDIR=root, RAY_TMPDIR=ray)
+    tempfile.tempdir = root
     yield root
     tempfile.tempdir = cached
-    if before is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = before
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    shutil.rmtree(ray, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -388,10 +388,12 @@ def output_conflict(job: Job) -> str | None:
     options = job.options
     if options.overwrite or getattr(options, "mode", "create") == "append" or getattr(options, "resume", False):
         return None  # replaced, added to, or (resume) a job that may have published already: it says so itself
+    if storage.store_for(job.output).local_file() is None:
+        return None  # an object store is looked at by the run, with the job's storage options in place
     try:
         there = manifest.is_dataset(job.output)
     except ShardkitError:
-        return None  # an unreachable output: the run says what is wrong with it
+        return None  # an unreadable output: the run says what is wrong with it
     if not there:
         return None
     return f"output.path: {job.output}: already holds a shardkit dataset; set 'overwrite: true' under output to replace it" + (

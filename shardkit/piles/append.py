@@ -397,7 +397,7 @@ def _why_repeated(key: str, prefixed: bool) -> str:
     """What to do about a key an append repeats: the two ways it happens, and the way out of each."""
     said = "keys must stay unique across generations, so nothing was published. Either this data was appended before"
     if prefixed:
-        shard = key.rsplit("/", 1)[0]
+        shard = key.split("/", 1)[0]  # the prefix is a shard's name, which holds no slash
         return (
             f"{said}, or its input shards are named like earlier ones: each key starts with its shard's name "
             f"({shard!r}, key_prefix='unit'), so new shards need names of their own (a date or a source in each file's name)"
