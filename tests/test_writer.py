@@ -235,9 +235,10 @@ def test_repeated_hashes_are_the_same_at_once_or_in_buckets(tmp_path, monkeypatc
         part.astype("<u8").tofile(path)
         # runs out of order and in pieces, as flushes of several piles leave them
         files.append(parts.Hashes(str(path), np.array([[100, 150], [0, 60], [60, 40]], dtype=np.int64)))
-    found = unique_keys.repeated_hashes(files, 0, str(tmp_path))
+    found, times = unique_keys.repeated_hashes(files, 0, str(tmp_path))
     unique, counts = np.unique(values, return_counts=True)
     assert found.tolist() == unique[counts > 1].tolist() and len(found) == 4
+    assert times.tolist() == counts[counts > 1].tolist() and sorted(times.tolist()) == [2, 2, 2, 3]
     assert sorted(os.listdir(tmp_path)) == ["keys0", "keys1"]  # the bucket files are gone
 
 

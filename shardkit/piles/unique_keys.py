@@ -37,9 +37,10 @@ PileParts = Sequence[tuple[np.ndarray, str, Hashes]]
 # memory the key check may sort hashes in, at least (16 bytes a sample: 16.7 million samples);
 # past it the hashes are split by value into bucket files on the key files' disk
 CHECK_MEMORY = 256 << 20
-# repeated hashes placed in the piles at once: enough to find a repeat (any one refuses the job),
-# few enough that keys restarting in every input do not read the whole dataset back first
-PLACED = 4096
+# samples whose hashes meet placed in the piles at once (about 130 bytes each): enough to find a
+# repeat (any one refuses the job), few enough that keys restarting in every input do not read
+# the whole dataset back first
+PLACED = 1 << 20
 
 
 def check_unique(
@@ -56,7 +57,7 @@ def check_unique(
     ``skipped``, by unit and then position. The key hashes of every pile are compared in
     ``budget`` bytes of memory, at least :data:`CHECK_MEMORY` (past it, with bucket files in the
     local folder ``scratch``: see :func:`repeated_hashes`).
-    Only samples whose hashes meet are read back, :data:`PLACED` hash values at a time, and their
+    Only samples whose hashes meet are read back, about :data:`PLACED` at a time, and their
     keys decide, so a hash collision is never an error.
 
     Raises:
@@ -64,9 +65,14 @@ def check_unique(
             with ``unit_name``, the units they came from): the first such repeat in pile order
             among the hash values placed together.
     """
-    suspects = repeated_hashes([hashes for pile in piles for _, _, hashes in pile], budget, scratch)
-    for lo in range(0, len(suspects), PLACED):
-        _refuse_repeats(piles, suspects[lo : lo + PLACED], skipped, unit_name)
+    suspects, counts = repeated_hashes([hashes for pile in piles for _, _, hashes in pile], budget, scratch)
+    # batches of hash values whose samples add up to about PLACED (a value with more alone)
+    ends = np.cumsum(counts)
+    lo = 0
+    while lo < len(suspects):
+        hi = max(lo + 1, int(np.searchsorted(ends, (ends[lo - 1] if lo else 0) + PLACED, side="right")))
+        _refuse_repeats(piles, suspects[lo:hi], skipped, unit_name)
+        lo = hi
 
 
 def _refuse_repeats(
@@ -95,8 +101,9 @@ def _refuse_repeats(
     raise SampleError(f"pile {later[0]}: {repeated_key(key, where(later), first)}{ADVICE}")
 
 
-def repeated_hashes(sources: Sequence[Hashes], budget: int, scratch: str) -> np.ndarray:
-    """The hash values (sorted, distinct) that two or more samples of ``sources`` have.
+def repeated_hashes(sources: Sequence[Hashes], budget: int, scratch: str) -> tuple[np.ndarray, np.ndarray]:
+    """The hash values (sorted, distinct) that two or more samples of ``sources`` have, and how
+    many samples have each.
 
     A sort needs 16 bytes a sample. When every hash fits ``budget`` (at least
     :data:`CHECK_MEMORY`), they are read and sorted at once. Past it, one read splits them by
@@ -117,6 +124,7 @@ def repeated_hashes(sources: Sequence[Hashes], budget: int, scratch: str) -> np.
     piece = max(1, budget // (4 * _HASH.itemsize))
     if not bits:
         return _repeated(np.concatenate([_NONE, *(part for path, span in spans.items() for part in _span(path, *span, piece))]))
+    found: list[tuple[np.ndarray, np.ndarray]] = []
     buckets = [os.path.join(scratch, f"{BUCKET}{value:05d}") for value in range(1 << bits)]
     edges = np.arange(1, 1 << bits, dtype=np.uint64) << np.uint64(64 - bits)  # where each bucket's values start
     written: set[int] = set()
@@ -129,12 +137,13 @@ def repeated_hashes(sources: Sequence[Hashes], budget: int, scratch: str) -> np.
                     if b > a:
                         written.add(value)
                         _add(buckets[value], part[a:b])
-        found = [_repeated(np.frombuffer(storage.read_bytes(buckets[v]), dtype=_HASH).copy()) for v in sorted(written)]
+        found += [_repeated(np.frombuffer(storage.read_bytes(buckets[v]), dtype=_HASH).copy()) for v in sorted(written)]
     finally:
         for value in written:
             with contextlib.suppress(ShardkitError):
                 storage.remove(buckets[value])
-    return np.concatenate([_NONE, *found])  # each bucket's values are above the last's
+    # each bucket's values are above the last's
+    return np.concatenate([_NONE, *(v for v, _ in found)]), np.concatenate([_COUNTS_NONE, *(c for _, c in found)])
 
 
 def _add(bucket: str, hashes: np.ndarray) -> None:
@@ -147,10 +156,11 @@ def _add(bucket: str, hashes: np.ndarray) -> None:
             os.close(fd)
 
 
-def _repeated(hashes: np.ndarray) -> np.ndarray:
-    """The values (sorted, distinct) that ``hashes`` holds twice or more."""
+def _repeated(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The values (sorted, distinct) that ``hashes`` holds twice or more, and how many times each."""
     hashes.sort()
-    return np.unique(hashes[1:][hashes[1:] == hashes[:-1]])
+    values, counts = np.unique(hashes[1:][hashes[1:] == hashes[:-1]], return_counts=True)
+    return values, counts + 1
 
 
 def _span(path: str, lo: int, hi: int, most: int) -> Iterator[np.ndarray]:
@@ -171,7 +181,7 @@ def check_sink(sink: PileSink) -> None:
     if sink.hashed < 2:
         return
     everything = Hashes(keys_file(sink.directory), np.array([[0, sink.hashed]], dtype=np.int64))
-    if not len(repeated_hashes([everything], sink.limit, sink.directory)):
+    if not len(repeated_hashes([everything], sink.limit, sink.directory)[0]):
         return  # no two hashes meet: nothing to place pile by pile (the usual case, and the cheap one)
     piles = [
         [(np.frombuffer(sink.segments[p], dtype=np.int64).reshape(-1, SEGMENT), sink.part(p), Hashes.of(sink.directory, sink.key_runs[p]))]
@@ -181,6 +191,7 @@ def check_sink(sink: PileSink) -> None:
 
 
 _NONE = np.zeros(0, dtype=_HASH)
+_COUNTS_NONE = np.zeros(0, dtype=np.int64)
 
 
 def _read_hashes(parts: Sequence[Hashes]) -> tuple[np.ndarray, list[int]]:

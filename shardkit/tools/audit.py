@@ -292,7 +292,7 @@ class _Keys:
         """Samples whose key an earlier file (in manifest order) has too, in the writers' words:
         only files with a hash that meets another are read again, and their keys decide."""
         runs = np.array([[first, count] for _, first, count in self.files], dtype=np.int64).reshape(-1, 2)
-        suspects = repeated_hashes([Hashes(self.path, runs)], CHECK_MEMORY, self.folder)
+        suspects, _ = repeated_hashes([Hashes(self.path, runs)], CHECK_MEMORY, self.folder)
         if not len(suspects):
             return []
         places: dict[str, list[tuple[int, int, int]]] = {}  # key -> (file, sample, offset)
