@@ -380,7 +380,16 @@ def test_a_resumed_split_is_a_pure_function_of_the_state(odd_dataset):
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
-@pytest.mark.parametrize("specs", [[(2, 4, 2, 0)], [(3, 4, 2, 5), (2, 8, 0, 3), (2, 4, 3, 0)], [(1, None, 2, 7), (3, None, 3, 0)]])
+@pytest.mark.parametrize(
+    "specs",
+    [
+        [(2, 4, 2, 0)],
+        [(1, 4, 2, 0)],  # 51 batches: the first worker ends one turn before the second
+        [(1, 8, 3, 0)],  # 26 batches over 3 workers: the first ends first
+        [(3, 4, 2, 5), (2, 8, 0, 3), (2, 4, 3, 0)],
+        [(1, None, 2, 7), (3, None, 3, 0)],
+    ],
+)
 def test_the_ledger_names_each_dataloader_step_through_workers_and_changes(odd_dataset, specs):
     steps: list[list[list[str]]] = []
     _, states = read_phases(odd_dataset, specs, drop_last=False, batches=steps)

@@ -82,6 +82,8 @@ def locate(
         count = sum(items) if phase is None else sum(-(-r // (b or 1)) for r in phase.read)
         if step < first + count:
             given, turn = round_robin(items, step - first)
-            return StepAt(i, span, w, b, n, turn, given[turn])
+            # the DataLoader passes over a worker that has ended: the step is the next one's that still gives
+            worker = next(k % n for k in range(turn, turn + n) if given[k % n] < items[k % n])
+            return StepAt(i, span, w, b, n, worker, given[worker])
         first += count
     return first
