@@ -66,7 +66,18 @@ def check_unique(
             among the hash values placed together.
     """
     suspects, counts = repeated_hashes([hashes for pile in piles for _, _, hashes in pile], budget, scratch)
-    # batches of hash values whose samples add up to about PLACED (a value with more alone)
+    _refuse_among(piles, suspects, counts, skipped, unit_name)
+
+
+def _refuse_among(
+    piles: Sequence[PileParts],
+    suspects: np.ndarray,
+    counts: np.ndarray,
+    skipped: np.ndarray | Sequence[int],
+    unit_name: Callable[[int], str] | None,
+) -> None:
+    """:func:`_refuse_repeats` over the hash values ``suspects`` (``counts[i]`` samples have
+    ``suspects[i]``), in batches whose samples add up to about PLACED (a value with more alone)."""
     ends = np.cumsum(counts)
     lo = 0
     while lo < len(suspects):
@@ -180,14 +191,16 @@ def check_sink(sink: PileSink) -> None:
     flush), in the memory its buffer held (free once flushed)."""
     if sink.hashed < 2:
         return
+    # the key file holds every pile's hashes: sorted at once, then placed pile by pile only if two meet
     everything = Hashes(keys_file(sink.directory), np.array([[0, sink.hashed]], dtype=np.int64))
-    if not len(repeated_hashes([everything], sink.limit, sink.directory)[0]):
-        return  # no two hashes meet: nothing to place pile by pile (the usual case, and the cheap one)
+    suspects, counts = repeated_hashes([everything], sink.limit, sink.directory)
+    if not len(suspects):
+        return
     piles = [
         [(np.frombuffer(sink.segments[p], dtype=np.int64).reshape(-1, SEGMENT), sink.part(p), Hashes.of(sink.directory, sink.key_runs[p]))]
         for p in range(len(sink.sizes))
     ]
-    check_unique(piles, budget=sink.limit, scratch=sink.directory)
+    _refuse_among(piles, suspects, counts, (), None)
 
 
 _NONE = np.zeros(0, dtype=_HASH)
