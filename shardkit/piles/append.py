@@ -105,7 +105,7 @@ def finish(
     generation's ``extra["repeat"]`` (a repeat rule's record) names its generation.
 
     Raises:
-        SampleError: a new key is already in the dataset, or twice in this append.
+        SampleError: a new key is already in the dataset (one twice in this append was refused before, by pass 1 or the writer).
         DatasetExistsError: the manifest changed while the job ran (another writer).
         CorruptShardError: a segment to be rewritten is not what the manifest says.
     """
@@ -345,13 +345,11 @@ def _first_keys(out: str, piles: Sequence[PileInfo], staging: str) -> list[str]:
 
 
 def _check_unique(out: str, old: Sequence[Segment], new: Sequence[Segment], staging: str, *, prefixed: bool = False) -> None:
-    """Refuse a key of ``new`` (segments in ``staging``) that an ``old`` segment or another new one
-    has (``prefixed``: this append's keys carry their input shard's name, which the message explains)."""
+    """Refuse a key of ``new`` (segments in ``staging``) that an ``old`` segment has (``prefixed``:
+    this append's keys carry their input shard's name, which the message explains). Two new
+    samples with one key were refused before, where pass 1 or the writer checks every pile."""
     hashes = [np.fromfile(keys_name(os.path.join(staging, s.name)), dtype=HASH) for s in new]
-    mine = np.sort(np.concatenate([*hashes, np.zeros(0, dtype=HASH)]))
-    repeated = np.unique(mine[1:][mine[1:] == mine[:-1]])
-    if len(repeated):
-        _confirm(out, repeated, new, new, staging, "this append")
+    mine = np.concatenate([*hashes, np.zeros(0, dtype=HASH)])
     for segment in old:
         theirs = np.frombuffer(_read_keys(out, segment, staging), dtype=HASH)
         met = theirs[np.isin(theirs, mine)]
@@ -380,13 +378,6 @@ def _confirm(
 ) -> None:
     """Compare the keys behind hashes that met (a hash collision is not an error)."""
     mine = _keys_with(hashes, [(os.path.join(staging, s.name), s) for s in new])
-    if theirs is new:
-        seen: dict[str, str] = {}
-        for key, name in mine:
-            if key in seen:
-                raise SampleError(f"{out}: key {key!r} is in {name} and in {seen[key]}, both written by this append; keys must be unique")
-            seen[key] = name
-        return
     other = dict(_keys_with(hashes, [(storage.join(out, s.name), s) for s in theirs]))
     for key, _ in mine:
         if key in other:
