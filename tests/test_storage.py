@@ -83,3 +83,47 @@ def test_local_paths_and_join():
     assert storage.local_path("s3://bucket/x") is None
     assert storage.join("s3://bucket/dir/", "x.tar") == "s3://bucket/dir/x.tar"
     assert storage.join("/data", "x.tar") == os.path.join("/data", "x.tar")
+
+
+def _threads(name: str) -> list[object]:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == name]
+
+
+def test_writeback_runs_one_syncfs_at_a_time_in_a_thread_and_close_joins_it(tmp_path, monkeypatch):
+    import threading
+
+    from shardkit.storage import local
+
+    release, calls = threading.Event(), []
+
+    def slow_syncfs(fd: int) -> int:
+        calls.append(os.fstat(fd).st_ino)
+        release.wait(10)
+        return 0
+
+    monkeypatch.setattr(local, "_syncfs", lambda: slow_syncfs)
+    writeback = storage.Writeback(str(tmp_path))
+    writeback.start()
+    writeback.start()  # the first still runs: nothing more starts
+    assert len(_threads("shardkit-writeback")) == 1
+    release.set()
+    writeback.close()
+    writeback.close()
+    assert calls == [os.stat(tmp_path).st_ino] and not _threads("shardkit-writeback")
+    writeback.start()  # the next flush's writeback starts once the last one ended
+    writeback.close()
+    assert len(calls) == 2
+
+
+@pytest.mark.skipif(storage.local._syncfs() is None, reason="syncfs is a Linux call: Writeback does nothing elsewhere")
+def test_writeback_of_a_real_file_system_and_of_a_missing_folder_raises_nothing(tmp_path):
+    (tmp_path / "f").write_bytes(b"x" * 100_000)
+    writeback = storage.Writeback(str(tmp_path))
+    writeback.start()
+    writeback.close()
+    gone = storage.Writeback(str(tmp_path / "missing"))  # the sync before publishing names such a fault
+    gone.start()
+    gone.close()
+    assert not _threads("shardkit-writeback")

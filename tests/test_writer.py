@@ -552,3 +552,42 @@ def test_closing_with_more_piles_than_samples_warns(tmp_path, caplog):
         for s in make_samples(3):
             w.write(s)
     assert caplog.records == []
+
+
+@pytest.mark.parametrize("ending", ["close", "abort"])
+def test_flushes_are_written_back_ahead_of_the_sync_and_the_thread_is_gone_at_the_end(tmp_path, monkeypatch, ending):
+    import threading
+
+    from shardkit.storage import local
+
+    real, synced = local._syncfs(), []
+    if real is None:
+        pytest.skip("syncfs is a Linux call: PileWriter writes nothing back ahead elsewhere")
+    monkeypatch.setattr(local, "_syncfs", lambda: lambda fd: synced.append(fd) or real(fd))
+    w = shardkit.PileWriter(str(tmp_path / "ds"), piles=4, buffer_size=64 << 10)
+    for i in range(100):
+        w.write({"__key__": f"k{i:04d}", "bin": bytes(3000)})
+    if ending == "close":
+        assert w.close().samples == 100
+    else:
+        w.abort()
+    # a flush started a writeback (one runs at a time); close()'s sync before publishing comes on top
+    assert len(synced) >= (2 if ending == "close" else 1)
+    assert "shardkit-writeback" not in [t.name for t in threading.enumerate()]
+
+
+def test_an_output_in_an_object_store_is_not_written_back(monkeypatch):
+    import uuid
+
+    fsspec = pytest.importorskip("fsspec", reason="remote URLs need the remote extra: pip install 'shardkit[remote]'")
+    from shardkit.storage import local
+
+    monkeypatch.setattr(local.Writeback, "start", lambda self: pytest.fail("a remote output's staging was written back"))
+    root = f"memory://bucket-{uuid.uuid4().hex}"
+    try:
+        with shardkit.PileWriter(f"{root}/ds", piles=2, buffer_size=4 << 10) as w:
+            for i in range(20):
+                w.write({"__key__": f"k{i:04d}", "bin": bytes(1000)})
+        assert w.manifest is not None and w.manifest.samples == 20
+    finally:
+        fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)

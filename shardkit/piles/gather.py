@@ -64,8 +64,10 @@ class SampleSink(PileSink):
         sink.flush()
     """
 
-    def __init__(self, directory: str, piles: int, buffer_size: int) -> None:
+    def __init__(self, directory: str, piles: int, buffer_size: int, *, writeback: storage.Writeback | None = None) -> None:
         super().__init__(directory, piles, buffer_size)
+        # started after each flush's writes (see storage.Writeback); its owner closes it
+        self._writeback = writeback
         # per pile since the last flush: each sample's key and extensions, all their values in order, their bytes
         self._held_keys: list[list[str]] = [[] for _ in range(piles)]
         self._held_exts: list[list[tuple[str, ...]]] = [[] for _ in range(piles)]
@@ -202,6 +204,8 @@ class SampleSink(PileSink):
             self._held_exts[pile].clear()
             self._held_values[pile].clear()
             self._held_bytes[pile] = 0
+        if self._writeback is not None:
+            self._writeback.start()
 
 
 def _member_chunks(keys: list[str], exts: list[tuple[str, ...]], values: list[bytes]) -> tuple[list[storage.Chunk], np.ndarray, np.ndarray]:

@@ -85,7 +85,9 @@ class PileWriter:
         try:
             self._staging = self._txn.staging()
             self._base = append.start(self._txn, self.options)  # None unless mode="append"
-            self._sink = SampleSink(self._staging, self.options.piles, self.options.buffer_size)  # type: ignore[arg-type]
+            # a local output is synced before it is published: the disk writes each flush back meanwhile
+            self._writeback = None if self._txn.remote else storage.Writeback(self._staging)
+            self._sink = SampleSink(self._staging, self.options.piles, self.options.buffer_size, writeback=self._writeback)  # type: ignore[arg-type]
         except BaseException:
             self._txn.close()
             raise
@@ -150,6 +152,7 @@ class PileWriter:
                     log.warning(advice)
             finally:
                 self._sink.close()
+                self._stop_writeback()
                 self._txn.close()
         if self.manifest is None:
             raise RuntimeError(
@@ -162,7 +165,12 @@ class PileWriter:
         """Drop everything written so far; the output directory gets no manifest."""
         self._closed = True
         self._sink.close()
+        self._stop_writeback()
         self._txn.close()
+
+    def _stop_writeback(self) -> None:
+        if self._writeback is not None:
+            self._writeback.close()
 
     def __enter__(self) -> PileWriter:
         return self

@@ -2,6 +2,7 @@
 
 write_chunks(fd, [header, data, padding])   # one writev per 1024 buffers
 sync_files(paths)                           # one syncfs on Linux, however many files
+Writeback(staging).start()                  # the disk writes back now, in a thread, what sync_files will wait for
 fd = lock_file("out/.shardkit-lock", wait=False)   # None when another process holds it
 """
 
@@ -13,6 +14,7 @@ import functools
 import mmap
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
@@ -115,6 +117,47 @@ def sync_files(paths: Sequence[str]) -> None:
         return
     for path in paths:
         fsync_file(path)
+
+
+class Writeback:
+    """Have the disk write back the dirty pages of the local file system holding ``path`` now,
+    in a thread, ahead of the :func:`sync_files` that must wait for them before publishing.
+
+    A writer that makes its files durable calls :meth:`start` after each large write: the disk
+    then works while the writer makes its next bytes, and the last sync finds little left (by
+    hand, ``PileWriter``'s ``close()`` took about half as long at 20,000 samples of 5 KB). One
+    ``syncfs`` runs at a time: :meth:`start` while one runs does nothing. Its errors are left to
+    the last sync, which reports them. Where there is no ``syncfs`` (not Linux) it does nothing.
+
+        writeback = Writeback("out/.shardkit-staging-1a2b")
+        writeback.start()   # after each flush
+        writeback.close()   # waits for the one running
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start writing back unless a writeback is running (or there is no ``syncfs``)."""
+        if (self._thread is not None and self._thread.is_alive()) or _syncfs() is None:
+            return
+        self._thread = threading.Thread(target=self._sync, name="shardkit-writeback", daemon=True)
+        self._thread.start()
+
+    def _sync(self) -> None:
+        with contextlib.suppress(OSError):  # the sync before publishing names what went wrong
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                _syncfs()(fd)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        """Wait for the writeback running, if any (idempotent)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 @functools.lru_cache(maxsize=1)
