@@ -88,3 +88,15 @@ def test_shuffle_and_yaml_jobs_take_ordinary_shards(tmp_path, ordinary):
     (tmp_path / "none.yaml").write_text(job)
     with pytest.raises(shardkit.SampleError, match="key_prefix='unit'"):
         run_job(load_job(tmp_path / "none.yaml"), quiet=True)
+
+
+def test_an_append_keeps_the_datasets_prefix_for_a_single_new_shard(tmp_path, ordinary):
+    # one shard a day appended to a dataset whose keys are prefixed: auto sees no two shards
+    # that restart together, yet the new keys must be prefixed like the dataset's
+    out = tmp_path / "grown"
+    shardkit.pile(ordinary[:2], out, piles=2, quiet=True)
+    for day, name in enumerate(("day-1", "day-2")):
+        url = _shard(tmp_path / "src" / f"{name}.tar", [f"{k:06d}" for k in range(8)])
+        assert main(["pile", url, "-o", str(out), "--piles", "2", "--append", "-q"]) == 0, day
+    assert manifest.read(str(out)).extra["key_prefix"] == "unit"
+    assert _keys(out) == sorted(EXPECTED[:16] + [f"{d}/{k:06d}" for d in ("day-1", "day-2") for k in range(8)])

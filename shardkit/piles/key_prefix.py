@@ -87,10 +87,17 @@ def restart(urls: Sequence[str]) -> tuple[str, str] | None:
     return None
 
 
-def resolve(value: str, urls: Sequence[str]) -> str:
-    """``"none"`` or ``"unit"``: ``value`` itself, or what ``"auto"`` chooses for ``urls``."""
+def resolve(value: str, urls: Sequence[str], *, recorded: str | None = None) -> str:
+    """``"none"`` or ``"unit"``: ``value`` itself, or what ``"auto"`` chooses for ``urls``.
+
+    ``recorded``: the rule of the dataset an append adds to (its ``extra["key_prefix"]``). Its
+    keys are prefixed, so an append's are too, however few shards it brings: unprefixed new keys
+    would break the rule a reader undoes, and the next day's shard would collide with them.
+    """
     if value != "auto":
         return value
+    if recorded == "unit":
+        return "unit"
     pair = restart(urls) if len(urls) > 1 else None
     if pair is None:
         return "none"

@@ -25,11 +25,11 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from shardkit import storage
+from shardkit import manifest, storage
 from shardkit._util import check_bool, check_path, check_paths, shown
 from shardkit.codecs import DEFAULT, Codecs, check_codecs
 from shardkit.dataset.transaction import Dataset
-from shardkit.errors import ConfigError, ShardkitError
+from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
 from shardkit.manifest import Manifest
 from shardkit.piles import append, canonical, fingerprint, readers, resume
 from shardkit.piles import key_prefix as key_prefix_rule
@@ -263,7 +263,8 @@ def pile(
     key of every shard is read first, and when two shards start with one key every key is
     prefixed with its shard's file name without ``.tar``/``.tar.gz`` and a slash,
     ``train-000003/000017`` for sample ``000017`` of ``train-000003.tar`` (the headers are
-    rebuilt), and ``manifest.extra["key_prefix"]`` says ``"unit"``. ``"unit"`` always prefixes,
+    rebuilt), and ``manifest.extra["key_prefix"]`` says ``"unit"``; an append to a dataset that
+    says so prefixes its keys too, even those of a single shard. ``"unit"`` always prefixes,
     ``"none"`` never does. Two inputs with the same file name in different directories still
     share a prefix.
 
@@ -291,7 +292,7 @@ def pile(
         for unit in units:
             if (why := readers.unknown_file(unit)) is not None:
                 raise ConfigError(why)
-    prefix = key_prefix_rule.resolve(options.key_prefix, units)
+    prefix = key_prefix_rule.resolve(options.key_prefix, units, recorded=_recorded_prefix(out, options))
     options = dataclasses.replace(options, key_prefix=prefix)
     job = _work(options, iter_shard, shards=True, key_prefix=options.key_prefix, repeat=None)
     if options.repeat is not None:  # copies get keys of their own: samples are decoded, not copied as byte ranges
@@ -299,6 +300,19 @@ def pile(
         job = dataclasses.replace(job, fn=fn, shards=False, key_prefix="none", repeat=options.repeat)
     extra = {key_prefix_rule.RECORD: "unit"} if prefix == "unit" else None  # a reader can strip the shard's name again
     return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
+
+
+def _recorded_prefix(out: str | os.PathLike[str], options: PileOptions) -> str | None:
+    """The ``key_prefix`` the dataset an append adds to records; None for a new dataset, or when
+    there is none to append to (the append itself says so)."""
+    if options.mode != "append":
+        return None
+    url = check_path("out", out)
+    storage.use(url, options.storage_options)
+    try:
+        return manifest.read(url).extra.get(key_prefix_rule.RECORD)
+    except DatasetNotFoundError:
+        return None
 
 
 def _read(
