@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import glob
+import importlib
 import io
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -112,3 +114,13 @@ def test_check_names_what_is_missing(tmp_path, name, capsys):
     else:  # no data laid out: the check says which input is missing, before any work
         assert code == 1 and err.startswith(f"shardkit run: error: {tmp_path / name}: inputs[0]: {tmp_path}/data/")
         assert not (tmp_path / "out").exists()
+
+
+def test_the_schema_table_names_functions_that_exist():
+    # configs/README.md tells a reader which Python function each job runs: each must import
+    with open(os.path.join(CONFIGS, "README.md"), encoding="utf-8") as f:
+        names = re.findall(r"^\| `\w+` +\| `(shardkit[\w.]*)` ", f.read(), flags=re.M)
+    assert len(names) == 4, names
+    for name in names:
+        module, _, attr = name.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), attr)), name
