@@ -11,7 +11,7 @@ import webdataset as wds
 from PIL import Image
 
 import shardkit
-from shardkit.piles.transforms import Images, JsonLines, Shards, get, sample_key
+from shardkit.piles.transforms import Images, JsonLines, Shards, get, prepare, sample_key
 
 
 def _image(path, size=(40, 20), color=(200, 30, 30), fmt="PNG") -> None:
@@ -129,3 +129,10 @@ def test_get_names_unknown_transforms_and_arguments():
 @pytest.mark.parametrize(("path", "key"), [("a/b.c/d.e.jpg", "a/b_c/d_e"), ("x.png", "x"), ("noext", "noext")])
 def test_sample_key(path, key):
     assert sample_key(path) == key
+
+
+def test_the_documented_prepare_is_importable_from_shardkit_transforms():
+    # docs/labels-and-keys.md names shardkit.transforms.prepare for an append that keeps the class map
+    import shardkit.transforms
+
+    assert shardkit.transforms.prepare is prepare
