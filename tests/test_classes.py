@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from test_scripts import run_script
 
-from shardkit import manifest
+from shardkit import manifest, transforms
 from shardkit.errors import ConfigError
 from shardkit.loading.pile import read_pile
 from shardkit.piles import classes as class_maps
@@ -99,3 +99,23 @@ def test_verify_names_samples_whose_cls_disagrees_with_the_map(tmp_path):
     assert len(problems) == 4 and not problems[0].warning
     assert "json.class says" in str(problems[0])
     shutil.rmtree(bad)
+
+
+def test_the_python_path_without_extra_records_the_map_and_an_append_cannot_relabel(tmp_path):
+    import shardkit
+
+    # as the transforms' docstring shows it: units from Images.units, no extra passed
+    images = Images(size=8)
+    out = tmp_path / "out"
+    shardkit.preprocess(
+        images.units([str(_images(tmp_path / "first", {"cat": 1, "dog": 1, "fox": 1}))]), images, str(out), piles=1, quiet=True
+    )
+    assert manifest.read(str(out)).extra["classes"] == ["cat", "dog", "fox"]
+    # numbered from 0 again ('bee' 0, 'fox' 1): the dataset says 0 is cat and 1 is dog
+    later = images.units([str(_images(tmp_path / "later", {"bee": 1, "fox": 1}, seed=1))])
+    with pytest.raises(ConfigError, match=r"\['cat', 'dog', 'fox'\].*\['bee', 'fox'\]"):
+        shardkit.preprocess(later, images, str(out), piles=1, mode="append", quiet=True)
+    assert manifest.read(str(out)).generation == 0  # nothing published
+    units, extra = transforms.prepare(images, [str(tmp_path / "later")], str(out), mode="append")
+    shardkit.preprocess(units, images, str(out), piles=1, mode="append", extra=extra, quiet=True)
+    assert [p for p in verify(str(out), quiet=True) if p.kind == "class"] == []

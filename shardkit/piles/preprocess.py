@@ -32,10 +32,12 @@ from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
 from shardkit.manifest import Manifest
 from shardkit.piles import append, canonical, fingerprint, readers, resume
+from shardkit.piles import classes as class_maps
 from shardkit.piles import key_prefix as key_prefix_rule
 from shardkit.piles.advice import sparse_piles, too_many_piles
 from shardkit.piles.options import PILE, PREPROCESS, PileOptions
 from shardkit.piles.pass1 import run_pass1
+from shardkit.piles.transforms import Images
 from shardkit.piles.units import UnitWork
 from shardkit.tar.shard import iter_shard
 
@@ -135,6 +137,12 @@ def preprocess(
             f"(key_prefix is for pile and shuffle), got {options.key_prefix!r}"
         )
     units = _validate(inputs, extra)
+    if isinstance(fn, Images) and class_maps.CLASSES not in (extra or {}):
+        # the map its cls numbers by must be recorded, and an append's checked against the
+        # dataset's: units made without the dataset's map would relabel its classes silently
+        extra = {**(extra or {}), **fn.extra_of(units)}
+    if extra and class_maps.CLASSES in extra:  # refused before any work, not at the publish (which checks again, for a race)
+        class_maps.extended(class_maps.recorded(_recorded(out, options), "append"), extra[class_maps.CLASSES], f"{out}: append")
     if readers.is_reader(fn) and all(isinstance(u, (str, os.PathLike)) for u in units):
         units = _validate(fn.prepare(units)[0], None)  # paths to a reader: its units are what runs
     job = _work(options, fn, codecs=check_codecs(codecs))
@@ -292,7 +300,7 @@ def pile(
         for unit in units:
             if (why := readers.unknown_file(unit)) is not None:
                 raise ConfigError(why)
-    prefix = key_prefix_rule.resolve(options.key_prefix, units, recorded=_recorded_prefix(out, options))
+    prefix = key_prefix_rule.resolve(options.key_prefix, units, recorded=_recorded(out, options).get(key_prefix_rule.RECORD))
     options = dataclasses.replace(options, key_prefix=prefix)
     job = _work(options, iter_shard, shards=True, key_prefix=options.key_prefix, repeat=None)
     if options.repeat is not None:  # copies get keys of their own: samples are decoded, not copied as byte ranges
@@ -302,17 +310,17 @@ def pile(
     return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
 
 
-def _recorded_prefix(out: str | os.PathLike[str], options: PileOptions) -> str | None:
-    """The ``key_prefix`` the dataset an append adds to records; None for a new dataset, or when
-    there is none to append to (the append itself says so)."""
+def _recorded(out: str | os.PathLike[str], options: PileOptions) -> dict[str, Any]:
+    """The ``extra`` of the dataset an append adds to; empty for a new dataset, or when there is
+    none to append to (the append itself says so)."""
     if options.mode != "append":
-        return None
+        return {}
     url = check_path("out", out)
     storage.use(url, options.storage_options)
     try:
-        return manifest.read(url).extra.get(key_prefix_rule.RECORD)
+        return manifest.read(url).extra
     except DatasetNotFoundError:
-        return None
+        return {}
 
 
 def _read(

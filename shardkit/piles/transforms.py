@@ -122,6 +122,28 @@ class Images:
     def units(self, inputs: Sequence[str], recorded: dict[str, Any] | None = None) -> list[list[ImageItem]]:
         return self.prepare(inputs, recorded)[0]
 
+    def extra_of(self, units: Sequence[Any]) -> dict[str, Any]:
+        """The ``extra`` that :meth:`prepare` gives with ``units``, read back from them (each image
+        carries its class name and index): for a caller that passes the units alone, so the map
+        is still recorded, and an append still checked against the dataset's. ``{}`` for units
+        that are not this transform's (they fail as units).
+
+        Raises:
+            ConfigError: an index has no image (an empty class folder) or two names, so the map
+                cannot be read from the units.
+        """
+        try:
+            names = {(index, name) for unit in units for _, _, name, index in unit}
+        except (TypeError, ValueError):
+            return {}
+        by_index = dict(names)
+        if len(by_index) != len(names) or sorted(by_index) != list(range(len(by_index))):
+            raise ConfigError(
+                "extra: the units do not say the whole class map (a class without images, or an index with two names); "
+                "pass the extra that made them: units, extra = shardkit.transforms.prepare(images, inputs, out, mode=...)"
+            )
+        return {class_maps.CLASSES: [by_index[i] for i in range(len(by_index))], class_maps.CHECK_KEY: dict(class_maps.CHECK)}
+
     def __call__(self, unit: Sequence[ImageItem]) -> Iterator[dict[str, Any]]:
         for root, relative, name, index in unit:
             path = os.path.join(root, relative)
