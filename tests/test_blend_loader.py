@@ -141,6 +141,25 @@ def test_bad_blends_are_config_errors_naming_what_is_wrong(pair, call, message):
         call(pair)
 
 
+@pytest.mark.parametrize("share", [{"weight": 0}, {"count": 0}, {"repeat": 0}])
+def test_an_empty_source_with_a_zero_share_is_read_as_the_error_advises(tmp_path, pair, share):
+    with shardkit.PileWriter(str(tmp_path / "empty"), piles=2, seed=0):
+        pass
+    other = {"weight": 1} if "weight" in share else {}
+    blend = {"web": {"path": pair["web"], **other}, "empty": {"path": str(tmp_path / "empty"), **share}}
+    loader = shardkit.loader(blend, batch_size=10, decode=False, seed=0)
+    batches = keys(loader)
+    assert sorted(k for b in batches for k in b) == [f"web{i:05d}" for i in range(300)]
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()  # the empty source's place in its stream is 0 too
+    resumed = shardkit.loader(blend, batch_size=10, decode=False, seed=0)
+    resumed.load_state_dict(state)
+    assert keys(resumed) == [list(b["__key__"]) for b in it]
+    with pytest.raises(shardkit.ConfigError, match=r"source 'empty' .* holds no samples; give it weight, count or repeat 0"):
+        shardkit.loader({"web": pair["web"], "empty": str(tmp_path / "empty")}, batch_size=10)
+
+
 def test_torch_dataloader_workers_read_the_blend_and_resume(pair):
     pytest.importorskip("torch")
     from shardkit.torch import ShardkitDataLoader, ShardkitDataset

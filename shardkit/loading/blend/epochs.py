@@ -70,7 +70,8 @@ class BlendEpochs:
         at = sched.stream_at(sched.global_at(position.phase.read[0]))
         for name, part, p in zip(src.names, src.parts, at.tolist(), strict=True):
             # where this rank stands in each source's stream (for a reader: not read back)
-            found["sources"][name].update(epoch=int(p) // part.samples, position=int(p) % part.samples)
+            n = max(part.samples, 1)  # an empty source (given a zero share) stays at 0
+            found["sources"][name].update(epoch=int(p) // n, position=int(p) % n)
         return found
 
     def load(self, found: Any, *, torch: bool = False) -> Position:

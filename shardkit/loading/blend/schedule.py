@@ -74,6 +74,8 @@ class BlendSchedule:
     def _cycles(self, s: int, p0: int, p1: int) -> Iterator[tuple[int, int, int]]:
         """``(source epoch, first, end)`` pieces of stream positions ``p0 .. p1 - 1`` of source ``s``."""
         n = self.source.parts[s].samples
+        if p1 <= p0:  # nothing to read: an empty source given a zero share has no cycles to count
+            return
         for cycle in range(p0 // n, -(-p1 // n)):
             yield cycle, max(p0, cycle * n) - cycle * n, min(p1, (cycle + 1) * n) - cycle * n
 

@@ -171,7 +171,9 @@ class Blend:
             ConfigError: a source asked to give samples has none, or the epoch would be empty.
         """
         for s, n in zip(self.sources, samples, strict=True):
-            if n == 0 and (s.weight or s.count or (s.repeat is None or s.repeat > 0)):
+            # the share a source was given decides; repeat 1 stands only when none was given
+            share = s.weight if s.weight is not None else s.count if s.count is not None else 1 if s.repeat is None else s.repeat
+            if n == 0 and share > 0:
                 raise ConfigError(f"blend: source {s.name!r} ({s.path}) holds no samples; give it weight, count or repeat 0, or drop it")
         if self.sources[0].weight is not None:
             size = self.epoch_size if self.epoch_size is not None else sum(samples)
