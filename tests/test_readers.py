@@ -161,6 +161,23 @@ def test_hugging_face_object_saved_directory_and_split(tmp_path):
         shardkit.pile(splits, tmp_path / "o4", piles=1, quiet=True)
 
 
+def test_a_damaged_saved_dataset_folder_is_one_error_naming_it(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    ds = datasets.Dataset.from_dict({"text": [f"t{i}" for i in range(20)]})
+    damage = {
+        "state": lambda d: (d / "state.json").write_text("{not json"),
+        "data": lambda d: next(d.glob("*.arrow")).write_bytes(b"junk"),
+        "gone": lambda d: next(d.glob("*.arrow")).unlink(),
+    }
+    for name, spoil in damage.items():
+        saved = tmp_path / name
+        ds.save_to_disk(str(saved))
+        spoil(saved)
+        with pytest.raises(shardkit.CorruptShardError, match=rf"{name}: not a readable folder Dataset\.save_to_disk wrote: \w+"):
+            shardkit.pile(str(saved), tmp_path / f"out-{name}", piles=2, quiet=True)
+        assert not (tmp_path / f"out-{name}" / "shardkit.json").exists()
+
+
 def _png(value: int) -> bytes:
     from PIL import Image
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from shardkit._util import check_int
 from shardkit.errors import ConfigError, DatasetNotFoundError
-from shardkit.piles.readers.base import key_prefixes, local_folders, row_key
+from shardkit.piles.readers.base import key_prefixes, local_folders, row_key, unreadable
 from shardkit.piles.readers.columns import ColumnSpec
 
 
@@ -97,7 +97,11 @@ class HuggingFace(ColumnSpec):
             return self.dataset
         if not is_saved(path):
             raise DatasetNotFoundError(f"{path}: not a directory Dataset.save_to_disk wrote (no state.json or dataset_dict.json)")
-        return self._split(_load(os.path.abspath(path)), path)
+        try:
+            found = _load(os.path.abspath(path))
+        except Exception as e:  # datasets and pyarrow say JSONDecodeError, KeyError, ArrowInvalid... for a damaged folder
+            raise unreadable(path, "not a readable folder Dataset.save_to_disk wrote", e) from None
+        return self._split(found, path)
 
     def prepare(self, inputs: Sequence[Any]) -> tuple[list[Rows], dict[str, Any]]:
         """Ranges of rows of each input (saved directories), or of ``dataset`` when no input is given."""
