@@ -138,6 +138,11 @@ def test_arrow_file_and_stream_formats(tmp_path):
     (tmp_path / "bad.arrow").write_bytes(b"not arrow at all")
     with pytest.raises(shardkit.CorruptShardError, match=r"bad\.arrow: not an Arrow IPC file or stream"):
         shardkit.pile(str(tmp_path / "bad.arrow"), tmp_path / "o2", piles=2, quiet=True)
+    # a stream cut inside a batch opens, and fails counting its batches: that is the error, not "it changed since"
+    data = (tmp_path / "u.arrow").read_bytes()
+    (tmp_path / "cut.arrow").write_bytes(data[: len(data) - 40])
+    with pytest.raises(shardkit.CorruptShardError, match=r"cut\.arrow: a record batch: \w+: Expected to"):
+        shardkit.pile(str(tmp_path / "cut.arrow"), tmp_path / "o3", piles=2, quiet=True)
 
 
 def test_hugging_face_object_saved_directory_and_split(tmp_path):

@@ -96,9 +96,10 @@ class Arrow(ColumnSpec):
 
     def __call__(self, unit: Batch) -> Iterator[dict[str, Any]]:
         where = f"{unit.url}: record batch {unit.batch}"
+        if unit.batch < 0:  # planning could not open it or count its batches: say why, read again now
+            _batch_sizes(unit.url)
+            raise unreadable(unit.url, "it could not be read when the job was planned", OSError("it changed since"))
         with _batches(unit.url) as (count, reader):
-            if unit.batch < 0:
-                raise unreadable(unit.url, "it could not be opened when the job was planned", OSError("it changed since"))
             try:
                 batch = reader.get_batch(unit.batch) if count is not None else _nth(reader, unit.batch)
             except Exception as e:
