@@ -123,6 +123,16 @@ def test_parquet_bad_files_are_one_clear_error_or_a_skipped_unit(tmp_path, parqu
         make("parquet", encode={"x": "yaml"})
 
 
+def test_inputs_with_no_rows_are_named(tmp_path):
+    pq.write_table(pa.table({"id": pa.array([], pa.int64())}), tmp_path / "empty.parquet")
+    with pytest.raises(shardkit.ConfigError, match=r"inputs: \S*empty\.parquet: no rows to pile \(Parquet found no unit to read\)"):
+        shardkit.pile(str(tmp_path / "empty.parquet"), tmp_path / "out", piles=2, quiet=True)
+    assert not (tmp_path / "out" / "shardkit.json").exists()
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    with pytest.raises(shardkit.ConfigError, match=r"inputs: the dataset: no rows to pile"):
+        shardkit.pile(datasets.Dataset.from_dict({"text": []}), tmp_path / "out", piles=2, quiet=True)
+
+
 def test_arrow_file_and_stream_formats(tmp_path):
     import pyarrow.feather as feather
 

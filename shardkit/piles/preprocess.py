@@ -333,5 +333,8 @@ def _read(
         )
     storage.use(sources, options.storage_options)  # before the inputs are listed
     units, extra = reader.prepare(sources)
+    if not units:  # files or a dataset with no rows: say which, not that no inputs were given
+        named = ", ".join(sources[:3]) + (f" and {len(sources) - 3} more" if len(sources) > 3 else "") if sources else "the dataset"
+        raise ConfigError(f"inputs: {named}: no rows to pile ({type(reader).__name__} found no unit to read)")
     job = _work(options, reader)
     return _run(job, _validate(units, None), out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra or None)
