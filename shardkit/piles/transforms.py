@@ -257,7 +257,7 @@ class JsonLines:
                 continue
             try:
                 record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, an int past 4300 digits, deep nesting
                 raise SampleError(f"{unit}: line {number}: not valid JSON ({e})") from None
             if not isinstance(record, dict):
                 raise SampleError(f"{unit}: line {number}: expected a JSON object, got {type(record).__name__}")
