@@ -105,6 +105,17 @@ def test_jsonl_errors_name_file_and_line(tmp_path, text, message):
         list(JsonLines()(str(tmp_path / "a.jsonl")))
 
 
+@pytest.mark.parametrize(
+    ("data", "line"),
+    [(gzip.compress(b'{"v": 1}\n' * 2000)[:-20], r"line \d+"), (b'{"v": 1}\n', "line 1")],
+    ids=["truncated", "not-gzip"],
+)
+def test_a_damaged_jsonl_gz_is_corrupt_naming_file_and_line(tmp_path, data, line):
+    (tmp_path / "a.jsonl.gz").write_bytes(data)
+    with pytest.raises(shardkit.CorruptShardError, match=rf"a\.jsonl\.gz: {line}: not valid gzip: corrupt or truncated \(.+\)"):
+        list(JsonLines()(str(tmp_path / "a.jsonl.gz")))
+
+
 def test_jsonl_key_field_must_be_present(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"v": 1}\n')
     with pytest.raises(shardkit.SampleError, match="line 1: record has no 'id' field"):

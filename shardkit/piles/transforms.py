@@ -23,7 +23,7 @@ from typing import Any
 
 from shardkit import manifest, storage
 from shardkit._util import check_int, check_most
-from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
+from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError, SampleError
 from shardkit.piles import classes as class_maps
 from shardkit.tar.shard import iter_shard
 
@@ -290,9 +290,16 @@ def _lines(url: str) -> Iterator[bytes]:
     with storage.open_read(url) as raw:
         if url.endswith(".gz"):
             import gzip
+            import zlib
 
-            with gzip.GzipFile(fileobj=raw) as unzipped:
-                yield from unzipped
+            number = 0
+            try:
+                with gzip.GzipFile(fileobj=raw) as unzipped:
+                    for line in unzipped:
+                        number += 1
+                        yield line
+            except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # the file's bytes, not the storage: corrupt, not a StorageError
+                raise CorruptShardError(f"{url}: line {number + 1}: not valid gzip: corrupt or truncated ({e})") from None
         else:
             yield from raw
 
