@@ -591,3 +591,74 @@ def test_an_output_in_an_object_store_is_not_written_back(monkeypatch):
         assert w.manifest is not None and w.manifest.samples == 20
     finally:
         fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)
+
+
+def _failing_once(monkeypatch, error: int) -> list[int]:
+    """syncfs as the kernel reports a write error: -1 with ``error`` to the first caller, then 0."""
+    import ctypes
+
+    from shardkit.storage import local
+
+    calls: list[int] = []
+
+    def syncfs(fd: int) -> int:
+        calls.append(fd)
+        if len(calls) == 1:
+            ctypes.set_errno(error)
+            return -1
+        return 0
+
+    monkeypatch.setattr(local, "_syncfs", lambda: syncfs)
+    return calls
+
+
+def test_a_write_error_only_the_writeback_saw_fails_the_close_and_publishes_nothing(tmp_path, monkeypatch):
+    import errno
+
+    from shardkit.errors import StorageError
+
+    calls = _failing_once(monkeypatch, errno.EIO)
+    out = tmp_path / "ds"
+    w = shardkit.PileWriter(str(out), piles=3, buffer_size=16 << 10)
+    for i in range(40):
+        w.write({"__key__": f"k{i:04d}", "bin": bytes(2000)})
+    with pytest.raises(StorageError, match=r"\.shardkit-staging.*flush to disk"):
+        w.close()
+    assert calls and not (out / "shardkit.json").exists()
+    assert not [name for name in os.listdir(out) if not name.startswith(".shardkit-lock")]
+    with shardkit.PileWriter(str(out), piles=3) as again:  # the lock is free and the output empty: a rerun works
+        again.write({"__key__": "a", "bin": b"x"})
+
+
+def test_abort_drops_a_writeback_error_and_releases_everything_when_closing_the_parts_fails(tmp_path, monkeypatch):
+    import errno
+
+    from shardkit.piles import gather
+
+    _failing_once(monkeypatch, errno.EIO)
+    out = tmp_path / "ds"
+    w = shardkit.PileWriter(str(out), piles=3, buffer_size=16 << 10)
+    for i in range(40):
+        w.write({"__key__": f"k{i:04d}", "bin": bytes(2000)})
+    real_close = gather.SampleSink.close
+
+    def broken(self: gather.SampleSink) -> None:
+        real_close(self)
+        raise OSError(errno.EIO, "close failed")
+
+    monkeypatch.setattr(gather.SampleSink, "close", broken)
+    with pytest.raises(OSError, match="close failed"):
+        w.abort()
+    monkeypatch.setattr(gather.SampleSink, "close", real_close)
+    assert "shardkit-writeback" not in [t.name for t in __import__("threading").enumerate()]
+    assert not [name for name in os.listdir(out) if not name.startswith(".shardkit-lock")]
+    shardkit.PileWriter(str(out), piles=3).abort()  # the lock was let go
+
+
+def test_bad_codecs_are_refused_before_the_output_is_touched(tmp_path):
+    from shardkit.errors import ConfigError
+
+    out = tmp_path / "ds"
+    with pytest.raises(ConfigError):
+        shardkit.PileWriter(str(out), piles=4, codecs={"x": 5})
+    assert not out.exists()

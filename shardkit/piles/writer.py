@@ -78,22 +78,23 @@ class PileWriter:
         self.options = _in_process(WRITER.options(options, keywords))
         if (advice := too_many_piles(self.options.piles, f"PileWriter({check_path('out', path)!r})")) is not None:
             log.warning(advice)
+        self._codecs = check_codecs(codecs)
         storage.use(path, self.options.storage_options)
         # held until close() or abort(): the lock, and the staging the transaction removes when it ends
         self._txn = Dataset(path).transaction(mode=self.options.mode, overwrite=self.options.overwrite).open()
         self.path = self._txn.path
+        self._writeback: storage.Writeback | None = None
         try:
             self._staging = self._txn.staging()
             self._base = append.start(self._txn, self.options)  # None unless mode="append"
             # a local output is synced before it is published: the disk writes each flush back meanwhile
             self._writeback = None if self._txn.remote else storage.Writeback(self._staging)
             self._sink = SampleSink(self._staging, self.options.piles, self.options.buffer_size, writeback=self._writeback)  # type: ignore[arg-type]
+            generation = 0 if self._base is None else self._base.generation
+            self._router = router.PileRouter(piles=self.options.piles, seed=self.options.seed, generation=generation)
         except BaseException:
-            self._txn.close()
+            self._release()
             raise
-        generation = 0 if self._base is None else self._base.generation
-        self._router = router.PileRouter(piles=self.options.piles, seed=self.options.seed, generation=generation)
-        self._codecs = check_codecs(codecs)
         self._fields: set[str] = set()
         self._exts: tuple[str, ...] = ()
         self._closed = False
@@ -128,6 +129,7 @@ class PileWriter:
 
         Raises:
             SampleError: two samples have one key (nothing is published).
+            StorageError: the disk could not write the piles (nothing is published).
             RuntimeError: an earlier ``close()`` failed, or ``abort()`` was called: nothing was
                 published.
         """
@@ -140,6 +142,8 @@ class PileWriter:
                 sink.close()
                 check_sink(sink)
                 runs = [[Run(sink.part(p), 0, sink.sizes[p], sink.crcs[p], sealed=True)] for p in range(self.options.piles)]
+                if self._writeback is not None:
+                    self._writeback.finish()  # a write error it met is reported once, to it: raised here, nothing published
                 if self._base is None:  # a writer is not resumed: no records of finished piles
                     self.manifest = publish(
                         self._txn, runs, sink.counts, options=self.options, fields=self._fields, staging=self._staging, resumable=False
@@ -151,9 +155,7 @@ class PileWriter:
                 if (advice := sparse_piles(self.manifest, self.options.piles, f"PileWriter({self.path!r})")) is not None:
                     log.warning(advice)
             finally:
-                self._sink.close()
-                self._stop_writeback()
-                self._txn.close()
+                self._release()
         if self.manifest is None:
             raise RuntimeError(
                 "PileWriter.close(): nothing was published (an earlier close() failed or abort() was called); "
@@ -164,13 +166,21 @@ class PileWriter:
     def abort(self) -> None:
         """Drop everything written so far; the output directory gets no manifest."""
         self._closed = True
-        self._sink.close()
-        self._stop_writeback()
-        self._txn.close()
+        self._release()
 
-    def _stop_writeback(self) -> None:
-        if self._writeback is not None:
-            self._writeback.close()
+    def _release(self) -> None:
+        """Close the part files, wait for the writeback and end the transaction (the lock, the
+        staging): each step whatever the one before raised (a second Ctrl-C included)."""
+        try:
+            sink: SampleSink | None = getattr(self, "_sink", None)  # None when the constructor failed before it
+            if sink is not None:
+                sink.close()
+        finally:
+            try:
+                if self._writeback is not None:
+                    self._writeback.close()
+            finally:
+                self._txn.close()
 
     def __enter__(self) -> PileWriter:
         return self

@@ -126,17 +126,20 @@ class Writeback:
     A writer that makes its files durable calls :meth:`start` after each large write: the disk
     then works while the writer makes its next bytes, and the last sync finds little left (by
     hand, ``PileWriter``'s ``close()`` took about half as long at 20,000 samples of 5 KB). One
-    ``syncfs`` runs at a time: :meth:`start` while one runs does nothing. Its errors are left to
-    the last sync, which reports them. Where there is no ``syncfs`` (not Linux) it does nothing.
+    ``syncfs`` runs at a time: :meth:`start` while one runs does nothing. A write error is
+    reported by ``syncfs`` once, to the first caller, so the writeback keeps it and
+    :meth:`finish` raises it: the sync before publishing would not see it again. Where there is
+    no ``syncfs`` (not Linux) it does nothing.
 
         writeback = Writeback("out/.shardkit-staging-1a2b")
-        writeback.start()   # after each flush
-        writeback.close()   # waits for the one running
+        writeback.start()    # after each flush
+        writeback.finish()   # before publishing: waits, and raises what a writeback met
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._thread: threading.Thread | None = None
+        self._error: OSError | None = None
 
     def start(self) -> None:
         """Start writing back unless a writeback is running (or there is no ``syncfs``)."""
@@ -146,15 +149,32 @@ class Writeback:
         self._thread.start()
 
     def _sync(self) -> None:
-        with contextlib.suppress(OSError):  # the sync before publishing names what went wrong
+        try:
             fd = os.open(self.path, os.O_RDONLY)
             try:
-                _syncfs()(fd)
+                if _syncfs()(fd) != 0:
+                    error = ctypes.get_errno()
+                    raise OSError(error, os.strerror(error))
             finally:
                 os.close(fd)
+        except OSError as e:
+            self._error = self._error or e
+
+    def finish(self) -> None:
+        """Wait for the writeback running, then raise the first error a writeback met.
+
+        Raises:
+            StorageError: naming ``path``: the disk could not write back what was written.
+        """
+        self.close()
+        error, self._error = self._error, None
+        if error is not None:
+            with guard(self.path, "flush to disk"):
+                raise error
 
     def close(self) -> None:
-        """Wait for the writeback running, if any (idempotent)."""
+        """Wait for the writeback running, if any (idempotent), raising nothing: for a writer
+        that publishes nothing."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
