@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import re
 
 import numpy as np
 import pytest
@@ -84,8 +85,9 @@ def test_jsonl_records_keys_blank_lines_and_gzip(tmp_path):
         ("k", b'{"__key__": "k", "id": "no"}'),
         ("part_1-000000002", b"{}"),
     ]
-    keyed = JsonLines(key="v")
-    assert [s["__key__"] for s in keyed(str(tmp_path / "a.jsonl"))] == ["1.5", "2"]
+    (tmp_path / "b.jsonl").write_text('{"n": 7}\n{"n": "x"}\n')
+    keyed = JsonLines(key="n")
+    assert [s["__key__"] for s in keyed(str(tmp_path / "b.jsonl"))] == ["7", "x"]
 
 
 @pytest.mark.parametrize(
@@ -114,6 +116,23 @@ def test_a_damaged_jsonl_gz_is_corrupt_naming_file_and_line(tmp_path, data, line
     (tmp_path / "a.jsonl.gz").write_bytes(data)
     with pytest.raises(shardkit.CorruptShardError, match=rf"a\.jsonl\.gz: {line}: not valid gzip: corrupt or truncated \(.+\)"):
         list(JsonLines()(str(tmp_path / "a.jsonl.gz")))
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "field", "got"),
+    [
+        ('{"id": [1, 2]}\n', None, "id", "a list"),
+        ('{"id": {"x": 1}}\n', None, "id", "a mapping"),
+        ('{"id": true}\n', None, "id", "True"),
+        ('{"__key__": [1], "id": "x"}\n', None, "__key__", "a list"),  # a bad __key__ is refused, not passed over
+        ('{"v": 1.5}\n', "v", "v", "1.5"),  # a dot would end the key early
+    ],
+)
+def test_jsonl_keys_are_strings_or_integers_like_a_key_column(tmp_path, text, key, field, got):
+    (tmp_path / "a.jsonl").write_text(text)
+    message = rf"a\.jsonl: line 1: key field '{field}': expected a non-empty string or an integer, got {re.escape(got)}$"
+    with pytest.raises(shardkit.SampleError, match=message):
+        list(JsonLines(key=key)(str(tmp_path / "a.jsonl")))
 
 
 def test_jsonl_key_field_must_be_present(tmp_path):

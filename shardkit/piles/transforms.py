@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from shardkit import manifest, storage
-from shardkit._util import check_int, check_most
+from shardkit._util import check_int, check_most, shown
 from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError, SampleError
 from shardkit.piles import classes as class_maps
 from shardkit.tar.shard import iter_shard
@@ -224,8 +224,9 @@ class JsonLines:
     line must be a JSON object. The key is the record's ``key`` field when ``key`` is given,
     else its ``"__key__"``, else its ``"id"``, else ``STEM-LINE``: the file name without its
     extensions, dots replaced by ``_``, and the 1-based line number (``part_1-000000042``).
-    A line that is not a JSON object, or a key used twice in one file, is an error naming the
-    file and the line.
+    A key must be a string or an integer, as in a Parquet key column. A line that is not a JSON
+    object, a key of another type, or a key used twice in one file, is an error naming the file
+    and the line.
 
     Args:
         key: a record field every record has, used as the sample key.
@@ -271,11 +272,24 @@ class JsonLines:
         if self.key is not None:
             if record.get(self.key) in (None, ""):
                 raise SampleError(f"{unit}: line {number}: record has no {self.key!r} field to use as its key")
-            return str(record[self.key])
+            return _key_text(record[self.key], self.key, unit, number)
         for name in ("__key__", "id"):
             if record.get(name) not in (None, ""):
-                return str(record[name])
+                return _key_text(record[name], name, unit, number)
         return f"{stem}-{number:09d}"
+
+
+def _key_text(value: Any, name: str, unit: str, number: int) -> str:
+    """A record's key field as its sample key: a string, or an integer in decimal.
+
+    The values a key column of a Parquet or Arrow input takes (readers/columns.py); str() of
+    anything else is a Python repr (``[1, 2]``, ``True``) or has a dot (``1.5``), no key.
+    """
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise SampleError(f"{unit}: line {number}: key field {name!r}: expected a non-empty string or an integer, got {shown(value)}")
 
 
 def file_stem(path: str) -> str:
