@@ -380,3 +380,11 @@ def test_a_file_pile_cannot_read_is_named_before_any_work(tmp_path, capsys):
     data[148:156] = b"%06o\0 " % sum(data[:512])
     (tmp_path / "old-tar").write_bytes(bytes(data))
     assert shardkit.pile(str(tmp_path / "old-tar"), str(tmp_path / "old"), piles=1, quiet=True).samples == 1
+
+
+@pytest.mark.parametrize(("column", "why"), [("", "it is empty"), ("a/b", "it holds '/'")])
+def test_a_column_that_is_no_field_extension_says_why(tmp_path, column, why):
+    pq.write_table(pa.table({"id": [1, 2], column: ["x", "y"]}), tmp_path / "t.parquet")
+    message = rf"t\.parquet: row group 0: column {column!r} is no valid field extension \({why}\): rename it with fields="
+    with pytest.raises(shardkit.SampleError, match=message):
+        shardkit.pile(str(tmp_path / "t.parquet"), tmp_path / "out", piles=2, quiet=True)

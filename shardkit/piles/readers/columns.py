@@ -210,8 +210,10 @@ class ColumnSpec:
         for name in wanted:
             ext = self.fields.get(name, name)
             if "/" in ext or not ext:
+                # fields= values are checked on creation, so ext is the column's own name here
+                why = "it holds '/'" if ext else "it is empty"
                 raise SampleError(
-                    f"{where}: column {name!r} is no valid field extension (it holds '/'): rename it with fields={{{name!r}: 'ext'}}"
+                    f"{where}: column {name!r} is no valid field extension ({why}): rename it with fields={{{name!r}: 'ext'}}"
                 )
             if ext in exts:
                 raise SampleError(f"{where}: columns {exts[ext]!r} and {name!r} would both be the field {ext!r}: rename one with fields=")
