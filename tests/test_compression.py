@@ -20,6 +20,7 @@ import shardkit
 from shardkit import manifest, storage
 from shardkit.errors import ConfigError, CorruptShardError, ManifestError
 from shardkit.tar import compression
+from shardkit.tar.shard import iter_shard
 
 CODECS = ["zstd", "gzip"]
 SUFFIX = {"zstd": ".tar.zst", "gzip": ".tar.gz"}
@@ -193,6 +194,18 @@ def test_compressed_plain_shards_are_loader_and_pile_inputs(datasets, tmp_path):
     src = manifest.read(datasets["zstd"]).piles
     urls = [os.path.join(datasets["zstd"], p.name) for p in src]
     assert sum(len(b["__key__"]) for b in _epoch(urls)) == len(SAMPLES)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_compressed_shard_named_tar_says_what_it_is_and_how_to_name_it(datasets, tmp_path, codec):
+    # what `gzip -c real.tar > x.tar` makes: before, 'member 0 at offset 0: archive is truncated inside a header'
+    tar = storage.read_bytes(os.path.join(datasets[None], "pile-000000.tar"))
+    (tmp_path / "x.tar").write_bytes(compression.compress(tar, codec, level=1))
+    message = rf"x\.tar: at offset 0: expected a tar header, found {codec} data \(its magic bytes\); .* name it x\.tar{SUFFIX[codec][4:]}$"
+    with pytest.raises(CorruptShardError, match=message):
+        list(iter_shard(str(tmp_path / "x.tar")))
+    with pytest.raises(CorruptShardError, match=message):
+        shardkit.pile(str(tmp_path / "x.tar"), tmp_path / "out", piles=2, quiet=True)
 
 
 @pytest.mark.parametrize("codec", CODECS)

@@ -257,10 +257,20 @@ def read_shard(url: str, *, mapped: bool = False) -> storage.Buffer:
     :func:`shardkit.storage.map_bytes`); it reads like bytes.
 
     Raises:
-        CorruptShardError: a compressed shard whose data is not its codec's, or is truncated or corrupt.
+        CorruptShardError: a compressed shard whose data is not its codec's, or is truncated or
+            corrupt; a shard named as a plain tar whose bytes are compressed.
     """
     buf: Any = storage.map_bytes(url) if mapped else storage.read_bytes(url)
     codec = compression.from_name(url)
+    if codec is None and (found := compression.sniff(buf)) is not None:
+        # the codec is taken from the name, so `gzip -c a.tar > b.tar` would otherwise fail in the
+        # tar walk as a header truncated at offset 0, which points at the wrong fault
+        stem = url.rsplit("/", 1)[-1]
+        stem = stem[:-4] if stem.lower().endswith(".tar") else stem
+        raise CorruptShardError(
+            f"{url}: at offset 0: expected a tar header, found {found} data (its magic bytes); "
+            f"a compressed shard is read by its name: name it {stem}.tar{compression.SUFFIX[found]}"
+        )
     return buf if codec is None else compression.decompress(buf, codec, url)
 
 
