@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import threading
 
 import numpy as np
@@ -359,7 +360,15 @@ def read_all(source, **options) -> list:
 
 def test_truncated_pile_with_manifest(dataset):
     rewrite(pile_path(dataset), lambda d: d[:1000])
-    with pytest.raises(shardkit.CorruptShardError, match=r"pile-000000\.tar: file is 1000 bytes, the manifest says \d+"):
+    with pytest.raises(shardkit.CorruptShardError, match=r"pile-000000\.tar: file is 1000 bytes, the manifest says \d+ \(truncated\)$"):
+        read_all(dataset)
+
+
+def test_a_pile_longer_than_its_manifest_says_is_named_so_as_verify_names_it(dataset):
+    rewrite(pile_path(dataset), lambda d: d + bytes(512))
+    problem = shardkit.verify(dataset, quiet=True)[0]  # then the checksum
+    assert re.fullmatch(r"file is \d+ bytes, the manifest says \d+ \(longer than written\)", problem.message)
+    with pytest.raises(shardkit.CorruptShardError, match=rf"pile-000000\.tar: {re.escape(problem.message)}$"):
         read_all(dataset)
 
 

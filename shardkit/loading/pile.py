@@ -46,14 +46,22 @@ def byte_problems(url: str, buf: storage.Buffer, expected: PileInfo, *, checksum
     """What is wrong with a pile's bytes against its manifest entry, as ``(kind, message)``:
     ``size`` and ``checksum`` (checked only when ``checksum``)."""
     found = []
-    if len(buf) != expected.bytes:
-        what = "truncated" if len(buf) < expected.bytes else "longer than written"
-        found.append(("size", f"file is {len(buf)} bytes, the manifest says {expected.bytes} ({what})"))
+    size = size_problem(len(buf), expected)
+    if size is not None:
+        found.append(("size", size))
     if checksum:
         crc = manifest.format_checksum(manifest.checksum(buf))
         if crc != expected.checksum:
             found.append(("checksum", f"checksum is {crc}, the manifest says {expected.checksum}: the bytes changed after writing"))
     return found
+
+
+def size_problem(nbytes: int, expected: PileInfo) -> str | None:
+    """The message when a pile's file is ``nbytes`` long and its manifest entry says otherwise."""
+    if nbytes == expected.bytes:
+        return None
+    what = "truncated" if nbytes < expected.bytes else "longer than written"
+    return f"file is {nbytes} bytes, the manifest says {expected.bytes} ({what})"
 
 
 def tar_problem(buf: storage.Buffer, expected: PileInfo) -> str | None:
@@ -150,8 +158,9 @@ def _stored(
     # one look at the size, before any byte is read: over the limit, or not what the manifest says
     nbytes = store.size(name)
     _check_limit(url, nbytes, max_bytes)
-    if nbytes != expected.bytes:
-        raise CorruptShardError(f"{url}: file is {nbytes} bytes, the manifest says {expected.bytes} (truncated or replaced?)")
+    problem = size_problem(nbytes, expected)
+    if problem is not None:
+        raise CorruptShardError(f"{url}: {problem}")
     buf = store.read_whole(name) if mapped else store.read(name)
     problems = byte_problems(url, buf, expected, checksum=verify)
     if problems:
