@@ -70,6 +70,10 @@ def test_get_by_key_and_the_errors_name_len_key_and_dataset(ds_dir):
     with pytest.raises(KeyError, match=rf"'nope': no sample has this key in {ds_dir}"):
         ds.get("nope")
     assert "nope" not in ds
+    # a default, as Mapping.get takes one: returned for a missing key, not for a present one
+    sentinel = object()
+    assert ds.get("nope", None) is None and ds.get("nope", sentinel) is sentinel
+    assert ds.get("s0000000", sentinel)["__key__"] == "s0000000"
     for bad in (N, -N - 1, 10**12):
         with pytest.raises(IndexError, match=rf"index {bad} is out of range for a dataset of len {N}"):
             ds[bad]

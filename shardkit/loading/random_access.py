@@ -42,6 +42,8 @@ from shardkit.tar.write import TRAILER
 
 # in-pile permutations kept for epoch order (each costs one draw of a pile's size)
 _PERMUTATIONS = 8
+# get()'s default when none is given, then a missing key is a KeyError: not None, which a caller may pass
+_MISSING: Any = object()
 
 
 class MapDataset:
@@ -195,11 +197,13 @@ class MapDataset:
     def __getitem__(self, i: int) -> Any:
         return self._transform(*self._read(self.position(i)))
 
-    def get(self, key: str) -> Any:
-        """The sample whose key is ``key``, decoded like ``ds[i]``.
+    def get(self, key: str, default: Any = _MISSING) -> Any:
+        """The sample whose key is ``key``, decoded like ``ds[i]``; ``default`` when given and
+        no sample has that key (``ds.get(key, None)``, as ``Mapping.get``).
 
         Raises:
-            KeyError: no sample of the dataset has that key (the message names it and the dataset).
+            KeyError: no sample of the dataset has that key and no ``default`` was given (the
+                message names it and the dataset).
         """
         if not isinstance(key, str):
             raise TypeError(f"{self.root}: keys are str, not {type(key).__name__}")
@@ -207,6 +211,8 @@ class MapDataset:
             sample, url = self._read(position)
             if sample["__key__"] == key:
                 return self._transform(sample, url)
+        if default is not _MISSING:
+            return default
         raise KeyError(f"{key!r}: no sample has this key in {self.root} ({len(self)} samples, generation {self.manifest.generation})")
 
     def __contains__(self, key: object) -> bool:
