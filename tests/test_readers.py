@@ -151,7 +151,7 @@ def test_arrow_file_and_stream_formats(tmp_path):
     # a stream cut inside a batch opens, and fails counting its batches: that is the error, not "it changed since"
     data = (tmp_path / "u.arrow").read_bytes()
     (tmp_path / "cut.arrow").write_bytes(data[: len(data) - 40])
-    with pytest.raises(shardkit.CorruptShardError, match=r"cut\.arrow: a record batch: \w+: Expected to"):
+    with pytest.raises(shardkit.CorruptShardError, match=r"cut\.arrow: record batch 2 \(after 30 rows\): \w+: Expected to"):
         shardkit.pile(str(tmp_path / "cut.arrow"), tmp_path / "o3", piles=2, quiet=True)
 
 
@@ -191,6 +191,17 @@ def test_a_damaged_saved_dataset_folder_is_one_error_naming_it(tmp_path):
         with pytest.raises(shardkit.CorruptShardError, match=rf"{name}: not a readable folder Dataset\.save_to_disk wrote: \w+"):
             shardkit.pile(str(saved), tmp_path / f"out-{name}", piles=2, quiet=True)
         assert not (tmp_path / f"out-{name}" / "shardkit.json").exists()
+
+
+def test_a_saved_dataset_without_the_hf_extra_asks_for_it_and_does_not_call_the_folder_damaged(tmp_path, monkeypatch):
+    import sys
+
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict({"text": ["a", "b"]}).save_to_disk(str(saved))
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as on a machine without it
+    with pytest.raises(shardkit.ConfigError, match=r"saved: reading a saved Hugging Face dataset needs the hf extra"):
+        shardkit.pile(str(saved), tmp_path / "out", piles=2, quiet=True)
 
 
 def _png(value: int) -> bytes:

@@ -347,9 +347,9 @@ def expand(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -
                     raise DatasetNotFoundError(f"{url}: pattern matches no file")
                 urls.extend(found)
             elif path is not None and not os.path.isfile(path):
-                # a folder is there, but inputs are files: say so, or the user looks for a typo
-                hint = f" (a directory: name the files in it, e.g. {url.rstrip('/')}/*.tar)" if os.path.isdir(path) else ""
-                raise DatasetNotFoundError(f"{url}: no such file{hint}")
+                if os.path.isdir(path):  # inputs are files: said plainly, or the user looks for a typo
+                    raise DatasetNotFoundError(f"{url}: a directory, not a file: name the files in it (e.g. {url.rstrip('/')}/*)")
+                raise DatasetNotFoundError(f"{url}: no such file")
             else:
                 urls.append(url)
     return urls

@@ -118,10 +118,15 @@ def _nth(stream: Any, n: int) -> Any:
 
 
 def _batch_sizes(url: str) -> list[int]:
+    sizes: list[int] = []
     with _batches(url) as (count, reader):
         try:
             if count is not None:
-                return [reader.get_batch(i).num_rows for i in range(count)]
-            return [batch.num_rows for batch in reader]
+                for i in range(count):
+                    sizes.append(reader.get_batch(i).num_rows)
+            else:
+                for batch in reader:
+                    sizes.append(batch.num_rows)
         except Exception as e:
-            raise unreadable(url, "a record batch", e) from None
+            raise unreadable(url, f"record batch {len(sizes)} (after {sum(sizes)} rows)", e) from None
+    return sizes

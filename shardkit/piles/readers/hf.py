@@ -41,6 +41,13 @@ def _load(path: str) -> Any:
     return datasets.load_from_disk(path)
 
 
+def _arrow_error() -> type[Exception]:
+    """pyarrow's base error (``datasets`` requires pyarrow)."""
+    import pyarrow
+
+    return pyarrow.ArrowException
+
+
 @dataclass(frozen=True)
 class Rows:
     """Rows ``start..stop`` of the dataset saved at ``path`` (None: the reader's own dataset)."""
@@ -98,8 +105,16 @@ class HuggingFace(ColumnSpec):
         if not is_saved(path):
             raise DatasetNotFoundError(f"{path}: not a directory Dataset.save_to_disk wrote (no state.json or dataset_dict.json)")
         try:
+            import datasets  # noqa: F401  # missing, it is the extra to install, not a damaged folder
+        except ImportError as e:
+            raise ConfigError(
+                f"{path}: reading a saved Hugging Face dataset needs the hf extra (pip install 'shardkit[hf]'): {e}"
+            ) from None
+        try:
             found = _load(os.path.abspath(path))
-        except Exception as e:  # datasets and pyarrow say JSONDecodeError, KeyError, ArrowInvalid... for a damaged folder
+        except (ValueError, KeyError, IndexError, FileNotFoundError, _arrow_error()) as e:
+            # what datasets and pyarrow raise for a damaged folder: JSONDecodeError, KeyError, ArrowInvalid,
+            # a file gone; other errors (permissions, a bug) keep their own kind
             raise unreadable(path, "not a readable folder Dataset.save_to_disk wrote", e) from None
         return self._split(found, path)
 
