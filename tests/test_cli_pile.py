@@ -135,3 +135,4 @@ def test_append_and_another_mode_are_refused_in_either_order(tmp_path, shards, c
     # the same mode twice is no conflict: --append is --mode append
     assert main(["pile", str(shards / "*.tar"), "-o", str(tmp_path / "other"), "--piles", "2", "-q", "--mode", "append", "--append"]) == 1
     assert "no shardkit dataset to append to" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()  # the failed append made no folder

@@ -92,10 +92,20 @@ def test_an_append_transaction_reads_its_base_and_keeps_the_generation_it_replac
 
 def test_an_append_with_no_dataset_is_refused_and_the_lock_let_go(tmp_path):
     out = str(tmp_path / "ds")
+    os.mkdir(out)
     with pytest.raises(DatasetNotFoundError, match="no shardkit dataset to append to"):
         Dataset(out).transaction(mode="append").open()
+    assert os.listdir(out) == []
     with Dataset(out).transaction():
         pass
+
+
+def test_an_append_to_no_directory_makes_none(tmp_path):
+    # the user saw `shardkit pile x.tar -o nope --append` fail and leave an empty nope/ behind
+    out = tmp_path / "nope" / "ds"
+    with pytest.raises(DatasetNotFoundError, match=f"{out}: no shardkit dataset to append to"):
+        Dataset(str(out)).transaction(mode="append").open()
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_create_transaction_refuses_a_dataset_and_collect_publishes_nothing(tmp_path):

@@ -158,6 +158,11 @@ class Transaction:
                 a dataset or files named like the job's are there.
             DatasetNotFoundError: an append with no dataset to add to.
         """
+        if self.mode == "append":
+            local = storage.store_for(self.dataset.path).local_file()
+            if local is not None and not os.path.exists(local):
+                # fail before the lock makes the directory: a failed job leaves nothing that was not there
+                raise DatasetNotFoundError(_nothing_to_append(local))
         self.output = claim(self.dataset.path, overwrite=self.overwrite or self.mode != "create", files=self.files)
         try:
             if self.mode == "append":
@@ -285,9 +290,7 @@ class Transaction:
     def _read_base(self) -> None:
         output = self._claim()
         if output.manifest_seen is None:
-            raise DatasetNotFoundError(
-                f"{output.path}: no shardkit dataset to append to (no {manifest.MANIFEST}); write it first (mode='create', the default)"
-            )
+            raise DatasetNotFoundError(_nothing_to_append(output.path))
         self.base = manifest.parse(output.manifest_seen.decode("utf-8"), storage.join(output.path, manifest.MANIFEST))
         self.generation = self.base.generation + 1
 
@@ -299,6 +302,10 @@ class Transaction:
             storage.put_if_absent(copy, output.manifest_seen)  # racing appends from one generation write the same bytes, once
         elif not storage.exists(copy):
             storage.write_bytes(copy, output.manifest_seen)
+
+
+def _nothing_to_append(path: str) -> str:
+    return f"{path}: no shardkit dataset to append to (no {manifest.MANIFEST}); write it first (mode='create', the default)"
 
 
 def _now() -> str:
