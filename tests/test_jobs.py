@@ -80,7 +80,11 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         (VALID + "on_error: ignore\n", "on_error: expected one of raise, skip, got 'ignore'"),
         (
             VALID + "colour: blue\n",
-            "colour: unknown field (expected one of: args, executor, fn, format, inputs, job, key_prefix, on_error, output, ray_address, repeat, resume, samples, storage_options, transform, workers)",
+            "colour: unknown field (expected one of: job, inputs, transform, fn, args, output, resume, workers, on_error, key_prefix, executor, ray_address, repeat, storage_options)",
+        ),
+        (  # only the fields of its own kind: not preprocess's transform and fn, nor the demo's samples
+            "job: pile\ninputs: data/a.jsonl\noutput: {path: o, piles: 2}\nbogus: 1\n",
+            "bogus: unknown field (expected one of: job, inputs, output, format, args, resume, workers, on_error, key_prefix, executor, ray_address, repeat, storage_options)",
         ),
         (
             VALID + "samples: 3\n",

@@ -213,7 +213,8 @@ def job_fields(kind: str) -> tuple[tuple[str, ...], type | None]:
 
 def parse_job(doc: Any, source: str) -> Job:
     """Validate a loaded YAML document into a job; ``source`` is the file it came from."""
-    top = Fields(doc, source=source, path="", allowed=sorted({k for keys in _ALLOWED.values() for k in keys}))
+    # job first, any other name let through: which fields are known depends on the kind it names
+    top = Fields(doc, source=source, path="", allowed=list(doc) if isinstance(doc, dict) else ())
     kind = top.take("job", schema.choice(*JOBS), required=True)
     if kind in ("preprocess", "pile"):
         doc = _flat_executor(doc, source)
