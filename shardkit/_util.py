@@ -4,6 +4,7 @@ check_int("piles", 0, low=1)
 # ConfigError: piles: expected an integer >= 1, got 0
 parse_size("2GiB")        # 2147483648
 format_size(1536)         # "1.5 KiB"
+counted(1, "pile")        # "1 pile" (counted(8, "pile"): "8 piles")
 """
 
 from __future__ import annotations
@@ -239,6 +240,13 @@ def format_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def counted(n: int, noun: str, *, grouped: bool = False) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1 (``noun`` is a regular English noun, last in
+    its phrase: ``"oversized pile"``); ``grouped`` writes ``n`` with thousands separators."""
+    number = f"{n:,}" if grouped else str(n)
+    return f"{number} {noun}" if n == 1 else f"{number} {noun}s"
 
 
 def bar(*, total: int | None, desc: str, unit: str, quiet: bool = False, **kwargs: Any) -> tqdm:

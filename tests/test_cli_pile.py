@@ -59,8 +59,10 @@ def test_key_prefix_unit_merges_shards_whose_keys_restart(tmp_path, command, cap
 def test_pile_summary_mentions_splits(tmp_path, shards, capsys):
     code = main(["pile", str(shards / "*.tar"), "-o", str(tmp_path / "out"), "--piles", "1", "--max-pile-bytes", "20KiB"])
     assert code == 0
-    assert ", 1 oversized piles split" in capsys.readouterr().out
+    assert ", 1 oversized pile split" in capsys.readouterr().out
     assert all(p.bytes <= 20 * 1024 for p in manifest.read(str(tmp_path / "out")).piles)
+    assert main(["info", str(tmp_path / "out")]) == 0
+    assert "  (1 oversized pile split)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -281,6 +281,9 @@ def test_cli_shuffle(tmp_path, inputs, capsys):
     packed = str(tmp_path / "packed")
     assert main(["shuffle", inputs, "-o", packed, "--piles", "3", "--maxcount", "100", "--compression", "zstd"]) == 0
     assert "300 samples in 3 shards (shard-000000.tar.zst ... shard-000002.tar.zst)" in capsys.readouterr().out
+    one = str(tmp_path / "one")  # one pile, one shard: no "1 piles", no range of one name
+    assert main(["shuffle", inputs, "-o", one, "--piles", "1", "--maxcount", "300"]) == 0
+    assert capsys.readouterr().out == f"{one}: 300 samples in 1 shard (shard-000000.tar), via 1 pile\n"
     assert main(["shuffle", inputs, "-o", out, "--piles", "3", "-q"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("shardkit shuffle: error: ") and "already holds a shardkit dataset" in err and "Traceback" not in err

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import yaml
 
 from shardkit import manifest, storage
-from shardkit._util import check_path, shown
+from shardkit._util import check_path, counted, shown
 from shardkit.cli import schema
 from shardkit.cli.schema import Fields
 from shardkit.eager_shuffle import ShuffleOptions, shuffle
@@ -405,17 +405,17 @@ def output_conflict(job: Job) -> str | None:
 def describe(job: Job) -> str:
     """One line saying what a job will do (``shardkit run --check`` prints it)."""
     if isinstance(job, DemoJob):
-        return f"demo job: {job.samples:,} samples into {job.output or 'a temporary directory'}"
+        return f"demo job: {counted(job.samples, 'sample', grouped=True)} into {job.output or 'a temporary directory'}"
     what = {PreprocessJob: "preprocess", PileJob: "pile", ShuffleJob: "shuffle"}[type(job)]
-    piles = job.options.piles if job.options.piles is not None else "auto"
-    return f"{what} job: {len(job.inputs)} input pattern(s) -> {job.output} ({piles} piles)"
+    piles = counted(job.options.piles, "pile") if job.options.piles is not None else "auto piles"
+    return f"{what} job: {len(job.inputs)} input pattern(s) -> {job.output} ({piles})"
 
 
 def summary(result: Any) -> str:
     """What a finished job made: one line for a dataset, the demo's table for the demo."""
     if isinstance(result, Manifest):
-        return f"{result.samples:,} samples in {len(result.piles)} files" + (
-            f", {result.skipped_units} input units skipped" if result.skipped_units else ""
+        return f"{counted(result.samples, 'sample', grouped=True)} in {counted(len(result.piles), 'file')}" + (
+            f", {counted(result.skipped_units, 'input unit')} skipped" if result.skipped_units else ""
         )
     from shardkit.tools.demo import DemoResult
 

@@ -12,7 +12,7 @@ from shardkit.cli.command import VERBOSE, Command, arg, quiet
 
 
 def _info_table(summary: Any) -> str:
-    from shardkit._util import format_size
+    from shardkit._util import counted, format_size
 
     s, b = summary.pile_samples, summary.pile_bytes
     rows = [
@@ -20,7 +20,7 @@ def _info_table(summary: Any) -> str:
         ("samples", f"{summary.samples:,}"),
         ("fields", ", ".join(summary.fields) or "-"),
         ("bytes", _stored_size(summary)),
-        ("piles", f"{summary.piles:,}" + (f"  ({summary.split_piles} oversized piles were split)" if summary.split_piles else "")),
+        ("piles", f"{summary.piles:,}" + (f"  ({counted(summary.split_piles, 'oversized pile')} split)" if summary.split_piles else "")),
         ("samples/pile", f"min {s.min:,}  mean {s.mean:,.1f}  max {s.max:,}"),
     ]
     if summary.kind == "piles":
@@ -108,16 +108,16 @@ VERIFY = Command(
 
 
 def _run_gc(args: argparse.Namespace) -> int:
-    from shardkit._util import format_size
+    from shardkit._util import counted, format_size
     from shardkit.tools.garbage_collect import gc
 
     report = gc(args.directory, grace=args.grace, dry_run=args.dry_run)
     did = "would delete" if args.dry_run else "deleted"
     kept = ", ".join(map(str, report.kept_generations))
-    print(f"{args.directory}: {did} {len(report.deleted)} files ({format_size(report.freed)}); generations kept: {kept}")
+    print(f"{args.directory}: {did} {counted(len(report.deleted), 'file')} ({format_size(report.freed)}); generations kept: {kept}")
     if report.skipped:
         shown = ", ".join(report.skipped[:5]) + (", ..." if len(report.skipped) > 5 else "")
-        print(f"{args.directory}: left {len(report.skipped)} files no record of this dataset names (not shardkit's): {shown}")
+        print(f"{args.directory}: left {counted(len(report.skipped), 'file')} no record of this dataset names (not shardkit's): {shown}")
     return 0
 
 

@@ -150,6 +150,7 @@ QUALITY = Command(
 
 
 def _export(args: argparse.Namespace) -> int:
+    from shardkit._util import counted
     from shardkit.tools.export import export
 
     if args.epoch and args.seed is None:
@@ -160,7 +161,7 @@ def _export(args: argparse.Namespace) -> int:
         args.dataset, args.out, to=args.to, seed=args.seed, epoch=args.epoch, rows_per_group=args.rows_per_group, quiet=args.quiet
     )
     order = "pile order" if args.seed is None else f"seed {args.seed}, epoch {args.epoch}"
-    print(f"{result.path}: {result.rows} samples, columns {', '.join(result.columns)} ({order})")
+    print(f"{result.path}: {counted(result.rows, 'sample')}, columns {', '.join(result.columns)} ({order})")
     return 0
 
 

@@ -59,17 +59,17 @@ def _reader(args: argparse.Namespace) -> Any:
 
 
 def _pile(args: argparse.Namespace) -> int:
-    from shardkit._util import format_size
+    from shardkit._util import counted, format_size
     from shardkit.piles.preprocess import pile
 
     start = time.perf_counter()
     options = options_from_args(PileOptions, args, PILE_COMMAND_FLAGS)
     result = pile(args.inputs, args.out, options=options, quiet=args.quiet, format=_reader(args))
-    skipped = f", {result.skipped_units} input shards skipped" if result.skipped_units else ""
-    split = f", {result.split_piles} oversized piles split" if result.split_piles else ""
+    skipped = f", {counted(result.skipped_units, 'input shard')} skipped" if result.skipped_units else ""
+    split = f", {counted(result.split_piles, 'oversized pile')} split" if result.split_piles else ""
     generation = f", generation {result.generation}" if result.generation else ""
     print(
-        f"{args.out}: {result.samples} samples in {len(result.piles)} piles, {format_size(result.bytes)}, "
+        f"{args.out}: {counted(result.samples, 'sample')} in {counted(len(result.piles), 'pile')}, {format_size(result.bytes)}, "
         f"{time.perf_counter() - start:.1f}s{skipped}{split}{generation}"
     )
     return 0
@@ -173,12 +173,15 @@ SHUFFLE_FLAGS = tuple(name for name in SHUFFLE_DOOR.names if name != "storage_op
 
 
 def _run_shuffle(args: argparse.Namespace) -> int:
+    from shardkit._util import counted
     from shardkit.eager_shuffle import shuffle
 
     m = shuffle(args.inputs, args.out, options=options_from_args(ShuffleOptions, args, SHUFFLE_FLAGS), quiet=args.quiet)
     if not args.quiet:
+        names = m.piles[0].name if len(m.piles) == 1 else f"{m.piles[0].name} ... {m.piles[-1].name}"
         print(
-            f"{args.out}: {m.samples:,} samples in {len(m.piles)} shards ({m.piles[0].name} ... {m.piles[-1].name}), via {m.extra['piles']} piles"
+            f"{args.out}: {counted(m.samples, 'sample', grouped=True)} in {counted(len(m.piles), 'shard')} ({names}), "
+            f"via {counted(m.extra['piles'], 'pile')}"
         )
     return 0
 
@@ -209,11 +212,14 @@ REPILE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def _repile(args: argparse.Namespace) -> int:
-    from shardkit._util import format_size
+    from shardkit._util import counted, format_size
     from shardkit.piles.repile import repile
 
     result = repile(args.src, args.out, quiet=args.quiet, **option_values(args, REPILE_FLAGS))
-    print(f"{args.out}: {result.samples} samples in {len(result.piles)} piles, {format_size(result.bytes)}, seed {result.seed}")
+    print(
+        f"{args.out}: {counted(result.samples, 'sample')} in {counted(len(result.piles), 'pile')}, "
+        f"{format_size(result.bytes)}, seed {result.seed}"
+    )
     return 0
 
 
