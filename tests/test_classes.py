@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_wds_shards
 from PIL import Image
 from test_scripts import run_script
 
@@ -81,6 +82,21 @@ def test_reconcile_rules():
 def test_append_to_a_dataset_without_a_class_map_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="records no class map"):
         Images().prepare([str(_images(tmp_path / "x", {"a": 1}))], recorded={"units": 3})
+
+
+def test_the_python_path_refuses_images_appended_to_a_dataset_without_a_class_map(tmp_path):
+    import shardkit
+
+    # a dataset shardkit pile made: its extra records no classes, so its samples' cls mean nothing
+    (shard,) = write_wds_shards(tmp_path, "src-{}.tar", 1, lambda k, i: {"__key__": f"k{i}", "txt": "x"} if i < 3 else None)
+    out = tmp_path / "out"
+    shardkit.pile([shard], str(out), piles=2, quiet=True)
+    before = sorted(os.listdir(out))
+    images = Images(size=8)
+    units = images.units([str(_images(tmp_path / "new", {"cat": 1, "dog": 1}))])
+    with pytest.raises(ConfigError, match=rf"^{out}: append: the dataset appended to records no class map"):
+        shardkit.preprocess(units, images, str(out), piles=2, mode="append", quiet=True)
+    assert sorted(os.listdir(out)) == before and manifest.read(str(out)).generation == 0  # refused before any work
 
 
 def test_verify_names_samples_whose_cls_disagrees_with_the_map(tmp_path):

@@ -290,7 +290,7 @@ def _extra(old: dict[str, Any], new: dict[str, Any], generation: int, over: list
     rule's record says which generation it describes, ``over_max_pile_bytes`` which piles are
     over the limit now."""
     if class_maps.CLASSES in new:  # the write-time check: another append may have grown the map meanwhile
-        class_maps.extended(class_maps.recorded(old, "append"), new[class_maps.CLASSES], "append")
+        class_maps.appended(old, new[class_maps.CLASSES], "append")
     if isinstance(new.get("repeat"), dict):
         new = {**new, "repeat": {**new["repeat"], "generation": generation}}
     grown = {**old, **new, "over_max_pile_bytes": over}

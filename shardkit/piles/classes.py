@@ -85,6 +85,23 @@ def extended(old: Sequence[str] | None, new: Sequence[str], where: str) -> None:
         )
 
 
+def appended(dataset: Mapping[str, Any], new: Sequence[str], where: str) -> None:
+    """Refuse an append whose samples number classes by ``new`` to the dataset whose ``extra`` is
+    ``dataset``: one that records no map (the cls of its samples cannot be matched), or one whose
+    map ``new`` does not keep (:func:`extended`).
+
+    Raises:
+        ConfigError: the dataset records no map, or the two maps disagree (both named).
+    """
+    old = recorded(dataset, where)
+    if old is None:
+        raise ConfigError(
+            f"{where}: the dataset appended to records no class map (extra['classes']), so the cls of its samples cannot be "
+            f"matched to the new samples' {_shown(list(new))}; append images only to a dataset the image transform wrote"
+        )
+    extended(old, new, where)
+
+
 def _field(sample: Mapping[str, Any], path: str) -> Any:
     """A sample's value at ``path``: ``cls`` (an integer's text) or ``json.class`` (a JSON member's key)."""
     ext, _, inner = path.partition(".")

@@ -141,8 +141,9 @@ def preprocess(
         # the map its cls numbers by must be recorded, and an append's checked against the
         # dataset's: units made without the dataset's map would relabel its classes silently
         extra = {**(extra or {}), **fn.extra_of(units)}
-    if extra and class_maps.CLASSES in extra:  # refused before any work, not at the publish (which checks again, for a race)
-        class_maps.extended(class_maps.recorded(_recorded(out, options), "append"), extra[class_maps.CLASSES], f"{out}: append")
+    if extra and class_maps.CLASSES in extra and (dataset := _recorded(out, options)) is not None:
+        # refused before any work, not at the publish (which checks again, for a race)
+        class_maps.appended(dataset, extra[class_maps.CLASSES], f"{out}: append")
     if readers.is_reader(fn) and all(isinstance(u, (str, os.PathLike)) for u in units):
         units = _validate(fn.prepare(units)[0], None)  # paths to a reader: its units are what runs
     job = _work(options, fn, codecs=check_codecs(codecs))
@@ -300,7 +301,7 @@ def pile(
         for unit in units:
             if (why := readers.unknown_file(unit)) is not None:
                 raise ConfigError(why)
-    prefix = key_prefix_rule.resolve(options.key_prefix, units, recorded=_recorded(out, options).get(key_prefix_rule.RECORD))
+    prefix = key_prefix_rule.resolve(options.key_prefix, units, recorded=(_recorded(out, options) or {}).get(key_prefix_rule.RECORD))
     options = dataclasses.replace(options, key_prefix=prefix)
     job = _work(options, iter_shard, shards=True, key_prefix=options.key_prefix, repeat=None)
     if options.repeat is not None:  # copies get keys of their own: samples are decoded, not copied as byte ranges
@@ -310,17 +311,17 @@ def pile(
     return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
 
 
-def _recorded(out: str | os.PathLike[str], options: PileOptions) -> dict[str, Any]:
-    """The ``extra`` of the dataset an append adds to; empty for a new dataset, or when there is
+def _recorded(out: str | os.PathLike[str], options: PileOptions) -> dict[str, Any] | None:
+    """The ``extra`` of the dataset an append adds to; None for a new dataset, or when there is
     none to append to (the append itself says so)."""
     if options.mode != "append":
-        return {}
+        return None
     url = check_path("out", out)
     storage.use(url, options.storage_options)
     try:
         return manifest.read(url).extra
     except DatasetNotFoundError:
-        return {}
+        return None
 
 
 def _read(
