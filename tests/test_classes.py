@@ -14,6 +14,7 @@ from PIL import Image
 from test_scripts import run_script
 
 from shardkit import manifest, transforms
+from shardkit.dataset import layout
 from shardkit.errors import ConfigError
 from shardkit.loading.pile import read_pile
 from shardkit.piles import classes as class_maps
@@ -97,6 +98,40 @@ def test_the_python_path_refuses_images_appended_to_a_dataset_without_a_class_ma
     with pytest.raises(ConfigError, match=rf"^{out}: append: the dataset appended to records no class map"):
         shardkit.preprocess(units, images, str(out), piles=2, mode="append", quiet=True)
     assert sorted(os.listdir(out)) == before and manifest.read(str(out)).generation == 0  # refused before any work
+
+
+def test_an_append_whose_map_another_append_outgrew_leaves_what_a_rerun_can_use(tmp_path, monkeypatch):
+    import shardkit
+    from shardkit.dataset.transaction import Transaction
+
+    images = Images(size=8)
+    out = str(tmp_path / "out")
+    units, extra = transforms.prepare(images, [str(_images(tmp_path / "first", {"cat": 1, "dog": 1}))], out, mode="create")
+    shardkit.preprocess(units, images, out, piles=2, extra=extra, quiet=True)
+    fox = str(_images(tmp_path / "fox", {"fox": 1}, seed=1))
+    units, extra = transforms.prepare(images, [fox], out, mode="append")  # fox is 2
+    # another append makes bee 2 after this one's map was made, before it takes the output's lock
+    real_open = Transaction.open
+
+    def racing_open(txn):
+        monkeypatch.setattr(Transaction, "open", real_open)
+        bee = transforms.prepare(images, [str(_images(tmp_path / "bee", {"bee": 1}, seed=2))], out, mode="append")
+        shardkit.preprocess(bee[0], images, out, piles=2, extra=bee[1], mode="append", quiet=True)
+        return real_open(txn)
+
+    monkeypatch.setattr(Transaction, "open", racing_open)
+    with pytest.raises(ConfigError, match=rf"^{out}: append: the dataset's class map \['cat', 'dog', 'bee'\] .* run it again"):
+        shardkit.preprocess(units, images, out, piles=2, extra=extra, mode="append", quiet=True)
+    assert manifest.read(out).generation == 1 and not os.path.exists(os.path.join(out, layout.STAGING))
+    # run again, as the message says: the map is read again, and nothing of the failed job is in the way
+    units, extra = transforms.prepare(images, [fox], out, mode="append")
+    assert shardkit.preprocess(units, images, out, piles=2, extra=extra, mode="append", quiet=True).extra["classes"] == [
+        "cat",
+        "dog",
+        "bee",
+        "fox",
+    ]
+    assert [p for p in verify(out, quiet=True) if p.kind == "class"] == []
 
 
 def test_verify_names_samples_whose_cls_disagrees_with_the_map(tmp_path):

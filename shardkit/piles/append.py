@@ -289,7 +289,7 @@ def _extra(old: dict[str, Any], new: dict[str, Any], generation: int, over: list
     """The grown dataset's ``extra``: the old one updated with the new generation's; a repeat
     rule's record says which generation it describes, ``over_max_pile_bytes`` which piles are
     over the limit now."""
-    if class_maps.CLASSES in new:  # the write-time check: another append may have grown the map meanwhile
+    if class_maps.CLASSES in new:  # the write-time check (preprocess made it under the lock already, before any work)
         class_maps.appended(old, new[class_maps.CLASSES], "append")
     if isinstance(new.get("repeat"), dict):
         new = {**new, "repeat": {**new["repeat"], "generation": generation}}

@@ -191,6 +191,10 @@ def _run(
         return done
     with dataset.transaction(mode=options.mode, resume=options.resume, overwrite=options.overwrite) as txn:
         base = append.start(txn, options)  # None unless mode="append"
+        if base is not None and extra and class_maps.CLASSES in extra:
+            # again under the lock, before any staging: another append may have grown the map since
+            # preprocess checked it, and a failure at the publish would leave this job's work in the way of its rerun
+            class_maps.appended(base.manifest.extra, extra[class_maps.CLASSES], f"{txn.path}: append")
         if base is not None:  # its samples are routed by the generation, which the fingerprint then names
             job = dataclasses.replace(job, generation=base.generation)
         merge = {"compression": options.compression, "level": options.level}  # what finished piles a resume keeps were made with
