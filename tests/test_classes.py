@@ -164,9 +164,25 @@ def test_the_python_path_without_extra_records_the_map_and_an_append_cannot_rela
     assert manifest.read(str(out)).extra["classes"] == ["cat", "dog", "fox"]
     # numbered from 0 again ('bee' 0, 'fox' 1): the dataset says 0 is cat and 1 is dog
     later = images.units([str(_images(tmp_path / "later", {"bee": 1, "fox": 1}, seed=1))])
-    with pytest.raises(ConfigError, match=r"\['cat', 'dog', 'fox'\].*\['bee', 'fox'\]"):
+    with pytest.raises(ConfigError, match=r"number class 'bee' 0, which the dataset's map \['cat', 'dog', 'fox'\] gives to 'cat'"):
         shardkit.preprocess(later, images, str(out), piles=1, mode="append", quiet=True)
     assert manifest.read(str(out)).generation == 0  # nothing published
+    # units of one known class, numbered as the dataset numbers it (cat is 0 either way): appended, the map kept
+    cats = images.units([str(_images(tmp_path / "cats", {"cat": 2}, seed=2))])
+    shardkit.preprocess(cats, images, str(out), piles=1, mode="append", quiet=True)
+    assert manifest.read(str(out)).extra["classes"] == ["cat", "dog", "fox"] and manifest.read(str(out)).generation == 1
+    assert [p for p in verify(str(out), quiet=True) if p.kind == "class"] == []
     units, extra = transforms.prepare(images, [str(tmp_path / "later")], str(out), mode="append")
     shardkit.preprocess(units, images, str(out), piles=1, mode="append", extra=extra, quiet=True)
     assert [p for p in verify(str(out), quiet=True) if p.kind == "class"] == []
+
+
+def test_units_that_skip_a_class_index_name_it(tmp_path):
+    import shardkit
+
+    images = Images(size=8)
+    units = images.units([str(_images(tmp_path / "in", {"a": 1, "b": 1, "c": 1}))])
+    units = [[item for item in unit if item[2] != "b"] for unit in units]  # as if the folder b had no image
+    with pytest.raises(ConfigError, match=r"no image of the units has class index 1 .*transforms\.prepare"):
+        shardkit.preprocess(units, images, str(tmp_path / "out"), piles=1, quiet=True)
+    assert not (tmp_path / "out" / "shardkit.json").exists()

@@ -137,11 +137,13 @@ def preprocess(
             f"(key_prefix is for pile and shuffle), got {options.key_prefix!r}"
         )
     units = _validate(inputs, extra)
+    dataset = _recorded(out, options)
     if isinstance(fn, Images) and class_maps.CLASSES not in (extra or {}):
         # the map its cls numbers by must be recorded, and an append's checked against the
         # dataset's: units made without the dataset's map would relabel its classes silently
-        extra = {**(extra or {}), **fn.extra_of(units)}
-    if extra and class_maps.CLASSES in extra and (dataset := _recorded(out, options)) is not None:
+        known = class_maps.recorded(dataset, f"{out}: append") if dataset is not None else None
+        extra = {**(extra or {}), **fn.extra_of(units, known)}
+    if extra and class_maps.CLASSES in extra and dataset is not None:
         # refused before any work, not at the publish (which checks again, for a race)
         class_maps.appended(dataset, extra[class_maps.CLASSES], f"{out}: append")
     if readers.is_reader(fn) and all(isinstance(u, (str, os.PathLike)) for u in units):

@@ -122,27 +122,41 @@ class Images:
     def units(self, inputs: Sequence[str], recorded: dict[str, Any] | None = None) -> list[list[ImageItem]]:
         return self.prepare(inputs, recorded)[0]
 
-    def extra_of(self, units: Sequence[Any]) -> dict[str, Any]:
+    def extra_of(self, units: Sequence[Any], recorded: Sequence[str] | None = None) -> dict[str, Any]:
         """The ``extra`` that :meth:`prepare` gives with ``units``, read back from them (each image
         carries its class name and index): for a caller that passes the units alone, so the map
-        is still recorded, and an append still checked against the dataset's. ``{}`` for units
-        that are not this transform's (they fail as units).
+        is still recorded, and an append still checked against the dataset's. ``recorded``: the
+        map of the dataset an append adds to; the units may hold some of its classes, under its
+        indices, and new ones after it. ``{}`` for units that are not this transform's (they fail
+        as units).
 
         Raises:
-            ConfigError: an index has no image (an empty class folder) or two names, so the map
-                cannot be read from the units.
+            ConfigError: an index with two names, a class the units number otherwise than
+                ``recorded`` (its samples would be relabelled), or a new index with no image (an
+                empty class folder), so the map cannot be read from the units.
         """
         try:
-            names = {(index, name) for unit in units for _, _, name, index in unit}
+            pairs = sorted({(index, name) for unit in units for _, _, name, index in unit})
         except (TypeError, ValueError):
             return {}
-        by_index = dict(names)
-        if len(by_index) != len(names) or sorted(by_index) != list(range(len(by_index))):
+        way_out = "pass the extra that made the units: units, extra = shardkit.transforms.prepare(images, inputs, out, mode=...)"
+        old = list(recorded or [])
+        by_index: dict[int, str] = {}
+        for index, name in pairs:
+            if by_index.setdefault(index, name) != name:
+                raise ConfigError(f"extra: the units give class index {index} two names, {by_index[index]!r} and {name!r}; {way_out}")
+            if index < len(old) and old[index] != name:
+                raise ConfigError(
+                    f"extra: the units number class {name!r} {index}, which the dataset's map {old} gives to {old[index]!r}: "
+                    f"its samples would be relabelled; {way_out}"
+                )
+        new = [i for i in sorted(by_index) if i >= len(old)]
+        if new != list(range(len(old), len(old) + len(new))):
+            missing = sorted(set(range(len(old), new[-1] + 1)) - set(new))
             raise ConfigError(
-                "extra: the units do not say the whole class map (a class without images, or an index with two names); "
-                "pass the extra that made them: units, extra = shardkit.transforms.prepare(images, inputs, out, mode=...)"
+                f"extra: no image of the units has class index {', '.join(map(str, missing))} (an empty class folder?); {way_out}"
             )
-        return {class_maps.CLASSES: [by_index[i] for i in range(len(by_index))], class_maps.CHECK_KEY: dict(class_maps.CHECK)}
+        return {class_maps.CLASSES: old + [by_index[i] for i in new], class_maps.CHECK_KEY: dict(class_maps.CHECK)}
 
     def __call__(self, unit: Sequence[ImageItem]) -> Iterator[dict[str, Any]]:
         for root, relative, name, index in unit:
