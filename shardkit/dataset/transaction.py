@@ -159,8 +159,9 @@ class Transaction:
             DatasetNotFoundError: an append with no dataset to add to.
         """
         if self.mode == "append":
-            local = storage.store_for(self.dataset.path).local_file()
-            if local is not None and not os.path.exists(local):
+            store = storage.store_for(self.dataset.path)
+            local = store.local_file()
+            if local is not None and not store.exists(""):
                 # fail before the lock makes the directory: a failed job leaves nothing that was not there
                 raise DatasetNotFoundError(_nothing_to_append(local))
         self.output = claim(self.dataset.path, overwrite=self.overwrite or self.mode != "create", files=self.files)
