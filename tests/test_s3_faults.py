@@ -108,6 +108,34 @@ def test_a_job_killed_while_publishing_leaves_one_whole_dataset(s3, tmp_path, mo
     assert os.listdir(temp) == []
 
 
+def test_an_append_whose_writes_fail_once_its_manifest_is_in_returns_what_it_published(s3, faulty_s3, monkeypatch, caplog):
+    from shardkit import storage
+    from shardkit.dataset import lock as output
+
+    monkeypatch.setattr(storage.retry, "DEFAULT", storage.retry.Retry(attempts=2, base=0.01, cap=0.02))
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    url = s3.url("ds")
+    shardkit.preprocess(UNITS, _identity, url, piles=3, quiet=True)
+    commit = output.Output.commit
+
+    def commit_then_fail_every_write(self, m):
+        commit(self, m)
+        faulty_s3.only, faulty_s3.error_fraction = {"PUT", "POST", "DELETE"}, 1.0
+
+    monkeypatch.setattr(output.Output, "commit", commit_then_fail_every_write)
+    more = [[dict(s, __key__=f"b{s['__key__']}") for s in unit] for unit in UNITS]
+    # the journal's removal and an append's first keys files come after the manifest: the job published
+    m = shardkit.preprocess(more, _identity, url, piles=3, mode="append", quiet=True)
+    faulty_s3.error_fraction = 0.0
+    assert manifest.read(url) == m
+    assert len(_keys(url)) == 2 * len(SAMPLES)
+    assert "is published" in caplog.text
+    problems = shardkit.verify(url, quiet=True)
+    assert all(p.warning for p in problems)  # what it could not tidy, listed beside the dataset
+    with pytest.raises(shardkit.SampleError):  # its keys are known without the keys files it could not put in
+        shardkit.preprocess(more, _identity, url, piles=3, mode="append", quiet=True)
+
+
 def test_of_two_jobs_on_a_prefix_the_store_lets_one_publish_and_the_other_deletes_nothing_of_it(s3):
     from shardkit.dataset.install import install
     from shardkit.dataset.lock import claim

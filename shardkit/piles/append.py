@@ -37,7 +37,7 @@ import numpy as np
 
 from shardkit import manifest, storage
 from shardkit.dataset.transaction import Transaction
-from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
+from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError, ShardkitError
 from shardkit.manifest import Manifest, PileInfo, Segment, joined, keys_name, leaf_name
 from shardkit.piles import classes as class_maps
 from shardkit.piles import leaves, router
@@ -154,9 +154,20 @@ def finish(
     )
     # the generation being replaced stays readable by loaders pinned to it (the transaction keeps its manifest)
     txn.commit(staged, result, names=[os.path.basename(path) for path in staged], keep=True, index=options.index)
-    # shared by every append that races to this generation: put in only by the one that won
+    # shared by every append that races to this generation: put in only by the one that won. The
+    # manifest is in, and a keys file missing is read from its pile (_read_keys): one that cannot
+    # be put in is logged, not an error that would make a published append look failed
     for path in first_keys:
-        output.store.upload(os.path.basename(path), path)
+        try:
+            output.store.upload(os.path.basename(path), path)
+        except ShardkitError as e:
+            log.warning(
+                "%s: generation %d is published, but %s was not put in (%s); the next append reads the keys from its pile",
+                out,
+                g,
+                os.path.basename(path),
+                e,
+            )
     log.info("%s: generation %d adds %d samples in %d segments; %d samples in all", out, g, sum(counts), sum(map(len, new)), result.samples)
     return result
 
