@@ -27,7 +27,8 @@ _CREDENTIALS = {
     "az": "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME and a key",
     "abfs": "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME and a key",
 }
-_ENDPOINT = {"s3": "AWS_ENDPOINT_URL", "s3a": "AWS_ENDPOINT_URL"}
+# where an endpoint comes from: the environment, or the storage options given with the URL
+_ENDPOINT = {"s3": "AWS_ENDPOINT_URL (or the endpoint_url storage option)", "s3a": "AWS_ENDPOINT_URL (or the endpoint_url storage option)"}
 # exception class names, across object-store clients, that mean "nobody answers there"
 _UNREACHABLE = {
     "EndpointConnectionError",
