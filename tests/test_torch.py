@@ -193,6 +193,32 @@ def test_resume_twice_in_one_epoch(odd_dataset):
     assert got == full
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_taken_before_an_epoch_is_read_names_its_start(odd_dataset, workers):
+    """A checkpoint at the top of an epoch (set_epoch, then state_dict) names that epoch's start,
+    whether the epoch before was read to its end or left midway; one right after load_state_dict
+    is the state loaded. The items the DataLoader yielded before were of what was read before."""
+    options = dict(batch_size=8, decode=False, world_size=1, rank=0)
+    ds = ShardkitDataset(odd_dataset, **options)
+    dl = ShardkitDataLoader(ds, num_workers=workers)
+    list(dl)
+    ds.set_epoch(1)
+    assert (dl.state_dict()["epoch"], dl.state_dict()["taken"]) == (1, 0)
+    list(itertools.islice(dl, 5))
+    ds.set_epoch(2)
+    assert (dl.state_dict()["epoch"], dl.state_dict()["taken"]) == (2, 0)
+    list(itertools.islice(dl, 3))
+    mid = dl.state_dict()
+    list(itertools.islice(dl, 7))
+    dl.load_state_dict(mid)
+    assert dl.state_dict() == mid
+    if workers == 0:  # a plain DataLoader: the dataset counts its own items
+        plain = ShardkitDataset(odd_dataset, **options)
+        list(torch.utils.data.DataLoader(plain, batch_size=None))
+        plain.set_epoch(1)
+        assert (plain.state_dict()["epoch"], plain.state_dict()["taken"]) == (1, 0)
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 def test_plain_dataloader_states(odd_dataset):
     ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0)

@@ -134,6 +134,9 @@ class ShardkitDataset(IterableDataset):
             self.source = resolve(source)  # type: ignore[arg-type]  # a Blend was taken above
         self._place = SharedPlace(self.source, self.options)  # the epoch and the loaded position, seen by every worker
         self._yielded = 0  # items this process yielded in its current iteration (num_workers=0)
+        # times the next iteration was moved elsewhere (set_epoch to another epoch, load_state_dict):
+        # items a DataLoader yielded before the latest move were of what was read before it
+        self._moves = 0
         # shared memory the workers of the DataLoader being started hand batches over in (set by
         # ShardkitDataLoader only while it starts them; they keep it)
         self._ring: Ring | None = None
@@ -143,6 +146,8 @@ class ShardkitDataset(IterableDataset):
         """Read epoch ``epoch`` on the next iteration, in every worker (a pending resume of
         that same epoch is kept)."""
         check_int("epoch", epoch, low=0)
+        if epoch != self._place.epoch:
+            self._yielded, self._moves = 0, self._moves + 1
         self._place.set_epoch(epoch)
 
     @property
@@ -251,7 +256,7 @@ class ShardkitDataset(IterableDataset):
                 shares (the source is named).
         """
         self._place.load(state)
-        self._yielded = 0
+        self._yielded, self._moves = 0, self._moves + 1
 
 
 # batches of raw fields each DataLoader worker may have in flight (the DataLoader's default is 2):
@@ -294,16 +299,17 @@ class ShardkitDataLoader(DataLoader):
             kwargs.setdefault("prefetch_factor", RAW_PREFETCH)
         super().__init__(dataset, **kwargs)
         self._yielded = 0
+        self._moves = 0  # the dataset's moves when this count began (see ShardkitDataset._moves)
         self._ring: Ring | None = None  # the persistent workers' shared memory
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        self._yielded = 0
+        dataset: ShardkitDataset = self.dataset  # type: ignore[assignment]
+        self._yielded, self._moves = 0, dataset._moves
         ring = self._ring  # held while this iteration runs: its batches are read out of it
         if self.num_workers > 0 and (ring is None or not self.persistent_workers):
             # fresh workers get fresh memory: an earlier iteration's workers may still be writing theirs
             ring = Ring.make(self.num_workers)
             self._ring = ring if self.persistent_workers else None
-        dataset: ShardkitDataset = self.dataset  # type: ignore[assignment]
         dataset._ring = ring  # seen by the workers started (or resumed) here, and only by them
         try:
             batches = super().__iter__()
@@ -315,7 +321,12 @@ class ShardkitDataLoader(DataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """The dataset's state after the items this DataLoader yielded (see :meth:`ShardkitDataset.state_dict`)."""
-        return self.dataset.state_dict(yielded=self._yielded)  # type: ignore[attr-defined]
+        dataset: ShardkitDataset = self.dataset  # type: ignore[assignment]
+        # after set_epoch to another epoch or load_state_dict, what it yielded is of what was read
+        # before: counted on the epoch the dataset reads now, it would skip that much of it (all of it
+        # when the epoch before was read to its end: a state taken at the top of an epoch named the next)
+        yielded = self._yielded if self._moves == dataset._moves else 0
+        return dataset.state_dict(yielded=yielded)
 
     def keys(self, step: int, *, epoch: int | None = None) -> list[list[str]]:
         """The keys of the samples this DataLoader's step ``step`` reads on every rank (see
