@@ -77,6 +77,16 @@ def test_shardkit_dataloader_takes_no_batch_size(odd_dataset):
     assert len(list(ShardkitDataLoader(batched))) == len(batched)
 
 
+def test_shardkit_dataloader_takes_its_workers_in_turn(odd_dataset):
+    """in_order=False lets the DataLoader yield whichever worker's batch is ready first: the order,
+    the state (which counts turns) and the ledger would all be off, so it is refused up front."""
+    ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0)
+    with pytest.raises(shardkit.ConfigError, match=r"ShardkitDataLoader: in_order: expected True, got False: .*take turns"):
+        ShardkitDataLoader(ds, num_workers=2, in_order=False)
+    # without workers there are no turns to keep
+    assert flat_keys(ShardkitDataLoader(ds, in_order=False)) == flat_keys(ShardkitDataLoader(ds))
+
+
 def test_raw_batches_queue_deeper_in_the_workers_unless_told(odd_dataset):
     """Raw batches cost little to hold: four in flight a worker by default; decoded ones keep the
     DataLoader's two; a prefetch_factor given is kept, and no workers means none."""

@@ -267,7 +267,8 @@ RAW_PREFETCH = 4
 class ShardkitDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`ShardkitDataset` that counts the items it yields, so its
     :meth:`state_dict` is exact with worker processes too. ``batch_size`` is None (the dataset
-    batches; any other value is a ``ConfigError``); every other argument is the DataLoader's.
+    batches; any other value is a ``ConfigError``, and so is ``in_order=False`` with workers,
+    whose turns the order, the state and the ledger count); every other argument is the DataLoader's.
     Its workers hand raw batches over in shared memory (:mod:`shardkit.loading.ring`) instead
     of through the DataLoader's queue, or as where their fields lie in local plain piles
     (:mod:`shardkit.loading.located`). Holding such batches costs little, so for raw batches
@@ -291,6 +292,13 @@ class ShardkitDataLoader(DataLoader):
             raise ConfigError(
                 f"ShardkitDataLoader: batch_size: expected None, got {batch!r}: batch in the dataset instead, "
                 f"ShardkitDataset(..., batch_size={batch!r}), so that state_dict() counts what this DataLoader yields"
+            )
+        if kwargs.get("num_workers", 0) > 0 and kwargs.get("in_order", True) is not True:
+            # the order, state_dict() and keys() all count the workers' turns (round_robin): a
+            # DataLoader yielding whichever batch is ready first resumes with samples lost and repeated
+            raise ConfigError(
+                f"ShardkitDataLoader: in_order: expected True, got {kwargs['in_order']!r}: "
+                "its workers must take turns for the order, state_dict() and keys() to hold"
             )
         # raw fields stay bytes or memoryviews in this process too (default_convert makes a
         # memoryview a list of ints); in workers the batches are packed either way
