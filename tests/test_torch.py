@@ -159,6 +159,28 @@ def test_reading_an_epoch_again_warns(odd_dataset, caplog):
     assert caplog.text == ""
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_epoch_read_again_without_set_epoch_is_read_whole(odd_dataset, workers, caplog):
+    """The warning says the epoch is read again from its start, and so it is: the position a
+    state loaded for it was spent by the read that resumed it. A state after the read again
+    names the next epoch."""
+    options = dict(batch_size=8, decode=False, drop_last=False, world_size=1, rank=0)
+    ds = ShardkitDataset(odd_dataset, **options)
+    dl = ShardkitDataLoader(ds, num_workers=workers)
+    whole = flat_keys(dl)
+    list(itertools.islice(dl, 5))
+    state = dl.state_dict()
+    ds = ShardkitDataset(odd_dataset, **options)
+    dl = ShardkitDataLoader(ds, num_workers=workers)
+    dl.load_state_dict(state)
+    rest = flat_keys(dl)
+    assert rest == whole[40:]
+    with caplog.at_level(logging.WARNING, logger="shardkit.torch"):
+        assert flat_keys(dl) == whole and flat_keys(dl) == whole
+    assert "epoch 0 is read again from its start" in caplog.text
+    assert (dl.state_dict()["epoch"], dl.state_dict()["taken"]) == (1, 0)
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 @pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True), (3, False)])
 def test_resume_mid_epoch_is_exact(odd_dataset, workers, persistent):

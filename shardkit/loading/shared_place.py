@@ -84,6 +84,15 @@ class SharedPlace:
         """Whether ``epoch`` was read to its end since it was set."""
         return int(self._slots[_DONE]) == epoch + 1
 
+    def restart(self, epoch: int) -> bool:
+        """Before an iteration of ``epoch`` begins, in the main process: when it was read to its
+        end, it is read anew, whole (a position loaded for it was spent by that read); whether it was."""
+        if not self.finished(epoch):
+            return False
+        s = self._slots
+        s[_RESUME_EPOCH], s[_DONE] = -1, 0
+        return True
+
     def loaded(self) -> Position | None:
         """The position loaded last (its epoch resumed or not), or None."""
         size = int(self._slots[_POSITION])

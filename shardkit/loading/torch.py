@@ -168,10 +168,12 @@ class ShardkitDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         place = self._place  # read once, at the start: the main process may change it later
         epoch = place.epoch
+        if info is None and place.restart(epoch):  # ShardkitDataLoader restarts it before its workers start
+            _read_again(epoch, "from its start")
         finished, pending = place.finished(epoch), place.pending(epoch)
         place.workers = info.num_workers if info is not None else 0
-        if worker == 0 and finished:
-            log.warning("epoch %d is read again from its start: call set_epoch() before each epoch (as with DistributedSampler)", epoch)
+        if worker == 0 and finished:  # a plain DataLoader's workers: nothing in the main process restarted it
+            _read_again(epoch, "from its start" if pending == place.fresh(epoch) else "from the position load_state_dict() gave")
         handoff = info is not None and _hands_off(caller)
         # raw batches handed off are copied as they are packed: the loader need not copy each value first
         borrow = handoff and self._raw_batches()
@@ -259,6 +261,10 @@ class ShardkitDataset(IterableDataset):
         self._yielded, self._moves = 0, self._moves + 1
 
 
+def _read_again(epoch: int, where: str) -> None:
+    log.warning("epoch %d is read again %s: call set_epoch() before each epoch (as with DistributedSampler)", epoch, where)
+
+
 # batches of raw fields each DataLoader worker may have in flight (the DataLoader's default is 2):
 # later epochs of ~5 KB samples read 1.06-1.12x faster with 4 on 2 cores, and 8 gained nothing more
 RAW_PREFETCH = 4
@@ -312,6 +318,8 @@ class ShardkitDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         dataset: ShardkitDataset = self.dataset  # type: ignore[assignment]
+        if dataset._place.restart(dataset._place.epoch):  # here, before its workers read where to start
+            _read_again(dataset._place.epoch, "from its start")
         self._yielded, self._moves = 0, dataset._moves
         ring = self._ring  # held while this iteration runs: its batches are read out of it
         if self.num_workers > 0 and (ring is None or not self.persistent_workers):
