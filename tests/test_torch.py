@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import inspect
 import itertools
 import json
 import logging
@@ -77,6 +78,10 @@ def test_shardkit_dataloader_takes_no_batch_size(odd_dataset):
     assert len(list(ShardkitDataLoader(batched))) == len(batched)
 
 
+@pytest.mark.skipif(
+    "in_order" not in inspect.signature(torch.utils.data.DataLoader).parameters,
+    reason="this torch's DataLoader has no in_order (torch < 2.6)",
+)
 def test_shardkit_dataloader_takes_its_workers_in_turn(odd_dataset):
     """in_order=False lets the DataLoader yield whichever worker's batch is ready first: the order,
     the state (which counts turns) and the ledger would all be off, so it is refused up front."""
@@ -179,6 +184,49 @@ def test_a_resumed_epoch_read_again_without_set_epoch_is_read_whole(odd_dataset,
         assert flat_keys(dl) == whole and flat_keys(dl) == whole
     assert "epoch 0 is read again from its start" in caplog.text
     assert (dl.state_dict()["epoch"], dl.state_dict()["taken"]) == (1, 0)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_left_midway_reads_from_the_same_place_again_however_long_the_workers_took(odd_dataset, workers):
+    """Only an iteration the DataLoader yielded to its end spends a loaded position: the workers
+    may have read their shares to the end before the main process let the iteration go."""
+    import time
+
+    options = dict(batch_size=8, decode=False, drop_last=False, world_size=1, rank=0)
+    ds = ShardkitDataset(odd_dataset, **options)
+    dl = ShardkitDataLoader(ds, num_workers=workers)
+    list(itertools.islice(dl, 5))
+    state = dl.state_dict()
+    ds = ShardkitDataset(odd_dataset, **options)
+    dl = ShardkitDataLoader(ds, num_workers=workers)
+    dl.load_state_dict(state)
+    rest = flat_keys(dl)
+    for pause in (0.0, 0.5):
+        dl.load_state_dict(state)
+        it = iter(dl)
+        list(itertools.islice(it, len(rest) // 8 - 2))
+        time.sleep(pause)  # the workers end their shares meanwhile
+        del it
+        assert flat_keys(dl) == rest  # from the loaded position, as the iteration left midway began
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_set_epoch_of_an_epoch_read_to_its_end_reads_it_anew_and_the_state_says_so(odd_dataset, workers):
+    options = dict(batch_size=8, decode=False, drop_last=False, world_size=1, rank=0)
+    ds = ShardkitDataset(odd_dataset, **options)
+    dl = ShardkitDataLoader(ds, num_workers=workers)
+    ds.set_epoch(0)
+    whole = flat_keys(dl)
+    ds.set_epoch(0)
+    assert (dl.state_dict()["epoch"], dl.state_dict()["taken"]) == (0, 0)
+    assert flat_keys(dl) == whole
+    list(itertools.islice(dl, 5))
+    state = dl.state_dict()
+    dl.load_state_dict(state)
+    assert flat_keys(dl) == whole[40:]
+    ds.set_epoch(0)  # after the resumed read's end: the epoch anew, whole
+    assert (dl.state_dict()["epoch"], dl.state_dict()["taken"]) == (0, 0)
+    assert flat_keys(dl) == whole
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")

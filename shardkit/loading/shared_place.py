@@ -84,14 +84,13 @@ class SharedPlace:
         """Whether ``epoch`` was read to its end since it was set."""
         return int(self._slots[_DONE]) == epoch + 1
 
-    def restart(self, epoch: int) -> bool:
-        """Before an iteration of ``epoch`` begins, in the main process: when it was read to its
-        end, it is read anew, whole (a position loaded for it was spent by that read); whether it was."""
-        if not self.finished(epoch):
-            return False
+    def spend(self, epoch: int) -> None:
+        """``epoch`` was read to its end, as the main process saw it: its next read is of the
+        whole epoch (a position loaded for it was spent by that read)."""
         s = self._slots
-        s[_RESUME_EPOCH], s[_DONE] = -1, 0
-        return True
+        if s[_RESUME_EPOCH] == epoch:
+            s[_RESUME_EPOCH] = -1
+        s[_DONE] = 0
 
     def loaded(self) -> Position | None:
         """The position loaded last (its epoch resumed or not), or None."""

@@ -134,9 +134,12 @@ class ShardkitDataset(IterableDataset):
             self.source = resolve(source)  # type: ignore[arg-type]  # a Blend was taken above
         self._place = SharedPlace(self.source, self.options)  # the epoch and the loaded position, seen by every worker
         self._yielded = 0  # items this process yielded in its current iteration (num_workers=0)
-        # times the next iteration was moved elsewhere (set_epoch to another epoch, load_state_dict):
-        # items a DataLoader yielded before the latest move were of what was read before it
+        # times the next iteration was moved elsewhere (set_epoch to another epoch, load_state_dict,
+        # an epoch read again): items a DataLoader yielded before the latest move were of what was read before it
         self._moves = 0
+        # (epoch, moves) when this process saw an iteration of that epoch yield its last item: read
+        # again with no move in between, the epoch is read whole (see _read_anew)
+        self._ended: tuple[int, int] | None = None
         # shared memory the workers of the DataLoader being started hand batches over in (set by
         # ShardkitDataLoader only while it starts them; they keep it)
         self._ring: Ring | None = None
@@ -148,7 +151,20 @@ class ShardkitDataset(IterableDataset):
         check_int("epoch", epoch, low=0)
         if epoch != self._place.epoch:
             self._yielded, self._moves = 0, self._moves + 1
+        else:
+            self._read_anew()  # the epoch set again once read to its end: its next read is whole
         self._place.set_epoch(epoch)
+
+    def _read_anew(self) -> bool:
+        """In the main process, before the epoch is read (or set) again: when this process saw
+        its last read yield every item, the next read is of the whole epoch, from its start (a
+        position loaded for it was spent), and what was yielded is of the read before; whether so."""
+        epoch = self._place.epoch
+        if self._ended != (epoch, self._moves):
+            return False
+        self._place.spend(epoch)
+        self._ended, self._yielded, self._moves = None, 0, self._moves + 1
+        return True
 
     @property
     def epoch(self) -> int:
@@ -168,11 +184,11 @@ class ShardkitDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         place = self._place  # read once, at the start: the main process may change it later
         epoch = place.epoch
-        if info is None and place.restart(epoch):  # ShardkitDataLoader restarts it before its workers start
+        if info is None and self._read_anew():  # ShardkitDataLoader does so before its workers start
             _read_again(epoch, "from its start")
         finished, pending = place.finished(epoch), place.pending(epoch)
         place.workers = info.num_workers if info is not None else 0
-        if worker == 0 and finished:  # a plain DataLoader's workers: nothing in the main process restarted it
+        if worker == 0 and finished:  # a plain DataLoader's workers: nothing in the main process saw the end
             _read_again(epoch, "from its start" if pending == place.fresh(epoch) else "from the position load_state_dict() gave")
         handoff = info is not None and _hands_off(caller)
         # raw batches handed off are copied as they are packed: the loader need not copy each value first
@@ -195,6 +211,7 @@ class ShardkitDataset(IterableDataset):
     def _iterate(self, loader: Loader, epoch: int, *, first: bool, main: bool) -> Iterator[Any]:
         if main:
             self._yielded = 0
+        moves = self._moves
         complete = False
         try:
             for item in loader:
@@ -206,6 +223,8 @@ class ShardkitDataset(IterableDataset):
             loader.close()
         if first and complete:
             self._place.finish(epoch)
+        if main and complete:
+            self._ended = (epoch, moves)
 
     # -- the ledger ----------------------------------------------------------------------------
     def keys(self, step: int, *, epoch: int | None = None, num_workers: int = 0) -> list[list[str]]:
@@ -213,7 +232,8 @@ class ShardkitDataset(IterableDataset):
         (``keys[rank]``), for a DataLoader of ``num_workers`` workers; see :meth:`shardkit.Loader.keys`.
 
         An epoch resumed from a loaded state counts its steps from the start of the epoch, through
-        the phases the state records and then this dataset's ranks, batch size and workers.
+        the phases the state records and then this dataset's ranks, batch size and workers, until
+        that epoch is read (or set) again once read to its end: then it is read whole, and counted so.
         ``ShardkitDataLoader.keys`` passes its own ``num_workers``.
         """
         check_int("num_workers", num_workers, low=0)
@@ -318,9 +338,10 @@ class ShardkitDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         dataset: ShardkitDataset = self.dataset  # type: ignore[assignment]
-        if dataset._place.restart(dataset._place.epoch):  # here, before its workers read where to start
+        if dataset._read_anew():  # here, before its workers read where to start
             _read_again(dataset._place.epoch, "from its start")
         self._yielded, self._moves = 0, dataset._moves
+        epoch = dataset._place.epoch
         ring = self._ring  # held while this iteration runs: its batches are read out of it
         if self.num_workers > 0 and (ring is None or not self.persistent_workers):
             # fresh workers get fresh memory: an earlier iteration's workers may still be writing theirs
@@ -334,6 +355,8 @@ class ShardkitDataLoader(DataLoader):
         for item in batches:
             self._yielded += 1
             yield item
+        if self.num_workers > 0:  # every batch yielded here (a worker's own end says only that its share ran out)
+            dataset._ended = (epoch, self._moves)
 
     def state_dict(self) -> dict[str, Any]:
         """The dataset's state after the items this DataLoader yielded (see :meth:`ShardkitDataset.state_dict`)."""
