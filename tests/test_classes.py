@@ -186,3 +186,21 @@ def test_units_that_skip_a_class_index_name_it(tmp_path):
     with pytest.raises(ConfigError, match=r"no image of the units has class index 1 .*transforms\.prepare"):
         shardkit.preprocess(units, images, str(tmp_path / "out"), piles=1, quiet=True)
     assert not (tmp_path / "out" / "shardkit.json").exists()
+
+
+def test_units_that_give_a_known_class_a_new_index_are_refused(tmp_path):
+    """dog is 1 in the dataset; units numbered with a map of their own give it 2: appended, the map
+    would name dog twice and its samples would carry two labels."""
+    import shardkit
+
+    out = tmp_path / "out"
+    images = Images(size=8)
+    shardkit.preprocess(images.units([str(_images(tmp_path / "first", {"cat": 1, "dog": 1}))]), images, str(out), piles=1, quiet=True)
+    units = Images(size=8, classes=["cat", "eel", "dog"]).units([str(_images(tmp_path / "more", {"dog": 2}, seed=3))])
+    with pytest.raises(ConfigError, match=r"number class 'dog' 2, where the dataset's map gives it 1"):
+        shardkit.preprocess(units, images, str(out), piles=1, mode="append", quiet=True)
+    assert manifest.read(str(out)).extra["classes"] == ["cat", "dog"] and manifest.read(str(out)).generation == 0
+    from shardkit.piles import classes
+
+    with pytest.raises(ConfigError, match=r"names 'dog' twice"):
+        classes.extended(["cat", "dog"], ["cat", "dog", "dog"], "append")

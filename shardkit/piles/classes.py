@@ -12,6 +12,7 @@ order). A map that cannot be extended that way is refused, naming both maps.
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -76,8 +77,11 @@ def extended(old: Sequence[str] | None, new: Sequence[str], where: str) -> None:
     """Refuse a new map that does not keep every index of ``old`` (the write-time check of an append).
 
     Raises:
-        ConfigError: ``new`` does not start with ``old`` (both maps named).
+        ConfigError: ``new`` names a class twice, or does not start with ``old`` (both maps named).
     """
+    if len(set(new)) != len(new):
+        repeated = sorted(name for name, n in collections.Counter(new).items() if n > 1)
+        raise ConfigError(f"{where}: the new samples' class map {_shown(list(new))} names {', '.join(map(repr, repeated))} twice")
     if old is not None and list(new[: len(old)]) != list(old):
         raise ConfigError(
             f"{where}: the dataset's class map {_shown(list(old))} and the new samples' {_shown(list(new))} disagree: "

@@ -142,9 +142,13 @@ class Images:
         way_out = "pass the extra that made the units: units, extra = shardkit.transforms.prepare(images, inputs, out, mode=...)"
         old = list(recorded or [])
         by_index: dict[int, str] = {}
+        by_name = {name: index for index, name in enumerate(old)}
         for index, name in pairs:
             if by_index.setdefault(index, name) != name:
                 raise ConfigError(f"extra: the units give class index {index} two names, {by_index[index]!r} and {name!r}; {way_out}")
+            if by_name.setdefault(name, index) != index:
+                where = "the dataset's map gives it" if name in old else "the units give it"
+                raise ConfigError(f"extra: the units number class {name!r} {index}, where {where} {by_name[name]}; {way_out}")
             if index < len(old) and old[index] != name:
                 raise ConfigError(
                     f"extra: the units number class {name!r} {index}, which the dataset's map {old} gives to {old[index]!r}: "
