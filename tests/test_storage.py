@@ -127,3 +127,34 @@ def test_writeback_of_a_real_file_system_and_of_a_missing_folder_raises_nothing(
     gone.start()
     gone.close()
     assert not _threads("shardkit-writeback")
+
+
+def test_writeback_calls_go_through_one_descriptor_and_finish_reports_an_error_of_its_last_call(tmp_path, monkeypatch):
+    """syncfs reports an error once per descriptor opened before it: every call shares one, and
+    finish() makes the last, so an error between writebacks is reported too."""
+    import ctypes
+    import errno
+    import threading
+
+    from shardkit.errors import StorageError
+    from shardkit.storage import local
+
+    fds: list[int] = []
+
+    def syncfs(fd: int) -> int:
+        fds.append(fd)
+        if threading.current_thread() is threading.main_thread():  # the last call, made by finish()
+            ctypes.set_errno(errno.EIO)
+            return -1
+        return 0
+
+    monkeypatch.setattr(local, "_syncfs", lambda: syncfs)
+    writeback = storage.Writeback(str(tmp_path))
+    for _ in range(3):
+        writeback.start()
+        writeback._join()
+    with pytest.raises(StorageError, match=rf"{tmp_path}: .*flush to disk"):
+        writeback.finish()
+    writeback.close()
+    assert len(fds) == 4 and len(set(fds)) == 1
+    writeback.close()  # idempotent

@@ -126,55 +126,66 @@ class Writeback:
     A writer that makes its files durable calls :meth:`start` after each large write: the disk
     then works while the writer makes its next bytes, and the last sync finds little left (by
     hand, ``PileWriter``'s ``close()`` took about half as long at 20,000 samples of 5 KB). One
-    ``syncfs`` runs at a time: :meth:`start` while one runs does nothing. A write error is
-    reported by ``syncfs`` once, to the first caller, so the writeback keeps it and
-    :meth:`finish` raises it: the sync before publishing would not see it again. Where there is
-    no ``syncfs`` (not Linux) it does nothing.
+    ``syncfs`` runs at a time: :meth:`start` while one runs does nothing. ``syncfs`` reports a
+    write error once, to each descriptor opened before it, at its next call: so every call goes
+    through one descriptor, opened at the first :meth:`start`, and :meth:`finish` makes a last
+    call on it and raises the first error any call met. An error from any moment of the writer's
+    life is reported, to it. Where there is no ``syncfs`` (not Linux) it does nothing.
 
         writeback = Writeback("out/.shardkit-staging-1a2b")
         writeback.start()    # after each flush
-        writeback.finish()   # before publishing: waits, and raises what a writeback met
+        writeback.finish()   # before publishing: the last sync, and what any met raised
+        writeback.close()    # always: waits for the one running, lets the descriptor go
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._thread: threading.Thread | None = None
+        self._fd: int | None = None
         self._error: OSError | None = None
 
     def start(self) -> None:
         """Start writing back unless a writeback is running (or there is no ``syncfs``)."""
         if (self._thread is not None and self._thread.is_alive()) or _syncfs() is None:
             return
-        self._thread = threading.Thread(target=self._sync, name="shardkit-writeback", daemon=True)
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            except OSError as e:
+                self._error = self._error or e
+                return
+        self._thread = threading.Thread(target=self._sync, args=(self._fd,), name="shardkit-writeback", daemon=True)
         self._thread.start()
 
-    def _sync(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                if _syncfs()(fd) != 0:
-                    error = ctypes.get_errno()
-                    raise OSError(error, os.strerror(error))
-            finally:
-                os.close(fd)
-        except OSError as e:
-            self._error = self._error or e
+    def _sync(self, fd: int) -> None:
+        if _syncfs()(fd) != 0:
+            error = ctypes.get_errno()
+            self._error = self._error or OSError(error, os.strerror(error))
 
     def finish(self) -> None:
-        """Wait for the writeback running, then raise the first error a writeback met.
+        """Wait for the writeback running, make the last one here, then raise the first error
+        any met.
 
         Raises:
             StorageError: naming ``path``: the disk could not write back what was written.
         """
-        self.close()
+        self._join()
+        if self._fd is not None:
+            self._sync(self._fd)
         error, self._error = self._error, None
         if error is not None:
             with guard(self.path, "flush to disk"):
                 raise error
 
     def close(self) -> None:
-        """Wait for the writeback running, if any (idempotent), raising nothing: for a writer
-        that publishes nothing."""
+        """Wait for the writeback running, if any, and let the descriptor go (idempotent),
+        raising nothing: for a writer that publishes nothing, and after :meth:`finish`."""
+        self._join()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _join(self) -> None:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
