@@ -164,22 +164,26 @@ def test_reading_an_epoch_again_warns(odd_dataset, caplog):
     assert caplog.text == ""
 
 
+def _resumed_after_five_batches(path: str, workers: int) -> tuple[ShardkitDataLoader, dict, list[str]]:
+    """A fresh DataLoader of ``workers`` that loaded the state after 5 batches of 8 of epoch 0,
+    that state, and the keys of the whole epoch."""
+    options = dict(batch_size=8, decode=False, drop_last=False, world_size=1, rank=0)
+    dl = ShardkitDataLoader(ShardkitDataset(path, **options), num_workers=workers)
+    whole = flat_keys(dl)
+    list(itertools.islice(dl, 5))
+    state = dl.state_dict()
+    dl = ShardkitDataLoader(ShardkitDataset(path, **options), num_workers=workers)
+    dl.load_state_dict(state)
+    return dl, state, whole
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_resumed_epoch_read_again_without_set_epoch_is_read_whole(odd_dataset, workers, caplog):
     """The warning says the epoch is read again from its start, and so it is: the position a
     state loaded for it was spent by the read that resumed it. A state after the read again
     names the next epoch."""
-    options = dict(batch_size=8, decode=False, drop_last=False, world_size=1, rank=0)
-    ds = ShardkitDataset(odd_dataset, **options)
-    dl = ShardkitDataLoader(ds, num_workers=workers)
-    whole = flat_keys(dl)
-    list(itertools.islice(dl, 5))
-    state = dl.state_dict()
-    ds = ShardkitDataset(odd_dataset, **options)
-    dl = ShardkitDataLoader(ds, num_workers=workers)
-    dl.load_state_dict(state)
-    rest = flat_keys(dl)
-    assert rest == whole[40:]
+    dl, _, whole = _resumed_after_five_batches(odd_dataset, workers)
+    assert flat_keys(dl) == whole[40:]
     with caplog.at_level(logging.WARNING, logger="shardkit.torch"):
         assert flat_keys(dl) == whole and flat_keys(dl) == whole
     assert "epoch 0 is read again from its start" in caplog.text
@@ -192,14 +196,7 @@ def test_an_epoch_left_midway_reads_from_the_same_place_again_however_long_the_w
     may have read their shares to the end before the main process let the iteration go."""
     import time
 
-    options = dict(batch_size=8, decode=False, drop_last=False, world_size=1, rank=0)
-    ds = ShardkitDataset(odd_dataset, **options)
-    dl = ShardkitDataLoader(ds, num_workers=workers)
-    list(itertools.islice(dl, 5))
-    state = dl.state_dict()
-    ds = ShardkitDataset(odd_dataset, **options)
-    dl = ShardkitDataLoader(ds, num_workers=workers)
-    dl.load_state_dict(state)
+    dl, state, _ = _resumed_after_five_batches(odd_dataset, workers)
     rest = flat_keys(dl)
     for pause in (0.0, 0.5):
         dl.load_state_dict(state)
