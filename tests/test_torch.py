@@ -208,6 +208,37 @@ def test_an_epoch_left_midway_reads_from_the_same_place_again_however_long_the_w
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+def test_a_loop_that_takes_exactly_the_rest_and_stops_spends_the_loaded_position(odd_dataset, workers):
+    """zip(range(n), dl) takes the last batch without asking for one more: the epoch still ended."""
+    dl, _, whole = _resumed_after_five_batches(odd_dataset, workers)
+    batches = len(whole) // 8 + (len(whole) % 8 > 0)
+    assert [k for _, b in zip(range(batches - 5), dl, strict=False) for k in b["__key__"]] == whole[40:]  # the loop stops here
+    dl.dataset.set_epoch(0)
+    assert (dl.state_dict()["epoch"], dl.state_dict()["taken"]) == (0, 0)
+    assert flat_keys(dl) == whole
+
+
+def test_a_move_inside_a_loop_without_workers_counts_nothing_of_the_new_place_as_read(odd_dataset):
+    options = dict(batch_size=8, decode=False, drop_last=False, world_size=1, rank=0)
+    ds = ShardkitDataset(odd_dataset, **options)
+    for i, _ in enumerate(torch.utils.data.DataLoader(ds, batch_size=None)):
+        if i == 3:
+            ds.set_epoch(1)  # the next epoch prepared early: the loop goes on reading epoch 0
+        if i == 6:
+            assert (ds.state_dict()["epoch"], ds.state_dict()["taken"]) == (1, 0)
+            break
+    ds = ShardkitDataset(odd_dataset, **options)
+    for i, _ in enumerate(ds):
+        if i == 4:
+            at_five = ds.state_dict()
+        if i == 6:
+            ds.load_state_dict(at_five)  # a rollback: the running loop goes on 3 more batches
+        if i == 9:
+            assert ds.state_dict() == at_five
+            break
+
+
+@pytest.mark.parametrize("workers", [0, 2])
 def test_set_epoch_of_an_epoch_read_to_its_end_reads_it_anew_and_the_state_says_so(odd_dataset, workers):
     options = dict(batch_size=8, decode=False, drop_last=False, world_size=1, rank=0)
     ds = ShardkitDataset(odd_dataset, **options)

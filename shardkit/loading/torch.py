@@ -166,6 +166,13 @@ class ShardkitDataset(IterableDataset):
         self._ended, self._yielded, self._moves = None, 0, self._moves + 1
         return True
 
+    def _left(self, workers: int) -> int:
+        """Items the next iteration yields, its ``workers`` DataLoader workers together (0: in
+        this process), from where it starts (as :meth:`SharedPlace.after` counts them)."""
+        place = self._place
+        start = place.settle(place.pending(place.epoch), max(1, workers))
+        return place.length(start) - start.taken
+
     @property
     def epoch(self) -> int:
         return self._place.epoch
@@ -194,7 +201,7 @@ class ShardkitDataset(IterableDataset):
         # raw batches handed off are copied as they are packed: the loader need not copy each value first
         borrow = handoff and self._raw_batches()
         loader = place.worker_loader(pending, worker=worker, workers=workers, views=borrow)
-        items = self._iterate(loader, epoch, first=worker == 0, main=info is None)
+        items = self._iterate(loader, epoch, first=worker == 0, main=info is None, left=self._left(0) if info is None else 0)
         if not handoff:
             return items
         ring, views = self._ring, self.options.views
@@ -208,22 +215,26 @@ class ShardkitDataset(IterableDataset):
         o = self.options
         return o.batch_size is not None and o.map is None and o.collate is None and o.codecs() is None
 
-    def _iterate(self, loader: Loader, epoch: int, *, first: bool, main: bool) -> Iterator[Any]:
+    def _iterate(self, loader: Loader, epoch: int, *, first: bool, main: bool, left: int) -> Iterator[Any]:
+        """The loader's items; in this process (``main``), counted, and the epoch's end noted as
+        its last (``left``-th) item is handed out: a loop may take exactly that many and stop."""
         if main:
             self._yielded = 0
         moves = self._moves
         complete = False
         try:
             for item in loader:
-                if main:
+                if main and self._moves == moves:  # after a move, what it yields is of what was read before
                     self._yielded += 1
+                    if self._yielded == left:
+                        self._ended = (epoch, moves)
                 yield item
             complete = True
         finally:
             loader.close()
         if first and complete:
             self._place.finish(epoch)
-        if main and complete:
+        if main and complete and self._moves == moves:
             self._ended = (epoch, moves)
 
     # -- the ledger ----------------------------------------------------------------------------
@@ -341,7 +352,7 @@ class ShardkitDataLoader(DataLoader):
         if dataset._read_anew():  # here, before its workers read where to start
             _read_again(dataset._place.epoch, "from its start")
         self._yielded, self._moves = 0, dataset._moves
-        epoch = dataset._place.epoch
+        epoch, left = dataset._place.epoch, dataset._left(self.num_workers)
         ring = self._ring  # held while this iteration runs: its batches are read out of it
         if self.num_workers > 0 and (ring is None or not self.persistent_workers):
             # fresh workers get fresh memory: an earlier iteration's workers may still be writing theirs
@@ -354,6 +365,8 @@ class ShardkitDataLoader(DataLoader):
             dataset._ring = None
         for item in batches:
             self._yielded += 1
+            if self._yielded == left:  # its last batch: a loop may take exactly these and stop
+                dataset._ended = (epoch, self._moves)
             yield item
         if self.num_workers > 0:  # every batch yielded here (a worker's own end says only that its share ran out)
             dataset._ended = (epoch, self._moves)
