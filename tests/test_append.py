@@ -129,6 +129,21 @@ def test_a_key_already_in_the_dataset_is_refused_and_nothing_is_published(tmp_pa
         _append(out, ["b0"])
 
 
+def test_a_damaged_key_hash_file_is_made_again_and_a_repeated_key_still_refused(tmp_path, caplog):
+    # a .keys file is only an index of its segment: a torn or edited one is read from the segment again
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1", "a2", "a3"], piles=1)
+    _append(out, ["b0", "b1", "b2"], piles=1)
+    keys = tmp_path / "ds" / "pile-000000.g000001.keys"
+    keys.write_bytes(keys.read_bytes()[:-3])
+    with caplog.at_level(logging.WARNING), pytest.raises(shardkit.SampleError, match=r"key 'b1' .* in pile-000000\.g000001\.tar"):
+        _append(out, ["c0", "b1"], piles=1)
+    assert "pile-000000.g000001.keys: 21 bytes, its 3 samples need 24" in caplog.text
+    keys.write_bytes(b"")  # emptied by a crash: no key to compare with would let every key through
+    with pytest.raises(shardkit.SampleError, match=r"key 'b2' .* in pile-000000\.g000001\.tar"):
+        _append(out, ["b2"], piles=1)
+
+
 def test_appending_shards_named_like_earlier_ones_says_why_their_keys_repeat(tmp_path, capsys):
     # ordinary shards, keys from 000000 in each: their keys are prefixed with the shard's name
     def day(d):

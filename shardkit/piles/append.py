@@ -370,18 +370,30 @@ def _check_unique(out: str, old: Sequence[Segment], new: Sequence[Segment], stag
 
 def _read_keys(out: str, segment: Segment, staging: str) -> bytes:
     """A segment's key hashes: just made in ``staging`` (a pile's first), in the dataset, or (a
-    file that went missing: it is only an index) made again from the segment."""
+    file that went missing or has not one hash a sample: it is only an index) made again from the segment."""
     name = keys_name(segment.name)
     local = os.path.join(staging, name)
     if storage.exists(local):
         return storage.read_bytes(local)
     url = storage.join(out, name)
+    data = storage.join(out, segment.name)
     try:
-        return storage.read_bytes(url)
+        found = storage.read_bytes(url)
     except DatasetNotFoundError:
-        data = storage.join(out, segment.name)
         log.info("%s is missing: reading the keys of %s instead", url, data)
-        return np.sort(leaves.hashes(Shard(data, leaves.read_tar(data, segment)).keys)).tobytes()
+    else:
+        if len(found) == segment.samples * HASH.itemsize:
+            return found
+        # torn or emptied: trusting it would let a repeated key through unseen
+        log.warning(
+            "%s: %d bytes, its %d samples need %d: reading the keys of %s instead",
+            url,
+            len(found),
+            segment.samples,
+            segment.samples * HASH.itemsize,
+            data,
+        )
+    return np.sort(leaves.hashes(Shard(data, leaves.read_tar(data, segment)).keys)).tobytes()
 
 
 def _confirm(
