@@ -320,7 +320,10 @@ def test_gc_deletes_retired_files_after_the_grace_and_a_state_on_them_fails_nami
     report = shardkit.gc(out, grace="1h")  # generations 0 and 1 were replaced seconds ago
     assert report.deleted == [] and report.kept_generations == [0, 1, 2]
     assert main(["gc", out, "--grace", "0s", "--dry-run"]) == 0
-    assert "would delete" in capsys.readouterr().out and set(os.listdir(out)) == before
+    said = capsys.readouterr().out
+    assert "would delete" in said and set(os.listdir(out)) == before
+    doomed = shardkit.gc(out, grace=0, dry_run=True).deleted
+    assert "pile-000000.tar" in doomed and all(f"\n  {name}\n" in said + "\n" for name in doomed), said  # --dry-run lists them
     report = shardkit.gc(out, grace=0)
     assert report.kept_generations == [2] and report.freed > 0
     left = set(os.listdir(out))

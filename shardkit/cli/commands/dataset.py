@@ -115,6 +115,9 @@ def _run_gc(args: argparse.Namespace) -> int:
     did = "would delete" if args.dry_run else "deleted"
     kept = ", ".join(map(str, report.kept_generations))
     print(f"{args.directory}: {did} {counted(len(report.deleted), 'file')} ({format_size(report.freed)}); generations kept: {kept}")
+    if args.dry_run:  # what the option promises: the files themselves, to check before anything goes
+        for name in report.deleted:
+            print(f"  {name}")
     if report.skipped:
         shown = ", ".join(report.skipped[:5]) + (", ..." if len(report.skipped) > 5 else "")
         print(f"{args.directory}: left {counted(len(report.skipped), 'file')} no record of this dataset names (not shardkit's): {shown}")
