@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+import shardkit
 from shardkit import storage
 from shardkit.errors import DatasetNotFoundError
 
@@ -51,6 +52,15 @@ def test_expand_names_what_is_missing(tree):
         storage.expand(f"{tree}/c-*.tar")
     with pytest.raises(DatasetNotFoundError, match=rf"{tree}: a directory, not a file: name the files in it \(e\.g\. {tree}/\*\)"):
         storage.expand(str(tree))  # a directory is not a shard
+
+
+def test_expand_points_a_dataset_directory_to_repile_not_to_its_files(tmp_path):
+    # a grown dataset's files hold generations its window retired and compressed segments a '*.tar' misses
+    out = str(tmp_path / "ds")
+    with shardkit.PileWriter(out, piles=1) as w:
+        w.write({"__key__": "a", "txt": "a"})
+    with pytest.raises(DatasetNotFoundError, match=rf"{out}: a shardkit dataset, not a file: .*shardkit repile {out} -o OUT"):
+        storage.expand(out)
 
 
 def test_read_size_and_missing_files(tree):
