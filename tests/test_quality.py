@@ -229,3 +229,15 @@ def test_bad_labels_and_batch():
         measure(np.arange(10), batch_size=0)
     with pytest.raises(ConfigError, match="different lengths"):
         measure([np.arange(10), np.arange(9)], batch_size=2)
+
+
+def test_batch_of_one_or_of_every_sample_has_no_ratio_to_divide():
+    # a batch of 1 holds no pair (recurrence expects 0 pairs), a batch of all n samples is the
+    # same in every order (dispersion expects a chi-square of 0): both ratios are 0/0
+    labels = np.arange(8) % 2
+    assert "needs" in quality.recurrence(np.arange(8), np.arange(8)[::-1], 1).note
+    one = measure([np.arange(8), np.arange(8)[::-1]], labels=labels, batch_size=1)
+    assert one["recurrence"].value == 1.0
+    whole = measure([np.arange(8), np.arange(8)[::-1]], labels=labels, batch_size=8)
+    assert whole["dispersion"].value == 1.0 and "needs" in whole["dispersion"].note
+    assert all(math.isfinite(m.value) for m in (*one.metrics, *whole.metrics))

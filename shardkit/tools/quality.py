@@ -257,8 +257,11 @@ def dispersion(cats_out: np.ndarray, batch_size: int) -> Metric:
     nb = n // batch_size
     counts = np.bincount(cats_out).astype(np.float64)
     k = int(np.count_nonzero(counts))
-    if nb == 0 or k < 2:
-        return Metric("dispersion", "class-count dispersion / hypergeom.", 1.0, 1.0, None, note="needs >= 2 classes and a full batch")
+    # a batch of all n samples is the same in every order: chi-square and its expectation are 0
+    if nb == 0 or k < 2 or batch_size >= n:
+        return Metric(
+            "dispersion", "class-count dispersion / hypergeom.", 1.0, 1.0, None, note="needs >= 2 classes and a batch smaller than the data"
+        )
     p = counts / n
     keys, x = np.unique(
         np.repeat(np.arange(nb, dtype=np.int64), batch_size) * len(counts) + cats_out[: nb * batch_size], return_counts=True
@@ -297,8 +300,10 @@ def recurrence(first: np.ndarray, second: np.ndarray, batch_size: int) -> Metric
     n = len(first)
     nb = n // batch_size
     full = nb * batch_size
-    if nb == 0 or n < 2:
+    if nb == 0:
         raise ConfigError(f"recurrence: batch size {batch_size} is larger than the {n} samples")
+    if batch_size < 2:  # a batch of one holds no pair: 0 pairs against 0 expected
+        return Metric("recurrence", "co-batch recurrence, epoch e -> e+1", 1.0, 1.0, note="needs a batch of 2 or more")
     batch_first = np.full(n, -1, dtype=np.int64)
     batch_second = np.full(n, -1, dtype=np.int64)
     batch_first[first[:full]] = np.arange(full) // batch_size
