@@ -39,7 +39,7 @@ from shardkit.loading import plan
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.option_fields import Door, check_bools, check_choices, meta, specs
-from shardkit.piles.options import EXECUTORS, KEY_PREFIX, MAX_PILES, PileOptions, check_ray_address
+from shardkit.piles.options import EXECUTORS, KEY_PREFIX, MAX_PILES, MIN_PILE_BYTES, PileOptions, check_ray_address
 from shardkit.piles.pack import Pack
 from shardkit.shard_roller import ShardRoller
 from shardkit.tar import index, scan
@@ -178,6 +178,11 @@ class ShuffleOptions:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, parse_size(value, what=name))
+        # memory becomes pass 1's max_pile_bytes: checked here, so the error names the option given
+        if self.memory is not None and self.memory < MIN_PILE_BYTES:  # type: ignore[operator]
+            raise ConfigError(
+                f"memory: expected at least {MIN_PILE_BYTES} bytes (a member header and the end-of-archive marker), got {self.memory}"
+            )
         if self.maxsize is not None and self.maxsize < 3 * scan.BLOCK:  # type: ignore[operator]
             raise ConfigError(f"maxsize: expected at least {3 * scan.BLOCK} bytes (one header, one block, the trailer), got {self.maxsize}")
 

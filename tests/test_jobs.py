@@ -113,6 +113,10 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
             "workers: expected an integer >= 1, got 0",
         ),
         (
+            "job: shuffle\ninputs: data/a.jsonl\noutput: {path: o, memory: 1000}\n",
+            "output.memory: expected at least 1536 bytes (a member header and the end-of-archive marker), got 1000",
+        ),
+        (
             "job: pile\ninputs: data/a.jsonl\noutput: {path: o, piles: 2, memory: 1MiB}\n",
             "output.memory: unknown field (expected one of: path, piles, seed, max_pile_bytes, buffer_size, overwrite, compression, compression_level, mode, window, index)",
         ),

@@ -266,6 +266,7 @@ def test_piles_default_from_the_memory_budget(tmp_path, inputs):
         ({"piles": 2, "maxcount": "ten"}, "maxcount: expected an integer >= 1 or None, got 'ten'"),
         ({"piles": 2, "maxsize": "lots"}, "maxsize: expected a size like 2GiB or 500MB, got 'lots'"),
         ({"piles": 2, "maxsize": 1000}, "maxsize: expected at least 1536 bytes"),
+        ({"memory": 1.5}, "memory: expected at least 1536 bytes"),
         ({"piles": 2, "seed": -1}, "seed: expected an integer >= 0, got -1"),
     ],
 )
