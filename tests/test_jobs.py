@@ -135,6 +135,14 @@ def test_bad_yaml_names_line_and_column(job_dir):
     assert _error(job_dir, "job: preprocess\noutput: {path: out\n").startswith("line 3, column 1: not valid YAML")
 
 
+def test_a_key_given_twice_is_refused(job_dir):
+    # YAML keeps the last value of a repeated key: the first inputs would be dropped unsaid
+    text = "job: shuffle\ninputs: data/a.jsonl\ninputs: data/b.jsonl\noutput: {path: o}\n"
+    assert _error(job_dir, text) == "line 3, column 1: not valid YAML (key 'inputs' given twice, first on line 2)"
+    message = _error(job_dir, "job: shuffle\ninputs: data/a.jsonl\noutput: {path: o, maxcount: 4, maxcount: 8}\n")
+    assert message.startswith("line 3, column 32: not valid YAML (key 'maxcount' given twice")
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

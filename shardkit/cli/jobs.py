@@ -179,9 +179,30 @@ def load_job(path: str | os.PathLike[str]) -> Job:
     return parse_job(_load_yaml(text, source), source)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping: YAML would keep the
+    last value and drop the first unsaid (a second ``inputs:`` losing the first's files)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in seen:
+                    raise yaml.MarkedYAMLError(
+                        problem=f"key {key!r} given twice, first on line {seen[key] + 1}", problem_mark=key_node.start_mark
+                    )
+                seen[key] = key_node.start_mark.line
+            except TypeError:  # an unhashable key: SafeLoader says what is wrong with it
+                continue
+        return super().construct_mapping(node, deep=deep)
+
+
 def _load_yaml(text: str, source: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no Python objects
     except yaml.constructor.ConstructorError as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1}: " if mark is not None else ""
