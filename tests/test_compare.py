@@ -48,16 +48,6 @@ def test_scan_uses_natural_key_order_and_source_field(tmp_path):
         scan_dataset(out, source_field="txt")
 
 
-def test_a_source_field_with_repeated_positions_is_refused(tmp_path):
-    # tied positions would be ranked in pile order, the shuffled order being measured
-    out = str(tmp_path / "ds")
-    with shardkit.PileWriter(out, piles=2, seed=0) as w:
-        for i in range(6):
-            w.write({"__key__": f"s{i}", "cls": i % 2})
-    with pytest.raises(ConfigError, match=r"source_field 'cls' must hold a distinct position per sample: \d+ samples have \d"):
-        scan_dataset(out, source_field="cls")
-
-
 @pytest.mark.parametrize(
     "keys",
     [

@@ -146,14 +146,6 @@ def scan_dataset(directory: str, *, label_field: str | None = None, source_field
         except ValueError as e:
             raise ConfigError(f"{directory}: source_field {source_field!r} must hold integers ({e})") from None
         rank = np.argsort(positions, kind="stable")
-        # a tie would be broken by pile order, the very order being measured: refuse it
-        distinct, times = np.unique(positions, return_counts=True)
-        if len(distinct) < len(positions):
-            twice = int(np.argmax(times > 1))
-            raise ConfigError(
-                f"{directory}: source_field {source_field!r} must hold a distinct position per sample: "
-                f"{times[twice]} samples have {distinct[twice]} ({len(positions) - len(distinct)} repeats in all)"
-            )
     else:
         rank = natural_order(keys)
     source = np.empty(len(keys), dtype=np.int64)
