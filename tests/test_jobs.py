@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import textwrap
 
 import pytest
@@ -223,20 +222,6 @@ def test_a_job_whose_output_holds_a_dataset_says_what_to_set_in_the_job_file(job
     assert main(["run", "-q", path]) == 1  # the same job again
     assert "'overwrite: true' under output to replace it, or 'mode: append' to add to it" in capsys.readouterr().err
     assert main(["run", "-q", "--check", _write(job_dir, pile_job.replace("piles: 2", "piles: 2, mode: append"))]) == 0
-
-
-def test_a_job_whose_output_holds_its_files_but_no_dataset_is_refused_by_check_too(job_dir, dataset, capsys):
-    # shuffled shards into the folder they are read from: --check said ok, the run then failed
-    for name in ("shard-000000.tar", "shard-000001.tar"):
-        shutil.copy(os.path.join(dataset, "pile-000000.tar"), job_dir / "data" / name)
-    path = _write(job_dir, "job: shuffle\ninputs: data/shard-*.tar\noutput: {path: data, maxcount: 64}\n")
-    for check in (["--check"], []):
-        assert main(["run", "-q", *check, path]) == 1
-        assert capsys.readouterr().err == (
-            f"shardkit run: error: {path}: output.path: {job_dir}/data: holds shard-000000.tar but no shardkit.json, "
-            "so it is not a shardkit dataset; use an empty folder or set 'overwrite: true' under output to replace such files\n"
-        )
-    assert sorted(os.listdir(job_dir / "data")) == ["a.jsonl", "shard-000000.tar", "shard-000001.tar"]
 
 
 def test_fn_job_runs_in_worker_processes(job_dir):

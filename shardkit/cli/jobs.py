@@ -39,7 +39,6 @@ from shardkit import manifest, storage
 from shardkit._util import check_path, counted, shown
 from shardkit.cli import schema
 from shardkit.cli.schema import Fields
-from shardkit.dataset import layout
 from shardkit.eager_shuffle import ShuffleOptions, shuffle
 from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
 from shardkit.manifest import Manifest
@@ -418,15 +417,7 @@ def output_conflict(job: Job) -> str | None:
     except ShardkitError:
         return None  # an unreadable output: the run says what is wrong with it
     if not there:
-        # files named like the job's own but no manifest stop the run too (its inputs, often)
-        files = layout.SHARD_FILE if isinstance(job, ShuffleJob) else layout.PILE_FILE
-        stray = sorted(n for n in storage.listdir(job.output, missing_ok=True) if files.fullmatch(n))
-        if not stray:
-            return None
-        return (
-            f"output.path: {job.output}: holds {stray[0]} but no {manifest.MANIFEST}, so it is not a shardkit dataset; "
-            "use an empty folder or set 'overwrite: true' under output to replace such files"
-        )
+        return None
     return f"output.path: {job.output}: already holds a shardkit dataset; set 'overwrite: true' under output to replace it" + (
         ", or 'mode: append' to add to it" if not isinstance(job, ShuffleJob) else ""
     )
