@@ -179,30 +179,43 @@ def load_job(path: str | os.PathLike[str]) -> Job:
     return parse_job(_load_yaml(text, source), source)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping: YAML would keep the
-    last value and drop the first unsaid (a second ``inputs:`` losing the first's files)."""
+def _repeated_key(text: str) -> yaml.MarkedYAMLError | None:
+    """The error for the first key written twice in one mapping of ``text``, or None.
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                if key in seen:
-                    raise yaml.MarkedYAMLError(
-                        problem=f"key {key!r} given twice, first on line {seen[key] + 1}", problem_mark=key_node.start_mark
-                    )
-                seen[key] = key_node.start_mark.line
-            except TypeError:  # an unhashable key: SafeLoader says what is wrong with it
-                continue
-        return super().construct_mapping(node, deep=deep)
+    YAML keeps the last value of a repeated key and drops the first unsaid (a second ``inputs:``
+    would lose the first's files). The keys are compared as written, in the document as composed
+    (before merge keys are applied, whose ``<<: *base`` may be overridden; an aliased mapping is
+    looked at once, where it is written).
+    """
+    nodes: list[yaml.Node | None] = [yaml.compose(text, Loader=yaml.SafeLoader)]
+    looked: set[int] = set()
+    while nodes:
+        node = nodes.pop()
+        if node is None or id(node) in looked:
+            continue
+        looked.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], yaml.Node] = {}
+            for key, value in node.value:
+                nodes += [key, value]
+                if key.tag == "tag:yaml.org,2002:merge" or not isinstance(key, yaml.ScalarNode):
+                    continue
+                earlier = first.setdefault((key.tag, key.value), key)
+                if earlier is not key:
+                    line = earlier.start_mark.line + 1
+                    return yaml.MarkedYAMLError(problem=f"key {key.value!r} given twice, first on line {line}", problem_mark=key.start_mark)
+        elif isinstance(node, yaml.SequenceNode):
+            nodes += node.value
+    return None
 
 
 def _load_yaml(text: str, source: str) -> Any:
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no Python objects
+        found = yaml.safe_load(text)
+        repeated = _repeated_key(text)
+        if repeated is not None:
+            raise repeated
+        return found
     except yaml.constructor.ConstructorError as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1}: " if mark is not None else ""
