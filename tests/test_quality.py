@@ -237,7 +237,7 @@ def test_batch_of_one_or_of_every_sample_has_no_ratio_to_divide():
     labels = np.arange(8) % 2
     assert "needs" in quality.recurrence(np.arange(8), np.arange(8)[::-1], 1).note
     one = measure([np.arange(8), np.arange(8)[::-1]], labels=labels, batch_size=1)
-    assert one["recurrence"].value == 1.0
+    assert one["recurrence"].value == 1.0 and one["recurrence"].note == "needs a batch of 2 or more"
     whole = measure([np.arange(8), np.arange(8)[::-1]], labels=labels, batch_size=8)
     assert whole["dispersion"].value == 1.0 and "needs" in whole["dispersion"].note
     assert all(math.isfinite(m.value) for m in (*one.metrics, *whole.metrics))

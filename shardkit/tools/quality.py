@@ -362,6 +362,8 @@ def measure(
         ratios = [recurrence(a, b, batch_size) for a, b in itertools.pairwise(epochs)]
         mean = float(np.mean([r.value for r in ratios]))
         note = "mean over epoch pairs: " + ", ".join(f"{r.value:.3g}" for r in ratios)
+        if ratios[0].note.startswith("needs"):  # not measurable at this batch size: said, not averaged
+            note = ratios[0].note
         metrics.append(Metric("recurrence", "co-batch recurrence, epoch e -> e+1", mean, 1.0, note=note))
     return QualityReport(name=name, samples=n, batch_size=batch_size, epochs=len(epochs), metrics=tuple(metrics))
 
