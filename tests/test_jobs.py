@@ -145,15 +145,15 @@ def test_a_key_given_twice_is_refused(job_dir):
 
 
 def test_yaml_that_repeats_no_key_as_written_loads_as_yaml_reads_it():
-    from shardkit.cli.jobs import _load_yaml
+    from shardkit.cli.job_yaml import load_yaml
 
     # a merge key's values may be overridden, also through a mapping aliased later; '=' is a key like any
     text = "base: &base {x: 1}\nout: {<<: &d {<<: *base, x: 2}, p: o}\nother: *d\n'=': 1\n"
-    assert _load_yaml(text, "job.yaml") == yaml.safe_load(text)
+    assert load_yaml(text, "job.yaml") == yaml.safe_load(text)
     with pytest.raises(
         shardkit.ConfigError, match=r"job\.yaml: line 2, column 11: not valid YAML \(key 'x' given twice, first on line 2\)"
     ):
-        _load_yaml("a: 1\nb: {x: 1, x: 2}\n", "job.yaml")
+        load_yaml("a: 1\nb: {x: 1, x: 2}\n", "job.yaml")
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,8 @@ problem is reported as ``FILE: FIELD.PATH: what was expected, what was found``::
 Relative paths (``inputs``, ``output.path``) are relative to the job file's directory, not to
 the working directory, so a job runs the same from anywhere. An ``fn`` module is imported
 normally; if Python cannot find it, it is also looked for in the job file's directory. The file
-is read with ``yaml.safe_load``: tags that construct Python objects are refused.
+is read as plain data (:mod:`shardkit.cli.job_yaml`): tags that construct Python objects, and a
+key written twice, are refused.
 
     job = load_job("configs/images.yaml")   # raises ConfigError naming file and field
     run_job(job)
@@ -33,11 +34,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import yaml
-
 from shardkit import manifest, storage
 from shardkit._util import check_path, counted, shown
 from shardkit.cli import schema
+from shardkit.cli.job_yaml import load_yaml
 from shardkit.cli.schema import Fields
 from shardkit.eager_shuffle import ShuffleOptions, shuffle
 from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
@@ -176,57 +176,7 @@ def load_job(path: str | os.PathLike[str]) -> Job:
         raise DatasetNotFoundError(f"{source}: no such job file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{source}: cannot read the job file ({e})") from None
-    return parse_job(_load_yaml(text, source), source)
-
-
-def _repeated_key(text: str) -> yaml.MarkedYAMLError | None:
-    """The error for the first key written twice in one mapping of ``text``, or None.
-
-    YAML keeps the last value of a repeated key and drops the first unsaid (a second ``inputs:``
-    would lose the first's files). The keys are compared as written, in the document as composed
-    (before merge keys are applied, whose ``<<: *base`` may be overridden; an aliased mapping is
-    looked at once, where it is written).
-    """
-    nodes: list[yaml.Node | None] = [yaml.compose(text, Loader=yaml.SafeLoader)]
-    looked: set[int] = set()
-    while nodes:
-        node = nodes.pop()
-        if node is None or id(node) in looked:
-            continue
-        looked.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            first: dict[tuple[str, str], yaml.Node] = {}
-            for key, value in node.value:
-                nodes += [key, value]
-                if key.tag == "tag:yaml.org,2002:merge" or not isinstance(key, yaml.ScalarNode):
-                    continue
-                earlier = first.setdefault((key.tag, key.value), key)
-                if earlier is not key:
-                    line = earlier.start_mark.line + 1
-                    return yaml.MarkedYAMLError(problem=f"key {key.value!r} given twice, first on line {line}", problem_mark=key.start_mark)
-        elif isinstance(node, yaml.SequenceNode):
-            nodes += node.value
-    return None
-
-
-def _load_yaml(text: str, source: str) -> Any:
-    try:
-        found = yaml.safe_load(text)
-        repeated = _repeated_key(text)
-        if repeated is not None:
-            raise repeated
-        return found
-    except yaml.constructor.ConstructorError as e:
-        mark = e.problem_mark
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        raise ConfigError(
-            f"{source}: {where}YAML tags that build Python objects are not allowed ({e.problem}); use plain mappings, lists, strings and numbers"
-        ) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        why = " ".join(str(getattr(e, "problem", None) or e).split())  # one line: YAML's own spans several
-        raise ConfigError(f"{source}: {where}not valid YAML ({why})") from None
+    return parse_job(load_yaml(text, source), source)
 
 
 # the keys of a job besides its options; the options' keys come from the option classes' fields

@@ -1,0 +1,68 @@
+"""Read a job file's YAML: plain data only, and no key written twice in one mapping.
+
+data = load_yaml(open("job.yaml").read(), "job.yaml")   # ConfigError naming the file and the line
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from shardkit.errors import ConfigError
+
+
+def _repeated_key(text: str) -> yaml.MarkedYAMLError | None:
+    """The error for the first key written twice in one mapping of ``text``, or None.
+
+    YAML keeps the last value of a repeated key and drops the first unsaid (a second ``inputs:``
+    would lose the first's files). The keys are compared as written, in the document as composed
+    (before merge keys are applied, whose ``<<: *base`` may be overridden; an aliased mapping is
+    looked at once, where it is written).
+    """
+    nodes: list[yaml.Node | None] = [yaml.compose(text, Loader=yaml.SafeLoader)]
+    looked: set[int] = set()
+    while nodes:
+        node = nodes.pop()
+        if node is None or id(node) in looked:
+            continue
+        looked.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], yaml.Node] = {}
+            for key, value in node.value:
+                nodes += [key, value]
+                if key.tag == "tag:yaml.org,2002:merge" or not isinstance(key, yaml.ScalarNode):
+                    continue
+                earlier = first.setdefault((key.tag, key.value), key)
+                if earlier is not key:
+                    line = earlier.start_mark.line + 1
+                    return yaml.MarkedYAMLError(problem=f"key {key.value!r} given twice, first on line {line}", problem_mark=key.start_mark)
+        elif isinstance(node, yaml.SequenceNode):
+            nodes += node.value
+    return None
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """The plain data of the job file ``source`` whose text is ``text``.
+
+    Raises:
+        ConfigError: naming ``source`` and the line: not valid YAML, a tag that builds a Python
+            object, or a key written twice in one mapping.
+    """
+    try:
+        found = yaml.safe_load(text)
+        repeated = _repeated_key(text)
+        if repeated is not None:
+            raise repeated
+        return found
+    except yaml.constructor.ConstructorError as e:
+        mark = e.problem_mark
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        raise ConfigError(
+            f"{source}: {where}YAML tags that build Python objects are not allowed ({e.problem}); use plain mappings, lists, strings and numbers"
+        ) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        why = " ".join(str(getattr(e, "problem", None) or e).split())  # one line: YAML's own spans several
+        raise ConfigError(f"{source}: {where}not valid YAML ({why})") from None
