@@ -39,6 +39,7 @@ from shardkit.loading import plan
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.option_fields import Door, check_bools, check_choices, meta, specs
+from shardkit.piles import readers
 from shardkit.piles.options import EXECUTORS, KEY_PREFIX, MAX_PILES, MIN_PILE_BYTES, PileOptions, check_ray_address
 from shardkit.piles.pack import Pack
 from shardkit.shard_roller import ShardRoller
@@ -294,6 +295,7 @@ def shuffle(
     opts = SHUFFLE.options(options, keywords)
     _util.check_bool("quiet", quiet)
     storage.use([*_util.check_paths("inputs", inputs), _util.check_path("out", out)], opts.storage_options)
+    readers.refuse_datasets(_util.check_paths("inputs", inputs))
     urls = storage.expand(_util.check_paths("inputs", inputs))
     with Dataset(out).transaction(overwrite=opts.overwrite, files=_SHARD) as txn:
         m, limit = opts.pass1(sum(storage.size(u) for u in urls))

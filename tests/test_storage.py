@@ -54,13 +54,16 @@ def test_expand_names_what_is_missing(tree):
         storage.expand(str(tree))  # a directory is not a shard
 
 
-def test_expand_points_a_dataset_directory_to_repile_not_to_its_files(tmp_path):
+@pytest.mark.parametrize("command", ["pile", "shuffle"])
+def test_pile_and_shuffle_point_a_dataset_directory_to_repile_not_to_its_files(tmp_path, command):
     # a grown dataset's files hold generations its window retired and compressed segments a '*.tar' misses
     out = str(tmp_path / "ds")
     with shardkit.PileWriter(out, piles=1) as w:
         w.write({"__key__": "a", "txt": "a"})
+    run = {"pile": lambda: shardkit.pile(out, str(tmp_path / "o"), piles=2), "shuffle": lambda: shardkit.shuffle(out, str(tmp_path / "o"))}
     with pytest.raises(DatasetNotFoundError, match=rf"{out}: a shardkit dataset, not a file: .*shardkit repile {out} -o OUT"):
-        storage.expand(out)
+        run[command]()
+    assert not (tmp_path / "o").exists()
 
 
 def test_read_size_and_missing_files(tree):

@@ -347,12 +347,6 @@ def expand(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -
                     raise DatasetNotFoundError(f"{url}: pattern matches no file")
                 urls.extend(found)
             elif path is not None and not os.path.isfile(path):
-                if os.path.isfile(os.path.join(path, "shardkit.json")):
-                    # its files are no input: they hold generations a window retired, and '*.tar' misses compressed segments
-                    raise DatasetNotFoundError(
-                        f"{url}: a shardkit dataset, not a file: to pile its samples again, run shardkit repile {url} -o OUT "
-                        "(shardkit.repile), which reads what its manifest lists"
-                    )
                 if os.path.isdir(path):  # inputs are files: said plainly, or the user looks for a typo
                     raise DatasetNotFoundError(f"{url}: a directory, not a file: name the files in it (e.g. {url.rstrip('/')}/*)")
                 raise DatasetNotFoundError(f"{url}: no such file")

@@ -23,7 +23,7 @@ from dataclasses import fields
 from typing import Any
 
 from shardkit import storage
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, DatasetNotFoundError
 
 # name -> (module, class); modules import their libraries only when a unit is read
 READERS: dict[str, tuple[str, str]] = {
@@ -98,6 +98,26 @@ def detect(source: Any) -> str | None:
     name = path.lower().rstrip("/")
     name = name.removesuffix(".gz")
     return next((fmt for suffix, fmt in _SUFFIXES.items() if name.endswith(suffix)), None)
+
+
+def refuse_datasets(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> None:
+    """Refuse a local shardkit dataset's folder named as an input of ``pile`` or ``shuffle``.
+
+    Its files are no input: they hold generations its window retired (kept until ``gc``), and
+    ``DIR/*.tar`` misses its compressed segments; ``repile`` reads what its manifest lists.
+
+    Raises:
+        DatasetNotFoundError: naming the folder and ``shardkit repile``.
+    """
+    from shardkit import manifest
+
+    for url in [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs:
+        local = storage.store_for(url).local_file()
+        if local is not None and os.path.isdir(local) and manifest.is_dataset(local):
+            raise DatasetNotFoundError(
+                f"{url}: a shardkit dataset, not a file: to pile its samples again, run shardkit repile {url} -o OUT "
+                "(shardkit.repile), which reads what its manifest lists"
+            )
 
 
 def unknown_file(path: str) -> str | None:
