@@ -137,7 +137,9 @@ def preprocess(
             f"(key_prefix is for pile and shuffle), got {options.key_prefix!r}"
         )
     units = _validate(inputs, extra)
-    dataset = _recorded(out, options)
+    # the dataset an append adds to, read only when a class map is at stake
+    classes = isinstance(fn, Images) or bool(extra and class_maps.CLASSES in extra)
+    dataset = _recorded(out, options) if classes else None
     if isinstance(fn, Images) and class_maps.CLASSES not in (extra or {}):
         # the map its cls numbers by must be recorded, and an append's checked against the
         # dataset's: units made without the dataset's map would relabel its classes silently
