@@ -132,7 +132,7 @@ def test_keys_ledger_matches_what_is_read(pair):
         (lambda p: shardkit.loader(p, epoch_size=100), "epoch_size is the size weights share"),
         (lambda p: shardkit.loader({"web": {"path": p["web"], "count": 1.5}}), "count of 'web' is 1.5; expected an integer >= 0"),
         (lambda p: shardkit.loader({}), "no sources"),
-        (lambda p: shardkit.loader(p, weights={"web": 1, "code": 1}, epoch_size=10, batch_size=8, world_size=2), "no whole batch"),
+        (lambda p: shardkit.loader(p, weights={"web": 1, "code": 1}, epoch_size=10, batch_size=8, world_size=2, rank=0), "no whole batch"),
         (lambda p: shardkit.Blend.from_dict({"sources": p, "weight": {}}), "unknown key 'weight'"),
     ],
 )

@@ -180,7 +180,7 @@ def test_the_rest_is_a_pure_function_of_the_state_and_the_ledger_follows_it(pile
     assert read == again
     # the ledger numbers the steps of a resumed epoch on through its phases
     state = run_phases(piles, specs, drop_last=False, mix=2)[1][-2]  # taken on 3 ranks, loaded on 2
-    ledger = shardkit.loader(piles, decode=False, world_size=2, batch_size=8, drop_last=False, mix=2, seed=5)
+    ledger = shardkit.loader(piles, decode=False, world_size=2, rank=0, batch_size=8, drop_last=False, mix=2, seed=5)
     ledger.load_state_dict(state)
     steps = [step for phase in read for step in phase]
     assert [ledger.keys(k, epoch=1) for k in range(len(steps))] == steps

@@ -121,6 +121,22 @@ def test_rank_from_environment(dataset, monkeypatch):
         shardkit.loader(dataset)
 
 
+def test_a_world_without_a_rank_is_refused_not_read_as_rank_0(dataset, monkeypatch):
+    """Every process of a launch that sets WORLD_SIZE but not RANK would read rank 0's share."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match=r"world_size is 4 \(from WORLD_SIZE\) but no rank was given: .*rank 0's share"):
+        shardkit.loader(dataset, decode=False)
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(ConfigError, match=r"world_size is 2 \(from world_size\) but no rank was given"):
+        shardkit.loader(dataset, decode=False, world_size=2)
+    assert shardkit.loader(dataset, decode=False, world_size=2, rank=1).options.rank == 1
+    assert shardkit.loader(dataset, decode=False, world_size=1).options.rank == 0
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(ConfigError, match=r"rank: 2 \(from RANK\) is not in a world of size 1 \(from the default\): expected 0 to 0"):
+        shardkit.loader(dataset, decode=False)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     stop=st.integers(0, 60),

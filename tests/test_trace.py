@@ -40,7 +40,7 @@ def test_the_ledger_is_what_every_rank_read(piles, options):
 
 
 def test_trace_prints_each_rank(piles, capsys):
-    loader = shardkit.loader(piles, decode=False, batch_size=8, world_size=2, seed=3)
+    loader = shardkit.loader(piles, decode=False, batch_size=8, world_size=2, rank=0, seed=3)
     expected = loader.keys(5, epoch=1)
     assert main(["trace", piles, "--step", "5", "--epoch", "1", "--batch-size", "8", "--world-size", "2", "--seed", "3"]) == 0
     assert capsys.readouterr().out.splitlines() == [f"rank {r}: {' '.join(k)}" for r, k in enumerate(expected)]

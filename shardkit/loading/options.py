@@ -252,20 +252,41 @@ LOADER, BLEND_LOADER, DATASET = (Door(LoaderOptions, exclude=("worker",)) for _ 
 
 
 def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Rank and world size: the arguments, else ``RANK``/``WORLD_SIZE``, else torch.distributed."""
+    """Rank and world size: the arguments, else ``RANK``/``WORLD_SIZE``, else torch.distributed.
+
+    Raises:
+        ConfigError: a world of several ranks with no rank found anywhere (every process would
+            read rank 0's share), or a rank outside the world; each names where the value came from.
+    """
     dist = None
     torch = sys.modules.get("torch")  # never import torch just to ask
     if torch is not None and getattr(torch, "distributed", None) is not None:
         d = torch.distributed
         if d.is_available() and d.is_initialized():
             dist = d
+    world_from = "world_size"
     if world_size is None:
-        world_size = _env("WORLD_SIZE") or (dist.get_world_size() if dist else 1)
+        env_world = _env("WORLD_SIZE")
+        world_from = "WORLD_SIZE" if env_world else "torch.distributed" if dist else "the default"
+        world_size = env_world or (dist.get_world_size() if dist else 1)
+    rank_from = "rank"
     if rank is None:
         env_rank = _env("RANK")
-        rank = env_rank if env_rank is not None else (dist.get_rank() if dist else 0)
+        if env_rank is not None:
+            rank, rank_from = env_rank, "RANK"
+        elif dist is not None:
+            rank, rank_from = dist.get_rank(), "torch.distributed"
+        elif world_size > 1:
+            raise ConfigError(
+                f"world_size is {world_size} (from {world_from}) but no rank was given: every process would read rank 0's "
+                "share. Pass rank=, set RANK (torchrun sets both), or initialize torch.distributed first"
+            )
+        else:
+            rank = 0
     if not 0 <= rank < world_size:
-        raise ConfigError(f"rank: {rank} is not in a world of size {world_size}")
+        raise ConfigError(
+            f"rank: {rank} (from {rank_from}) is not in a world of size {world_size} (from {world_from}): expected 0 to {world_size - 1}"
+        )
     return rank, world_size
 
 
