@@ -26,8 +26,8 @@ from shardkit.tar.keys import key_hashes, repeated_key, sample_at
 SEGMENT = 4
 # what a repeated key's message says after "keys must be unique"
 ADVICE = (
-    " across all inputs. Give each sample a unique '__key__' (e.g. prefix the input's name), or re-pile shards "
-    "whose keys restart with key_prefix='unit' (shardkit pile --key-prefix unit)"
+    " across all inputs. Give each sample a unique '__key__' (e.g. prefix the input's name), or, for shards "
+    "whose keys restart, run again with key_prefix='unit' (--key-prefix unit for shardkit pile and shuffle, key_prefix: unit in a job file)"
 )
 
 
