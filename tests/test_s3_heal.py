@@ -167,6 +167,31 @@ def test_a_wrong_endpoint_fails_within_5_s_naming_it(s3, fresh_endpoints, monkey
     assert words.format(endpoint=endpoint) in message and "\n" not in message
 
 
+@pytest.mark.parametrize("where", ["storage_options", "AWS_ENDPOINT_URL"])
+def test_an_endpoint_with_a_password_in_it_is_refused_without_showing_it(s3, fresh_endpoints, monkeypatch, where):
+    """S3 clients refuse to send such a URL, at the first request, in words that name no setting."""
+    with_password = s3.endpoint.replace("://", "://someone:pw-Secret-123@")
+    options = None
+    if where == "AWS_ENDPOINT_URL":
+        monkeypatch.setenv("AWS_ENDPOINT_URL", with_password)
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+    else:
+        options = {"endpoint_url": with_password}
+    for run in (
+        lambda: shardkit.preprocess([SAMPLES[:4]], _identity, s3.url("pw"), piles=2, quiet=True, storage_options=options),
+        lambda: next(iter(shardkit.loader(s3.url("ds"), storage_options=options))),
+    ):
+        with pytest.raises(shardkit.ConfigError) as info:
+            run()
+        message = str(info.value)
+        assert f"the endpoint {s3.endpoint} is given with a user name and password in it" in message, message
+        assert "pw-Secret-123" not in message and "someone" not in message
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    assert not s3.client().exists(s3.path("pw")), "refused before anything is written"
+
+
 @pytest.mark.parametrize("command", [["info"], ["verify"], ["gc"], ["pile", "SHARDS", "--piles", "2", "-o"]], ids=lambda c: c[0])
 def test_every_command_names_a_missing_bucket(s3, tmp_path, capsys, command):
     from shardkit.cli import main

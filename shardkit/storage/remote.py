@@ -29,6 +29,8 @@ from shardkit.storage import retry
 T = TypeVar("T")
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+# a URL's ``user:password@`` (or ``user@``) part
+_USERINFO = re.compile(r"(://)[^/@\s]+@")
 # the smallest range worth a request of its own. At S3's tens of ms to the first byte and tens of
 # MB/s a connection a range of 8 MiB spends under a tenth of its time waiting (the size AWS and GCS
 # suggest for ranged reads), and a server that reads the whole object for every ranged request
@@ -190,7 +192,7 @@ def endpoint(fs: Any, url: str) -> str:
     found = getattr(meta, "endpoint_url", None) or getattr(fs, "endpoint_url", None)
     if not isinstance(found, str) or not found:
         return root(url)
-    return re.sub(r"(://)[^/@\s]+@", r"\1", found)
+    return _USERINFO.sub(r"\1", found)
 
 
 def call(url: str, fs: Any, fn: Callable[[], T], *, since: float | None = None) -> T:
@@ -223,8 +225,24 @@ def _connect(fs: Any, url: str, options: Mapping[str, Any]) -> None:
             raise _refused(url, options, e) from None
         except TypeError as e:
             raise _refused(url, options, e) from None
+    _no_password(fs, url)
     with _lock:
         _connected.add(root(url))
+
+
+def _no_password(fs: Any, url: str) -> None:
+    """Refuse an endpoint URL that carries a user name and password: S3 clients sign requests
+    with a key and secret, and refuse to send such a URL at the first request, in words that do
+    not say which setting is wrong. The message shows the endpoint without them."""
+    meta = getattr(getattr(fs, "_s3", None), "meta", None)
+    found = getattr(meta, "endpoint_url", None) or getattr(fs, "endpoint_url", None)
+    if isinstance(found, str) and _USERINFO.search(found):
+        shown = _USERINFO.sub(r"\1", found)
+        raise ConfigError(
+            f"{url}: the endpoint {shown} is given with a user name and password in it (USER:PASSWORD@ in endpoint_url or "
+            "AWS_ENDPOINT_URL); give the endpoint without them, and the credentials as key= and secret= in storage_options "
+            "or as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+        )
 
 
 def _backend_package(kind: str | None) -> str | None:
