@@ -151,6 +151,47 @@ def test_set_epoch_reaches_the_workers(odd_dataset, persistent):
     assert orders[0] != orders[1] and orders[2] == orders[0]
 
 
+def _second_worker_starts_late(worker_id: int) -> None:
+    if worker_id == 1:
+        import time
+
+        time.sleep(1.0)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_set_epoch_inside_the_loop_waits_for_a_worker_that_has_not_started(odd_dataset, persistent):
+    """Worker 1 reads where to start only after the main process took worker 0's first batch and
+    moved to the next epoch: it must still read the epoch its iteration began in."""
+    options = dict(batch_size=8, decode=False, drop_last=False, world_size=1, rank=0, seed=3)
+    clean = ShardkitDataset(odd_dataset, **options)
+    expected = [flat_keys(ShardkitDataLoader(clean, num_workers=2))]
+    clean.set_epoch(1)
+    expected.append(flat_keys(ShardkitDataLoader(clean, num_workers=2)))
+    assert expected[0] != expected[1]
+    ds = ShardkitDataset(odd_dataset, **options)
+    dl = ShardkitDataLoader(ds, num_workers=2, worker_init_fn=_second_worker_starts_late, persistent_workers=persistent)
+    got = []
+    for i, batch in enumerate(dl):
+        if i == 0:
+            ds.set_epoch(1)  # the next epoch prepared early, while worker 1 sleeps
+        got += batch["__key__"]
+    assert got == expected[0]
+    assert flat_keys(dl) == expected[1]
+
+
+def test_a_worker_that_never_starts_is_waited_for_only_so_long(odd_dataset, monkeypatch, caplog):
+    from shardkit.loading import shared_place
+
+    monkeypatch.setattr(shared_place, "START_WAIT", 0.2)
+    ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, drop_last=False, world_size=1, rank=0)
+    dl = ShardkitDataLoader(ds, num_workers=2, worker_init_fn=_second_worker_starts_late)
+    with caplog.at_level(logging.WARNING, logger="shardkit.loading.shared_place"):
+        for i, _ in enumerate(dl):
+            if i == 0:
+                ds.set_epoch(1)
+    assert "set_epoch(1) inside a DataLoader loop: 1 of its workers had not started reading after 0.2 s" in caplog.text
+
+
 def test_reading_an_epoch_again_warns(odd_dataset, caplog):
     ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0)
     first = flat_keys(ds)

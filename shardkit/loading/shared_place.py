@@ -10,7 +10,11 @@ the positions a state saves and each worker's loader resumes, through the loader
 :class:`~shardkit.loading.epochs.Epochs` and :meth:`~shardkit.Loader.resume`.
 
 No lock: the main process writes between iterations, each worker reads once as its iteration
-starts, and a slot a worker writes is one aligned 64-bit word.
+starts, and a slot a worker writes is one aligned 64-bit word. A move the main process makes
+while an iteration of :class:`~shardkit.torch.ShardkitDataLoader` runs (``set_epoch`` inside
+the loop) first waits until every worker of that iteration has read where to start
+(:meth:`SharedPlace.begin`, :meth:`SharedPlace.started`, :meth:`SharedPlace.wait_for_workers`):
+a worker slow to start would otherwise read the new epoch while the others read the old one.
 
     place = SharedPlace(source, options)
     place.load(state)                       # in the main process
@@ -20,6 +24,8 @@ starts, and a slot a worker writes is one aligned 64-bit word.
 from __future__ import annotations
 
 import json
+import logging
+import time
 from dataclasses import replace
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
@@ -32,9 +38,16 @@ from shardkit.loading.options import LoaderOptions
 from shardkit.loading.position import Position, at_items, fresh, items, turn
 from shardkit.loading.source import Source
 
-# slots of the shared array (_POSITION: bytes of JSON in the position buffer, 0 when none is loaded)
-_EPOCH, _RESUME_EPOCH, _WORKERS, _DONE, _POSITION = range(5)
+log = logging.getLogger(__name__)
+
+# slots of the shared array (_POSITION: bytes of JSON in the position buffer, 0 when none is loaded;
+# _ITERATION: the number of the last iteration a ShardkitDataLoader began)
+_EPOCH, _RESUME_EPOCH, _WORKERS, _DONE, _POSITION, _ITERATION = range(6)
 POSITION_BYTES = 1 << 17  # room for the phases of about two thousand changes in one epoch
+# DataLoader workers whose start a move waits for (one slot each; a worker past these is not waited for)
+MAX_WORKERS = 256
+# how long a move waits for the workers of the running iteration to start reading
+START_WAIT = 60.0
 
 
 class SharedPlace:
@@ -51,8 +64,53 @@ class SharedPlace:
         self.source, self.options = source, options
         # saves and reads states; a blend's knows where the epochs after a loaded state follow on from
         self.epochs = epochs_of(source, options)
-        self._slots = RawArray("q", [0, -1, 0, 0, 0])
+        self._slots = RawArray("q", [0, -1, 0, 0, 0, 0])
         self._position = RawArray("c", POSITION_BYTES)
+        # by worker: the number of the iteration it last began reading (its place read)
+        self._started = RawArray("q", MAX_WORKERS)
+        self._running = 0  # in the main process: workers of the iteration a ShardkitDataLoader runs now
+
+    # -- an iteration's workers starting ---------------------------------------------------------
+    def begin(self, workers: int) -> int:
+        """In the main process, before a ShardkitDataLoader starts (or resumes) its ``workers``
+        workers: a new iteration, whose workers have not read where to start yet; its number."""
+        self._slots[_ITERATION] += 1
+        self._running = min(workers, MAX_WORKERS)
+        return int(self._slots[_ITERATION])
+
+    def end(self, iteration: int) -> None:
+        """In the main process: iteration ``iteration`` ended (a later one may have begun since)."""
+        if self._slots[_ITERATION] == iteration:
+            self._running = 0
+
+    def started(self, worker: int) -> None:
+        """In worker ``worker``: it has read where its iteration starts (nothing later reads it)."""
+        if worker < MAX_WORKERS:
+            self._started[worker] = self._slots[_ITERATION]
+
+    def wait_for_workers(self, move: str) -> None:
+        """In the main process, before ``move`` (``"set_epoch(3)"``) changes the place: wait until
+        every worker of the running iteration has read where to start, up to :data:`START_WAIT`
+        seconds (then log that the iteration may mix what it reads)."""
+        count = self._running
+        if not count:
+            return
+        iteration = self._slots[_ITERATION]
+        deadline = time.monotonic() + START_WAIT
+        pause = 0.0005
+        while any(self._started[w] != iteration for w in range(count)):
+            if time.monotonic() > deadline:
+                log.warning(
+                    "%s inside a DataLoader loop: %d of its workers had not started reading after %.1f s; "
+                    "they may read the new place while the others read the old (call it between iterations)",
+                    move,
+                    sum(self._started[w] != iteration for w in range(count)),
+                    START_WAIT,
+                )
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        self._running = 0  # every worker began: later moves in this iteration change nothing it reads
 
     # -- what is shared ------------------------------------------------------------------------
     @property

@@ -103,7 +103,9 @@ class ShardkitDataset(IterableDataset):
 
     Epochs: call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``; it reaches
     the DataLoader's workers whether they are persistent or not. An iteration without it reads
-    the same epoch again (a warning says so).
+    the same epoch again (a warning says so). Inside a :class:`ShardkitDataLoader` loop it applies
+    to the next iteration, once every worker of this one has read where to start (see
+    :meth:`SharedPlace.wait_for_workers`).
 
     Resume: :meth:`state_dict` records the epoch and how many items the DataLoader yielded;
     :meth:`load_state_dict` makes the next iteration yield exactly the rest of that epoch. With
@@ -149,6 +151,7 @@ class ShardkitDataset(IterableDataset):
         """Read epoch ``epoch`` on the next iteration, in every worker (a pending resume of
         that same epoch is kept)."""
         check_int("epoch", epoch, low=0)
+        self._place.wait_for_workers(f"set_epoch({epoch})")  # inside a loop: its workers read the epoch before
         if epoch != self._place.epoch:
             self._yielded, self._moves = 0, self._moves + 1
         else:
@@ -193,14 +196,18 @@ class ShardkitDataset(IterableDataset):
         epoch = place.epoch
         if info is None and self._read_anew():  # ShardkitDataLoader does so before its workers start
             _read_again(epoch, "from its start")
-        finished, pending = place.finished(epoch), place.pending(epoch)
-        place.workers = info.num_workers if info is not None else 0
-        if worker == 0 and finished:  # a plain DataLoader's workers: nothing in the main process saw the end
-            _read_again(epoch, "from its start" if pending == place.fresh(epoch) else "from the position load_state_dict() gave")
-        handoff = info is not None and _hands_off(caller)
-        # raw batches handed off are copied as they are packed: the loader need not copy each value first
-        borrow = handoff and self._raw_batches()
-        loader = place.worker_loader(pending, worker=worker, workers=workers, views=borrow)
+        try:
+            finished, pending = place.finished(epoch), place.pending(epoch)
+            place.workers = info.num_workers if info is not None else 0
+            if worker == 0 and finished:  # a plain DataLoader's workers: nothing in the main process saw the end
+                _read_again(epoch, "from its start" if pending == place.fresh(epoch) else "from the position load_state_dict() gave")
+            handoff = info is not None and _hands_off(caller)
+            # raw batches handed off are copied as they are packed: the loader need not copy each value first
+            borrow = handoff and self._raw_batches()
+            loader = place.worker_loader(pending, worker=worker, workers=workers, views=borrow)
+        finally:
+            if info is not None:
+                place.started(worker)  # nothing below reads the place: the main process may move it
         items = self._iterate(loader, epoch, first=worker == 0, main=info is None, left=self._left(0) if info is None else 0)
         if not handoff:
             return items
@@ -288,6 +295,7 @@ class ShardkitDataset(IterableDataset):
                 change the order (each difference is named); for a blend, on other sources or
                 shares (the source is named).
         """
+        self._place.wait_for_workers("load_state_dict()")
         self._place.load(state)
         self._yielded, self._moves = 0, self._moves + 1
 
@@ -359,17 +367,22 @@ class ShardkitDataLoader(DataLoader):
             ring = Ring.make(self.num_workers)
             self._ring = ring if self.persistent_workers else None
         dataset._ring = ring  # seen by the workers started (or resumed) here, and only by them
+        place = dataset._place
+        iteration = place.begin(self.num_workers)  # a set_epoch inside the loop waits until they read where to start
         try:
-            batches = super().__iter__()
-        finally:
-            dataset._ring = None
-        for item in batches:
-            self._yielded += 1
-            if self._yielded == left:  # its last batch: a loop may take exactly these and stop
+            try:
+                batches = super().__iter__()
+            finally:
+                dataset._ring = None
+            for item in batches:
+                self._yielded += 1
+                if self._yielded == left:  # its last batch: a loop may take exactly these and stop
+                    dataset._ended = (epoch, self._moves)
+                yield item
+            if self.num_workers > 0:  # every batch yielded here (a worker's own end says only that its share ran out)
                 dataset._ended = (epoch, self._moves)
-            yield item
-        if self.num_workers > 0:  # every batch yielded here (a worker's own end says only that its share ran out)
-            dataset._ended = (epoch, self._moves)
+        finally:
+            place.end(iteration)
 
     def state_dict(self) -> dict[str, Any]:
         """The dataset's state after the items this DataLoader yielded (see :meth:`ShardkitDataset.state_dict`)."""
