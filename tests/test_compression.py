@@ -355,6 +355,7 @@ def test_the_benchmark_prints_both_tables_the_profile_and_the_epochs(tmp_path):
     assert "one zstd-3 pile:" in out and "frames, beside a busy thread" in out and "  2 MiB:" in out
     assert re.search(r"lz4 0: reads at \d\.\d\dx plain \(goal >= 0\.7x: (met|MISSED)\), \d+% smaller \(goal >= 40%: (met|MISSED)\)", out)
     assert "lz4 (level 0) beside a busy thread" in out
+    assert re.search(r"hand out a plain pile \(loader\) .*: lz4 decodes at \d+\.\d\dx the rate the loader hands a pile out", out)
 
 
 # --- zstd frames and the seek table ---------------------------------------------------------------
