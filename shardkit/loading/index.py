@@ -13,6 +13,12 @@ the manifest as ``shardkit.gNNNNNN.idx`` for the manifest's generation. Its
 header names the generation and the manifest's checksum, and a CRC-32 of the rest closes it:
 an index of another manifest, or one whose bytes changed, is rebuilt, never trusted.
 
+A file that cannot be read as the build reaches it (missing, corrupt, another sample count)
+leaves a hole instead of failing the whole index: its samples keep their positions, but have
+no bounds and no key hashes, and :attr:`Index.failed` holds what reading it raised, for each
+read of one of its samples to raise again. An index with a hole is never stored (a stored
+index is trusted later): the next open builds again, and stores it once every file reads.
+
     idx = load_or_build("data/train", manifest.read("data/train"))
     f, start, end = idx.locate(1234)          # file number, byte range inside that file's tar
     idx.lookup(b"key-000017")                 # candidate positions in pile order
@@ -30,14 +36,14 @@ no header checksum, no ``crcs``, no ``sections``) still serves random access.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from shardkit import manifest, storage
 from shardkit.dataset import index_file, layout
 from shardkit.dataset.index_file import DataFile
-from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError
+from shardkit.errors import CorruptShardError, DatasetNotFoundError, ManifestError, ShardkitError
 from shardkit.loading.one_sample import key_hash
 from shardkit.loading.pile import fetch
 from shardkit.manifest import Manifest, PileInfo
@@ -59,15 +65,25 @@ class Index:
         hashes, order: sorted key hashes, and the pile-order position of each.
         crcs: the CRC-32 of each sample's bytes, in pile order (None: an index of the first
             version, which has none).
+        failed: file number -> what reading that file raised while the index was built (empty
+            for a complete index): its samples are in no array but ``starts`` (their bounds
+            and CRC-32s read zero, their keys are not among ``hashes``).
     """
 
     def __init__(
-        self, files: Sequence[DataFile], bounds: np.ndarray, hashes: np.ndarray, order: np.ndarray, crcs: np.ndarray | None = None
+        self,
+        files: Sequence[DataFile],
+        bounds: np.ndarray,
+        hashes: np.ndarray,
+        order: np.ndarray,
+        crcs: np.ndarray | None = None,
+        failed: Mapping[int, ShardkitError] | None = None,
     ) -> None:
         self.files = list(files)
         counts = np.array([f.info.samples for f in self.files], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.bounds, self.hashes, self.order, self.crcs = bounds, hashes, order, crcs
+        self.failed = dict(failed or {})
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -79,10 +95,23 @@ class Index:
         return int(self.bounds.nbytes + self.hashes.nbytes + self.order.nbytes + self.starts.nbytes + extra)
 
     def locate(self, position: int) -> tuple[int, int, int]:
-        """``(file number, start, end)`` of the sample at pile-order ``position`` (0 <= position < len)."""
+        """``(file number, start, end)`` of the sample at pile-order ``position`` (0 <= position < len).
+
+        Raises:
+            CorruptShardError, ManifestError, DatasetNotFoundError: the sample is in a file that
+                could not be read when the index was built (see :meth:`unreadable`).
+        """
         f = int(self.starts.searchsorted(position, side="right")) - 1
+        if f in self.failed:
+            raise self.unreadable(f, f"sample {position - int(self.starts[f])} of its {self.files[f].info.samples} cannot be read")
         at = position + f  # each file before has one bound more than it has samples
         return f, int(self.bounds[at]), int(self.bounds[at + 1])
+
+    def unreadable(self, f: int, what: str) -> ShardkitError:
+        """A new error of the class reading file ``f`` raised when the index was built (raised
+        afresh each time: the stored one keeps its own traceback), its message followed by ``what``."""
+        error = self.failed[f]
+        return type(error)(f"{error}; {what} (the index was built without this file: its other files' samples are served)")
 
     def lookup(self, key: str) -> list[int]:
         """Pile-order positions whose key has the hash of ``key`` (usually one; the caller compares keys)."""
@@ -96,32 +125,53 @@ class Index:
 def build(root: str, m: Manifest, *, reads: storage.RemoteReads | None = None) -> Index:
     """Read every data file of ``m`` once (checked against the manifest) and index its samples.
 
-    Raises:
-        CorruptShardError, ManifestError, DatasetNotFoundError: a file is missing, corrupt or
-            holds another number of samples than the manifest says (named).
+    A file that is missing, corrupt or holds another number of samples than the manifest says
+    is a hole of the index (see :attr:`Index.failed`); the others are indexed all the same.
+    Errors that are not about one file's bytes (a store that cannot be reached) are raised.
     """
     files = data_files(m)
-    bounds, hashes, crcs = [], [], []
-    for f in files:
+    bounds, hashes, crcs, positions, failed = [], [], [], [], {}
+    start = 0
+    for k, f in enumerate(files):
         url = storage.join(root, f.name)
-        fetched = fetch(url, expected=f.info, reads=reads)
+        n = f.info.samples
         try:
-            entries = index_file.file_entries(fetched.buf, url, f.info.samples, checked=fetched.checked)
-        finally:
-            del fetched
+            entries = _entries(url, f.info, reads)
+        except (CorruptShardError, ManifestError, DatasetNotFoundError) as e:
+            failed[k] = e
+            entries = index_file.Entries(np.zeros(n + 1, np.int64), np.zeros(0, np.uint64), np.zeros(n, np.uint32))
+        else:
+            positions.append(np.arange(start, start + n, dtype=np.int64))
         bounds.append(entries.bounds)
         hashes.append(entries.hashes)
         crcs.append(entries.crcs)
+        start += n
     flat = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
-    order = np.argsort(flat, kind="stable").astype(np.uint32 if len(flat) < 2**32 else np.uint64)
+    by_hash = np.argsort(flat, kind="stable")
+    hashes_sorted = flat[by_hash]
+    if failed:  # the hashes are those of the files read, not of every position: map each to its position
+        by_hash = np.concatenate([np.zeros(0, np.int64), *positions])[by_hash]
+    order = by_hash.astype(np.uint32 if start < 2**32 else np.uint64)
     joined = np.concatenate(bounds) if bounds else np.zeros(0, np.int64)
-    return Index(files, joined, flat[order], order, np.concatenate(crcs) if crcs else np.zeros(0, np.uint32))
+    return Index(files, joined, hashes_sorted, order, np.concatenate(crcs) if crcs else np.zeros(0, np.uint32), failed)
+
+
+def _entries(url: str, info: PileInfo, reads: storage.RemoteReads | None) -> index_file.Entries:
+    fetched = fetch(url, expected=info, reads=reads)
+    try:
+        return index_file.file_entries(fetched.buf, url, info.samples, checked=fetched.checked)
+    finally:
+        del fetched
 
 
 def encode(idx: Index, m: Manifest) -> bytes:
     """The bytes of the index file of ``idx``, built from the manifest ``m`` (it must have ``crcs``)."""
     if idx.crcs is None:
         raise ValueError("an index without sample checksums cannot be stored in this version")
+    if idx.failed:
+        raise ValueError(
+            f"an index without the samples of {len(idx.failed)} unreadable file(s) cannot be stored: it would be trusted later"
+        )
     hashes = np.empty(len(idx), dtype=np.uint64)
     hashes[idx.order] = idx.hashes  # back in pile order: encoding sorts them again, stably
     runs = []
@@ -185,7 +235,8 @@ def file_checks(data: storage.Buffer | memoryview, info: PileInfo, where: str) -
 
 def load_or_build(root: str, m: Manifest, *, reads: storage.RemoteReads | None = None, store: bool = True) -> Index:
     """The stored index of ``m`` when there is one that checks, else one built now (and stored,
-    with ``store``; a dataset that cannot be written to is read all the same, with a warning)."""
+    with ``store``; a dataset that cannot be written to is read all the same, with a warning).
+    An index built with holes (:attr:`Index.failed`) is never stored; a warning names the files."""
     url = storage.join(root, layout.index_name(m.generation))
     try:
         data: storage.Buffer | None = storage.map_bytes(url)  # local: the page cache's pages, shared by every worker
@@ -197,6 +248,18 @@ def load_or_build(root: str, m: Manifest, *, reads: storage.RemoteReads | None =
         except CorruptShardError as e:
             log.warning("%s: rebuilding the index: %s", url, e)
     idx = build(root, m, reads=reads)
+    if idx.failed:
+        named = "; ".join(str(e) for e in list(idx.failed.values())[:3])
+        more = f" (and {len(idx.failed) - 3} more)" if len(idx.failed) > 3 else ""
+        log.warning(
+            "%s: %d of %d data files could not be read, their samples raise and the index is not stored: %s%s",
+            root,
+            len(idx.failed),
+            len(idx.files),
+            named,
+            more,
+        )
+        return idx
     if store:
         try:
             storage.write_bytes(url, encode(idx, m))

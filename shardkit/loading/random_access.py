@@ -3,7 +3,9 @@
 :func:`open` gives a map-style dataset. Position ``i`` counts in pile order (manifest order,
 each pile in file order), or, with ``seed``, in the order ``shardkit.loader(DATASET, seed=seed)``
 yields in epoch ``epoch`` on one rank. The index that says where each sample lies
-(:mod:`shardkit.loading.index`) is built on first use and stored beside the manifest.
+(:mod:`shardkit.loading.index`) is built on first use and stored beside the manifest. A data
+file that cannot be read then (missing, corrupt) is remembered with its error: its samples
+raise that error, the others are served, and the index is not stored until every file reads.
 
 A plain pile is read by range: one ``pread`` locally, one ranged GET on an object store. A
 compressed pile (``.tar.zst``, ``.tar.gz``) cannot be read by range, so it is read whole,
@@ -53,6 +55,11 @@ class MapDataset:
     (a torch ``DataLoader`` worker) loads the stored index on first use, memory-mapped for a
     local dataset, so the workers share its pages.
 
+    A data file (a pile, or a segment of a grown one) that cannot be read when the index is
+    built is logged once, as a warning naming it; ``ds[i]`` of a sample in it raises what
+    reading it raised, each time, without reading it again; every other sample is served. A
+    position cannot be skipped, so ``options.on_error`` (the loader's) changes none of this.
+
     Example:
         ds = shardkit.open("data/train", decode=False)
         len(ds), ds[0]["__key__"], ds.get(ds[0]["__key__"])
@@ -99,7 +106,8 @@ class MapDataset:
     # -- the index and the order ---------------------------------------------------------------
     @property
     def index(self) -> Index:
-        """The random-access index (loaded, or built and stored, on first use)."""
+        """The random-access index (loaded, or built and stored, on first use; built once with
+        holes, see :attr:`Index.failed`, when a file cannot be read)."""
         if self._index is None:
             self._index = load_or_build(self.root, self.manifest, reads=self._remote())
         return self._index
@@ -201,22 +209,43 @@ class MapDataset:
         """The sample whose key is ``key``, decoded like ``ds[i]``; ``default`` when given and
         no sample has that key (``ds.get(key, None)``, as ``Mapping.get``).
 
+        When a data file could not be read, a key found in the files that were read is
+        returned, but a key found in none of them is not reported missing, ``default`` or
+        not: it may be in the unreadable file, and a caller told "absent" would act on a
+        falsehood (drop the sample, write it again). As a key-value store fails a read it
+        cannot answer, the file's error is raised; ``key in ds`` raises it too.
+
         Raises:
             KeyError: no sample of the dataset has that key and no ``default`` was given (the
                 message names it and the dataset).
+            CorruptShardError, ManifestError, DatasetNotFoundError: the key is in none of the
+                files read and a file could not be read (named, with what was wrong with it).
         """
-        if not isinstance(key, str):
-            raise TypeError(f"{self.root}: keys are str, not {type(key).__name__}")
-        for position in self.index.lookup(key):
-            sample, url = self._read(position)
-            if sample["__key__"] == key:
-                return self._transform(sample, url)
+        found = self._find(key)
+        if found is not None:
+            return self._transform(*found)
         if default is not _MISSING:
             return default
         raise KeyError(f"{key!r}: no sample has this key in {self.root} ({len(self)} samples, generation {self.manifest.generation})")
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and any(self.raw(p)["__key__"] == key for p in self.index.lookup(key))
+        return isinstance(key, str) and self._find(key) is not None
+
+    def _find(self, key: str) -> tuple[dict[str, Any], str] | None:
+        """The raw sample whose key is ``key`` and the URL of its file; None when no sample has it.
+        Raises the error of an unreadable file when the key is in none of the files read."""
+        if not isinstance(key, str):
+            raise TypeError(f"{self.root}: keys are str, not {type(key).__name__}")
+        idx = self.index
+        for position in idx.lookup(key):
+            sample, url = self._read(position)
+            if sample["__key__"] == key:
+                return sample, url
+        if idx.failed:
+            first, others = min(idx.failed), len(idx.failed) - 1
+            elsewhere = f", or in one of the {others} other files that could not be read" if others else ""
+            raise idx.unreadable(first, f"key {key!r} is in none of the files read, and may be in this one{elsewhere}")
+        return None
 
     def __repr__(self) -> str:
         order = "pile order" if self.seed is None else f"epoch {self.epoch} of seed {self.seed}"
