@@ -144,6 +144,27 @@ def test_a_damaged_key_hash_file_is_made_again_and_a_repeated_key_still_refused(
         _append(out, ["b2"], piles=1)
 
 
+def test_a_keys_file_missing_torn_or_out_of_order_is_written_again_by_the_next_append(tmp_path, caplog):
+    # every keys file an append writes is sorted and 8 bytes a sample, cheap to check: one that is
+    # not was changed since, so none of its hashes is trusted; the segment's are put back
+    out = str(tmp_path / "ds")
+    _write(out, ["a0", "a1", "a2", "a3"], piles=1)
+    _append(out, ["b0", "b1", "b2"], piles=1)
+    _append(out, ["c0", "c1"], piles=1)
+    files = [tmp_path / "ds" / name for name in ("pile-000000.keys", "pile-000000.g000001.keys", "pile-000000.g000002.keys")]
+    held = [f.read_bytes() for f in files]
+    files[0].unlink()
+    files[1].write_bytes(np.frombuffer(held[1], dtype="<u8")[::-1].tobytes())
+    files[2].write_bytes(held[2][:-1])
+    with caplog.at_level(logging.INFO):
+        _append(out, ["d0"], piles=1)
+    assert "pile-000000.keys is missing: reading the keys of" in caplog.text
+    assert "pile-000000.g000001.keys: not sorted: hash 1 is smaller than hash 0 (2 such places): reading the keys of" in caplog.text
+    assert "pile-000000.g000002.keys: 15 bytes, its 2 samples need 16: reading the keys of" in caplog.text
+    assert [f.read_bytes() for f in files] == held
+    assert shardkit.verify(out, quiet=True) == []
+
+
 def test_appending_shards_named_like_earlier_ones_says_why_their_keys_repeat(tmp_path, capsys):
     # ordinary shards, keys from 000000 in each: their keys are prefixed with the shard's name
     def day(d):

@@ -18,7 +18,10 @@ a dataset pass 1 split into sub-piles are such segments too.
 
 Keys stay unique across generations without reading the old data: beside each segment,
 ``<segment>.keys`` holds the sorted 64-bit hashes of its keys, and the new keys' hashes are
-compared with them; only a hash that meets one is read back to compare the keys themselves.
+compared with them; only a hash that meets one is read back to compare the keys themselves. A
+keys file missing, or damaged in a way seen without the segment (not 8 bytes a sample, not
+sorted), is made again from its segment and put back; one of the right size and order is
+trusted, since comparing it would read the old data (``shardkit verify`` compares each).
 
     base = start(txn, options)           # in an append's transaction; None unless options.mode == "append"
     result = finish(base, txn, runs, counts, options=options, fields=fields, staging=staging)
@@ -125,7 +128,7 @@ def finish(
     first = [p for p in old.piles if p.segments is None and p.samples and 0 in keep]
     first_keys = _first_keys(out, first, staging)
     prefixed = (extra or {}).get("key_prefix") == "unit"
-    _check_unique(out, [s for segments in kept for s in segments], [s for made in new for s in made], staging, prefixed=prefixed)
+    remade = _check_unique(out, [s for segments in kept for s in segments], [s for made in new for s in made], staging, prefixed=prefixed)
     grouped = [_regroup(out, p, kept[p], resolutions[p], names, staging, pack, old.seed) for p in range(len(runs))]
     piles = []
     for p, (by_leaf, _) in enumerate(grouped):
@@ -156,13 +159,15 @@ def finish(
     txn.commit(staged, result, names=[os.path.basename(path) for path in staged], keep=True, index=options.index)
     # shared by every append that races to this generation: put in only by the one that won. The
     # manifest is in, and a keys file missing is read from its pile (_read_keys): one that cannot
-    # be put in is logged, not an error that would make a published append look failed
-    for path in first_keys:
+    # be put in is logged, not an error that would make a published append look failed. A keys
+    # file made again goes back in while its segment stays listed (a rewritten one leaves)
+    listed = set(result.files())
+    for path in [*first_keys, *(p for p in remade if os.path.basename(p) in listed)]:
         try:
             output.store.upload(os.path.basename(path), path)
         except ShardkitError as e:
             log.warning(
-                "%s: generation %d is published, but %s was not put in (%s); the next append reads the keys from its pile",
+                "%s: generation %d is published, but %s was not put in (%s); the next append reads the keys from its pile and puts it in",
                 out,
                 g,
                 os.path.basename(path),
@@ -355,45 +360,48 @@ def _first_keys(out: str, piles: Sequence[PileInfo], staging: str) -> list[str]:
     return staged
 
 
-def _check_unique(out: str, old: Sequence[Segment], new: Sequence[Segment], staging: str, *, prefixed: bool = False) -> None:
+def _check_unique(out: str, old: Sequence[Segment], new: Sequence[Segment], staging: str, *, prefixed: bool = False) -> list[str]:
     """Refuse a key of ``new`` (segments in ``staging``) that an ``old`` segment has (``prefixed``:
     this append's keys carry their input shard's name, which the message explains). Two new
-    samples with one key were refused before, where pass 1 or the writer checks every pile."""
+    samples with one key were refused before, where pass 1 or the writer checks every pile.
+    Returns the keys files of old segments made again in ``staging`` (see :func:`_read_keys`)."""
     hashes = [np.fromfile(keys_name(os.path.join(staging, s.name)), dtype=HASH) for s in new]
     mine = np.concatenate([*hashes, np.zeros(0, dtype=HASH)])
+    made = []
     for segment in old:
-        theirs = np.frombuffer(_read_keys(out, segment, staging), dtype=HASH)
+        found, again = _read_keys(out, segment, staging)
+        theirs = np.frombuffer(found, dtype=HASH)
+        made += [keys_name(os.path.join(staging, segment.name))] if again else []
         met = theirs[np.isin(theirs, mine)]
         if len(met):
             _confirm(out, met, [segment], new, staging, f"{segment.name} (generation {segment.generation})", prefixed=prefixed)
+    return made
 
 
-def _read_keys(out: str, segment: Segment, staging: str) -> bytes:
-    """A segment's key hashes: just made in ``staging`` (a pile's first), in the dataset, or (a
-    file that went missing or has not one hash a sample: it is only an index) made again from the segment."""
+def _read_keys(out: str, segment: Segment, staging: str) -> tuple[bytes, bool]:
+    """A segment's key hashes, and whether they were made again: just made in ``staging`` (a
+    pile's first), in the dataset, or (a file that went missing, or is damaged in a way seen
+    without the segment: not one hash a sample, not sorted; it is only an index) made again from
+    the segment into ``staging``, to be put in once the new generation is published."""
     name = keys_name(segment.name)
     local = os.path.join(staging, name)
     if storage.exists(local):
-        return storage.read_bytes(local)
+        return storage.read_bytes(local), False
     url = storage.join(out, name)
     data = storage.join(out, segment.name)
     try:
         found = storage.read_bytes(url)
     except DatasetNotFoundError:
-        log.info("%s is missing: reading the keys of %s instead", url, data)
+        log.info("%s is missing: reading the keys of %s instead, and writing it again", url, data)
     else:
-        if len(found) == segment.samples * HASH.itemsize:
-            return found
-        # torn or emptied: trusting it would let a repeated key through unseen
-        log.warning(
-            "%s: %d bytes, its %d samples need %d: reading the keys of %s instead",
-            url,
-            len(found),
-            segment.samples,
-            segment.samples * HASH.itemsize,
-            data,
-        )
-    return np.sort(leaves.hashes(Shard(data, leaves.read_tar(data, segment)).keys)).tobytes()
+        damage = leaves.keys_damage(found, segment.samples)
+        if damage is None:
+            return found, False
+        # not what an append wrote (torn, emptied, scrambled): a hash it lacks would let a repeated key through unseen
+        log.warning("%s: %s: reading the keys of %s instead, and writing it again", url, damage, data)
+    made = np.sort(leaves.hashes(Shard(data, leaves.read_tar(data, segment)).keys))
+    leaves.write_keys(os.path.join(staging, segment.name), made)
+    return made.tobytes(), True
 
 
 def _confirm(

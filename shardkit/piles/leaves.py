@@ -138,6 +138,20 @@ def hashes(keys: Sequence[str]) -> np.ndarray:
     return key_hashes(np.array([k.encode("utf-8", "surrogateescape") for k in keys], dtype=bytes)).astype(HASH)
 
 
+def keys_damage(data: bytes, samples: int) -> str | None:
+    """What is wrong with ``data`` as the ``.keys`` file of a segment of ``samples`` samples, as far
+    as can be told without reading the segment: not one hash a sample (``"21 bytes, its 3
+    samples need 24"``), or not sorted; None when neither."""
+    if len(data) != samples * HASH.itemsize:
+        return f"{len(data)} bytes, its {samples} samples need {samples * HASH.itemsize}"
+    found = np.frombuffer(data, dtype=HASH)
+    # two keys may share a hash, so equal neighbours are sorted
+    down = np.flatnonzero(found[1:] < found[:-1])
+    if len(down):
+        return f"not sorted: hash {int(down[0]) + 1} is smaller than hash {int(down[0])} ({len(down)} such places)"
+    return None
+
+
 def write_keys(segment: str, found: np.ndarray) -> str:
     """Write the sorted key hashes ``found`` beside the segment file ``segment``; returns the path."""
     path = keys_name(segment)
