@@ -30,6 +30,7 @@ from shardkit.piles.parts import Hashes
 from shardkit.piles.unique_keys import CHECK_MEMORY, repeated_hashes
 from shardkit.tar import compression, scan
 from shardkit.tar.keys import repeated_key, sample_at
+from shardkit.tools.key_files import MISSING, key_file_problems
 
 _SHARD_SUFFIXES = compression.SHARD_SUFFIXES
 _MAX_DUPLICATES = 10  # duplicate keys reported one by one per pile; the rest are counted
@@ -173,9 +174,12 @@ class Problem:
     ``kind`` is one of ``missing``, ``unreadable``, ``size``, ``checksum`` (of the file, or of
     the tar inside a compressed pile), ``compressed`` (a compressed pile that does not
     decompress to its tar), ``structure``, ``count``, ``duplicate`` (two samples of a pile share a key) for a pile listed in the
-    manifest, ``extra`` (a shard file the manifest does not list) or ``leftover`` (a temporary
-    file or directory an interrupted job left behind, or a file an install its journal names moved
-    in before the job died).
+    manifest, ``keys`` (the key hashes beside a segment of a grown dataset, which appends trust,
+    are not its keys': wrong size, unsorted or other hashes), ``missing-keys`` (none there:
+    appends read the segment instead, and the next one writes it again), ``extra`` (a shard
+    file the manifest does not list) or ``leftover`` (a temporary file or directory an
+    interrupted job left behind, or a file an install its journal names moved in before the job
+    died). ``extra``, ``leftover`` and ``missing-keys`` are warnings (:attr:`warning`).
 
         for problem in verify("data/"):
             print(problem)          # "pile-000003.tar: checksum is crc32:..., the manifest says ..."
@@ -187,8 +191,9 @@ class Problem:
 
     @property
     def warning(self) -> bool:
-        """Beside a sound dataset, not wrong with it: files the manifest does not list."""
-        return self.kind in ("extra", "leftover")
+        """Beside a sound dataset, not wrong with it: files the manifest does not list, a keys file
+        that is not there (appends read its segment instead)."""
+        return self.kind in ("extra", "leftover", MISSING)
 
     def __str__(self) -> str:
         return f"{self.name}: {self.message}"
@@ -221,25 +226,34 @@ def _class_problems(name: str, shard: Any, classes: tuple[list[str], dict[str, A
     return found
 
 
+def _check_segment(directory: str, segment: PileInfo, classes: tuple[list[str], dict[str, Any]] | None, keys: _Keys) -> list[Problem]:
+    """Every problem of one segment of a grown pile, and of the keys file beside it, checked
+    against the keys read once from the segment."""
+    found, read = _check_pile(directory, segment, classes, keys)
+    shard_keys, hashed = read if read is not None else (None, None)
+    name = manifest.keys_name(segment.name)
+    return found + [Problem(name=name, kind=k, message=m) for k, m in key_file_problems(directory, segment, shard_keys, hashed)]
+
+
 def _check_pile(
-    directory: str, pile: PileInfo, classes: tuple[list[str], dict[str, Any]] | None = None, keys: _Keys | None = None
-) -> list[Problem]:
-    """Every problem of one pile, found by the loader's own read path (its checks listed, not raised);
-    the hashes of its keys go to ``keys`` when it could be read."""
+    directory: str, pile: PileInfo, classes: tuple[list[str], dict[str, Any]] | None, keys: _Keys
+) -> tuple[list[Problem], tuple[list[str], np.ndarray] | None]:
+    """Every problem of one pile, found by the loader's own read path (its checks listed, not
+    raised), and its keys with their hashes (which go to ``keys`` too); None when it could not be read."""
     url = storage.join(directory, pile.name)
     if not storage.exists(url):
-        return [Problem(name=pile.name, kind="missing", message="listed in the manifest but the file does not exist")]
+        return [Problem(name=pile.name, kind="missing", message="listed in the manifest but the file does not exist")], None
     try:
         buf = storage.read_bytes(url, size=pile.bytes, concurrency=storage.remote.DEFAULT_CONCURRENCY)
     except OSError as e:  # a StorageError names the file and says why
         message = str(e).removeprefix(f"{url}: ") if isinstance(e, StorageError) else f"cannot be read ({e.strerror or e})"
-        return [Problem(name=pile.name, kind="unreadable", message=message)]
+        return [Problem(name=pile.name, kind="unreadable", message=message)], None
     found = [Problem(name=pile.name, kind=kind, message=message) for kind, message in byte_problems(url, buf, pile)]
     if pile.compression is not None:  # the file checked as stored, now the tar inside
         try:
             buf = compression.decompress(buf, pile.compression, url, size=pile.tar_bytes)
         except CorruptShardError as e:
-            return [*found, Problem(name=pile.name, kind="compressed", message=str(e).removeprefix(f"{url}: "))]
+            return [*found, Problem(name=pile.name, kind="compressed", message=str(e).removeprefix(f"{url}: "))], None
         problem = tar_problem(buf, pile)
         if problem is not None:
             found.append(Problem(name=pile.name, kind="checksum", message=problem))
@@ -248,14 +262,14 @@ def _check_pile(
         shard = open_pile(Fetched(url, buf, scan.scan(buf), checked=False))
         shard.check()
     except CorruptShardError as e:
-        return [*found, Problem(name=pile.name, kind="structure", message=str(e).removeprefix(f"{url}: "))]
+        return [*found, Problem(name=pile.name, kind="structure", message=str(e).removeprefix(f"{url}: "))], None
     count = count_problem(shard, pile)
     if count is not None:
         found.append(Problem(name=pile.name, kind="count", message=count))
     found += _class_problems(pile.name, shard, classes) if classes is not None else []
-    if keys is not None:
-        keys.add(pile, shard.keys)
-    return found + _duplicate_keys(pile.name, shard.keys, shard.sample_offsets())
+    hashed = hashes(shard.keys)
+    keys.add(pile, hashed)
+    return found + _duplicate_keys(pile.name, shard.keys, shard.sample_offsets()), (shard.keys, hashed)
 
 
 def _pile_keys(directory: str, pile: PileInfo) -> tuple[list[str], list[int]]:
@@ -279,11 +293,11 @@ class _Keys:
         self.files: list[tuple[PileInfo, int, int]] = []  # (file, first hash, count)
         self._written = 0
 
-    def add(self, pile: PileInfo, keys: list[str]) -> None:
+    def add(self, pile: PileInfo, found: np.ndarray) -> None:
         with storage.guard(self.path, "write key hashes"):
-            storage.write_chunks(self._fd, [hashes(keys).tobytes()])
-        self.files.append((pile, self._written, len(keys)))
-        self._written += len(keys)
+            storage.write_chunks(self._fd, [found.tobytes()])
+        self.files.append((pile, self._written, len(found)))
+        self._written += len(found)
 
     def close(self) -> None:
         os.close(self._fd)
@@ -381,7 +395,10 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
     members of one extension), hold the recorded number of samples and no two samples with one
     key, in one pile or in two (the first ten are listed with both positions). Where the manifest records a
     class map and how to check it (the image transform's ``classes`` and ``class_check``), every
-    sample's ``cls`` must index a class whose name is the one its ``json`` says. Shard files neither the manifest
+    sample's ``cls`` must index a class whose name is the one its ``json`` says. Beside each
+    segment of a grown pile, the keys file appends check new keys against must be there and hold
+    the sorted hashes of that segment's keys, one a sample (compared with the keys read for the
+    checksum: no second read). Shard files neither the manifest
     nor a kept older generation's manifest lists, and temporaries left by an interrupted job,
     are reported too.
 
@@ -405,8 +422,11 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
         keys = _Keys(folder)
         try:
             for pile in m.piles:
-                for part in pile.parts:  # a pile that grew: each segment file checked on its own
-                    problems.extend(_check_pile(directory, part, classes, keys))
+                if pile.segments is None:
+                    problems.extend(_check_pile(directory, pile, classes, keys)[0])
+                else:  # a pile that grew: each segment on its own, with the keys file beside it
+                    for segment in pile.parts:
+                        problems.extend(_check_segment(directory, segment, classes, keys))
                 progress.update(pile.stored_bytes)
         finally:
             keys.close()
