@@ -1,4 +1,4 @@
-"""shardkit deletes only what it wrote: gc and overwrite beside user files, tampered manifests, links at staging."""
+"""shardkit deletes only what it wrote: gc and overwrite (of a grown dataset too) beside user files, tampered manifests, links at staging."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import shardkit
 from shardkit import manifest
 from shardkit.dataset import layout
 from shardkit.dataset.owned import delete_owned, read_records
+from shardkit.dataset.transaction import Dataset
 
 USER_FILES = ["pile-notes.tar", "pile-backup.keys", "pile-000099.tar", "pile-old.tar.gz", "shardkit.g000099.json"]
 
@@ -84,11 +85,13 @@ def test_a_journal_naming_the_users_files_deletes_none_of_them(tmp_path):
     _write(out, ["a0", "a1"])
     (out / "train.py").write_bytes(b"mine")
     (out / "pile-000099.tar").mkdir()
+    (out / "shardkit.g000099.json").write_bytes(b"mine")  # a kept manifest's name, not a manifest
     (out / ".shardkit-install-dead.json").write_text(
-        json.dumps({"files": ["train.py", "../x", "pile-000099.tar", "shardkit.json"], "delete": []})
+        json.dumps({"files": ["train.py", "../x", "pile-000099.tar", "shardkit.json"], "delete": ["shardkit.g000099.json"]})
     )
     _write(out, ["b0"], overwrite=True)
     assert (out / "train.py").read_bytes() == b"mine" and (out / "pile-000099.tar").is_dir() and manifest.read(str(out)).samples == 1
+    assert (out / "shardkit.g000099.json").read_bytes() == b"mine"
 
 
 def test_delete_owned_needs_the_layout_and_a_record(tmp_path):
@@ -202,3 +205,123 @@ def test_a_remote_outputs_staging_is_private_recorded_and_found_again(s3, tmp_pa
     (foreign / "mine.txt").write_text("kept")
     shardkit.gc(url, grace=0)
     assert not trash.exists() and (foreign / "mine.txt").read_text() == "kept"
+
+
+def _grow(out, window=1) -> None:
+    """A dataset three appends grew, ``window`` retiring generations: segments, key hashes, kept manifests."""
+    _write(out, ["a0", "a1", "a2"])
+    for g in range(1, 4):
+        _write(out, [f"g{g}-0", f"g{g}-1"], mode="append", window=window)
+
+
+def _only_the_new_dataset(out) -> None:
+    names = set(os.listdir(out))
+    ours = names - {*USER_FILES, "pile-dir.tar", "train.py"}
+    assert ours == {layout.MANIFEST, *manifest.read(str(out)).files()}, sorted(ours)
+
+
+def test_an_overwrite_of_a_grown_dataset_leaves_none_of_its_generations_for_gc_to_call_foreign(tmp_path):
+    out = tmp_path / "ds"
+    _grow(out)
+    assert any(layout.GENERATION_FILE.fullmatch(n) for n in os.listdir(out))  # older generations are kept
+    _plant_user_files(out)
+    _write(out, ["b0", "b1"], overwrite=True)
+    _user_files_intact(out)
+    _only_the_new_dataset(out)
+    report = shardkit.gc(str(out), grace=0, dry_run=True)
+    assert report.deleted == [] and set(report.skipped) == {*USER_FILES, "pile-dir.tar"}  # the user's files, and only those
+    # the new dataset grows past the old one's generations: its kept manifests are its own
+    for g in range(1, 4):
+        _write(out, [f"n{g}"], mode="append")
+    assert Dataset(str(out)).pinned(0).samples == 2
+    assert sorted(_keys(out)) == ["b0", "b1", "n1", "n2", "n3"]
+    report = shardkit.gc(str(out), grace=0)  # only the new dataset's own kept manifests go
+    assert report.deleted == [layout.generation_name(g) for g in range(3)] and set(report.skipped) == {*USER_FILES, "pile-dir.tar"}
+    _user_files_intact(out)
+
+
+def test_overwrite_and_gc_on_the_command_line_leave_only_the_new_dataset(tmp_path, capsys):
+    from shardkit.cli import main
+
+    out = tmp_path / "ds"
+    _grow(out, window=2)
+    _plant_user_files(out)
+    src = tmp_path / "src"
+    _write(src, ["c0", "c1", "c2"])
+    assert main(["pile", str(src / "pile-*.tar"), "-o", str(out), "--piles", "2", "--overwrite", "-q"]) == 0
+    capsys.readouterr()
+    _only_the_new_dataset(out)
+    assert main(["gc", str(out), "--grace", "0s", "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert "would delete 0 files" in said and "pile-00000" not in said and "shardkit.g00000" not in said, said
+    assert main(["gc", str(out), "--grace", "0s"]) == 0
+    said = capsys.readouterr().out
+    assert "deleted 0 files" in said and "pile-00000" not in said and "shardkit.g00000" not in said, said
+    _user_files_intact(out)
+    _only_the_new_dataset(out)
+
+
+def test_an_overwrite_on_s3_removes_every_generation_of_the_old_dataset(s3):
+    url = s3.url("ds")
+    _write(url, ["a0", "a1", "a2"])
+    for g in range(1, 4):
+        _write(url, [f"g{g}-0", f"g{g}-1"], mode="append", window=1)
+    s3.client().pipe_file(s3.path("ds/pile-notes.tar"), b"the user's")
+    _write(url, ["b0", "b1"], overwrite=True)
+    assert s3.names("ds") == {layout.MANIFEST, "pile-notes.tar", *manifest.read(url).files()}
+    report = shardkit.gc(url, grace=0)
+    assert report.deleted == [] and report.skipped == ["pile-notes.tar"]
+    assert s3.client().cat_file(s3.path("ds/pile-notes.tar")) == b"the user's"
+
+
+class _Killed(BaseException):
+    """Stands for a kill: nothing of the job runs after it."""
+
+
+def test_an_overwrite_killed_after_its_manifest_went_in_is_finished_by_the_next_job(tmp_path, monkeypatch):
+    from shardkit.dataset import install
+
+    out = tmp_path / "ds"
+    _grow(out)
+    _plant_user_files(out)
+    real = install.delete_owned
+
+    def killed(directory, names, *, reason, **kw):
+        if reason == "replaced by the new dataset":
+            raise _Killed
+        return real(directory, names, reason=reason, **kw)
+
+    monkeypatch.setattr(install, "delete_owned", killed)
+    with pytest.raises(_Killed):
+        _write(out, ["b0", "b1"], overwrite=True)
+    monkeypatch.undo()
+    assert manifest.read(str(out)).samples == 2 and any(layout.GENERATION_FILE.fullmatch(n) for n in os.listdir(out))
+    report = shardkit.gc(str(out), grace=0)  # its claim finishes the install the journal describes
+    _user_files_intact(out)
+    _only_the_new_dataset(out)
+    assert set(report.skipped) == {*USER_FILES, "pile-dir.tar"}
+
+
+def test_an_overwrite_killed_before_its_manifest_went_in_leaves_every_old_generation(tmp_path, monkeypatch):
+    from shardkit.dataset.lock import Output
+
+    out = tmp_path / "ds"
+    _grow(out)
+    before = {n: (out / n).read_bytes() for n in os.listdir(out)}
+
+    def killed(self, result):
+        raise _Killed
+
+    monkeypatch.setattr(Output, "commit", killed)
+    with pytest.raises(_Killed):
+        _write(out, ["b0", "b1"], overwrite=True)
+    monkeypatch.undo()
+    assert any(layout.JOURNAL_FILE.fullmatch(n) for n in os.listdir(out))
+    shardkit.gc(str(out), grace="1h")  # its claim undoes the install: the old dataset stays, with the generations it keeps
+    assert {n: (out / n).read_bytes() for n in os.listdir(out)} == before
+    assert Dataset(str(out)).pinned(2).generation == 2
+
+
+def _keys(out) -> list[str]:
+    with shardkit.loader(str(out), decode=False) as loader:
+        return [s["__key__"] for s in loader]

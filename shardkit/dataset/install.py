@@ -21,6 +21,7 @@ import threading
 from collections.abc import Sequence
 
 from shardkit import manifest, storage
+from shardkit.dataset import layout
 from shardkit.dataset.layout import journal_name
 from shardkit.dataset.lock import Output
 from shardkit.dataset.owned import Records, delete_owned, read_records
@@ -44,6 +45,26 @@ def _old_manifest(out: str) -> Manifest | None:
     except ShardkitError as e:
         log.warning("%s: the old manifest is unreadable, its files are left in place: %s", out, e)
         return None
+
+
+def _replaced(out: str) -> tuple[Records, list[str]]:
+    """The records of the dataset ``out`` holds now (no manifest when there is none, or none that
+    checks) and every name of it a new dataset deletes: the files its manifest and its kept older
+    generations list with their key hashes, then those kept manifests and the indexes. Left
+    behind, they would be taken for a user's files, and a kept manifest for one of the new
+    dataset's own generations once it grows that far."""
+    previous = _old_manifest(out)
+    if previous is None:
+        return Records(), []
+    names = storage.listdir(out, missing_ok=True)
+    found = read_records(out, names)
+    found.latest = previous
+    kept = found.kept()
+    files = set(previous.files()) | {n for n in names if n in kept and layout.kind(n) == "data"}
+    records = {n for n in names if n in kept and layout.kind(n) != "data"}
+    records |= {n for n in names if (m := layout.INDEX_FILE.fullmatch(n)) and int(m.group(1)) <= previous.generation}
+    # the manifests go after their files: a kill in between leaves them named by the journal
+    return found, sorted(files) + sorted(records)
 
 
 def free_names(out: str, names: Sequence[str]) -> list[str]:
@@ -101,10 +122,12 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
 
     An overwrite is atomic: the new files' names (see :func:`free_names`) are none the directory
     has, so the old dataset stays whole and readable until the manifest, renamed over the old one,
-    says otherwise; then the old dataset's own files are removed. Data and directory are made durable before the manifest is
-    renamed, and the names about to move in are noted first (:meth:`Output.journal`) so that the
-    next job removes them if this one dies before its manifest is in. A kill at any moment leaves
-    the old dataset or the new one whole. Into an object store the files are uploaded, several at
+    says otherwise; then the old dataset's own files are removed, those of the older generations
+    it kept too, their manifests and indexes last. Data and directory are made durable before the
+    manifest is renamed, and the names about to move in and to go are noted first
+    (:meth:`Output.journal`) so that the next job removes the new ones if this one dies before its
+    manifest is in, and the old ones if it dies after. A kill at any moment leaves the old dataset
+    (with the generations it kept) or the new one whole. Into an object store the files are uploaded, several at
     once, and the manifest is one request, made after every upload succeeded; with conditional
     writes each object is created only where none is (a pile whose name another job took first
     takes the next free ``.vN`` name), and the manifest is committed by :meth:`Output.commit`.
@@ -117,14 +140,19 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
             stays.
     """
     out = output.path
-    previous = None if keep else _old_manifest(out)
-    old = set() if previous is None else set(previous.files())
+    replaced, old = (Records(), []) if keep else _replaced(out)
     renamable = names is None
     names = [pile.name for pile in result.piles] if names is None else list(names)
-    output.journal(names, sorted(old))
-    records = Records(named=set(names) | old, journals={journal_name(output.token): {"files": names, "delete": sorted(old)}})
-    if previous is not None:
-        records.add(previous)
+    output.journal(names, old)
+    records = Records(
+        latest=replaced.latest,
+        generations=replaced.generations,
+        named=set(names) | set(old),
+        journals={journal_name(output.token): {"files": names, "delete": old}},
+    )
+    if replaced.latest is not None:
+        for m in (replaced.latest, *replaced.generations.values()):
+            records.add(m)
     moved: list[str] = []
     try:
         if output.remote:
@@ -147,7 +175,7 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
             with contextlib.suppress(ShardkitError, OSError):
                 output.journal(None)  # what it named is gone: this job lost the race
         raise
-    gone = delete_owned(out, sorted(old - set(moved)), reason="replaced by the new dataset", records=records)
+    gone = delete_owned(out, [n for n in old if n not in moved], reason="replaced by the new dataset", records=records)
     # the manifest is in: the job has published, so a failure to tidy up must not say it failed
     # (its user would run it again); what is left is the next job's to remove
     try:

@@ -196,8 +196,9 @@ def journal_names(doc: Any) -> list[str]:
 
 def undo_installs(out: str, *, conditional: bool = False) -> None:
     """Finish or undo the install of a job that died in it: of the files its journal lists (those
-    it moved in, those it was to delete), remove every one the manifest in place does not list,
-    then the journal (kept when a file of it could not be removed, for the next job to retry).
+    it moved in, those it was to delete), remove every one the manifest in place and its kept
+    older generations do not account for (:meth:`~shardkit.dataset.owned.Records.kept`), then
+    the journal (kept when a file of it could not be removed, for the next job to retry).
 
     With conditional writes (no lock), only the journals of jobs that can no longer publish
     (:func:`live`): the journals are read before the manifest's version is asked, so a journal
@@ -214,7 +215,8 @@ def undo_installs(out: str, *, conditional: bool = False) -> None:
     records = read_records(out, names)
     if layout.MANIFEST in names and records.latest is None:
         return  # no sound manifest to tell ours from theirs: leave everything for the user
-    listed = set(records.latest.files()) if records.latest is not None else set()
+    # what the dataset in place still has: an overwrite undone keeps its older generations whole
+    listed = records.kept()
     for journal in journals:
         doc = records.journals.get(journal)
         stale = sorted({*doc["files"], *doc["delete"]} - listed) if doc is not None else []

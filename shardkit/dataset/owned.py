@@ -7,8 +7,9 @@ is deleted only when both hold:
 - the layout gives it a form shardkit writes (:func:`shardkit.dataset.layout.kind`), and
 - a record shardkit wrote names it: the dataset's manifest or a kept generation's manifest (for
   pile, segment and key-hash files), an install journal (for the files an install moved in or
-  was to delete, and for the journal itself), the owner record written first into every staging
-  directory (for the directory).
+  was to delete, the kept manifests and indexes of the dataset an overwrite replaced, and for
+  the journal itself), the owner record written first into every staging directory (for the
+  directory).
 
 Anything else (a user's ``pile-notes.tar``, a folder named ``pile-dir.tar``, a file a tampered
 manifest names) is skipped, logged and returned by name: a delete never aborts half-way. A
@@ -34,7 +35,7 @@ from typing import Any
 from shardkit import manifest, storage
 from shardkit.dataset import layout
 from shardkit.dataset.staging import remove_tree
-from shardkit.errors import ShardkitError, StorageError
+from shardkit.errors import DatasetNotFoundError, ShardkitError, StorageError
 from shardkit.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,17 @@ class Records:
                 self.named |= {s.name, keys}
         self.named |= {layout.keys_name(f) for f in m.files()}
 
+    def kept(self) -> set[str]:
+        """Every name the manifest and the kept generations account for: the files they list and
+        those files' key hashes, the kept manifests, and the index of each of those generations."""
+        if self.latest is None:
+            return set()
+        found = {layout.generation_name(g) for g in self.generations}
+        for m in (self.latest, *self.generations.values()):
+            files = m.files()
+            found |= {*files, *(layout.keys_name(f) for f in files), layout.index_name(m.generation)}
+        return found
+
 
 def read_journal(directory: str, name: str) -> dict[str, list[str]] | None:
     """The install journal ``name`` in ``directory`` when it is one (lists of plain names), else None."""
@@ -101,6 +113,8 @@ def read_records(directory: str, names: Iterable[str] | None = None) -> Records:
         if kind == "journal" and (doc := read_journal(directory, name)) is not None:
             records.journals[name] = doc
             records.named |= {n for n in doc["files"] + doc["delete"] if layout.kind(n) == "data"}
+            # an overwrite deletes the kept manifests and indexes of the dataset it replaced
+            records.named |= {n for n in doc["delete"] if layout.kind(n) in ("generation", "index")}
         elif kind == "generation" and latest is not None:
             g = int(layout.GENERATION_FILE.fullmatch(name).group(1))  # type: ignore[union-attr]
             copy = _read_copy(directory, name)
@@ -121,6 +135,18 @@ def _read_copy(directory: str, name: str) -> Manifest | None:
         return None
 
 
+def _manifest_or_gone(directory: str, name: str) -> bool:
+    """``name`` in ``directory`` reads as a manifest, or is not there (nothing to delete)."""
+    url = storage.join(directory, name)
+    try:
+        manifest.parse(storage.read_bytes(url).decode("utf-8"), url)
+    except DatasetNotFoundError:
+        return True
+    except (ShardkitError, UnicodeDecodeError):
+        return False
+    return True
+
+
 @dataclass
 class Deletion:
     """What :func:`delete_owned` deleted (or, ``dry_run``, would delete), the bytes, and what it left and why."""
@@ -139,11 +165,15 @@ def why_not(directory: str, name: str, records: Records) -> str | None:
         return None if name in records.named else "no manifest or journal of this dataset names it"
     if kind == "generation":
         g = int(layout.GENERATION_FILE.fullmatch(name).group(1))  # type: ignore[union-attr]
-        return None if g in records.generations else "not a kept manifest of an older generation of this dataset"
+        if g in records.generations or (name in records.named and _manifest_or_gone(directory, name)):
+            return None
+        return "not a kept manifest of an older generation of this dataset"
     if kind == "index":
         g = int(layout.INDEX_FILE.fullmatch(name).group(1))  # type: ignore[union-attr]
         latest = records.latest
-        return None if latest is not None and g <= latest.generation else "no generation of this dataset has that number yet"
+        if (latest is not None and g <= latest.generation) or name in records.named:
+            return None
+        return "no generation of this dataset has that number yet"
     if kind == "journal":
         return None if name in records.journals else "not an install journal"
     if kind == "partial":  # an atomic write's temporary (a 128-bit random name) of a name of the layout
