@@ -8,7 +8,7 @@ import os
 import pytest
 
 import shardkit
-from shardkit import manifest
+from shardkit import manifest, storage
 from shardkit.dataset import layout
 from shardkit.dataset.owned import delete_owned, read_records
 from shardkit.dataset.transaction import Dataset
@@ -325,3 +325,25 @@ def test_an_overwrite_killed_before_its_manifest_went_in_leaves_every_old_genera
 def _keys(out) -> list[str]:
     with shardkit.loader(str(out), decode=False) as loader:
         return [s["__key__"] for s in loader]
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_an_append_replaces_a_kept_manifest_an_older_overwrite_left_of_another_dataset(tmp_path, request, where, caplog):
+    """Overwrites made before they removed every generation left the old dataset's kept manifests:
+    the first append of the new dataset must keep its own generation 0, not the stale copy."""
+    if where == "s3":
+        s3 = request.getfixturevalue("s3")
+        url, other = s3.url("ds"), s3.url("other")
+    else:
+        url, other = str(tmp_path / "ds"), str(tmp_path / "other")
+    _write(other, ["x0", "x1", "x2"])
+    stale = storage.read_bytes(storage.join(other, layout.MANIFEST))
+    _write(url, ["b0", "b1"])
+    storage.write_bytes(storage.join(url, layout.generation_name(0)), stale)  # as an older overwrite left it
+    with caplog.at_level("WARNING", logger="shardkit.dataset.transaction"):
+        _write(url, ["n1"], mode="append")
+    assert "replacing a copy of generation 0 that is another dataset's manifest" in caplog.text
+    assert Dataset(url).pinned(0).samples == 2
+    assert sorted(_keys(url)) == ["b0", "b1", "n1"]
+    _write(url, ["n2"], mode="append")  # an unchanged copy is left as it is
+    assert Dataset(url).pinned(0).samples == 2 and Dataset(url).pinned(1).samples == 3

@@ -296,13 +296,31 @@ class Transaction:
         self.generation = self.base.generation + 1
 
     def _keep_base(self, output: Output) -> None:
-        """Keep the replaced generation's manifest, as it was read, for loaders pinned to it."""
+        """Keep the replaced generation's manifest, as it was read, for loaders pinned to it.
+
+        A copy already there is kept when it holds the same bytes (a rerun, or an append racing
+        this one from the same generation, writes exactly these). Other bytes are an older
+        dataset's, left by an overwrite made before overwrites removed every generation: they
+        are replaced, or a loader pinned to this generation would read that other dataset."""
         assert self.base is not None and output.manifest_seen is not None
         copy = storage.join(output.path, layout.generation_name(self.base.generation))
         if output.conditional:
-            storage.put_if_absent(copy, output.manifest_seen)  # racing appends from one generation write the same bytes, once
-        elif not storage.exists(copy):
-            storage.write_bytes(copy, output.manifest_seen)
+            # racing appends from one generation write the same bytes, once
+            if storage.put_if_absent(copy, output.manifest_seen) or self._same(copy, output.manifest_seen):
+                return
+        elif self._same(copy, output.manifest_seen):
+            return
+        if storage.exists(copy):
+            log.warning("%s: replacing a copy of generation %d that is another dataset's manifest", copy, self.base.generation)
+        storage.write_bytes(copy, output.manifest_seen)
+
+    @staticmethod
+    def _same(url: str, data: bytes) -> bool:
+        """Whether ``url`` holds exactly ``data`` (False when there is no such file)."""
+        try:
+            return storage.read_bytes(url) == data
+        except DatasetNotFoundError:
+            return False
 
 
 def _nothing_to_append(path: str) -> str:
