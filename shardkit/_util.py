@@ -217,12 +217,16 @@ MAX_DURATION = 1000 * 366 * 86400
 
 def parse_duration(value: str | int | float, *, what: str) -> float:
     """Seconds in ``"90d"``, ``"1h"``, ``"30m"``, ``"45s"``, ``"2w"`` (or a number of seconds).
+    A bare ``"0"`` is zero in any unit; any other number written without a unit is refused (on a
+    command line, ``--grace 90`` meant as days would be 90 seconds).
 
     Raises:
         ConfigError: not a duration; the message names ``what``.
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
         seconds = float(value)
+    elif isinstance(value, str) and value.strip() == "0":
+        seconds = 0.0
     else:
         match = _DURATION.match(value) if isinstance(value, str) else None
         if match is None:

@@ -340,7 +340,9 @@ def test_gc_deletes_retired_files_after_the_grace_and_a_state_on_them_fails_nami
     before = set(os.listdir(out))
     report = shardkit.gc(out, grace="1h")  # generations 0 and 1 were replaced seconds ago
     assert report.deleted == [] and report.kept_generations == [0, 1, 2]
-    assert main(["gc", out, "--grace", "0s", "--dry-run"]) == 0
+    assert main(["gc", out, "--grace", "90", "--dry-run"]) == 1  # 90 what? refused, not taken as seconds
+    assert "grace: expected a duration like 90d, 12h, 30m or 45s, got '90'" in capsys.readouterr().err
+    assert main(["gc", out, "--grace", "0", "--dry-run"]) == 0  # zero needs no unit
     said = capsys.readouterr().out
     assert "would delete" in said and set(os.listdir(out)) == before
     doomed = shardkit.gc(out, grace=0, dry_run=True).deleted
