@@ -94,8 +94,9 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 VERIFY = Command(
     name="verify",
-    help="check every pile's size, checksum, tar structure and sample count against the manifest",
-    description="Read every pile and compare it with shardkit.json. Exit 0 when all is well, 1 listing each problem.",
+    help="check every pile's size, checksum, tar structure and sample count against the manifest, and the keys files",
+    description="Read every pile (and each segment of a grown one) and compare it with shardkit.json, and each segment's "
+    "keys file with its keys. Exit 0 when all is well, 1 listing each problem.",
     run=_run_verify,
     arguments=(
         arg("directory", metavar="DIR", help="a shardkit dataset directory"),
