@@ -36,6 +36,7 @@ from shardkit.storage.local import (
     fsync_file,
     is_mapped,
     lock_file,
+    make_dirs,
     sync_files,
     unmap,
     write_chunks,
@@ -288,17 +289,20 @@ def entries(url: str, *, missing_ok: bool = False) -> list[Entry]:
     return store_for(url).entries(missing_ok=missing_ok)
 
 
-def makedirs(url: str | os.PathLike[str]) -> None:
+def makedirs(url: str | os.PathLike[str]) -> list[str]:
     """Create the directory ``url`` and its parents, unless it is there (nothing to do in a
-    store without directories)."""
+    store without directories). Returns the local directories this call created, outermost
+    first (see :func:`~shardkit.storage.local.make_dirs`); none for an object store, whose
+    "directories" are only prefixes."""
     url = os.fspath(url)
     path = local_path(url)
     with guard(url, "create the directory"):
         if path is not None:
-            os.makedirs(path, exist_ok=True)
-        elif isinstance(store_for(url), FsspecStore):
+            return make_dirs(path)
+        if isinstance(store_for(url), FsspecStore):
             fs, p = remote.filesystem(url)
             remote.call(url, fs, lambda: fs.makedirs(p, exist_ok=True))
+    return []
 
 
 def listdir(url: str, *, missing_ok: bool = False) -> list[str]:

@@ -4,6 +4,7 @@ write_chunks(fd, [header, data, padding])   # one writev per 1024 buffers
 sync_files(paths)                           # one syncfs on Linux, however many files
 Writeback(staging).start()                  # the disk writes back now, in a thread, what sync_files will wait for
 fd = lock_file("out/.shardkit-lock", wait=False)   # None when another process holds it
+made = make_dirs("out/train")                    # the directories this call created, outermost first
 """
 
 from __future__ import annotations
@@ -81,6 +82,30 @@ def lock_file(path: str, *, wait: bool) -> int | None:
             os.close(fd)
             raise
         os.close(fd)  # the name now points to another file, or none: the lock we hold guards nothing
+
+
+def make_dirs(path: str) -> list[str]:
+    """Create the directory ``path`` and its missing parents, like ``os.makedirs(exist_ok=True)``;
+    the directories this call created, outermost first (absolute paths). One another process
+    made meanwhile is not in the list: only the job that made a directory may remove it again."""
+    missing = []
+    head = os.path.abspath(path)
+    while not os.path.exists(head):  # as os.makedirs: a file in the way fails at the mkdir below it, named
+        missing.append(head)
+        parent = os.path.dirname(head)
+        if parent == head:
+            break
+        head = parent
+    made = []
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
+            continue  # another process made it first: it is not this call's
+        made.append(directory)
+    return made
 
 
 def fsync_dir(path: str) -> None:
