@@ -711,7 +711,7 @@ def test_disk_full_says_how_much_was_needed_and_how_much_is_free(place, tmp_path
     assert isinstance(error, OSError) and error.errno == errno.ENOSPC
     assert error.url.endswith("000000.part")
     assert "needed 6.0 KiB, " in str(error) and " free on the device of " in str(error)
-    assert not os.listdir(tmp_path / "out")  # the staging directory went with the failed job
+    assert not (tmp_path / "out").exists()  # the staging directory went with the failed job, and the folder it made
 
 
 def test_storage_errors_keep_their_url_and_errno_across_processes():

@@ -138,3 +138,24 @@ def test_append_and_another_mode_are_refused_in_either_order(tmp_path, shards, c
     assert main(["pile", str(shards / "*.tar"), "-o", str(tmp_path / "other"), "--piles", "2", "-q", "--mode", "append", "--append"]) == 1
     assert "no shardkit dataset to append to" in capsys.readouterr().err
     assert not (tmp_path / "other").exists()  # the failed append made no folder
+
+
+@pytest.mark.parametrize("command", ["pile", "shuffle"])
+def test_a_failed_job_leaves_no_folder_behind_and_a_rerun_writes_it(tmp_path, shards, capsys, command):
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"garbage")
+    out = tmp_path / "x" / "out"  # neither folder was there
+    assert main([command, str(bad), "-o", str(out), "--piles", "4", "-q"]) == 1
+    assert str(bad) in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    assert main([command, str(shards / "*.tar"), "-o", str(out), "--piles", "4", "-q"]) == 0
+    assert manifest.read(str(out)).samples == 60
+
+
+def test_a_failed_job_keeps_the_folder_that_was_there(tmp_path, capsys):
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"garbage")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["pile", str(bad), "-o", str(out), "--piles", "4", "-q"]) == 1
+    assert out.is_dir() and os.listdir(out) == []

@@ -189,7 +189,7 @@ NOT_DATASET_FILES = {
 # writers that still touch local files past the store, and why; the list only shrinks
 PAST_THE_STORE = {
     "shardkit/dataset/staging.py": "makes, checks and removes private staging directories without following a link (O_NOFOLLOW, dir_fd)",
-    "shardkit/dataset/owned.py": "deletes a staging directory: lstat and a walk that follows no link",
+    "shardkit/dataset/owned.py": "deletes a staging directory (lstat, a walk following no link) and a failed job's empty output (rmdir)",
     "shardkit/dataset/leftovers.py": "probes the flock of other jobs' stagings in TMPDIR without creating the lock file",
     "shardkit/piles/resume.py": "renames a finished pass 1's staging aside before removing it, and sums what it holds for the log",
 }

@@ -250,6 +250,17 @@ def test_fn_job_runs_in_worker_processes(job_dir):
     assert got == [("a", b"2"), ("b", b"2")]
 
 
+def test_a_failed_job_leaves_no_output_folder_and_runs_once_its_input_is_mended(job_dir, capsys):
+    (job_dir / "data" / "b.jsonl").write_text("not json\n")
+    path = _write(job_dir, VALID)
+    assert main(["run", "-q", path]) == 1
+    assert "b.jsonl" in capsys.readouterr().err
+    assert not (job_dir / "out").exists()
+    (job_dir / "data" / "b.jsonl").write_text('{"x": 3}\n')
+    assert main(["run", "-q", path]) == 0
+    assert shardkit.manifest.read(str(job_dir / "out")).samples == 3
+
+
 def test_skip_policy_counts_failing_units(job_dir):
     (job_dir / "data" / "b.jsonl").write_text("not json\n")
     m = run_job(load_job(_write(job_dir, VALID + "on_error: skip\n")), quiet=True)

@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -229,3 +231,69 @@ def test_an_install_cut_short_is_undone_or_finished_by_the_next_job(tmp_path, ma
     kept = "pile-000000.tar" if manifest_in_place == "old" else "pile-000000.v1.tar"
     assert sorted(os.listdir(out)) == [kept, "shardkit.json"]
     assert shardkit.verify(str(out), quiet=True) == []
+
+
+def _failed_writer(out, error: BaseException, *, meanwhile=None) -> None:
+    """A PileWriter into ``out`` that wrote a sample, ran ``meanwhile()`` and was left by ``error``."""
+    with pytest.raises(type(error)), shardkit.PileWriter(out, piles=4, buffer_size=1000) as w:
+        for s in make_samples(50):  # part files reach the disk
+            w.write(s)
+        if meanwhile is not None:
+            meanwhile()
+        raise error
+
+
+@pytest.mark.parametrize("error", [RuntimeError("stop"), KeyboardInterrupt()], ids=["exception", "ctrl-c"])
+def test_a_failed_create_removes_the_folders_it_made_and_a_rerun_writes_them(tmp_path, error):
+    out = tmp_path / "new" / "ds"  # its parent is made too
+    _failed_writer(out, error)
+    assert os.listdir(tmp_path) == []
+    with shardkit.PileWriter(out, piles=4) as w:
+        w.write({"__key__": "a", "cls": 1})
+    assert manifest.read(str(out)).samples == 1
+
+
+def test_a_failed_create_keeps_a_folder_that_was_there(tmp_path):
+    out = tmp_path / "ds"
+    out.mkdir()
+    _failed_writer(out, RuntimeError("stop"))
+    assert os.listdir(out) == []  # its lock and staging gone, the folder kept
+    claim(out, overwrite=False).release()
+    assert out.is_dir()
+
+
+@pytest.mark.parametrize("where", ["ds", "parent"])
+def test_a_file_put_in_a_made_folder_during_the_job_keeps_it_and_the_file(tmp_path, where):
+    out = tmp_path / "new" / "ds"
+    mine = out / "notes.txt" if where == "ds" else tmp_path / "new" / "notes.txt"
+    _failed_writer(out, RuntimeError("stop"), meanwhile=lambda: mine.write_text("mine"))
+    assert mine.read_text() == "mine"
+    assert os.listdir(mine.parent) == ["notes.txt"]  # the output, made and empty, goes when the file is beside it
+    with shardkit.PileWriter(out, piles=2) as w:
+        w.write({"__key__": "a", "cls": 1})
+    assert mine.read_text() == "mine"
+
+
+def test_a_job_waiting_for_the_lock_of_one_that_fails_makes_the_folder_again(tmp_path, monkeypatch):
+    from shardkit.dataset import lock
+
+    out = str(tmp_path / "ds")
+    first = claim(out, overwrite=False)  # made the folder
+    waiting, released = threading.Event(), threading.Event()
+
+    def sleep(seconds: float) -> None:  # the second job found the lock held: it looks again once the first let go
+        waiting.set()
+        released.wait(30)
+
+    monkeypatch.setattr(lock, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+    got: list = []
+    second = threading.Thread(target=lambda: got.append(claim(out, overwrite=False)))
+    second.start()
+    assert waiting.wait(30)
+    first.release()  # published nothing: the folder goes
+    assert not os.path.exists(out)
+    released.set()
+    second.join(30)
+    assert len(got) == 1 and os.path.isdir(out)
+    got[0].release()
+    assert not os.path.exists(out)

@@ -7,7 +7,11 @@ first. The kernel drops the lock when its holder dies, however it dies, so a dea
 never in the way: the next job takes it and removes what the dead one left (staging
 directories, half-written temporaries, and the files of an install it did not finish, which its
 journal lists), which nothing else can be writing while the lock is held. On a network file
-system the lock is as good as the file system's locking (NFSv4 locks work).
+system the lock is as good as the file system's locking (NFSv4 locks work). A job that created
+the output directory (and its missing parents) and publishes nothing removes them again when it
+lets go, each only while it is empty (:func:`~shardkit.dataset.owned.remove_made`): a failed
+job leaves nothing that was not there, and never touches a directory that was, or what anyone
+else put in one, or a pass 1's staging kept for a resume.
 
 An object-store output (``s3://bucket/prefix``) has no lock: object stores offer none that a
 dead job gives back. There the store itself picks the one writer: a job commits its manifest
@@ -49,7 +53,7 @@ from shardkit import manifest, redact, storage
 from shardkit._util import check_path
 from shardkit.dataset import layout
 from shardkit.dataset.leftovers import clear_dead_staging, clear_leftovers, undo_installs
-from shardkit.dataset.owned import Records, delete_owned
+from shardkit.dataset.owned import Records, delete_owned, remove_made
 from shardkit.dataset.staging import make_staging, write_owner
 from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError, ShardkitError
 
@@ -83,6 +87,9 @@ class Output:
     manifest_version: str | None = None
     # what the journal says now (see journal())
     journaled: dict[str, Any] | None = None
+    # the local directories this job created for the output, outermost first: removed again on
+    # release while empty, unless the job published (see release())
+    made: list[str] = field(default_factory=list)
 
     @property
     def store(self) -> storage.Store:
@@ -165,6 +172,7 @@ class Output:
         if not self.conditional:
             self.check_unchanged()
             manifest.write(self.path, result)
+            self.made = []  # the directory holds a dataset now
             return
         url = storage.join(self.path, manifest.MANIFEST)
         if not storage.put_if_unchanged(url, result.to_json().encode("utf-8"), seen=self.manifest_version):
@@ -181,11 +189,17 @@ class Output:
             undo_installs(self.path, conditional=True)
 
     def release(self) -> None:
-        """Let the output go: remove the lock file and drop the lock. Idempotent."""
+        """Let the output go: remove the lock file and drop the lock; then, when the job created
+        the output directory and published nothing, remove it (and the parents it made) again
+        while it is empty. Idempotent."""
         if self.released:
             return
         self.released = True
-        self.held.close()
+        made, self.made = self.made, []
+        try:
+            self.held.close()
+        finally:
+            remove_made(made)
 
 
 def remove_staging(path: str) -> None:
@@ -212,9 +226,12 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
     out = local
     if store.exists("") and not store.is_dir(""):
         raise ConfigError(f"{out}: output exists and is not a directory")
-    storage.makedirs(out)
     output = Output(out, uuid.uuid4().hex, None)
-    _lock(output)
+    try:
+        _lock(output)
+    except BaseException:
+        output.release()  # the directories it made go again
+        raise
     try:
         clear_leftovers(out)  # first: a dead job's half-installed files are not a dataset
         _check_empty(out, overwrite, files)
@@ -305,7 +322,16 @@ def _lock(output: Output) -> None:
     """
     store, me = output.store, _whoami(output.token)
     deadline = time.monotonic() + _LOCK_GRACE
-    while not output.held.enter_context(store.lock(LOCK, wait=False, holder=me)):
+    while True:
+        # made again when the job that held the lock made the directory, failed and removed it meanwhile
+        output.made += [d for d in storage.makedirs(output.path) if d not in output.made]
+        try:
+            if output.held.enter_context(store.lock(LOCK, wait=False, holder=me)):
+                return
+        except DatasetNotFoundError:
+            if store.exists("") or time.monotonic() >= deadline:
+                raise
+            continue  # removed between the two steps
         if time.monotonic() >= deadline:
             raise DatasetExistsError(
                 f"{output.path}: another job is writing here ({_read_holder(store)}); wait for it to finish (a dead job's lock is "

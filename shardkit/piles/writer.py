@@ -64,7 +64,7 @@ class PileWriter:
         codecs: encoders by extension (default :data:`shardkit.codecs.DEFAULT`).
 
     Leaving the ``with`` block on an exception (Ctrl-C included) removes the staging files and
-    writes no manifest.
+    writes no manifest; an output folder the writer made goes too, unless something else is in it.
     """
 
     def __init__(
