@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -18,6 +19,7 @@ from scipy import stats
 import shardkit
 from shardkit import manifest
 from shardkit.cli.main import main
+from shardkit.dataset import layout
 from shardkit.dataset.transaction import Dataset
 
 LOADER_SEED = 100_000  # loader seeds kept apart from writer seeds
@@ -365,6 +367,31 @@ def test_a_state_fails_naming_its_generation_when_its_files_are_deleted(tmp_path
     os.unlink(tmp_path / "ds" / "pile-000000.tar")
     with pytest.raises(shardkit.DatasetNotFoundError, match=r"generation 0 is gone: 1 of its files were deleted \(pile-000000.tar"):
         shardkit.loader(out, decode=False).load_state_dict(state)
+
+
+def test_gc_reports_what_dead_jobs_left_and_a_dry_run_lists_it_and_removes_nothing(tmp_path, capsys):
+    out = tmp_path / "ds"
+    _write(str(out), ["a0", "a1"])
+    # what a job killed while installing leaves: its staging, a half-written manifest, a journal and the pile it moved in
+    staging = out / f"{layout.STAGING_PREFIX}{'0' * 32}"
+    staging.mkdir()
+    (staging / layout.OWNER).write_text("{}")
+    (staging / "000000.part").write_bytes(b"x" * 100)
+    partial = f"{manifest.MANIFEST}.partial-{'a' * 32}"
+    (out / partial).write_text("{")
+    (out / "pile-000007.tar").write_bytes(b"y" * 512)
+    journal = layout.journal_name("1" * 32)
+    (out / journal).write_text(json.dumps({"files": ["pile-000007.tar"], "delete": []}))
+    dead = {staging.name, partial, "pile-000007.tar", journal}
+    before = set(os.listdir(out))
+    assert main(["gc", str(out), "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert set(os.listdir(out)) == before  # a dry run removes nothing, a dead job's leftovers included
+    assert "would delete 4 files" in said and all(f"\n  {name}\n" in said + "\n" for name in dead), said
+    dry = shardkit.gc(str(out), dry_run=True)
+    report = shardkit.gc(str(out))
+    assert set(report.deleted) == dead and report.deleted == dry.deleted and report.freed == dry.freed >= 100 + 512
+    assert set(os.listdir(out)) == before - dead
 
 
 def test_gc_refuses_a_directory_without_a_dataset(tmp_path):

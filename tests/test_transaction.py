@@ -115,6 +115,8 @@ def test_a_create_transaction_refuses_a_dataset_and_collect_publishes_nothing(tm
         Dataset(out).transaction().open()
     with pytest.raises(ConfigError, match="mode: expected one of 'create', 'append', 'collect', got 'replace'"):
         Dataset(out).transaction(mode="replace")
+    with pytest.raises(ConfigError, match="dry_run: only a 'collect' transaction"):
+        Dataset(out).transaction(dry_run=True)
     with Dataset(out).transaction(mode="collect") as txn:
         with pytest.raises(ConfigError, match="publishes nothing"):
             txn.commit([], manifest.read(out))

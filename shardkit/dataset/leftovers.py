@@ -27,7 +27,7 @@ from typing import Any
 
 from shardkit import manifest, storage
 from shardkit.dataset import layout
-from shardkit.dataset.owned import Records, delete_owned, read_records
+from shardkit.dataset.owned import Deletion, Records, delete_owned, read_records
 from shardkit.dataset.staging import check_staging, published_staging, staging_path
 from shardkit.errors import ManifestError, ShardkitError
 from shardkit.manifest import Manifest
@@ -159,12 +159,16 @@ def clear_dead_staging(temp: str) -> None:
         delete_owned(temp, dead, reason="left by a job that did not finish", records=read_records(temp, []))
 
 
-def clear_leftovers(out: str) -> None:
-    """Remove what dead jobs left: nobody else writes here while this job holds the lock."""
-    undo_installs(out)
-    names = [n for n in storage.listdir(out) if leftover(n) and layout.kind(n) in ("staging", "journal", "partial")]
+def clear_leftovers(out: str, *, dry_run: bool = False) -> Deletion:
+    """Remove what dead jobs left: nobody else writes here while this job holds the lock. Returns
+    what went (with ``dry_run``, what would go: nothing is removed)."""
+    done = undo_installs(out, dry_run=dry_run)
+    names = [
+        n for n in storage.listdir(out) if leftover(n) and layout.kind(n) in ("staging", "journal", "partial") and n not in done.deleted
+    ]
     if names:
-        delete_owned(out, names, reason="left by a job that did not finish")
+        done.add(delete_owned(out, names, reason="left by a job that did not finish", dry_run=dry_run))
+    return done
 
 
 def read_journals(out: str, names: list[str] | None = None) -> dict[str, Any]:
@@ -194,7 +198,7 @@ def journal_names(doc: Any) -> list[str]:
         return []
 
 
-def undo_installs(out: str, *, conditional: bool = False) -> None:
+def undo_installs(out: str, *, conditional: bool = False, dry_run: bool = False) -> Deletion:
     """Finish or undo the install of a job that died in it: of the files its journal lists (those
     it moved in, those it was to delete), remove every one the manifest in place and its kept
     older generations do not account for (:meth:`~shardkit.dataset.owned.Records.kept`), then
@@ -202,7 +206,10 @@ def undo_installs(out: str, *, conditional: bool = False) -> None:
 
     With conditional writes (no lock), only the journals of jobs that can no longer publish
     (:func:`live`): the journals are read before the manifest's version is asked, so a journal
-    from another version is from one replaced before."""
+    from another version is from one replaced before.
+
+    Returns what went (with ``dry_run``, what would go: nothing is removed)."""
+    undone = Deletion()
     names = storage.listdir(out, missing_ok=True)
     journals = [n for n in names if layout.kind(n) == "journal"]
     if conditional and journals:
@@ -211,18 +218,20 @@ def undo_installs(out: str, *, conditional: bool = False) -> None:
         # one that vanished since the listing was its job's to remove (it lost, or published)
         journals = [n for n in journals if docs[n] is not None and not live(docs[n], version)]
     if not journals:
-        return
+        return undone
     records = read_records(out, names)
     if layout.MANIFEST in names and records.latest is None:
-        return  # no sound manifest to tell ours from theirs: leave everything for the user
+        return undone  # no sound manifest to tell ours from theirs: leave everything for the user
     # what the dataset in place still has: an overwrite undone keeps its older generations whole
     listed = records.kept()
     for journal in journals:
         doc = records.journals.get(journal)
-        stale = sorted({*doc["files"], *doc["delete"]} - listed) if doc is not None else []
-        done = delete_owned(out, stale, reason="left by a job that died while publishing", records=records)
+        stale = sorted({*doc["files"], *doc["delete"]} - listed - set(undone.deleted)) if doc is not None else []
+        done = delete_owned(out, stale, reason="left by a job that died while publishing", records=records, dry_run=dry_run)
+        undone.add(done)
         if not done.skipped or all(why.startswith("not a name") for _, why in done.skipped):
-            delete_owned(out, [journal], reason="its install is undone", records=records)
+            undone.add(delete_owned(out, [journal], reason="its install is undone", records=records, dry_run=dry_run))
+    return undone
 
 
 def discard_staging(path: str, out: str = "") -> None:

@@ -53,7 +53,7 @@ from shardkit import manifest, redact, storage
 from shardkit._util import check_path
 from shardkit.dataset import layout
 from shardkit.dataset.leftovers import clear_dead_staging, clear_leftovers, undo_installs
-from shardkit.dataset.owned import Records, delete_owned, remove_made
+from shardkit.dataset.owned import Deletion, Records, delete_owned, remove_made
 from shardkit.dataset.staging import make_staging, write_owner
 from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError, ShardkitError
 
@@ -90,6 +90,8 @@ class Output:
     # the local directories this job created for the output, outermost first: removed again on
     # release while empty, unless the job published (see release())
     made: list[str] = field(default_factory=list)
+    # what the claim removed of dead jobs' leftovers in the output (with dry_run: would remove)
+    cleared: Deletion = field(default_factory=Deletion)
 
     @property
     def store(self) -> storage.Store:
@@ -207,12 +209,13 @@ def remove_staging(path: str) -> None:
     delete_owned(os.path.dirname(path), [os.path.basename(path)], reason="the job's staging", records=Records())
 
 
-def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[str] = PILE_FILE) -> Output:
+def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[str] = PILE_FILE, dry_run: bool = False) -> Output:
     """Create the output directory, take its lock, clear a dead job's leftovers, check what is there.
 
     Unless ``overwrite``, refuse a directory holding a dataset, or holding files named like the
     ones this job writes (``files``) without a manifest: they would be mixed with the new
-    dataset or replaced by it.
+    dataset or replaced by it. What was cleared is in the output's ``cleared``; with ``dry_run``
+    (gc's) the leftovers stay, and ``cleared`` says what would have gone.
 
     Raises:
         ConfigError: the output is a file; DatasetExistsError: a dataset or such
@@ -222,7 +225,7 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
     store = storage.store_for(out)
     local = store.local_file()
     if local is None:
-        return _claim_remote(out.rstrip("/"), overwrite, files)
+        return _claim_remote(out.rstrip("/"), overwrite, files, dry_run)
     out = local
     if store.exists("") and not store.is_dir(""):
         raise ConfigError(f"{out}: output exists and is not a directory")
@@ -233,7 +236,7 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
         output.release()  # the directories it made go again
         raise
     try:
-        clear_leftovers(out)  # first: a dead job's half-installed files are not a dataset
+        output.cleared = clear_leftovers(out, dry_run=dry_run)  # first: a dead job's half-installed files are not a dataset
         _check_empty(out, overwrite, files)
         output.manifest_seen = _manifest_bytes(out)
     except BaseException:
@@ -242,16 +245,17 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
     return output
 
 
-def _claim_remote(out: str, overwrite: bool, files: re.Pattern[str]) -> Output:
+def _claim_remote(out: str, overwrite: bool, files: re.Pattern[str], dry_run: bool) -> Output:
     """:func:`claim` for an object-store output: no lock (see the module's docstring)."""
-    clear_dead_staging(tempfile.gettempdir())
+    if not dry_run:
+        clear_dead_staging(tempfile.gettempdir())
     output = Output(out, uuid.uuid4().hex, None)
     _check_writable(output)
     url = storage.join(out, manifest.MANIFEST)
     output.conditional = storage.can_put_if_absent(url)
     if not output.conditional:
         _single_writer(out)
-    undo_installs(out, conditional=output.conditional)
+    output.cleared = undo_installs(out, conditional=output.conditional, dry_run=dry_run)
     _check_empty(out, overwrite, files)
     if output.conditional:
         output.manifest_version = storage.version(url)  # first: bytes read after it are as new or newer

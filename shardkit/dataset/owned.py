@@ -158,6 +158,13 @@ class Deletion:
     freed: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
+    def add(self, other: Deletion) -> Deletion:
+        """This deletion with ``other``'s names, bytes and skips added (returned for chaining)."""
+        self.deleted += other.deleted
+        self.freed += other.freed
+        self.skipped += other.skipped
+        return self
+
 
 def why_not(directory: str, name: str, records: Records) -> str | None:
     """Why ``name`` in ``directory`` is not shardkit's to delete; None when it is (see the module's docstring)."""

@@ -115,7 +115,13 @@ class Dataset:
         return leftovers.find(self.path, leftovers.unlisted(self.path, latest), latest.generation)
 
     def transaction(
-        self, *, mode: str = "create", resume: bool = False, overwrite: bool = False, files: re.Pattern[str] = layout.PILE_FILE
+        self,
+        *,
+        mode: str = "create",
+        resume: bool = False,
+        overwrite: bool = False,
+        files: re.Pattern[str] = layout.PILE_FILE,
+        dry_run: bool = False,
     ) -> Transaction:
         """A transaction on this dataset, begun when its ``with`` block is entered (see :class:`Transaction`).
 
@@ -124,10 +130,14 @@ class Dataset:
             resume: the job takes up a pass 1's committed work (see :mod:`shardkit.piles.resume`).
             overwrite: a ``"create"`` may replace a dataset, or files named like ``files``.
             files: the names of the files the job writes (piles, or an eager shuffle's shards).
+            dry_run: (``"collect"`` only) leave dead jobs' leftovers in place; the output's
+                ``cleared`` says what would have gone (``gc --dry-run``).
         """
         if mode not in MODES:
             raise ConfigError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
-        return Transaction(self, mode=mode, resume=resume, overwrite=overwrite, files=files)
+        if dry_run and mode != "collect":
+            raise ConfigError(f"dry_run: only a 'collect' transaction can leave leftovers in place, not {mode!r}")
+        return Transaction(self, mode=mode, resume=resume, overwrite=overwrite, files=files, dry_run=dry_run)
 
 
 class Transaction:
@@ -139,8 +149,11 @@ class Transaction:
         result: the manifest :meth:`commit` put in (None until then).
     """
 
-    def __init__(self, dataset: Dataset, *, mode: str, resume: bool, overwrite: bool, files: re.Pattern[str]) -> None:
+    def __init__(
+        self, dataset: Dataset, *, mode: str, resume: bool, overwrite: bool, files: re.Pattern[str], dry_run: bool = False
+    ) -> None:
         self.dataset, self.mode, self.resume, self.overwrite, self.files = dataset, mode, resume, overwrite, files
+        self.dry_run = dry_run
         self.output: Output | None = None
         self.base: Manifest | None = None
         self.generation = 0
@@ -164,7 +177,8 @@ class Transaction:
             if local is not None and not store.exists(""):
                 # fail before the lock makes the directory: a failed job leaves nothing that was not there
                 raise DatasetNotFoundError(_nothing_to_append(local))
-        self.output = claim(self.dataset.path, overwrite=self.overwrite or self.mode != "create", files=self.files)
+        overwrite = self.overwrite or self.mode != "create"
+        self.output = claim(self.dataset.path, overwrite=overwrite, files=self.files, dry_run=self.dry_run)
         try:
             if self.mode == "append":
                 self._read_base()

@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class GcReport:
-    """What :func:`gc` deleted (or, with ``dry_run``, would delete) and which generations it kept."""
+    """What :func:`gc` deleted (or, with ``dry_run``, would delete), the leftovers of dead jobs it
+    cleared first included, and which generations it kept."""
 
     deleted: list[str] = field(default_factory=list)
     freed: int = 0
@@ -58,7 +59,7 @@ def gc(directory: str | os.PathLike[str], *, grace: str | int | float = "1h", dr
     Args:
         grace: how long a generation's files outlive it once it is no longer the current one
             (``"1h"``, ``"7d"``, or seconds): loaders pinned to it keep reading that long.
-        dry_run: only report what would be deleted.
+        dry_run: only report what would be deleted (dead jobs' leftovers stay too).
 
     Raises:
         DatasetNotFoundError: no dataset there; DatasetExistsError: a job is writing to it (gc
@@ -67,15 +68,20 @@ def gc(directory: str | os.PathLike[str], *, grace: str | int | float = "1h", dr
     out = check_path("directory", directory)
     seconds = parse_duration(grace, what="grace")
     manifest.read(out)  # no dataset: fail before the transaction makes the directory
-    # locally no append publishes while files are being deleted
-    with Dataset(out).transaction(mode="collect") as txn:
+    # locally no append publishes while files are being deleted; taking the output clears what
+    # dead jobs left (dry, says what it would clear): those files are gc's deletions too
+    with Dataset(out).transaction(mode="collect", dry_run=dry_run) as txn:
         assert txn.output is not None
+        cleared = txn.output.cleared
         if txn.output.conditional:
             latest, names, spare = _beside_jobs(txn.path, seconds)
         else:
             latest = manifest.read(txn.path)
             names, spare = storage.listdir(txn.path), None
+        names = [n for n in names if n not in cleared.deleted]  # a dry run still sees them: not counted twice
         report = _collect(txn.path, latest, seconds, dry_run, names, spare)
+        report.deleted[:0] = cleared.deleted
+        report.freed += cleared.freed
         # the staging of an append that died after it published
         if leftovers.remove_published(txn.path, latest.generation, dry_run=dry_run):
             report.deleted.append(layout.STAGING)
