@@ -347,3 +347,26 @@ def test_an_append_replaces_a_kept_manifest_an_older_overwrite_left_of_another_d
     assert sorted(_keys(url)) == ["b0", "b1", "n1"]
     _write(url, ["n2"], mode="append")  # an unchanged copy is left as it is
     assert Dataset(url).pinned(0).samples == 2 and Dataset(url).pinned(1).samples == 3
+
+
+def test_a_journal_whose_file_could_not_be_removed_yet_is_kept_for_the_next_job(tmp_path, monkeypatch):
+    out = tmp_path / "ds"
+    _write(out, ["a0", "a1"])
+    stray = out / "pile-000000.v1.tar"  # an overwrite's new pile, moved in before the job died
+    stray.write_bytes(b"x" * 1024)
+    journal = out / layout.journal_name("0" * 32)
+    journal.write_text(json.dumps({"files": [stray.name], "delete": []}))
+    real_unlink = os.unlink
+
+    def busy(path, *args, **kwargs):
+        if str(path).endswith(stray.name):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", busy)
+    shardkit.gc(str(out), grace=0)
+    assert stray.exists() and journal.exists(), "the journal is the only record that the stray file is shardkit's"
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    report = shardkit.gc(str(out), grace=0)
+    assert not stray.exists() and not journal.exists()
+    assert stray.name in report.deleted

@@ -163,9 +163,8 @@ def clear_leftovers(out: str, *, dry_run: bool = False) -> Deletion:
     """Remove what dead jobs left: nobody else writes here while this job holds the lock. Returns
     what went (with ``dry_run``, what would go: nothing is removed)."""
     done = undo_installs(out, dry_run=dry_run)
-    names = [
-        n for n in storage.listdir(out) if leftover(n) and layout.kind(n) in ("staging", "journal", "partial") and n not in done.deleted
-    ]
+    # journals are undo_installs' alone: one it kept names a file it could not remove yet, for the next job to retry
+    names = [n for n in storage.listdir(out) if leftover(n) and layout.kind(n) in ("staging", "partial") and n not in done.deleted]
     if names:
         done.add(delete_owned(out, names, reason="left by a job that did not finish", dry_run=dry_run))
     return done
