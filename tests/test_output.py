@@ -244,10 +244,10 @@ def _failed_writer(out, error: BaseException, *, meanwhile=None) -> None:
 
 
 @pytest.mark.parametrize("error", [RuntimeError("stop"), KeyboardInterrupt()], ids=["exception", "ctrl-c"])
-def test_a_failed_create_removes_the_folders_it_made_and_a_rerun_writes_them(tmp_path, error):
-    out = tmp_path / "new" / "ds"  # its parent is made too
+def test_a_failed_create_removes_the_folder_it_made_and_a_rerun_writes_it(tmp_path, error):
+    out = tmp_path / "new" / "ds"  # its parent is made too, and stays: another job may be making a folder beside it
     _failed_writer(out, error)
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == ["new"] and os.listdir(tmp_path / "new") == []
     with shardkit.PileWriter(out, piles=4) as w:
         w.write({"__key__": "a", "cls": 1})
     assert manifest.read(str(out)).samples == 1
@@ -262,13 +262,12 @@ def test_a_failed_create_keeps_a_folder_that_was_there(tmp_path):
     assert out.is_dir()
 
 
-@pytest.mark.parametrize("where", ["ds", "parent"])
-def test_a_file_put_in_a_made_folder_during_the_job_keeps_it_and_the_file(tmp_path, where):
+def test_a_file_put_in_a_made_folder_during_the_job_keeps_it_and_the_file(tmp_path):
     out = tmp_path / "new" / "ds"
-    mine = out / "notes.txt" if where == "ds" else tmp_path / "new" / "notes.txt"
+    mine = out / "notes.txt"
     _failed_writer(out, RuntimeError("stop"), meanwhile=lambda: mine.write_text("mine"))
     assert mine.read_text() == "mine"
-    assert os.listdir(mine.parent) == ["notes.txt"]  # the output, made and empty, goes when the file is beside it
+    assert os.listdir(mine.parent) == ["notes.txt"]
     with shardkit.PileWriter(out, piles=2) as w:
         w.write({"__key__": "a", "cls": 1})
     assert mine.read_text() == "mine"
@@ -297,3 +296,31 @@ def test_a_job_waiting_for_the_lock_of_one_that_fails_makes_the_folder_again(tmp
     assert len(got) == 1 and os.path.isdir(out)
     got[0].release()
     assert not os.path.exists(out)
+
+
+def test_a_failed_job_leaves_the_parent_another_job_is_making_its_folder_in(tmp_path, monkeypatch):
+    """Job A (-o runs/train) made runs/ and fails as job B (-o runs/val), which found runs/ there,
+    makes its folder: B must not lose its parent."""
+    runs = tmp_path / "runs"
+    a = claim(str(runs / "train"), overwrite=False)
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        if str(path).endswith("val") and not a.released:
+            a.release()
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    b = claim(str(runs / "val"), overwrite=False)
+    assert os.listdir(runs) == ["val"]  # A's folder gone, B's made, their parent kept
+    b.release()
+    assert os.listdir(runs) == []
+
+
+def test_an_output_reached_through_a_link_and_dotdot_is_made_where_the_system_puts_it(tmp_path, monkeypatch):
+    (tmp_path / "disk" / "deep").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "disk" / "deep")
+    monkeypatch.chdir(tmp_path)
+    with shardkit.PileWriter("link/../out", piles=2, seed=0) as w:
+        w.write({"__key__": "a", "txt": "x"})
+    assert manifest.read(str(tmp_path / "disk" / "out")).samples == 1 and not (tmp_path / "out").exists()

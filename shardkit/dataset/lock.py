@@ -8,10 +8,11 @@ never in the way: the next job takes it and removes what the dead one left (stag
 directories, half-written temporaries, and the files of an install it did not finish, which its
 journal lists), which nothing else can be writing while the lock is held. On a network file
 system the lock is as good as the file system's locking (NFSv4 locks work). A job that created
-the output directory (and its missing parents) and publishes nothing removes them again when it
-lets go, each only while it is empty (:func:`~shardkit.dataset.owned.remove_made`): a failed
-job leaves nothing that was not there, and never touches a directory that was, or what anyone
-else put in one, or a pass 1's staging kept for a resume.
+the output directory and publishes nothing removes it again when it lets go, only while it is
+empty (:func:`~shardkit.dataset.owned.remove_made`): a failed job leaves no folder that looks
+like an output, and never touches a directory that was there, or what anyone else put in one, or
+a pass 1's staging kept for a resume. Parents it made stay: another job may be making its own
+folder in one.
 
 An object-store output (``s3://bucket/prefix``) has no lock: object stores offer none that a
 dead job gives back. There the store itself picks the one writer: a job commits its manifest
@@ -192,8 +193,7 @@ class Output:
 
     def release(self) -> None:
         """Let the output go: remove the lock file and drop the lock; then, when the job created
-        the output directory and published nothing, remove it (and the parents it made) again
-        while it is empty. Idempotent."""
+        the output directory and published nothing, remove it again while it is empty. Idempotent."""
         if self.released:
             return
         self.released = True

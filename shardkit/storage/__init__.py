@@ -291,8 +291,8 @@ def entries(url: str, *, missing_ok: bool = False) -> list[Entry]:
 
 def makedirs(url: str | os.PathLike[str]) -> list[str]:
     """Create the directory ``url`` and its parents, unless it is there (nothing to do in a
-    store without directories). Returns the local directories this call created, outermost
-    first (see :func:`~shardkit.storage.local.make_dirs`); none for an object store, whose
+    store without directories). Returns ``[the local directory]`` when this call made it, else
+    ``[]`` (see :func:`~shardkit.storage.local.make_dirs`); ``[]`` for an object store, whose
     "directories" are only prefixes."""
     url = os.fspath(url)
     path = local_path(url)

@@ -86,26 +86,30 @@ def lock_file(path: str, *, wait: bool) -> int | None:
 
 def make_dirs(path: str) -> list[str]:
     """Create the directory ``path`` and its missing parents, like ``os.makedirs(exist_ok=True)``;
-    the directories this call created, outermost first (absolute paths). One another process
-    made meanwhile is not in the list: only the job that made a directory may remove it again."""
-    missing = []
-    head = os.path.abspath(path)
-    while not os.path.exists(head):  # as os.makedirs: a file in the way fails at the mkdir below it, named
-        missing.append(head)
-        parent = os.path.dirname(head)
-        if parent == head:
-            break
-        head = parent
-    made = []
-    for directory in reversed(missing):
+    ``[path]`` when this call created ``path`` itself, else ``[]`` (it was there, or another
+    process made it meanwhile: only the job that made a directory may remove it again).
+
+    Parents made on the way are not listed: another job may be making a folder of its own
+    beside this one in them, and removing them would pull its parent away. The path is taken
+    as the operating system takes it (``link/../out`` is beside the link's target), never
+    rewritten by text.
+    """
+    for _ in range(3):  # a parent removed between its making and this mkdir: make it again
         try:
-            os.mkdir(directory)
+            os.mkdir(path)
         except FileExistsError:
-            if not os.path.isdir(directory):
+            if not os.path.isdir(path):
                 raise
-            continue  # another process made it first: it is not this call's
-        made.append(directory)
-    return made
+            return []
+        except FileNotFoundError:
+            parent = os.path.dirname(path)
+            if not parent:
+                raise
+            os.makedirs(parent, exist_ok=True)
+            continue
+        return [path]
+    os.mkdir(path)  # the last try: its error names the path
+    return [path]
 
 
 def fsync_dir(path: str) -> None:
