@@ -327,15 +327,11 @@ def _keys(out) -> list[str]:
         return [s["__key__"] for s in loader]
 
 
-@pytest.mark.parametrize("where", ["local", "s3"])
-def test_an_append_replaces_a_kept_manifest_an_older_overwrite_left_of_another_dataset(tmp_path, request, where, caplog):
+def test_an_append_replaces_a_kept_manifest_an_older_overwrite_left_of_another_dataset(tmp_path, caplog):
     """Overwrites made before they removed every generation left the old dataset's kept manifests:
-    the first append of the new dataset must keep its own generation 0, not the stale copy."""
-    if where == "s3":
-        s3 = request.getfixturevalue("s3")
-        url, other = s3.url("ds"), s3.url("other")
-    else:
-        url, other = str(tmp_path / "ds"), str(tmp_path / "other")
+    the first append of the new dataset must keep its own generation 0, not the stale copy (under
+    the lock; in an object store a copy there may be a racing dataset's, and is kept)."""
+    url, other = str(tmp_path / "ds"), str(tmp_path / "other")
     _write(other, ["x0", "x1", "x2"])
     stale = storage.read_bytes(storage.join(other, layout.MANIFEST))
     _write(url, ["b0", "b1"])
@@ -370,3 +366,55 @@ def test_a_journal_whose_file_could_not_be_removed_yet_is_kept_for_the_next_job(
     report = shardkit.gc(str(out), grace=0)
     assert not stray.exists() and not journal.exists()
     assert stray.name in report.deleted
+
+
+def test_on_s3_an_append_that_loses_to_an_overwrite_keeps_the_new_datasets_kept_manifest(s3, monkeypatch):
+    from shardkit.dataset.transaction import Transaction
+
+    url = s3.url("ds")
+    original = Transaction._keep_base
+    state: dict = {}
+
+    def keep_base(self, output):
+        if state.get("armed") and "raced" not in state:  # the slow append reaches its keep only now
+            state["raced"] = True
+            _write(url, ["n0", "n1"], overwrite=True)  # the dataset is replaced...
+            state["new"] = storage.read_bytes(storage.join(url, layout.MANIFEST))
+            _write(url, ["m0"], mode="append")  # ...and grows: its own generation 0 is kept
+        return original(self, output)
+
+    monkeypatch.setattr(Transaction, "_keep_base", keep_base)
+    _write(url, ["a0", "a1"])
+    slow = shardkit.PileWriter(url, piles=2, mode="append")
+    slow.write({"__key__": "s0", "bin": b"s0"})
+    state["armed"] = True
+    with pytest.raises(shardkit.DatasetExistsError):
+        slow.close()
+    assert storage.read_bytes(storage.join(url, layout.generation_name(0))) == state["new"]
+    assert Dataset(url).pinned(0).samples == 2
+
+
+@pytest.mark.parametrize("index", [False, True], ids=["no-index", "index"])
+def test_on_s3_an_overwrite_keeps_what_an_append_to_the_new_dataset_wrote_meanwhile(s3, monkeypatch, index):
+    """Without a lock, an append to the new dataset may run between the overwrite's commit and its
+    deletes of the old dataset's kept manifests and indexes, under the same names."""
+    from shardkit.dataset.lock import Output
+
+    url = s3.url("ds")
+    _write(url, ["a0", "a1"], index=index)
+    _write(url, ["a2"], mode="append", index=index)  # the old dataset keeps its generation 0
+    original = Output.commit
+    state: dict = {}
+
+    def commit(self, result):
+        done = original(self, result)
+        if result.samples == 2 and "raced" not in state:  # the overwrite's manifest is in
+            state["raced"] = True
+            _write(url, ["m0"], mode="append", index=index)  # the new dataset grows: it keeps its generation 0
+        return done
+
+    monkeypatch.setattr(Output, "commit", commit)
+    _write(url, ["n0", "n1"], overwrite=True, index=index)
+    assert state and manifest.read(url).generation == 1
+    assert sorted(_keys(url)) == ["m0", "n0", "n1"]
+    assert Dataset(url).pinned(0).samples == 2  # its own, not deleted as the old dataset's

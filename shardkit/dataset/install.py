@@ -141,6 +141,9 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
     """
     out = output.path
     replaced, old = (Records(), []) if keep else _replaced(out)
+    # in an object store (no lock) an append to the new dataset may write its own kept manifest or
+    # index under one of these names between this commit and the deletes: those go only unchanged
+    seen = {n: storage.version(storage.join(out, n)) for n in old if layout.kind(n) != "data"} if output.conditional else {}
     renamable = names is None
     names = [pile.name for pile in result.piles] if names is None else list(names)
     output.journal(names, old)
@@ -175,7 +178,10 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
             with contextlib.suppress(ShardkitError, OSError):
                 output.journal(None)  # what it named is gone: this job lost the race
         raise
-    gone = delete_owned(out, [n for n in old if n not in moved], reason="replaced by the new dataset", records=records)
+    changed = {n for n, version in seen.items() if storage.version(storage.join(out, n)) != version}
+    if changed:
+        log.info("%s: kept, rewritten since the overwrite began (a later append's own): %s", out, ", ".join(sorted(changed)))
+    gone = delete_owned(out, [n for n in old if n not in moved and n not in changed], reason="replaced by the new dataset", records=records)
     # the manifest is in: the job has published, so a failure to tidy up must not say it failed
     # (its user would run it again); what is left is the next job's to remove
     try:

@@ -312,17 +312,18 @@ class Transaction:
     def _keep_base(self, output: Output) -> None:
         """Keep the replaced generation's manifest, as it was read, for loaders pinned to it.
 
-        A copy already there is kept when it holds the same bytes (a rerun, or an append racing
-        this one from the same generation, writes exactly these). Other bytes are an older
-        dataset's, left by an overwrite made before overwrites removed every generation: they
-        are replaced, or a loader pinned to this generation would read that other dataset."""
+        Under the lock, a copy already there is kept when it holds the same bytes (a rerun
+        writes exactly these). Other bytes are an older dataset's, left by an overwrite made
+        before overwrites removed every generation: they are replaced, or a loader pinned to
+        this generation would read that other dataset. In an object store (no lock) a copy there
+        is always kept: racing appends from one generation write the same bytes, and one that
+        differs may be the copy of the dataset that replaced this append's base meanwhile."""
         assert self.base is not None and output.manifest_seen is not None
         copy = storage.join(output.path, layout.generation_name(self.base.generation))
         if output.conditional:
-            # racing appends from one generation write the same bytes, once
-            if storage.put_if_absent(copy, output.manifest_seen) or self._same(copy, output.manifest_seen):
-                return
-        elif self._same(copy, output.manifest_seen):
+            storage.put_if_absent(copy, output.manifest_seen)
+            return
+        if self._same(copy, output.manifest_seen):
             return
         if storage.exists(copy):
             log.warning("%s: replacing a copy of generation %d that is another dataset's manifest", copy, self.base.generation)
