@@ -93,6 +93,8 @@ def test_a_bad_pile_raises_for_its_samples_and_the_others_are_served(tmp_path, m
     assert builds == [1]  # built once: not every pile read again for each sample
     assert caplog.text.count(name) == 1 and "1 of 4 data files could not be read" in caplog.text
     assert ds.index.failed.keys() == {BAD}
+    kept = ds.index.failed[BAD]  # remembered without the frames that read the file, which hold its bytes
+    assert kept.__traceback__ is None and kept.__context__ is None and kept.__cause__ is None
 
     # never stored: a stored index is trusted later, and the loader's early start would read it
     idx_path = os.path.join(out, layout.index_name(0))

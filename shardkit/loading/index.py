@@ -138,7 +138,9 @@ def build(root: str, m: Manifest, *, reads: storage.RemoteReads | None = None) -
         try:
             entries = _entries(url, f.info, reads)
         except (CorruptShardError, ManifestError, DatasetNotFoundError) as e:
-            failed[k] = e
+            # kept without its traceback, whose frames hold the file's bytes
+            failed[k] = e.with_traceback(None)
+            e.__context__ = e.__cause__ = None
             entries = index_file.Entries(np.zeros(n + 1, np.int64), np.zeros(0, np.uint64), np.zeros(n, np.uint32))
         else:
             positions.append(np.arange(start, start + n, dtype=np.int64))
