@@ -192,6 +192,45 @@ def test_a_worker_that_never_starts_is_waited_for_only_so_long(odd_dataset, monk
     assert "set_epoch(1) inside a DataLoader loop: 1 of its workers had not started reading after 0.2 s" in caplog.text
 
 
+def _second_worker_fails_to_start(worker_id: int) -> None:
+    if worker_id == 1:
+        raise RuntimeError("worker 1 could not open its feature store")
+
+
+def test_set_epoch_inside_the_loop_does_not_wait_for_a_worker_whose_init_failed(odd_dataset):
+    import time
+
+    ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, drop_last=False, world_size=1, rank=0)
+    dl = ShardkitDataLoader(ds, num_workers=2, worker_init_fn=_second_worker_fails_to_start)
+    took = None
+    with pytest.raises(RuntimeError, match="could not open its feature store"):
+        for i, _ in enumerate(dl):
+            if i == 0:
+                started = time.monotonic()
+                ds.set_epoch(1)
+                took = time.monotonic() - started
+    assert took is not None and took < 10, took  # not START_WAIT: the worker's error comes next
+
+
+def test_an_iteration_left_open_at_exit_ends_quietly(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import shardkit
+        from shardkit.torch import ShardkitDataLoader, ShardkitDataset
+        with shardkit.PileWriter({str(tmp_path / "ds")!r}, piles=2, seed=1) as w:
+            for i in range(40):
+                w.write({{"__key__": f"{{i:04d}}", "cls": i % 3}})
+        ds = ShardkitDataset({str(tmp_path / "ds")!r}, batch_size=8, decode=False, world_size=1, rank=0)
+        it = iter(ShardkitDataLoader(ds))
+        first = next(it)
+        """
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=dict(env, PYTHONPATH=root))
+    assert done.returncode == 0 and "Exception ignored" not in done.stderr, done.stderr
+
+
 def test_reading_an_epoch_again_warns(odd_dataset, caplog):
     ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0)
     first = flat_keys(ds)

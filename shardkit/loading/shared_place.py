@@ -46,8 +46,9 @@ _EPOCH, _RESUME_EPOCH, _WORKERS, _DONE, _POSITION, _ITERATION = range(6)
 POSITION_BYTES = 1 << 17  # room for the phases of about two thousand changes in one epoch
 # DataLoader workers whose start a move waits for (one slot each; a worker past these is not waited for)
 MAX_WORKERS = 256
-# how long a move waits for the workers of the running iteration to start reading
-START_WAIT = 60.0
+# how long a move waits for the workers of the running iteration to start reading (spawned
+# workers import torch first: seconds; one whose worker_init_fn failed says so at once)
+START_WAIT = 20.0
 
 
 class SharedPlace:
@@ -78,9 +79,11 @@ class SharedPlace:
         self._running = min(workers, MAX_WORKERS)
         return int(self._slots[_ITERATION])
 
-    def end(self, iteration: int) -> None:
-        """In the main process: iteration ``iteration`` ended (a later one may have begun since)."""
-        if self._slots[_ITERATION] == iteration:
+    def end(self, iteration: int, _slot: int = _ITERATION) -> None:
+        """In the main process: iteration ``iteration`` ended (a later one may have begun since).
+        (``_slot``: bound here, as an iteration left open ends while the interpreter exits, when
+        the module's names may be gone.)"""
+        if self._slots[_slot] == iteration:
             self._running = 0
 
     def started(self, worker: int) -> None:

@@ -300,6 +300,25 @@ class ShardkitDataset(IterableDataset):
         self._yielded, self._moves = 0, self._moves + 1
 
 
+class _StartOrFail:
+    """A DataLoader's ``worker_init_fn`` run in each worker; when it raises, the worker will
+    never read where its iteration starts, so it counts as started: a ``set_epoch`` inside the
+    loop then does not wait for it, and the DataLoader raises its error at once (see
+    :meth:`SharedPlace.wait_for_workers`)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, worker_id: int) -> None:
+        try:
+            self.inner(worker_id)
+        except BaseException:
+            info = get_worker_info()
+            if info is not None and isinstance(info.dataset, ShardkitDataset):
+                info.dataset._place.started(worker_id)
+            raise
+
+
 def _read_again(epoch: int, where: str) -> None:
     log.warning("epoch %d is read again %s: call set_epoch() before each epoch (as with DistributedSampler)", epoch, where)
 
@@ -348,6 +367,8 @@ class ShardkitDataLoader(DataLoader):
         # raw fields stay bytes or memoryviews in this process too (default_convert makes a
         # memoryview a list of ints); in workers the batches are packed either way
         kwargs.setdefault("collate_fn", convert)
+        if kwargs.get("worker_init_fn") is not None:
+            kwargs["worker_init_fn"] = _StartOrFail(kwargs["worker_init_fn"])
         if kwargs.get("num_workers", 0) > 0 and dataset._raw_batches():
             kwargs.setdefault("prefetch_factor", RAW_PREFETCH)
         super().__init__(dataset, **kwargs)
