@@ -29,8 +29,10 @@ from shardkit.storage import retry
 T = TypeVar("T")
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
-# a URL's ``user:password@`` (or ``user@``) part
-_USERINFO = re.compile(r"(://)[^/@\s]+@")
+# a URL's ``user:password@`` (or ``user@``) part, up to the last "@" (an S3 secret may hold "/")
+_USERINFO = re.compile(r"(://)[^\s]*@")
+# where an S3 endpoint may be set besides storage_options' endpoint_url (botocore reads these)
+_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 # the smallest range worth a request of its own. At S3's tens of ms to the first byte and tens of
 # MB/s a connection a range of 8 MiB spends under a tenth of its time waiting (the size AWS and GCS
 # suggest for ranged reads), and a server that reads the whole object for every ranged request
@@ -122,11 +124,27 @@ def filesystem(url: str) -> tuple[Any, str]:
                 f"{url}: no filesystem is known for {kind}:// URLs (a typo? s3://, gs://, az://... each need their fsspec package)"
             ) from None
         raise _refused(url, options, e) from None
+    _no_password_given(url, options)
     fs = _shared(fs, options)
     _one_retry_layer(fs, options)
     if root(url) not in _connected:
         _connect(fs, url, options)
     return fs, path
+
+
+def _no_password_given(url: str, options: Mapping[str, Any]) -> None:
+    """Refuse, at every use, an endpoint set with a user name and password in it (see
+    :func:`_no_password`): in ``storage_options`` (``endpoint_url``, ``client_kwargs``'s) or in
+    ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``."""
+    client = options.get("client_kwargs")
+    given = [
+        ("endpoint_url", options.get("endpoint_url")),
+        ("client_kwargs.endpoint_url", client.get("endpoint_url") if isinstance(client, Mapping) else None),
+        *((name, os.environ.get(name)) for name in _ENDPOINT_VARIABLES),
+    ]
+    for where, endpoint in given:
+        if isinstance(endpoint, str) and _USERINFO.search(endpoint):
+            raise _password_error(url, endpoint, where)
 
 
 # one filesystem per class and options, whatever thread asks (see _shared)
@@ -237,12 +255,16 @@ def _no_password(fs: Any, url: str) -> None:
     meta = getattr(getattr(fs, "_s3", None), "meta", None)
     found = getattr(meta, "endpoint_url", None) or getattr(fs, "endpoint_url", None)
     if isinstance(found, str) and _USERINFO.search(found):
-        shown = _USERINFO.sub(r"\1", found)
-        raise ConfigError(
-            f"{url}: the endpoint {shown} is given with a user name and password in it (USER:PASSWORD@ in endpoint_url or "
-            "AWS_ENDPOINT_URL); give the endpoint without them, and the credentials as key= and secret= in storage_options "
-            "or as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-        )
+        raise _password_error(url, found, "the client's configuration")
+
+
+def _password_error(url: str, endpoint: str, where: str) -> ConfigError:
+    shown = _USERINFO.sub(r"\1", endpoint)
+    return ConfigError(
+        f"{url}: the endpoint {shown} is given with a user name and password in it (USER:PASSWORD@ in {where}); give the "
+        "endpoint without them, and the credentials as key= and secret= in storage_options or as AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY"
+    )
 
 
 def _backend_package(kind: str | None) -> str | None:
