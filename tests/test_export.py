@@ -50,3 +50,16 @@ def test_export_one_epochs_order_and_the_command(tmp_path, dataset, capsys):
     assert main(["export", str(tmp_path / "piles"), "-o", str(tmp_path / "x.parquet"), "--epoch", "1"]) == 1
     assert "give --seed too" in capsys.readouterr().err
     assert not (tmp_path / "x.parquet").exists()
+
+
+@pytest.mark.parametrize("rank", ["1", None], ids=["RANK=1", "no RANK"])
+def test_export_inside_a_distributed_job_writes_every_sample(tmp_path, dataset, monkeypatch, rank):
+    """A job launched with WORLD_SIZE (and RANK) around it exports the whole dataset, not one rank's share."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    for seed in (None, 3):
+        result = shardkit.export(tmp_path / "piles", tmp_path / f"all-{seed}.parquet", seed=seed, quiet=True)
+        assert result.rows == 60

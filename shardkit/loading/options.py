@@ -279,7 +279,8 @@ def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
         elif world_size > 1:
             raise ConfigError(
                 f"world_size is {world_size} (from {world_from}) but no rank was given: every process would read rank 0's "
-                "share. Pass rank=, set RANK (torchrun sets both), or initialize torch.distributed first"
+                "share. Pass rank=, set RANK (torchrun sets both), or make the loader once torch.distributed is initialized "
+                "(under Lightning, in the DataModule's setup())"
             )
         else:
             rank = 0

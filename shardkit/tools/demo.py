@@ -230,7 +230,7 @@ def _read_webdataset(urls: list[str], buffer: int, seed: int) -> tuple[np.ndarra
 
 def _read_shardkit(directory: str, seed: int) -> tuple[np.ndarray, float, int | None, np.ndarray]:
     """Epoch 0 timed, then epoch 1's order (for the recurrence between them)."""
-    with open_loader(directory, seed=seed, decode=False) as piles:
+    with open_loader(directory, seed=seed, decode=False, world_size=1, rank=0) as piles:
         order, seconds, memory = _timed_order(iter(piles))
         second = np.array([int(s["__key__"]) for s in piles], dtype=np.int64)
     return order, seconds, memory, second

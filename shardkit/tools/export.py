@@ -36,7 +36,15 @@ class Exported:
 
 def _rows(source: Any, seed: int | None, epoch: int, storage_options: Mapping[str, Any] | None) -> Iterator[dict[str, Any]]:
     """The samples as stored, in pile order (``seed`` None) or in epoch ``epoch``'s order for ``seed``."""
-    options: dict[str, Any] = {"decode": False, "shuffle": seed is not None, "seed": seed or 0, "storage_options": storage_options}
+    # every sample, whatever ranks the environment names (a job launched with RANK and WORLD_SIZE)
+    options: dict[str, Any] = {
+        "decode": False,
+        "shuffle": seed is not None,
+        "seed": seed or 0,
+        "storage_options": storage_options,
+        "world_size": 1,
+        "rank": 0,
+    }
     with loader(source, **options) as reader:
         reader.set_epoch(epoch)
         yield from reader
