@@ -192,6 +192,14 @@ def test_an_endpoint_with_a_password_in_it_is_refused_without_showing_it(s3, fre
     assert not s3.client().exists(s3.path("pw")), "refused before anything is written"
 
 
+def test_an_aws_endpoint_variable_with_a_password_refuses_only_s3_urls(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://someone:pw@127.0.0.1:1")
+    storage.write_bytes("memory://pw-elsewhere/x.bin", b"x")  # not S3: the variable is not its endpoint
+    assert storage.read_bytes("memory://pw-elsewhere/x.bin") == b"x"
+    with pytest.raises(shardkit.ConfigError, match=r"USER:PASSWORD@ in AWS_ENDPOINT_URL\)"):
+        storage.read_bytes("s3://pw-bucket/x.bin")
+
+
 def test_an_endpoint_with_a_password_is_refused_after_a_good_one_for_the_same_bucket(s3, fresh_endpoints):
     def write(options):
         shardkit.preprocess([SAMPLES[:2]], _identity, s3.url("pw"), piles=1, quiet=True, storage_options=options, overwrite=True)
