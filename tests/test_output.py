@@ -324,3 +324,14 @@ def test_an_output_reached_through_a_link_and_dotdot_is_made_where_the_system_pu
     with shardkit.PileWriter("link/../out", piles=2, seed=0) as w:
         w.write({"__key__": "a", "txt": "x"})
     assert manifest.read(str(tmp_path / "disk" / "out")).samples == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("suffix", ["/", "/.", "//"])
+def test_a_failed_create_into_out_slash_removes_the_folder_it_made(tmp_path, monkeypatch, suffix):
+    """Shell completion writes -o runs/train/: the same folder, whose parent is runs."""
+    monkeypatch.chdir(tmp_path)
+    _failed_writer("runs/train" + suffix, RuntimeError("stop"))
+    assert os.listdir(tmp_path / "runs") == []  # the output gone, its parent kept
+    with shardkit.PileWriter("runs/train" + suffix, piles=2) as w:
+        w.write({"__key__": "a", "cls": 1})
+    assert manifest.read(str(tmp_path / "runs" / "train")).samples == 1

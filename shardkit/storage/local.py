@@ -94,6 +94,9 @@ def make_dirs(path: str) -> list[str]:
     as the operating system takes it (``link/../out`` is beside the link's target), never
     rewritten by text.
     """
+    path = _trimmed(path)
+    if not os.path.isabs(path):  # an os.chdir later must not change which folder it names
+        path = os.path.join(os.getcwd(), path)
     for _ in range(3):  # a parent removed between its making and this mkdir: make it again
         try:
             os.mkdir(path)
@@ -110,6 +113,21 @@ def make_dirs(path: str) -> list[str]:
         return [path]
     os.mkdir(path)  # the last try: its error names the path
     return [path]
+
+
+def _trimmed(path: str) -> str:
+    """``path`` without trailing separators and ``.`` parts (``out/``, ``out/.``: ``out``), which
+    name the same directory, so its parent is the one above it; nothing else is rewritten."""
+    seps = os.sep + (os.altsep or "")
+    while True:
+        stripped = path.rstrip(seps) or path[:1]
+        if stripped.endswith(tuple(f"{sep}." for sep in seps)):
+            stripped = stripped[:-1]
+        elif stripped == ".":
+            return stripped
+        if stripped == path:
+            return path
+        path = stripped
 
 
 def fsync_dir(path: str) -> None:
