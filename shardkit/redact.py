@@ -27,9 +27,10 @@ _SECRET_NAME = re.compile(r"key|secret|token|passw|credential|signature|sas|auth
 _SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
 # shorter values are not masked wherever they occur: they would hide ordinary words
 _SHORTEST = 4
-# a URL's user name and password: up to the last "@" of an http(s) URL (an S3 secret may hold "/"),
-# up to the first "/" of any other
-_USERINFO = re.compile(r"(?P<scheme>https?://)[^\s'\"]*@|(?P<other>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"]+@", re.IGNORECASE)
+# a URL's user name and password, before its host (RFC 3986: no "/", "?" or "#" in them)
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s@'\"]+@")
+# the same in an endpoint given as an option, up to its last "@": an S3 secret may hold "/" unencoded
+_OPTION_USERINFO = re.compile(r"(?P<scheme>https?://)[^\s'\"]*@", re.IGNORECASE)
 # a header as botocore dumps it ('Authorization': b'AWS4-HMAC-SHA256 ...') or as HTTP sends it
 _HEADER = re.compile(
     r"(?P<name>(?:proxy-)?authorization['\"]?\s*:\s*b?['\"]?|x-amz-security-token['\"]?\s*:\s*b?['\"]?)[^'\"\n]+", re.IGNORECASE
@@ -65,8 +66,8 @@ def _secret_values(options: Mapping[str, Any]) -> Iterable[str]:
         elif isinstance(value, str):
             if _SECRET_NAME.search(str(name)):
                 yield value
-            for match in _USERINFO.finditer(value):
-                user, _, password = match.group(0)[len(match.group("scheme") or match.group("other")) : -1].partition(":")
+            for match in (*_USERINFO.finditer(value), *_OPTION_USERINFO.finditer(value)):
+                user, _, password = match.group(0)[len(match.group("scheme")) : -1].partition(":")
                 yield from (part for part in (password, f"{user}:{password}") if password)
 
 
@@ -79,7 +80,7 @@ def mask(text: str) -> str:
     for secret in known:
         if secret in text:
             text = text.replace(secret, HIDDEN)
-    text = _USERINFO.sub(lambda m: f"{m.group('scheme') or m.group('other')}{HIDDEN}@", text)
+    text = _USERINFO.sub(lambda m: f"{m.group('scheme')}{HIDDEN}@", text)
     text = _HEADER.sub(lambda m: f"{m.group('name')}{HIDDEN}", text)
     text = _QUERY.sub(lambda m: f"{m.group('name')}{HIDDEN}", text)
     return _CREDENTIAL.sub(lambda m: f"{m.group(1)}{HIDDEN}", text)

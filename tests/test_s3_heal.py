@@ -200,6 +200,16 @@ def test_an_aws_endpoint_variable_with_a_password_refuses_only_s3_urls(monkeypat
         storage.read_bytes("s3://pw-bucket/x.bin")
 
 
+def test_an_aws_endpoint_variable_is_checked_only_where_botocore_would_use_it(s3, fresh_endpoints, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://proxyuser:pw@127.0.0.1:9")  # another service's
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.endpoint)  # S3's own comes first
+    storage.write_bytes(s3.url("pw-vars/a.bin"), b"a")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    remote._connected.clear()
+    remote.use([s3.url("pw-vars")], {"endpoint_url": s3.endpoint})  # given outright: the variable is not used
+    assert storage.read_bytes(s3.url("pw-vars/a.bin")) == b"a"
+
+
 def test_an_endpoint_with_a_password_is_refused_after_a_good_one_for_the_same_bucket(s3, fresh_endpoints):
     def write(options):
         shardkit.preprocess([SAMPLES[:2]], _identity, s3.url("pw"), piles=1, quiet=True, storage_options=options, overwrite=True)

@@ -135,13 +135,16 @@ def filesystem(url: str) -> tuple[Any, str]:
 def _no_password_given(url: str, options: Mapping[str, Any]) -> None:
     """Refuse, at every use, an endpoint set with a user name and password in it (see
     :func:`_no_password`): in ``storage_options`` (``endpoint_url``, ``client_kwargs``'s) or, for
-    an ``s3://`` URL, in ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``."""
+    an ``s3://`` URL given neither, in the variable botocore reads (``AWS_ENDPOINT_URL_S3``, else
+    ``AWS_ENDPOINT_URL``)."""
     client = options.get("client_kwargs")
     given = [
         ("endpoint_url", options.get("endpoint_url")),
         ("client_kwargs.endpoint_url", client.get("endpoint_url") if isinstance(client, Mapping) else None),
-        *((name, os.environ.get(name)) for name in _ENDPOINT_VARIABLES if scheme(url) in ("s3", "s3a")),
     ]
+    if not any(endpoint for _, endpoint in given) and scheme(url) in ("s3", "s3a"):
+        # only the variable botocore takes, and only when no endpoint is given outright
+        given = [next(((name, os.environ[name]) for name in _ENDPOINT_VARIABLES if os.environ.get(name)), ("", None))]
     for where, endpoint in given:
         if isinstance(endpoint, str) and _USERINFO.search(endpoint):
             raise _password_error(url, endpoint, where)
