@@ -88,9 +88,9 @@ class Output:
     manifest_version: str | None = None
     # what the journal says now (see journal())
     journaled: dict[str, Any] | None = None
-    # the local directories this job created for the output, outermost first: removed again on
-    # release while empty, unless the job published (see release())
-    made: list[str] = field(default_factory=list)
+    # the local output directory when this job created it: removed again on release while
+    # empty, unless the job published (see release())
+    made: str | None = None
     # what the claim removed of dead jobs' leftovers in the output (with dry_run: would remove)
     cleared: Deletion = field(default_factory=Deletion)
 
@@ -175,7 +175,7 @@ class Output:
         if not self.conditional:
             self.check_unchanged()
             manifest.write(self.path, result)
-            self.made = []  # the directory holds a dataset now
+            self.made = None  # the directory holds a dataset now
             return
         url = storage.join(self.path, manifest.MANIFEST)
         if not storage.put_if_unchanged(url, result.to_json().encode("utf-8"), seen=self.manifest_version):
@@ -197,7 +197,7 @@ class Output:
         if self.released:
             return
         self.released = True
-        made, self.made = self.made, []
+        made, self.made = self.made, None
         try:
             self.held.close()
         finally:
@@ -233,7 +233,7 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
     try:
         _lock(output)
     except BaseException:
-        output.release()  # the directories it made go again
+        output.release()  # the directory it made goes again
         raise
     try:
         output.cleared = clear_leftovers(out, dry_run=dry_run)  # first: a dead job's half-installed files are not a dataset
@@ -328,7 +328,7 @@ def _lock(output: Output) -> None:
     deadline = time.monotonic() + _LOCK_GRACE
     while True:
         # made again when the job that held the lock made the directory, failed and removed it meanwhile
-        output.made += [d for d in storage.makedirs(output.path) if d not in output.made]
+        output.made = storage.makedirs(output.path) or output.made
         try:
             if output.held.enter_context(store.lock(LOCK, wait=False, holder=me)):
                 return

@@ -17,8 +17,8 @@ directory is removed without ever following a link: it is opened with ``O_NOFOLL
 through its descriptor, its owner record last (:mod:`shardkit.dataset.staging`), so a kill in
 the middle leaves a directory the next job still knows as its own.
 
-The output directory itself (and the parents made with it) goes only through
-:func:`remove_made`: when the job that created it published nothing, and only while it is empty.
+The output directory itself goes only through :func:`remove_made`: when the job that created it
+published nothing, and only while it is empty.
 
     done = delete_owned("data/train", ["pile-000000.tar"], reason="replaced by an overwrite")
     done.deleted, done.skipped          # names; (name, why) pairs
@@ -31,7 +31,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,22 +308,20 @@ def _tree_size(path: str) -> int:
     return total
 
 
-def remove_made(directories: Sequence[str]) -> list[str]:
-    """Remove again the directories a job created for its output (``directories``, outermost
-    first, as :func:`shardkit.storage.makedirs` returned them) when it published nothing:
-    innermost first, each only while it is empty (``rmdir``, which removes nothing else and
-    follows no link), stopping at the first that is not. A file that appeared in one meanwhile
-    (another process's, a pass 1's staging kept for a resume) keeps it and those above it.
-    Never raises: the job's own error is the one to see. Returns the directories removed."""
-    removed = []
-    for directory in reversed(directories):
-        try:
-            os.rmdir(directory)
-        except FileNotFoundError:
-            continue  # gone already
-        except OSError as e:
-            log.debug("%s: left in place (%s): it holds what this job did not leave", directory, e.strerror)
-            break
-        removed.append(directory)
-        log.info("%s: removed, as the job that made it published nothing", directory)
-    return removed
+def remove_made(directory: str | None) -> bool:
+    """Remove again the output directory a job created (``directory``, as
+    :func:`shardkit.storage.makedirs` returned it; None: it made none) when it published nothing,
+    only while it is empty (``rmdir``, which removes nothing else and follows no link): a file
+    that appeared in it meanwhile (another process's, a pass 1's staging kept for a resume) keeps
+    it. Never raises: the job's own error is the one to see. Returns whether it was removed."""
+    if directory is None:
+        return False
+    try:
+        os.rmdir(directory)
+    except FileNotFoundError:
+        return False  # gone already
+    except OSError as e:
+        log.debug("%s: left in place (%s): it holds what this job did not leave", directory, e.strerror)
+        return False
+    log.info("%s: removed, as the job that made it published nothing", directory)
+    return True

@@ -289,10 +289,10 @@ def entries(url: str, *, missing_ok: bool = False) -> list[Entry]:
     return store_for(url).entries(missing_ok=missing_ok)
 
 
-def makedirs(url: str | os.PathLike[str]) -> list[str]:
+def makedirs(url: str | os.PathLike[str]) -> str | None:
     """Create the directory ``url`` and its parents, unless it is there (nothing to do in a
-    store without directories). Returns ``[the local directory]`` when this call made it, else
-    ``[]`` (see :func:`~shardkit.storage.local.make_dirs`); ``[]`` for an object store, whose
+    store without directories). Returns the local directory when this call made it (see
+    :func:`~shardkit.storage.local.make_dirs`), else None; None for an object store, whose
     "directories" are only prefixes."""
     url = os.fspath(url)
     path = local_path(url)
@@ -302,7 +302,7 @@ def makedirs(url: str | os.PathLike[str]) -> list[str]:
         if isinstance(store_for(url), FsspecStore):
             fs, p = remote.filesystem(url)
             remote.call(url, fs, lambda: fs.makedirs(p, exist_ok=True))
-    return []
+    return None
 
 
 def listdir(url: str, *, missing_ok: bool = False) -> list[str]:

@@ -4,7 +4,7 @@ write_chunks(fd, [header, data, padding])   # one writev per 1024 buffers
 sync_files(paths)                           # one syncfs on Linux, however many files
 Writeback(staging).start()                  # the disk writes back now, in a thread, what sync_files will wait for
 fd = lock_file("out/.shardkit-lock", wait=False)   # None when another process holds it
-made = make_dirs("out/train")                    # the directories this call created, outermost first
+made = make_dirs("out/train")               # the directory when this call created it, else None
 """
 
 from __future__ import annotations
@@ -84,12 +84,12 @@ def lock_file(path: str, *, wait: bool) -> int | None:
         os.close(fd)  # the name now points to another file, or none: the lock we hold guards nothing
 
 
-def make_dirs(path: str) -> list[str]:
+def make_dirs(path: str) -> str | None:
     """Create the directory ``path`` and its missing parents, like ``os.makedirs(exist_ok=True)``;
-    ``[path]`` when this call created ``path`` itself, else ``[]`` (it was there, or another
+    ``path`` (made absolute) when this call created it, else None (it was there, or another
     process made it meanwhile: only the job that made a directory may remove it again).
 
-    Parents made on the way are not listed: another job may be making a folder of its own
+    Parents made on the way are not returned: another job may be making a folder of its own
     beside this one in them, and removing them would pull its parent away. The path is taken
     as the operating system takes it (``link/../out`` is beside the link's target), never
     rewritten by text.
@@ -103,31 +103,30 @@ def make_dirs(path: str) -> list[str]:
         except FileExistsError:
             if not os.path.isdir(path):
                 raise
-            return []
+            return None
         except FileNotFoundError:
             parent = os.path.dirname(path)
             if not parent:
                 raise
             os.makedirs(parent, exist_ok=True)
             continue
-        return [path]
+        return path
     os.mkdir(path)  # the last try: its error names the path
-    return [path]
+    return path
 
 
 def _trimmed(path: str) -> str:
     """``path`` without trailing separators and ``.`` parts (``out/``, ``out/.``: ``out``), which
     name the same directory, so its parent is the one above it; nothing else is rewritten."""
     seps = os.sep + (os.altsep or "")
-    while True:
-        stripped = path.rstrip(seps) or path[:1]
-        if stripped.endswith(tuple(f"{sep}." for sep in seps)):
-            stripped = stripped[:-1]
-        elif stripped == ".":
-            return stripped
-        if stripped == path:
-            return path
-        path = stripped
+    while len(path) > 1:
+        if path[-1] in seps:
+            path = path[:-1]
+        elif path[-1] == "." and path[-2] in seps:
+            path = path[:-2] or path[:1]
+        else:
+            break
+    return path
 
 
 def fsync_dir(path: str) -> None:
