@@ -323,19 +323,15 @@ class Transaction:
         if output.conditional:
             storage.put_if_absent(copy, output.manifest_seen)
             return
-        if self._same(copy, output.manifest_seen):
+        try:
+            there: bytes | None = storage.read_bytes(copy)
+        except DatasetNotFoundError:
+            there = None
+        if there == output.manifest_seen:
             return
-        if storage.exists(copy):
+        if there is not None:
             log.warning("%s: replacing a copy of generation %d that is another dataset's manifest", copy, self.base.generation)
         storage.write_bytes(copy, output.manifest_seen)
-
-    @staticmethod
-    def _same(url: str, data: bytes) -> bool:
-        """Whether ``url`` holds exactly ``data`` (False when there is no such file)."""
-        try:
-            return storage.read_bytes(url) == data
-        except DatasetNotFoundError:
-            return False
 
 
 def _nothing_to_append(path: str) -> str:
