@@ -58,6 +58,8 @@ def _replaced(out: str) -> tuple[Records, list[str]]:
         return Records(), []
     names = storage.listdir(out, missing_ok=True)
     found = read_records(out, names)
+    if found.latest is None:  # read a moment ago: it checked then
+        found.add(previous)
     found.latest = previous
     kept = found.kept()
     files = set(previous.files()) | {n for n in names if n in kept and layout.kind(n) == "data"}
@@ -147,15 +149,10 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
     renamable = names is None
     names = [pile.name for pile in result.piles] if names is None else list(names)
     output.journal(names, old)
-    records = Records(
-        latest=replaced.latest,
-        generations=replaced.generations,
-        named=set(names) | set(old),
-        journals={journal_name(output.token): {"files": names, "delete": old}},
+    # what the old dataset's manifests name (read_records took them as shardkit's), and this job's journal
+    records = dataclasses.replace(
+        replaced, named=replaced.named | set(names) | set(old), journals={journal_name(output.token): {"files": names, "delete": old}}
     )
-    if replaced.latest is not None:
-        for m in (replaced.latest, *replaced.generations.values()):
-            records.add(m)
     moved: list[str] = []
     try:
         if output.remote:
