@@ -109,7 +109,7 @@ class Index:
 
     def unreadable(self, f: int, what: str) -> ShardkitError:
         """A new error of the class reading file ``f`` raised when the index was built (raised
-        afresh each time: the stored one keeps its own traceback), its message followed by ``what``."""
+        afresh each time, each with its own traceback), its message followed by ``what``."""
         error = self.failed[f]
         return type(error)(f"{error}; {what} (the index was built without this file: its other files' samples are served)")
 

@@ -101,13 +101,13 @@ class SharedPlace:
         iteration = self._slots[_ITERATION]
         deadline = time.monotonic() + START_WAIT
         pause = 0.0005
-        while any(self._started[w] != iteration for w in range(count)):
+        while late := sum(self._started[w] != iteration for w in range(count)):
             if time.monotonic() > deadline:
                 log.warning(
                     "%s inside a DataLoader loop: %d of its workers had not started reading after %.1f s; "
                     "they may read the new place while the others read the old (call it between iterations)",
                     move,
-                    sum(self._started[w] != iteration for w in range(count)),
+                    late,
                     START_WAIT,
                 )
                 break

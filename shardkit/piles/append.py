@@ -371,7 +371,8 @@ def _check_unique(out: str, old: Sequence[Segment], new: Sequence[Segment], stag
     for segment in old:
         found, again = _read_keys(out, segment, staging)
         theirs = np.frombuffer(found, dtype=HASH)
-        made += [keys_name(os.path.join(staging, segment.name))] if again else []
+        if again:
+            made.append(keys_name(os.path.join(staging, segment.name)))
         met = theirs[np.isin(theirs, mine)]
         if len(met):
             _confirm(out, met, [segment], new, staging, f"{segment.name} (generation {segment.generation})", prefixed=prefixed)

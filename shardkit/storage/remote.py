@@ -209,11 +209,14 @@ def endpoint(fs: Any, url: str) -> str:
         # a new thread's filesystem too, is judged under the same endpoint (first contact or outage)
         with contextlib.suppress(Exception):  # the request itself will say what is wrong
             client = fs.connect()
-    meta = getattr(client, "meta", None)
-    found = getattr(meta, "endpoint_url", None) or getattr(fs, "endpoint_url", None)
-    if not isinstance(found, str) or not found:
-        return root(url)
-    return _USERINFO.sub(r"\1", found)
+    found = _client_endpoint(fs, client)
+    return root(url) if found is None else _USERINFO.sub(r"\1", found)
+
+
+def _client_endpoint(fs: Any, client: Any) -> str | None:
+    """The endpoint URL ``client`` (``fs``'s, once made) sends to, as configured; None when neither says."""
+    found = getattr(getattr(client, "meta", None), "endpoint_url", None) or getattr(fs, "endpoint_url", None)
+    return found if isinstance(found, str) and found else None
 
 
 def call(url: str, fs: Any, fn: Callable[[], T], *, since: float | None = None) -> T:
@@ -255,9 +258,8 @@ def _no_password(fs: Any, url: str) -> None:
     """Refuse an endpoint URL that carries a user name and password: S3 clients sign requests
     with a key and secret, and refuse to send such a URL at the first request, in words that do
     not say which setting is wrong. The message shows the endpoint without them."""
-    meta = getattr(getattr(fs, "_s3", None), "meta", None)
-    found = getattr(meta, "endpoint_url", None) or getattr(fs, "endpoint_url", None)
-    if isinstance(found, str) and _USERINFO.search(found):
+    found = _client_endpoint(fs, getattr(fs, "_s3", None))
+    if found is not None and _USERINFO.search(found):
         raise _password_error(url, found, "the client's configuration")
 
 
