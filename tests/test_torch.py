@@ -197,11 +197,16 @@ def _second_worker_fails_to_start(worker_id: int) -> None:
         raise RuntimeError("worker 1 could not open its feature store")
 
 
-def test_set_epoch_inside_the_loop_does_not_wait_for_a_worker_whose_init_failed(odd_dataset):
+@pytest.mark.parametrize("given", ["made with it", "set afterwards"])
+def test_set_epoch_inside_the_loop_does_not_wait_for_a_worker_whose_init_failed(odd_dataset, given):
     import time
 
     ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, drop_last=False, world_size=1, rank=0)
-    dl = ShardkitDataLoader(ds, num_workers=2, worker_init_fn=_second_worker_fails_to_start)
+    if given == "made with it":
+        dl = ShardkitDataLoader(ds, num_workers=2, worker_init_fn=_second_worker_fails_to_start)
+    else:
+        dl = ShardkitDataLoader(ds, num_workers=2)
+        dl.worker_init_fn = _second_worker_fails_to_start
     took = None
     with pytest.raises(RuntimeError, match="could not open its feature store"):
         for i, _ in enumerate(dl):

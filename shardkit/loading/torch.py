@@ -367,14 +367,18 @@ class ShardkitDataLoader(DataLoader):
         # raw fields stay bytes or memoryviews in this process too (default_convert makes a
         # memoryview a list of ints); in workers the batches are packed either way
         kwargs.setdefault("collate_fn", convert)
-        if kwargs.get("worker_init_fn") is not None:
-            kwargs["worker_init_fn"] = _StartOrFail(kwargs["worker_init_fn"])
         if kwargs.get("num_workers", 0) > 0 and dataset._raw_batches():
             kwargs.setdefault("prefetch_factor", RAW_PREFETCH)
         super().__init__(dataset, **kwargs)
         self._yielded = 0
         self._moves = 0  # the dataset's moves when this count began (see ShardkitDataset._moves)
         self._ring: Ring | None = None  # the persistent workers' shared memory
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # given to the constructor or set afterwards, a worker_init_fn that raises marks its worker started
+        if name == "worker_init_fn" and value is not None and not isinstance(value, _StartOrFail):
+            value = _StartOrFail(value)
+        super().__setattr__(name, value)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         dataset: ShardkitDataset = self.dataset  # type: ignore[assignment]
