@@ -689,3 +689,47 @@ def test_spawned_persistent_workers_resume_a_state_of_other_ranks(odd_dataset):
     rest = flat_keys(dl)
     assert sorted(head + rest) == sorted(s["__key__"] for s in make_samples(N))
     assert dl.state_dict()["epoch"] == 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_items_are_taken_without_a_profiler_label_unless_a_profiler_runs(odd_dataset, monkeypatch, workers):
+    """torch labels each item of a DataLoader for its profiler, at a cost the main process feels
+    (tens of µs an item): ShardkitDataLoader leaves the label out while no profiler runs, and
+    keeps it when one does."""
+    from torch.autograd import profiler
+
+    labels: list[str] = []
+    enter = profiler.record_function.__enter__
+
+    def counted(self):
+        labels.append(self.name)
+        return enter(self)
+
+    monkeypatch.setattr(profiler.record_function, "__enter__", counted)
+    ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, drop_last=False, world_size=1, rank=0)
+    dl = ShardkitDataLoader(ds, num_workers=workers)
+    everything = sorted(s["__key__"] for s in make_samples(N))
+    assert sorted(flat_keys(dl)) == everything
+    assert not [name for name in labels if "DataLoader" in name]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        assert sorted(flat_keys(dl)) == everything
+    assert sum("DataLoader" in name for name in labels) == len(ds) + 1  # each batch, and the end
+    assert any("enumerate(DataLoader)" in event.name for event in prof.events())
+
+
+def test_items_past_a_length_the_dataloader_reported_still_warn():
+    """The items a DataLoader's iterator gives past the length it reported go through torch's own
+    ``__next__``, which warns."""
+    from shardkit.loading.torch import _taken
+
+    class Longer(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(5))
+
+        def __len__(self):
+            return 3
+
+    dl = torch.utils.data.DataLoader(Longer(), batch_size=None)
+    assert len(dl) == 3
+    with pytest.warns(UserWarning, match="reported to be 3"):
+        assert list(_taken(iter(dl))) == [0, 1, 2, 3, 4]
