@@ -399,3 +399,16 @@ def test_a_column_that_is_no_field_extension_says_why(tmp_path, column, why):
     message = rf"t\.parquet: row group 0: column {column!r} is no valid field extension \({why}\): rename it with fields="
     with pytest.raises(shardkit.SampleError, match=message):
         shardkit.pile(str(tmp_path / "t.parquet"), tmp_path / "out", piles=2, quiet=True)
+
+
+def test_hugging_face_images_named_by_path_are_written_as_their_bytes(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    for i in range(3):
+        (tmp_path / f"{i}.png").write_bytes(_png(i))
+    # what load_dataset("imagefolder") gives: {"bytes": None, "path": ...} until the dataset is saved
+    ds = datasets.Dataset.from_dict({"image": [str(tmp_path / f"{i}.png") for i in range(3)]}).cast_column("image", datasets.Image())
+    shardkit.pile(ds, tmp_path / "out", piles=1, quiet=True)
+    assert {k: s["image"] for k, s in samples(tmp_path / "out").items()} == {f"{i:09d}": _png(i) for i in range(3)}
+    (tmp_path / "1.png").unlink()
+    with pytest.raises(shardkit.SampleError, match=r"dataset: rows 0\.\.3: cannot read a file an image or audio value names .*1\.png"):
+        shardkit.pile(ds, tmp_path / "gone", piles=1, quiet=True)

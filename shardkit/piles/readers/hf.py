@@ -2,7 +2,8 @@
 
 A unit is a range of ``rows_per_unit`` rows in the dataset's order (its indices mapping, after
 ``shuffle`` or ``select``, included); rows are read as Arrow, so images (``{"bytes", "path"}``)
-come out as their encoded bytes and class labels as integers. A ``DatasetDict`` needs ``split``.
+come out as their encoded bytes (read from the file a value names by path, as ``save_to_disk``
+would) and class labels as integers. A ``DatasetDict`` needs ``split``.
 Keys are ``ROW`` (``SPLIT/ROW`` with a split) unless ``key`` names a column.
 
     reader = HuggingFace(split="train", fields={"image": "jpg", "label": "cls"})
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit._util import check_int
-from shardkit.errors import ConfigError, DatasetNotFoundError
+from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
 from shardkit.piles.readers.base import key_prefixes, local_folders, row_key, unreadable
 from shardkit.piles.readers.columns import ColumnSpec
 
@@ -136,8 +137,23 @@ class HuggingFace(ColumnSpec):
         return self.prepare(inputs)[0]
 
     def __call__(self, unit: Rows) -> Iterator[dict[str, Any]]:
-        table = self._open(unit.path).with_format("arrow")[unit.start : unit.stop]
+        where = f"{unit.path or 'dataset'}: rows {unit.start}..{unit.stop}"
+        table = _embedded(self._open(unit.path).with_format("arrow")[unit.start : unit.stop], where)
         names = table.schema.names
         columns = [table.column(n).to_pylist() for n in names]
         keys = [row_key(unit.prefix, r) for r in range(unit.start, unit.stop)]
-        yield from self.samples(names, columns, keys, f"{unit.path or 'dataset'}: rows {unit.start}..{unit.stop}", first=unit.start)
+        yield from self.samples(names, columns, keys, where, first=unit.start)
+
+
+def _embedded(table: Any, where: str) -> Any:
+    """``table`` with the files its Image and Audio values name by path read into their bytes.
+
+    ``load_dataset("imagefolder")`` and ``cast_column(..., Image())`` keep only the path until the
+    dataset is saved; without this its JSON, not the image, would be written.
+    """
+    from datasets.table import embed_table_storage
+
+    try:
+        return embed_table_storage(table)
+    except OSError as e:
+        raise SampleError(f"{where}: cannot read a file an image or audio value names ({e})") from None
