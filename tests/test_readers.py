@@ -412,3 +412,13 @@ def test_hugging_face_images_named_by_path_are_written_as_their_bytes(tmp_path):
     (tmp_path / "1.png").unlink()
     with pytest.raises(shardkit.SampleError, match=r"dataset: rows 0\.\.3: cannot read a file an image or audio value names .*1\.png"):
         shardkit.pile(ds, tmp_path / "gone", piles=1, quiet=True)
+
+
+def test_a_saved_dataset_folder_written_again_is_read_again(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    saved = str(tmp_path / "saved")
+    datasets.Dataset.from_dict({"text": ["old"] * 3}).save_to_disk(saved)
+    assert shardkit.pile(saved, tmp_path / "o1", piles=1, quiet=True).samples == 3
+    datasets.Dataset.from_dict({"text": ["new"] * 5}).save_to_disk(saved)  # the same process, the same path
+    assert shardkit.pile(saved, tmp_path / "o2", piles=1, quiet=True).samples == 5
+    assert {s["text"] for s in samples(tmp_path / "o2").values()} == {b"new"}

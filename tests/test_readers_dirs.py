@@ -91,3 +91,18 @@ def test_litdata_directory_moves_over_in_one_call(tmp_path):
     got = samples(tmp_path / "out")
     assert m.samples == 25 and got["t7"]["index"] == b"7" and got["t7"]["raw"] == bytes([7])
     assert np.load(io.BytesIO(got["t7"]["arr"])).tolist() == [7, 8, 9]
+
+
+def test_a_litdata_directory_written_again_is_read_again(tmp_path):
+    import shutil
+
+    writer = pytest.importorskip("litdata.streaming.writer", reason="the litdata extra is not installed")
+    for n, text in ((6, "old"), (6, "new")):
+        shutil.rmtree(tmp_path / "lit", ignore_errors=True)
+        lit = writer.BinaryWriter(str(tmp_path / "lit"), chunk_size=4)
+        for i in range(n):
+            lit[i] = {"text": text}
+        lit.done()
+        lit.merge()
+        shardkit.pile(str(tmp_path / "lit"), tmp_path / text, piles=1, quiet=True)  # one process: what it read before is not reused
+        assert {s["text"] for s in samples(tmp_path / text).values()} == {text.encode()}

@@ -61,6 +61,13 @@ def row_key(prefix: str, row: int) -> str:
     return f"{prefix}/{row:09d}" if prefix else f"{row:09d}"
 
 
+def stamp(path: str) -> tuple[int, int, int]:
+    """The inode, modification time and size of the file ``path``: a cache of what was read from a
+    folder is keyed by its index file's stamp too, so a folder written again is read again."""
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def unreadable(url: str, what: str, error: BaseException) -> CorruptShardError:
     """The error for an input that is not the file it claims to be, naming it and where."""
     return CorruptShardError(f"{url}: {what}: {type(error).__name__}: {error}")

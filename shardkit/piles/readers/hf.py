@@ -21,7 +21,7 @@ from typing import Any
 
 from shardkit._util import check_int
 from shardkit.errors import ConfigError, DatasetNotFoundError, SampleError
-from shardkit.piles.readers.base import key_prefixes, local_folders, row_key, unreadable
+from shardkit.piles.readers.base import key_prefixes, local_folders, row_key, stamp, unreadable
 from shardkit.piles.readers.columns import ColumnSpec
 
 
@@ -36,7 +36,7 @@ def is_dataset(value: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=4)
-def _load(path: str) -> Any:
+def _load(path: str, version: tuple[int, int, int]) -> Any:  # version: a stamp of its index file, to key the cache
     import datasets
 
     return datasets.load_from_disk(path)
@@ -112,7 +112,8 @@ class HuggingFace(ColumnSpec):
                 f"{path}: reading a saved Hugging Face dataset needs the hf extra (pip install 'shardkit[hf]'): {e}"
             ) from None
         try:
-            found = _load(os.path.abspath(path))
+            marker = "state.json" if os.path.isfile(os.path.join(path, "state.json")) else "dataset_dict.json"
+            found = _load(os.path.abspath(path), stamp(os.path.join(path, marker)))
         except (ValueError, KeyError, IndexError, FileNotFoundError, _arrow_error()) as e:
             # what datasets and pyarrow raise for a damaged folder: JSONDecodeError, KeyError, ArrowInvalid,
             # a file gone; other errors (permissions, a bug) keep their own kind

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError
-from shardkit.piles.readers.base import key_prefixes, local_folders, row_key, unreadable
+from shardkit.piles.readers.base import key_prefixes, local_folders, row_key, stamp, unreadable
 from shardkit.piles.readers.columns import ColumnSpec
 
 
@@ -52,7 +52,7 @@ def chunk_sizes(path: str) -> list[int]:
 
 
 @functools.lru_cache(maxsize=4)
-def _dataset(path: str) -> Any:
+def _dataset(path: str, version: tuple[int, int, int]) -> Any:  # version: a stamp of its index file, to key the cache
     try:
         from litdata import StreamingDataset
     except ImportError as e:
@@ -92,7 +92,7 @@ class Litdata(ColumnSpec):
 
     def __call__(self, unit: Chunk) -> Iterator[dict[str, Any]]:
         where = repr(unit)
-        dataset = _dataset(unit.path)
+        dataset = _dataset(unit.path, stamp(os.path.join(unit.path, "index.json")))
         rows = []
         for i in range(unit.start, unit.stop):
             try:
