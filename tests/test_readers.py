@@ -422,3 +422,14 @@ def test_a_saved_dataset_folder_written_again_is_read_again(tmp_path):
     datasets.Dataset.from_dict({"text": ["new"] * 5}).save_to_disk(saved)  # the same process, the same path
     assert shardkit.pile(saved, tmp_path / "o2", piles=1, quiet=True).samples == 5
     assert {s["text"] for s in samples(tmp_path / "o2").values()} == {b"new"}
+
+
+def test_a_csv_quote_never_closed_is_an_error_not_a_value_holding_the_rest_of_the_file(tmp_path):
+    (tmp_path / "open.csv").write_text('id,text\n1,a\n2,"never closed\n3,x\n4,y\n')
+    with pytest.raises(shardkit.CorruptShardError, match=r"open\.csv: line 3: unexpected end of data"):
+        shardkit.pile(str(tmp_path / "open.csv"), tmp_path / "out", piles=1, quiet=True)
+    (tmp_path / "closed.csv").write_text('id,text\n1,"two\nlines"\n2,"a ""quote"""\n')
+    assert samples_of(tmp_path, "closed.csv") == {
+        "closed/000000000": {"id": b"1", "text": b"two\nlines"},
+        "closed/000000001": {"id": b"2", "text": b'a "quote"'},
+    }

@@ -132,7 +132,8 @@ class Csv(ColumnSpec):
     def _parse(self, url: str) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
         tab = url.lower().removesuffix(".gz").endswith(".tsv")
         delimiter = self.delimiter or ("\t" if tab else ",")
-        reader = csv.reader(io.StringIO(_text(url), newline=""), delimiter=delimiter)
+        # strict: a quote never closed is an error, not a last value that holds the rest of the file
+        reader = csv.reader(io.StringIO(_text(url), newline=""), delimiter=delimiter, strict=True)
         try:
             names = tuple(next(reader))
         except StopIteration:
@@ -145,15 +146,16 @@ class Csv(ColumnSpec):
             raise SampleError(f"{url}: image column {self.image!r} is not there (columns: {', '.join(names)})")
         self.chosen(names, url)
         rows = []
+        start = reader.line_num + 1  # the line the row being read starts on (a quoted value may span lines)
         try:
             for row in reader:
-                if not row:
-                    continue
-                if len(row) != len(names):
+                if row and len(row) != len(names):
                     raise CorruptShardError(f"{url}: line {reader.line_num}: {len(row)} values, expected {len(names)} ({', '.join(names)})")
-                rows.append(tuple(row))
+                if row:
+                    rows.append(tuple(row))
+                start = reader.line_num + 1
         except csv.Error as e:
-            raise CorruptShardError(f"{url}: line {reader.line_num}: {e}") from None
+            raise CorruptShardError(f"{url}: line {start}: {e}") from None
         return names, rows
 
     def __call__(self, unit: CsvRows) -> Iterator[dict[str, Any]]:
