@@ -106,3 +106,12 @@ def test_a_litdata_directory_written_again_is_read_again(tmp_path):
         lit.merge()
         shardkit.pile(str(tmp_path / "lit"), tmp_path / text, piles=1, quiet=True)  # one process: what it read before is not reused
         assert {s["text"] for s in samples(tmp_path / text).values()} == {text.encode()}
+
+
+def test_an_mds_index_entry_without_its_sample_count_is_named(tmp_path):
+    write_mds(tmp_path / "mds", 30)
+    index = json.loads((tmp_path / "mds" / "index.json").read_text())
+    del index["shards"][1]["samples"]
+    (tmp_path / "mds" / "index.json").write_text(json.dumps(index))
+    with pytest.raises(shardkit.CorruptShardError, match=r"mds/index\.json: not an MDS index: ValueError: shard 1: expected 'samples'"):
+        shardkit.pile(str(tmp_path / "mds"), tmp_path / "out", piles=2, quiet=True)

@@ -88,11 +88,22 @@ def read_index(path: str) -> list[dict[str, Any]]:
         shards = doc["shards"]
         if doc.get("version") != 2 or not isinstance(shards, list):
             raise ValueError(f"expected version 2 with a list of shards, got version {doc.get('version')!r}")
+        for k, info in enumerate(shards):
+            if not _entry(info):
+                raise ValueError(f"shard {k}: expected 'samples' (a count) and 'raw_data': {{'basename': ...}}, got {info!r:.200}")
         return shards
     except FileNotFoundError:
         raise DatasetNotFoundError(f"{path}: no index.json: not a directory MDSWriter wrote") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise unreadable(index, "not an MDS index", e) from None
+
+
+def _entry(info: Any) -> bool:
+    """Whether ``info`` has what this reader looks up in an index entry itself: the sample count and the file name."""
+    if not isinstance(info, dict) or not isinstance(info.get("raw_data"), dict):
+        return False
+    count = info.get("samples")
+    return isinstance(count, int) and not isinstance(count, bool) and count >= 0 and isinstance(info["raw_data"].get("basename"), str)
 
 
 def _raw(path: str, info: dict[str, Any]) -> bytes:
