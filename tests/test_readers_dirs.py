@@ -115,3 +115,17 @@ def test_an_mds_index_entry_without_its_sample_count_is_named(tmp_path):
     (tmp_path / "mds" / "index.json").write_text(json.dumps(index))
     with pytest.raises(shardkit.CorruptShardError, match=r"mds/index\.json: not an MDS index: ValueError: shard 1: expected 'samples'"):
         shardkit.pile(str(tmp_path / "mds"), tmp_path / "out", piles=2, quiet=True)
+
+
+def test_a_damaged_mds_shard_file_is_a_corrupt_shard_saying_what_is_wrong(tmp_path):
+    write_mds(tmp_path / "mds", 30)
+    shards = json.loads((tmp_path / "mds" / "index.json").read_text())["shards"]
+    (tmp_path / "mds" / shards[1]["raw_data"]["basename"]).write_bytes(b"\x01\x00")
+    with pytest.raises(shardkit.CorruptShardError, match=r"shard\.00001\.mds\): the shard is 2 bytes, too short for the header"):
+        shardkit.pile(str(tmp_path / "mds"), tmp_path / "o1", piles=2, quiet=True)
+    write_mds(tmp_path / "zstd", 30, "zstd")
+    shards = json.loads((tmp_path / "zstd" / "index.json").read_text())["shards"]
+    packed = tmp_path / "zstd" / shards[1]["zip_data"]["basename"]
+    packed.write_bytes(packed.read_bytes()[:-20])
+    with pytest.raises(shardkit.CorruptShardError, match=r"shard\.00001\.mds\.zstd: cannot decompress it \(zstd\)"):
+        shardkit.pile(str(tmp_path / "zstd"), tmp_path / "o2", piles=2, quiet=True)

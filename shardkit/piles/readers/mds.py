@@ -117,8 +117,13 @@ def _raw(path: str, info: dict[str, Any]) -> bytes:
     streaming_format()
     from streaming.base.compression import decompress
 
-    with open(os.path.join(path, info["zip_data"]["basename"]), "rb") as f:
-        return bytes(decompress(info["compression"], f.read()))
+    packed = os.path.join(path, info["zip_data"]["basename"])
+    with open(packed, "rb") as f:
+        data = f.read()
+    try:
+        return bytes(decompress(info["compression"], data))
+    except Exception as e:  # each codec's library has errors of its own
+        raise CorruptShardError(f"{packed}: cannot decompress it ({info['compression']}): {type(e).__name__}: {e}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +160,10 @@ class Mds(ColumnSpec):
         reader = reader_from_json(unit.path, None, info)
         data = _raw(unit.path, info)
         count = int(info["samples"])
+        if len(data) < 4 * (count + 2):
+            raise CorruptShardError(f"{where}: the shard is {len(data)} bytes, too short for the header of its {count} samples: truncated")
+        if (stored := int(np.frombuffer(data, np.uint32, 1)[0])) != count:
+            raise CorruptShardError(f"{where}: the shard's header says {stored} samples, index.json {count}")
         offsets = np.frombuffer(data, np.uint32, count + 1, offset=4)
         if len(data) < int(offsets[-1]):
             raise CorruptShardError(f"{where}: the shard is {len(data)} bytes, its offsets reach {int(offsets[-1])}: truncated")
