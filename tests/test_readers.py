@@ -433,3 +433,12 @@ def test_a_csv_quote_never_closed_is_an_error_not_a_value_holding_the_rest_of_th
         "closed/000000000": {"id": b"1", "text": b"two\nlines"},
         "closed/000000001": {"id": b"2", "text": b'a "quote"'},
     }
+
+
+def test_parquet_columns_not_chosen_may_still_be_named_in_fields_and_encode(tmp_path):
+    t = pa.table({"id": [1, 2], "caption": ["a", "b"], "img": [b"x", b"y"]})
+    pq.write_table(t, tmp_path / "t.parquet")
+    # one fields/encode mapping for several jobs, some of which leave a column out: as the Arrow reader takes it
+    reader = make("parquet", columns=["id", "caption"], fields={"img": "jpg"}, encode={"img": "bytes"})
+    shardkit.pile(str(tmp_path / "t.parquet"), tmp_path / "out", piles=1, quiet=True, format=reader)
+    assert samples(tmp_path / "out")["t/000000001"] == {"caption": b"b", "id": b"2"}

@@ -117,6 +117,7 @@ class Parquet(ColumnSpec):
                 table = pf.read_row_group(unit.group, columns=read).slice(unit.start, unit.stop - unit.start)
             except Exception as e:
                 raise unreadable(unit.url, f"row group {unit.group}", e) from None
-        columns = [table.column(name).to_pylist() for name in read]
+        # every name, so that fields and encode may name a column left unread; only the read ones are used
+        columns = [table.column(name).to_pylist() if name in read else [] for name in names]
         keys = [row_key(unit.prefix, r) for r in range(unit.row, unit.row + table.num_rows)]
-        yield from self.samples(read, columns, keys, where, first=unit.start)
+        yield from self.samples(names, columns, keys, where, first=unit.start)
