@@ -442,3 +442,13 @@ def test_parquet_columns_not_chosen_may_still_be_named_in_fields_and_encode(tmp_
     reader = make("parquet", columns=["id", "caption"], fields={"img": "jpg"}, encode={"img": "bytes"})
     shardkit.pile(str(tmp_path / "t.parquet"), tmp_path / "out", piles=1, quiet=True, format=reader)
     assert samples(tmp_path / "out")["t/000000001"] == {"caption": b"b", "id": b"2"}
+
+
+def test_a_metadata_column_chosen_by_name_is_refused_not_dropped(tmp_path):
+    pq.write_table(pa.table({"id": [1, 2], "__url__": ["u1", "u2"]}), tmp_path / "t.parquet")
+    message = r"t\.parquet: row group 0: column '__url__' is no valid field extension \('__' marks metadata, which is not written\)"
+    with pytest.raises(shardkit.SampleError, match=message):
+        shardkit.pile(str(tmp_path / "t.parquet"), tmp_path / "out", piles=2, quiet=True, format=make("parquet", columns=["id", "__url__"]))
+    reader = make("parquet", columns=["id", "__url__"], fields={"__url__": "url"})
+    shardkit.pile(str(tmp_path / "t.parquet"), tmp_path / "out", piles=1, quiet=True, format=reader)
+    assert samples(tmp_path / "out")["t/000000001"] == {"id": b"2", "url": b"u2"}

@@ -209,9 +209,9 @@ class ColumnSpec:
         exts: dict[str, str] = {}
         for name in wanted:
             ext = self.fields.get(name, name)
-            if "/" in ext or not ext:
-                # fields= values are checked on creation, so ext is the column's own name here
-                why = "it holds '/'" if ext else "it is empty"
+            if "/" in ext or not ext or ext.startswith("__"):
+                # fields= values are checked on creation, so ext is the column's own name here (a '__' one named in columns)
+                why = "it holds '/'" if "/" in ext else "'__' marks metadata, which is not written" if ext else "it is empty"
                 raise SampleError(
                     f"{where}: column {name!r} is no valid field extension ({why}): rename it with fields={{{name!r}: 'ext'}}"
                 )
