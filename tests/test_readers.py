@@ -452,3 +452,14 @@ def test_a_metadata_column_chosen_by_name_is_refused_not_dropped(tmp_path):
     reader = make("parquet", columns=["id", "__url__"], fields={"__url__": "url"})
     shardkit.pile(str(tmp_path / "t.parquet"), tmp_path / "out", piles=1, quiet=True, format=reader)
     assert samples(tmp_path / "out")["t/000000001"] == {"id": b"2", "url": b"u2"}
+
+
+@pytest.mark.parametrize("where", ["one file", "two files"])
+def test_a_key_column_that_repeats_a_value_is_named_in_the_advice(tmp_path, where):
+    """The key_prefix advice of shard inputs is refused for readers: a repeat under key= names the column instead."""
+    ids = [["a", "a"]] if where == "one file" else [["a", "b"], ["b", "c"]]
+    for k, values in enumerate(ids):
+        pq.write_table(pa.table({"id": values, "x": list(range(len(values)))}), tmp_path / f"{k}.parquet")
+    with pytest.raises(shardkit.SampleError, match="keys must be unique") as e:
+        shardkit.pile(str(tmp_path / "*.parquet"), str(tmp_path / "out"), piles=2, format=make("parquet", key="id"), quiet=True)
+    assert "this reader takes them from the column 'id'" in str(e.value) and "key_prefix" not in str(e.value)

@@ -32,7 +32,7 @@ from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.executor import Executor, Tally, run_local
 from shardkit.piles.merge_records import begin_merge
 from shardkit.piles.options import PileOptions
-from shardkit.piles.parts import SEGMENT
+from shardkit.piles.parts import ADVICE, SEGMENT
 from shardkit.piles.publish import Mapper, Run, publish
 from shardkit.piles.unique_keys import check_unique
 from shardkit.piles.units import Part, UnitWork, describe, reused_part, skip_record
@@ -68,7 +68,9 @@ def run_pass1(
     threads = min(workers, len(units))
     extra = {**(extra or {}), "units": len(units)}
     try:
-        result = publish_parts(txn, staging, [*reused, *parts], options, extra, tally, threads, units, mapper, base)
+        result = publish_parts(
+            txn, staging, [*reused, *parts], options, extra, tally, threads, units, mapper, base, advice=job.repeat_advice
+        )
     except SampleError:
         stage.remove()  # two inputs share a key: the job must change before it can succeed, so nothing is to resume
         raise
@@ -132,6 +134,8 @@ def publish_parts(
     units: Sequence[Any],
     mapper: Mapper | None,
     base: append.Base | None = None,
+    *,
+    advice: str = ADVICE,
 ) -> Manifest:
     """Publish the piles ``parts`` hold in ``txn`` (an append's next generation when ``base`` is
     given), assembled on ``workers`` threads or by ``mapper``; skipped units are listed in the
@@ -149,6 +153,7 @@ def publish_parts(
         scratch=staging,
         skipped=skipped,
         unit_name=lambda u: f"input unit {u} ({describe(units[u])})",
+        advice=advice,
     )
     runs, counts = [], []
     for p in range(options.piles):

@@ -50,6 +50,7 @@ def check_unique(
     scratch: str,
     skipped: np.ndarray | Sequence[int] = (),
     unit_name: Callable[[int], str] | None = None,
+    advice: str = ADVICE,
 ) -> None:
     """Refuse two samples with one key anywhere in what is being written: in one pile or in two.
 
@@ -62,11 +63,11 @@ def check_unique(
 
     Raises:
         SampleError: two samples share a key; the message gives both piles and positions (and,
-            with ``unit_name``, the units they came from): the first such repeat in pile order
-            among the hash values placed together.
+            with ``unit_name``, the units they came from) and ends with ``advice``: the first
+            such repeat in pile order among the hash values placed together.
     """
     suspects, counts = repeated_hashes([hashes for pile in piles for _, _, hashes in pile], budget, scratch)
-    _refuse_among(piles, suspects, counts, skipped, unit_name)
+    _refuse_among(piles, suspects, counts, skipped, unit_name, advice)
 
 
 def _refuse_among(
@@ -75,6 +76,7 @@ def _refuse_among(
     counts: np.ndarray,
     skipped: np.ndarray | Sequence[int],
     unit_name: Callable[[int], str] | None,
+    advice: str = ADVICE,
 ) -> None:
     """:func:`_refuse_repeats` over the hash values ``suspects`` (``counts[i]`` samples have
     ``suspects[i]``), in batches whose samples add up to about PLACED (a value with more alone)."""
@@ -82,12 +84,16 @@ def _refuse_among(
     lo = 0
     while lo < len(suspects):
         hi = max(lo + 1, int(np.searchsorted(ends, (ends[lo - 1] if lo else 0) + PLACED, side="right")))
-        _refuse_repeats(piles, suspects[lo:hi], skipped, unit_name)
+        _refuse_repeats(piles, suspects[lo:hi], skipped, unit_name, advice)
         lo = hi
 
 
 def _refuse_repeats(
-    piles: Sequence[PileParts], suspects: np.ndarray, skipped: np.ndarray | Sequence[int], unit_name: Callable[[int], str] | None
+    piles: Sequence[PileParts],
+    suspects: np.ndarray,
+    skipped: np.ndarray | Sequence[int],
+    unit_name: Callable[[int], str] | None,
+    advice: str = ADVICE,
 ) -> None:
     """Raise for the first key in pile order that two samples share, among those hashing to
     ``suspects`` (sorted)."""
@@ -109,7 +115,7 @@ def _refuse_repeats(
         return sample_at(at[1], f"offset {at[2]}", *unit)
 
     first = where(earlier) if earlier[0] == later[0] else f"pile {earlier[0]}'s {where(earlier)}"
-    raise SampleError(f"pile {later[0]}: {repeated_key(key, where(later), first)}{ADVICE}")
+    raise SampleError(f"pile {later[0]}: {repeated_key(key, where(later), first)}{advice}")
 
 
 def repeated_hashes(sources: Sequence[Hashes], budget: int, scratch: str) -> tuple[np.ndarray, np.ndarray]:

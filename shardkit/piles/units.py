@@ -23,6 +23,7 @@ from shardkit.piles import canonical, commits, resume, router
 from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.encode import encode_parts
 from shardkit.piles.parts import ADVICE, Hashes, PileSink, part_file
+from shardkit.piles.readers.columns import ColumnSpec
 from shardkit.tar.keys import repeated_key, sample_at
 from shardkit.tar.shard import read_shard
 
@@ -50,6 +51,17 @@ class UnitWork:
     generation: int = 0
     # the parent's storage options by bucket: a spawned worker reads remote units with them too
     storage: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
+
+    @property
+    def repeat_advice(self) -> str:
+        """What the message for a key two samples share advises: for a reader that takes keys from
+        a column, to key another one (its ``key_prefix`` is refused); else :data:`ADVICE`."""
+        if isinstance(self.fn, ColumnSpec) and self.fn.key is not None:
+            return (
+                f" across all inputs, and this reader takes them from the column {self.fn.key!r}: name a column of unique "
+                "values as key, or leave key unset (each row is then keyed by its file and row number)"
+            )
+        return ADVICE
 
 
 class UnitFailed(Exception):
@@ -174,7 +186,7 @@ class UnitWriter:
         # errors from the sink (a full disk) are not the unit's fault: they escape UnitFailed
         for key, parts, size, exts in _encoded(self.job, unit, factors):
             if ordinals.setdefault(key, samples) != samples:
-                error = SampleError(repeated_key(key, sample_at(samples), sample_at(ordinals[key])) + ADVICE)
+                error = SampleError(repeated_key(key, sample_at(samples), sample_at(ordinals[key])) + self.job.repeat_advice)
                 raise UnitFailed(str(error)) from error
             add(route(), parts, size, index, key)
             seen.update(exts)
