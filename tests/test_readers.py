@@ -463,3 +463,12 @@ def test_a_key_column_that_repeats_a_value_is_named_in_the_advice(tmp_path, wher
     with pytest.raises(shardkit.SampleError, match="keys must be unique") as e:
         shardkit.pile(str(tmp_path / "*.parquet"), str(tmp_path / "out"), piles=2, format=make("parquet", key="id"), quiet=True)
     assert "this reader takes them from the column 'id'" in str(e.value) and "key_prefix" not in str(e.value)
+
+
+def test_a_streaming_hugging_face_dataset_is_refused_by_name(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    stream = datasets.Dataset.from_dict({"x": [1, 2, 3]}).to_iterable_dataset()
+    for given, name in ((stream, "IterableDataset"), (datasets.IterableDatasetDict({"train": stream}), "IterableDatasetDict")):
+        with pytest.raises(shardkit.ConfigError, match=rf"inputs: datasets\.{name} \(streaming=True\) cannot be piled"):
+            shardkit.pile(given, str(tmp_path / "out"), piles=2, quiet=True)
+    assert not (tmp_path / "out").exists()

@@ -155,7 +155,14 @@ def resolve(inputs: Any, format: Any = None) -> tuple[Any, list[Any]] | None:
     :data:`READERS` (or ``"shards"``), or a reader object. A ``datasets.Dataset`` among the
     inputs is handed to a Hugging Face reader as its ``dataset``.
     """
+    from shardkit.piles.readers.hf import is_stream
+
     items = list(inputs) if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)) else [inputs]
+    if any(map(is_stream, items)):
+        raise ConfigError(
+            f"inputs: datasets.{next(type(i).__name__ for i in items if is_stream(i))} (streaming=True) cannot be piled: the hf reader "
+            "splits a dataset into ranges of rows, which a stream does not have; load it without streaming=True"
+        )
     if isinstance(format, str) and format in SHARDS:
         return None
     if format is None:

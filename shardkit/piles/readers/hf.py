@@ -35,6 +35,11 @@ def is_dataset(value: Any) -> bool:
     return type(value).__module__.startswith("datasets.") and type(value).__name__ in ("Dataset", "DatasetDict")
 
 
+def is_stream(value: Any) -> bool:
+    """Whether ``value`` is a ``datasets.IterableDataset`` or ``IterableDatasetDict`` (``streaming=True``)."""
+    return type(value).__module__.startswith("datasets.") and type(value).__name__ in ("IterableDataset", "IterableDatasetDict")
+
+
 @functools.lru_cache(maxsize=4)
 def _load(path: str, version: tuple[int, int, int]) -> Any:  # version: a stamp of its index file, to key the cache
     import datasets
