@@ -78,3 +78,12 @@ def test_trace_follows_a_resume_on_other_ranks(piles, tmp_path, capsys):
     for step, expected in [(2, [r[2] for r in read]), (4, [r[0] for r in rest]), (4 + len(rest[0]) - 1, [r[-1] for r in rest])]:
         assert main([*trace[:2], "--step", str(step), *trace[2:]]) == 0
         assert json.loads(capsys.readouterr().out) == {str(r): k for r, k in enumerate(expected)}
+
+
+@pytest.mark.parametrize("text", [b"not json", b"\xff\xfe{}"])
+def test_a_state_file_that_is_not_json_is_one_line(piles, tmp_path, capsys, text):
+    path = tmp_path / "state.json"
+    path.write_bytes(text)
+    assert main(["trace", piles, "--step", "0", "--state", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"shardkit trace: error: {path}: ") and "JSON" in err and "Traceback" not in err

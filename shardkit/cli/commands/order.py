@@ -18,6 +18,7 @@ def _trace(args: argparse.Namespace) -> int:
     import json
 
     from shardkit._util import check_int
+    from shardkit.errors import ConfigError
     from shardkit.loading import state as states
     from shardkit.loading.epochs import on_split
     from shardkit.loading.loader import Loader
@@ -28,7 +29,10 @@ def _trace(args: argparse.Namespace) -> int:
     done = None
     if args.state:
         with open(args.state, encoding="utf-8") as f:
-            state = json.load(f)
+            try:
+                state = json.load(f)
+            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+                raise ConfigError(f"{args.state}: not a JSON loader state ({e})") from None
         if isinstance(state, dict) and state.get("format") == states.TORCH.name:
             position = loader.read_state(state, torch=True)
             done = on_split(position, loader.options, loader.source, workers=max(1, workers)).done if position.epoch == args.epoch else ()
