@@ -238,3 +238,14 @@ def test_cli_quality_without_labels(tmp_path, capsys):
     assert main(["quality", out, "--batch-size", "8", "-q"]) == 0
     text = capsys.readouterr().out
     assert "no label field" in text and "dispersion / hypergeom" not in text
+
+
+def test_quality_of_fewer_samples_than_piles(tmp_path, capsys):
+    """Some piles are empty: the reference orders read at most one shard a sample, unasked."""
+    out = str(tmp_path / "few")
+    with shardkit.PileWriter(out, piles=8, seed=0) as w:
+        for s in make_samples(3):
+            w.write(s)
+    assert len(compare_shuffles(out, batch_size=2).reports) == 3
+    assert main(["quality", out, "--batch-size", "2", "-q"]) == 0
+    assert "shardkit" in capsys.readouterr().out

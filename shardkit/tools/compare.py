@@ -227,7 +227,7 @@ def compare_shuffles(
         label_field: the field holding the class, or None.
         source_field: an integer field holding the source position (default: key order).
         source_shards: shards the reference orders read the source order as (default: the
-            number of piles).
+            number of piles, or of samples when there are fewer).
     """
     for name, value in (("batch_size", batch_size), ("epochs", epochs), ("mix", mix)):
         check_int(name, value, low=1)
@@ -236,7 +236,7 @@ def compare_shuffles(
     n = index.samples
     if n < batch_size:
         raise ConfigError(f"{source}: {n} samples is fewer than one batch of {batch_size}")
-    shards = source_shards or len(index.counts)
+    shards = source_shards or min(len(index.counts), n)
     check_int("source_shards", shards, low=1, high=n)
     shard_of = np.arange(n, dtype=np.int64) * shards // n
     shard_counts = np.bincount(shard_of, minlength=shards)
