@@ -81,6 +81,11 @@ def test_get_by_key_and_the_errors_name_len_key_and_dataset(ds_dir):
         ds["s0000000"]  # type: ignore[index]
     with pytest.raises(shardkit.ConfigError, match="seed"):
         shardkit.open(ds_dir, seed=-1)
+    # an epoch or a mix orders nothing without a seed: refused rather than given pile order
+    with pytest.raises(shardkit.ConfigError, match=r"epoch: 2 .*give seed= too"):
+        shardkit.open(ds_dir, epoch=2)
+    with pytest.raises(shardkit.ConfigError, match=r"mix: 2 .*give seed= too"):
+        shardkit.open(ds_dir, mix=2)
     with pytest.raises(shardkit.DatasetNotFoundError):
         shardkit.open(os.path.join(ds_dir, "missing"))
 

@@ -275,7 +275,8 @@ def open(
         seed: None: ``ds[i]`` counts in pile order (the manifest's piles one after the other,
             each in file order). An int: in the order ``shardkit.loader(dataset, seed=seed,
             mix=mix)`` yields in epoch ``epoch`` with one rank.
-        epoch, mix: the epoch (see :meth:`MapDataset.set_epoch`) and the loader's ``mix``.
+        epoch, mix: the epoch (see :meth:`MapDataset.set_epoch`) and the loader's ``mix``; each
+            needs a ``seed``.
         decode, map, allow_pickle: as for :func:`shardkit.loader`; ``decode=False`` gives raw bytes.
         verify: check each sample read by range against its CRC-32 in the index (an index of
             the first version has none), and a compressed pile read whole against the manifest's checksum.
@@ -291,6 +292,12 @@ def open(
     check_int("epoch", epoch, low=0)
     check_int("mix", mix, low=1)
     check_int("keep_piles", keep_piles, low=1)
+    if seed is None:
+        for name, value, default in (("epoch", epoch, 0), ("mix", mix, 1)):
+            if value != default:
+                raise ConfigError(
+                    f"{name}: {value} orders only the loader's shuffle, and without a seed ds[i] counts in pile order: give seed= too"
+                )
     if map is not None and not callable(map):
         raise ConfigError(f"map: expected a function, got {type(map).__name__}")
     options = LoaderOptions(
