@@ -50,6 +50,9 @@ def test_export_one_epochs_order_and_the_command(tmp_path, dataset, capsys):
     assert main(["export", str(tmp_path / "piles"), "-o", str(tmp_path / "x.parquet"), "--epoch", "1"]) == 1
     assert "give --seed too" in capsys.readouterr().err
     assert not (tmp_path / "x.parquet").exists()
+    with pytest.raises(shardkit.ConfigError, match=r"epoch: .*give seed= too"):  # in Python too, not pile order
+        shardkit.export(tmp_path / "piles", tmp_path / "x.parquet", epoch=1, quiet=True)
+    assert not (tmp_path / "x.parquet").exists()
 
 
 @pytest.mark.parametrize("rank", ["1", None], ids=["RANK=1", "no RANK"])

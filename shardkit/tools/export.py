@@ -68,7 +68,7 @@ def export(
         out: the file to write (local or an object-store URL); replaced atomically.
         to: the output format; ``"parquet"``.
         seed, epoch: None keeps pile order (the manifest's piles, each in stored order); a seed
-            writes the order the loader with that seed reads in ``epoch``.
+            writes the order the loader with that seed reads in ``epoch`` (an epoch needs a seed).
         rows_per_group: rows per Parquet row group.
         quiet: no progress bar.
         storage_options: options for remote URLs (see :class:`~shardkit.PileOptions`).
@@ -83,6 +83,8 @@ def export(
     check_int("rows_per_group", rows_per_group, low=1)
     if seed is not None:
         check_int("seed", seed, low=0)
+    elif epoch:
+        raise ConfigError("epoch: epochs differ only in the shuffled order: give seed= too")
     source, target = check_path("dataset", dataset), check_path("out", out)
     storage.use([source, target], storage_options)
     import pyarrow as pa
