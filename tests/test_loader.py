@@ -281,6 +281,16 @@ def test_unequal_arrays_collate_to_a_list(tmp_path):
     assert isinstance(batch["npy"], list) and sorted(len(a) for a in batch["npy"]) == [1, 2, 3]
 
 
+@pytest.mark.parametrize("mapped", [lambda s: s["cls"], lambda s: (s["cls"], s["__key__"]), lambda s: "text"], ids=["int", "tuple", "str"])
+def test_a_map_that_returns_no_dict_needs_a_collate(dataset, mapped):
+    """The default collate batches dicts: anything else is an error naming map and collate."""
+    with pytest.raises(
+        shardkit.ConfigError, match=r"collate: the default collate batches samples that are dicts, not (int|tuple|str) values .*collate="
+    ):
+        next(iter(shardkit.loader(dataset, batch_size=4, map=mapped)))
+    assert len(next(iter(shardkit.loader(dataset, batch_size=4, map=mapped, collate=list)))) == 4
+
+
 @pytest.mark.parametrize("gz", [False, True])
 def test_plain_webdataset_shards(tmp_path, gz):
     samples = make_samples(50)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkit.errors import ConfigError
 from shardkit.loading.decode import Transform
 from shardkit.loading.located import Located
 from shardkit.tar.shard import Shard
@@ -81,6 +82,11 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
         return {"__key__": []}
     names: dict[str, None] = {}
     for s in samples:
+        if not isinstance(s, dict):  # what a map returned: its fields cannot be told
+            raise ConfigError(
+                f"collate: the default collate batches samples that are dicts, not {type(s).__name__} values (what map returned?): "
+                "return a dict from map, or give collate= (collate=list keeps the items as they are)"
+            )
         names.update(dict.fromkeys(s))
     out: dict[str, Any] = {}
     for name in names:
