@@ -330,6 +330,9 @@ def test_reads_webdataset_writer_output(tmp_path):
         (dict(rank=2, world_size=2), "rank"),
         (dict(map=3), "map"),
         (dict(seed=-1), "seed"),
+        # views of piles in this process cannot cross to worker processes that batch or map them
+        (dict(views=True, decode=False, num_workers=2, batch_size=4), "views: True with num_workers=2"),
+        (dict(views=True, decode=False, num_workers=1, map=dict), "views: True with num_workers=1"),
     ],
 )
 def test_bad_options_name_the_option(dataset, bad, message):

@@ -74,7 +74,8 @@ class LoaderOptions:
         allow_pickle: decode ``.pyd``/``.pickle`` fields (runs code from the data).
         views: with ``decode=False``, yield raw fields as read-only ``memoryview`` slices of the
             pile in memory instead of ``bytes`` copies (faster for large fields). A view keeps
-            its whole pile in memory while it is held: copy (``bytes(view)``) what you keep.
+            its whole pile in memory while it is held: copy (``bytes(view)``) what you keep. Not
+            with ``num_workers`` > 0 when batching or mapping (the workers cannot be sent views).
         collate: ``fn(list of samples) -> batch`` instead of the default.
         remote_concurrency: requests in flight at once when piles are read from an object
             store (``s3://``...), shared by the piles read at once; a pile is one request, or
@@ -213,6 +214,11 @@ class LoaderOptions:
         if not (isinstance(self.decode, (bool, Codecs)) or self.decode in ("numpy", "pil")):
             raise ConfigError(f"decode: expected True, False, 'numpy', 'pil' or a Codecs object, got {self.decode!r}")
         check_choices(self)
+        if self.views and self.decode is False and self.num_workers and (self.batch_size is not None or self.map is not None):
+            raise ConfigError(
+                f"views: True with num_workers={self.num_workers}: the views are of piles held in this process, and the worker "
+                "processes that batch or map the samples cannot be sent them; set num_workers=0 (raw fields need little work) or views=False"
+            )
         if self.mix > 1 and not self.shuffle:
             raise ConfigError(f"mix: mixing {self.mix} piles draws at random; it needs shuffle=True")
         if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
