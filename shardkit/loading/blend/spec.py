@@ -145,8 +145,8 @@ class Blend:
         if epoch_size is not None:
             if not all(weighted):
                 raise ConfigError("blend: epoch_size is the size weights share; with count or repeat the epoch is their sum")
-            if _number("epoch_size", epoch_size, whole=True) < 1:
-                raise ConfigError("blend: epoch_size is 0; expected an integer >= 1")
+            if not isinstance(epoch_size, numbers.Integral) or isinstance(epoch_size, bool) or epoch_size < 1:
+                raise ConfigError(f"blend: epoch_size is {shown(epoch_size)}; expected an integer >= 1")
         object.__setattr__(self, "sources", found)
         object.__setattr__(self, "epoch_size", epoch_size)
 
