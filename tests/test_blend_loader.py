@@ -129,7 +129,7 @@ def test_keys_ledger_matches_what_is_read(pair):
         (lambda p: shardkit.loader({"a": p["web"], "b": p["web"]}), "sources 'a' and 'b' are the same dataset"),
         (lambda p: shardkit.loader({"web": {"path": p["web"], "weight": 1, "count": 3}}), "has weight and count"),
         (lambda p: shardkit.loader({"web": {"path": p["web"], "weight": 1}, "code": p["code"]}), "'code' has no weight while others do"),
-        (lambda p: shardkit.loader(p, epoch_size=100), "epoch_size is the size weights share"),
+        (lambda p: shardkit.loader(p, epoch_size=100), "epoch_size=100 needs a weight on every source"),
         (lambda p: shardkit.loader(p, weights={"web": 1, "code": 1}, epoch_size=-3), "epoch_size is -3; expected an integer >= 1"),
         (lambda p: shardkit.loader(p, weights={"web": 1, "code": 1}, epoch_size=0), "epoch_size is 0; expected an integer >= 1"),
         (lambda p: shardkit.loader({"web": {"path": p["web"], "count": 1.5}}), "count of 'web' is 1.5; expected an integer >= 0"),

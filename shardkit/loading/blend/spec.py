@@ -144,7 +144,10 @@ class Blend:
             raise ConfigError(f"blend: the weights of {', '.join(s.name for s in found)} are all zero; expected at least one > 0")
         if epoch_size is not None:
             if not all(weighted):
-                raise ConfigError("blend: epoch_size is the size weights share; with count or repeat the epoch is their sum")
+                raise ConfigError(
+                    f"blend: epoch_size={shown(epoch_size)} needs a weight on every source (it is the size their shares divide); "
+                    "without weights an epoch is what the sources' samples, counts and repeats add up to"
+                )
             if not isinstance(epoch_size, numbers.Integral) or isinstance(epoch_size, bool) or epoch_size < 1:
                 raise ConfigError(f"blend: epoch_size is {shown(epoch_size)}; expected an integer >= 1")
         object.__setattr__(self, "sources", found)
