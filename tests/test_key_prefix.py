@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import tarfile
@@ -100,3 +101,16 @@ def test_an_append_keeps_the_datasets_prefix_for_a_single_new_shard(tmp_path, or
         assert main(["pile", url, "-o", str(out), "--piles", "2", "--append", "-q"]) == 0, day
     assert manifest.read(str(out)).extra["key_prefix"] == "unit"
     assert _keys(out) == sorted(EXPECTED[:16] + [f"{d}/{k:06d}" for d in ("day-1", "day-2") for k in range(8)])
+
+
+@pytest.mark.parametrize("kind", ["pile", "shuffle"])
+def test_shards_named_alike_in_two_folders_are_refused_with_the_way_out(tmp_path, ordinary, kind):
+    # the prefix is already on: the error must say the two shards share a name, not ask for the prefix
+    other = tmp_path / "other"
+    other.mkdir()
+    twin = _shard(other / "train-000000.tar", [f"{k:06d}" for k in range(8)])
+    run = shardkit.pile if kind == "pile" else functools.partial(shardkit.shuffle, maxcount=10)
+    with pytest.raises(shardkit.SampleError) as e:
+        run([*ordinary, twin], tmp_path / "out", piles=2, quiet=True)
+    said = str(e.value)
+    assert "'train-000000/" in said and "file name" in said and "run again with key_prefix='unit'" not in said

@@ -29,6 +29,11 @@ ADVICE = (
     " across all inputs. Give each sample a unique '__key__' (e.g. prefix the input's name), or, for shards "
     "whose keys restart, run again with key_prefix='unit' (--key-prefix unit for shardkit pile and shuffle, key_prefix: unit in a job file)"
 )
+# the same, for keys already prefixed with their shard's name: only shards named alike still meet
+PREFIXED_ADVICE = (
+    " across all inputs. Each key starts with its shard's file name (key_prefix='unit'), so two input shards with one "
+    "file name (in two folders, or one shard named twice) give their samples the same keys: rename one, or name each shard once"
+)
 
 
 def part_name(pile: int) -> str:

@@ -32,7 +32,7 @@ from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.executor import Executor, Tally, run_local
 from shardkit.piles.merge_records import begin_merge
 from shardkit.piles.options import PileOptions
-from shardkit.piles.parts import ADVICE, SEGMENT
+from shardkit.piles.parts import ADVICE, PREFIXED_ADVICE, SEGMENT
 from shardkit.piles.publish import Mapper, Run, publish
 from shardkit.piles.unique_keys import check_unique
 from shardkit.piles.units import Part, UnitWork, describe, reused_part, skip_record
@@ -69,7 +69,7 @@ def run_pass1(
     extra = {**(extra or {}), "units": len(units)}
     try:
         result = publish_parts(
-            txn, staging, [*reused, *parts], options, extra, tally, threads, units, mapper, base, advice=job.repeat_advice
+            txn, staging, [*reused, *parts], options, extra, tally, threads, units, mapper, base, advice=_repeat_advice(job, options)
         )
     except SampleError:
         stage.remove()  # two inputs share a key: the job must change before it can succeed, so nothing is to resume
@@ -121,6 +121,12 @@ def merge_plan(parts: Sequence[Part], pile: int, skipped: np.ndarray) -> tuple[n
 def _segments(part: Part, pile: int) -> np.ndarray:
     """Pile ``pile``'s segments in ``part`` as rows of SEGMENT numbers."""
     return np.frombuffer(part.segments[pile], dtype=np.int64).reshape(-1, SEGMENT)
+
+
+def _repeat_advice(job: UnitWork, options: PileOptions) -> str:
+    """What the message for a key two inputs share advises: with keys prefixed by their shard's
+    name (``key_prefix`` resolved to "unit"), only shards named alike meet; else the job's own advice."""
+    return PREFIXED_ADVICE if options.key_prefix == "unit" else job.repeat_advice
 
 
 def publish_parts(
