@@ -154,3 +154,22 @@ def test_verbose_is_taken_after_every_command_that_reads_or_writes_a_dataset(nam
     _, parsers = _commands()
     flags = {s for a in parsers[name]._actions for s in a.option_strings}
     assert {"-v", "--verbose", "--storage-option"} <= flags
+
+
+def test_output_into_a_closed_pipe_ends_quietly(dataset):
+    """``shardkit info DIR | head -1``: the reader closes the pipe early; the command stops with
+    SIGPIPE's status and no error line or traceback."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # every write into the pipe fails: what head does once it has its lines
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "shardkit", "info", dataset], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == ""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import select
 import sys
 import traceback as _traceback
 from collections.abc import Callable, Sequence
@@ -62,6 +64,8 @@ def guarded(run: Callable[[], int], *, traceback: bool = False, prog: str | None
     try:
         return run()
     except (ShardkitError, OSError) as e:
+        if isinstance(e, BrokenPipeError) and _reader_gone():
+            return 141  # as a command killed by SIGPIPE: `shardkit info DIR | head` ends quietly
         if traceback:
             print(redact.mask("".join(_traceback.format_exception(e))).rstrip("\n"), file=sys.stderr)
         print(f"{prog + ': ' if prog else ''}error: {redact.mask(str(e))}", file=sys.stderr)
@@ -69,6 +73,23 @@ def guarded(run: Callable[[], int], *, traceback: bool = False, prog: str | None
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _reader_gone() -> bool:
+    """Whether what reads this process's output has closed it; then stdout is pointed at the null
+    device, so that nothing left in its buffer fails again at exit."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        events = poll.poll(0)
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or no stdout to look at
+        return False
+    if not any(mask & select.POLLERR for _, mask in events):
+        return False  # the broken pipe was another one (a child's, a socket's): an error like any other
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
