@@ -96,6 +96,8 @@ def test_jsonl_records_keys_blank_lines_and_gzip(tmp_path):
         ('{"v": 1}\n{"v": \n', r"a\.jsonl: line 2: not valid JSON"),
         ("[1, 2]\n", r"a\.jsonl: line 1: expected a JSON object, got list"),
         ('{"id": 1}\n\n{"id": 1}\n', r"a\.jsonl: line 3: key '1' was already used on line 1"),
+        ('{"id": "a"}\n{"id": "b.c"}\n', r"a\.jsonl: line 2: key field 'id': sample key 'b\.c' has a dot"),
+        ('{"__key__": "x/../y"}\n', r"a\.jsonl: line 1: key field '__key__': sample key 'x/\.\./y': no leading '/', empty or '\.\.'"),
         # json.loads refuses these with ValueError and RecursionError, not JSONDecodeError
         ('{"v": 1}\n{"v": ' + "9" * 5000 + "}\n", r"a\.jsonl: line 2: not valid JSON \(Exceeds the limit"),
         ('{"v": ' + "[" * 100_000 + "]" * 100_000 + "}\n", r"a\.jsonl: line 1: not valid JSON \(maximum recursion depth"),

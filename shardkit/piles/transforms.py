@@ -25,6 +25,7 @@ from shardkit import manifest, storage
 from shardkit._util import check_int, check_most, shown
 from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError, SampleError
 from shardkit.piles import classes as class_maps
+from shardkit.piles.encode import check_key
 from shardkit.tar.shard import iter_shard
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
@@ -303,11 +304,14 @@ def _key_text(value: Any, name: str, unit: str, number: int) -> str:
     The values a key column of a Parquet or Arrow input takes (readers/columns.py); str() of
     anything else is a Python repr (``[1, 2]``, ``True``) or has a dot (``1.5``), no key.
     """
-    if isinstance(value, str):
-        return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    raise SampleError(f"{unit}: line {number}: key field {name!r}: expected a non-empty string or an integer, got {shown(value)}")
+    if not isinstance(value, str):
+        raise SampleError(f"{unit}: line {number}: key field {name!r}: expected a non-empty string or an integer, got {shown(value)}")
+    try:
+        return check_key(value)
+    except SampleError as e:  # a dot, a control character...: said here, where the line is known
+        raise SampleError(f"{unit}: line {number}: key field {name!r}: {e}") from None
 
 
 def file_stem(path: str) -> str:
