@@ -101,7 +101,14 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         (VALID + "fn: myprep:make\n", "fn: give either fn (your own function) or transform (a built-in), not both"),
         (VALID + "args: {colour: 1}\n", "args.colour: unknown argument for transform 'jsonl' (expected one of: key)"),
         (IMAGES + "args: {size: big}\n", "args.size: expected an integer >= 0, got 'big'"),
-        (IMAGES.replace("inputs: images", "inputs: imagez"), "inputs[0]: {dir}/imagez: no such folder"),
+        (
+            IMAGES.replace("inputs: images", "inputs: imagez"),
+            "inputs[0]: {dir}/imagez: no such folder: an image transform reads a folder of one subfolder per class",
+        ),
+        (
+            IMAGES.replace("inputs: images", "inputs: data/a.jsonl"),
+            "inputs[0]: {dir}/data/a.jsonl: a file, not a folder: an image transform reads a folder of one subfolder per class",
+        ),
         ("- job: preprocess\n", "expected a mapping of options, got a list"),
         ("", "expected a mapping of options, got nothing"),
         ("job: demo\nsamples: -5\n", "samples: expected an integer >= 1, got -5"),

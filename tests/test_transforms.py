@@ -60,6 +60,11 @@ def test_images_errors(folder, tmp_path):
         Images().units([str(folder)])
     with pytest.raises(shardkit.DatasetNotFoundError, match="no such folder"):
         Images().units([str(tmp_path / "missing")])
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    with pytest.raises(
+        shardkit.DatasetNotFoundError, match=r"a\.jsonl: a file, not a folder: expected a folder of one subfolder per class"
+    ):
+        Images().units([str(tmp_path / "a.jsonl")])
     (tmp_path / "flat").mkdir()
     with pytest.raises(shardkit.DatasetNotFoundError, match="expected one subfolder per class"):
         Images().units([str(tmp_path / "flat")])

@@ -323,7 +323,8 @@ def _check_inputs(top: Fields, inputs: tuple[str, ...], *, folders: bool) -> Non
         with top.errors(f"inputs[{i}]"):
             if folders:
                 if not os.path.isdir(item):
-                    raise ConfigError(f"{item}: no such folder")
+                    there = "a file, not a folder" if os.path.exists(item) else "no such folder"
+                    raise ConfigError(f"{item}: {there}: an image transform reads a folder of one subfolder per class")
             elif readers.detect(item) in ("hf", "mds", "litdata"):
                 pass  # a folder its writer made: the reader says what is wrong with it
             else:

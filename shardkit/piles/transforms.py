@@ -175,7 +175,8 @@ class Images:
 
 def _class_folders(root: str) -> list[str]:
     if not os.path.isdir(root):
-        raise DatasetNotFoundError(f"{root}: no such folder")
+        there = "a file, not a folder" if os.path.exists(root) else "no such folder"
+        raise DatasetNotFoundError(f"{root}: {there}: expected a folder of one subfolder per class")
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
     if not classes:
         raise DatasetNotFoundError(f"{root}: expected one subfolder per class, found none")
