@@ -162,3 +162,27 @@ def test_a_misspelled_storage_option_is_a_config_error_naming_the_options(s3):
     with pytest.raises(shardkit.ConfigError, match=r"refused its options \['bogus_opt', 'secret'\]: TypeError") as info:
         shardkit.loader(s3.url("ds"), storage_options={"bogus_opt": 1, "secret": "s3cr3t-value"})
     assert "s3cr3t" not in str(info.value)
+
+
+def test_old_piles_an_overwrite_could_not_look_up_are_left_to_the_next_job(s3, faulty_s3, monkeypatch):
+    from shardkit import storage
+    from shardkit.dataset import lock as output
+
+    monkeypatch.setattr(storage.retry, "DEFAULT", storage.retry.Retry(attempts=2, base=0.01, cap=0.02))
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    url = s3.url("ds")
+    old = shardkit.preprocess(UNITS, _identity, url, piles=3, quiet=True)
+    commit = output.Output.commit
+
+    def commit_then_fail_every_lookup(self, m):
+        commit(self, m)
+        faulty_s3.only, faulty_s3.error_fraction = {"HEAD"}, 1.0
+
+    monkeypatch.setattr(output.Output, "commit", commit_then_fail_every_lookup)
+    new = shardkit.preprocess(UNITS, _identity, url, piles=4, overwrite=True, quiet=True)
+    faulty_s3.error_fraction = 0.0
+    assert {p.name for p in old.piles} <= s3.names("ds")  # throttled: they could not go yet
+    # a failed look-up is not a missing object: the journal stays, and gc removes the old piles
+    report = shardkit.gc(url, grace=0)
+    assert {p.name for p in old.piles} <= set(report.deleted) and not report.skipped
+    assert {p.name for p in new.piles} | {manifest.MANIFEST} <= s3.names("ds")

@@ -268,7 +268,7 @@ def _delete(directory: str, local: str | None, name: str, dry_run: bool, records
         url = storage.join(directory, name)
         try:
             size = storage.size(url)
-        except ShardkitError:
+        except DatasetNotFoundError:  # any other failure is not an answer: the name stays for the next job
             return None
         _check_size(name, size, records)
         if not dry_run:
