@@ -10,6 +10,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -284,6 +285,17 @@ def test_the_second_epoch_comes_from_the_cache(s3, faulty_s3, local_dataset, tmp
         f.seek(600)
         f.write(b"\xff")
     assert _epoch(url, seed=4, cache_dir=cache) == first
+
+
+def test_a_cache_directory_removed_between_epochs_is_made_again(s3, local_dataset, tmp_path):
+    url = _upload_dataset(s3, local_dataset, "ds")
+    cache = tmp_path / "cache"
+    loader = shardkit.loader(url, decode=False, seed=4, cache_dir=str(cache))
+    local = shardkit.loader(local_dataset, decode=False, seed=4)
+    assert list(loader) == list(local)
+    shutil.rmtree(cache)  # a cleaner of temporary files, or a person freeing disk, while training runs
+    assert list(loader) == list(local)  # epoch 1
+    assert any(n.endswith(".tar") for n in os.listdir(cache / "shardkit-piles"))  # filled again
 
 
 def test_a_cache_smaller_than_a_pile_reads_through_it(s3, local_dataset, tmp_path, caplog):

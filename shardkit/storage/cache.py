@@ -196,6 +196,8 @@ class PileCache:
         found, _ = _look(path, size, check, first_check, self._trusted)
         if found is not None:
             return self._hit(path, found)
+        with contextlib.suppress(OSError):  # removed since (a cleaner of temporary files, a person); else the lock says why not
+            os.makedirs(self._root, exist_ok=True)
         with _locked(self._lock_path(name)):  # waits while another process downloads this very pile
             self._remove_partials(name[:16])
             found, problem = _look(path, size, check, first_check, self._trusted)
