@@ -265,6 +265,17 @@ def test_storage_options_reach_the_client(s3, local_dataset, monkeypatch):
     assert s3.endpoint not in json.dumps(m)
 
 
+def test_botocore_retries_given_in_config_kwargs_are_taken(s3, local_dataset):
+    url = _upload_dataset(s3, local_dataset, "ds")
+    options = {"config_kwargs": {"retries": {"max_attempts": 2, "mode": "standard"}}}  # botocore's form, as docs/s3.md says
+    assert _epoch(url, seed=5, storage_options=options) == _epoch(local_dataset, seed=5)
+    m = shardkit.preprocess(UNITS[:2], _identity, s3.url("w"), piles=2, storage_options=options, quiet=True)
+    assert m.samples == 100
+    from shardkit.cli.main import main
+
+    assert main(["--storage-option", "config_kwargs.retries.max_attempts=2", "verify", url, "-q"]) == 0
+
+
 # --- the cache ----------------------------------------------------------------------------------
 
 

@@ -20,6 +20,9 @@ _TEXTS = frozenset(
 )
 _COUNTS = frozenset({"default_block_size", "max_concurrency", "retries", "max_attempts"})
 _NUMBERS = frozenset({"listings_expiry_time", "connect_timeout", "read_timeout", "max_paths"})
+# names whose type depends on the group they are in: s3fs's ``retries`` is a count, botocore's
+# (``config_kwargs={"retries": {"max_attempts": 5, "mode": "standard"}}``) a mapping
+_MAPPINGS_IN = {"config_kwargs": frozenset({"retries"})}
 # deeper than any real configuration: a mapping nested further is a mistake (or a fuzzer)
 _DEPTH = 4
 
@@ -39,21 +42,23 @@ def check_storage_options(options: Any, *, what: str = "storage_options") -> Non
     _check(options, what, depth=1)
 
 
-def _check(options: Mapping[str, Any], where: str, *, depth: int) -> None:
+def _check(options: Mapping[str, Any], where: str, *, depth: int, group: str = "") -> None:
     if depth > _DEPTH:
         raise ConfigError(f"{where}: options nested more than {_DEPTH} deep")
     for name, value in options.items():
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{where}: expected option names as non-empty strings, got a {type(name).__name__}")
-        expected = _expected(name, value)
+        expected = _expected(name, value, group)
         if expected is not None:
             raise ConfigError(f"{where}: {name}: expected {expected}, got a {type(value).__name__}")
         if isinstance(value, Mapping):
-            _check(value, f"{where}.{name}", depth=depth + 1)
+            _check(value, f"{where}.{name}", depth=depth + 1, group=name)
 
 
-def _expected(name: str, value: Any) -> str | None:
-    """What ``name`` should hold when ``value`` is not that, else None."""
+def _expected(name: str, value: Any, group: str) -> str | None:
+    """What ``name`` (in the options of ``group``, "" at the top) should hold when ``value`` is not that, else None."""
+    if name in _MAPPINGS_IN.get(group, ()):
+        return None if isinstance(value, Mapping) else "a mapping of options"
     if name in _MAPPINGS and not isinstance(value, Mapping):
         return "a mapping of options"
     if name in _BOOLS and not isinstance(value, bool):
