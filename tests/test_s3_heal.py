@@ -237,6 +237,20 @@ def test_every_command_names_a_missing_bucket(s3, tmp_path, capsys, command):
     assert ".shardkit-" not in last
 
 
+def test_input_shards_in_a_missing_bucket_are_named_so(s3, tmp_path, capsys):
+    from shardkit.cli import main
+
+    pattern = "s3://no-such-bucket-shardkit/shards/*.tar"
+    capsys.readouterr()
+    assert main(["pile", pattern, "--piles", "2", "-o", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"error: {pattern}: the bucket s3://no-such-bucket-shardkit does not exist (a typo? create it first)"), err
+    with pytest.raises(shardkit.DatasetNotFoundError, match="the bucket s3://no-such-bucket-shardkit does not exist"):
+        shardkit.loader(pattern)
+    with pytest.raises(shardkit.DatasetNotFoundError, match="pattern matches no file"):  # the bucket is there
+        shardkit.loader(s3.url("shards/*.tar"))
+
+
 def test_throttling_and_5xx_are_retried_with_backoff(s3, faulty_s3, fresh_endpoints):
     s3.client().pipe(s3.path("x.bin"), b"payload")
     faulty_s3.only = {"GET"}

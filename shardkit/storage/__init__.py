@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
-from shardkit.errors import DatasetNotFoundError
+from shardkit.errors import DatasetNotFoundError, ShardkitError
 from shardkit.storage import remote, retry
 from shardkit.storage.caching_store import CachingStore
 from shardkit.storage.conditional import forget_listings
@@ -348,7 +348,7 @@ def expand(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -
             if _glob.has_magic(url):
                 found = _glob_files(url)
                 if not found:
-                    raise DatasetNotFoundError(f"{url}: pattern matches no file")
+                    raise _matches_nothing(url)
                 urls.extend(found)
             elif path is not None and not os.path.isfile(path):
                 if os.path.isdir(path):  # inputs are files: said plainly, or the user looks for a typo
@@ -357,6 +357,21 @@ def expand(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -
             else:
                 urls.append(url)
     return urls
+
+
+def _matches_nothing(pattern: str) -> DatasetNotFoundError:
+    """The error for a glob that matched no file: in a bucket that does not exist (where a remote
+    glob finds nothing rather than fail), one that names the bucket."""
+    if local_path(pattern) is None:
+        try:
+            listdir(remote.root(pattern))
+        except DatasetNotFoundError as e:
+            bucket = getattr(e, "bucket", None)
+            if bucket:
+                return DatasetNotFoundError(f"{pattern}: the bucket {bucket} does not exist (a typo? create it first)")
+        except ShardkitError:
+            pass  # the bucket cannot be listed (denied, unreachable): the pattern's own words say enough
+    return DatasetNotFoundError(f"{pattern}: pattern matches no file")
 
 
 def _glob_files(pattern: str) -> list[str]:

@@ -226,9 +226,11 @@ def names(url: str, *, missing_ok: bool = False) -> list[str]:
             listed = remote.call(url, fs, lambda: fs.ls(p, detail=False, refresh=True))
             forget_listings(fs, p)
             return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in listed)
-    except DatasetNotFoundError:
+    except DatasetNotFoundError as e:
         if missing_ok:
             return []
+        if getattr(e, "bucket", None):
+            raise  # it says the bucket is missing, which the user can fix
         raise DatasetNotFoundError(f"{url}: no such directory") from None
 
 
