@@ -28,7 +28,7 @@ _CREDENTIALS = {
     "abfs": "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME and a key",
 }
 # where an endpoint comes from: the environment, or the storage options given with the URL
-_ENDPOINT = {"s3": "AWS_ENDPOINT_URL (or the endpoint_url storage option)", "s3a": "AWS_ENDPOINT_URL (or the endpoint_url storage option)"}
+_ENDPOINT = dict.fromkeys(("s3", "s3a"), "AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (or the endpoint_url storage option)")
 # exception class names, across object-store clients, that mean "nobody answers there"
 _UNREACHABLE = {
     "EndpointConnectionError",

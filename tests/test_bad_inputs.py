@@ -465,7 +465,7 @@ API: dict[str, Api] = {
         lambda c: shardkit.info("s3://bucket/data"),
         StorageError,
         'cannot reach the storage endpoint (Could not connect to the endpoint URL: "http://127.0.0.1:9/bucket/data/shardkit.json"); '
-        "check the network and AWS_ENDPOINT_URL (or the endpoint_url storage option)",
+        "check the network and AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (or the endpoint_url storage option)",
         failing_store(lambda: EndpointConnectionError('Could not connect to the endpoint URL: "http://127.0.0.1:9/bucket/data/shardkit.json"')),
     ),
     "remote-access-denied": Api(

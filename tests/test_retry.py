@@ -137,6 +137,8 @@ def test_storage_option_flags_parse_and_never_show_values():
     }
     with pytest.raises(shardkit.ConfigError, match="expected KEY=VALUE") as info:
         storage_options(["secret-without-a-key"])
-    assert "secret-without-a-key" not in str(info.value)
+    assert "secret-without-a-key" not in str(info.value) and "got text without '='" in str(info.value)
+    with pytest.raises(shardkit.ConfigError, match=r"got the key 'client_kwargs\.'"):
+        storage_options(["client_kwargs.=x"])
     with pytest.raises(shardkit.ConfigError, match="given both as a value and as a group"):
         storage_options(["a=1", "a.b=2"])

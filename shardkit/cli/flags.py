@@ -130,8 +130,8 @@ def storage_options(pairs: Sequence[str] | None) -> dict[str, Any] | None:
     for pair in pairs:
         key, eq, text = pair.partition("=")
         if not eq or not key or any(not part for part in key.split(".")):
-            shown_key = key if eq else "(no '=')"
-            raise ConfigError(f"--storage-option: expected KEY=VALUE (e.g. endpoint_url=http://127.0.0.1:9000), got key {shown_key!r}")
+            got = f"the key {key!r}" if eq else "text without '=' (not shown: it may be a secret)"
+            raise ConfigError(f"--storage-option: expected KEY=VALUE (e.g. endpoint_url=http://127.0.0.1:9000), got {got}")
         try:
             value = yaml.safe_load(text) if text else ""
         except yaml.YAMLError:
