@@ -186,3 +186,32 @@ def test_old_piles_an_overwrite_could_not_look_up_are_left_to_the_next_job(s3, f
     report = shardkit.gc(url, grace=0)
     assert {p.name for p in old.piles} <= set(report.deleted) and not report.skipped
     assert {p.name for p in new.piles} | {manifest.MANIFEST} <= s3.names("ds")
+
+
+def test_an_overwrite_that_cannot_read_the_old_manifest_replaces_nothing(s3, faulty_s3, monkeypatch):
+    """The old manifest unreadable for now (throttled past the deadline) is no answer: published
+    anyway, the new dataset would leave every old pile named by no record, for good."""
+    from shardkit import storage
+    from shardkit.dataset import install
+
+    monkeypatch.setattr(storage.retry, "DEFAULT", storage.retry.Retry(attempts=2, base=0.01, cap=0.02))
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    url = s3.url("ds")
+    old = shardkit.preprocess(UNITS, _identity, url, piles=3, quiet=True)
+    replaced = install._replaced
+
+    def throttled(out):
+        faulty_s3.only, faulty_s3.error_fraction = {"GET"}, 1.0
+        try:
+            return replaced(out)
+        finally:
+            faulty_s3.error_fraction = 0.0
+
+    monkeypatch.setattr(install, "_replaced", throttled)
+    with pytest.raises(shardkit.StorageError, match="nothing was replaced: run the job again"):
+        shardkit.preprocess(UNITS, _identity, url, piles=4, overwrite=True, quiet=True)
+    assert manifest.read(url) == old and {p.name for p in old.piles} <= s3.names("ds")
+    monkeypatch.setattr(install, "_replaced", replaced)
+    new = shardkit.preprocess(UNITS, _identity, url, piles=4, overwrite=True, quiet=True)
+    left = s3.names("ds")
+    assert not {p.name for p in old.piles} & left and {p.name for p in new.piles} <= left

@@ -25,7 +25,7 @@ from shardkit.dataset import layout
 from shardkit.dataset.layout import journal_name
 from shardkit.dataset.lock import Output
 from shardkit.dataset.owned import Records, delete_owned, read_records
-from shardkit.errors import DatasetExistsError, ShardkitError
+from shardkit.errors import DatasetExistsError, ShardkitError, StorageError
 from shardkit.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -37,11 +37,17 @@ UPLOADS = 8
 
 def _old_manifest(out: str) -> Manifest | None:
     """The manifest of the dataset ``out`` holds now (None when there is none, or none that checks):
-    its files are all a new one deletes."""
+    its files are all a new one deletes.
+
+    Raises:
+        StorageError: it could not be read (the store did not answer): nothing may be replaced yet.
+    """
     if not manifest.is_dataset(out):
         return None
     try:
         return manifest.read(out)
+    except StorageError as e:  # no answer yet (unreachable, throttled): replaced now, the old files would be named by no record
+        raise StorageError(f"{e}; the old dataset's manifest names the files to replace, so nothing was replaced: run the job again") from e
     except ShardkitError as e:
         log.warning("%s: the old manifest is unreadable, its files are left in place: %s", out, e)
         return None
@@ -140,6 +146,8 @@ def install(output: Output, files: Sequence[str], result: Manifest, *, names: Se
     Raises:
         DatasetExistsError: another job published here while this one ran; nothing of this job's
             stays.
+        StorageError: the old dataset's manifest could not be read (the store did not answer);
+            nothing was installed.
     """
     out = output.path
     replaced, old = (Records(), []) if keep else _replaced(out)
