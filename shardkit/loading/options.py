@@ -145,7 +145,12 @@ class LoaderOptions:
     )
     mix: int = field(
         default=1,
-        metadata=meta(help="piles drawn from at once; the first epoch stays uniform, later ones repeat less", metavar="K", group="order"),
+        metadata=meta(
+            help="move each sample by up to K piles, drawing from K + 1 piles at once (1: one pile after another); "
+            "the first epoch stays uniform, later ones repeat less",
+            metavar="K",
+            group="order",
+        ),
     )
     max_pile_bytes: int | str | None = field(
         default=None, metadata=meta(help="refuse, before reading, a pile larger than SIZE (e.g. 2GiB)", metavar="SIZE", group="checks")
