@@ -94,7 +94,7 @@ PILE = Command(
             "inputs",
             nargs="+",
             metavar="INPUT",
-            help="WebDataset tar shards (.tar, .tar.gz): paths, file:// URLs, globs or brace patterns like "
+            help="WebDataset tar shards (.tar, .tar.gz, .tar.zst, .tar.lz4): paths, file:// URLs, globs or brace patterns like "
             "'src-{000000..000019}.tar' (quote patterns so the shell leaves them alone); or Parquet, Arrow, CSV/TSV files, "
             "or folders save_to_disk, MDS or litdata wrote (see --format)",
         ),
