@@ -79,6 +79,28 @@ def test_repile_refuses_same_seed_same_place_and_missing_source(dataset, tmp_pat
     assert shardkit.manifest.is_dataset(dataset) and not os.path.exists(tmp_path / "x" / "shardkit.json")
 
 
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_repile_refuses_a_source_file_that_is_not_what_its_manifest_says(tmp_path, compression):
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    with shardkit.PileWriter(src, piles=2, seed=0, compression=compression) as w:
+        for i in range(20):
+            w.write({"__key__": f"s{i:03d}", "txt": f"sample {i}"})
+    if compression is not None:  # an append's plain segment beside the compressed piles
+        with shardkit.PileWriter(src, piles=2, seed=0, mode="append") as w:
+            for i in range(20, 40):
+                w.write({"__key__": f"s{i:03d}", "txt": f"sample {i}"})
+    name = next(f for p in shardkit.manifest.read(src).piles for f in p.files if f.endswith(".tar"))
+    path = os.path.join(src, name)
+    with open(path, "r+b") as f:  # a letter of the first sample's text: the tar stays well formed
+        f.seek(3 * 512 + 2)
+        byte = f.read(1)
+        f.seek(3 * 512 + 2)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(shardkit.CorruptShardError, match=f"{name}: checksum is crc32:.*the manifest says"):
+        repile(src, dst, seed=1, quiet=True)
+    assert not os.path.exists(os.path.join(dst, "shardkit.json"))
+
+
 def test_repile_cuts_cross_epoch_recurrence_to_chance(tmp_path):
     n, piles, batch = 8000, 8, 32
     src, dst = str(tmp_path / "old"), str(tmp_path / "new")

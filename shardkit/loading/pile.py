@@ -5,7 +5,7 @@ size, CRC-32), decompresses a compressed pile (``pile-000000.tar.zst``) and chec
 inside against its own size and CRC-32, and scans the headers with numpy: all of it mostly
 without the GIL, so the loader's prefetch thread does it and the pile in memory is a plain tar. :func:`open_pile` finishes the index and checks the sample count.
 ``verify`` runs the same checks and lists every problem instead of raising the first
-(:func:`byte_problems`).
+(:func:`~shardkit.dataset.file_checks.byte_problems`, which the checks here share).
 
     fetched = fetch("data/pile-000003.tar", expected=info)
     shard = open_pile(fetched, expected=info)      # or read_pile(url, expected=info)
@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from shardkit import manifest, storage
+from shardkit import storage
+from shardkit.dataset.file_checks import byte_problems, size_problem, unpack
 from shardkit.errors import CorruptShardError, ManifestError, PileTooLargeError
 from shardkit.manifest import PileInfo
-from shardkit.tar import compression, scan
+from shardkit.tar import scan
 from shardkit.tar.scan import Chain
 from shardkit.tar.shard import Shard, read_shard
 from shardkit.tar.write import TRAILER
@@ -40,58 +41,6 @@ class Fetched:
     buf: storage.Buffer
     chain: Chain | None
     checked: bool
-
-
-def byte_problems(url: str, buf: storage.Buffer, expected: PileInfo, *, checksum: bool = True) -> list[tuple[str, str]]:
-    """What is wrong with a pile's bytes against its manifest entry, as ``(kind, message)``:
-    ``size`` and ``checksum`` (checked only when ``checksum``)."""
-    found = []
-    size = size_problem(len(buf), expected)
-    if size is not None:
-        found.append(("size", size))
-    if checksum:
-        crc = manifest.format_checksum(manifest.checksum(buf))
-        if crc != expected.checksum:
-            found.append(("checksum", f"checksum is {crc}, the manifest says {expected.checksum}: the bytes changed after writing"))
-    return found
-
-
-def size_problem(nbytes: int, expected: PileInfo) -> str | None:
-    """The message when a pile's file is ``nbytes`` long and its manifest entry says otherwise."""
-    if nbytes == expected.bytes:
-        return None
-    what = "truncated" if nbytes < expected.bytes else "longer than written"
-    return f"file is {nbytes} bytes, the manifest says {expected.bytes} ({what})"
-
-
-def tar_problem(buf: storage.Buffer, expected: PileInfo) -> str | None:
-    """The message when a compressed pile's tar (decompressed, so its size was checked) is not
-    the one the manifest's ``tar_checksum`` names."""
-    crc = manifest.format_checksum(manifest.checksum(buf))
-    if expected.tar_checksum is not None and crc != expected.tar_checksum:
-        return f"the tar inside has checksum {crc}, the manifest says {expected.tar_checksum}: the bytes changed after writing"
-    return None
-
-
-def unpack(
-    url: str, stored: storage.Buffer, expected: PileInfo, *, checksum: bool = True, scratch: storage.Scratch | None = None
-) -> storage.Buffer:
-    """The tar of a pile as its manifest entry describes it: ``stored`` itself for a plain pile,
-    else decompressed (into one of ``scratch``'s maps where the codec can) and checked against
-    ``tar_bytes`` (and ``tar_checksum`` when ``checksum``).
-
-    Raises:
-        CorruptShardError: naming ``url``: not the codec's data, truncated or corrupt, or a tar
-            of another size or checksum than the manifest's.
-    """
-    if expected.compression is None:
-        return stored
-    # with ``checksum`` the tar's CRC-32 is checked just below, so an lz4 frame's own checksum of the same bytes is skipped
-    tar = compression.decompress(stored, expected.compression, url, size=expected.tar_bytes, checked=checksum, into=scratch)
-    problem = tar_problem(tar, expected) if checksum else None
-    if problem is not None:
-        raise CorruptShardError(f"{url}: {problem}")
-    return tar
 
 
 def count_problem(shard: Shard, expected: PileInfo) -> str | None:

@@ -30,7 +30,7 @@ from shardkit._util import check_bool, check_path, check_paths, shown
 from shardkit.codecs import DEFAULT, Codecs, check_codecs
 from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
-from shardkit.manifest import Manifest
+from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import append, canonical, fingerprint, readers, resume
 from shardkit.piles import classes as class_maps
 from shardkit.piles import key_prefix as key_prefix_rule
@@ -310,9 +310,24 @@ def pile(
         for unit in units:
             if (why := readers.unknown_file(unit)) is not None:
                 raise ConfigError(why)
+    return pile_shards(units, out, options, quiet=quiet, mp_context=mp_context)
+
+
+def pile_shards(
+    units: list[str],
+    out: str | os.PathLike[str],
+    options: PileOptions,
+    *,
+    quiet: bool,
+    mp_context: str | None = None,
+    listed: Mapping[str, PileInfo] | None = None,
+) -> Manifest:
+    """:func:`pile` over the tar shards ``units`` (URLs, found and checked). ``listed``: the
+    manifest entries of units that are a dataset's own files, by URL (:func:`~shardkit.piles.repile.repile`):
+    each is checked against its entry as it is read, and one that differs fails the job."""
     prefix = key_prefix_rule.resolve(options.key_prefix, units, recorded=(_recorded(out, options) or {}).get(key_prefix_rule.RECORD))
     options = dataclasses.replace(options, key_prefix=prefix)
-    job = _work(options, iter_shard, shards=True, key_prefix=options.key_prefix, repeat=None)
+    job = _work(options, iter_shard, shards=True, key_prefix=options.key_prefix, repeat=None, listed=listed or {})
     if options.repeat is not None:  # copies get keys of their own: samples are decoded, not copied as byte ranges
         fn = functools.partial(_shard_samples, unit_prefix=options.key_prefix == "unit")
         job = dataclasses.replace(job, fn=fn, shards=False, key_prefix="none", repeat=options.repeat)

@@ -59,7 +59,7 @@ def repile(
         DatasetNotFoundError: ``src`` is not a dataset.
         ConfigError: ``dst`` is ``src``, or ``seed`` is the source's seed.
     """
-    from shardkit.piles.preprocess import pile
+    from shardkit.piles.preprocess import pile_shards
 
     keywords = REPILE.keywords(keywords)
     src, dst = check_path("src", src), check_path("dst", dst)
@@ -74,5 +74,6 @@ def repile(
     options = from_call(PileOptions, options, keywords)
     if options.seed == m.seed:
         raise ConfigError(f"seed: {src} was written with seed {m.seed}; repile needs a different seed for new pile membership")
-    inputs = [storage.join(src, name) for p in m.piles for name in p.files]  # a pile that grew: each of its segment files
-    return pile(inputs, dst, options=options, quiet=quiet)
+    # a pile that grew: each of its segment files, each checked against its entry as it is read
+    listed = {storage.join(src, part.name): part for p in m.piles for part in p.parts}
+    return pile_shards(list(listed), dst, options, quiet=quiet, listed=listed)

@@ -18,7 +18,9 @@ from typing import Any
 
 from shardkit import errors, storage
 from shardkit.codecs import Codecs
+from shardkit.dataset import file_checks
 from shardkit.errors import Failure, InputError, RemoteTraceback, SampleError, ShardkitError
+from shardkit.manifest import PileInfo
 from shardkit.piles import canonical, commits, resume, router
 from shardkit.piles import repeat as repeat_rules
 from shardkit.piles.encode import encode_parts
@@ -51,6 +53,9 @@ class UnitWork:
     generation: int = 0
     # the parent's storage options by bucket: a spawned worker reads remote units with them too
     storage: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
+    # shards: the manifest entries of units that are a dataset's own files (repile), by URL: each
+    # is checked against its entry as it is read, so damage is refused rather than written anew
+    listed: Mapping[str, PileInfo] = field(default_factory=dict, repr=False)
 
     @property
     def repeat_advice(self) -> str:
@@ -200,7 +205,8 @@ class UnitWriter:
     def _copy_shard(self, index: int, url: str) -> tuple[int, int]:
         """Route the samples of the shard ``url`` as whole byte ranges (see :mod:`shardkit._raw`)."""
         try:
-            buf = read_shard(url, mapped=True)
+            info = self.job.listed.get(url)
+            buf = read_shard(url, mapped=True) if info is None else file_checks.read_listed(url, info)
             prefix = canonical.unit_prefix(url) if self.job.key_prefix == "unit" else ""
             found = canonical.canonical_samples(buf, url, max_pile_bytes=self.job.max_pile_bytes, codecs=self.job.codecs, prefix=prefix)
         except Exception as e:

@@ -21,8 +21,9 @@ import numpy as np
 
 from shardkit import _util, manifest, storage
 from shardkit.dataset import leftovers
+from shardkit.dataset.file_checks import byte_problems, tar_problem
 from shardkit.errors import CorruptShardError, ShardkitError, StorageError
-from shardkit.loading.pile import Fetched, byte_problems, count_problem, open_pile, tar_problem
+from shardkit.loading.pile import Fetched, count_problem, open_pile
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import classes as class_maps
 from shardkit.piles.leaves import HASH, hashes
