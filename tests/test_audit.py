@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -101,6 +102,22 @@ def test_sample_count_disagreeing_with_the_manifest(dataset):
     problems = verify(dataset, quiet=True)
     assert [(p.name, p.kind) for p in problems] == [(first.name, "count")]
     assert f"holds {first.samples} samples, the manifest says {first.samples + 1}" in problems[0].message
+
+
+def test_a_damaged_or_stale_random_access_index(dataset):
+    assert len(shardkit.open(dataset).index) == 200  # built and stored beside the manifest
+    path = os.path.join(dataset, "shardkit.g000000.idx")
+    assert verify(dataset, quiet=True) == []
+    _flip(path, os.path.getsize(path) // 2, 0x01)
+    problems = verify(dataset, quiet=True)
+    assert [(p.name, p.kind) for p in problems] == [("shardkit.g000000.idx", "index")]
+    assert "checksum does not match its bytes" in problems[0].message and not problems[0].warning
+    assert len(shardkit.open(dataset).index) == 200  # rebuilt whole; then the manifest of generation 0 is another one
+    m = manifest.read(dataset)
+    manifest.write(dataset, dataclasses.replace(m, created_by="another writer"))
+    problems = verify(dataset, quiet=True)
+    assert [(p.name, p.kind) for p in problems] == [("shardkit.g000000.idx", "index")]
+    assert "header manifest=" in problems[0].message
 
 
 def test_cli_verify_exit_codes(dataset, capsys):

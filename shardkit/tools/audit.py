@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from shardkit import _util, manifest, storage
-from shardkit.dataset import leftovers
+from shardkit.dataset import index_file, layout, leftovers
 from shardkit.dataset.file_checks import byte_problems, tar_problem
-from shardkit.errors import CorruptShardError, ShardkitError, StorageError
+from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError, StorageError
 from shardkit.loading.pile import Fetched, count_problem, open_pile
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import classes as class_maps
@@ -177,7 +177,9 @@ class Problem:
     decompress to its tar), ``structure``, ``count``, ``duplicate`` (two samples of a pile share a key) for a pile listed in the
     manifest, ``keys`` (the key hashes beside a segment of a grown dataset, which appends trust,
     are not its keys': wrong size, unsorted or other hashes), ``missing-keys`` (none there:
-    appends read the segment instead, and the next one writes it again), ``extra`` (a shard
+    appends read the segment instead, and the next one writes it again), ``index`` (the stored
+    random-access index of the manifest's generation does not check, or is another manifest's:
+    readers pass it over and read every file to build it again), ``extra`` (a shard
     file the manifest does not list) or ``leftover`` (a temporary file or directory an
     interrupted job left behind, or a file an install its journal names moved in before the job
     died). ``extra``, ``leftover`` and ``missing-keys`` are warnings (:attr:`warning`).
@@ -367,6 +369,21 @@ def _duplicate_keys(name: str, keys: list[str], offsets: list[int]) -> list[Prob
     return found
 
 
+def _index_problems(directory: str, m: Manifest) -> list[Problem]:
+    """What is wrong with the stored random-access index of ``m``'s generation, if it has one."""
+    name = layout.index_name(m.generation)
+    url = storage.join(directory, name)
+    try:
+        index_file.arrays(storage.read_bytes(url), m, name)
+    except DatasetNotFoundError:
+        return []
+    except (CorruptShardError, StorageError) as e:
+        said = str(e).removeprefix(f"{name}: ").removeprefix(f"{url}: ")
+        fix = "readers pass it over and read every file to build it again; delete it, and the next shardkit.open stores a new one"
+        return [Problem(name=name, kind="index", message=f"{said}; {fix}")]
+    return []
+
+
 def _unlisted(directory: str, m: Manifest) -> list[Problem]:
     # an older generation's files (retired by a window, or rewritten when an append split a
     # pile) are a pinned loader's until shardkit gc removes them: not strays
@@ -399,7 +416,8 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
     sample's ``cls`` must index a class whose name is the one its ``json`` says. Beside each
     segment of a grown pile, the keys file appends check new keys against must be there and hold
     the sorted hashes of that segment's keys, one a sample (compared with the keys read for the
-    checksum: no second read). Shard files neither the manifest
+    checksum: no second read). The stored random-access index of the manifest's generation, if
+    there is one, must be whole and of this manifest. Shard files neither the manifest
     nor a kept older generation's manifest lists, and temporaries left by an interrupted job,
     are reported too.
 
@@ -432,5 +450,6 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
         finally:
             keys.close()
         problems.extend(keys.repeats(directory))
+    problems.extend(_index_problems(directory, m))
     problems.extend(_unlisted(directory, m))
     return problems
