@@ -720,7 +720,7 @@ def test_items_are_taken_without_a_profiler_label_unless_a_profiler_runs(odd_dat
 def test_items_past_a_length_the_dataloader_reported_still_warn():
     """The items a DataLoader's iterator gives past the length it reported go through torch's own
     ``__next__``, which warns."""
-    from shardkit.loading.torch import _taken
+    from shardkit.loading.handoff import taken
 
     class Longer(torch.utils.data.IterableDataset):
         def __iter__(self):
@@ -732,4 +732,4 @@ def test_items_past_a_length_the_dataloader_reported_still_warn():
     dl = torch.utils.data.DataLoader(Longer(), batch_size=None)
     assert len(dl) == 3
     with pytest.warns(UserWarning, match="reported to be 3"):
-        assert list(_taken(iter(dl))) == [0, 1, 2, 3, 4]
+        assert list(taken(iter(dl))) == [0, 1, 2, 3, 4]

@@ -26,7 +26,7 @@ import numpy as np
 
 from shardkit import manifest, storage
 from shardkit.dataset import layout
-from shardkit.errors import CorruptShardError, ShardkitError
+from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError, StorageError
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.tar import compression
 from shardkit.tar import index as tar_index
@@ -236,3 +236,18 @@ def write_staged(root: str, m: Manifest, staged: Mapping[str, str], base: Manife
         made = list(pool.map(lambda f: known[f.name] if f.name not in staged else staged_entries(staged[f.name], f.info), files))
     storage.write_bytes(storage.join(root, layout.index_name(m.generation)), encode(files, made, m))
     return True
+
+
+def problem(root: str, m: Manifest) -> str | None:
+    """What is wrong with the stored index of ``m``'s generation in ``root`` (``verify``'s look),
+    or None when it checks or there is none."""
+    name = layout.index_name(m.generation)
+    url = storage.join(root, name)
+    try:
+        arrays(storage.read_bytes(url), m, name)
+    except DatasetNotFoundError:
+        return None
+    except (CorruptShardError, StorageError) as e:
+        said = str(e).removeprefix(f"{name}: ").removeprefix(f"{url}: ")
+        return f"{said}; readers pass it over and read every file to build it again; delete it, and the next shardkit.open stores a new one"
+    return None

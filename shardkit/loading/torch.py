@@ -24,7 +24,6 @@ from dataclasses import replace
 from typing import Any
 
 try:
-    from torch.autograd import _profiler_enabled
     from torch.utils.data import DataLoader, IterableDataset, default_convert, get_worker_info
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("shardkit.torch needs PyTorch: pip install 'shardkit[torch]'") from e
@@ -33,7 +32,7 @@ from shardkit._util import check_int
 from shardkit.errors import ConfigError
 from shardkit.loading.blend.source import BlendedSource, resolve_blend
 from shardkit.loading.blend.spec import Blend, is_blend
-from shardkit.loading.handoff import Handoff, convert
+from shardkit.loading.handoff import Handoff, convert, taken
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.ring import Ring
@@ -324,30 +323,6 @@ def _read_again(epoch: int, where: str) -> None:
     log.warning("epoch %d is read again %s: call set_epoch() before each epoch (as with DistributedSampler)", epoch, where)
 
 
-def _taken(batches: Any) -> Iterator[Any]:
-    """The items of a DataLoader's iterator ``batches``, each taken as its ``__next__`` takes it,
-    less the profiler label it puts around each one while no profiler runs: that label costs the
-    main process 15-70 µs an item, a tenth of what it spends on a batch of raw fields. Whenever a
-    profiler runs, the iterator restarts, or the DataLoader's length would be passed (torch then
-    warns), the item comes from ``__next__`` itself; so does every item of an iterator without
-    those internals."""
-    if not all(hasattr(batches, name) for name in ("_next_data", "_num_yielded", "_sampler_iter", "_IterableDataset_len_called")):
-        yield from batches
-        return
-    step = batches._next_data
-    while True:
-        told = batches._IterableDataset_len_called
-        try:
-            if _profiler_enabled() or batches._sampler_iter is None or (told is not None and batches._num_yielded >= told):
-                item = next(batches)
-            else:
-                item = step()
-                batches._num_yielded += 1
-        except StopIteration:
-            return
-        yield item
-
-
 # batches of raw fields each DataLoader worker may have in flight (the DataLoader's default is 2):
 # later epochs of ~5 KB samples read 1.06-1.12x faster with 4 on 2 cores, and 8 gained nothing more
 RAW_PREFETCH = 4
@@ -424,7 +399,7 @@ class ShardkitDataLoader(DataLoader):
                 batches = super().__iter__()
             finally:
                 dataset._ring = None
-            for item in _taken(batches):
+            for item in taken(batches):
                 self._yielded += 1
                 if self._yielded == left:  # its last batch: a loop may take exactly these and stop
                     dataset._ended = (epoch, self._moves)

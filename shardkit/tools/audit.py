@@ -22,7 +22,7 @@ import numpy as np
 from shardkit import _util, manifest, storage
 from shardkit.dataset import index_file, layout, leftovers
 from shardkit.dataset.file_checks import byte_problems, tar_problem
-from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError, StorageError
+from shardkit.errors import CorruptShardError, ShardkitError, StorageError
 from shardkit.loading.pile import Fetched, count_problem, open_pile
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.piles import classes as class_maps
@@ -371,17 +371,8 @@ def _duplicate_keys(name: str, keys: list[str], offsets: list[int]) -> list[Prob
 
 def _index_problems(directory: str, m: Manifest) -> list[Problem]:
     """What is wrong with the stored random-access index of ``m``'s generation, if it has one."""
-    name = layout.index_name(m.generation)
-    url = storage.join(directory, name)
-    try:
-        index_file.arrays(storage.read_bytes(url), m, name)
-    except DatasetNotFoundError:
-        return []
-    except (CorruptShardError, StorageError) as e:
-        said = str(e).removeprefix(f"{name}: ").removeprefix(f"{url}: ")
-        fix = "readers pass it over and read every file to build it again; delete it, and the next shardkit.open stores a new one"
-        return [Problem(name=name, kind="index", message=f"{said}; {fix}")]
-    return []
+    message = index_file.problem(directory, m)
+    return [] if message is None else [Problem(name=layout.index_name(m.generation), kind="index", message=message)]
 
 
 def _unlisted(directory: str, m: Manifest) -> list[Problem]:
