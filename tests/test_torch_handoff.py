@@ -159,3 +159,24 @@ def test_a_batch_of_more_pieces_than_one_write_takes_is_whole():
     ends = np.cumsum([len(p) for p in pieces])
     _, at = ring.writer(0).put([pieces, [b"tail"]], int(ends[-1]) + 4)
     assert ring.cut(0, at, ends) == pieces and ring.read(0, at + int(ends[-1]), 4) == b"tail"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_views_stay_memoryviews_in_single_samples_and_irregular_batches(tmp_path, workers):
+    """Raw fields of views=True come out as memoryviews (or None where a sample lacks one) in
+    samples yielded one at a time and in batches of samples whose fields differ, never as the
+    lists of ints default_convert makes of a memoryview."""
+    out = str(tmp_path / "irregular")
+    with shardkit.PileWriter(out, piles=2, seed=1) as w:
+        for i in range(40):
+            w.write({"__key__": f"k{i:03d}", "bin": bytes([i]) * 50, **({"odd": b"x" * i} if i % 2 else {})})
+    samples = list(ShardkitDataLoader(ShardkitDataset(out, decode=False, views=True, seed=0), num_workers=workers))
+    assert len(samples) == 40
+    for s in samples:
+        assert type(s["bin"]) is memoryview and bytes(s["bin"]) == bytes([int(s["__key__"][1:])]) * 50
+    batches = list(ShardkitDataLoader(ShardkitDataset(out, batch_size=8, decode=False, views=True, seed=0), num_workers=workers))
+    assert {type(v) for b in batches for v in b["odd"]} == {memoryview, type(None)}
+    for b in batches:
+        for key, odd in zip(b["__key__"], b["odd"], strict=True):
+            i = int(key[1:])
+            assert (None if odd is None else bytes(odd)) == (b"x" * i if i % 2 else None)

@@ -29,9 +29,10 @@ from torch.utils.data import default_convert
 from shardkit.loading.located import Located, cut
 from shardkit.loading.ring import Writer, find
 
-# how a field travels: as it is, its byte strings joined into one, left in shared memory, or
-# left in its pile files (only where it lies is sent: shardkit.loading.located)
-_AS_IS, _JOINED, _SHARED, _LOCATED = 0, 1, 2, 3
+# how a field travels: as it is, its byte strings joined into one, left in shared memory, left
+# in its pile files (only where it lies is sent: shardkit.loading.located), or with its
+# memoryviews as bytes (a memoryview cannot be pickled), made views again in the main process
+_AS_IS, _JOINED, _SHARED, _LOCATED, _VIEWS = 0, 1, 2, 3, 4
 # values default_convert leaves as they are: a list of these needs no walk
 _PLAIN = (str, bytes, int, float, bool, type(None))
 
@@ -115,6 +116,14 @@ def _plain(value: Any) -> bool:
     return type(value) is list and set(map(type, value)).issubset(_PLAIN)
 
 
+def _has_views(value: Any) -> bool:
+    """A memoryview, or a list of memoryviews and plain values (None where a sample lacks the
+    field): default_convert would make each memoryview a list of ints."""
+    if type(value) is memoryview:
+        return True
+    return type(value) is list and memoryview in (kinds := set(map(type, value))) and kinds.issubset({*_PLAIN, memoryview})
+
+
 def _pack(value: Any, strings: bool) -> tuple[int, Any]:
     """How one field travels through the queue: byte strings (``strings``) joined, with their
     end offsets; the rest as converted."""
@@ -123,28 +132,43 @@ def _pack(value: Any, strings: bool) -> tuple[int, Any]:
         return _JOINED, (b"".join(value), ends.tobytes())
     if type(value) is Located:
         return _LOCATED, value.wire()
+    if _has_views(value):
+        return _VIEWS, bytes(value) if type(value) is memoryview else [bytes(v) if type(v) is memoryview else v for v in value]
     return _AS_IS, value if _plain(value) else default_convert(value)
 
 
 def convert(item: Any) -> Any:
-    """The DataLoader's ``collate_fn`` for shardkit's items: ``default_convert``, except that lists
-    of byte strings and of memoryviews stay as they are (``default_convert`` would make each
-    memoryview a list of ints), and a worker's :class:`Handoff` passes through to be pickled."""
+    """The DataLoader's ``collate_fn`` for shardkit's items: ``default_convert``, except that
+    memoryviews, alone or in lists (with None where a sample lacks the field), and lists of byte
+    strings stay as they are (``default_convert`` would make each memoryview a list of ints), and
+    a worker's :class:`Handoff` passes through to be pickled."""
     if type(item) is Handoff or type(item) is not dict:
         return item if type(item) is Handoff else default_convert(item)
-    return {name: value if _byte_strings(value) or _plain(value) else default_convert(value) for name, value in item.items()}
+    return {
+        name: value if _byte_strings(value) or _plain(value) or _has_views(value) else default_convert(value)
+        for name, value in item.items()
+    }
 
 
 def _as_is(item: Any) -> Any:
     return item
 
 
+def _field(kind: int, payload: Any, views: bool) -> Any:
+    """A field that travelled as it is, located or with its memoryviews as bytes, as the main process yields it."""
+    if kind == _LOCATED:
+        return cut(payload, views)
+    if kind == _VIEWS and views:
+        return memoryview(payload) if type(payload) is bytes else [memoryview(v) if type(v) is bytes else v for v in payload]
+    return payload
+
+
 def _unpack(names: list[str], fields: list[tuple[int, Any]], views: bool) -> dict[str, Any]:
     """The batch again, in the main process: each joined field cut back into its values."""
     out: dict[str, Any] = {}
     for name, (kind, payload) in zip(names, fields, strict=True):
-        if kind in (_AS_IS, _LOCATED):
-            out[name] = payload if kind == _AS_IS else cut(payload, views)
+        if kind not in (_JOINED, _SHARED):
+            out[name] = _field(kind, payload, views)
             continue
         joined, ends_bytes = payload
         ends = np.frombuffer(ends_bytes, dtype=np.int64).tolist()
@@ -160,8 +184,8 @@ def _unpack_shared(token: str, worker: int, seq: int, names: list[str], fields: 
     out: dict[str, Any] = {}
     try:
         for name, (kind, payload) in zip(names, fields, strict=True):
-            if kind in (_AS_IS, _LOCATED):
-                out[name] = payload if kind == _AS_IS else cut(payload, views)
+            if kind not in (_JOINED, _SHARED):
+                out[name] = _field(kind, payload, views)
                 continue
             at, ends_bytes = payload
             ends = np.frombuffer(ends_bytes, dtype=np.int64)
