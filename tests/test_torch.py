@@ -217,6 +217,25 @@ def test_set_epoch_inside_the_loop_does_not_wait_for_a_worker_whose_init_failed(
     assert took is not None and took < 10, took  # not START_WAIT: the worker's error comes next
 
 
+def _as_they_are(batch):
+    return batch
+
+
+def _as_tensors(batch):
+    return torch.stack([torch.frombuffer(bytearray(v), dtype=torch.uint8) for v in batch["bin"]])
+
+
+def test_a_collate_fn_that_returns_views_from_workers_is_an_error_not_a_hang(odd_dataset):
+    """A worker's queue drops an item it cannot pickle (a memoryview of views=True): the DataLoader
+    would wait for it forever, so a custom collate_fn's result holding one is an error naming where."""
+    ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, views=True, world_size=1, rank=0)
+    with pytest.raises(shardkit.ConfigError, match=r"collate_fn returned a memoryview at \['bin'\]\[0\].*views=False"):
+        next(iter(ShardkitDataLoader(ds, num_workers=1, collate_fn=_as_they_are, timeout=20)))
+    # in the main process views need no pickling; a collate_fn that copies them is fine in workers
+    assert type(next(iter(ShardkitDataLoader(ds, collate_fn=_as_they_are)))["bin"][0]) is memoryview
+    assert next(iter(ShardkitDataLoader(ds, num_workers=1, collate_fn=_as_tensors))).shape == (8, 64)
+
+
 def test_an_iteration_left_open_at_exit_ends_quietly(tmp_path):
     script = textwrap.dedent(
         f"""
