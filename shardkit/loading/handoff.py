@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 from torch.autograd import _profiler_enabled
-from torch.utils.data import default_convert
+from torch.utils.data import default_convert, get_worker_info
 
+from shardkit.errors import ConfigError
 from shardkit.loading.located import Located, cut
 from shardkit.loading.ring import Writer, find
 
@@ -222,3 +223,33 @@ def taken(batches: Any) -> Iterator[Any]:
         except StopIteration:
             return
         yield item
+
+
+class SendableViews:
+    """A custom ``collate_fn`` of a DataLoader over a dataset of ``views=True``: in a worker, a
+    memoryview left in what it returns is a ``ConfigError`` naming where. The worker's queue
+    pickles items in a thread of its own and drops one it cannot pickle, so the DataLoader would
+    wait for that item forever (or until its ``timeout``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, item: Any) -> Any:
+        out = self.inner(item)
+        if get_worker_info() is not None and (where := _view_in(out)) is not None:
+            raise ConfigError(
+                f"collate_fn returned a memoryview at {where or 'the top'}, which a DataLoader worker cannot send to the main process: "
+                "copy it there (bytes(view), a tensor), or read with views=False"
+            )
+        return out
+
+
+def _view_in(value: Any, where: str = "") -> str | None:
+    """Where a memoryview lies in ``value`` (``"['bin'][0]"``), through dicts, lists and tuples; None if nowhere."""
+    if type(value) is memoryview:
+        return where
+    parts = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, part in parts:
+        if (found := _view_in(part, f"{where}[{key!r}]")) is not None:
+            return found
+    return None

@@ -32,7 +32,7 @@ from shardkit._util import check_int
 from shardkit.errors import ConfigError
 from shardkit.loading.blend.source import BlendedSource, resolve_blend
 from shardkit.loading.blend.spec import Blend, is_blend
-from shardkit.loading.handoff import Handoff, convert, taken
+from shardkit.loading.handoff import Handoff, SendableViews, convert, taken
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.ring import Ring
@@ -319,36 +319,6 @@ class _StartOrFail:
             raise
 
 
-class _SendableViews:
-    """A custom ``collate_fn`` of a DataLoader over a dataset of ``views=True``: in a worker, a
-    memoryview left in what it returns is a ``ConfigError`` naming where. The worker's queue
-    pickles items in a thread of its own and drops one it cannot pickle, so the DataLoader would
-    wait for that item forever (or until its ``timeout``)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def __call__(self, item: Any) -> Any:
-        out = self.inner(item)
-        if get_worker_info() is not None and (where := _view_in(out)) is not None:
-            raise ConfigError(
-                f"collate_fn returned a memoryview at {where or 'the top'}, which a DataLoader worker cannot send to the main process: "
-                "copy it there (bytes(view), a tensor), or read with views=False"
-            )
-        return out
-
-
-def _view_in(value: Any, where: str = "") -> str | None:
-    """Where a memoryview lies in ``value`` (``"['bin'][0]"``), through dicts, lists and tuples; None if nowhere."""
-    if type(value) is memoryview:
-        return where
-    parts = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
-    for key, part in parts:
-        if (found := _view_in(part, f"{where}[{key!r}]")) is not None:
-            return found
-    return None
-
-
 def _read_again(epoch: int, where: str) -> None:
     log.warning("epoch %d is read again %s: call set_epoch() before each epoch (as with DistributedSampler)", epoch, where)
 
@@ -398,7 +368,7 @@ class ShardkitDataLoader(DataLoader):
         # memoryview a list of ints); in workers the batches are packed either way
         kwargs.setdefault("collate_fn", convert)
         if dataset.options.views and kwargs["collate_fn"] not in (convert, default_convert, None):
-            kwargs["collate_fn"] = _SendableViews(kwargs["collate_fn"])
+            kwargs["collate_fn"] = SendableViews(kwargs["collate_fn"])
         if kwargs.get("num_workers", 0) > 0 and dataset._raw_batches():
             kwargs.setdefault("prefetch_factor", RAW_PREFETCH)
         super().__init__(dataset, **kwargs)
