@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import json
 import os
 import re
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -289,6 +291,14 @@ def test_a_map_that_returns_no_dict_needs_a_collate(dataset, mapped):
     ):
         next(iter(shardkit.loader(dataset, batch_size=4, map=mapped)))
     assert len(next(iter(shardkit.loader(dataset, batch_size=4, map=mapped, collate=list)))) == 4
+
+
+@pytest.mark.parametrize("wrap", [collections.UserDict, types.MappingProxyType], ids=["UserDict", "mappingproxy"])
+def test_a_map_that_returns_another_mapping_is_batched(dataset, wrap):
+    """Any mapping has fields the default collate can tell, as a dict has."""
+    batch = next(iter(shardkit.loader(dataset, batch_size=4, map=lambda s: wrap(s))))
+    plain = next(iter(shardkit.loader(dataset, batch_size=4)))
+    assert batch["__key__"] == plain["__key__"] and np.array_equal(batch["cls"], plain["cls"])
 
 
 @pytest.mark.parametrize("gz", [False, True])

@@ -13,7 +13,7 @@ the loader's process or in a worker process (:class:`shardkit.workers.Pool`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +82,7 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
         return {"__key__": []}
     names: dict[str, None] = {}
     for s in samples:
-        if not isinstance(s, dict):  # what a map returned: its fields cannot be told
+        if type(s) is not dict and not isinstance(s, Mapping):  # what a map returned: its fields cannot be told
             raise ConfigError(
                 f"collate: the default collate batches samples that are dicts, not {type(s).__name__} values (what map returned?): "
                 "return a dict from map, or give collate= (collate=list keeps the items as they are)"
