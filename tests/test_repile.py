@@ -79,8 +79,14 @@ def test_repile_refuses_same_seed_same_place_and_missing_source(dataset, tmp_pat
     assert shardkit.manifest.is_dataset(dataset) and not os.path.exists(tmp_path / "x" / "shardkit.json")
 
 
+def _twice(sample):
+    return 2
+
+
+@pytest.mark.parametrize("repeat", [None, _twice], ids=["copied", "repeated"])
 @pytest.mark.parametrize("compression", [None, "zstd"])
-def test_repile_refuses_a_source_file_that_is_not_what_its_manifest_says(tmp_path, compression):
+def test_repile_refuses_a_source_file_that_is_not_what_its_manifest_says(tmp_path, compression, repeat):
+    """Copied as byte ranges or decoded to be repeated (a repeat given in options), a damaged file fails the job."""
     src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
     with shardkit.PileWriter(src, piles=2, seed=0, compression=compression) as w:
         for i in range(20):
@@ -96,8 +102,9 @@ def test_repile_refuses_a_source_file_that_is_not_what_its_manifest_says(tmp_pat
         byte = f.read(1)
         f.seek(3 * 512 + 2)
         f.write(bytes([byte[0] ^ 0x01]))
+    given = {"seed": 1} if repeat is None else {"options": shardkit.PileOptions(piles=2, seed=1, repeat=repeat)}
     with pytest.raises(shardkit.CorruptShardError, match=f"{name}: checksum is crc32:.*the manifest says"):
-        repile(src, dst, seed=1, quiet=True)
+        repile(src, dst, quiet=True, **given)
     assert not os.path.exists(os.path.join(dst, "shardkit.json"))
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from shardkit import manifest, storage
 from shardkit._util import check_bool, check_path, check_paths, shown
 from shardkit.codecs import DEFAULT, Codecs, check_codecs
+from shardkit.dataset import file_checks
 from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
 from shardkit.manifest import Manifest, PileInfo
@@ -39,7 +40,7 @@ from shardkit.piles.options import PILE, PREPROCESS, PileOptions
 from shardkit.piles.pass1 import run_pass1
 from shardkit.piles.transforms import Images
 from shardkit.piles.units import UnitWork
-from shardkit.tar.shard import iter_shard
+from shardkit.tar.shard import Shard, iter_shard
 
 log = logging.getLogger(__name__)
 
@@ -218,11 +219,13 @@ def _run(
     return result
 
 
-def _shard_samples(url: str, *, unit_prefix: bool) -> Iterator[Mapping[str, Any]]:
+def _shard_samples(url: str, *, unit_prefix: bool, listed: Mapping[str, PileInfo] | None = None) -> Iterator[Mapping[str, Any]]:
     """The samples of one input shard, as :func:`pile` routes them; keys prefixed with the
-    shard's stem when ``unit_prefix`` (the same bytes as the byte-range copy writes)."""
+    shard's stem when ``unit_prefix`` (the same bytes as the byte-range copy writes). A shard
+    ``listed`` names (a dataset's own file) is checked against its manifest entry first."""
     prefix = canonical.unit_prefix(url) if unit_prefix else ""
-    for sample in iter_shard(url):
+    info = None if listed is None else listed.get(url)
+    for sample in iter_shard(url) if info is None else Shard(url, file_checks.read_listed(url, info), unique=True):
         yield {**sample, "__key__": prefix + sample["__key__"]} if prefix else sample
 
 
@@ -330,6 +333,8 @@ def pile_shards(
     job = _work(options, iter_shard, shards=True, key_prefix=options.key_prefix, repeat=None, listed=listed or {})
     if options.repeat is not None:  # copies get keys of their own: samples are decoded, not copied as byte ranges
         fn = functools.partial(_shard_samples, unit_prefix=options.key_prefix == "unit")
+        if listed:  # a dataset's own files are checked on this path too
+            fn = functools.partial(fn, listed=listed)
         job = dataclasses.replace(job, fn=fn, shards=False, key_prefix="none", repeat=options.repeat)
     extra = {key_prefix_rule.RECORD: "unit"} if prefix == "unit" else None  # a reader can strip the shard's name again
     return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
