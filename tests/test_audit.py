@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import shardkit
-from shardkit import manifest
+from shardkit import manifest, storage
 from shardkit.cli import main
+from shardkit.errors import StorageError
 from shardkit.tools.audit import info, verify
 
 
@@ -118,6 +119,22 @@ def test_a_damaged_or_stale_random_access_index(dataset):
     problems = verify(dataset, quiet=True)
     assert [(p.name, p.kind) for p in problems] == [("shardkit.g000000.idx", "index")]
     assert "header manifest=" in problems[0].message
+
+
+def test_a_random_access_index_the_store_does_not_answer_for_is_unreadable_not_damaged(dataset, monkeypatch):
+    """A failed read (unreachable, throttled) says so, and does not advise deleting an index that may be whole."""
+    assert len(shardkit.open(dataset).index) == 200
+    real = storage.read_bytes
+
+    def failing(url, *args, **kwargs):
+        if url.endswith(".idx"):
+            raise StorageError(f"{url}: cannot read: EndpointConnectionError: could not connect", url=url)
+        return real(url, *args, **kwargs)
+
+    monkeypatch.setattr(storage, "read_bytes", failing)
+    problems = verify(dataset, quiet=True)
+    assert [(p.name, p.kind) for p in problems] == [("shardkit.g000000.idx", "unreadable")]
+    assert problems[0].message == "cannot read: EndpointConnectionError: could not connect"
 
 
 def test_cli_verify_exit_codes(dataset, capsys):

@@ -26,7 +26,7 @@ import numpy as np
 
 from shardkit import manifest, storage
 from shardkit.dataset import layout
-from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError, StorageError
+from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError
 from shardkit.manifest import Manifest, PileInfo
 from shardkit.tar import compression
 from shardkit.tar import index as tar_index
@@ -240,14 +240,18 @@ def write_staged(root: str, m: Manifest, staged: Mapping[str, str], base: Manife
 
 def problem(root: str, m: Manifest) -> str | None:
     """What is wrong with the stored index of ``m``'s generation in ``root`` (``verify``'s look),
-    or None when it checks or there is none."""
+    or None when it checks or there is none.
+
+    Raises:
+        StorageError: it could not be read (unreachable, denied): that says nothing of its bytes.
+    """
     name = layout.index_name(m.generation)
     url = storage.join(root, name)
     try:
         arrays(storage.read_bytes(url), m, name)
     except DatasetNotFoundError:
         return None
-    except (CorruptShardError, StorageError) as e:
+    except CorruptShardError as e:
         said = str(e).removeprefix(f"{name}: ").removeprefix(f"{url}: ")
         return f"{said}; readers pass it over and read every file to build it again; delete it, and the next shardkit.open stores a new one"
     return None

@@ -371,8 +371,12 @@ def _duplicate_keys(name: str, keys: list[str], offsets: list[int]) -> list[Prob
 
 def _index_problems(directory: str, m: Manifest) -> list[Problem]:
     """What is wrong with the stored random-access index of ``m``'s generation, if it has one."""
-    message = index_file.problem(directory, m)
-    return [] if message is None else [Problem(name=layout.index_name(m.generation), kind="index", message=message)]
+    name = layout.index_name(m.generation)
+    try:
+        message = index_file.problem(directory, m)
+    except StorageError as e:  # no answer about its bytes: said as for a pile, not taken for damage
+        return [Problem(name=name, kind="unreadable", message=str(e).removeprefix(f"{storage.join(directory, name)}: "))]
+    return [] if message is None else [Problem(name=name, kind="index", message=message)]
 
 
 def _unlisted(directory: str, m: Manifest) -> list[Problem]:
