@@ -7,6 +7,7 @@ import gzip
 import io
 import tarfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +54,17 @@ def test_first_key_reads_plain_pax_and_gzip_shards(tmp_path):
     assert first_key(str(tmp_path / "c.tar")) is None
     assert resolve("auto", [str(tmp_path / "a.tar"), str(tmp_path / "b.tar.gz")]) == "none"
     assert resolve("none", [str(tmp_path / "b.tar.gz")] * 2) == "none"
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_first_key_reads_zstd_and_lz4_shards(tmp_path, codec):
+    from shardkit.tar import compression
+
+    plain = _shard(tmp_path / "a.tar", ["000007"])
+    packed = tmp_path / f"a.tar{compression.SUFFIX[codec]}"
+    packed.write_bytes(compression.compress(Path(plain).read_bytes(), codec, level=compression.DEFAULT_LEVEL[codec]))
+    assert first_key(str(packed)) == "000007"
+    assert resolve("auto", [str(packed), plain]) == "unit"  # both start at 000007
 
 
 def test_cli_pile_takes_ordinary_shards_and_records_the_prefix(tmp_path, ordinary, capsys):

@@ -49,6 +49,11 @@ def _tar_stream(url: str) -> Iterator[IO[bytes]]:
 
             with gzip.GzipFile(fileobj=raw) as unpacked:
                 yield unpacked  # type: ignore[misc]
+        elif codec == "lz4":
+            import lz4.frame
+
+            with lz4.frame.LZ4FrameFile(raw, mode="rb") as unpacked:
+                yield unpacked
         else:
             yield raw
 
