@@ -435,6 +435,22 @@ def test_a_csv_quote_never_closed_is_an_error_not_a_value_holding_the_rest_of_th
     }
 
 
+def test_tsv_quotes_in_the_text_are_an_error_naming_the_way_to_read_them_as_text(tmp_path):
+    """A quote that opens a value and is followed by more text: refused (strict), with
+    quotes=False named, which keeps every quote as text."""
+    (tmp_path / "said.tsv").write_text('id\ttext\n1\t"Hello" she said\n2\t5" screen\n3\t"open\n')
+    with pytest.raises(shardkit.CorruptShardError, match=r"said\.tsv: line 2: .*read with quotes=False \(--reader-arg quotes=false\)"):
+        shardkit.pile(str(tmp_path / "said.tsv"), tmp_path / "out", piles=1, quiet=True)
+    shardkit.pile(str(tmp_path / "said.tsv"), tmp_path / "out2", piles=1, quiet=True, format=make("csv", quotes=False))
+    assert samples(tmp_path / "out2") == {
+        "said/000000000": {"id": b"1", "text": b'"Hello" she said'},
+        "said/000000001": {"id": b"2", "text": b'5" screen'},
+        "said/000000002": {"id": b"3", "text": b'"open'},
+    }
+    with pytest.raises(shardkit.ConfigError, match="quotes: expected True or False, got 'no'"):
+        make("csv", quotes="no")
+
+
 def test_parquet_columns_not_chosen_may_still_be_named_in_fields_and_encode(tmp_path):
     t = pa.table({"id": [1, 2], "caption": ["a", "b"], "img": [b"x", b"y"]})
     pq.write_table(t, tmp_path / "t.parquet")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit import storage
-from shardkit._util import check_int
+from shardkit._util import check_bool, check_int
 from shardkit.errors import ConfigError, CorruptShardError, SampleError
 from shardkit.piles.readers.base import key_prefixes, row_key
 from shardkit.piles.readers.columns import ColumnSpec
@@ -92,6 +92,8 @@ class Csv(ColumnSpec):
 
     Args:
         delimiter: the field separator; None: tab for ``.tsv`` files, comma otherwise.
+        quotes: a ``"`` opens and closes a quoted value, as CSV writers mean it; False reads every
+            quote as text, as most TSV writers mean it (``"Hello" she said`` stays as it is).
         image: a column of image paths or URLs to fetch into an image field.
         image_size: with ``image``, resize each image's short side to this many pixels and
             re-encode it as JPEG (``jpg``); 0 stores the fetched bytes as they are.
@@ -101,6 +103,7 @@ class Csv(ColumnSpec):
     """
 
     delimiter: str | None = None
+    quotes: bool = True
     image: str | None = None
     image_size: int = 0
     image_quality: int = 90
@@ -112,6 +115,7 @@ class Csv(ColumnSpec):
             raise ConfigError(f"delimiter: expected one character or None, got {self.delimiter!r}")
         if self.image is not None and (not isinstance(self.image, str) or not self.image):
             raise ConfigError(f"image: expected a column name or None, got {self.image!r}")
+        check_bool("quotes", self.quotes)
         check_int("image_size", self.image_size, low=0)
         check_int("image_quality", self.image_quality, low=1, high=100)
         check_int("rows_per_unit", self.rows_per_unit, low=1)
@@ -133,7 +137,8 @@ class Csv(ColumnSpec):
         tab = url.lower().removesuffix(".gz").endswith(".tsv")
         delimiter = self.delimiter or ("\t" if tab else ",")
         # strict: a quote never closed is an error, not a last value that holds the rest of the file
-        reader = csv.reader(io.StringIO(_text(url), newline=""), delimiter=delimiter, strict=True)
+        quoting = csv.QUOTE_MINIMAL if self.quotes else csv.QUOTE_NONE
+        reader = csv.reader(io.StringIO(_text(url), newline=""), delimiter=delimiter, strict=True, quoting=quoting)
         try:
             names = tuple(next(reader))
         except StopIteration:
@@ -155,7 +160,8 @@ class Csv(ColumnSpec):
                     rows.append(tuple(row))
                 start = reader.line_num + 1
         except csv.Error as e:
-            raise CorruptShardError(f"{url}: line {start}: {e}") from None
+            hint = "; if quotes are part of the text, read with quotes=False (--reader-arg quotes=false)" if self.quotes else ""
+            raise CorruptShardError(f"{url}: line {start}: {e}{hint}") from None
         return names, rows
 
     def __call__(self, unit: CsvRows) -> Iterator[dict[str, Any]]:
