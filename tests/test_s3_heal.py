@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 from conftest import make_samples
@@ -284,3 +285,26 @@ def test_the_deadline_comes_from_the_environment_and_is_checked(monkeypatch):
         monkeypatch.setenv(retry.ENVIRONMENT, bad)
         with pytest.raises(shardkit.ConfigError, match=f"{retry.ENVIRONMENT}="):
             retry.deadline_from_environment()
+
+
+@pytest.mark.parametrize("name", ["shard-000002.tar", "shard-000002.tar.gz", "shard-000002.tar.zst", "shard-000002.tar.lz4"])
+def test_a_remote_input_shard_that_is_no_tar_is_skipped_under_on_error_skip(s3, tmp_path, name):
+    """Choosing key_prefix reads each shard's first key through the store: a shard that does not
+    parse must leave the decision to pass 1, which skips it, not stop the job as a storage failure."""
+    from conftest import write_wds_shards
+
+    local = write_wds_shards(tmp_path, "shard-{:06d}.tar", 2, lambda k, i: {"__key__": f"{i:06d}", "txt": f"{k}-{i}"} if i < 5 else None)
+    client = s3.client()
+    for path in local:
+        client.put(path, s3.path(f"in/{os.path.basename(path)}"))
+    bad = b"this is no tar archive at all " * 40
+    if name.endswith((".zst", ".lz4")):  # a frame that starts right and is cut in its first member
+        import lz4.frame
+        import zstandard
+
+        whole = Path(local[0]).read_bytes()
+        packed = zstandard.ZstdCompressor().compress(whole) if name.endswith(".zst") else lz4.frame.compress(whole)
+        bad = packed[:24]
+    client.pipe(s3.path(f"in/{name}"), bad)
+    m = shardkit.pile(s3.url("in/shard-*"), str(tmp_path / "out"), piles=2, on_error="skip", quiet=True)
+    assert m.samples == 10 and [s["unit"] for s in m.extra["skipped"]] == [2], m.extra
