@@ -180,3 +180,16 @@ def test_views_stay_memoryviews_in_single_samples_and_irregular_batches(tmp_path
         for key, odd in zip(b["__key__"], b["odd"], strict=True):
             i = int(key[1:])
             assert (None if odd is None else bytes(odd)) == (b"x" * i if i % 2 else None)
+
+
+def test_views_with_pinned_memory_are_refused_where_pinning_happens(dataset, monkeypatch):
+    """Pinning (only where an accelerator is) rebuilds what is no tensor: each memoryview would
+    become a list of ints. Refused there; on a machine without one, torch skips pinning and the
+    loader reads as usual."""
+    ds = ShardkitDataset(dataset, batch_size=4, decode=False, views=True, world_size=1, rank=0)
+    with pytest.warns(UserWarning, match="no accelerator is found"):
+        assert type(next(iter(ShardkitDataLoader(ds, pin_memory=True)))["bin"][0]) is memoryview
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    with pytest.raises(shardkit.ConfigError, match="views=True with pin_memory=True: pinning is for tensors"):
+        ShardkitDataLoader(ds, pin_memory=True)
+    ShardkitDataLoader(ds, pin_memory=False)

@@ -319,6 +319,15 @@ class _StartOrFail:
             raise
 
 
+def _pinning() -> bool:
+    """Whether a DataLoader's ``pin_memory=True`` pins here: only where an accelerator is (torch
+    warns and skips it elsewhere)."""
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)  # torch 2.6 and later
+    return bool(accelerator.is_available() if accelerator is not None else torch.cuda.is_available())
+
+
 def _read_again(epoch: int, where: str) -> None:
     log.warning("epoch %d is read again %s: call set_epoch() before each epoch (as with DistributedSampler)", epoch, where)
 
@@ -367,6 +376,12 @@ class ShardkitDataLoader(DataLoader):
         # raw fields stay bytes or memoryviews in this process too (default_convert makes a
         # memoryview a list of ints); in workers the batches are packed either way
         kwargs.setdefault("collate_fn", convert)
+        if dataset.options.views and kwargs.get("pin_memory") and _pinning():
+            # torch's pinning thread rebuilds whatever is no tensor: each memoryview would become a list of ints
+            raise ConfigError(
+                "ShardkitDataLoader: views=True with pin_memory=True: pinning is for tensors, and it would turn each "
+                "memoryview into a list of ints; pass pin_memory=False, or read with views=False"
+            )
         if dataset.options.views and kwargs["collate_fn"] not in (convert, default_convert, None):
             kwargs["collate_fn"] = SendableViews(kwargs["collate_fn"])
         if kwargs.get("num_workers", 0) > 0 and dataset._raw_batches():
