@@ -308,3 +308,20 @@ def test_a_remote_input_shard_that_is_no_tar_is_skipped_under_on_error_skip(s3, 
     client.pipe(s3.path(f"in/{name}"), bad)
     m = shardkit.pile(s3.url("in/shard-*"), str(tmp_path / "out"), piles=2, on_error="skip", quiet=True)
     assert m.samples == 10 and [s["unit"] for s in m.extra["skipped"]] == [2], m.extra
+
+
+def test_an_endpoint_that_takes_connections_and_never_answers_is_warned_about(s3, fresh_endpoints, monkeypatch, caplog):
+    """A listener that accepts and says nothing: the client waits for its read timeout (botocore's
+    is 60 s); meanwhile a warning names the endpoint, instead of a silence that long."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        monkeypatch.setattr(retry, "SILENT_AFTER", 0.3)
+        monkeypatch.setattr(retry, "_waited_for", set())
+        monkeypatch.setattr(retry, "DEFAULT", retry.Retry(deadline=3.0))
+        options = {"endpoint_url": endpoint, "config_kwargs": {"read_timeout": 1.5}}
+        with caplog.at_level("WARNING", logger="shardkit.storage.retry"), pytest.raises(shardkit.StorageError, match=endpoint):
+            shardkit.info(s3.url("ds"), storage_options=options)
+    said = [r.getMessage() for r in caplog.records if "no answer from" in r.getMessage()]
+    assert len(said) == 1 and f"no answer from {endpoint} after 0.3 s" in said[0] and "is the endpoint right?" in said[0]

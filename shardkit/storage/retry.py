@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,6 +140,8 @@ DEFAULT_DEADLINE = 60.0
 # how long an endpoint that never answered may refuse connections before it is called unreachable
 FIRST_CONTACT = 2.0
 ENVIRONMENT = "SHARDKIT_RETRY_DEADLINE"
+# how long a call to an endpoint that never answered runs before a warning says it still waits
+SILENT_AFTER = 10.0
 # the start of the note a given-up error carries in its ``shardkit_retried`` attribute (shown by
 # shardkit.storage.paths.storage_error; exceptions have no notes before Python 3.11)
 NOTE = "retried for"
@@ -147,6 +150,8 @@ NOTE = "retried for"
 _answered: set[str] = set()
 # endpoints that never answered and were given up on: later calls try once, not for FIRST_CONTACT again
 _given_up: set[str] = set()
+# endpoints a warning said were silent for SILENT_AFTER seconds
+_waited_for: set[str] = set()
 
 
 def deadline_from_environment() -> float:
@@ -227,7 +232,7 @@ class Retry:
         tried = 0
         while True:
             try:
-                result = fn()
+                result = fn() if key in _answered else _watched(fn, what, key)
             except Exception as e:
                 tried += 1
                 if _status(e) is not None:
@@ -252,6 +257,32 @@ class Retry:
                 _answered.add(key)
                 _given_up.discard(key)
                 return result
+
+
+def _watched(fn: Callable[[], T], what: str, endpoint: str) -> T:
+    """``fn()``, a call to an endpoint that has not answered yet in this process; when it takes
+    :data:`SILENT_AFTER` seconds, a warning says so, instead of a silence as long as the client's
+    read timeout (botocore's is 60 s) over an endpoint that takes connections and never answers."""
+    timer = threading.Timer(SILENT_AFTER, _still_waiting, (what, endpoint))
+    timer.daemon = True
+    timer.start()
+    try:
+        return fn()
+    finally:
+        timer.cancel()
+
+
+def _still_waiting(what: str, endpoint: str) -> None:
+    if endpoint in _waited_for:
+        return  # said once: every try of every call would say it again
+    _waited_for.add(endpoint)
+    log.warning(
+        "%s: no answer from %s after %g s, and it has not answered in this process yet: is the endpoint right? "
+        "(the client waits for its read timeout)",
+        what,
+        endpoint,
+        SILENT_AFTER,
+    )
 
 
 def answered(endpoint: str) -> bool:
