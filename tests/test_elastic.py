@@ -188,6 +188,19 @@ def test_the_rest_is_a_pure_function_of_the_state_and_the_ledger_follows_it(pile
         ledger.keys(len(steps), epoch=1)
 
 
+def test_the_ledger_of_a_resumed_epoch_outlives_its_reading(piles):
+    """Once the epoch resumed on other ranks is read to its end, its steps are still named through the change."""
+    read, states = run_phases(piles, [(2, 8, 3), (3, 8, 0)], drop_last=True, mix=1)
+    for rank in range(3):
+        loader = shardkit.loader(piles, decode=False, world_size=3, rank=rank, batch_size=8, seed=5)
+        loader.set_epoch(1)
+        loader.load_state_dict(states[0])
+        got = [flat(batch) for batch in loader]
+        assert loader.epoch == 2
+        assert [loader.keys(3 + k, epoch=1)[rank] for k in range(len(got))] == got
+    assert [loader.keys(k, epoch=1) for k in range(3)] == read[0], "the steps before the change: 2 ranks each"
+
+
 def test_state_stays_small_and_old_states_load(piles):
     options = dict(decode=False, batch_size=4, seed=5)
     sizes, state = [], None

@@ -130,6 +130,9 @@ class Place:
         self.running: int | None = None  # the epoch of the iteration in progress (or abandoned)
         self._running_done: tuple[Phase, ...] = ()
         self._where: Callable[[], int] | None = None  # that iteration's position after the last item yielded
+        # the phases before a change of split of each epoch last read after one: the ledger names
+        # an epoch's steps through its change after it was read, not only while
+        self._read_after: dict[int, tuple[Phase, ...]] = {}
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch`` next, from its start, unless it is the one a resume left to read."""
@@ -140,6 +143,10 @@ class Place:
     def begin(self, epoch: int, done: tuple[Phase, ...], where: Callable[[], int]) -> None:
         """An iteration of ``epoch`` after the phases ``done`` started; ``where`` says how far it got."""
         self.running, self._running_done, self._where, self.start, self.done = epoch, done, where, 0, ()
+        if done:
+            self._read_after[epoch] = done
+        else:
+            self._read_after.pop(epoch, None)
 
     def end(self, epoch: int) -> None:
         """The iteration of ``epoch`` read it to its end: the next epoch starts."""
@@ -151,10 +158,13 @@ class Place:
         return self.epoch if self.running is None else self.running
 
     def done_in(self, epoch: int) -> tuple[Phase, ...]:
-        """The phases read before a change of split in ``epoch`` (the one being read or resumed)."""
-        if self.running is not None:
-            return self._running_done if epoch == self.running else ()
-        return self.done if epoch == self.epoch else ()
+        """The phases read before a change of split in ``epoch``: the one being read, resumed, or
+        read last (when it was read before)."""
+        if self.running is not None and epoch == self.running:
+            return self._running_done
+        if self.running is None and epoch == self.epoch:
+            return self.done
+        return self._read_after.get(epoch, ())
 
     def position(self, *, world: int, batch_size: int | None) -> Position:
         """Where the loader is, on its split of ``world`` ranks of ``batch_size`` (one worker: its own share)."""
