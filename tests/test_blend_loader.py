@@ -96,6 +96,29 @@ def test_resume_mid_epoch_is_exact(pair, extra):
         assert second.epoch == 2
 
 
+def test_a_state_resumes_on_the_generations_it_was_taken_on(pair):
+    """A source that grew by an append after the state was taken is read as it was then; the next loader reads the latest."""
+
+    def make_loader():
+        return shardkit.loader(pair, weights={"web": 0.6, "code": 0.4}, batch_size=12, decode=False, seed=9)
+
+    with make_loader() as first:
+        it = iter(first)
+        for _ in range(7):
+            next(it)
+        state = json.loads(json.dumps(first.state_dict()))
+        rest = [list(b["__key__"]) for b in it]
+        following = keys(first)
+    assert state["sources"]["web"]["generation"] == 0
+    with shardkit.PileWriter(pair["web"], piles=4, seed=1, mode="append") as w:
+        for i in range(50):
+            w.write({"__key__": f"new{i:05d}", "txt": "new", "cls": i})
+    with make_loader() as second:
+        second.load_state_dict(state)
+        assert keys(second) == rest and keys(second) == following
+    assert any(k.startswith("new") for b in keys(make_loader()) for k in b)
+
+
 def test_a_state_of_other_shares_is_refused_naming_the_source(pair):
     state = shardkit.loader(pair, weights={"web": 0.6, "code": 0.4}, batch_size=10).state_dict()
     other = shardkit.loader(pair, weights={"web": 0.5, "code": 0.5}, batch_size=10)

@@ -48,8 +48,8 @@ BLEND = {
     "samples": 47,
     "done": [{"world_size": 2, "batch_size": 3, "read": [6]}],
     "sources": {
-        "a": {"dataset": "e422316ee1be33ca", "samples": 30, "wanted": 31, "start": 28, "epoch": 1, "position": 6},
-        "b": {"dataset": "72fdaa73be6a2457", "samples": 17, "wanted": 16, "start": 14, "epoch": 1, "position": 1},
+        "a": {"dataset": "e422316ee1be33ca", "samples": 30, "wanted": 31, "start": 28, "epoch": 1, "position": 6, "generation": 0},
+        "b": {"dataset": "72fdaa73be6a2457", "samples": 17, "wanted": 16, "start": 14, "epoch": 1, "position": 1, "generation": 0},
     },
 }
 BLEND_NEXT = [["a002", "b016", "a017"], ["a001", "b003", "a005"]]

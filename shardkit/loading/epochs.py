@@ -63,12 +63,13 @@ class Epochs(Protocol):
         rank; the epochs after it follow on from it."""
         ...
 
-    def pins(self, state: Any) -> int | None:
-        """The generation ``state`` was taken on, when it is not the one read; else None."""
+    def pins(self, state: Any) -> Any:
+        """The generation ``state`` was taken on, when it is not the one read (a blend's: each
+        such source's, by name); else None."""
         ...
 
-    def at_generation(self, generation: int) -> Epochs:
-        """These epochs on generation ``generation`` of the dataset."""
+    def at_generation(self, generation: Any) -> Epochs:
+        """These epochs on generation ``generation`` of the dataset (a blend's: of each source named)."""
         ...
 
 

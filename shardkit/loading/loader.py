@@ -197,7 +197,8 @@ class Loader:
         :meth:`~shardkit.loading.blend.epochs.BlendEpochs.resume`.)
 
         A state taken on generation g of a dataset that grows resumes on generation g, whatever
-        the latest is, while g's files exist; the next :func:`loader` reads the latest.
+        the latest is, while g's files exist (a blend's, each source on its own); the next
+        :func:`loader` reads the latest.
 
         Raises:
             ConfigError: the state is malformed, or was taken on other data or with options that

@@ -77,10 +77,10 @@ def identity(options: LoaderOptions, dataset: str, samples: int) -> dict[str, An
     return found
 
 
-def pinned_generation(state: Any) -> int | None:
-    """The dataset generation a state was taken on, or None when it names none."""
+def pinned_generation(state: Any, where: str = "load_state_dict: generation") -> int | None:
+    """The dataset generation a state (or a blend state's source, called ``where``) was taken on, or None when it names none."""
     generation = state.get("generation") if isinstance(state, dict) else None
-    return None if generation is None else bounded("load_state_dict: generation", generation, low=0, most=MAX_EPOCH, why="generations")
+    return None if generation is None else bounded(where, generation, low=0, most=MAX_EPOCH, why="generations")
 
 
 def check_format(state: Any, fmt: Format) -> dict[str, Any]:

@@ -13,6 +13,7 @@ state resumed began, so the epochs after it follow on from there.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -22,12 +23,14 @@ import numpy as np
 from shardkit.errors import ConfigError
 from shardkit.loading import state
 from shardkit.loading.blend.schedule import BlendSchedule
-from shardkit.loading.blend.source import Anchor, BlendedSource
+from shardkit.loading.blend.source import Anchor, BlendedSource, resolve_blend
 from shardkit.loading.elastic import Phase, Range
 from shardkit.loading.epochs import on_split, rank_ranges
 from shardkit.loading.options import LoaderOptions
 from shardkit.loading.position import Position
 from shardkit.loading.state import bounded, check_epoch, check_split
+
+log = logging.getLogger(__name__)
 
 # the furthest stream position a state may start a source at: int64 with room for epochs after it
 MAX_START = 1 << 56
@@ -72,6 +75,8 @@ class BlendEpochs:
             # where this rank stands in each source's stream (for a reader: not read back)
             n = max(part.samples, 1)  # an empty source (given a zero share) stays at 0
             found["sources"][name].update(epoch=int(p) // n, position=int(p) % n)
+            if part.generation is not None:  # a DataLoader's dataset was resolved once: its state names none
+                found["sources"][name]["generation"] = part.generation
         return found
 
     def load(self, found: Any, *, torch: bool = False) -> Position:
@@ -126,12 +131,27 @@ class BlendEpochs:
         self.anchor = anchor
         return settled
 
-    def pins(self, state: Any) -> int | None:
-        """None: a blend reads each source's latest generation."""
-        return None
+    def pins(self, found: Any) -> dict[str, int] | None:
+        """The generation each source of the state ``found`` was taken on, for the sources read at another one; else None."""
+        taken = found.get("sources") if isinstance(found, dict) else None
+        if not isinstance(taken, dict):
+            return None  # load() names what is wrong
+        pinned = {}
+        for name, part in zip(self.source.names, self.source.parts, strict=True):
+            generation = state.pinned_generation(taken.get(name), f"load_state_dict: sources[{name!r}].generation")
+            if generation is not None and part.generation not in (None, generation):
+                pinned[name] = generation
+        return pinned or None
 
-    def at_generation(self, generation: int) -> BlendEpochs:
-        raise NotImplementedError("a blend reads its sources' latest generations: pins() never names one")
+    def at_generation(self, generation: dict[str, int]) -> BlendEpochs:
+        """This blend with the sources ``generation`` names read at those generations."""
+        if self.source.spec is None:
+            raise ConfigError(
+                f"load_state_dict: the state pins {self.source.name} to generations {generation}; give the blend, not its resolved source"
+            )
+        pinned = BlendEpochs(resolve_blend(self.source.spec, self.options, generations=generation), self.options)
+        log.info("%s: reading %s, the generations the state was taken on", self.source.name, generation)
+        return pinned
 
 
 def check_sources(state: dict[str, Any], source: BlendedSource, *, drop_last: bool, legacy: bool = False) -> tuple[int, ...]:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +36,7 @@ from shardkit.loading.blend.frames import Frames, apportion, epoch_length, taken
 from shardkit.loading.blend.spec import Blend
 from shardkit.loading.elastic import Phase
 from shardkit.loading.options import LoaderOptions
-from shardkit.loading.source import Source, resolve
+from shardkit.loading.source import Source, at_generation, resolve
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class BlendedSource(Source):
     wanted: tuple[int, ...] = ()
     shares: tuple[int, ...] = ()
     length: int = 0
+    spec: Blend | None = None  # what it was resolved from: a state may pin its sources' generations
 
     @property
     def samples(self) -> int:
@@ -112,18 +114,22 @@ class BlendedSource(Source):
         return start + taken_before(frames, end) + (epoch - anchor.epoch - 1) * shares
 
 
-def resolve_blend(blend: Blend, options: LoaderOptions) -> BlendedSource:
-    """Each source resolved, and each one's positions per epoch for these options (rank, batch).
+def resolve_blend(blend: Blend, options: LoaderOptions, *, generations: Mapping[str, int] | None = None) -> BlendedSource:
+    """Each source resolved (at ``generations[name]`` where given, else its latest), and each
+    one's positions per epoch for these options (rank, batch).
 
     Raises:
         ConfigError: two sources are the same dataset, a source with a share holds no samples,
             or the epoch holds no whole batch on every rank.
+        DatasetNotFoundError: a pinned generation is gone (its files were deleted).
     """
     assert options.world_size is not None
     parts = []
-    for s in blend.sources:
+    pinned = generations or {}
+    for name, s in zip(blend.names, blend.sources, strict=True):
         storage.use(s.path, options.storage_options)
-        parts.append(resolve(s.path))
+        pin = name in pinned and isinstance(s.path, (str, os.PathLike))  # a dataset directory: shards have no generations
+        parts.append(at_generation(os.fspath(s.path), pinned[name]) if pin else resolve(s.path))  # type: ignore[arg-type]
     seen: dict[str, str] = {}
     for name, part in zip(blend.names, parts, strict=True):
         other = seen.setdefault(part.fingerprint(), name)
@@ -145,7 +151,7 @@ def resolve_blend(blend: Blend, options: LoaderOptions) -> BlendedSource:
     piles = tuple(p for part in parts for p in part.piles)
     name = "blend(" + ", ".join(blend.names) + ")"
     found = BlendedSource(
-        name, piles, names=tuple(blend.names), parts=tuple(parts), wanted=tuple(wanted), shares=tuple(shares), length=length
+        name, piles, names=tuple(blend.names), parts=tuple(parts), wanted=tuple(wanted), shares=tuple(shares), length=length, spec=blend
     )
     _say_fields(found)
     return found
