@@ -49,6 +49,13 @@ def test_cli_demo_bad_value(capsys):
     assert capsys.readouterr().err == "shardkit demo: error: samples: expected an integer >= 1, got 0\n"
 
 
+def test_cli_demo_fewer_samples_than_a_batch_fails_before_writing(tmp_path, capsys):
+    assert main(["demo", "--samples", "100", "-o", str(tmp_path / "out"), "-q"]) == 1
+    message = "samples: expected at least 256 (one batch of the classes-per-batch figure), got 100"
+    assert capsys.readouterr().err == f"shardkit demo: error: {message}\n"
+    assert not (tmp_path / "out").exists()
+
+
 def test_images_are_class_sorted_jpegs():
     images, labels = make_images(100, 4, seed=1)
     assert len(images) == 100 and labels.tolist() == sorted(labels.tolist()) and set(labels.tolist()) == {0, 1, 2, 3}

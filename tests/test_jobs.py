@@ -112,6 +112,7 @@ def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_di
         ("- job: preprocess\n", "expected a mapping of options, got a list"),
         ("", "expected a mapping of options, got nothing"),
         ("job: demo\nsamples: -5\n", "samples: expected an integer >= 1, got -5"),
+        ("job: demo\nsamples: 100\n", "samples: expected at least 256 (one batch of the classes-per-batch figure), got 100"),
         (
             "job: shuffle\ninputs: data/a.jsonl\noutput: {path: o, maxcount: ten}\n",
             "output.maxcount: expected an integer >= 1 or None, got 'ten'",

@@ -206,9 +206,11 @@ def parse_job(doc: Any, source: str) -> Job:
     base = os.path.dirname(os.path.abspath(source))
     if kind == "demo":
         out = top.sub("output", ("path",), required=False).take("path", schema.path)
-        from shardkit.tools.demo import MAX_DEMO
+        from shardkit.tools.demo import MAX_DEMO, check_samples
 
         samples = top.take("samples", schema.count(MAX_DEMO, "the demo holds its whole dataset in memory"), default=50_000)
+        with top.errors():
+            check_samples(samples)
         return DemoJob(source=source, output=_resolve(base, out) if out else None, samples=samples)
     inputs = tuple(_resolve(base, p) for p in top.take("inputs", schema.strings, required=True))
     if kind == "shuffle":

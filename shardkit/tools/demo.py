@@ -33,6 +33,7 @@ import numpy as np
 
 from shardkit import _util
 from shardkit._util import check_int, check_most, ctrl_c_deferred, format_size
+from shardkit.errors import ConfigError
 from shardkit.loading.loader import loader as open_loader
 from shardkit.seeds import Stream, stream
 from shardkit.tools import quality
@@ -45,6 +46,14 @@ _VARIANTS = 200
 
 # the most of anything the demo makes: it holds its whole synthetic dataset in memory
 MAX_DEMO = 10_000_000
+# the batch of the classes-per-batch and recurrence figures, unless the caller gives another
+BATCH_SIZE = 256
+
+
+def check_samples(samples: int, batch_size: int = BATCH_SIZE) -> None:
+    """Refuse fewer samples than one batch before anything is made: the figures measure batches."""
+    if samples < batch_size:
+        raise ConfigError(f"samples: expected at least {batch_size} (one batch of the classes-per-batch figure), got {samples}")
 
 
 def make_images(samples: int, classes: int, seed: int) -> tuple[list[bytes], np.ndarray]:
@@ -242,7 +251,7 @@ def demo(
     samples: int = 50_000,
     classes: int = 10,
     piles: int = 16,
-    batch_size: int = 256,
+    batch_size: int = BATCH_SIZE,
     buffer: int = 1000,
     seed: int = 0,
     quiet: bool = False,
@@ -261,6 +270,7 @@ def demo(
     for name, value in (("samples", samples), ("classes", classes), ("piles", piles), ("batch_size", batch_size), ("buffer", buffer)):
         check_int(name, value, low=1)
         check_most(name, value, MAX_DEMO, "the demo holds its whole dataset in memory")
+    check_samples(samples, batch_size)
     with contextlib.ExitStack() as stack:
         root = os.fspath(out) if out is not None else stack.enter_context(tempfile.TemporaryDirectory(prefix="shardkit-demo-"))
         progress = stack.enter_context(_util.bar(total=5, desc="demo", unit="step", quiet=quiet))
