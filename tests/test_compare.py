@@ -230,6 +230,15 @@ def test_cli_quality_errors(dataset, tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "x.png").exists()
 
 
+def test_cli_quality_json_with_plot_keeps_stdout_json(dataset, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'shardkit[plot]')")
+    png = tmp_path / "q.png"
+    assert main(["quality", dataset, "--batch-size", "16", "--json", "--plot", str(png), "-q"]) == 0
+    out, err = capsys.readouterr()
+    assert set(json.loads(out)) == {"shardkit", "sequential", "webdataset"}  # `| jq` still reads it
+    assert f"wrote {png}" in err and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_cli_quality_without_labels(tmp_path, capsys):
     out = str(tmp_path / "nolabels")
     with shardkit.PileWriter(out, piles=4, seed=0) as w:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from shardkit.cli.command import VERBOSE, Command, Options, arg, quiet
 from shardkit.cli.flags import option_values
@@ -115,7 +116,8 @@ def _quality(args: argparse.Namespace) -> int:
             print("(no label field: classes per batch and dispersion not measured; pass --label-field)")
     if args.plot:
         result.plot(args.plot)
-        print(f"wrote {args.plot}")
+        # with --json, stdout holds the JSON alone: `shardkit quality ... --json --plot q.png | jq`
+        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
