@@ -239,6 +239,22 @@ def test_cli_quality_json_with_plot_keeps_stdout_json(dataset, tmp_path, capsys)
     assert f"wrote {png}" in err and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("missing/q.png", "--plot: {tmp}/missing/q.png: no such folder {tmp}/missing"),
+        ("q.txt", "--plot: {tmp}/q.txt: expected an image file name (.png, .svg, .pdf, ...), got the suffix '.txt'"),
+    ],
+)
+def test_cli_quality_plot_path_is_checked_before_the_work(dataset, tmp_path, capsys, name, message):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'shardkit[plot]')")
+    assert main(["quality", dataset, "--batch-size", "8", "--plot", str(tmp_path / name)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""  # refused before any metric was computed or printed
+    assert err == f"shardkit quality: error: {message.format(tmp=tmp_path)}\n"
+    assert not (tmp_path / name).exists()
+
+
 def test_cli_quality_without_labels(tmp_path, capsys):
     out = str(tmp_path / "nolabels")
     with shardkit.PileWriter(out, piles=4, seed=0) as w:

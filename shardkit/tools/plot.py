@@ -11,6 +11,8 @@ reference still shows and no other order hides it.
 from __future__ import annotations
 
 import itertools
+import os
+import uuid
 from typing import Any, Protocol
 
 import numpy as np
@@ -94,11 +96,34 @@ def draw(result: Comparison) -> Any:
     return fig
 
 
+def check_path(path: str, what: str = "path") -> str:
+    """The image format of ``path``, from its suffix; a ConfigError naming ``what`` when matplotlib
+    cannot write that suffix or the folder it goes in is missing (checked before the work)."""
+    pyplot()  # the install hint first, when matplotlib is missing
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = os.path.splitext(path)[1]
+    if suffix[1:].lower() not in FigureCanvasBase.get_supported_filetypes():
+        raise ConfigError(f"{what}: {path}: expected an image file name (.png, .svg, .pdf, ...), got the suffix {suffix!r}")
+    folder = os.path.dirname(path)
+    if folder and not os.path.isdir(folder):
+        raise ConfigError(f"{what}: {path}: no such folder {folder}")
+    return suffix[1:].lower()
+
+
 def plot_comparison(result: Comparison, path: str) -> None:
-    """Write the four-panel figure for ``result`` to ``path`` (PNG)."""
+    """Write the four-panel figure for ``result`` to ``path`` (PNG, or the image format its suffix
+    names), whole or not at all."""
+    kind = check_path(path)
     fig = draw(result)
-    fig.savefig(path, dpi=100)
-    pyplot().close(fig)
+    partial = f"{path}.partial-{uuid.uuid4().hex}"
+    try:
+        fig.savefig(partial, dpi=100, format=kind)
+        os.replace(partial, path)
+    finally:
+        pyplot().close(fig)
+        if os.path.exists(partial):
+            os.unlink(partial)
 
 
 def _line(style: dict[str, Any], points: int) -> dict[str, Any]:

@@ -94,9 +94,9 @@ def _quality(args: argparse.Namespace) -> int:
     if label is None and "cls" in manifest.read(args.source).fields:
         label = "cls"
     if args.plot:
-        from shardkit.tools.plot import pyplot
+        from shardkit.tools.plot import check_path
 
-        pyplot()  # fail before the work when matplotlib is missing
+        check_path(args.plot, "--plot")  # fail before the work: matplotlib missing, a bad name
     result = compare_shuffles(
         args.source,
         batch_size=args.batch_size,
