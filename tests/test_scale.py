@@ -44,3 +44,11 @@ def test_the_plan_command_prints_the_table(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--samples", "10", "--units", "0.5", "--piles", "2"])
     assert "--units: expected a whole count >= 1, got '0.5'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workers", ["0", "-2"])
+def test_the_plan_command_refuses_fewer_than_one_worker(capsys, workers):
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--samples", "1e3", "--units", "10", "--piles", "10", "--executor", "ray", "--workers", workers])
+    assert exit_.value.code == 2
+    assert f"--workers: expected a whole count >= 1, got '{workers}'" in capsys.readouterr().err

@@ -159,7 +159,7 @@ PLAN = Command(
         arg("--piles", type=_count, required=True, help="piles M"),
         arg("--sample-bytes", default="4KiB", metavar="SIZE", help="mean bytes a sample (default 4KiB)"),
         arg("--executor", choices=("local", "ray"), default="local", help="local worker processes, or Ray tasks"),
-        arg("--workers", type=int, default=8, help="processes at once: local workers, or the Ray cluster's CPUs (default 8)"),
+        arg("--workers", type=_count, default=8, help="processes at once: local workers, or the Ray cluster's CPUs (default 8)"),
         arg("--max-pile-bytes", default=None, metavar="SIZE", help="split piles over SIZE, as pass 1 would"),
         arg("--local", action="store_true", help="the output is a local directory, not an object store"),
         arg("--no-simulate", action="store_true", help="formulas only (the simulation routes every sample)"),
