@@ -48,6 +48,18 @@ def test_scan_uses_natural_key_order_and_source_field(tmp_path):
         scan_dataset(out, source_field="txt")
 
 
+def test_a_source_field_that_is_not_an_integer_names_the_sample_and_a_short_value(tmp_path):
+    out = str(tmp_path / "ds")
+    with shardkit.PileWriter(out, piles=1, seed=0) as w:
+        w.write({"__key__": "a", "id": 1, "bin": b"7"})
+        w.write({"__key__": "b", "id": 2, "bin": b"\xff\xd8" + bytes(5000)})
+    with pytest.raises(ConfigError) as error:
+        scan_dataset(out, source_field="bin")
+    message = str(error.value)
+    assert message.startswith(f"{out}: source_field 'bin' must hold integers: sample 'b' holds b'\\xff\\xd8")
+    assert len(message) < 200  # the value is shown short, not 5000 bytes of it
+
+
 @pytest.mark.parametrize(
     "keys",
     [

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from shardkit import _util, manifest, storage
-from shardkit._util import check_int
+from shardkit._util import check_int, shown
 from shardkit.errors import ConfigError
 from shardkit.loading.pile import read_pile
 from shardkit.tools import orders, quality
@@ -141,10 +141,9 @@ def scan_dataset(directory: str, *, label_field: str | None = None, source_field
             raise ConfigError(f"{directory}: {what} {name!r} is not a field of this dataset (fields: {', '.join(m.fields)})")
     keys, values = _read_fields(directory, m, [f for f in dict.fromkeys((label_field, source_field)) if f], quiet)
     if source_field:
-        try:
-            positions = np.array([int(v) for v in values[source_field]], dtype=np.int64)
-        except ValueError as e:
-            raise ConfigError(f"{directory}: source_field {source_field!r} must hold integers ({e})") from None
+        positions = np.array(
+            [_position(directory, source_field, k, v) for k, v in zip(keys, values[source_field], strict=True)], dtype=np.int64
+        )
         rank = np.argsort(positions, kind="stable")
     else:
         rank = natural_order(keys)
@@ -153,6 +152,13 @@ def scan_dataset(directory: str, *, label_field: str | None = None, source_field
     counts = np.array([p.samples for p in m.piles], dtype=np.int64)
     labels = _label_values(values[label_field]) if label_field else None
     return DatasetIndex(counts=counts, source=source, labels=labels, label_field=label_field)
+
+
+def _position(directory: str, field: str, key: str, value: Any) -> int:
+    try:
+        return int(value)
+    except ValueError:  # int()'s own message quotes the whole value: a JPEG would fill the screen
+        raise ConfigError(f"{directory}: source_field {field!r} must hold integers: sample {key!r} holds {shown(value)}") from None
 
 
 def order_from_plan(
