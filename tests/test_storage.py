@@ -8,7 +8,7 @@ import pytest
 
 import shardkit
 from shardkit import storage
-from shardkit.errors import DatasetNotFoundError
+from shardkit.errors import DatasetNotFoundError, StorageError
 
 
 @pytest.mark.parametrize(
@@ -88,6 +88,21 @@ def test_atomic_write_publishes_whole_files_only(tmp_path):
     assert storage.read_bytes(target) == b"old"
     storage.write_bytes(target, b"new")
     assert storage.read_bytes(target) == b"new" and os.listdir(tmp_path) == ["f.bin"]
+
+
+@pytest.mark.parametrize("how", ["atomic_write", "upload"])
+def test_a_write_under_a_file_says_the_file_is_in_the_way(tmp_path, how):
+    """The partial file cannot be made there either: cleaning it up must not hide why with its own ENOTDIR."""
+    (tmp_path / "afile").write_bytes(b"x")
+    (tmp_path / "src").write_bytes(b"data")
+    target = str(tmp_path / "afile" / "out.parquet")
+    with pytest.raises(StorageError) as error:
+        if how == "upload":
+            storage.upload(str(tmp_path / "src"), target)
+        else:
+            with storage.atomic_write(target) as f:
+                f.write(b"data")
+    assert str(error.value) == f"{target}: cannot write: {tmp_path / 'afile'} is a file, not a directory"
 
 
 def test_local_paths_and_join():

@@ -141,7 +141,8 @@ class LocalStore(Store):
             if sync:
                 fsync_dir(os.path.dirname(path) or ".")
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
+            # ENOTDIR too: under a file no partial was made, and the error raised says why
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 os.unlink(tmp)
             raise
 
@@ -164,7 +165,8 @@ class LocalStore(Store):
                 os.replace(tmp, path)
             fsync_dir(os.path.dirname(path) or ".")
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
+            # ENOTDIR too: under a file no partial was made, and the error raised says why
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 os.unlink(tmp)
             raise
 
