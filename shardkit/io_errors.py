@@ -138,6 +138,9 @@ def translate(error: BaseException, url: str, doing: str, *, scheme: str | None,
     if isinstance(error, ShardkitError):
         return error
     if isinstance(error, FileNotFoundError):
+        if doing == "write" and path is not None and not os.path.isdir(os.path.dirname(path) or "."):
+            # a file being written is missing only in that its folder is
+            return DatasetNotFoundError(f"{url}: cannot write: no such folder {os.path.dirname(path)}")
         return DatasetNotFoundError(f"{url}: no such file")
     if scheme is not None:
         return StorageError(f"{url}: cannot {doing}: {_remote_reason(error, scheme)}", url=url)

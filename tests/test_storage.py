@@ -105,6 +105,14 @@ def test_a_write_under_a_file_says_the_file_is_in_the_way(tmp_path, how):
     assert str(error.value) == f"{target}: cannot write: {tmp_path / 'afile'} is a file, not a directory"
 
 
+def test_a_write_into_a_missing_folder_names_the_folder(tmp_path):
+    target = str(tmp_path / "nodir" / "out.parquet")
+    with pytest.raises(DatasetNotFoundError) as error, storage.atomic_write(target) as f:
+        f.write(b"data")
+    assert str(error.value) == f"{target}: cannot write: no such folder {tmp_path / 'nodir'}"  # not "no such file"
+    assert os.listdir(tmp_path) == []
+
+
 def test_local_paths_and_join():
     assert storage.local_path("file:///data/x") == "/data/x"
     assert storage.local_path("rel/x") == "rel/x"
