@@ -11,12 +11,11 @@ reference still shows and no other order hides it.
 from __future__ import annotations
 
 import itertools
-import os
-import uuid
 from typing import Any, Protocol
 
 import numpy as np
 
+from shardkit import storage
 from shardkit._util import ctrl_c_deferred
 from shardkit.errors import ConfigError
 from shardkit.seeds import Stream, stream
@@ -98,17 +97,16 @@ def draw(result: Comparison) -> Any:
 
 def check_path(path: str, what: str = "path") -> str:
     """The image format of ``path``, from its suffix; a ConfigError naming ``what`` when matplotlib
-    cannot write that suffix or the folder it goes in is missing (checked before the work)."""
+    cannot write that suffix (checked before the work)."""
     pyplot()  # the install hint first, when matplotlib is missing
     from matplotlib.backend_bases import FigureCanvasBase
 
-    suffix = os.path.splitext(path)[1]
-    if suffix[1:].lower() not in FigureCanvasBase.get_supported_filetypes():
-        raise ConfigError(f"{what}: {path}: expected an image file name (.png, .svg, .pdf, ...), got the suffix {suffix!r}")
-    folder = os.path.dirname(path)
-    if folder and not os.path.isdir(folder):
-        raise ConfigError(f"{what}: {path}: no such folder {folder}")
-    return suffix[1:].lower()
+    suffix = path.rpartition("/")[2].rpartition(".")[2] if "." in path.rpartition("/")[2] else ""
+    if suffix.lower() not in FigureCanvasBase.get_supported_filetypes():
+        raise ConfigError(
+            f"{what}: {path}: expected an image file name (.png, .svg, .pdf, ...), got the suffix {'.' + suffix if suffix else ''!r}"
+        )
+    return suffix.lower()
 
 
 def plot_comparison(result: Comparison, path: str) -> None:
@@ -116,14 +114,11 @@ def plot_comparison(result: Comparison, path: str) -> None:
     names), whole or not at all."""
     kind = check_path(path)
     fig = draw(result)
-    partial = f"{path}.partial-{uuid.uuid4().hex}"
     try:
-        fig.savefig(partial, dpi=100, format=kind)
-        os.replace(partial, path)
+        with storage.atomic_write(path) as f:
+            fig.savefig(f, dpi=100, format=kind)
     finally:
         pyplot().close(fig)
-        if os.path.exists(partial):
-            os.unlink(partial)
 
 
 def _line(style: dict[str, Any], points: int) -> dict[str, Any]:

@@ -86,8 +86,10 @@ TRACE = Command(
 
 def _quality(args: argparse.Namespace) -> int:
     import json
+    import os
 
     from shardkit import manifest
+    from shardkit.errors import ConfigError
     from shardkit.tools.compare import compare_shuffles
 
     label = args.label_field
@@ -97,6 +99,9 @@ def _quality(args: argparse.Namespace) -> int:
         from shardkit.tools.plot import check_path
 
         check_path(args.plot, "--plot")  # fail before the work: matplotlib missing, a bad name
+        folder = os.path.dirname(args.plot)
+        if "://" not in args.plot and folder and not os.path.isdir(folder):
+            raise ConfigError(f"--plot: {args.plot}: no such folder {folder}")
     result = compare_shuffles(
         args.source,
         batch_size=args.batch_size,
