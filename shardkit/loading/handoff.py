@@ -134,7 +134,7 @@ def _pack(value: Any, strings: bool) -> tuple[int, Any]:
     if type(value) is Located:
         return _LOCATED, value.wire()
     if _has_views(value):
-        return _VIEWS, bytes(value) if type(value) is memoryview else [bytes(v) if type(v) is memoryview else v for v in value]
+        return _VIEWS, bytes(value) if type(value) is memoryview else _copied(value)
     return _AS_IS, value if _plain(value) else default_convert(value)
 
 
