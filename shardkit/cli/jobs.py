@@ -324,9 +324,8 @@ def _check_inputs(top: Fields, inputs: tuple[str, ...], *, folders: bool) -> Non
     for i, item in enumerate(inputs):
         with top.errors(f"inputs[{i}]"):
             if folders:
-                if not os.path.isdir(item):
-                    there = "a file, not a folder" if os.path.exists(item) else "no such folder"
-                    raise ConfigError(f"{item}: {there}: an image transform reads a folder of one subfolder per class")
+                if (why := transforms.not_a_folder(item)) is not None:
+                    raise ConfigError(f"{item}: {why}: an image transform reads a folder of one subfolder per class")
             elif readers.detect(item) in ("hf", "mds", "litdata"):
                 pass  # a folder its writer made: the reader says what is wrong with it
             else:

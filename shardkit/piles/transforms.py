@@ -173,10 +173,16 @@ class Images:
             yield {"__key__": sample_key(relative), "jpg": jpg, "cls": index, "json": {"path": relative, "class": name}}
 
 
+def not_a_folder(path: str) -> str | None:
+    """Why ``path`` is no folder (``"a file, not a folder"``, ``"no such folder"``), or None when it is one."""
+    if os.path.isdir(path):
+        return None
+    return "a file, not a folder" if os.path.exists(path) else "no such folder"
+
+
 def _class_folders(root: str) -> list[str]:
-    if not os.path.isdir(root):
-        there = "a file, not a folder" if os.path.exists(root) else "no such folder"
-        raise DatasetNotFoundError(f"{root}: {there}: expected a folder of one subfolder per class")
+    if (why := not_a_folder(root)) is not None:
+        raise DatasetNotFoundError(f"{root}: {why}: expected a folder of one subfolder per class")
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
     if not classes:
         raise DatasetNotFoundError(f"{root}: expected one subfolder per class, found none")
