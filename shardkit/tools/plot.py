@@ -11,6 +11,7 @@ reference still shows and no other order hides it.
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any, Protocol
 
 import numpy as np
@@ -101,12 +102,10 @@ def check_path(path: str, what: str = "path") -> str:
     pyplot()  # the install hint first, when matplotlib is missing
     from matplotlib.backend_bases import FigureCanvasBase
 
-    suffix = path.rpartition("/")[2].rpartition(".")[2] if "." in path.rpartition("/")[2] else ""
-    if suffix.lower() not in FigureCanvasBase.get_supported_filetypes():
-        raise ConfigError(
-            f"{what}: {path}: expected an image file name (.png, .svg, .pdf, ...), got the suffix {'.' + suffix if suffix else ''!r}"
-        )
-    return suffix.lower()
+    suffix = os.path.splitext(path)[1]
+    if suffix[1:].lower() not in FigureCanvasBase.get_supported_filetypes():
+        raise ConfigError(f"{what}: {path}: expected an image file name (.png, .svg, .pdf, ...), got the suffix {suffix!r}")
+    return suffix[1:].lower()
 
 
 def plot_comparison(result: Comparison, path: str) -> None:
