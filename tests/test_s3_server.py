@@ -199,7 +199,7 @@ def test_latency_delays_each_response(s3, faulty_s3):
     faulty_s3.latency = 0.05
     started = time.monotonic()
     fs.info(s3.path("x.bin"))
-    assert 0.05 <= time.monotonic() - started < 1.0
+    assert 0.05 <= time.monotonic() - started < 3.0  # the upper bound: delayed once, not per retry or chunk
 
 
 def test_bandwidth_paces_a_read(s3, faulty_s3):
@@ -210,7 +210,7 @@ def test_bandwidth_paces_a_read(s3, faulty_s3):
     faulty_s3.bandwidth = 5e6  # 2 MB at 5 MB/s: 0.4 s
     started = time.monotonic()
     assert fs.cat_file(s3.path("x.bin"), start=0, end=len(data)) == data
-    assert 0.4 <= time.monotonic() - started < 1.2
+    assert 0.4 <= time.monotonic() - started < 3.0  # the upper bound: paced, not stalled
 
 
 # --- lifecycle ----------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def test_stop_closes_connections_and_joins_threads(plain_upstream):
     started = time.monotonic()
     proxy.stop()
     proxy.stop()  # a second stop does nothing
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 2.5  # the body in flight would take 5 s to finish
     with pytest.raises(http.client.IncompleteRead):
         response.read()
     # the upstream's own handler threads end in their own time once their sockets close; not the proxy's
