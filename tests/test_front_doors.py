@@ -24,7 +24,9 @@ from shardkit.cli.flags import add_option_flags, options_from_args
 from shardkit.cli.main import build_parser
 from shardkit.cli.reference import _yaml_option_rows
 from shardkit.option_fields import Door, meta, specs, yaml_names
-from shardkit.torch import ShardkitDataset
+
+NO_TORCH = importlib.util.find_spec("torch") is None
+ShardkitDataset = None if NO_TORCH else importlib.import_module("shardkit.torch").ShardkitDataset
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,6 +123,8 @@ EVERY_DOOR = [
     ("loader", shardkit.loader, shardkit.LoaderOptions),
     ("ShardkitDataset", ShardkitDataset, shardkit.LoaderOptions),
 ]
+_NEEDS_TORCH = pytest.mark.skipif(NO_TORCH, reason="needs torch: pip install 'shardkit[torch]'")
+EVERY_DOOR_PARAMS = [pytest.param(*d, id=d[0], marks=[_NEEDS_TORCH] if d[0] == "ShardkitDataset" else []) for d in EVERY_DOOR]
 # what a front door reached from no YAML job or command line is, instead
 _PYTHON_DOORS = {
     "PileWriter": "a writer a Python program feeds sample by sample",
@@ -141,7 +145,7 @@ def _signature_options(door) -> set[str]:
     return {p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in _NOT_OPTIONS | set(_PYTHON_ONLY) | _BESIDE}
 
 
-@pytest.mark.parametrize(("name", "door", "cls"), EVERY_DOOR, ids=[d[0] for d in EVERY_DOOR])
+@pytest.mark.parametrize(("name", "door", "cls"), EVERY_DOOR_PARAMS)
 def test_a_front_door_takes_every_field_but_those_listed_with_a_reason(name, door, cls):
     fields = set(specs(cls))
     taken = _signature_options(door)
@@ -156,7 +160,7 @@ def test_a_front_door_takes_every_field_but_those_listed_with_a_reason(name, doo
     assert name in _YAML or name in _CLI or name in _PYTHON_DOORS
 
 
-@pytest.mark.parametrize(("name", "door", "cls"), EVERY_DOOR, ids=[d[0] for d in EVERY_DOOR])
+@pytest.mark.parametrize(("name", "door", "cls"), EVERY_DOOR_PARAMS)
 def test_a_front_door_documents_every_option_it_takes(name, door, cls):
     doc = inspect.getdoc(door)
     params = inspect.signature(door).parameters

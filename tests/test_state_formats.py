@@ -5,13 +5,15 @@ same order, and each reader writes them again field for field."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import itertools
 import os
 
 import pytest
 
 import shardkit
-from shardkit.torch import ShardkitDataLoader, ShardkitDataset
+
+NO_TORCH = importlib.util.find_spec("torch") is None
 
 WEIGHTS = {"a": 2, "b": 1}
 
@@ -122,6 +124,8 @@ def a_loader(source, world: int, batch: int, workers: int, **extra):
 
 def a_dataloader(source, world: int, batch: int, workers: int, **extra):
     """A ``shardkit.torch`` DataLoader of ``workers`` workers on rank 0 of ``world`` reading epoch 1."""
+    from shardkit.torch import ShardkitDataLoader, ShardkitDataset
+
     ds = ShardkitDataset(source, batch_size=batch, world_size=world, rank=0, decode=False, seed=7, **extra)
     ds.set_epoch(1)
     return ShardkitDataLoader(ds, num_workers=workers)
@@ -150,6 +154,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_state_is_written_and_read_as_before(data, case):
+    if NO_TORCH and CASES[case][0] is a_dataloader:
+        pytest.skip("needs torch: pip install 'shardkit[torch]'")
     make, which, taken, state, resumed, then = CASES[case]
     extra = {"weights": WEIGHTS} if which == "pair" else {}
     assert phases(make, data[which], taken, **extra)[0] == state
