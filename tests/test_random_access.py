@@ -313,3 +313,17 @@ def test_gc_collects_the_index_of_a_generation_it_collects(tmp_path):
     assert {old, new} <= set(os.listdir(out))
     report = shardkit.gc(out, grace=0)
     assert old in report.deleted and old not in os.listdir(out) and new in os.listdir(out)
+
+
+def test_a_pickled_dataset_refuses_another_dataset_written_over_it_at_its_generation(tmp_path):
+    out = _write(str(tmp_path / "ds"), 40)
+    ds = shardkit.open(out, decode=False)
+    data = pickle.dumps(ds)
+    with shardkit.PileWriter(out, piles=6, seed=1, overwrite=True) as w:  # generation 0 again, other samples
+        for i in range(40):
+            w.write({"__key__": f"other{i:03d}", "bin": b"y", "cls": 0})
+    assert manifest.read(out).generation == ds.manifest.generation
+    with pytest.raises(shardkit.DatasetNotFoundError, match=r"generation 0\b.*was overwritten") as e:
+        pickle.loads(data)  # a DataLoader worker: not the samples the main process opened
+    assert out in str(e.value)
+    assert pickle.loads(pickle.dumps(shardkit.open(out, decode=False)))[0]["__key__"].startswith("other")

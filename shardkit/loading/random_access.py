@@ -32,10 +32,10 @@ from shardkit import manifest, storage
 from shardkit._util import check_int, check_path
 from shardkit.codecs import Codecs
 from shardkit.dataset.transaction import Dataset
-from shardkit.errors import ConfigError, CorruptShardError
+from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError
 from shardkit.loading import plan
 from shardkit.loading.decode import Transform
-from shardkit.loading.index import Index, load_or_build
+from shardkit.loading.index import Index, identity, load_or_build
 from shardkit.loading.one_sample import parse
 from shardkit.loading.options import LoaderOptions
 from shardkit.loading.pile import fetch
@@ -94,14 +94,22 @@ class MapDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("root", "seed", "epoch", "mix", "options", "keep_piles")
-        return {**{k: self.__dict__[k] for k in keep}, "generation": self.manifest.generation}
+        pinned = {"generation": self.manifest.generation, "manifest": identity(self.manifest)}
+        return {**{k: self.__dict__[k] for k in keep}, **pinned}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        generation = state.pop("generation")
+        generation, expected = state.pop("generation"), state.pop("manifest", None)
         self.__dict__.update(state)
         storage.use(self.root, self.options.storage_options)
         # the generation the pickled dataset read, whatever the latest is now: every worker reads the same samples
-        self._setup(Dataset(self.root).pinned(generation))
+        found = Dataset(self.root).pinned(generation)
+        if expected is not None and identity(found) != expected:
+            # an overwrite numbers its dataset from generation 0 again: the number alone would hand a worker other samples
+            raise DatasetNotFoundError(
+                f"{self.root}: generation {generation}, which this dataset was opened at, was overwritten since: its manifest "
+                f"now lists another dataset ({len(found.piles)} piles, {found.samples} samples); shardkit.open it again to read that one"
+            )
+        self._setup(found)
 
     # -- the index and the order ---------------------------------------------------------------
     @property
