@@ -327,3 +327,32 @@ def test_a_pickled_dataset_refuses_another_dataset_written_over_it_at_its_genera
         pickle.loads(data)  # a DataLoader worker: not the samples the main process opened
     assert out in str(e.value)
     assert pickle.loads(pickle.dumps(shardkit.open(out, decode=False)))[0]["__key__"].startswith("other")
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_a_dataset_overwritten_while_open_says_so_naming_the_file(tmp_path, indexed):
+    out = _write(str(tmp_path / "ds"), 40)
+    ds = shardkit.open(out, decode=False)
+    if indexed:
+        assert len(ds.index) == 40
+    with shardkit.PileWriter(out, piles=6, seed=1, overwrite=True) as w:
+        for i in range(40):
+            w.write({"__key__": f"other{i:03d}", "bin": b"y", "cls": 0})
+    with pytest.raises(
+        shardkit.DatasetNotFoundError, match=r"pile-000000\.tar.*was overwritten since it was opened; a new shardkit.open reads it"
+    ):
+        ds[0]
+    with pytest.raises(shardkit.DatasetNotFoundError, match=r"was overwritten since it was opened; a new shardkit.open reads it"):
+        ds.get("s0000007")
+
+
+def test_a_generation_collected_while_open_says_so(tmp_path):
+    out = _write(str(tmp_path / "ds"), 40, piles=3)
+    ds = shardkit.open(out, decode=False)
+    assert len(ds.index) == 40
+    with shardkit.PileWriter(out, piles=3, seed=1, mode="append", window=1) as w:
+        for i in range(10):
+            w.write({"__key__": f"new{i}", "bin": b"x", "cls": 1})
+    shardkit.gc(out, grace=0)
+    with pytest.raises(shardkit.DatasetNotFoundError, match=r"pile-000000\.tar.*moved on from generation 0, .* to 1"):
+        ds[0]

@@ -39,6 +39,7 @@ from shardkit.loading.index import Index, identity, load_or_build
 from shardkit.loading.one_sample import parse
 from shardkit.loading.options import LoaderOptions
 from shardkit.loading.pile import fetch
+from shardkit.loading.source import why_gone
 from shardkit.tar.shard import Shard
 from shardkit.tar.write import TRAILER
 
@@ -172,6 +173,23 @@ class MapDataset:
 
     def _read(self, position: int) -> tuple[dict[str, Any], str]:
         """The raw sample at pile-order ``position``, and the URL of the file it is in."""
+        try:
+            return self._read_at(position)
+        except DatasetNotFoundError as e:
+            why = self._why_gone()
+            if why is None:
+                raise
+            raise DatasetNotFoundError(f"{e}: {why}") from e
+
+    def _why_gone(self) -> str | None:
+        """Why a file of the opened generation is missing, when the manifest there says why (an
+        overwrite, a generation collected): "no such file" alone reads like a damaged dataset."""
+        listed = {p.name: p.checksum for p in self.manifest.piles}
+        return why_gone(
+            self.root, self.manifest.generation, listed, since="it was opened", reader="this dataset", anew="a new shardkit.open"
+        )
+
+    def _read_at(self, position: int) -> tuple[dict[str, Any], str]:
         idx = self.index
         f, start, end = idx.locate(position)
         part = idx.files[f]
@@ -252,7 +270,9 @@ class MapDataset:
         if idx.failed:
             first, others = min(idx.failed), len(idx.failed) - 1
             elsewhere = f", or in one of the {others} other files that could not be read" if others else ""
-            raise idx.unreadable(first, f"key {key!r} is in none of the files read, and may be in this one{elsewhere}")
+            error = idx.unreadable(first, f"key {key!r} is in none of the files read, and may be in this one{elsewhere}")
+            why = self._why_gone() if isinstance(error, DatasetNotFoundError) else None
+            raise error if why is None else DatasetNotFoundError(f"{error}: {why}")
         return None
 
     def __repr__(self) -> str:

@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shardkit import manifest, storage
@@ -109,25 +109,11 @@ class Source:
             raise DatasetNotFoundError(f"{e}: {gone}") from e
 
     def _gone(self) -> str | None:
-        """Why a file of this dataset is missing, when its manifest says why: the dataset is no
-        longer the one this source opened (overwritten, or its older generation's files removed)."""
-        try:
-            now = manifest.read(self.name)
-        except DatasetNotFoundError:
-            return f"the dataset at {self.name} was removed since this loader opened it"
-        except ShardkitError:
-            return None  # the manifest cannot be read either: the error as it is says enough
-        mine = {os.path.basename(p.url): p.info.checksum if p.info else None for p in self.piles}
-        theirs = {p.name: p.checksum for p in now.piles}
-        if now.generation == self.generation and mine == theirs:
-            return None  # the same dataset: a file went missing, as the error says
-        if now.generation <= self.generation:  # an overwrite starts again at generation 0
-            return f"the dataset at {self.name} was overwritten since this loader opened it; a new loader reads it"
-        return (
-            f"the dataset at {self.name} moved on from generation {self.generation}, which this loader reads, to {now.generation}, "
-            f"and generation {self.generation}'s files are gone (an overwrite, or shardkit gc after its grace period); a new loader "
-            f"reads generation {now.generation}"
-        )
+        """Why a file of this dataset is missing, when its manifest says why (see :func:`why_gone`)."""
+        if self.generation is None:  # plain tar shards: no manifest to ask
+            return None
+        listed = {os.path.basename(p.url): p.info.checksum if p.info else None for p in self.piles}
+        return why_gone(self.name, self.generation, listed)
 
     def open(self, index: int, fetched: Fetched) -> Shard:
         """Finish indexing what :meth:`fetch` returned and check the sample count."""
@@ -186,6 +172,37 @@ def of_manifest(root: str, m: manifest.Manifest) -> Source:
         segments = None if p.segments is None else tuple(storage.join(root, s.name) for s in p.segments)
         piles.append(Pile(storage.join(root, p.name), p.samples, p, segments))
     return Source(root, tuple(piles), m.generation)
+
+
+def why_gone(
+    root: str,
+    generation: int,
+    listed: Mapping[str, str | None],
+    *,
+    since: str = "this loader opened it",
+    reader: str = "this loader",
+    anew: str = "a new loader",
+) -> str | None:
+    """Why a file of generation ``generation`` of the dataset ``root`` (whose piles were ``listed``:
+    name -> checksum) is missing, when the manifest there says why: the dataset is no longer the
+    one its reader opened (overwritten, removed, or moved on and its older files collected).
+    None when it is the same dataset (a file went missing, as the error says) or the manifest
+    cannot be read. ``since``, ``reader`` and ``anew`` name the reader in the sentence."""
+    try:
+        now = manifest.read(root)
+    except DatasetNotFoundError:
+        return f"the dataset at {root} was removed since {since}"
+    except ShardkitError:
+        return None  # the manifest cannot be read either: the error as it is says enough
+    if now.generation == generation and dict(listed) == {p.name: p.checksum for p in now.piles}:
+        return None
+    if now.generation <= generation:  # an overwrite starts again at generation 0
+        return f"the dataset at {root} was overwritten since {since}; {anew} reads it"
+    return (
+        f"the dataset at {root} moved on from generation {generation}, which {reader} reads, to {now.generation}, "
+        f"and generation {generation}'s files are gone (an overwrite, or shardkit gc after its grace period); {anew} "
+        f"reads generation {now.generation}"
+    )
 
 
 def at_generation(root: str, generation: int) -> Source:
