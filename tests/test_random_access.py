@@ -7,11 +7,12 @@ import os
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import shardkit
 from shardkit import manifest, storage
-from shardkit.dataset import layout
+from shardkit.dataset import index_file, layout
 from shardkit.loading import index as index_module
 from shardkit.tar.shard import Shard, read_shard
 from tests.conftest import make_samples
@@ -356,3 +357,48 @@ def test_a_generation_collected_while_open_says_so(tmp_path):
     shardkit.gc(out, grace=0)
     with pytest.raises(shardkit.DatasetNotFoundError, match=r"pile-000000\.tar.*moved on from generation 0, .* to 1"):
         ds[0]
+
+
+def _store_index(out: str, data: bytes) -> str:
+    path = os.path.join(out, layout.index_name(manifest.read(out).generation))
+    Path(path).write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("how", ["negative", "reversed", "past the end"])
+def test_an_index_whose_checksums_hold_but_whose_bounds_are_wrong_is_an_error_naming_it(ds_dir, how):
+    m = manifest.read(ds_dir)
+    shardkit.open(ds_dir).index  # noqa: B018 (built and stored)
+    entries = index_file.stored_entries(ds_dir, m)
+    files = index_file.data_files(m)
+    first = entries[files[0].name]
+    bounds = first.bounds.copy()
+    if how == "negative":
+        bounds[0] = -512
+    elif how == "reversed":
+        bounds[0], bounds[1] = bounds[1], bounds[0]
+    else:
+        bounds[1] = 2**62  # a read of that many bytes would take the machine's memory
+    runs = [index_file.Entries(bounds, first.hashes, first.crcs)] + [entries[f.name] for f in files[1:]]
+    _store_index(ds_dir, index_file.encode(files, runs, m))  # a writer's bug: every checksum holds
+    ds = shardkit.open(ds_dir, decode=False)
+    with pytest.raises(shardkit.CorruptShardError, match=r"shardkit\.g000000\.idx: .*sample 0 of pile-000000\.tar"):
+        ds[0]
+    assert ds[len(ds) - 1]["__key__"] == _pile_order(ds_dir)[-1]  # the other files' entries are sound
+
+
+def test_an_index_whose_checksums_hold_but_whose_key_positions_are_wrong_is_an_error_naming_it(ds_dir):
+    m = manifest.read(ds_dir)
+    shardkit.open(ds_dir).index  # noqa: B018 (built and stored)
+    path = os.path.join(ds_dir, layout.index_name(m.generation))
+    raw = bytearray(Path(path).read_bytes())
+    _, at, _ = index_file.read_header(memoryview(bytes(raw)), path)
+    files = len(index_file.data_files(m))
+    order_at = at + 8 * (m.samples + files) + 8 * m.samples
+    order = np.frombuffer(bytes(raw[order_at : order_at + 4 * m.samples]), "<u4") + 10**6
+    raw[order_at : order_at + 4 * m.samples] = order.astype("<u4").tobytes()
+    raw[-4:] = index_file.CRC.pack(manifest.checksum(bytes(raw[:-4])))
+    _store_index(ds_dir, bytes(raw))
+    ds = shardkit.open(ds_dir, decode=False)
+    with pytest.raises(shardkit.CorruptShardError, match=r"shardkit\.g000000\.idx: .*position \d+, past its 203 samples"):
+        ds.get("s0000007")

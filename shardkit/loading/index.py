@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 MAGIC, MAGIC_V1, VERSION = index_file.MAGIC, index_file.MAGIC_V1, index_file.VERSION
 _CRC, _LEN = index_file.CRC, index_file.LEN
 data_files, identity, sample_crcs = index_file.data_files, index_file.identity, index_file.sample_crcs
+# what a stored index whose checksums hold but whose numbers do not is, and what to do
+_WRONG = (
+    "the index is wrong (its checksums hold: its writer put these numbers in it); delete it, and the next shardkit.open builds it again"
+)
 
 
 class Index:
@@ -68,6 +72,7 @@ class Index:
         failed: file number -> what reading that file raised while the index was built (empty
             for a complete index): its samples are in no array but ``starts`` (their bounds
             and CRC-32s read zero, their keys are not among ``hashes``).
+        where: the index file it was read from (errors about its entries name it).
     """
 
     def __init__(
@@ -78,12 +83,15 @@ class Index:
         order: np.ndarray,
         crcs: np.ndarray | None = None,
         failed: Mapping[int, ShardkitError] | None = None,
+        *,
+        where: str = "the index built in memory",
     ) -> None:
         self.files = list(files)
         counts = np.array([f.info.samples for f in self.files], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.bounds, self.hashes, self.order, self.crcs = bounds, hashes, order, crcs
         self.failed = dict(failed or {})
+        self.where = where
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -100,12 +108,21 @@ class Index:
         Raises:
             CorruptShardError, ManifestError, DatasetNotFoundError: the sample is in a file that
                 could not be read when the index was built (see :meth:`unreadable`).
+            CorruptShardError: naming the index: its bounds lie outside the file (its checksums
+                hold, but a writer put wrong numbers in it).
         """
         f = int(self.starts.searchsorted(position, side="right")) - 1
         if f in self.failed:
             raise self.unreadable(f, f"sample {position - int(self.starts[f])} of its {self.files[f].info.samples} cannot be read")
         at = position + f  # each file before has one bound more than it has samples
-        return f, int(self.bounds[at]), int(self.bounds[at + 1])
+        start, end = int(self.bounds[at]), int(self.bounds[at + 1])
+        size = self.files[f].info.tar_size
+        if not 0 <= start <= end <= size:  # else a read of a negative range, or of exabytes
+            raise CorruptShardError(
+                f"{self.where}: puts sample {position - int(self.starts[f])} of {self.files[f].name} at bytes {start}..{end}, "
+                f"outside its {size} bytes of tar: {_WRONG}"
+            )
+        return f, start, end
 
     def unreadable(self, f: int, what: str) -> ShardkitError:
         """A new error of the class reading file ``f`` raised when the index was built (raised
@@ -119,7 +136,10 @@ class Index:
         lo = int(self.hashes.searchsorted(h, side="left"))
         if lo == len(self.hashes) or self.hashes[lo] != h:
             return []
-        return [int(x) for x in self.order[lo : int(self.hashes.searchsorted(h, side="right"))]]
+        found = [int(x) for x in self.order[lo : int(self.hashes.searchsorted(h, side="right"))]]
+        if max(found) >= len(self):
+            raise CorruptShardError(f"{self.where}: puts key {key!r} at position {max(found)}, past its {len(self)} samples: {_WRONG}")
+        return found
 
 
 def build(root: str, m: Manifest, *, reads: storage.RemoteReads | None = None) -> Index:
@@ -191,7 +211,7 @@ def decode(data: storage.Buffer | memoryview, m: Manifest, where: str) -> Index:
         CorruptShardError: naming ``where`` and what does not match (magic, version, manifest,
             files, sizes, checksum).
     """
-    return Index(*index_file.arrays(data, m, where))
+    return Index(*index_file.arrays(data, m, where), where=where)
 
 
 def file_checks(data: storage.Buffer | memoryview, info: PileInfo, where: str) -> tuple[np.ndarray, np.ndarray] | None:
