@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -402,3 +404,26 @@ def test_an_index_whose_checksums_hold_but_whose_key_positions_are_wrong_is_an_e
     ds = shardkit.open(ds_dir, decode=False)
     with pytest.raises(shardkit.CorruptShardError, match=r"shardkit\.g000000\.idx: .*position \d+, past its 203 samples"):
         ds.get("s0000007")
+
+
+def test_a_pile_evicted_by_another_thread_between_its_lookup_and_its_use_is_still_served(tmp_path):
+    out = _write(str(tmp_path / "ds"), 40, piles=2, compression="lz4")
+    ds = shardkit.open(out, decode=False, keep_piles=1)  # two piles, one kept
+    first, other = ds[0]["__key__"], ds[len(ds) - 1]["__key__"]  # pile 0 read, then pile 1: pile 1 is kept
+    found = ds[len(ds) - 1]  # pile 1 again: a hit, its entry moved to the end
+    assert found["__key__"] == other
+    seen: list[str] = []
+
+    def meanwhile(frame, event, arg):  # this thread only: as its lookup of pile 1 returns, another thread reads pile 0
+        if event == "c_return" and getattr(arg, "__self__", None) is ds._piles and arg.__name__ == "get" and not seen:
+            reader = threading.Thread(target=lambda: seen.append(ds[0]["__key__"]))
+            reader.start()
+            reader.join()
+
+    sys.setprofile(meanwhile)
+    try:
+        again = ds[len(ds) - 1]["__key__"]  # pile 1 found, then evicted by the other thread before it is moved to the end
+    finally:
+        sys.setprofile(None)
+    assert (again, seen) == (other, [first])
+    assert len(ds._piles) == 1

@@ -56,6 +56,8 @@ class MapDataset:
     (a torch ``DataLoader`` worker) loads the stored index on first use, memory-mapped for a
     local dataset, so the workers share its pages.
 
+    Threads may share it: ``ds[i]`` from several at once reads each sample as one would.
+
     A data file (a pile, or a segment of a grown one) that cannot be read when the index is
     built is logged once, as a warning naming it; ``ds[i]`` of a sample in it raises what
     reading it raised, each time, without reading it again; every other sample is served. A
@@ -159,9 +161,8 @@ class MapDataset:
             pile = int(order._read[j])
             perm = self._perms.get(pile)
             if perm is None:
-                perm = self._perms[pile] = order.in_pile(pile)
-                if len(self._perms) > _PERMUTATIONS:
-                    self._perms.popitem(last=False)
+                perm = order.in_pile(pile)
+                _keep(self._perms, pile, perm, _PERMUTATIONS)
             return int(self._pile_starts[pile]) + int(perm[i - int(order._bounds[j])])
         piles, within = self._order.take(i, i + 1)
         return int(self._pile_starts[int(piles[0])]) + int(within[0])
@@ -218,14 +219,10 @@ class MapDataset:
     def _whole(self, f: int, url: str) -> storage.Buffer:
         """The tar of data file ``f``, read whole and kept among the ``keep_piles`` most recently used."""
         held = self._piles.get(f)
-        if held is not None:
-            self._piles.move_to_end(f)
-            return held
-        part = self.index.files[f]
-        held = fetch(url, expected=part.info, verify=self.options.verify, reads=self._remote()).buf
-        self._piles[f] = held
-        while len(self._piles) > self.keep_piles:
-            self._piles.popitem(last=False)
+        if held is None:
+            part = self.index.files[f]
+            held = fetch(url, expected=part.info, verify=self.options.verify, reads=self._remote()).buf
+        _keep(self._piles, f, held, self.keep_piles)
         return held
 
     def __getitem__(self, i: int) -> Any:
@@ -278,6 +275,19 @@ class MapDataset:
     def __repr__(self) -> str:
         order = "pile order" if self.seed is None else f"epoch {self.epoch} of seed {self.seed}"
         return f"<MapDataset {self.root}: {len(self)} samples in {len(self._counts)} piles, {order}>"
+
+
+def _keep(kept: collections.OrderedDict[int, Any], key: int, value: Any, most: int) -> None:
+    """Put ``value`` last in ``kept``, dropping the oldest entries past ``most``. Threads share a
+    dataset's caches: another may have dropped ``key`` or emptied ``kept`` since this one looked,
+    so nothing here assumes an entry is still there (no ``move_to_end``, no ``popitem`` unguarded)."""
+    kept.pop(key, None)  # then set: the entry goes last whether or not it is still there
+    kept[key] = value
+    while len(kept) > most:
+        try:
+            kept.popitem(last=False)
+        except KeyError:  # emptied by another thread meanwhile
+            break
 
 
 def open(
