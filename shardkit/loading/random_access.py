@@ -8,7 +8,7 @@ file that cannot be read then (missing, corrupt) is remembered with its error: i
 raise that error, the others are served, and the index is not stored until every file reads.
 
 A plain pile is read by range: one ``pread`` locally, one ranged GET on an object store. A
-compressed pile (``.tar.zst``, ``.tar.gz``) cannot be read by range, so it is read whole,
+compressed pile (``.tar.lz4``, ``.tar.zst``, ``.tar.gz``) cannot be read by range, so it is read whole,
 checked, decompressed and kept: the ``keep_piles`` most recently used piles stay in memory. With
 ``cache_dir`` a remote pile is read whole once into the local cache, and samples come from
 that copy.
