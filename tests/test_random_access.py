@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -427,3 +428,23 @@ def test_a_pile_evicted_by_another_thread_between_its_lookup_and_its_use_is_stil
         sys.setprofile(None)
     assert (again, seen) == (other, [first])
     assert len(ds._piles) == 1
+
+
+def test_an_index_whose_key_positions_are_of_a_signed_type_is_rebuilt(ds_dir, caplog):
+    m = manifest.read(ds_dir)
+    shardkit.open(ds_dir).index  # noqa: B018 (built and stored)
+    path = os.path.join(ds_dir, layout.index_name(m.generation))
+    raw = Path(path).read_bytes()
+    header, at, _ = index_file.read_header(memoryview(raw), path)
+    order_at = at + 8 * (m.samples + len(header["files"])) + 8 * m.samples
+    order = np.frombuffer(raw, "<u4", count=m.samples, offset=order_at).astype(np.int64) - m.samples  # counted from the end
+    text = json.dumps({**header, "order": "<i4"}).encode()
+    head = index_file.MAGIC + index_file.LEN.pack(len(text)) + text
+    head += index_file.CRC.pack(manifest.checksum(head))
+    head += b"\0" * (-len(head) % 8)
+    body = head + raw[at:order_at] + order.astype("<i4").tobytes() + raw[order_at + 4 * m.samples : -4]
+    _store_index(ds_dir, body + index_file.CRC.pack(manifest.checksum(body)))  # every checksum holds
+    ds = shardkit.open(ds_dir, decode=False)
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        assert [ds[i]["__key__"] for i in range(len(ds))] == _pile_order(ds_dir)
+    assert "rebuilding the index" in caplog.text and "'<i4'" in caplog.text

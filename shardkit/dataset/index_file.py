@@ -39,6 +39,8 @@ CRC = struct.Struct("<I")
 LEN = struct.Struct("<I")
 # data files indexed at once: the scan and the checksums release the GIL for a file's bytes
 _THREADS = 4
+# the types of the key positions that encode writes (uint32, uint64 past 2**32 samples)
+_ORDER_TYPES = ("<u4", "<u8")
 
 
 @dataclass(frozen=True)
@@ -171,10 +173,10 @@ def arrays(
         if header.get(name) != value:
             raise CorruptShardError(f"{where}: header {name}={str(header.get(name))[:80]!r}, the manifest needs {str(value)[:80]!r}")
     total = m.samples
-    try:
-        order_type = np.dtype(header.get("order", "<u4"))
-    except TypeError:
-        raise CorruptShardError(f"{where}: header order={str(header.get('order'))[:20]!r} is not an integer type") from None
+    order = header.get("order", "<u4")
+    if order not in _ORDER_TYPES:  # a signed or float type would turn positions negative or fractional, yet read
+        raise CorruptShardError(f"{where}: header order={str(order)[:20]!r}, expected one of {', '.join(map(repr, _ORDER_TYPES))}")
+    order_type = np.dtype(order)
     sizes = [(total + len(files)) * 8, total * 8, total * order_type.itemsize, total * 4 if current else 0]
     if at + sum(sizes) + 4 != len(view):
         raise CorruptShardError(f"{where}: {len(view)} bytes, a header for {total} samples needs {at + sum(sizes) + 4}")
