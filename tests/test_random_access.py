@@ -448,3 +448,13 @@ def test_an_index_whose_key_positions_are_of_a_signed_type_is_rebuilt(ds_dir, ca
     with caplog.at_level(logging.WARNING, logger="shardkit"):
         assert [ds[i]["__key__"] for i in range(len(ds))] == _pile_order(ds_dir)
     assert "rebuilding the index" in caplog.text and "'<i4'" in caplog.text
+
+
+def test_raw_takes_pile_order_positions_as_ds_i_takes_indices(ds_dir):
+    ds = shardkit.open(ds_dir, decode=False)
+    assert ds.raw(-1)["__key__"] == ds.raw(N - 1)["__key__"] == _pile_order(ds_dir)[-1]
+    for bad in (N, -N - 1, 10**6):
+        with pytest.raises(IndexError, match=rf"{ds_dir}: index {bad} is out of range for a dataset of len {N}"):
+            ds.raw(bad)
+    with pytest.raises(TypeError, match=rf"{ds_dir}: sample indices must be integers, not str"):
+        ds.raw("0")

@@ -141,8 +141,12 @@ class MapDataset:
     def __len__(self) -> int:
         return int(self._pile_starts[-1])
 
-    def position(self, i: int) -> int:
-        """The pile-order position of the sample at position ``i`` of this dataset's order."""
+    def _checked(self, i: int) -> int:
+        """``i`` as a position in ``range(len(self))``, negative ones counted from the end.
+
+        Raises:
+            TypeError: not an integer; IndexError: out of range (each naming the dataset).
+        """
         n = len(self)
         try:
             i = operator.index(i)
@@ -150,7 +154,11 @@ class MapDataset:
             raise TypeError(f"{self.root}: sample indices must be integers, not {type(i).__name__}") from None
         if not -n <= i < n:
             raise IndexError(f"{self.root}: index {i} is out of range for a dataset of len {n}")
-        i %= n
+        return i % n
+
+    def position(self, i: int) -> int:
+        """The pile-order position of the sample at position ``i`` of this dataset's order."""
+        i = self._checked(i)
         if self.seed is None:
             return i
         if self._order is None:
@@ -169,8 +177,9 @@ class MapDataset:
 
     # -- reading -------------------------------------------------------------------------------
     def raw(self, position: int) -> dict[str, Any]:
-        """The sample at pile-order ``position`` as a dict of raw bytes (``__key__`` included)."""
-        return self._read(position)[0]
+        """The sample at pile-order ``position`` as a dict of raw bytes (``__key__`` included);
+        negative positions count from the end, as ``ds[i]``'s indices do."""
+        return self._read(self._checked(position))[0]
 
     def _read(self, position: int) -> tuple[dict[str, Any], str]:
         """The raw sample at pile-order ``position``, and the URL of the file it is in."""
