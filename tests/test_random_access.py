@@ -219,6 +219,28 @@ def test_torch_dataloader_with_workers_and_distributed_sampler(ds_dir):
     assert torch.utils.data.get_worker_info() is None
 
 
+def _key(sample: dict) -> str:
+    return sample["__key__"]
+
+
+def _batch(items: list) -> list:
+    return items
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_set_epoch_reaches_persistent_dataloader_workers(tmp_path, context):
+    pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'shardkit[torch]')")
+    from torch.utils.data import DataLoader
+
+    out = _write(str(tmp_path / "ds"), 48, piles=4)
+    ds = shardkit.open(out, seed=1, decode=False, map=_key)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, multiprocessing_context=context, collate_fn=_batch)
+    for epoch in range(3):
+        ds.set_epoch(epoch)  # in the main process: the workers hold copies made when they started
+        assert [k for batch in loader for k in batch] == [ds[i] for i in range(len(ds))], epoch
+    assert len(pickle.dumps(ds)) < 2000 and pickle.loads(pickle.dumps(ds)).epoch == 2
+
+
 def test_the_one_key_hash_is_the_vectorized_one():
     import numpy as np
 

@@ -24,6 +24,8 @@ import collections
 import operator
 import os
 from collections.abc import Callable, Mapping
+from multiprocessing import context as mp_context
+from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
 import numpy as np
@@ -78,8 +80,9 @@ class MapDataset:
         options: LoaderOptions,
         keep_piles: int,
     ) -> None:
-        self.root, self.seed, self.epoch, self.mix = root, seed, epoch, mix
+        self.root, self.seed, self.mix = root, seed, mix
         self.options, self.keep_piles = options, keep_piles
+        self._epoch = _epoch_cell(seed, epoch)
         storage.use(self.root, self.options.storage_options)
         self._setup(manifest.read(self.root))
 
@@ -90,19 +93,24 @@ class MapDataset:
         self._index: Index | None = None
         self._transform = Transform(self.options.codecs(), self.options.map)
         self._order: plan.EpochOrder | None = None
+        self._order_epoch = -1
         self._perms: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._piles: collections.OrderedDict[int, storage.Buffer] = collections.OrderedDict()
         self._reads: storage.RemoteReads | None = None
         self._urls: list[str] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("root", "seed", "epoch", "mix", "options", "keep_piles")
-        pinned = {"generation": self.manifest.generation, "manifest": identity(self.manifest)}
+        keep = ("root", "seed", "mix", "options", "keep_piles")
+        pinned = {"generation": self.manifest.generation, "manifest": identity(self.manifest), "epoch": self.epoch}
+        if mp_context.get_spawning_popen() is not None and not isinstance(self._epoch, list):
+            pinned["epoch_cell"] = self._epoch  # a worker being started: it shares the main process's epoch
         return {**{k: self.__dict__[k] for k in keep}, **pinned}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         generation, expected = state.pop("generation"), state.pop("manifest", None)
+        epoch, cell = state.pop("epoch"), state.pop("epoch_cell", None)
         self.__dict__.update(state)
+        self._epoch = cell if cell is not None else _epoch_cell(self.seed, epoch)
         storage.use(self.root, self.options.storage_options)
         # the generation the pickled dataset read, whatever the latest is now: every worker reads the same samples
         found = Dataset(self.root).pinned(generation)
@@ -133,10 +141,15 @@ class MapDataset:
             self._reads = storage.RemoteReads(concurrency=self.options.remote_concurrency, cache=cache)
         return self._reads
 
+    @property
+    def epoch(self) -> int:
+        """The epoch whose order positions count in (with a ``seed``)."""
+        return int(self._epoch[0])
+
     def set_epoch(self, epoch: int) -> None:
-        """Count positions in the order of epoch ``epoch`` (with a ``seed``)."""
-        self.epoch = check_int("epoch", epoch, low=0)
-        self._order, self._perms = None, collections.OrderedDict()
+        """Count positions in the order of epoch ``epoch`` (with a ``seed``). The DataLoader
+        workers this dataset was handed to, persistent ones too, count in it from their next read."""
+        self._epoch[0] = check_int("epoch", epoch, low=0)
 
     def __len__(self) -> int:
         return int(self._pile_starts[-1])
@@ -161,8 +174,11 @@ class MapDataset:
         i = self._checked(i)
         if self.seed is None:
             return i
-        if self._order is None:
-            self._order = plan.EpochOrder(self._counts, seed=self.seed, epoch=self.epoch, mix=self.mix)
+        epoch = self.epoch
+        if self._order is None or self._order_epoch != epoch:
+            self._perms = collections.OrderedDict()
+            self._order = plan.EpochOrder(self._counts, seed=self.seed, epoch=epoch, mix=self.mix)
+            self._order_epoch = epoch
         if self.mix == 1:  # piles follow each other: the pile, then its permutation (kept for its neighbours)
             order = self._order
             j = int(np.searchsorted(order._bounds, i, side="right")) - 1
@@ -284,6 +300,14 @@ class MapDataset:
     def __repr__(self) -> str:
         order = "pile order" if self.seed is None else f"epoch {self.epoch} of seed {self.seed}"
         return f"<MapDataset {self.root}: {len(self)} samples in {len(self._counts)} piles, {order}>"
+
+
+def _epoch_cell(seed: int | None, epoch: int) -> Any:
+    """Where a dataset keeps its epoch: with a ``seed``, in memory shared with the DataLoader
+    workers it is handed to (forked, or spawned: see ``__getstate__``), since persistent workers
+    keep the copy they started with and ``set_epoch`` in the main process must reach them;
+    without one the epoch orders nothing, and a list will do."""
+    return [epoch] if seed is None else RawArray("q", [epoch])
 
 
 def _keep(kept: collections.OrderedDict[int, Any], key: int, value: Any, most: int) -> None:
