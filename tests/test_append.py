@@ -21,6 +21,7 @@ from shardkit import manifest
 from shardkit.cli.main import main
 from shardkit.dataset import layout
 from shardkit.dataset.transaction import Dataset
+from shardkit.tools import audit
 
 LOADER_SEED = 100_000  # loader seeds kept apart from writer seeds
 
@@ -444,6 +445,20 @@ def test_verify_checks_each_segment_and_the_loader_names_a_bad_one(tmp_path):
     assert [(p.name, p.kind) for p in shardkit.verify(out, quiet=True)] == [("pile-000000.g000001.tar", "checksum")]
     with pytest.raises(shardkit.CorruptShardError, match=r"pile-000000\.g000001\.tar: checksum is crc32:"):
         _keys(out)
+
+
+def test_verify_while_an_append_publishes_reports_none_of_its_files(tmp_path, monkeypatch):
+    out = str(tmp_path / "ds")
+    _write(out, [f"a{i}" for i in range(8)], piles=2)
+    real = audit._check_pile
+
+    def then_an_append(*args, **kw):  # verify holds generation 0's manifest: an append publishes generation 1
+        if manifest.read(out).generation == 0:
+            _append(out, [f"b{i}" for i in range(8)], piles=2)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(audit, "_check_pile", then_an_append)
+    assert shardkit.verify(out, quiet=True) == []
 
 
 # --- with compression, repeat= and resume=True --------------------------------------------------

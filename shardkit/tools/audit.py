@@ -379,10 +379,10 @@ def _index_problems(directory: str, m: Manifest) -> list[Problem]:
     return [] if message is None else [Problem(name=name, kind="index", message=message)]
 
 
-def _unlisted(directory: str, m: Manifest) -> list[Problem]:
-    # an older generation's files (retired by a window, or rewritten when an append split a
-    # pile) are a pinned loader's until shardkit gc removes them: not strays
-    rest = leftovers.unlisted(directory, m)
+def _unlisted(directory: str) -> list[Problem]:
+    # the manifest there now (an append that published while the piles were checked put in its files);
+    # an older generation's files (retired, or rewritten by a split) are a pinned loader's until gc: not strays
+    rest = leftovers.unlisted(directory, m := manifest.read(directory))
     left = {item.name: item for item in leftovers.find(directory, rest, m.generation)}
     found = []
     for name in rest:
@@ -446,5 +446,5 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
             keys.close()
         problems.extend(keys.repeats(directory))
     problems.extend(_index_problems(directory, m))
-    problems.extend(_unlisted(directory, m))
+    problems.extend(_unlisted(directory))
     return problems
