@@ -119,6 +119,29 @@ def test_a_state_resumes_on_the_generations_it_was_taken_on(pair):
     assert any(k.startswith("new") for b in keys(make_loader()) for k in b)
 
 
+def test_a_torch_state_resumes_on_the_generations_it_was_taken_on(pair):
+    """As a loader's: a DataLoader's state names each source's generation, and a new dataset resumes on them."""
+    data = pytest.importorskip("shardkit.torch", reason="PyTorch is not installed")
+
+    def make_loader():
+        ds = data.ShardkitDataset(pair, weights={"web": 0.6, "code": 0.4}, batch_size=12, decode=False, seed=9)
+        return data.ShardkitDataLoader(ds, num_workers=2)
+
+    first = make_loader()
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    rest = [list(b["__key__"]) for b in it]
+    assert state["sources"]["web"]["generation"] == 0
+    with shardkit.PileWriter(pair["web"], piles=4, seed=1, mode="append") as w:
+        for i in range(50):
+            w.write({"__key__": f"new{i:05d}", "txt": "new", "cls": i})
+    second = make_loader()
+    second.load_state_dict(state)
+    assert [list(b["__key__"]) for b in second] == rest
+
+
 def test_a_state_of_other_shares_is_refused_naming_the_source(pair):
     state = shardkit.loader(pair, weights={"web": 0.6, "code": 0.4}, batch_size=10).state_dict()
     other = shardkit.loader(pair, weights={"web": 0.5, "code": 0.5}, batch_size=10)

@@ -71,6 +71,7 @@ TORCH = {
     "dataset": "364b57676d6cfa77",
     "samples": 45,
     "done": [{"world_size": 2, "batch_size": 2, "read": [4, 2]}],
+    "generation": 0,
 }
 TORCH_NEXT = [["plain032", "plain037"], ["plain041", "plain042"], ["plain034", "plain010"]]
 
@@ -90,8 +91,8 @@ TORCH_BLEND = {
     "samples": 47,
     "done": [{"world_size": 1, "batch_size": 3, "read": [6, 3]}],
     "sources": {
-        "a": {"dataset": "e422316ee1be33ca", "samples": 30, "wanted": 31, "start": 30},
-        "b": {"dataset": "72fdaa73be6a2457", "samples": 17, "wanted": 16, "start": 15},
+        "a": {"dataset": "e422316ee1be33ca", "samples": 30, "wanted": 31, "start": 30, "generation": 0},
+        "b": {"dataset": "72fdaa73be6a2457", "samples": 17, "wanted": 16, "start": 15, "generation": 0},
     },
 }
 TORCH_BLEND_NEXT = [["a002", "b016", "a017"], ["a018", "a013", "b010"], ["a001", "b003", "a005"]]

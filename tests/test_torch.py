@@ -752,3 +752,32 @@ def test_items_past_a_length_the_dataloader_reported_still_warn():
     assert len(dl) == 3
     with pytest.warns(UserWarning, match="reported to be 3"):
         assert list(taken(iter(dl))) == [0, 1, 2, 3, 4]
+
+
+def _write_keys(out, keys, **options):
+    with shardkit.PileWriter(out, piles=4, seed=0, **options) as w:
+        for key in keys:
+            w.write({"__key__": key, "bin": key.encode()})
+
+
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_a_state_resumes_on_its_generation_after_an_append(tmp_path, workers, persistent):
+    out = str(tmp_path / "ds")
+    _write_keys(out, [f"a{i:03d}" for i in range(40)])
+    ds = ShardkitDataset(out, decode=False, batch_size=5, seed=2)
+    batches = iter(dl := ShardkitDataLoader(ds, num_workers=workers))
+    head = [k for _ in range(3) for k in next(batches)["__key__"]]
+    state = dl.state_dict()
+    rest = [k for b in batches for k in b["__key__"]]
+    assert state["generation"] == 0
+    _write_keys(out, [f"b{i:03d}" for i in range(40)], mode="append")
+
+    ds = ShardkitDataset(out, decode=False, batch_size=5, seed=2)
+    dl = ShardkitDataLoader(ds, num_workers=workers, persistent_workers=persistent)
+    if persistent:  # its workers started on generation 1: they follow the state to generation 0
+        assert len(list(dl)) == 16
+    dl.load_state_dict(state)
+    assert [k for b in dl for k in b["__key__"]] == rest
+    ds.set_epoch(1)  # and read generation 0 from then on, as a loader does
+    assert sorted(k for b in dl for k in b["__key__"]) == sorted(head + rest)
+    assert dl.state_dict()["generation"] == 0

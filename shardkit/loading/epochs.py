@@ -91,8 +91,7 @@ class PileEpochs:
         return plan.Schedule.over(order, ranges)
 
     def save(self, position: Position, *, torch: bool = False) -> dict[str, Any]:
-        # a DataLoader's dataset was resolved once, at one generation: its state names none
-        pinned = replace(position, generation=None if torch else self.source.generation)
+        pinned = replace(position, generation=self.source.generation)
         fmt = state.TORCH if torch else state.LOADER
         return state.write(pinned, fmt, options=self.options, dataset=self.fingerprint, samples=self.source.samples)
 

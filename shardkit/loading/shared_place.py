@@ -4,7 +4,7 @@ A DataLoader's workers hold copies of the dataset made when they started (persis
 keep theirs), so :meth:`~shardkit.torch.ShardkitDataset.set_epoch` and ``load_state_dict`` in
 the main process reach them through shared memory, whether they were forked or spawned: the
 epoch, and the :class:`~shardkit.loading.position.Position` loaded last with whether its epoch is
-still to be resumed. The workers write back how many of them there are and that the epoch was
+still to be resumed and the generations its state names (a worker whose copy reads others follows). The workers write back how many of them there are and that the epoch was
 read to its end. From these and the items the DataLoader yielded, :class:`SharedPlace` makes
 the positions a state saves and each worker's loader resumes, through the loader's own
 :class:`~shardkit.loading.epochs.Epochs` and :meth:`~shardkit.Loader.resume`.
@@ -208,12 +208,16 @@ class SharedPlace:
             ConfigError: the state is malformed, or was taken on other data or with options that
                 change the order, or records more phases than the shared memory holds.
         """
+        pins = self.epochs.pins(state)
+        if pins is not None:  # taken on another generation: read that one, here and in every worker (see _follow)
+            self._pin(pins)
         position = self.epochs.load(state, torch=True)
         doc = {
             "epoch": position.epoch,
             "phase": position.phase.to_dict(),
             "done": [phase.to_dict() for phase in position.done],
             "start": None if position.start is None else list(position.start),
+            "generations": _generations(state),
         }
         found = json.dumps(doc).encode()
         if len(found) > POSITION_BYTES:
@@ -224,10 +228,25 @@ class SharedPlace:
         s[_EPOCH], s[_RESUME_EPOCH], s[_DONE] = position.epoch, position.epoch, 0
         self.epochs.resume(position, workers=position.split[2])  # a blend's epochs after it follow on from it
 
+    def _pin(self, pins: Any) -> None:
+        """Read the generation ``pins`` names (a blend's: those of the sources it names) from now on."""
+        self.epochs = self.epochs.at_generation(pins)
+        self.source = self.epochs.source
+
+    def _follow(self) -> None:
+        """In a worker: read the generations of the state loaded last, when this copy of the place
+        was made before (a persistent worker's), as the main process does since."""
+        size = int(self._slots[_POSITION])
+        named = json.loads(bytes(self._position[:size])).get("generations") if size else None
+        pins = self.epochs.pins(named) if named is not None else None
+        if pins is not None:
+            self._pin(pins)
+
     # -- loaders -------------------------------------------------------------------------------
     def loader(self, options: LoaderOptions) -> Loader:
         """A loader with ``options`` that resumed the loaded position, if any: a blend's epochs
         follow on from where it stood."""
+        self._follow()
         loader = Loader(self.source, options)  # a blend's source reads as a blend
         loaded = self.loaded()
         if loaded is not None:
@@ -239,6 +258,7 @@ class SharedPlace:
         taken; with ``views``, one that yields raw fields as views whatever the options say, and
         those of local plain piles as where they lie (the main process maps the same files)."""
         o = self.options
+        self._follow()
         settled = self.settle(position, workers)
         role = (
             turn(settled, rest=self.source.rest, drop_last=o.drop_last) + worker
@@ -246,6 +266,16 @@ class SharedPlace:
         loader = self.loader(replace(o, worker=(role, workers), views=o.views or views))
         loader.resume(position)
         return loader.locate_fields() if views else loader
+
+
+def _generations(state: dict[str, Any]) -> dict[str, Any]:
+    """The generations ``state`` names (its dataset's, or each source's of a blend), as a state
+    holds them: what :meth:`~shardkit.loading.epochs.Epochs.pins` reads."""
+    sources = state.get("sources")
+    found: dict[str, Any] = {"generation": state.get("generation")}
+    if isinstance(sources, dict):
+        found["sources"] = {name: {"generation": part.get("generation")} for name, part in sources.items() if isinstance(part, dict)}
+    return found
 
 
 def _phase(doc: dict[str, Any]) -> Phase:

@@ -289,14 +289,16 @@ class ShardkitDataset(IterableDataset):
 
         The state may come from a job with another world size, batch size or number of
         DataLoader workers (any rank's state: ranks move in step); see the class docstring.
+        As a loader's, it resumes on the generation it was taken on (a blend's, each source's).
 
         Raises:
             ConfigError: the state is malformed, or was taken on other data or with options that
                 change the order (each difference is named); for a blend, on other sources or
-                shares (the source is named).
+                shares (the source is named). DatasetNotFoundError: its generation is gone.
         """
         self._place.wait_for_workers("load_state_dict()")
         self._place.load(state)
+        self.source = self._place.source
         self._yielded, self._moves = 0, self._moves + 1
 
 

@@ -66,6 +66,9 @@ class BlendEpochs:
         o, src = self.options, self.source
         found = state.write(position, state.TORCH if torch else state.BLEND, options=o, dataset=self.fingerprint, samples=src.samples)
         found["sources"] = source_fields(src, self.starts(position.epoch).tolist())
+        for name, part in zip(src.names, src.parts, strict=True):
+            if part.generation is not None:
+                found["sources"][name]["generation"] = part.generation
         if torch:
             return found
         done = position.done
@@ -75,8 +78,6 @@ class BlendEpochs:
             # where this rank stands in each source's stream (for a reader: not read back)
             n = max(part.samples, 1)  # an empty source (given a zero share) stays at 0
             found["sources"][name].update(epoch=int(p) // n, position=int(p) % n)
-            if part.generation is not None:  # a DataLoader's dataset was resolved once: its state names none
-                found["sources"][name]["generation"] = part.generation
         return found
 
     def load(self, found: Any, *, torch: bool = False) -> Position:
