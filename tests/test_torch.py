@@ -781,3 +781,18 @@ def test_a_state_resumes_on_its_generation_after_an_append(tmp_path, workers, pe
     ds.set_epoch(1)  # and read generation 0 from then on, as a loader does
     assert sorted(k for b in dl for k in b["__key__"]) == sorted(head + rest)
     assert dl.state_dict()["generation"] == 0
+
+
+def test_a_persistent_worker_refuses_a_loaded_generation_overwritten_since(tmp_path):
+    out = str(tmp_path / "ds")
+    _write_keys(out, [f"a{i:03d}" for i in range(40)])
+    ds = ShardkitDataset(out, decode=False, batch_size=5, seed=2)
+    state = ds.state_dict()
+    _write_keys(out, [f"b{i:03d}" for i in range(40)], mode="append")
+    ds = ShardkitDataset(out, decode=False, batch_size=5, seed=2)
+    dl = ShardkitDataLoader(ds, num_workers=1, persistent_workers=True)
+    assert len(list(dl)) == 16  # its worker started on generation 1
+    dl.load_state_dict(state)  # generation 0, as the main process reads it
+    _write_keys(out, [f"c{i:03d}" for i in range(40)], overwrite=True)  # generation 0 again, other samples
+    with pytest.raises(shardkit.DatasetNotFoundError, match="the generation the loaded state was taken on was overwritten since"):
+        list(dl)

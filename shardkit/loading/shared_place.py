@@ -26,11 +26,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Generator
 from dataclasses import replace
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, DatasetNotFoundError
 from shardkit.loading.elastic import Phase
 from shardkit.loading.epochs import on_split
 from shardkit.loading.loader import Loader, epochs_of
@@ -237,10 +238,12 @@ class SharedPlace:
         """In a worker: read the generations of the state loaded last, when this copy of the place
         was made before (a persistent worker's), as the main process does since."""
         size = int(self._slots[_POSITION])
-        named = json.loads(bytes(self._position[:size])).get("generations") if size else None
-        pins = self.epochs.pins(named) if named is not None else None
+        named: dict[str, Any] = json.loads(bytes(self._position[:size])).get("generations") or {} if size else {}
+        pins = self.epochs.pins(named) if named else None
         if pins is not None:
             self._pin(pins)
+            if self.epochs.fingerprint != named.get("dataset"):  # an overwrite reuses generation numbers
+                raise DatasetNotFoundError(f"{self.source.name}: the generation the loaded state was taken on was overwritten since")
 
     # -- loaders -------------------------------------------------------------------------------
     def loader(self, options: LoaderOptions) -> Loader:
@@ -268,11 +271,17 @@ class SharedPlace:
         return loader.locate_fields() if views else loader
 
 
+def raising(error: BaseException) -> Generator[Any, None, None]:
+    """An iterator that raises ``error`` when its first item is asked for."""
+    raise error
+    yield
+
+
 def _generations(state: dict[str, Any]) -> dict[str, Any]:
-    """The generations ``state`` names (its dataset's, or each source's of a blend), as a state
-    holds them: what :meth:`~shardkit.loading.epochs.Epochs.pins` reads."""
+    """The generations ``state`` names (its dataset's, or each source's of a blend) and its data's
+    fingerprint, as a state holds them: what :meth:`~shardkit.loading.epochs.Epochs.pins` reads."""
     sources = state.get("sources")
-    found: dict[str, Any] = {"generation": state.get("generation")}
+    found: dict[str, Any] = {"generation": state.get("generation"), "dataset": state.get("dataset")}
     if isinstance(sources, dict):
         found["sources"] = {name: {"generation": part.get("generation")} for name, part in sources.items() if isinstance(part, dict)}
     return found

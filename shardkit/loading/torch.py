@@ -1,12 +1,11 @@
 """PyTorch adapter: a shardkit loader as an ``IterableDataset`` for DataLoader workers and DDP.
 
-Each DataLoader worker reads its own contiguous share of its rank's slice of the epoch (split on
-batch boundaries), so no sample is read twice and every rank yields the same count. Rank and
-world size come from the options, ``RANK``/``WORLD_SIZE`` or an initialized torch.distributed.
-The epoch and a resume point live in shared memory, so ``set_epoch`` and ``load_state_dict``
-in the main process reach the workers, persistent or not. A state resumes on another world
-size, batch size or number of DataLoader workers (a blend too): the rest of the epoch is every sample not yet
-read, split anew (:mod:`shardkit.loading.elastic`).
+Each DataLoader worker reads its own contiguous share of its rank's slice of the epoch (split on batch boundaries), so
+no sample is read twice and every rank yields the same count. Rank and world size come from the options,
+``RANK``/``WORLD_SIZE`` or an initialized torch.distributed. The epoch and a resume point live in shared memory, so
+``set_epoch`` and ``load_state_dict`` in the main process reach the workers, persistent or not. A state resumes on
+another world size, batch size or number of DataLoader workers (a blend too): the rest of the epoch is every sample
+not yet read, split anew (:mod:`shardkit.loading.elastic`).
 
     ds = ShardkitDataset("data/", batch_size=64, seed=0)
     dl = ShardkitDataLoader(ds, num_workers=4)      # a DataLoader that counts for state_dict()
@@ -19,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -29,14 +28,14 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("shardkit.torch needs PyTorch: pip install 'shardkit[torch]'") from e
 
 from shardkit._util import check_int
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, ShardkitError
 from shardkit.loading.blend.source import BlendedSource, resolve_blend
 from shardkit.loading.blend.spec import Blend, is_blend
 from shardkit.loading.handoff import Handoff, SendableViews, convert, taken
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.ring import Ring
-from shardkit.loading.shared_place import SharedPlace
+from shardkit.loading.shared_place import SharedPlace, raising
 from shardkit.loading.source import Source, SourceLike, resolve
 from shardkit.loading.turns import round_robin
 
@@ -59,11 +58,10 @@ def _batched_again(dataset: Any, caller: Any) -> bool:
 
 
 def _hands_off(caller: Any) -> bool:
-    """Whether the DataLoader worker whose fetcher (``caller``, as in :func:`_batched_again`)
-    iterates the dataset applies the DataLoader's default conversion to each item: then items go
-    to the main process packed (:class:`~shardkit.loading.handoff.Handoff`), which that
-    conversion passes through untouched and which unpickles as the converted item. A custom
-    ``collate_fn`` gets the items as they are."""
+    """Whether the DataLoader worker whose fetcher (``caller``, as in :func:`_batched_again`) iterates the dataset
+    applies the DataLoader's default conversion to each item: then items go to the main process packed
+    (:class:`~shardkit.loading.handoff.Handoff`), which that conversion passes through untouched and which unpickles
+    as the converted item. A custom ``collate_fn`` gets the items as they are."""
     fetcher = caller.f_locals.get("self") if caller is not None else None
     collate = getattr(fetcher, "collate_fn", None)
     return collate is default_convert or collate is convert
@@ -204,7 +202,9 @@ class ShardkitDataset(IterableDataset):
             handoff = info is not None and _hands_off(caller)
             # raw batches handed off are copied as they are packed: the loader need not copy each value first
             borrow = handoff and self._raw_batches()
-            loader = place.worker_loader(pending, worker=worker, workers=workers, views=borrow)
+            loader: Loader | Generator[Any, None, None] = place.worker_loader(pending, worker=worker, workers=workers, views=borrow)
+        except ShardkitError as e:  # raised at its first item: a persistent worker raising here would exit
+            loader = raising(e)
         finally:
             if info is not None:
                 place.started(worker)  # nothing below reads the place: the main process may move it
@@ -222,7 +222,7 @@ class ShardkitDataset(IterableDataset):
         o = self.options
         return o.batch_size is not None and o.map is None and o.collate is None and o.codecs() is None
 
-    def _iterate(self, loader: Loader, epoch: int, *, first: bool, main: bool, left: int) -> Iterator[Any]:
+    def _iterate(self, loader: Loader | Generator[Any, None, None], epoch: int, *, first: bool, main: bool, left: int) -> Iterator[Any]:
         """The loader's items; in this process (``main``), counted, and the epoch's end noted as
         its last (``left``-th) item is handed out: a loop may take exactly that many and stop."""
         if main:
