@@ -461,6 +461,27 @@ def test_verify_while_an_append_publishes_reports_none_of_its_files(tmp_path, mo
     assert shardkit.verify(out, quiet=True) == []
 
 
+@pytest.mark.parametrize("change", ["overwrite", "window and gc"])
+def test_verify_while_a_job_removes_the_generation_it_reads_verifies_the_one_there_now(tmp_path, monkeypatch, change, caplog):
+    out = str(tmp_path / "ds")
+    _write(out, [f"a{i}" for i in range(8)], piles=2)
+    real = audit._check_pile
+
+    def then_generation_0_goes(*args, **kw):  # verify holds generation 0's manifest; its files go
+        if args[1].name == "pile-000000.tar" and manifest.read(out).piles[0].name == "pile-000000.tar":
+            if change == "overwrite":
+                _write(out, [f"c{i}" for i in range(8)], piles=2, overwrite=True)
+            else:
+                _append(out, [f"b{i}" for i in range(8)], piles=2, window=1)
+                shardkit.gc(out, grace=0)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(audit, "_check_pile", then_generation_0_goes)
+    with caplog.at_level(logging.WARNING, logger="shardkit.tools.audit"):
+        assert shardkit.verify(out, quiet=True) == []
+    assert "was replaced while verify read it" in caplog.text
+
+
 # --- with compression, repeat= and resume=True --------------------------------------------------
 
 

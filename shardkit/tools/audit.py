@@ -10,6 +10,7 @@ sequential read of the dataset and holds one pile in memory at a time.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import tempfile
@@ -35,6 +36,8 @@ from shardkit.tools.key_files import MISSING, key_file_problems
 
 _SHARD_SUFFIXES = compression.SHARD_SUFFIXES
 _MAX_DUPLICATES = 10  # duplicate keys reported one by one per pile; the rest are counted
+TRIES = 3  # generations verify reads when jobs keep removing the one it reads
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -327,17 +330,8 @@ class _Keys:
             if later:
                 (f, i, offset), (g, j, other) = min(later), first
                 earlier = f"{self.files[g][0].name}'s {sample_at(j, f'offset {other}')}"
-                found.append(
-                    (
-                        f,
-                        i,
-                        Problem(
-                            name=self.files[f][0].name,
-                            kind="duplicate",
-                            message=repeated_key(key, sample_at(i, f"offset {offset}"), earlier),
-                        ),
-                    )
-                )
+                said = repeated_key(key, sample_at(i, f"offset {offset}"), earlier)
+                found.append((f, i, Problem(name=self.files[f][0].name, kind="duplicate", message=said)))
         found.sort(key=lambda item: item[:2])
         problems = [problem for _, _, problem in found[:_MAX_DUPLICATES]]
         if len(found) > _MAX_DUPLICATES:
@@ -389,32 +383,25 @@ def _unlisted(directory: str) -> list[Problem]:
         if name in left:
             found.append(Problem(name=name, kind="leftover", message=left[name].message))
         elif name.endswith(_SHARD_SUFFIXES):
-            found.append(
-                Problem(
-                    name=name,
-                    kind="extra",
-                    message="shard file not listed in the manifest (readers ignore it; an interrupted overwrite leaves such files)",
-                )
-            )
+            said = "shard file not listed in the manifest (readers ignore it; an interrupted overwrite leaves such files)"
+            found.append(Problem(name=name, kind="extra", message=said))
     return found
 
 
 def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str, Any] | None = None) -> list[Problem]:
     """Check every pile of a dataset against its manifest; returns what is wrong (``[]`` if nothing).
 
-    Each listed pile must exist, have the recorded size and checksum (a compressed pile: the
-    file's, then the tar's it decompresses to), be a well-formed tar
-    (every header checksum, no truncation, no unsafe or non-regular member, no sample with two
-    members of one extension), hold the recorded number of samples and no two samples with one
-    key, in one pile or in two (the first ten are listed with both positions). Where the manifest records a
-    class map and how to check it (the image transform's ``classes`` and ``class_check``), every
-    sample's ``cls`` must index a class whose name is the one its ``json`` says. Beside each
-    segment of a grown pile, the keys file appends check new keys against must be there and hold
-    the sorted hashes of that segment's keys, one a sample (compared with the keys read for the
-    checksum: no second read). The stored random-access index of the manifest's generation, if
-    there is one, must be whole and of this manifest. Shard files neither the manifest
-    nor a kept older generation's manifest lists, and temporaries left by an interrupted job,
-    are reported too.
+    Each listed pile must exist, have the recorded size and checksum (a compressed pile: the file's, then the tar's it
+    decompresses to), be a well-formed tar (every header checksum, no truncation, no unsafe or non-regular member, no sample
+    with two members of one extension), hold the recorded number of samples and no two samples with one key, in one pile or
+    in two (the first ten are listed with both positions). Where the manifest records a class map and how to check it (the
+    image transform's ``classes`` and ``class_check``), every sample's ``cls`` must index a class whose name is the one its
+    ``json`` says. Beside each segment of a grown pile, the keys file appends check new keys against must be there and hold
+    the sorted hashes of that segment's keys, one a sample (compared with the keys read for the checksum: no second read).
+    The stored random-access index of the manifest's generation, if there is one, must be whole and of this manifest. Shard
+    files neither the manifest nor a kept older generation's manifest lists, and temporaries left by an interrupted job, are
+    reported too. When a job removed the generation being read (an overwrite, gc), the one there now is verified instead
+    (logged), up to :data:`TRIES` times.
 
     Args:
         quiet: no progress bar (there is none anyway when stderr is not a terminal).
@@ -427,6 +414,18 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
     _util.check_bool("quiet", quiet)
     storage.use(directory, storage_options)
     m = manifest.read(directory)
+    tries = 1
+    while True:
+        problems = _verified(directory, m, quiet=quiet)
+        now = manifest.read(directory)
+        if tries == TRIES or all(p.kind != "missing" for p in problems) or index_file.identity(now) == index_file.identity(m):
+            return problems + _unlisted(directory)
+        log.warning("%s: generation %d was replaced while verify read it: verifying the one there now", directory, m.generation)
+        m, tries = now, tries + 1
+
+
+def _verified(directory: str, m: Manifest, *, quiet: bool) -> list[Problem]:
+    """What :func:`verify` finds wrong with the piles and index of ``m``."""
     problems: list[Problem] = []
     classes = _class_map(m)
     with (
@@ -445,6 +444,4 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
         finally:
             keys.close()
         problems.extend(keys.repeats(directory))
-    problems.extend(_index_problems(directory, m))
-    problems.extend(_unlisted(directory))
-    return problems
+    return problems + _index_problems(directory, m)
