@@ -313,6 +313,17 @@ def test_a_state_resumes_on_its_generation_after_an_append(tmp_path):
     shardkit.loader(out, decode=False, batch_size=5, seed=2).load_state_dict(state)
 
 
+def test_a_state_refused_leaves_the_loader_on_its_generation(tmp_path):
+    out = str(tmp_path / "ds")
+    _write(out, [f"a{i:03d}" for i in range(40)], piles=4)
+    state = shardkit.loader(out, decode=False, batch_size=5, seed=3).state_dict()  # generation 0, another seed
+    _append(out, [f"b{i:03d}" for i in range(40)], piles=4)
+    loader = shardkit.loader(out, decode=False, batch_size=5, seed=2)
+    with pytest.raises(shardkit.ConfigError, match="the state was taken with seed=3"):
+        loader.load_state_dict(state)
+    assert loader.source.generation == 1 and len(loader) == 16
+
+
 def test_a_state_of_two_ranks_resumes_its_generation_on_three(tmp_path):
     # pinning a generation and changing the number of ranks, in one state
     out = str(tmp_path / "ds")

@@ -796,3 +796,14 @@ def test_a_persistent_worker_refuses_a_loaded_generation_overwritten_since(tmp_p
     _write_keys(out, [f"c{i:03d}" for i in range(40)], overwrite=True)  # generation 0 again, other samples
     with pytest.raises(shardkit.DatasetNotFoundError, match="the generation the loaded state was taken on was overwritten since"):
         list(dl)
+
+
+def test_a_state_refused_leaves_the_dataset_on_its_generation(tmp_path):
+    out = str(tmp_path / "ds")
+    _write_keys(out, [f"a{i:03d}" for i in range(40)])
+    state = ShardkitDataset(out, decode=False, batch_size=5, seed=3).state_dict()  # generation 0, another seed
+    _write_keys(out, [f"b{i:03d}" for i in range(40)], mode="append")
+    ds = ShardkitDataset(out, decode=False, batch_size=5, seed=2)
+    with pytest.raises(shardkit.ConfigError, match="the state was taken with seed=3"):
+        ds.load_state_dict(state)
+    assert ds.source.generation == 1 and len(ds) == 16

@@ -206,10 +206,12 @@ class Loader:
             DatasetNotFoundError: the state's generation is gone (its files were deleted).
         """
         generation = self._epochs.pins(state)
-        if generation is not None:
-            self._stop_active()
-            self._epochs = self._epochs.at_generation(generation)
-        self.resume(self.read_state(state))
+        # read on the state's generation, and kept only once the state reads well there: a state refused changes nothing
+        epochs = self._epochs if generation is None else self._epochs.at_generation(generation)
+        position = epochs.load(state)
+        self._stop_active()
+        self._epochs = epochs
+        self.resume(position)
 
     def read_state(self, state: Any, *, torch: bool = False) -> Position:
         """The position ``state`` records (a ``shardkit.torch`` dataset's state, with ``torch``),

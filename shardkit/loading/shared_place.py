@@ -210,9 +210,9 @@ class SharedPlace:
                 change the order, or records more phases than the shared memory holds.
         """
         pins = self.epochs.pins(state)
-        if pins is not None:  # taken on another generation: read that one, here and in every worker (see _follow)
-            self._pin(pins)
-        position = self.epochs.load(state, torch=True)
+        # taken on another generation: read that one, here and in every worker (see _follow), once the state reads well there
+        epochs = self.epochs if pins is None else self.epochs.at_generation(pins)
+        position = epochs.load(state, torch=True)
         doc = {
             "epoch": position.epoch,
             "phase": position.phase.to_dict(),
@@ -223,16 +223,12 @@ class SharedPlace:
         found = json.dumps(doc).encode()
         if len(found) > POSITION_BYTES:
             raise ConfigError(f"load_state_dict: done: {len(position.done)} phases are more than shardkit.torch holds in one epoch")
+        self.epochs, self.source = epochs, epochs.source
         s = self._slots
         self._position[: len(found)] = found
         s[_POSITION] = len(found)
         s[_EPOCH], s[_RESUME_EPOCH], s[_DONE] = position.epoch, position.epoch, 0
         self.epochs.resume(position, workers=position.split[2])  # a blend's epochs after it follow on from it
-
-    def _pin(self, pins: Any) -> None:
-        """Read the generation ``pins`` names (a blend's: those of the sources it names) from now on."""
-        self.epochs = self.epochs.at_generation(pins)
-        self.source = self.epochs.source
 
     def _follow(self) -> None:
         """In a worker: read the generations of the state loaded last, when this copy of the place
@@ -241,7 +237,8 @@ class SharedPlace:
         named: dict[str, Any] = json.loads(bytes(self._position[:size])).get("generations") or {} if size else {}
         pins = self.epochs.pins(named) if named else None
         if pins is not None:
-            self._pin(pins)
+            self.epochs = self.epochs.at_generation(pins)
+            self.source = self.epochs.source
             if self.epochs.fingerprint != named.get("dataset"):  # an overwrite reuses generation numbers
                 raise DatasetNotFoundError(f"{self.source.name}: the generation the loaded state was taken on was overwritten since")
 
