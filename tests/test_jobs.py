@@ -11,6 +11,7 @@ import yaml
 import shardkit
 from shardkit.cli import main
 from shardkit.cli.jobs import ImportedFn, PileJob, PreprocessJob, ShuffleJob, load_job, run_job
+from shardkit.piles import publish
 from shardkit.piles.transforms import Images, JsonLines
 from shardkit.tar.shard import iter_shard
 
@@ -284,3 +285,44 @@ def test_the_executor_is_a_mapping_or_flat_keys(job_dir):
     assert _error(job_dir, VALID + "executor: {kind: ray, host: a}\n").startswith("executor.host: unknown field")
     assert "give the address once" in _error(job_dir, VALID + "executor: {kind: ray, address: auto}\nray_address: auto\n")
     assert _error(job_dir, VALID + "executor: local\nray_address: auto\n").startswith("ray_address: only used with executor='ray'")
+
+
+def test_a_resume_job_whose_output_holds_a_finished_dataset_says_what_to_set_in_the_job_file(job_dir, capsys):
+    path = _write(job_dir, VALID + "resume: true\n")
+    assert main(["run", "-q", path]) == 0  # resume: true with nothing to resume runs the job
+    seen = (job_dir / "out" / "shardkit.json").read_bytes()
+    for check in (["--check"], []):  # run again: a dataset and no stopped job to continue
+        assert main(["run", "-q", *check, path]) == 1
+        assert capsys.readouterr().err == (
+            f"shardkit run: error: {path}: output.path: {job_dir}/out: already holds a shardkit dataset and no stopped job "
+            "to resume; set 'overwrite: true' under output to replace it, or 'mode: append' to add to it\n"
+        )
+    assert (job_dir / "out" / "shardkit.json").read_bytes() == seen
+
+
+def test_a_job_whose_output_holds_a_stopped_pass_1_says_what_to_set_in_the_job_file(job_dir, monkeypatch, capsys):
+    (job_dir / "data" / "b.jsonl").write_text('{"x": 3}\n')
+    path = _write(job_dir, VALID)
+    with monkeypatch.context() as patch:  # Ctrl-C as the merge begins: the units are committed
+        patch.setattr(publish, "finish_pile", lambda work: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            run_job(load_job(path), quiet=True)
+    for check in (["--check"], []):
+        assert main(["run", "-q", *check, path]) == 1
+        assert capsys.readouterr().err == (
+            f"shardkit run: error: {path}: output.path: {job_dir}/out: holds a stopped job (2 of 2 input units done); "
+            "set 'resume: true' to continue it, or 'overwrite: true' under output to discard it\n"
+        )
+    assert main(["run", "-q", _write(job_dir, VALID + "resume: true\n")]) == 0
+    assert shardkit.manifest.read(str(job_dir / "out")).samples == 3
+
+
+def test_a_job_into_an_object_store_that_holds_a_dataset_says_what_to_set_in_the_job_file(job_dir, s3, capsys):
+    path = _write(job_dir, VALID.replace("path: out", f"path: {s3.url('out')}"))
+    assert main(["run", "-q", path]) == 0
+    for check in (["--check"], []):
+        assert main(["run", "-q", *check, path]) == 1
+        assert capsys.readouterr().err == (
+            f"shardkit run: error: {path}: output.path: {s3.url('out')}: already holds a shardkit dataset; "
+            "set 'overwrite: true' under output to replace it, or 'mode: append' to add to it\n"
+        )
