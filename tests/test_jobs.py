@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 
 import pytest
@@ -51,7 +52,7 @@ def _error(job_dir, text: str) -> str:
         load_job(path)
     message = str(info.value)
     assert message.startswith(f"{path}: ")
-    return message.removeprefix(f"{path}: ")
+    return re.sub(r"^line \d+: (?=[\w.\[\]]+: )", "", message.removeprefix(f"{path}: "))  # a field's line: test_each_mistake_names_its_line
 
 
 def test_valid_job_becomes_option_objects_with_paths_relative_to_the_file(job_dir, monkeypatch):
@@ -206,7 +207,9 @@ def test_cli_check_and_errors(job_dir, capsys):
     _write(job_dir, VALID.replace("piles: 4", "piles: sixty"))
     assert main(["run", path]) == 1
     captured = capsys.readouterr()
-    assert captured.err == f"shardkit run: error: {path}: output.piles: expected an integer >= 1, got 'sixty'\n" and captured.out == ""
+    assert (
+        captured.err == f"shardkit run: error: {path}: line 5: output.piles: expected an integer >= 1, got 'sixty'\n" and captured.out == ""
+    )
     assert main(["run", "--check", str(job_dir / "nope.yaml")]) == 1
     assert "no such job file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
@@ -326,3 +329,26 @@ def test_a_job_into_an_object_store_that_holds_a_dataset_says_what_to_set_in_the
             f"shardkit run: error: {path}: output.path: {s3.url('out')}: already holds a shardkit dataset; "
             "set 'overwrite: true' under output to replace it, or 'mode: append' to add to it\n"
         )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (VALID.replace("piles: 4", "piles: sixty"), "line 5: output.piles: expected an integer >= 1, got 'sixty'"),
+        (VALID + "workers: two\n", "line 6: workers: expected an integer >= 1, got 'two'"),
+        (VALID + "colour: blue\n", "line 6: colour: unknown field"),
+        (VALID.replace("piles: 4", "seed: 1"), "line 5: output.piles: missing (required)"),  # the line of its mapping
+        ("job: pile\ninputs:\n  - data/a.jsonl\n  - 3\noutput: {path: o, piles: 2}\n", "line 4: inputs[1]: expected a path, got 3"),
+        (VALID.replace("data/*.jsonl", "data/*.csv"), "line 3: inputs[0]: {dir}/data/*.csv: pattern matches no file"),
+        (VALID + "fn: myprep:make\n", "line 6: fn: give either fn"),
+        ("job: demo\nsamples: 100\n", "line 2: samples: expected at least 256"),
+        ("base: &b {piles: sixty}\njob: pile\ninputs: data/a.jsonl\noutput: {path: o, <<: *b}\n", "line 1: base: unknown field"),
+        (VALID.replace("job: preprocess", ""), "job: missing (required)"),  # nowhere to point at
+        ("", "expected a mapping of options, got nothing"),
+    ],
+)
+def test_each_mistake_names_its_line(job_dir, text, message):
+    path = _write(job_dir, text)
+    with pytest.raises(shardkit.ConfigError) as info:
+        load_job(path)
+    assert str(info.value).startswith(f"{path}: {message.format(dir=job_dir)}")

@@ -335,7 +335,7 @@ def test_yaml_pile_job_reads_a_saved_dataset_folder(tmp_path):
     run_job(load_job(job), quiet=True)
     assert samples(tmp_path / "out") == {f"{i:09d}": {"text": t} for i, t in enumerate([b"a", b"b", b"c"])}
     job.write_text("job: pile\ninputs: saved\nformat: hf\nargs: {split: train, nope: 1}\noutput: {path: out2, piles: 1}\n")
-    with pytest.raises(shardkit.ConfigError, match=r"job\.yaml: args\.nope: unknown argument for format 'hf'"):
+    with pytest.raises(shardkit.ConfigError, match=r"job\.yaml: line \d+: args\.nope: unknown argument for format 'hf'"):
         load_job(job)
 
 

@@ -197,10 +197,10 @@ def test_a_slice_of_the_fuzzed_states_and_jobs(tmp_path):
 def test_job_sizes_are_bounded_by_check(tmp_path):
     path = tmp_path / "demo.yaml"
     path.write_text("job: demo\nsamples: 1000000000000\n")
-    with pytest.raises(shardkit.ConfigError, match=r"demo.yaml: samples: expected at most 10000000 \(the demo holds"):
+    with pytest.raises(shardkit.ConfigError, match=r"demo.yaml: line 2: samples: expected at most 10000000 \(the demo holds"):
         load_job(str(path))
     (tmp_path / "img" / "cat").mkdir(parents=True)
     path = tmp_path / "images.yaml"
     path.write_text("job: preprocess\ninputs: img\ntransform: images\nargs: {size: 1099511627776}\noutput: {path: out, piles: 2}\n")
-    with pytest.raises(shardkit.ConfigError, match=r"images.yaml: args.size: expected at most 65536"):
+    with pytest.raises(shardkit.ConfigError, match=r"images.yaml: line 4: args.size: expected at most 65536"):
         load_job(str(path))

@@ -1,10 +1,12 @@
-"""Read a job file's YAML: plain data only, and no key written twice in one mapping.
+"""Read a job file's YAML: plain data only, no key written twice in one mapping, and each key's line.
 
 data = load_yaml(open("job.yaml").read(), "job.yaml")   # ConfigError naming the file and the line
+message = located(message, "job.yaml", key_lines(text))  # "job.yaml: line 5: output.piles: ..."
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -66,3 +68,41 @@ def load_yaml(text: str, source: str) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         why = " ".join(str(getattr(e, "problem", None) or e).split())  # one line: YAML's own spans several
         raise ConfigError(f"{source}: {where}not valid YAML ({why})") from None
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """The line (1-based) of each key and list item of a job file that loads, by its field path
+    as errors name it (``output.piles``, ``inputs[1]``).
+
+    Keys brought in by a merge key (``<<: *base``) are not listed: their line is elsewhere.
+    """
+    lines: dict[str, int] = {}
+    nodes: list[tuple[str, yaml.Node | None]] = [("", yaml.compose(text, Loader=yaml.SafeLoader))]
+    while nodes:
+        path, node = nodes.pop()
+        if isinstance(node, yaml.MappingNode) and len(lines) < 100_000:  # an alias bomb is not walked for ever
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    name = f"{path}.{key.value}" if path else key.value
+                    lines.setdefault(name, key.start_mark.line + 1)
+                    nodes.append((name, value))
+        elif isinstance(node, yaml.SequenceNode) and len(lines) < 100_000:
+            for i, item in enumerate(node.value):
+                lines.setdefault(f"{path}[{i}]", item.start_mark.line + 1)
+                nodes.append((f"{path}[{i}]", item))
+    return lines
+
+
+def located(message: str, source: str, lines: dict[str, int]) -> str:
+    """``message`` (``SOURCE: FIELD.PATH: ...``) with the line of the field it names after the file.
+
+    A field the file does not hold (a required one missing) is placed at the nearest mapping
+    that holds it; a message that names no field of the file is left as it is.
+    """
+    head, sep, rest = message.partition(": ")
+    if head != source or not sep or rest.startswith("line "):
+        return message
+    path = rest.partition(": ")[0]
+    while path and path not in lines:
+        path = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", path) if re.search(r"[.\[]", path) else ""
+    return f"{source}: line {lines[path]}: {rest}" if path else message

@@ -3,7 +3,7 @@
 A job file holds exactly the options a Python user passes to :func:`shardkit.preprocess`,
 :func:`shardkit.pile`, :func:`shardkit.shuffle` or the demo. Everything is checked before any
 work starts (unknown keys, types, sizes, that inputs exist, that ``fn`` imports) and each
-problem is reported as ``FILE: FIELD.PATH: what was expected, what was found``::
+problem is reported as ``FILE: line N: FIELD.PATH: what was expected, what was found``::
 
     job: preprocess              # preprocess | pile | shuffle | demo
     inputs: raw/train            # a path, glob or brace pattern, or a list of them
@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 from shardkit import manifest, storage
 from shardkit._util import check_path, counted, shown
 from shardkit.cli import schema
-from shardkit.cli.job_yaml import load_yaml
+from shardkit.cli.job_yaml import key_lines, load_yaml, located
 from shardkit.cli.schema import Fields
 from shardkit.dataset.staging import read_job, staging_path
 from shardkit.eager_shuffle import ShuffleOptions, shuffle
@@ -167,7 +167,7 @@ def load_job(path: str | os.PathLike[str]) -> Job:
     """Read and validate a job file completely (inputs must exist, ``fn`` must import).
 
     Raises:
-        ConfigError: anything wrong, as ``FILE: FIELD: expected ..., got ...``.
+        ConfigError: anything wrong, as ``FILE: line N: FIELD: expected ..., got ...``.
         DatasetNotFoundError: the job file itself does not exist.
     """
     source = check_path("path", path)
@@ -178,7 +178,11 @@ def load_job(path: str | os.PathLike[str]) -> Job:
         raise DatasetNotFoundError(f"{source}: no such job file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{source}: cannot read the job file ({e})") from None
-    return parse_job(load_yaml(text, source), source)
+    doc = load_yaml(text, source)
+    try:
+        return parse_job(doc, source)
+    except ConfigError as e:  # the field's line is added here, where the text is known
+        raise ConfigError(located(str(e), source, key_lines(text))) from None
 
 
 # the keys of a job besides its options; the options' keys come from the option classes' fields
