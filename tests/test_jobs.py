@@ -154,6 +154,14 @@ def test_a_key_given_twice_is_refused(job_dir):
     assert message.startswith("line 3, column 32: not valid YAML (key 'maxcount' given twice")
 
 
+def test_a_file_of_several_jobs_is_refused_naming_the_second(job_dir):
+    text = "job: demo\nsamples: 300\n---\njob: demo\nsamples: 400\n"
+    assert _error(job_dir, text) == (
+        "line 3, column 1: a job file holds one job, and a second YAML document ('---') starts here; "
+        "put each job in a file of its own and run each"
+    )
+
+
 def test_yaml_that_repeats_no_key_as_written_loads_as_yaml_reads_it():
     from shardkit.cli.job_yaml import load_yaml
 

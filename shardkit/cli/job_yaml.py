@@ -66,6 +66,11 @@ def load_yaml(text: str, source: str) -> Any:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        if getattr(e, "context", None) == "expected a single document in the stream":  # YAML says only "but found another document"
+            raise ConfigError(
+                f"{source}: {where}a job file holds one job, and a second YAML document ('---') starts here; "
+                "put each job in a file of its own and run each"
+            ) from None
         why = " ".join(str(getattr(e, "problem", None) or e).split())  # one line: YAML's own spans several
         raise ConfigError(f"{source}: {where}not valid YAML ({why})") from None
 
