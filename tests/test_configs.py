@@ -126,3 +126,20 @@ def test_the_schema_table_names_functions_that_exist():
     for name in names:
         module, _, attr = name.rpartition(".")
         assert callable(getattr(importlib.import_module(module), attr)), name
+
+
+def test_the_schema_table_names_every_key_each_job_takes():
+    # a key the table leaves out is one a reader of configs/README.md cannot know the job takes
+    from shardkit.cli.jobs import job_fields
+    from shardkit.option_fields import yaml_names
+
+    with open(os.path.join(CONFIGS, "README.md"), encoding="utf-8") as f:
+        rows = re.findall(r"^\| `(\w+)` +\| `shardkit[\w.]*` +\| ([^|]+)\| ([^|]+)\|$", f.read(), flags=re.M)
+    assert len(rows) == 4, rows
+    for kind, output, top in rows:
+        own, options = job_fields(kind)
+        said_output = set(re.findall(r"\b[a-z_]+\b", output.split("(")[0]))
+        said_top = set(re.findall(r"\b[a-z_]+\b", top)) - {"or"}
+        want_output = {"path", *(yaml_names(options, "output") if options else ())}
+        want_top = {*own, *(yaml_names(options, "job") if options else ())} - {"job", "output"}
+        assert (said_output, said_top) == (want_output, want_top), kind
