@@ -32,7 +32,7 @@ import numpy as np
 from shardkit import _util, storage
 from shardkit._util import check_int, check_most, format_size, parse_size
 from shardkit.dataset import layout
-from shardkit.dataset.install import free_names, remove_strays
+from shardkit.dataset.install import free_set, remove_strays
 from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError, ManifestError
 from shardkit.loading import plan
@@ -310,7 +310,7 @@ def shuffle(
         if "key_prefix" in piled.extra:  # pass 1 prefixed every key with its shard's name: say so
             extra["key_prefix"] = piled.extra["key_prefix"]
         remove_strays(txn.path, _SHARD)
-        names = free_names(txn.path, [shard.name for shard in shards])
+        names = free_set(txn.path, [shard.name for shard in shards])  # one brace pattern reads them, overwrite or not
         staged = [os.path.join(staging, shard.name) for shard in shards]
         shards = [dataclasses.replace(shard, name=name) for shard, name in zip(shards, names, strict=True)]
         result = Manifest(piles=tuple(shards), seed=opts.seed, fields=piled.fields, created_by=piled.created_by, extra=extra)

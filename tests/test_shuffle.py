@@ -347,3 +347,17 @@ def test_the_roller_refuses_a_key_repeated_in_a_shard_or_across_a_boundary(tmp_p
     ):
         roller.close()
     roller.abort()
+
+
+def test_an_overwrite_names_every_new_shard_alike_so_one_brace_pattern_reads_them(tmp_path, inputs):
+    # the old set holds one shard, the new one three: shard-000000.v1.tar beside shard-000001.tar
+    # would fit no brace pattern, and a reader of shard-{000000..000002}.tar would miss one
+    out = tmp_path / "out"
+    shuffle(inputs, out, piles=2, maxcount=1000, quiet=True)
+    m = shuffle(inputs, out, piles=2, maxcount=100, overwrite=True, quiet=True)
+    assert [p.name for p in m.piles] == [f"shard-{i:06d}.v1.tar" for i in range(3)]
+    assert sorted(os.listdir(out)) == [*(p.name for p in m.piles), "shardkit.json"]
+    braced = wds.WebDataset(str(out / "shard-{000000..000002}.v1.tar"), shardshuffle=False, empty_check=False)
+    assert [s["__key__"] for s in braced] == [s["__key__"] for s in _read_wds(str(out))]
+    m = shuffle(inputs, out, piles=2, maxcount=100, overwrite=True, quiet=True)  # the plain names are free again
+    assert [p.name for p in m.piles] == [f"shard-{i:06d}.tar" for i in range(3)]

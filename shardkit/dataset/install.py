@@ -89,14 +89,34 @@ def free_names(out: str, names: Sequence[str]) -> list[str]:
     return chosen
 
 
+def free_set(out: str, names: Sequence[str]) -> list[str]:
+    """Names for new files in ``out`` that no file there has, with one version for all: ``names``
+    as they are when all are free, else each as ``STEM.vN.tar`` with the smallest N free for every
+    one. A set read by a brace pattern (an eager shuffle's shards) then keeps one pattern after an
+    overwrite, which :func:`free_names`' name-by-name choice would break (``shard-000000.v1.tar``
+    beside ``shard-000001.tar``)."""
+    taken = set(storage.listdir(out, missing_ok=True))
+    version = 0
+    while not taken.isdisjoint(chosen := [_versioned(name, version) for name in names]):
+        version += 1
+    return chosen
+
+
 def _next_free(name: str, taken: set[str]) -> str:
     """``STEM.vN.SUFFIX`` for ``name`` (``STEM.SUFFIX`` or ``STEM.vK.SUFFIX``), the smallest N none of ``taken`` has."""
+    version = 1
+    while _versioned(name, version) in taken:
+        version += 1
+    return _versioned(name, version)
+
+
+def _versioned(name: str, version: int) -> str:
+    """``STEM.vN.SUFFIX`` for ``name`` (``STEM.SUFFIX`` or ``STEM.vK.SUFFIX``); ``STEM.SUFFIX`` for version 0."""
+    if version == 0:
+        return name
     at = name.rfind(".tar")
     stem, suffix = (name[:at], name[at + 1 :]) if at > 0 else name.rsplit(".", 1)
     stem = re.sub(r"\.v\d+$", "", stem)
-    version = 1
-    while f"{stem}.v{version}.{suffix}" in taken:
-        version += 1
     return f"{stem}.v{version}.{suffix}"
 
 
