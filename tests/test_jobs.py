@@ -360,3 +360,13 @@ def test_each_mistake_names_its_line(job_dir, text, message):
     with pytest.raises(shardkit.ConfigError) as info:
         load_job(path)
     assert str(info.value).startswith(f"{path}: {message.format(dir=job_dir)}")
+
+
+def test_a_job_whose_output_is_a_file_says_so_before_any_work(job_dir, capsys):
+    path = _write(job_dir, VALID.replace("path: out", "path: data/a.jsonl"))
+    for check in (["--check"], []):
+        assert main(["run", "-q", *check, path]) == 1
+        assert capsys.readouterr().err == (
+            f"shardkit run: error: {path}: output.path: {job_dir}/data/a.jsonl: a file, not a folder: name the folder the dataset goes in\n"
+        )
+    assert (job_dir / "data" / "a.jsonl").read_text() == '{"x": 1}\n{"x": 2}\n'

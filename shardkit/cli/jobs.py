@@ -375,12 +375,15 @@ def run_job(job: Job, *, quiet: bool = False) -> Any:
 
 def output_conflict(job: Job) -> str | None:
     """What stops ``job`` at its output before any work, in the job file's words, or None: a
-    dataset already there that the job would neither replace nor append to, or a stopped pass 1
+    file where its folder goes, a dataset already there that the job would neither replace nor append to, or a stopped pass 1
     it would neither resume nor discard. The run refuses both too, but in the words of the
     Python keywords and the flags, which a job file has not."""
     if isinstance(job, DemoJob) or job.output is None:
         return None
     options, out = job.options, job.output
+    local = storage.store_for(out).local_file()
+    if local is not None and os.path.exists(local) and not os.path.isdir(local):
+        return f"output.path: {out}: a file, not a folder: name the folder the dataset goes in"
     if options.overwrite or getattr(options, "mode", "create") == "append":
         return None  # replaced or added to
     resume = getattr(options, "resume", False)
