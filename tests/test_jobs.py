@@ -370,3 +370,21 @@ def test_a_job_whose_output_is_a_file_says_so_before_any_work(job_dir, capsys):
             f"shardkit run: error: {path}: output.path: {job_dir}/data/a.jsonl: a file, not a folder: name the folder the dataset goes in\n"
         )
     assert (job_dir / "data" / "a.jsonl").read_text() == '{"x": 1}\n{"x": 2}\n'
+
+
+@pytest.mark.parametrize(("kind", "stray"), [("pile", "pile-000000.tar"), ("shuffle", "shard-000000.tar")])
+def test_a_job_whose_output_holds_stray_files_says_what_to_set_in_the_job_file(job_dir, dataset, capsys, kind, stray):
+    (job_dir / "out").mkdir()
+    (job_dir / "out" / stray).write_bytes(b"someone else's")
+    piles = "piles: 2" if kind == "pile" else "maxcount: 64"
+    path = _write(job_dir, f"job: {kind}\ninputs: {dataset}/pile-*.tar\noutput: {{path: out, {piles}}}\n")
+    for check in (["--check"], []):
+        assert main(["run", "-q", *check, path]) == 1
+        assert capsys.readouterr().err == (
+            f"shardkit run: error: {path}: output.path: {job_dir}/out: holds {stray} but no shardkit.json, so it is not a "
+            "shardkit dataset; use an empty folder, or set 'overwrite: true' under output to write the dataset beside "
+            "such files (they are left as they are)\n"
+        )
+    _write(job_dir, f"job: {kind}\ninputs: {dataset}/pile-*.tar\noutput: {{path: out, {piles}, overwrite: true}}\n")
+    assert main(["run", "-q", path]) == 0
+    assert (job_dir / "out" / stray).read_bytes() == b"someone else's"

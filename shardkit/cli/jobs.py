@@ -34,18 +34,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from shardkit import manifest, storage
+from shardkit import storage
 from shardkit._util import check_path, counted, shown
 from shardkit.cli import schema
 from shardkit.cli.job_yaml import key_lines, load_yaml, located
 from shardkit.cli.schema import Fields
-from shardkit.dataset.staging import read_job, staging_path
 from shardkit.eager_shuffle import ShuffleOptions, shuffle
-from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
+from shardkit.errors import ConfigError, DatasetNotFoundError
 from shardkit.manifest import Manifest
 from shardkit.option_fields import Spec, specs, yaml_names
 from shardkit.piles import readers, transforms
-from shardkit.piles.commits import committed
 from shardkit.piles.options import EXECUTORS, PileOptions
 from shardkit.piles.preprocess import pile, preprocess
 
@@ -371,44 +369,6 @@ def run_job(job: Job, *, quiet: bool = False) -> Any:
     from shardkit.tools.demo import demo
 
     return demo(out=job.output, samples=job.samples, quiet=quiet)
-
-
-def output_conflict(job: Job) -> str | None:
-    """What stops ``job`` at its output before any work, in the job file's words, or None: a
-    file where its folder goes, a dataset already there that the job would neither replace nor append to, or a stopped pass 1
-    it would neither resume nor discard. The run refuses both too, but in the words of the
-    Python keywords and the flags, which a job file has not."""
-    if isinstance(job, DemoJob) or job.output is None:
-        return None
-    options, out = job.options, job.output
-    local = storage.store_for(out).local_file()
-    if local is not None and os.path.exists(local) and not os.path.isdir(local):
-        return f"output.path: {out}: a file, not a folder: name the folder the dataset goes in"
-    if options.overwrite or getattr(options, "mode", "create") == "append":
-        return None  # replaced or added to
-    resume = getattr(options, "resume", False)
-    try:
-        storage.use([out], options.storage_options)  # an object store is looked at with the job's options
-        there = manifest.is_dataset(out)
-        stopped = None if isinstance(job, ShuffleJob) else staging_path(out)
-        done = committed(stopped) if stopped is not None and not resume else {}
-    except ShardkitError:
-        return None  # an unreadable output: the run says what is wrong with it
-    append = ", or 'mode: append' to add to it" if not isinstance(job, ShuffleJob) else ""
-    if resume:  # a stopped job, published or not, is the run's to judge; a dataset alone is not resumed
-        if not there or (stopped is not None and storage.exists(stopped)):
-            return None
-        return f"output.path: {out}: already holds a shardkit dataset and no stopped job to resume; set 'overwrite: true' under output to replace it{append}"
-    if there:
-        return f"output.path: {out}: already holds a shardkit dataset; set 'overwrite: true' under output to replace it{append}"
-    if done:
-        units = sum(len(c.units) + len(c.failures) for c in done.values())
-        total = (read_job(stopped) or {}).get("units", "?") if stopped is not None else "?"
-        return (
-            f"output.path: {out}: holds a stopped job ({units} of {total} input units done); "
-            "set 'resume: true' to continue it, or 'overwrite: true' under output to discard it"
-        )
-    return None
 
 
 def describe(job: Job) -> str:

@@ -295,7 +295,7 @@ def _check_empty(out: str, overwrite: bool, files: re.Pattern[str]) -> None:
     if stray:
         raise DatasetExistsError(
             f"{out}: holds {stray[0]} but no {manifest.MANIFEST}, so it is not a shardkit dataset; "
-            "use an empty directory or pass overwrite=True (--overwrite) to replace such files"
+            "use an empty directory, or pass overwrite=True (--overwrite) to write the dataset beside such files (they are left as they are)"
         )
 
 

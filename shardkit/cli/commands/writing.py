@@ -247,7 +247,8 @@ REPILE = Command(
 
 
 def _run_job(args: argparse.Namespace) -> int:
-    from shardkit.cli.jobs import DemoJob, describe, load_job, output_conflict, run_job, summary
+    from shardkit.cli.job_output import output_conflict
+    from shardkit.cli.jobs import DemoJob, describe, load_job, run_job, summary
     from shardkit.errors import DatasetExistsError
 
     job = load_job(args.config)
