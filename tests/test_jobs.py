@@ -388,3 +388,13 @@ def test_a_job_whose_output_holds_stray_files_says_what_to_set_in_the_job_file(j
     _write(job_dir, f"job: {kind}\ninputs: {dataset}/pile-*.tar\noutput: {{path: out, {piles}, overwrite: true}}\n")
     assert main(["run", "-q", path]) == 0
     assert (job_dir / "out" / stray).read_bytes() == b"someone else's"
+
+
+def test_a_shuffle_job_takes_the_executor_as_a_mapping_too(job_dir):
+    # docs/clusters.md: executor: {kind: ray, address: auto} in a pile, preprocess or shuffle job
+    shuffle = "job: shuffle\ninputs: data/a.jsonl\noutput: {path: o}\n"
+    nested = load_job(_write(job_dir, shuffle + "executor: {kind: ray, address: auto}\n"))
+    flat = load_job(_write(job_dir, shuffle + "executor: ray\nray_address: auto\n"))
+    assert isinstance(nested, ShuffleJob) and nested.options == flat.options
+    assert (nested.options.executor, nested.options.ray_address) == ("ray", "auto")
+    assert _error(job_dir, shuffle + "executor: {kind: spark}\n") == "executor.kind: expected one of local, ray, got 'spark'"

@@ -204,7 +204,7 @@ def parse_job(doc: Any, source: str) -> Job:
     # job first, any other name let through: which fields are known depends on the kind it names
     top = Fields(doc, source=source, path="", allowed=list(doc) if isinstance(doc, dict) else ())
     kind = top.take("job", schema.choice(*JOBS), required=True)
-    if kind in ("preprocess", "pile"):
+    if kind in ("preprocess", "pile", "shuffle"):  # the jobs whose pass 1 takes an executor
         doc = _flat_executor(doc, source)
     top = Fields(doc, source=source, path="", allowed=_ALLOWED[kind])
     base = os.path.dirname(os.path.abspath(source))
