@@ -398,3 +398,24 @@ def test_a_shuffle_job_takes_the_executor_as_a_mapping_too(job_dir):
     assert isinstance(nested, ShuffleJob) and nested.options == flat.options
     assert (nested.options.executor, nested.options.ray_address) == ("ray", "auto")
     assert _error(job_dir, shuffle + "executor: {kind: spark}\n") == "executor.kind: expected one of local, ray, got 'spark'"
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ("*.jsonl", "line 3, column 10: not valid YAML (expected alphabetic or numeric character, but found '.')"),
+        ("[*.jsonl, data/a.jsonl]", "line 3, column 11: not valid YAML (expected alphabetic or numeric character, but found '.')"),
+        ("*data", "line 3, column 9: not valid YAML (found undefined alias 'data')"),
+    ],
+)
+def test_a_glob_read_as_a_yaml_alias_is_said_to_need_quotes(job_dir, inputs, message):
+    text = VALID.replace("inputs: data/*.jsonl", f"inputs: {inputs}")
+    assert _error(job_dir, text) == f"{message}; a value that starts with * is a YAML alias: quote a glob (inputs: '*.tar')"
+
+
+def test_a_brace_pattern_read_as_a_yaml_mapping_is_said_to_need_quotes(job_dir):
+    text = VALID.replace("inputs: data/*.jsonl", "inputs: {data/a.jsonl,data/b.jsonl}")
+    assert _error(job_dir, text) == (
+        "inputs: expected a path or a non-empty list of paths, got a mapping "
+        "(a value that starts with { is a YAML mapping: quote a brace pattern, inputs: '{a,b}.tar')"
+    )

@@ -72,7 +72,15 @@ def load_yaml(text: str, source: str) -> Any:
                 "put each job in a file of its own and run each"
             ) from None
         why = " ".join(str(getattr(e, "problem", None) or e).split())  # one line: YAML's own spans several
-        raise ConfigError(f"{source}: {where}not valid YAML ({why})") from None
+        raise ConfigError(f"{source}: {where}not valid YAML ({why}){_alias_hint(e)}") from None
+
+
+def _alias_hint(error: yaml.YAMLError) -> str:
+    """What to do when YAML read a glob (``inputs: *.tar``) as an alias: its own words do not say."""
+    said = f"{getattr(error, 'context', None)} {getattr(error, 'problem', None)}"
+    if "scanning an alias" in said or "undefined alias" in said:
+        return "; a value that starts with * is a YAML alias: quote a glob (inputs: '*.tar')"
+    return ""
 
 
 def key_lines(text: str) -> dict[str, int]:

@@ -76,7 +76,10 @@ def strings(value: Any) -> tuple[str, ...]:
     """One string or a non-empty list of them."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items:
-        raise ConfigError(f"expected a path or a non-empty list of paths, got {shown(value)}")
+        # an unquoted {a,b}.tar is a YAML mapping of keys without values: say what to write instead
+        braces = isinstance(value, dict) and value and all(v is None for v in value.values())
+        hint = " (a value that starts with { is a YAML mapping: quote a brace pattern, inputs: '{a,b}.tar')" if braces else ""
+        raise ConfigError(f"expected a path or a non-empty list of paths, got {shown(value)}{hint}")
     for i, item in enumerate(items):
         if not isinstance(item, str) or not item or "\0" in item:
             raise ConfigError(f"[{i}]: expected a path, got {shown(item)}")
