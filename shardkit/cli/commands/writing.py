@@ -275,7 +275,11 @@ RUN = Command(
     run=_run_job,
     arguments=(
         arg("config", metavar="CONFIG.yaml", help="the job file"),
-        arg("--check", action="store_true", help="only validate the job (fields, inputs, fn import) and say what it would do"),
+        arg(
+            "--check",
+            action="store_true",
+            help="only validate the job (fields, inputs, fn import, what its output holds) and say what it would do",
+        ),
         quiet("no progress bars, no summary line (a demo job still prints its table)"),
         VERBOSE,
     ),
