@@ -419,3 +419,11 @@ def test_a_brace_pattern_read_as_a_yaml_mapping_is_said_to_need_quotes(job_dir):
         "inputs: expected a path or a non-empty list of paths, got a mapping "
         "(a value that starts with { is a YAML mapping: quote a brace pattern, inputs: '{a,b}.tar')"
     )
+
+
+def test_a_job_file_that_is_not_utf8_names_the_line(job_dir):
+    path = job_dir / "job.yaml"
+    path.write_bytes(b"job: pile\ninputs: caf\xe9/*.tar\noutput: {path: o, piles: 2}\n")
+    with pytest.raises(shardkit.ConfigError) as info:
+        load_job(str(path))
+    assert str(info.value) == f"{path}: line 2, column 12: not UTF-8 text (byte 0xe9); save the job file as UTF-8"

@@ -170,12 +170,19 @@ def load_job(path: str | os.PathLike[str]) -> Job:
     """
     source = check_path("path", path)
     try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
+        with open(source, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         raise DatasetNotFoundError(f"{source}: no such job file") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise ConfigError(f"{source}: cannot read the job file ({e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:  # the byte's line and column, as a YAML error gives them
+        line, column = data.count(b"\n", 0, e.start) + 1, e.start - data.rfind(b"\n", 0, e.start)
+        raise ConfigError(
+            f"{source}: line {line}, column {column}: not UTF-8 text (byte {data[e.start]:#04x}); save the job file as UTF-8"
+        ) from None
     doc = load_yaml(text, source)
     try:
         return parse_job(doc, source)
