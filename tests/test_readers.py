@@ -488,3 +488,21 @@ def test_a_streaming_hugging_face_dataset_is_refused_by_name(tmp_path):
         with pytest.raises(shardkit.ConfigError, match=rf"inputs: datasets\.{name} \(streaming=True\) cannot be piled"):
             shardkit.pile(given, str(tmp_path / "out"), piles=2, quiet=True)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tar_read_as_csv_is_an_error_of_one_short_line(tmp_path):
+    # a tar named with format: csv has its first header block as the CSV's header row: the error
+    # named that 'column' whole, NUL bytes and all (345 KB for three small shards)
+    import tarfile
+
+    shard = tmp_path / "in-000000.tar"
+    with tarfile.open(shard, "w") as tar:
+        for name, data in (("in-000000/000000.cls", b"1"), ("in-000000/000000.txt", b"x" * 10_000)):
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    with pytest.raises(shardkit.SampleError) as info:
+        shardkit.pile(str(shard), tmp_path / "out", piles=1, quiet=True, format="csv")
+    message = str(info.value)
+    assert len(message) < 400 and "\n" not in message, message
+    assert "is no valid field extension" in message and "in-000000.tar: column 'in-000000/000000.cls\\x00" in message

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkit._util import shown
 from shardkit.errors import ConfigError, SampleError
 
 ENCODINGS = ("auto", "bytes", "text", "json", "npy", "pickle")
@@ -205,7 +206,7 @@ class ColumnSpec:
         ):
             missing = [c for c in named if c not in present]
             if missing:
-                raise SampleError(f"{where}: {option} names column {missing[0]!r}, which is not there (columns: {', '.join(names)})")
+                raise SampleError(f"{where}: {option} names column {missing[0]!r}, which is not there (columns: {_listed(names)})")
         exts: dict[str, str] = {}
         for name in wanted:
             ext = self.fields.get(name, name)
@@ -213,10 +214,12 @@ class ColumnSpec:
                 # fields= values are checked on creation, so ext is the column's own name here (a '__' one named in columns)
                 why = "it holds '/'" if "/" in ext else "'__' marks metadata, which is not written" if ext else "it is empty"
                 raise SampleError(
-                    f"{where}: column {name!r} is no valid field extension ({why}): rename it with fields={{{name!r}: 'ext'}}"
+                    f"{where}: column {shown(name)} is no valid field extension ({why}): rename it with fields={{{shown(name)}: 'ext'}}"
                 )
             if ext in exts:
-                raise SampleError(f"{where}: columns {exts[ext]!r} and {name!r} would both be the field {ext!r}: rename one with fields=")
+                raise SampleError(
+                    f"{where}: columns {shown(exts[ext])} and {shown(name)} would both be the field {shown(ext)}: rename one with fields="
+                )
             exts[ext] = name
         return wanted
 
@@ -253,3 +256,10 @@ class ColumnSpec:
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             return str(int(value))
         raise SampleError(f"{where}: key column {self.key!r}: row {row}: expected a non-empty string or an integer, got {value!r}")
+
+
+def _listed(names: Sequence[str], most: int = 20) -> str:
+    """Column names for a message, each shortened and at most ``most`` of them: a file that is not
+    the format it was read as (a tar read as CSV) has a header row of binary data."""
+    shortened = [name if len(name) <= 60 and name.isprintable() else shown(name) for name in names[:most]]
+    return ", ".join(shortened) + (f", ... ({len(names)} in all)" if len(names) > most else "")
