@@ -427,3 +427,16 @@ def test_a_job_file_that_is_not_utf8_names_the_line(job_dir):
     with pytest.raises(shardkit.ConfigError) as info:
         load_job(str(path))
     assert str(info.value) == f"{path}: line 2, column 12: not UTF-8 text (byte 0xe9); save the job file as UTF-8"
+
+
+def test_a_resume_of_another_job_says_how_to_start_over_in_the_job_file_too(job_dir, monkeypatch, capsys):
+    (job_dir / "data" / "b.jsonl").write_text('{"x": 3}\n')
+    path = _write(job_dir, VALID)
+    with monkeypatch.context() as patch:  # Ctrl-C as the merge begins: the units are committed
+        patch.setattr(publish, "finish_pile", lambda work: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            run_job(load_job(path), quiet=True)
+    assert main(["run", "-q", _write(job_dir, VALID.replace("piles: 4", "piles: 3") + "resume: true\n")]) == 1
+    said = capsys.readouterr().err
+    assert "cannot resume" in said and "piles was 4, is 3" in said
+    assert said.rstrip().endswith("or pass overwrite=True (--overwrite, YAML overwrite: true under output) to start over")

@@ -289,13 +289,13 @@ def _check_empty(out: str, overwrite: bool, files: re.Pattern[str]) -> None:
         return
     if manifest.is_dataset(out):
         raise DatasetExistsError(
-            f"{out}: already holds a shardkit dataset ({manifest.MANIFEST}); pass overwrite=True (--overwrite) to replace it"
+            f"{out}: already holds a shardkit dataset ({manifest.MANIFEST}); pass overwrite=True (--overwrite, YAML overwrite: true under output) to replace it"
         )
     stray = sorted(n for n in storage.listdir(out, missing_ok=True) if files.fullmatch(n))
     if stray:
         raise DatasetExistsError(
             f"{out}: holds {stray[0]} but no {manifest.MANIFEST}, so it is not a shardkit dataset; "
-            "use an empty directory, or pass overwrite=True (--overwrite) to write the dataset beside such files (they are left as they are)"
+            "use an empty directory, or pass overwrite=True (--overwrite, YAML overwrite: true under output) to write the dataset beside such files (they are left as they are)"
         )
 
 

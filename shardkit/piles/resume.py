@@ -162,7 +162,7 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
         before = read_job(path)
         found = {} if not resume and _published(before, job) else committed(path)
         if found and not resume and not overwrite:
-            discard = f"delete {path}" if job.get("generation") else "with overwrite=True (--overwrite)"
+            discard = f"delete {path}" if job.get("generation") else "with overwrite=True (--overwrite, YAML overwrite: true under output)"
             units = sum(len(c.units) + len(c.failures) for c in found.values())
             started = before.get("started", "?") if before else "?"
             raise DatasetExistsError(
@@ -182,7 +182,7 @@ def open_staging(out: str, job: Mapping[str, Any], *, resume: bool, overwrite: b
                 raise ConfigError(
                     f"{out}: cannot resume: the interrupted pass 1 in {path} was another job: {'; '.join(said)}. "
                     "Compared: the input units (in order), fn (qualified name and a hash of its code), the options that change "
-                    "the bytes, and the shardkit version. Run it as it was, or pass overwrite=True (--overwrite) to start over"
+                    "the bytes, and the shardkit version. Run it as it was, or pass overwrite=True (--overwrite, YAML overwrite: true under output) to start over"
                 )
             merged = finished_piles(os.path.join(path, MERGING), merge) if merge is not None else {}
             staging.commits, staging.merged = _checked(found, merged)
