@@ -492,3 +492,23 @@ def test_raw_takes_pile_order_positions_as_ds_i_takes_indices(ds_dir):
             ds.raw(bad)
     with pytest.raises(TypeError, match=rf"{ds_dir}: sample indices must be integers, not str"):
         ds.raw("0")
+
+
+def test_set_epoch_while_another_thread_reads_keeps_no_permutation_of_the_old_epoch(ds_dir, monkeypatch):
+    """A thread that drew a pile's permutation of epoch 0 while another moved the dataset to
+    epoch 1 must not leave it where epoch 1's reads find it: ds[i] would give another sample."""
+    ds = shardkit.open(ds_dir, seed=3, decode=False)
+    drawn = shardkit.loading.plan.EpochOrder.in_pile
+    moved = []
+
+    def in_pile(order, pile):
+        if not moved:  # "another thread" moves the epoch and reads while this one draws
+            moved.append(pile)
+            ds.set_epoch(1)
+            ds.position(0)
+        return drawn(order, pile)
+
+    monkeypatch.setattr(shardkit.loading.plan.EpochOrder, "in_pile", in_pile)
+    ds.position(0)
+    fresh = shardkit.open(ds_dir, seed=3, epoch=1, decode=False)
+    assert [ds.position(i) for i in range(len(ds))] == [fresh.position(i) for i in range(len(fresh))]

@@ -92,9 +92,8 @@ class MapDataset:
         self._pile_starts = np.concatenate([[0], np.cumsum(self._counts)]).astype(np.int64)
         self._index: Index | None = None
         self._transform = Transform(self.options.codecs(), self.options.map)
-        self._order: plan.EpochOrder | None = None
-        self._order_epoch = -1
-        self._perms: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        # (epoch, its order, its in-pile permutations kept): one value, read once per position
+        self._ordered: tuple[int, plan.EpochOrder, collections.OrderedDict[int, np.ndarray]] | None = None
         self._piles: collections.OrderedDict[int, storage.Buffer] = collections.OrderedDict()
         self._reads: storage.RemoteReads | None = None
         self._urls: list[str] | None = None
@@ -174,22 +173,27 @@ class MapDataset:
         i = self._checked(i)
         if self.seed is None:
             return i
-        epoch = self.epoch
-        if self._order is None or self._order_epoch != epoch:
-            self._perms = collections.OrderedDict()
-            self._order = plan.EpochOrder(self._counts, seed=self.seed, epoch=epoch, mix=self.mix)
-            self._order_epoch = epoch
+        _, order, perms = self._ordering(self.epoch)
         if self.mix == 1:  # piles follow each other: the pile, then its permutation (kept for its neighbours)
-            order = self._order
             j = int(np.searchsorted(order._bounds, i, side="right")) - 1
             pile = int(order._read[j])
-            perm = self._perms.get(pile)
+            perm = perms.get(pile)
             if perm is None:
                 perm = order.in_pile(pile)
-                _keep(self._perms, pile, perm, _PERMUTATIONS)
+                _keep(perms, pile, perm, _PERMUTATIONS)
             return int(self._pile_starts[pile]) + int(perm[i - int(order._bounds[j])])
-        piles, within = self._order.take(i, i + 1)
+        piles, within = order.take(i, i + 1)
         return int(self._pile_starts[int(piles[0])]) + int(within[0])
+
+    def _ordering(self, epoch: int) -> tuple[int, plan.EpochOrder, collections.OrderedDict[int, np.ndarray]]:
+        """Epoch ``epoch``'s order and the permutations kept for it, as one value: a thread that
+        drew a permutation of the epoch before another moved the dataset on puts it in that
+        epoch's cache, where no read of the new epoch finds it (separate attributes mixed them)."""
+        ordered = self._ordered
+        if ordered is None or ordered[0] != epoch:
+            order = plan.EpochOrder(self._counts, seed=self.seed, epoch=epoch, mix=self.mix)
+            ordered = self._ordered = (epoch, order, collections.OrderedDict())
+        return ordered
 
     # -- reading -------------------------------------------------------------------------------
     def raw(self, position: int) -> dict[str, Any]:
