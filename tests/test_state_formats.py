@@ -161,3 +161,18 @@ def test_a_state_is_written_and_read_as_before(data, case):
     extra = {"weights": WEIGHTS} if which == "pair" else {}
     assert phases(make, data[which], taken, **extra)[0] == state
     assert phases(make, data[which], resumed, state, **extra)[1] == then
+
+
+@pytest.mark.parametrize("case", ["torch", "torch_blend"])
+def test_a_torch_state_written_before_states_named_a_generation_still_loads(data, case):
+    """States of shardkit.torch named no generation until they pinned one as a loader's do: those
+    saved then resume as they did, on the generation read."""
+    if NO_TORCH:
+        pytest.skip("needs torch: pip install 'shardkit[torch]'")
+    make, which, _, state, resumed, then = CASES[case]
+    old = copy.deepcopy(state)
+    old.pop("generation", None)  # a blend's names its sources' only
+    for source in old.get("sources", {}).values():
+        del source["generation"]
+    extra = {"weights": WEIGHTS} if which == "pair" else {}
+    assert phases(make, data[which], resumed, old, **extra)[1] == then
