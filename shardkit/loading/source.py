@@ -103,7 +103,7 @@ class Source:
                 return fetch_segments(pile.url, pile.segments, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads)
             return fetch(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads, scratch=scratch)
         except DatasetNotFoundError as e:
-            gone = self._gone() if self.generation is not None else None
+            gone = self._gone()
             if gone is None:
                 raise
             raise DatasetNotFoundError(f"{e}: {gone}") from e
