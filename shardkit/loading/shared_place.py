@@ -236,11 +236,17 @@ class SharedPlace:
         size = int(self._slots[_POSITION])
         named: dict[str, Any] = json.loads(bytes(self._position[:size])).get("generations") or {} if size else {}
         pins = self.epochs.pins(named) if named else None
-        if pins is not None:
-            self.epochs = self.epochs.at_generation(pins)
-            self.source = self.epochs.source
-            if self.epochs.fingerprint != named.get("dataset"):  # an overwrite reuses generation numbers
-                raise DatasetNotFoundError(f"{self.source.name}: the generation the loaded state was taken on was overwritten since")
+        if pins is None:
+            return
+        epochs = self.epochs.at_generation(pins)
+        # an overwrite reuses generation numbers; kept only once checked, or the next epoch would read the other data
+        if epochs.fingerprint != named.get("dataset"):
+            which = f"generation {pins}" if isinstance(pins, int) else "generations " + ", ".join(f"{n}: {g}" for n, g in pins.items())
+            raise DatasetNotFoundError(
+                f"{self.source.name}: {which}, which the loaded state was taken on, was overwritten since (its piles are not "
+                "the state's): load a state taken on the dataset there now, or start a new DataLoader without one"
+            )
+        self.epochs, self.source = epochs, epochs.source
 
     # -- loaders -------------------------------------------------------------------------------
     def loader(self, options: LoaderOptions) -> Loader:
