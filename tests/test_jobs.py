@@ -440,3 +440,10 @@ def test_a_resume_of_another_job_says_how_to_start_over_in_the_job_file_too(job_
     said = capsys.readouterr().err
     assert "cannot resume" in said and "piles was 4, is 3" in said
     assert said.rstrip().endswith("or pass overwrite=True (--overwrite, YAML overwrite: true under output) to start over")
+
+
+@pytest.mark.parametrize("inputs", ["{data/a,data/b}.jsonl", "[{data/a,data/b}.jsonl]"])
+def test_a_brace_pattern_with_a_suffix_is_said_to_need_quotes(job_dir, inputs):
+    """``{a,b}.tar`` is no mapping YAML reads but one it cannot parse: its error says no more than a token was found."""
+    text = VALID.replace("inputs: data/*.jsonl", f"inputs: {inputs}")
+    assert _error(job_dir, text).endswith("; a value that starts with { is a YAML mapping: quote a brace pattern (inputs: '{a,b}.tar')")

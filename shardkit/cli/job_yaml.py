@@ -72,14 +72,22 @@ def load_yaml(text: str, source: str) -> Any:
                 "put each job in a file of its own and run each"
             ) from None
         why = " ".join(str(getattr(e, "problem", None) or e).split())  # one line: YAML's own spans several
-        raise ConfigError(f"{source}: {where}not valid YAML ({why}){_alias_hint(e)}") from None
+        line = text.splitlines()[mark.line] if mark is not None and mark.line < len(text.splitlines()) else ""
+        raise ConfigError(f"{source}: {where}not valid YAML ({why}){_quote_hint(e, line)}") from None
 
 
-def _alias_hint(error: yaml.YAMLError) -> str:
-    """What to do when YAML read a glob (``inputs: *.tar``) as an alias: its own words do not say."""
+# a flow mapping closed and followed by more of the value on its line: a brace pattern (``{a,b}.tar``)
+_BRACES_THEN_MORE = re.compile(r"(?:^|[:\[,-])\s*\{[^{}]*\}[^\s,\]}#]")
+
+
+def _quote_hint(error: yaml.YAMLError, line: str) -> str:
+    """What to do when YAML read a glob (``inputs: *.tar``) as an alias, or a brace pattern with
+    a suffix (``inputs: {a,b}.tar``, on ``line``) as a mapping it cannot end: its own words do not say."""
     said = f"{getattr(error, 'context', None)} {getattr(error, 'problem', None)}"
     if "scanning an alias" in said or "undefined alias" in said:
         return "; a value that starts with * is a YAML alias: quote a glob (inputs: '*.tar')"
+    if _BRACES_THEN_MORE.search(line):
+        return "; a value that starts with { is a YAML mapping: quote a brace pattern (inputs: '{a,b}.tar')"
     return ""
 
 
