@@ -493,6 +493,22 @@ def test_verify_while_a_job_removes_the_generation_it_reads_verifies_the_one_the
     assert "was replaced while verify read it" in caplog.text
 
 
+def test_verify_when_a_file_goes_between_its_check_and_its_read_verifies_the_generation_there_now(tmp_path, monkeypatch):
+    """The overwrite lands after verify saw the file there and before it read it: 'unreadable', not 'missing', is as moot."""
+    out = str(tmp_path / "ds")
+    _write(out, [f"a{i}" for i in range(8)], piles=1)  # one pile: no other file of it to find missing
+    real = audit.storage.exists
+
+    def then_it_goes(url, *args, **kw):
+        there = real(url, *args, **kw)
+        if url.endswith("pile-000000.tar") and manifest.read(out).piles[0].name == "pile-000000.tar":
+            _write(out, [f"c{i}" for i in range(8)], piles=1, overwrite=True)
+        return there
+
+    monkeypatch.setattr(audit.storage, "exists", then_it_goes)
+    assert shardkit.verify(out, quiet=True) == []
+
+
 # --- with compression, repeat= and resume=True --------------------------------------------------
 
 

@@ -400,8 +400,8 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
     the sorted hashes of that segment's keys, one a sample (compared with the keys read for the checksum: no second read).
     The stored random-access index of the manifest's generation, if there is one, must be whole and of this manifest. Shard
     files neither the manifest nor a kept older generation's manifest lists, and temporaries left by an interrupted job, are
-    reported too. When a job removed the generation being read (an overwrite, gc), the one there now is verified instead
-    (logged), up to :data:`TRIES` times.
+    reported too. When a job replaced the generation being read (an overwrite, gc) and it had problems, the one there now
+    is verified instead (logged), up to :data:`TRIES` times.
 
     Args:
         quiet: no progress bar (there is none anyway when stderr is not a terminal).
@@ -418,7 +418,8 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
     while True:
         problems = _verified(directory, m, quiet=quiet)
         now = manifest.read(directory)
-        if tries == TRIES or all(p.kind != "missing" for p in problems) or index_file.identity(now) == index_file.identity(m):
+        # any problem, not only 'missing': a file removed between its check and its read is 'unreadable'
+        if tries == TRIES or not problems or index_file.identity(now) == index_file.identity(m):
             return problems + _unlisted(directory)
         log.warning("%s: generation %d was replaced while verify read it: verifying the one there now", directory, m.generation)
         m, tries = now, tries + 1
