@@ -808,3 +808,18 @@ def test_a_state_refused_leaves_the_dataset_on_its_generation(tmp_path):
     with pytest.raises(shardkit.ConfigError, match="the state was taken with seed=3"):
         ds.load_state_dict(state)
     assert ds.source.generation == 1 and len(ds) == 16
+
+
+def test_a_position_too_large_for_the_shared_memory_says_what_fills_it(tmp_path, monkeypatch):
+    """Not only the phases done fill it: a blend's starts and each source's generation do too."""
+    from shardkit.loading import shared_place
+
+    out = str(tmp_path / "ds")
+    _write_keys(out, [f"a{i:03d}" for i in range(40)])
+    ds = ShardkitDataset(out, decode=False, batch_size=5, seed=2)
+    state = ds.state_dict()
+    monkeypatch.setattr(shared_place, "POSITION_BYTES", 64)
+    with pytest.raises(
+        shardkit.ConfigError, match=r"load_state_dict: the position takes \d+ bytes \(0 phases done, 1 source\), more than the 64"
+    ):
+        ds.load_state_dict(state)

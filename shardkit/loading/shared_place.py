@@ -222,7 +222,12 @@ class SharedPlace:
         }
         found = json.dumps(doc).encode()
         if len(found) > POSITION_BYTES:
-            raise ConfigError(f"load_state_dict: done: {len(position.done)} phases are more than shardkit.torch holds in one epoch")
+            # the phases done, and a blend's starts and generations: one of each a source
+            sources = len(doc["generations"].get("sources") or ()) or 1
+            raise ConfigError(
+                f"load_state_dict: the position takes {len(found)} bytes ({len(position.done)} phases done, {sources} "
+                f"source{'s' if sources > 1 else ''}), more than the {POSITION_BYTES} shardkit.torch holds in one epoch"
+            )
         self.epochs, self.source = epochs, epochs.source
         s = self._slots
         self._position[: len(found)] = found
