@@ -86,8 +86,9 @@ class MapDataset:
         storage.use(self.root, self.options.storage_options)
         self._setup(manifest.read(self.root))
 
-    def _setup(self, found: manifest.Manifest) -> None:
+    def _setup(self, found: manifest.Manifest, *, identified: str | None = None) -> None:
         self.manifest = found
+        self._identity = identified  # the manifest's, computed on the first pickle (its whole JSON: 0.1 s at 20000 piles)
         self._counts = [p.samples for p in self.manifest.piles]
         self._pile_starts = np.concatenate([[0], np.cumsum(self._counts)]).astype(np.int64)
         self._index: Index | None = None
@@ -100,7 +101,9 @@ class MapDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("root", "seed", "mix", "options", "keep_piles")
-        pinned = {"generation": self.manifest.generation, "manifest": identity(self.manifest), "epoch": self.epoch}
+        if self._identity is None:  # once: a DataLoader spawning its workers pickles it once a worker and an epoch
+            self._identity = identity(self.manifest)
+        pinned = {"generation": self.manifest.generation, "manifest": self._identity, "epoch": self.epoch}
         if mp_context.get_spawning_popen() is not None and not isinstance(self._epoch, list):
             pinned["epoch_cell"] = self._epoch  # a worker being started: it shares the main process's epoch
         return {**{k: self.__dict__[k] for k in keep}, **pinned}
@@ -113,13 +116,14 @@ class MapDataset:
         storage.use(self.root, self.options.storage_options)
         # the generation the pickled dataset read, whatever the latest is now: every worker reads the same samples
         found = Dataset(self.root).pinned(generation)
-        if expected is not None and identity(found) != expected:
+        identified = identity(found) if expected is not None else None
+        if identified != expected:
             # an overwrite numbers its dataset from generation 0 again: the number alone would hand a worker other samples
             raise DatasetNotFoundError(
                 f"{self.root}: generation {generation}, which this dataset was opened at, was overwritten since: its manifest "
                 f"now lists another dataset ({len(found.piles)} piles, {found.samples} samples); shardkit.open it again to read that one"
             )
-        self._setup(found)
+        self._setup(found, identified=identified)
 
     # -- the index and the order ---------------------------------------------------------------
     @property
