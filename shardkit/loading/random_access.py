@@ -177,7 +177,7 @@ class MapDataset:
         i = self._checked(i)
         if self.seed is None:
             return i
-        _, order, perms = self._ordering(self.epoch)
+        _, order, perms = self._ordering(self.seed, self.epoch)
         if self.mix == 1:  # piles follow each other: the pile, then its permutation (kept for its neighbours)
             j = int(np.searchsorted(order._bounds, i, side="right")) - 1
             pile = int(order._read[j])
@@ -189,13 +189,13 @@ class MapDataset:
         piles, within = order.take(i, i + 1)
         return int(self._pile_starts[int(piles[0])]) + int(within[0])
 
-    def _ordering(self, epoch: int) -> tuple[int, plan.EpochOrder, collections.OrderedDict[int, np.ndarray]]:
+    def _ordering(self, seed: int, epoch: int) -> tuple[int, plan.EpochOrder, collections.OrderedDict[int, np.ndarray]]:
         """Epoch ``epoch``'s order and the permutations kept for it, as one value: a thread that
         drew a permutation of the epoch before another moved the dataset on puts it in that
         epoch's cache, where no read of the new epoch finds it (separate attributes mixed them)."""
         ordered = self._ordered
         if ordered is None or ordered[0] != epoch:
-            order = plan.EpochOrder(self._counts, seed=self.seed, epoch=epoch, mix=self.mix)
+            order = plan.EpochOrder(self._counts, seed=seed, epoch=epoch, mix=self.mix)
             ordered = self._ordered = (epoch, order, collections.OrderedDict())
         return ordered
 

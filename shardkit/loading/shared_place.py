@@ -218,12 +218,12 @@ class SharedPlace:
             "phase": position.phase.to_dict(),
             "done": [phase.to_dict() for phase in position.done],
             "start": None if position.start is None else list(position.start),
-            "generations": _generations(state),
+            "generations": (generations := _generations(state)),
         }
         found = json.dumps(doc).encode()
         if len(found) > POSITION_BYTES:
             # the phases done, and a blend's starts and generations: one of each a source
-            sources = len(doc["generations"].get("sources") or ()) or 1
+            sources = len(generations.get("sources") or ()) or 1
             raise ConfigError(
                 f"load_state_dict: the position takes {len(found)} bytes ({len(position.done)} phases done, {sources} "
                 f"source{'s' if sources > 1 else ''}), more than the {POSITION_BYTES} shardkit.torch holds in one epoch"
