@@ -527,3 +527,18 @@ def test_its_manifest_is_serialized_once_however_often_it_is_pickled(ds_dir, mon
     copy = pickle.loads(pickle.dumps(ds))  # a worker checks what it found once, and pickles on from that
     pickle.dumps(copy)
     assert len(calls) == 2
+
+
+def test_a_file_missing_from_a_kept_generation_is_not_said_to_be_collected(tmp_path):
+    """The dataset moved on, but generation 0's manifest is kept and lists the file: one file went
+    missing (damage), and an error blaming an overwrite or gc would send its reader the wrong way."""
+    out = _write(str(tmp_path / "ds"), 40, piles=3)
+    ds = shardkit.open(out, decode=False)
+    assert len(ds.index) == 40
+    with shardkit.PileWriter(out, piles=3, seed=1, mode="append") as w:
+        for i in range(10):
+            w.write({"__key__": f"new{i}", "bin": b"x", "cls": 1})
+    os.remove(os.path.join(out, "pile-000000.tar"))
+    with pytest.raises(shardkit.DatasetNotFoundError, match=r"pile-000000\.tar") as e:
+        ds[0]
+    assert "moved on" not in str(e.value) and "gc" not in str(e.value)

@@ -186,8 +186,9 @@ def why_gone(
     """Why a file of generation ``generation`` of the dataset ``root`` (whose piles were ``listed``:
     name -> checksum) is missing, when the manifest there says why: the dataset is no longer the
     one its reader opened (overwritten, removed, or moved on and its older files collected).
-    None when it is the same dataset (a file went missing, as the error says) or the manifest
-    cannot be read. ``since``, ``reader`` and ``anew`` name the reader in the sentence."""
+    None when it is the same dataset or its generation is still kept (a file went missing, as the
+    error says), or when the manifest cannot be read. ``since``, ``reader`` and ``anew`` name the
+    reader in the sentence."""
     try:
         now = manifest.read(root)
     except DatasetNotFoundError:
@@ -198,11 +199,23 @@ def why_gone(
         return None
     if now.generation <= generation:  # an overwrite starts again at generation 0
         return f"the dataset at {root} was overwritten since {since}; {anew} reads it"
+    if _still_kept(root, generation, listed):
+        return None  # moved on, but not collected: a file went missing, as the error says
     return (
         f"the dataset at {root} moved on from generation {generation}, which {reader} reads, to {now.generation}, "
         f"and generation {generation}'s files are gone (an overwrite, or shardkit gc after its grace period); {anew} "
         f"reads generation {now.generation}"
     )
+
+
+def _still_kept(root: str, generation: int, listed: Mapping[str, str | None]) -> bool:
+    """Whether generation ``generation``'s manifest is still kept at ``root`` and lists the piles
+    ``listed``: gc removes it with the generation's files, an overwrite with the dataset."""
+    try:
+        kept = Dataset(root).pinned(generation)
+    except ShardkitError:
+        return False
+    return dict(listed) == {p.name: p.checksum for p in kept.piles}
 
 
 def at_generation(root: str, generation: int) -> Source:
