@@ -66,3 +66,15 @@ def test_export_inside_a_distributed_job_writes_every_sample(tmp_path, dataset, 
     for seed in (None, 3):
         result = shardkit.export(tmp_path / "piles", tmp_path / f"all-{seed}.parquet", seed=seed, quiet=True)
         assert result.rows == 60
+
+
+@pytest.mark.parametrize("name", ["shardkit.json", "pile-000000.tar", "shardkit.g000001.json"])
+def test_export_refuses_to_write_over_a_file_of_the_dataset(tmp_path, dataset, capsys, name):
+    """``-o piles/shardkit.json`` would replace the dataset's own manifest (or a pile) with Parquet."""
+    before = {p.name: p.read_bytes() for p in (tmp_path / "piles").iterdir()}
+    with pytest.raises(shardkit.ConfigError, match=rf"{name}: .*the dataset's own"):
+        shardkit.export(tmp_path / "piles", tmp_path / "piles" / name, quiet=True)
+    assert main(["export", str(tmp_path / "piles") + "/", "-o", str(tmp_path / "piles" / "." / name), "-q"]) == 1
+    assert "the dataset's own" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "piles").iterdir()} == before
+    shardkit.export(tmp_path / "piles", tmp_path / "piles" / "all.parquet", quiet=True)  # a name of its own is fine

@@ -18,6 +18,7 @@ from typing import Any
 
 from shardkit import storage
 from shardkit._util import bar, check_int, check_path
+from shardkit.dataset import layout
 from shardkit.errors import ConfigError
 from shardkit.loading.blend.loader import loader
 from shardkit.tools.audit import info
@@ -50,6 +51,24 @@ def _rows(source: Any, seed: int | None, epoch: int, storage_options: Mapping[st
         yield from reader
 
 
+def _same_folder(a: str, b: str) -> bool:
+    """Whether the folders ``a`` and ``b`` are one: local ones by their real paths (``piles/`` and
+    ``./piles``, a link to it), object stores by their URLs."""
+    pa, pb = storage.store_for(a).local_file(), storage.store_for(b).local_file()
+    if pa is None or pb is None:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(pa) == os.path.realpath(pb)
+
+
+def _check_not_the_datasets(source: str, target: str) -> None:
+    """Refuse an ``out`` that is one of the dataset's own files (its manifest, a pile, a kept
+    manifest, its index): replaced by the Parquet file, the dataset would be lost. Any other
+    name, even inside the dataset's folder, is the user's to write."""
+    folder, _, name = target.rstrip("/").rpartition("/")
+    if layout.kind(name) is not None and _same_folder(folder or ".", source):
+        raise ConfigError(f"{target}: is one of the dataset's own files ({source}); export to another name or folder")
+
+
 def export(
     dataset: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -74,7 +93,7 @@ def export(
         storage_options: options for remote URLs (see :class:`~shardkit.PileOptions`).
 
     Raises:
-        ConfigError: an unknown format or a bad option.
+        ConfigError: an unknown format or a bad option; ``out`` is one of the dataset's own files.
         DatasetNotFoundError: ``dataset`` holds no manifest.
     """
     if to not in FORMATS:
@@ -87,6 +106,7 @@ def export(
         raise ConfigError("epoch: epochs differ only in the shuffled order: give seed= too")
     source, target = check_path("dataset", dataset), check_path("out", out)
     storage.use([source, target], storage_options)
+    _check_not_the_datasets(source, target)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
