@@ -63,6 +63,19 @@ def test_counts_and_repeats_and_list_form(pair):
     assert keys(same) == batches
 
 
+@pytest.mark.parametrize("made", ["Blend", "from_dict"])
+def test_a_blends_epoch_size_is_kept_by_the_loader_and_the_torch_dataset(pair, made):
+    """``Blend(..., epoch_size=100)`` given to ``loader`` or ``ShardkitDataset`` read all 400 samples."""
+    spec = {"sources": pair, "weights": {"web": 0.7, "code": 0.3}, "epoch_size": 100}
+    blend = shardkit.Blend.from_dict(spec) if made == "from_dict" else shardkit.Blend(pair, weights=spec["weights"], epoch_size=100)
+    batches = keys(shardkit.loader(blend, batch_size=10, decode=False))
+    assert len(of("web", batches)) == 70 and len(of("code", batches)) == 30
+    pytest.importorskip("torch")
+    from shardkit.torch import ShardkitDataLoader, ShardkitDataset
+
+    assert sum(map(len, keys(ShardkitDataLoader(ShardkitDataset(blend, batch_size=10, decode=False), num_workers=0)))) == 100
+
+
 def test_ranks_get_equal_counts_and_read_disjoint_stretches(pair):
     per_rank = [
         keys(shardkit.loader(pair, weights={"web": 2, "code": 1}, epoch_size=333, batch_size=8, world_size=3, rank=r, decode=False))

@@ -133,7 +133,11 @@ class Blend:
     epoch_size: int | None
 
     def __init__(self, sources: Any, *, weights: Mapping[str, float] | None = None, epoch_size: int | None = None) -> None:
-        found = _sources(sources.sources if isinstance(sources, Blend) else sources)
+        if isinstance(sources, Blend):
+            # a Blend given again (to loader, ShardkitDataset) keeps its epoch size unless one is given
+            epoch_size = sources.epoch_size if epoch_size is None else epoch_size
+            sources = sources.sources
+        found = _sources(sources)
         if weights is not None:
             found = _with_weights(found, weights)
         weighted = [s.weight is not None for s in found]
