@@ -87,3 +87,17 @@ def test_a_state_file_that_is_not_json_is_one_line(piles, tmp_path, capsys, text
     assert main(["trace", piles, "--step", "0", "--state", str(path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"shardkit trace: error: {path}: ") and "JSON" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder", "a list", "torch, no version"])
+def test_a_state_file_that_cannot_be_read_or_is_no_state_names_the_file(piles, tmp_path, capsys, kind):
+    """``--state`` of a missing file or a folder said ``[Errno 2] ...``; one that is no state said
+    ``load_state_dict: ...``: neither named the flag's file."""
+    path = tmp_path / "state.json"
+    if kind == "folder":
+        path.mkdir()
+    elif kind != "missing":
+        path.write_text(json.dumps([1, 2] if kind == "a list" else {"format": "shardkit.torch"}))
+    assert main(["trace", piles, "--step", "0", "--state", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"shardkit trace: error: {path}: ") and err.count("\n") == 1 and "Errno" not in err

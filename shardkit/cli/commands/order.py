@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING, Any
 
 from shardkit.cli.command import VERBOSE, Command, Options, arg, quiet
 from shardkit.cli.flags import option_values
 from shardkit.loading.options import LoaderOptions
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from shardkit.loading.loader import Loader
+    from shardkit.loading.position import Phase
 
 # --- trace: which samples a step read ---------------------------------------------------------
 
@@ -15,30 +22,49 @@ from shardkit.loading.options import LoaderOptions
 TRACE_FLAGS = ("batch_size", "seed", "world_size", "mix", "shuffle", "drop_last")
 
 
+def _read_state(path: str) -> Any:
+    """The JSON in the ``--state`` file; what cannot be read or parsed is one line naming the file."""
+    import json
+
+    from shardkit.errors import ConfigError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:  # a missing file, a folder: the OS's words, not its errno
+        raise ConfigError(f"{path}: cannot read the state file ({e.strerror or e})") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ConfigError(f"{path}: not a JSON loader state ({e})") from None
+
+
+def _load_state(loader: Loader, path: str, epoch: int, workers: int) -> Sequence[Phase] | None:
+    """Put ``loader`` where the state in ``path`` stands; for a ``shardkit.torch`` state, the
+    phases of ``epoch`` it had read. A state the loader refuses names the file."""
+    from shardkit.errors import ConfigError
+    from shardkit.loading import state as states
+    from shardkit.loading.epochs import on_split
+
+    state = _read_state(path)
+    try:
+        if isinstance(state, dict) and state.get("format") == states.TORCH.name:
+            position = loader.read_state(state, torch=True)
+            return on_split(position, loader.options, loader.source, workers=max(1, workers)).done if position.epoch == epoch else ()
+        loader.load_state_dict(state)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return None
+
+
 def _trace(args: argparse.Namespace) -> int:
     import json
 
     from shardkit._util import check_int
-    from shardkit.errors import ConfigError
-    from shardkit.loading import state as states
-    from shardkit.loading.epochs import on_split
     from shardkit.loading.loader import Loader
 
     options = LoaderOptions(decode=False, rank=0, **option_values(args, TRACE_FLAGS))
     loader = Loader(args.source, options)
     workers = check_int("--dataloader-workers", args.dataloader_workers, low=0)
-    done = None
-    if args.state:
-        with open(args.state, encoding="utf-8") as f:
-            try:
-                state = json.load(f)
-            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-                raise ConfigError(f"{args.state}: not a JSON loader state ({e})") from None
-        if isinstance(state, dict) and state.get("format") == states.TORCH.name:
-            position = loader.read_state(state, torch=True)
-            done = on_split(position, loader.options, loader.source, workers=max(1, workers)).done if position.epoch == args.epoch else ()
-        else:
-            loader.load_state_dict(state)
+    done = _load_state(loader, args.state, args.epoch, workers) if args.state else None
     keys = loader.keys(args.step, epoch=args.epoch, num_workers=workers, done=done)
     if args.json:
         print(json.dumps({str(rank): k for rank, k in enumerate(keys)}, indent=1))
