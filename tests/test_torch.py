@@ -78,6 +78,15 @@ def test_shardkit_dataloader_takes_no_batch_size(odd_dataset):
     assert len(list(ShardkitDataLoader(batched))) == len(batched)
 
 
+def test_shardkit_dataloader_names_where_drop_last_goes(odd_dataset):
+    """``ShardkitDataLoader(ds, drop_last=True)`` failed in torch with "batch_size=None option
+    disables auto-batching and is mutually exclusive with drop_last", an argument never given."""
+    ds = ShardkitDataset(odd_dataset, batch_size=8, decode=False, world_size=1, rank=0)
+    with pytest.raises(shardkit.ConfigError, match=r"ShardkitDataLoader: drop_last: .*ShardkitDataset\(\.\.\., drop_last=True\)"):
+        ShardkitDataLoader(ds, drop_last=True)
+    assert len(list(ShardkitDataLoader(ds, drop_last=False))) == len(ds)  # the DataLoader's default, harmless
+
+
 @pytest.mark.skipif(
     "in_order" not in inspect.signature(torch.utils.data.DataLoader).parameters,
     reason="this torch's DataLoader has no in_order (torch < 2.6)",

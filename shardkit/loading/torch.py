@@ -31,6 +31,7 @@ from shardkit._util import check_int
 from shardkit.errors import ConfigError, ShardkitError
 from shardkit.loading.blend.source import BlendedSource, resolve_blend
 from shardkit.loading.blend.spec import Blend, is_blend
+from shardkit.loading.dataloader_arguments import check_arguments, rebatching
 from shardkit.loading.handoff import Handoff, SendableViews, convert, taken
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
@@ -65,23 +66,6 @@ def _hands_off(caller: Any) -> bool:
     fetcher = caller.f_locals.get("self") if caller is not None else None
     collate = getattr(fetcher, "collate_fn", None)
     return collate is default_convert or collate is convert
-
-
-_RIGHT_CALL = "ShardkitDataLoader(ds, num_workers=k) or DataLoader(ds, batch_size=None, num_workers=k)"
-
-
-def _rebatching(batch_size: int, loader_batch: int | None = None) -> ConfigError:
-    """The error for a DataLoader that would batch a batching dataset's items again (``loader_batch``
-    is the DataLoader's batch size when known)."""
-    again = (
-        f"its batch_size={loader_batch} would give every array an extra leading dimension of {loader_batch}"
-        if loader_batch is not None
-        else "its batch_size is not None (PyTorch's default, 1, gives every array an extra leading dimension of 1)"
-    )
-    return ConfigError(
-        f"ShardkitDataset(batch_size={batch_size}) already yields batches, and this DataLoader batches them again: {again}. "
-        f"Use {_RIGHT_CALL}"
-    )
 
 
 class ShardkitDataset(IterableDataset):
@@ -187,7 +171,7 @@ class ShardkitDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         caller = sys._getframe(1)
         if self.options.batch_size is not None and _batched_again(self, caller):
-            raise _rebatching(self.options.batch_size)
+            raise rebatching(self.options.batch_size)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         place = self._place  # read once, at the start: the main process may change it later
@@ -342,8 +326,9 @@ RAW_PREFETCH = 4
 class ShardkitDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`ShardkitDataset` that counts the items it yields, so its
     :meth:`state_dict` is exact with worker processes too. ``batch_size`` is None (the dataset
-    batches; any other value is a ``ConfigError``, and so is ``in_order=False`` with workers,
-    whose turns the order, the state and the ledger count); every other argument is the DataLoader's.
+    batches; any other value is a ``ConfigError``, and so are ``drop_last=True``, the dataset's
+    option, and ``in_order=False`` with workers, whose turns the order, the state and the ledger
+    count: :mod:`shardkit.loading.dataloader_arguments`); every other argument is the DataLoader's.
     Its workers hand raw batches over in shared memory (:mod:`shardkit.loading.ring`) instead
     of through the DataLoader's queue, or as where their fields lie in local plain piles
     (:mod:`shardkit.loading.located`). Holding such batches costs little, so for raw batches
@@ -359,22 +344,7 @@ class ShardkitDataLoader(DataLoader):
     def __init__(self, dataset: ShardkitDataset, **kwargs: Any) -> None:
         if not isinstance(dataset, ShardkitDataset):
             raise ConfigError(f"dataset: expected a ShardkitDataset, got {type(dataset).__name__}")
-        batch = kwargs.setdefault("batch_size", None)
-        if batch is not None:
-            if dataset.options.batch_size is not None:
-                raise _rebatching(dataset.options.batch_size, batch)
-            # the dataset's state counts its own items: batches made here would be counted as samples
-            raise ConfigError(
-                f"ShardkitDataLoader: batch_size: expected None, got {batch!r}: batch in the dataset instead, "
-                f"ShardkitDataset(..., batch_size={batch!r}), so that state_dict() counts what this DataLoader yields"
-            )
-        if kwargs.get("num_workers", 0) > 0 and kwargs.get("in_order", True) is not True:
-            # the order, state_dict() and keys() all count the workers' turns (round_robin): a
-            # DataLoader yielding whichever batch is ready first resumes with samples lost and repeated
-            raise ConfigError(
-                f"ShardkitDataLoader: in_order: expected True, got {kwargs['in_order']!r}: "
-                "its workers must take turns for the order, state_dict() and keys() to hold"
-            )
+        check_arguments(dataset.options.batch_size, kwargs)
         # raw fields stay bytes or memoryviews in this process too (default_convert makes a
         # memoryview a list of ints); in workers the batches are packed either way
         kwargs.setdefault("collate_fn", convert)
