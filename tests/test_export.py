@@ -78,3 +78,23 @@ def test_export_refuses_to_write_over_a_file_of_the_dataset(tmp_path, dataset, c
     assert "the dataset's own" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in (tmp_path / "piles").iterdir()} == before
     shardkit.export(tmp_path / "piles", tmp_path / "piles" / "all.parquet", quiet=True)  # a name of its own is fine
+
+
+def test_an_append_between_the_manifest_read_and_the_rows_loses_no_field(tmp_path, dataset, monkeypatch):
+    """The columns came from one read of the manifest and the rows from the loader's own, later
+    one: a generation appended in between, with a new field, was exported without that field."""
+    from shardkit.tools import export as export_module
+
+    real = export_module.info
+
+    def info_then_append(*args, **kwargs):
+        found = real(*args, **kwargs)
+        with shardkit.PileWriter(tmp_path / "piles", piles=4, seed=5, mode="append") as w:
+            w.write({"__key__": "new", "txt": "t", "extra": b"\xff"})
+        return found
+
+    monkeypatch.setattr(export_module, "info", info_then_append)
+    result = shardkit.export(tmp_path / "piles", tmp_path / "all.parquet", quiet=True)
+    assert result.rows == 61 and result.columns == ("__key__", "cls", "extra", "txt")
+    rows = {r["__key__"]: r for r in pq.read_table(tmp_path / "all.parquet").to_pylist()}
+    assert rows["new"]["extra"] == b"\xff"

@@ -12,15 +12,18 @@ string column, a sample without a field holding null there. Piling the file agai
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shardkit import storage
 from shardkit._util import bar, check_int, check_path
 from shardkit.dataset import layout
+from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError
 from shardkit.loading.blend.loader import loader
+from shardkit.loading.loader import Loader
+from shardkit.manifest import Manifest
 from shardkit.tools.audit import info
 
 FORMATS = ("parquet",)
@@ -35,8 +38,8 @@ class Exported:
     columns: tuple[str, ...]
 
 
-def _rows(source: Any, seed: int | None, epoch: int, storage_options: Mapping[str, Any] | None) -> Iterator[dict[str, Any]]:
-    """The samples as stored, in pile order (``seed`` None) or in epoch ``epoch``'s order for ``seed``."""
+def _reader(source: str, seed: int | None, storage_options: Mapping[str, Any] | None) -> Loader:
+    """A loader of the samples as stored, in pile order (``seed`` None) or in ``seed``'s order."""
     # every sample, whatever ranks the environment names (a job launched with RANK and WORLD_SIZE)
     options: dict[str, Any] = {
         "decode": False,
@@ -46,9 +49,15 @@ def _rows(source: Any, seed: int | None, epoch: int, storage_options: Mapping[st
         "world_size": 1,
         "rank": 0,
     }
-    with loader(source, **options) as reader:
-        reader.set_epoch(epoch)
-        yield from reader
+    return loader(source, **options)
+
+
+def _read_manifest(source: str, reader: Loader) -> Manifest:
+    """The manifest of the generation ``reader`` reads: the columns come from it, so a generation
+    appended since the dataset was first looked at adds no field the rows lack, nor leaves one out."""
+    generation = reader.source.generation
+    assert generation is not None  # a dataset, checked by info() before the loader opened
+    return Dataset(source).pinned(generation)
 
 
 def _same_folder(a: str, b: str) -> bool:
@@ -110,7 +119,14 @@ def export(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    manifest = info(source, storage_options=storage_options)
+    info(source, storage_options=storage_options)  # a dataset, not tar shards: its errors name what is there
+    with _reader(source, seed, storage_options) as reader:
+        reader.set_epoch(epoch)
+        return _write(pa, pq, target, reader, _read_manifest(source, reader), rows_per_group=rows_per_group, quiet=quiet)
+
+
+def _write(pa: Any, pq: Any, target: str, reader: Loader, manifest: Manifest, *, rows_per_group: int, quiet: bool) -> Exported:
+    """Write the samples of ``reader`` into the Parquet file ``target``, whole or not at all."""
     columns = ("__key__", *sorted(manifest.fields))
     schema = pa.schema([pa.field("__key__", pa.string(), nullable=False), *(pa.field(c, pa.large_binary()) for c in columns[1:])])
     rows = 0
@@ -120,7 +136,7 @@ def export(
         bar(total=manifest.samples, desc="exporting", unit="sample", quiet=quiet) as progress,
     ):
         batch: list[dict[str, Any]] = []
-        for sample in _rows(source, seed, epoch, storage_options):
+        for sample in reader:
             batch.append(sample)
             if len(batch) == rows_per_group:
                 writer.write_table(_table(pa, schema, columns, batch))
