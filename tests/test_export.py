@@ -98,3 +98,10 @@ def test_an_append_between_the_manifest_read_and_the_rows_loses_no_field(tmp_pat
     assert result.rows == 61 and result.columns == ("__key__", "cls", "extra", "txt")
     rows = {r["__key__"]: r for r in pq.read_table(tmp_path / "all.parquet").to_pylist()}
     assert rows["new"]["extra"] == b"\xff"
+
+
+def test_quiet_is_true_or_false(tmp_path, dataset):
+    """``quiet="no"`` was taken for quiet (a truthy string), as repile and pile refuse it."""
+    with pytest.raises(shardkit.ConfigError, match=r"quiet: expected True or False, got 'no'"):
+        shardkit.export(tmp_path / "piles", tmp_path / "x.parquet", quiet="no")
+    assert not (tmp_path / "x.parquet").exists()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit import storage
-from shardkit._util import bar, check_int, check_path
+from shardkit._util import bar, check_bool, check_int, check_path
 from shardkit.dataset import layout
 from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError
@@ -109,6 +109,7 @@ def export(
         raise ConfigError(f"to: expected one of {', '.join(FORMATS)}, got {to!r}")
     check_int("epoch", epoch, low=0)
     check_int("rows_per_group", rows_per_group, low=1)
+    check_bool("quiet", quiet)
     if seed is not None:
         check_int("seed", seed, low=0)
     elif epoch:
