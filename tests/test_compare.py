@@ -219,6 +219,17 @@ def test_compare_rejects_bad_options(dataset):
         compare_shuffles(dataset, batch_size=1000)
     with pytest.raises(ConfigError, match="source_shards"):
         compare_shuffles(dataset, batch_size=8, source_shards=10_000)
+    # a negative seed reached numpy: "ValueError: expected non-negative integer", with a traceback in the CLI
+    with pytest.raises(ConfigError, match=r"seed: expected an integer >= 0, got -1"):
+        compare_shuffles(dataset, batch_size=8, seed=-1)
+    with pytest.raises(ConfigError, match=r"quiet: expected True or False, got 'no'"):
+        compare_shuffles(dataset, batch_size=8, quiet="no")
+
+
+def test_cli_quality_refuses_a_negative_seed_in_one_line(dataset, capsys):
+    assert main(["quality", dataset, "--batch-size", "8", "--seed", "-1", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err == "shardkit quality: error: seed: expected an integer >= 0, got -1\n"
 
 
 def test_cli_quality_prints_the_table(dataset, capsys):

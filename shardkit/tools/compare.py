@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from shardkit import _util, manifest, storage
-from shardkit._util import check_int, shown
+from shardkit._util import check_bool, check_int, shown
 from shardkit.errors import ConfigError
 from shardkit.loading.pile import read_pile
 from shardkit.tools import orders, quality
@@ -238,6 +238,8 @@ def compare_shuffles(
     for name, value in (("batch_size", batch_size), ("epochs", epochs), ("mix", mix)):
         check_int(name, value, low=1)
     check_int("source_shards", source_shards, low=1, none=True)
+    check_int("seed", seed, low=0)  # a negative one would reach numpy's seeding as a bare ValueError
+    check_bool("quiet", quiet)
     index = scan_dataset(os.fspath(source), label_field=label_field, source_field=source_field, quiet=quiet)
     n = index.samples
     if n < batch_size:
