@@ -224,6 +224,10 @@ def test_compare_rejects_bad_options(dataset):
         compare_shuffles(dataset, batch_size=8, seed=-1)
     with pytest.raises(ConfigError, match=r"quiet: expected True or False, got 'no'"):
         compare_shuffles(dataset, batch_size=8, quiet="no")
+    # a blend is no dataset directory: it was a bare TypeError from os.fspath
+    for blend in ({"a": dataset}, shardkit.Blend({"a": dataset})):
+        with pytest.raises(ConfigError, match=r"source: expected a shardkit dataset directory or URL, got .*one of its datasets"):
+            compare_shuffles(blend, batch_size=8)
 
 
 def test_cli_quality_refuses_a_negative_seed_in_one_line(dataset, capsys):

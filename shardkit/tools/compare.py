@@ -235,6 +235,10 @@ def compare_shuffles(
         source_shards: shards the reference orders read the source order as (default: the
             number of piles, or of samples when there are fewer).
     """
+    if not isinstance(source, (str, os.PathLike)):  # a blend's order is not measured: os.fspath's TypeError said none of it
+        raise ConfigError(
+            f"source: expected a shardkit dataset directory or URL, got {shown(source)} (for a blend, measure one of its datasets)"
+        )
     for name, value in (("batch_size", batch_size), ("epochs", epochs), ("mix", mix)):
         check_int(name, value, low=1)
     check_int("source_shards", source_shards, low=1, none=True)
