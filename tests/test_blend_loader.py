@@ -134,7 +134,8 @@ def test_a_state_resumes_on_the_generations_it_was_taken_on(pair):
 
 def test_a_torch_state_resumes_on_the_generations_it_was_taken_on(pair):
     """As a loader's: a DataLoader's state names each source's generation, and a new dataset resumes on them."""
-    data = pytest.importorskip("shardkit.torch", reason="PyTorch is not installed")
+    pytest.importorskip("torch", reason="needs torch: pip install 'shardkit[torch]'")
+    import shardkit.torch as data
 
     def make_loader():
         ds = data.ShardkitDataset(pair, weights={"web": 0.6, "code": 0.4}, batch_size=12, decode=False, seed=9)

@@ -210,7 +210,9 @@ def test_ctrl_c_at_any_moment_exits_130_without_a_traceback(tmp_path):
         time.sleep(delay)
         child.send_signal(signal.SIGINT)
         _, err = child.communicate(timeout=120)
-        assert child.returncode in (0, 130) and b"Traceback" not in err, err.decode()[-2000:]
+        # -SIGINT: the signal came while the interpreter was starting or had restored the default
+        # handler on its way out; a shell shows that as 130 too
+        assert child.returncode in (0, 130, -signal.SIGINT) and b"Traceback" not in err, err.decode()[-2000:]
 
 
 @pytest.mark.parametrize("manifest_in_place", ["old", "new"])
