@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Generator
 from dataclasses import replace
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
@@ -277,12 +276,6 @@ class SharedPlace:
         loader = self.loader(replace(o, worker=(role, workers), views=o.views or views))
         loader.resume(position)
         return loader.locate_fields() if views else loader
-
-
-def raising(error: BaseException) -> Generator[Any, None, None]:
-    """An iterator that raises ``error`` when its first item is asked for."""
-    raise error
-    yield
 
 
 def _generations(state: dict[str, Any]) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """PyTorch adapter: a shardkit loader as an ``IterableDataset`` for DataLoader workers and DDP.
 
-Each DataLoader worker reads its own contiguous share of its rank's slice of the epoch (split on batch boundaries), so
-no sample is read twice and every rank yields the same count. Rank and world size come from the options,
-``RANK``/``WORLD_SIZE`` or an initialized torch.distributed. The epoch and a resume point live in shared memory, so
-``set_epoch`` and ``load_state_dict`` in the main process reach the workers, persistent or not. A state resumes on
-another world size, batch size or number of DataLoader workers (a blend too): the rest of the epoch is every sample
-not yet read, split anew (:mod:`shardkit.loading.elastic`).
+Each DataLoader worker reads its own contiguous share of its rank's slice of the epoch (split on
+batch boundaries), so no sample is read twice and every rank yields the same count. Rank and
+world size come from the options, ``RANK``/``WORLD_SIZE`` or an initialized torch.distributed.
+The epoch and a resume point live in shared memory, so ``set_epoch`` and ``load_state_dict``
+in the main process reach the workers, persistent or not. A state resumes on another world
+size, batch size or number of DataLoader workers (a blend too): the rest of the epoch is every sample not yet
+read, split anew (:mod:`shardkit.loading.elastic`).
 
     ds = ShardkitDataset("data/", batch_size=64, seed=0)
     dl = ShardkitDataLoader(ds, num_workers=4)      # a DataLoader that counts for state_dict()
@@ -36,7 +37,7 @@ from shardkit.loading.handoff import Handoff, SendableViews, convert, taken
 from shardkit.loading.loader import Loader
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.ring import Ring
-from shardkit.loading.shared_place import SharedPlace, raising
+from shardkit.loading.shared_place import SharedPlace
 from shardkit.loading.source import Source, SourceLike, resolve
 from shardkit.loading.turns import round_robin
 
@@ -59,13 +60,20 @@ def _batched_again(dataset: Any, caller: Any) -> bool:
 
 
 def _hands_off(caller: Any) -> bool:
-    """Whether the DataLoader worker whose fetcher (``caller``, as in :func:`_batched_again`) iterates the dataset
-    applies the DataLoader's default conversion to each item: then items go to the main process packed
-    (:class:`~shardkit.loading.handoff.Handoff`), which that conversion passes through untouched and which unpickles
-    as the converted item. A custom ``collate_fn`` gets the items as they are."""
+    """Whether the DataLoader worker whose fetcher (``caller``, as in :func:`_batched_again`)
+    iterates the dataset applies the DataLoader's default conversion to each item: then items go
+    to the main process packed (:class:`~shardkit.loading.handoff.Handoff`), which that
+    conversion passes through untouched and which unpickles as the converted item. A custom
+    ``collate_fn`` gets the items as they are."""
     fetcher = caller.f_locals.get("self") if caller is not None else None
     collate = getattr(fetcher, "collate_fn", None)
     return collate is default_convert or collate is convert
+
+
+def _raising(error: BaseException) -> Generator[Any, None, None]:
+    """An iterator that raises ``error`` when its first item is asked for."""
+    raise error
+    yield
 
 
 class ShardkitDataset(IterableDataset):
@@ -188,7 +196,7 @@ class ShardkitDataset(IterableDataset):
             borrow = handoff and self._raw_batches()
             loader: Loader | Generator[Any, None, None] = place.worker_loader(pending, worker=worker, workers=workers, views=borrow)
         except ShardkitError as e:  # raised at its first item: a persistent worker raising here would exit
-            loader = raising(e)
+            loader = _raising(e)
         finally:
             if info is not None:
                 place.started(worker)  # nothing below reads the place: the main process may move it
