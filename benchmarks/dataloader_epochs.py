@@ -33,9 +33,6 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import json
-import subprocess
-
 import harness
 from _timing import cpu_seconds, load_shardkit
 
@@ -194,15 +191,8 @@ def _run(read: Any, epochs: int, t0: float, batch_size: int | None = None) -> di
 
 
 def _fresh(contender: str, params: dict[str, Any]) -> dict[str, Any]:
-    """``contender(params)`` in a fresh interpreter, as the harness would start it."""
-    code = f"import json, sys; import dataloader_epochs as d; print(json.dumps(d.{contender}(json.loads(sys.argv[1]))))"
-    out = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(params)], env=harness.child_env(), capture_output=True, text=True, timeout=1800
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{contender}: exit {out.returncode}: {out.stderr.strip()[-2000:]}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    """``contender(params)`` in a fresh interpreter (see :func:`harness.call_fresh`)."""
+    return harness.call_fresh(f"dataloader_epochs:{contender}", params)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -151,6 +151,28 @@ def measure_python(target: str, params: dict[str, Any], *, python: str | None = 
     return result
 
 
+def call_fresh(target: str, params: dict[str, Any], *, timeout: float = 1800) -> dict[str, Any]:
+    """``module:function(params)`` from ``benchmarks/`` in a fresh interpreter, its JSON result,
+    without :func:`measure_python`'s watch on the process's memory (polling it every few ms takes
+    CPU from a contender that needs every core).
+
+    Raises:
+        ContenderError: the process failed or timed out.
+    """
+    module, function = target.split(":")
+    code = f"import json, sys; import {module} as m; print(json.dumps(m.{function}(json.loads(sys.argv[1]))))"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(params)], env=child_env(), capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as e:
+        raise ContenderError(f"{target} ran past {timeout:.0f} s") from e
+    if out.returncode != 0:
+        raise ContenderError(f"{target}: exit {out.returncode}: {out.stderr.strip()[-2000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
 def measure_command(argv: Sequence[str], *, timeout: float = 3600) -> dict[str, Any]:
     """Run an external command (``shuf``...) and return its wall time and peak RSS.
 

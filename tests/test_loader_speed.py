@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -194,3 +198,16 @@ def test_convert_is_default_convert_but_for_byte_lists():
     got = convert(batch)
     assert got["bin"] == batch["bin"] and got["raw"] == [b"z"] and got["__key__"] == ["a"]
     assert torch.equal(got["cls"], torch.tensor([1])) and got["meta"] == default_convert(batch["meta"])
+
+
+def test_the_read_bound_benchmark_prints_the_halves_and_the_ratio(tmp_path):
+    """``benchmarks/read_bound.py`` at a toy size: every row measured, the ratios printed."""
+    if not shutil.which("cat"):
+        pytest.skip("cat is not on PATH: the benchmark reads the piles with it")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "read_bound.py")
+    argv = [sys.executable, script, "--samples", "300", "--piles", "2", "--repeats", "1", "--epochs", "2", "--data", str(tmp_path)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for row in ("cat", "shardkit.loader views=True, later epochs", "reader alone: header scan", "consumer alone (piles fetched before)"):
+        assert re.search(rf"\| {re.escape(row)} \| \d+\.\d \| [\d,]+ \| \d+\.\d{{3}}x \|", out.stdout), row
+    assert re.search(r"views=True over cat: \d+\.\d{3}x a process's first epoch, \d+\.\d{3}x later epochs", out.stdout)
