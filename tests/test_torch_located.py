@@ -15,6 +15,7 @@ import shardkit
 from shardkit import storage
 from shardkit.errors import CorruptShardError
 from shardkit.loading import located
+from shardkit.loading import source as source_module
 from shardkit.loading.located import Located, cut
 from tests.conftest import make_samples
 
@@ -241,3 +242,27 @@ def test_a_file_rewritten_in_place_is_refused_by_name(tmp_path):
     wire = [(str(path), "100-1", np.array([0], dtype=np.int64).tobytes(), np.array([4], dtype=np.int64).tobytes())]
     with pytest.raises(CorruptShardError, match=r"pile-000000\.tar: the file changed while the DataLoader read it: version 100-1"):
         cut(wire, views=False)
+
+
+def test_a_pile_replaced_after_it_was_read_is_refused_not_cut_from_the_new_file(data, tmp_path, monkeypatch):
+    """The version a located field names is that of the bytes read: a pile replaced between its read
+    (ahead, in the background) and its first batch is refused where the main process cuts it."""
+    copy = str(tmp_path / "ds")
+    shutil.copytree(data, copy)
+    real = source_module.fetch
+
+    def fetch_then_replace(url, **keywords):
+        fetched = real(url, **keywords)
+        with open(url, "rb") as f:
+            other = (np.frombuffer(f.read(), dtype=np.uint8) ^ 0xFF).tobytes()  # the same size, other bytes
+        with open(url + ".new", "wb") as f:
+            f.write(other)
+        os.replace(url + ".new", url)
+        return fetched
+
+    monkeypatch.setattr(source_module, "fetch", fetch_then_replace)
+    with shardkit.loader(copy, batch_size=16, decode=False, seed=2).locate_fields() as loader:
+        field = next(iter(loader))["bin"]
+    assert type(field) is Located
+    with pytest.raises(CorruptShardError, match=r"pile-00000\d\.tar: the file changed while the DataLoader read it"):
+        cut(field.wire(), views=False)

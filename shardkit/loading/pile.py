@@ -35,12 +35,15 @@ class Fetched:
         buf: the bytes (a memory map for local piles).
         chain: the header scan (None: walk it member by member).
         checked: the bytes matched the manifest's checksum.
+        version: the file's version looked at before it was read, for fields left where they lie
+            (:mod:`shardkit.loading.located`); None when not looked at.
     """
 
     url: str
     buf: storage.Buffer
     chain: Chain | None
     checked: bool
+    version: str | None = None
 
 
 def count_problem(shard: Shard, expected: PileInfo) -> str | None:

@@ -106,6 +106,7 @@ class Reading:
         self.source, self.setup, self.workers = source, setup, workers
         self.position = start
         self.cursor: tuple[int, Iterator[int]] | None = None  # (block end, its index iterator) on the hot path
+        self.versions: dict[str, str | None] = {}  # each pile's file version as read, for located fields
 
     def where(self) -> int:
         """The slice position after the last item yielded."""
@@ -138,8 +139,16 @@ class Reading:
         # the thread maps, checksums and scans headers with numpy (all mostly without the GIL);
         # the consumer finishes the index
         source, o, reads, scratch = self.source, self.setup.options, self.setup.reads, self.setup.scratch
-        limit, verify = o.max_pile_bytes, o.verify
-        return lambda index: source.fetch(index, max_bytes=limit, verify=verify, reads=reads, scratch=scratch)  # type: ignore[arg-type]
+        limit, verify, locate = o.max_pile_bytes, o.verify, self.setup.located
+
+        def read(index: int) -> Fetched:
+            # the version is looked at before the read: a file replaced after it is then refused where its fields are
+            # cut, never cut from the new file at the old file's offsets
+            version = located.version(source.piles[index]) if locate else None
+            fetched = source.fetch(index, max_bytes=limit, verify=verify, reads=reads, scratch=scratch)  # type: ignore[arg-type]
+            return fetched if version is None else replace(fetched, version=version)
+
+        return read
 
     def _blocks(self, sched: Schedule, start: int, uses: Sequence[plan.PileUse], reader: PileReader[int, Fetched]) -> Iterator[ShardBlock]:
         """The schedule's blocks with their piles loaded (None where a pile is skipped); each pile
@@ -219,6 +228,7 @@ class Reading:
             return None
         try:
             shard = self.source.open(use.pile, item)
+            self.versions[url] = item.version
             return shard.as_views() if self.setup.views else shard
         except (ShardkitError, OSError) as e:
             self.setup.policy.pile(e, url)
@@ -265,16 +275,11 @@ class Reading:
     def _located(self) -> Callable[[Any, list[int]], dict[str, Any] | None]:
         """A pile's columns with the fields of a local plain pile left where they lie (see
         :mod:`shardkit.loading.located`); values elsewhere, and until an early pile is read whole."""
-        piles = {p.url: p for p in self.source.piles}
-        versions: dict[str, str | None] = {}  # each pile's file, looked at once an epoch
 
         def take(shard: Any, index: list[int]) -> dict[str, Any] | None:
-            url = shard.url
-            if url not in versions:
-                versions[url] = located.version(piles.get(url))
-            found = versions[url]
+            found = self.versions.get(shard.url)
             spans = shard.spans(index) if found is not None else None
-            return shard.columns(index) if spans is None else located.located_columns(url, found, spans)  # type: ignore[arg-type]
+            return shard.columns(index) if spans is None else located.located_columns(shard.url, found, spans)  # type: ignore[arg-type]
 
         return take
 
