@@ -115,7 +115,8 @@ class _Maps:
         if now != version:
             raise CorruptShardError(
                 f"{url}: the file changed while the DataLoader read it: version {version} in the worker that checked it, "
-                f"{now} here; replace pile files, never rewrite one in place under a running loader"
+                f"{now} here (replaced or rewritten: an overwrite of the dataset, or an edit by hand); a running loader's "
+                "files must stay as they are: write a new dataset elsewhere, or append"
             )
         with self._lock:
             self._held[url] = (version, buf)
