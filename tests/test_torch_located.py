@@ -60,11 +60,14 @@ def ring_count(dl: ShardkitDataLoader) -> int:
     return 0 if ring is None else sum(ring.count(w) for w in range(ring.workers))
 
 
-@pytest.mark.parametrize("views", [False, True])
-def test_the_batches_are_those_sent_as_values_in_the_same_order(data, monkeypatch, views):
+@pytest.mark.parametrize(("views", "mix"), [(False, 1), (True, 1), (False, 3), (True, 2)])
+def test_the_batches_are_those_sent_as_values_in_the_same_order(data, monkeypatch, views, mix):
+    """Piles read one after another, or mixed position by position (``mix``): a batch's fields
+    then lie in several piles, each value in its place."""
+
     def make() -> ShardkitDataLoader:
         return ShardkitDataLoader(
-            ShardkitDataset(data, batch_size=16, decode=False, seed=2, views=views), num_workers=2, persistent_workers=True
+            ShardkitDataset(data, batch_size=16, decode=False, seed=2, views=views, mix=mix), num_workers=2, persistent_workers=True
         )
 
     old = make()
@@ -230,16 +233,32 @@ def test_a_located_field_reads_as_its_values_and_travels_without_them(tmp_path):
     field = Located.concat([a, b])
     assert len(field) == 3 and [bytes(v) for v in field] == [bytes([0, 1, 2]), b"", bytes(range(100, 105))]
     wire = field.wire()
-    assert all(type(x) is bytes for piece in wire for x in piece[2:]) and buf not in [x for piece in wire for x in piece]
+    pieces, order = wire
+    assert order is None and all(type(x) is bytes for piece in pieces for x in piece[2:]) and buf not in [x for p in pieces for x in p]
     assert cut(wire, views=False) == [bytes(v) for v in field]
     views = cut(wire, views=True)
     assert {type(v) for v in views} == {memoryview} and all(v.readonly for v in views) and [bytes(v) for v in views] == cut(wire, False)
 
 
+def test_a_located_field_in_another_order_reads_and_travels_in_that_order(tmp_path):
+    """Piles mixed position by position: one piece a pile, and the order the positions take them in."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(200)) * 10)
+    url, (store, name) = str(path), storage.locate(str(path))
+    version, buf = store.version(name), store.read_whole(name)
+    a = Located([(url, version, buf, np.array([0, 10]), np.array([3, 12]))])  # values 0-2, 10-11
+    b = Located([(url, version, buf, np.array([500]), np.array([505]))]).reordered(np.array([0]))  # 100-104
+    mixed = Located.concat([a, b]).reordered(np.array([2, 0, 1]))
+    want = [bytes(range(100, 105)), bytes([0, 1, 2]), bytes([10, 11])]
+    assert [bytes(v) for v in mixed] == want and cut(mixed.wire(), views=False) == want
+    twice = Located.concat([mixed, a])  # an ordered field joined with a plain one keeps both orders
+    assert [bytes(v) for v in twice] == [*want, bytes([0, 1, 2]), bytes([10, 11])] == cut(twice.wire(), views=False)
+
+
 def test_a_file_rewritten_in_place_is_refused_by_name(tmp_path):
     path = tmp_path / "pile-000000.tar"
     path.write_bytes(b"x" * 100)
-    wire = [(str(path), "100-1", np.array([0], dtype=np.int64).tobytes(), np.array([4], dtype=np.int64).tobytes())]
+    wire = ([(str(path), "100-1", np.array([0], dtype=np.int64).tobytes(), np.array([4], dtype=np.int64).tobytes())], None)
     with pytest.raises(CorruptShardError, match=r"pile-000000\.tar: the file changed while the DataLoader read it: version 100-1"):
         cut(wire, views=False)
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from shardkit.errors import ConfigError
 from shardkit.loading.decode import Transform
-from shardkit.loading.located import Located
+from shardkit.loading.located import Located, reorder
 from shardkit.tar.shard import Shard
 
 Collate = Callable[[list[dict[str, Any]]], Any]
@@ -207,12 +207,11 @@ def raw_batches(
     pieces: list[dict[str, list[Any]] | list[dict[str, Any]]] = []
     pos, opened, yielded = start, False, False
     for block in blocks:
-        shard = block.shards[0] if block.which is None else None
         index, pairs = block.index, None
         at = 0  # next item of index
         while at < len(index):
             n = min(len(index) - at, boundary - pos)
-            cols = None if shard is None else shard.columns(index[at : at + n]) if columns is None else columns(shard, index[at : at + n])
+            cols = _block_columns(block, at, at + n, columns)
             if cols is not None:
                 pieces.append(cols)
             else:  # one sample at a time: a skipped or irregular pile, or piles mixed position by position
@@ -225,9 +224,40 @@ def raw_batches(
                 pieces, opened, yielded = [], False, True
                 boundary += batch_size
         # let this block's piles go before the next is read (see cut_tasks)
-        block = shard = pairs = None  # type: ignore[assignment]
+        block = pairs = None  # type: ignore[assignment]
     if opened or (not yielded and length > start):
         yield min(boundary, length), _join(pieces)
+
+
+def _block_columns(
+    block: ShardBlock, lo: int, hi: int, columns: Callable[[Shard, list[int]], dict[str, Any] | None] | None
+) -> dict[str, Any] | None:
+    """Positions ``lo .. hi - 1`` of ``block`` field by field (``columns(shard, index)``, else
+    :meth:`Shard.columns`), or None where they must be taken one sample at a time (a skipped or
+    irregular pile). Piles mixed position by position give one column dict a pile, put back in
+    the positions' order."""
+    index = block.index[lo:hi]
+    if block.which is None:
+        shard = block.shards[0]
+        return None if shard is None else shard.columns(index) if columns is None else columns(shard, index)
+    which = np.asarray(block.which[lo:hi])
+    at = np.asarray(index)
+    parts, places = [], []
+    for w in np.unique(which).tolist():
+        shard = block.shards[w]
+        mine = np.flatnonzero(which == w)
+        cols = None if shard is None else shard.columns(at[mine].tolist()) if columns is None else columns(shard, at[mine].tolist())
+        if cols is None or (parts and list(cols) != list(parts[0])):
+            return None
+        parts.append(cols)
+        places.append(mine)
+    order = np.empty(len(which), dtype=np.int64)
+    order[np.concatenate(places)] = np.arange(len(which))  # place k takes value order[k] of the piles' values in turn
+    out: dict[str, Any] = {}
+    for name in parts[0]:
+        values = _concat([part[name] for part in parts])
+        out[name] = values.reordered(order) if type(values) is Located else reorder(values, order)
+    return out
 
 
 def _join(pieces: list[dict[str, list[Any]] | list[dict[str, Any]]]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ version is not the one the worker checked (rewritten in place in between) is ref
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -36,41 +37,70 @@ from shardkit.tar.shard import Spans
 MAPS = 8
 MAPPED_BYTES = 1 << 30
 MAPS_MOST = 128
-# what a piece travels as: (URL, version, start offsets, end offsets), offsets as int64 bytes
-Wire = list[tuple[str, str, bytes, bytes]]
+# what a field travels as: its pieces, each (URL, version, start offsets, end offsets), offsets as
+# int64 bytes, and its order (int64 bytes, or None: the pieces' values as they come)
+Wire = tuple[list[tuple[str, str, bytes, bytes]], bytes | None]
 
 
 class Located:
     """One raw field of a batch as pieces of pile files, each ``(url, version, buf, starts, ends)``:
-    value ``j`` of a piece is ``buf[starts[j]:ends[j]]``. It iterates as those values (read-only
-    memoryviews, in the process that read the piles) wherever a list of values is wanted;
-    :meth:`wire` is what travels instead.
+    value ``j`` of a piece is ``buf[starts[j]:ends[j]]``. The field's values are the pieces'
+    values one piece after another, or, with ``order``, value ``order[k]`` of that run in place
+    ``k`` (a batch of piles mixed position by position: one piece a pile). It iterates as those
+    values (read-only memoryviews, in the process that read the piles) wherever a list of values
+    is wanted; :meth:`wire` is what travels instead.
 
     Example:
         field = Located([("data/pile-000003.tar", "7400-1733", buf, np.array([512]), np.array([900]))])
         list(field)          # [<memory at ...>]
     """
 
-    __slots__ = ("pieces",)
+    __slots__ = ("order", "pieces")
 
-    def __init__(self, pieces: list[tuple[str, str, Any, np.ndarray, np.ndarray]]) -> None:
-        self.pieces = pieces
+    def __init__(self, pieces: list[tuple[str, str, Any, np.ndarray, np.ndarray]], order: np.ndarray | None = None) -> None:
+        self.pieces, self.order = pieces, order
 
     def __len__(self) -> int:
         return sum(len(p[3]) for p in self.pieces)
 
     def __iter__(self) -> Iterator[memoryview]:
+        values = self._values()
+        return iter(values if self.order is None else reorder(values, self.order))
+
+    def _values(self) -> list[memoryview]:
+        out: list[memoryview] = []
         for _, _, buf, starts, ends in self.pieces:
             view = memoryview(buf).toreadonly()
-            yield from map(view.__getitem__, map(slice, starts.tolist(), ends.tolist()))
+            out += map(view.__getitem__, map(slice, starts.tolist(), ends.tolist()))
+        return out
+
+    def _ordered(self) -> np.ndarray:
+        return np.arange(len(self), dtype=np.int64) if self.order is None else self.order
+
+    def reordered(self, order: np.ndarray) -> Located:
+        """The field whose value ``k`` is this one's value ``order[k]``."""
+        return Located(self.pieces, self._ordered()[order])
 
     @staticmethod
     def concat(parts: Sequence[Located]) -> Located:
-        return Located([piece for part in parts for piece in part.pieces])
+        pieces = [piece for part in parts for piece in part.pieces]
+        if all(part.order is None for part in parts):
+            return Located(pieces)
+        offsets = np.cumsum([0] + [len(part) for part in parts[:-1]])
+        return Located(pieces, np.concatenate([part._ordered() + at for part, at in zip(parts, offsets.tolist(), strict=True)]))
 
     def wire(self) -> Wire:
         """The pieces as they travel: the buffers stay behind."""
-        return [(url, version, starts.tobytes(), ends.tobytes()) for url, version, _, starts, ends in self.pieces]
+        pieces = [(url, version, starts.tobytes(), ends.tobytes()) for url, version, _, starts, ends in self.pieces]
+        return pieces, None if self.order is None else self.order.astype(np.int64, copy=False).tobytes()
+
+
+def reorder(values: list[Any], order: np.ndarray | Sequence[int]) -> list[Any]:
+    """``[values[i] for i in order]``, in C."""
+    at = order.tolist() if isinstance(order, np.ndarray) else list(order)
+    if len(at) == 1:
+        return [values[at[0]]]
+    return list(operator.itemgetter(*at)(values)) if at else []
 
 
 def version(pile: Pile | None) -> str | None:
@@ -139,11 +169,12 @@ def cut(wire: Wire, views: bool) -> list[bytes] | list[memoryview]:
     Raises:
         CorruptShardError: a file is not the version the worker read (named).
     """
+    pieces, order = wire
     out: list[Any] = []
-    for url, version, starts, ends in wire:
+    for url, version, starts, ends in pieces:
         buf = _MAPS.get(url, version)
         source = memoryview(buf).toreadonly() if views else buf
         out += map(
             source.__getitem__, map(slice, np.frombuffer(starts, dtype=np.int64).tolist(), np.frombuffer(ends, dtype=np.int64).tolist())
         )
-    return out
+    return out if order is None else reorder(out, np.frombuffer(order, dtype=np.int64))
