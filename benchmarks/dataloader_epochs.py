@@ -18,6 +18,7 @@ beyond the CPU.
 
     python benchmarks/dataloader_epochs.py                         # 30,000 samples (12 piles), 4 epochs
     python benchmarks/dataloader_epochs.py --samples 100000 --piles 40 --epochs 3
+    python benchmarks/dataloader_epochs.py --mix 2                 # piles mixed position by position
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def one_process(p: dict[str, Any]) -> dict[str, Any]:
     load_shardkit()  # as run.py's contenders: not in one contender's first epoch only
     t0 = time.perf_counter()
     cpu0 = cpu_seconds()
-    loader = shardkit.loader(p["dir"], decode=False, seed=0)
+    loader = shardkit.loader(p["dir"], decode=False, seed=0, mix=p["mix"])
 
     def read(epoch: int) -> int:
         loader.set_epoch(epoch)
@@ -82,7 +83,7 @@ def dataloader(p: dict[str, Any]) -> dict[str, Any]:
     load_shardkit()  # as run.py's contenders: not in one contender's first epoch only
     t0 = time.perf_counter()
     cpu0 = cpu_seconds()
-    dataset = ShardkitDataset(p["dir"], batch_size=p["batch_size"], decode=False, seed=0)
+    dataset = ShardkitDataset(p["dir"], batch_size=p["batch_size"], decode=False, seed=0, mix=p["mix"])
     loader = ShardkitDataLoader(dataset, num_workers=p["workers"], persistent_workers=True)
 
     def read(epoch: int, loader: ShardkitDataLoader = loader) -> int:
@@ -203,12 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--mix", type=int, default=1, help="piles read at once, mixed position by position (the loaders' mix)")
     parser.add_argument("--data", default=os.path.join(harness.HERE, "results", "dataloader_epochs"))
     args = parser.parse_args(argv)
     if args.epochs < 2:
         parser.error("--epochs: at least 2 (the first epoch carries the start, the later ones do not)")
     path = build(args.data, args.samples, args.piles)
-    params = {"dir": path, "epochs": args.epochs, "workers": args.workers, "batch_size": args.batch_size}
+    params = {"dir": path, "epochs": args.epochs, "workers": args.workers, "batch_size": args.batch_size, "mix": args.mix}
     contenders = {"shardkit.loader, one process": "one_process", "ShardkitDataLoader": "dataloader"}
     load = os.getloadavg()[0]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
@@ -227,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     med[MACHINERY] = {k: statistics.median(run[k] for run in spun) for k in keys}
     lines = [
         f"Command: `python benchmarks/dataloader_epochs.py {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip(),
-        f"{args.samples:,} raw ~5 KB samples in {args.piles} piles, {args.epochs} epochs a process; DataLoader: {args.workers} "
+        f"{args.samples:,} raw ~5 KB samples in {args.piles} piles (mix {args.mix}), {args.epochs} epochs a process; DataLoader: {args.workers} "
         f"workers, batch {args.batch_size}. {args.repeats} fresh processes each, alternating, medians; warm page cache; "
         f"load average {load:.2f} before and {os.getloadavg()[0]:.2f} after, on {os.cpu_count()} cores.",
         "",
