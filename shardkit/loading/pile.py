@@ -4,6 +4,8 @@ Reading is two halves. :func:`fetch` takes the bytes and checks them (size limit
 size, CRC-32), decompresses a compressed pile (``pile-000000.tar.zst``) and checks the tar
 inside against its own size and CRC-32, and scans the headers with numpy: all of it mostly
 without the GIL, so the loader's prefetch thread does it and the pile in memory is a plain tar. :func:`open_pile` finishes the index and checks the sample count.
+A pile read again in this process whose bytes check against the same manifest entry skips the
+scan and the index: its :class:`~shardkit.tar.shard.Layout` is kept (:mod:`shardkit.loading.layouts`).
 ``verify`` runs the same checks and lists every problem instead of raising the first
 (:func:`~shardkit.dataset.file_checks.byte_problems`, which the checks here share).
 
@@ -19,10 +21,11 @@ from dataclasses import dataclass
 from shardkit import storage
 from shardkit.dataset.file_checks import byte_problems, size_problem, unpack
 from shardkit.errors import CorruptShardError, ManifestError, PileTooLargeError
+from shardkit.loading.layouts import LAYOUTS
 from shardkit.manifest import PileInfo
 from shardkit.tar import scan
 from shardkit.tar.scan import Chain
-from shardkit.tar.shard import Shard, read_shard
+from shardkit.tar.shard import Layout, Shard, read_shard
 from shardkit.tar.write import TRAILER
 
 
@@ -37,6 +40,8 @@ class Fetched:
         checked: the bytes matched the manifest's checksum.
         version: the file's version looked at before it was read, for fields left where they lie
             (:mod:`shardkit.loading.located`); None when not looked at.
+        layout: the index of these checked bytes, made when the pile was read before
+            (:mod:`shardkit.loading.layouts`): nothing was scanned (``chain`` is None).
     """
 
     url: str
@@ -44,6 +49,7 @@ class Fetched:
     chain: Chain | None
     checked: bool
     version: str | None = None
+    layout: Layout | None = None
 
 
 def count_problem(shard: Shard, expected: PileInfo) -> str | None:
@@ -85,6 +91,7 @@ def fetch(
         return fetch_segments(
             url, [at + s.name for s in expected.segments], expected=expected, max_bytes=max_bytes, verify=verify, reads=reads
         )
+    known = LAYOUTS.get(url, expected) if verify else None  # used only once the bytes are checked below
     if expected.compression is not None:
         _check_limit(url, expected.tar_size, max_bytes)
         stored = _stored(url, expected, max_bytes=None, verify=verify, mapped=True, reads=reads)
@@ -94,7 +101,14 @@ def fetch(
             storage.unmap(stored)
     else:
         buf = _stored(url, expected, max_bytes=max_bytes, verify=verify, mapped=mapped, reads=reads)
-    return Fetched(url, buf, scan.scan(buf, checksums=not verify), checked=verify)
+    return _scanned(url, buf, verify, known)
+
+
+def _scanned(url: str, buf: storage.Buffer, checked: bool, known: Layout | None) -> Fetched:
+    """``buf`` with its header scan, or with the layout of the same checked bytes read before."""
+    if known is not None:
+        return Fetched(url, buf, None, checked=True, layout=known)
+    return Fetched(url, buf, scan.scan(buf, checksums=not checked), checked=checked)
 
 
 def _stored(
@@ -153,7 +167,7 @@ def fetch_segments(
         bodies.append(memoryview(buf)[: len(buf) - len(TRAILER)])
     joined = b"".join([*bodies, TRAILER])
     bodies.clear()
-    return Fetched(url, joined, scan.scan(joined, checksums=not verify), checked=verify)
+    return _scanned(url, joined, verify, LAYOUTS.get(url, expected) if verify else None)
 
 
 def _check_limit(url: str, nbytes: int, max_bytes: int | None) -> None:
@@ -187,10 +201,14 @@ def open_pile(fetched: Fetched, *, expected: PileInfo | None = None, unique: boo
     Raises:
         CorruptShardError: the tar is malformed; ManifestError: the count is not the manifest's.
     """
+    if fetched.layout is not None:
+        return Shard(fetched.url, fetched.buf, layout=fetched.layout)  # its count was checked when it was made
     shard = Shard(fetched.url, fetched.buf, chain=fetched.chain, checked=fetched.checked, unique=unique)
     problem = count_problem(shard, expected) if expected is not None else None
     if problem is not None:
         raise ManifestError(f"{fetched.url}: {problem}")
+    if expected is not None and fetched.checked:
+        LAYOUTS.put(fetched.url, expected, shard.layout)
     return shard
 
 

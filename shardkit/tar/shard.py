@@ -34,6 +34,41 @@ class Spans(NamedTuple):
     fields: list[tuple[str, np.ndarray, np.ndarray]]
 
 
+class Layout:
+    """A shard's index without its bytes: keys, each sample's members (``starts``), their
+    extensions and byte bounds (numpy, compact while it is kept), and the field-by-field bounds
+    made on first use. Shards made from one layout share it and never change it, so a shard read
+    again from the same bytes (checked against the same manifest entry) reuses it instead of
+    scanning its headers and indexing them again (see :mod:`shardkit.loading.layouts`).
+    """
+
+    __slots__ = ("arrays", "ends", "exts", "fields", "heads", "keys", "offsets", "starts")
+
+    def __init__(
+        self,
+        keys: list[str],
+        starts: list[int],
+        exts: list[str] | None,
+        fields: list[str] | None,
+        heads: np.ndarray,
+        offsets: np.ndarray,
+        ends: np.ndarray,
+    ) -> None:
+        self.keys, self.starts, self.exts, self.fields = keys, starts, exts, fields
+        self.heads, self.offsets, self.ends = heads, offsets, ends
+        self.arrays: list[tuple[str, np.ndarray, np.ndarray]] | None = None  # Shard.spans, made on first use
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def nbytes(self) -> int:
+        """About the memory it holds, a little over: a sample's key and start as Python objects,
+        its members' bounds in numpy (154 bytes a sample of two fields and a 9-character key,
+        measured with tracemalloc; this says 177)."""
+        return 16 + sum(map(len, self.keys)) + 88 * len(self.keys) + 40 * len(self.offsets)
+
+
 class Shard:
     """An in-memory tar shard with its samples indexed.
 
@@ -44,6 +79,8 @@ class Shard:
             (a background thread can); None walks it member by member; left out, it is made here.
         checked: ``buf`` matched a checksum of the whole file, so header checksums need not be
             summed again.
+        layout: the :attr:`layout` of a shard of these same bytes: nothing is scanned or
+            indexed (nor checked: it was when the layout was made).
         unique: refuse a key that names two samples (a shard whose members of one key are not
             adjacent): for shards no writer of shardkit's checked. One comparison a sample when
             keys increase, as numbered ones do; a hash and a sort otherwise (about 5% of
@@ -59,12 +96,12 @@ class Shard:
     """
 
     __slots__ = (
-        "_arrays",
         "_data",
         "_ends",
         "_exts",
         "_fields",
         "_heads",
+        "_layout",
         "_offsets",
         "_sampler",
         "_spans",
@@ -77,14 +114,25 @@ class Shard:
     _UNSET: Any = object()
 
     def __init__(
-        self, url: str, buf: storage.Buffer, *, chain: Chain | Any | None = _UNSET, checked: bool = False, unique: bool = False
+        self,
+        url: str,
+        buf: storage.Buffer,
+        *,
+        chain: Chain | Any | None = _UNSET,
+        checked: bool = False,
+        unique: bool = False,
+        layout: Layout | None = None,
     ) -> None:
         self.url = url
         self.buf = buf
         self._data: storage.Buffer | memoryview = buf  # what fields are sliced from (see as_views)
         self._sampler: Callable[[int], Sample] | None = None
-        self._spans: list[tuple[str, list[int], list[int]]] | None = None
-        self._arrays: list[tuple[str, np.ndarray, np.ndarray]] | None = None
+        if layout is not None:  # the index of these same bytes, made before
+            self._layout = layout
+            self.keys, self._starts, self._exts, self._fields = layout.keys, layout.starts, layout.exts, layout.fields
+            self._heads, self._offsets, self._ends = layout.heads, layout.offsets.tolist(), layout.ends.tolist()
+            self._spans: list[tuple[str, list[int], list[int]]] | None = None
+            return
         if chain is Shard._UNSET:
             chain = scan.scan(buf, checksums=not checked)
         if chain is not None:  # the common case, vectorized
@@ -100,12 +148,21 @@ class Shard:
         if unique:
             refuse_repeat(url, found.key_bytes(), lambda i: int(heads[self._starts[i]]))
         offsets = heads + BLOCK
-        self._offsets, self._ends = offsets.tolist(), (offsets + sizes).tolist()
+        ends = offsets + sizes
+        self._offsets, self._ends = offsets.tolist(), ends.tolist()
+        self._spans = None
         # every sample has these fields in this order, no two alike: sampler() can skip checks
         valid = fields is not None and len(set(fields)) == len(fields) and "__key__" not in fields
         self._fields = fields if valid else None
         if self._exts is None and fields is not None and not valid:
             self._exts = list(fields) * len(self.keys)  # sample() reports the duplicate
+        self._layout = Layout(self.keys, self._starts, self._exts, self._fields, heads, offsets, ends)
+
+    @property
+    def layout(self) -> Layout:
+        """The index without the bytes: a :class:`Shard` of the same bytes made from it skips the
+        header scan and the index (see ``layout=``)."""
+        return self._layout
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -176,13 +233,13 @@ class Shard:
         is not :attr:`uniform`."""
         if self._fields is None:
             return None
-        if self._arrays is None:
-            starts, ends = np.asarray(self._offsets, dtype=np.int64), np.asarray(self._ends, dtype=np.int64)
-            width = len(self._fields)
-            self._arrays = [(name, starts[f::width], ends[f::width]) for f, name in enumerate(self._fields)]
+        layout = self._layout
+        if layout.arrays is None:
+            starts, ends, width = layout.offsets, layout.ends, len(self._fields)
+            layout.arrays = [(name, starts[f::width], ends[f::width]) for f, name in enumerate(self._fields)]
         at = np.asarray(index, dtype=np.intp)
         keys = self.keys
-        return Spans([keys[i] for i in index], self.buf, [(name, a[at], b[at]) for name, a, b in self._arrays])
+        return Spans([keys[i] for i in index], self.buf, [(name, a[at], b[at]) for name, a, b in layout.arrays])
 
     def as_views(self) -> Shard:
         """Hand out fields as read-only ``memoryview`` slices of the shard's buffer from now on,
