@@ -13,9 +13,10 @@ the disk or network is the bottleneck.
 
 The last lines split one zstd pile's read into its parts (read the file, decompress, check,
 index), for the default level, to show what bounds the read, and compare frame sizes. Then one
-loader reads the JSON piles for several epochs (``--epochs``): its later epochs decode into memory
-an earlier pile was decoded into, and rows that decode every pile into new memory show what that
-saves (more with piles over 32 MB, which glibc gives back to the system when freed:
+loader reads the JSON piles for several epochs (``--epochs``), each row in a fresh process: its
+later epochs decode into memory an earlier pile was decoded into, rows that decode every pile
+into new memory show what that saves, and a row with ``prefetch=1`` what decoding two piles at
+once (the default for local compressed piles) gains (more with piles over 32 MB, which glibc gives back to the system when freed:
 ``--piles 2`` makes ~50 MB piles of the default samples).
 
     python benchmarks/compression.py                     # ~100 MB of JSON, ~60 MB of JPEG, 3 rounds
@@ -353,41 +354,56 @@ def _new_memory(on: bool) -> Iterator[None]:
         storage.Scratch.take = real  # type: ignore[method-assign]
 
 
+def one_loader(p: dict[str, Any]) -> dict[str, float]:
+    """``p["epochs"]`` epochs of one loader over ``p["dir"]`` (``prefetch=p["prefetch"]``; with
+    ``p["fresh"]`` every pile decoded into new memory): samples/s of the first and the median of
+    the later ones. Run by :func:`epochs`, each in a fresh process."""
+    n = manifest.read(p["dir"]).samples
+    with _new_memory(p["fresh"]), shardkit.loader(p["dir"], seed=0, decode=False, prefetch=p["prefetch"]) as loader:
+        took = []
+        for _ in range(p["epochs"]):
+            start = time.perf_counter()
+            got = sum(1 for _ in loader)
+            took.append(time.perf_counter() - start)
+            if got != n:
+                raise SystemExit(f"{p['dir']}: read {got} samples, wrote {n}")
+    return {"first": n / took[0], "later": n / statistics.median(took[1:])}
+
+
 def epochs(root: str, count: int, repeats: int) -> str:
-    """Epochs of one loader over the JSON piles: the first, and the median of the later ones, in
-    samples/s (medians of ``repeats`` rounds). Later epochs decode into memory an earlier pile
-    was decoded into; the "new memory" rows decode every pile into memory of its own."""
+    """Epochs of one loader over the JSON piles, each row in a fresh process (alternating order,
+    ``repeats`` rounds, medians): the first, and the median of the later ones, in samples/s. Later
+    epochs decode into memory an earlier pile was decoded into; the "new memory" rows decode every
+    pile into memory of its own, and the "one pile at a time" row reads with ``prefetch=1`` (one
+    thread decodes) instead of the default (two ahead, two threads decoding at once)."""
+    import harness
+
     lz4, zstd = compression.DEFAULT_LEVEL["lz4"], compression.DEFAULT_LEVEL["zstd"]
     rows = [
-        ("plain", "plain", False),
-        (f"lz4 {lz4}", f"lz4-{lz4}", False),
-        (f"lz4 {lz4}, new memory each pile", f"lz4-{lz4}", True),
-        (f"zstd {zstd}, frames", f"zstd-{zstd}", False),
-        (f"zstd {zstd}, frames, new memory each pile", f"zstd-{zstd}", True),
+        ("plain", "plain", False, None),
+        (f"lz4 {lz4}", f"lz4-{lz4}", False, None),
+        (f"lz4 {lz4}, one pile at a time (prefetch=1)", f"lz4-{lz4}", False, 1),
+        (f"lz4 {lz4}, new memory each pile", f"lz4-{lz4}", True, None),
+        (f"zstd {zstd}, frames", f"zstd-{zstd}", False, None),
+        (f"zstd {zstd}, frames, new memory each pile", f"zstd-{zstd}", True, None),
     ]
-    firsts: dict[str, list[float]] = {label: [] for label, _, _ in rows}
-    laters: dict[str, list[float]] = {label: [] for label, _, _ in rows}
+    firsts: dict[str, list[float]] = {label: [] for label, *_ in rows}
+    laters: dict[str, list[float]] = {label: [] for label, *_ in rows}
     n = manifest.read(os.path.join(root, "plain")).samples
-    for _ in range(repeats):
-        for label, name, fresh in rows:
-            with _new_memory(fresh), shardkit.loader(os.path.join(root, name), seed=0, decode=False) as loader:
-                took = []
-                for _ in range(count):
-                    start = time.perf_counter()
-                    got = sum(1 for _ in loader)
-                    took.append(time.perf_counter() - start)
-                    if got != n:
-                        raise SystemExit(f"{name}: read {got} samples, wrote {n}")
-            firsts[label].append(n / took[0])
-            laters[label].append(n / statistics.median(took[1:]))
+    for r in range(repeats):
+        for label, name, fresh, prefetch in rows if r % 2 == 0 else rows[::-1]:
+            params = {"dir": os.path.join(root, name), "epochs": count, "fresh": fresh, "prefetch": prefetch}
+            got = harness.call_fresh("compression:one_loader", params)
+            firsts[label].append(got["first"])
+            laters[label].append(got["later"])
     plain = statistics.median(laters["plain"])
     lines = [
-        f"{count} epochs of one loader ({n:,} samples, medians of {repeats} rounds)",
+        f"{count} epochs of one loader ({n:,} samples; each row in a fresh process, alternating, medians of {repeats} rounds)",
         "",
         "| piles | first epoch samples/s | later epochs samples/s | later vs plain |",
         "|---|---:|---:|---:|",
     ]
-    for label, _, _ in rows:
+    for label, *_ in rows:
         later = statistics.median(laters[label])
         lines.append(f"| {label} | {statistics.median(firsts[label]):,.0f} | {later:,.0f} | {later / plain:.2f}x |")
     return "\n".join(lines)

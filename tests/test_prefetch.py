@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 import shardkit
 from shardkit.errors import Failure
 from shardkit.loading.prefetch import PileReader, read_ahead
+from tests.conftest import make_samples
 
 
 def _drain(reader: PileReader) -> list:
@@ -124,3 +126,40 @@ def test_read_ahead_follows_the_pile_size(pile_bytes, remote, expected):
 
 def test_read_ahead_stays_within_its_budget():
     assert read_ahead(100 << 20, remote=True, concurrency=64, least_range=8 << 20, budget=256 << 20) == 2
+
+
+@pytest.mark.parametrize(("tar_bytes", "expected"), [(6 << 20, 2), (128 << 20, 2), (129 << 20, 1), (None, 1)])
+def test_local_piles_to_decode_are_read_two_ahead_when_two_fit(tar_bytes, expected):
+    assert read_ahead(tar_bytes, remote=False, concurrency=8, least_range=8 << 20, decoded=True, budget=256 << 20) == expected
+
+
+@pytest.mark.parametrize("compression", [None, "lz4"])
+def test_compressed_local_piles_are_decoded_two_at_once_by_one_process_only(tmp_path, monkeypatch, compression):
+    """Two threads decode lz4 piles side by side in one process, never in a DataLoader worker
+    (workers already read side by side); the epochs are the same as one thread reads them."""
+    out = str(tmp_path / "ds")
+    with shardkit.PileWriter(out, piles=6, seed=2, compression=compression) as w:
+        for s in make_samples(120, size=200):
+            w.write(s)
+    started: list[tuple[int, int]] = []
+    real = PileReader.__init__
+
+    def spy(self, items, read, *, slots, readers=1, **kw):
+        started.append((slots, readers))
+        real(self, items, read, slots=slots, readers=readers, **kw)
+
+    monkeypatch.setattr(PileReader, "__init__", spy)
+
+    def epochs(**kw) -> list[list[str]]:
+        loader = shardkit.loader(out, seed=4, decode=False, **kw)
+        got = []
+        for e in range(2):
+            loader.set_epoch(e)
+            got.append([s["__key__"] for s in loader])
+        return got
+
+    default = epochs()
+    assert started[-1][1] == (2 if compression and (os.cpu_count() or 1) > 1 else 1)
+    assert epochs(prefetch=1) == default and started[-1][1] == 1
+    list(shardkit.loader(out, options=shardkit.LoaderOptions(seed=4, decode=False, worker=(0, 2))))  # as in a worker
+    assert started[-1][1] == 1

@@ -132,7 +132,9 @@ class LoaderOptions:
     prefetch: int | None = field(
         default=None,
         metadata=meta(
-            help="piles read ahead in the background (default: 1, more for small piles in an object store)", metavar="P", group="throughput"
+            help="piles read ahead in the background (default: 1; 2 for local compressed piles; more for small piles in an object store)",
+            metavar="P",
+            group="throughput",
         ),
     )
     on_error: str = field(

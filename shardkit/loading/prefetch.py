@@ -29,15 +29,21 @@ Item = TypeVar("Item")
 READ_AHEAD_BYTES = 256 << 20
 
 
-def read_ahead(pile_bytes: int | None, *, remote: bool, concurrency: int, least_range: int, budget: int = READ_AHEAD_BYTES) -> int:
+def read_ahead(
+    pile_bytes: int | None, *, remote: bool, concurrency: int, least_range: int, budget: int = READ_AHEAD_BYTES, decoded: bool = False
+) -> int:
     """How many piles a loader reads ahead when not told (``prefetch=None``).
 
-    One for local piles (a map is instant) and for piles of unknown size. From an object store,
-    enough piles that their requests (``pile_bytes / least_range`` ranges each, at least one)
-    keep ``concurrency`` in flight, within ``budget`` bytes of piles read ahead: small piles are
-    read several at once in one request each, large ones one at a time in ranges.
+    One for local piles (a map is instant) and for piles of unknown size; two for local piles
+    that are ``decoded`` (compressed: decoding is the read's bound, and two threads decode two
+    piles at once) when two fit in ``budget``. From an object store, enough piles that their
+    requests (``pile_bytes / least_range`` ranges each, at least one) keep ``concurrency`` in
+    flight, within ``budget`` bytes of piles read ahead: small piles are read several at once in
+    one request each, large ones one at a time in ranges.
     """
-    if not remote or not pile_bytes:
+    if not remote:
+        return 2 if decoded and pile_bytes and 2 * pile_bytes <= budget else 1
+    if not pile_bytes:
         return 1
     per_pile = max(1, min(concurrency, pile_bytes // max(1, least_range)))
     return max(1, min(math.ceil(concurrency / per_pile), budget // pile_bytes))

@@ -16,6 +16,7 @@ What stays the same for every epoch of a loader is its :class:`Setup`.
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -313,14 +314,22 @@ def remote_reads(options: LoaderOptions) -> storage.RemoteReads:
 def _read_ahead(source: Source, options: LoaderOptions, reads: storage.RemoteReads) -> tuple[int, int, storage.RemoteReads]:
     """(piles read ahead, piles read at once, how each is read): ``prefetch``, else chosen from the
     pile size and where the piles are (see :func:`~shardkit.loading.prefetch.read_ahead`). Piles in an
-    object store are read as many at once as are read ahead, sharing ``remote_concurrency`` requests."""
+    object store are read as many at once as are read ahead, sharing ``remote_concurrency`` requests.
+    Local compressed piles are decoded two at once by one process that is not a DataLoader worker
+    (workers already read side by side) on a machine of more than one core."""
     remote = bool(source.piles) and not storage.locate(source.piles[0].url)[0].supports_mapping  # the bytes travel
-    sizes = [p.info.bytes for p in source.piles if p.info is not None]
-    largest = max(sizes) if sizes and len(sizes) == len(source.piles) else None
+    infos = [p.info for p in source.piles if p.info is not None]
+    whole = bool(infos) and len(infos) == len(source.piles)
+    largest = max(i.bytes for i in infos) if whole else None
+    packed = whole and any(part.compression is not None for i in infos for part in i.parts)
+    decoded = packed and not remote and options.worker[1] == 1 and (os.cpu_count() or 1) > 1
     ahead = options.prefetch
     if ahead is None:
-        ahead = read_ahead(largest, remote=remote, concurrency=options.remote_concurrency, least_range=storage.remote.MIN_RANGE)
+        held = max(i.tar_size for i in infos) if decoded else largest  # a decoded pile takes its tar's size
+        ahead = read_ahead(
+            held, remote=remote, concurrency=options.remote_concurrency, least_range=storage.remote.MIN_RANGE, decoded=decoded
+        )
     if not remote:
-        return ahead, 1, reads
+        return ahead, min(ahead, 2) if decoded else 1, reads
     readers = max(1, ahead)
     return ahead, readers, replace(reads, concurrency=-(-options.remote_concurrency // readers))
