@@ -208,7 +208,13 @@ def test_the_read_bound_benchmark_prints_the_halves_and_the_ratio(tmp_path):
     argv = [sys.executable, script, "--samples", "300", "--piles", "2", "--repeats", "1", "--epochs", "3", "--data", str(tmp_path)]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    for row in ("cat", "shardkit.loader views=True, the second epoch", "shardkit.loader views=True, later epochs", "reader alone: header scan", "consumer alone (piles fetched before)"):
+    for row in (
+        "cat",
+        "shardkit.loader views=True, the second epoch",
+        "shardkit.loader views=True, later epochs",
+        "reader alone: header scan",
+        "consumer alone (piles fetched before)",
+    ):
         assert re.search(rf"\| {re.escape(row)} \| \d+\.\d \| [\d,]+ \| \d+\.\d{{3}}x \|", out.stdout), row
     assert re.search(
         r"views=True over cat \(goal ≥ 0\.4x\): \d+\.\d{3}x a process's first epoch \((met|missed)\), \d+\.\d{3}x later", out.stdout
