@@ -93,20 +93,28 @@ def test_a_new_manifest_entry_for_the_same_file_is_scanned_again(tmp_path, scans
     assert len(scans) == 4
 
 
-def test_the_loader_gives_the_same_epochs_with_kept_indexes(dataset, scans):
-    def epochs(**kw) -> list[list[tuple]]:
-        loader = shardkit.loader(dataset, decode=False, seed=5, **kw)
+@pytest.mark.parametrize(("mix", "batch_size"), [(1, None), (2, None), (2, 16), (1, 16)])
+def test_the_loader_gives_the_same_epochs_with_kept_indexes(dataset, scans, mix, batch_size):
+    """Samples one at a time and batches built by columns (with mix=2, from two piles' kept
+    indexes at once): the same epochs as when every pile is scanned every time."""
+
+    def epochs() -> list[list]:
+        loader = shardkit.loader(dataset, decode=False, seed=5, mix=mix, batch_size=batch_size)
         got = []
-        for e in range(3):
+        for e in range(4):
             loader.set_epoch(e)
-            got.append([(s["__key__"], bytes(s["bin"])) for s in loader])
+            if batch_size is None:
+                got.append([(s["__key__"], bytes(s["bin"])) for s in loader])
+            else:
+                got.append([(b["__key__"], [bytes(v) for v in b["bin"]]) for b in loader])
         return got
 
     kept = epochs()
     assert len(scans) == 16  # 8 piles, scanned in the first two epochs only
+    LAYOUTS.clear()
     LAYOUTS.budget = 0  # nothing kept: every pile scanned every epoch
     try:
-        assert epochs(mix=2) == epochs(mix=2) and epochs() == kept
+        assert epochs() == kept and len(scans) == 16 + 4 * 8
     finally:
         LAYOUTS.budget = layouts.BUDGET
 

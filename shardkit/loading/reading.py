@@ -315,14 +315,15 @@ def _read_ahead(source: Source, options: LoaderOptions, reads: storage.RemoteRea
     """(piles read ahead, piles read at once, how each is read): ``prefetch``, else chosen from the
     pile size and where the piles are (see :func:`~shardkit.loading.prefetch.read_ahead`). Piles in an
     object store are read as many at once as are read ahead, sharing ``remote_concurrency`` requests.
-    Local compressed piles are decoded two at once by one process that is not a DataLoader worker
-    (workers already read side by side) on a machine of more than one core."""
+    Local compressed piles are decoded two at once by a loader that is not one of several
+    DataLoader workers (those already read side by side) where this process may use more than
+    one core."""
     remote = bool(source.piles) and not storage.locate(source.piles[0].url)[0].supports_mapping  # the bytes travel
     infos = [p.info for p in source.piles if p.info is not None]
     whole = bool(infos) and len(infos) == len(source.piles)
     largest = max(i.bytes for i in infos) if whole else None
     packed = whole and any(part.compression is not None for i in infos for part in i.parts)
-    decoded = packed and not remote and options.worker[1] == 1 and (os.cpu_count() or 1) > 1
+    decoded = packed and not remote and options.worker[1] == 1 and _cores() > 1
     ahead = options.prefetch
     if ahead is None:
         held = max(i.tar_size for i in infos) if decoded else largest  # a decoded pile takes its tar's size
@@ -333,3 +334,11 @@ def _read_ahead(source: Source, options: LoaderOptions, reads: storage.RemoteRea
         return ahead, min(ahead, 2) if decoded else 1, reads
     readers = max(1, ahead)
     return ahead, readers, replace(reads, concurrency=-(-options.remote_concurrency // readers))
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, where the platform says), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1

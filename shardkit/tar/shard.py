@@ -65,8 +65,10 @@ class Layout:
     def nbytes(self) -> int:
         """About the memory it holds, a little over: a sample's key and start as Python objects,
         its members' bounds in numpy (154 bytes a sample of two fields and a 9-character key,
-        measured with tracemalloc; this says 177)."""
-        return 16 + sum(map(len, self.keys)) + 88 * len(self.keys) + 40 * len(self.offsets)
+        measured with tracemalloc; this says 177), and each member's field name where the
+        samples' fields differ."""
+        exts = 0 if self.exts is None else 60 * len(self.exts)  # samples whose fields differ: a name a member
+        return 16 + sum(map(len, self.keys)) + 88 * len(self.keys) + 40 * len(self.offsets) + exts
 
 
 class Shard:
@@ -87,7 +89,8 @@ class Shard:
             indexing a shard, measured).
 
     Attributes:
-        keys: sample keys in archive order; ``len(shard)`` samples.
+        keys: sample keys in archive order; ``len(shard)`` samples. The list is shared with the
+            shard's :attr:`layout` and every shard made from it: read it, never change it.
 
     Example:
         shard = Shard("a.tar", open("a.tar", "rb").read())
