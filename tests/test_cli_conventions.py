@@ -156,18 +156,21 @@ def test_verbose_is_taken_after_every_command_that_reads_or_writes_a_dataset(nam
     assert {"-v", "--verbose", "--storage-option"} <= flags
 
 
-def test_output_into_a_closed_pipe_ends_quietly(dataset):
+@pytest.mark.parametrize("buffered", [True, False])
+def test_output_into_a_closed_pipe_ends_quietly(dataset, buffered):
     """``shardkit info DIR | head -1``: the reader closes the pipe early; the command stops with
-    SIGPIPE's status and no error line or traceback."""
+    SIGPIPE's status and no error line or traceback, whether its output was still buffered when
+    the command ended (a pipe's usual case) or written as it went (``PYTHONUNBUFFERED``)."""
     import os
     import subprocess
     import sys
 
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | ({} if buffered else {"PYTHONUNBUFFERED": "1"})
     read, write = os.pipe()
     os.close(read)  # every write into the pipe fails: what head does once it has its lines
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "shardkit", "info", dataset], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120
+            [sys.executable, "-m", "shardkit", "info", dataset], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120, env=env
         )
     finally:
         os.close(write)

@@ -62,7 +62,10 @@ def guarded(run: Callable[[], int], *, traceback: bool = False, prog: str | None
     as ``prog``.
     """
     try:
-        return run()
+        code = run()
+        if sys.stdout is not None:
+            sys.stdout.flush()  # output still buffered meets a closed pipe here, where it is handled, not at exit
+        return code
     except (ShardkitError, OSError) as e:
         if isinstance(e, BrokenPipeError) and _reader_gone():
             return 141  # as a command killed by SIGPIPE: `shardkit info DIR | head` ends quietly
