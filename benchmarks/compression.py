@@ -14,10 +14,10 @@ the disk or network is the bottleneck.
 The last lines split one zstd pile's read into its parts (read the file, decompress, check,
 index), for the default level, to show what bounds the read, and compare frame sizes. Then one
 loader reads the JSON piles for several epochs (``--epochs``), each row in a fresh process: its
-later epochs decode into memory an earlier pile was decoded into, rows that decode every pile
-into new memory show what that saves, and a row with ``prefetch=1`` what decoding two piles at
-once (the default for local compressed piles) gains (more with piles over 32 MB, which glibc gives back to the system when freed:
-``--piles 2`` makes ~50 MB piles of the default samples).
+later epochs decode into memory an earlier pile was decoded into, and rows that decode every pile
+into new memory show what that saves (more with piles over 32 MB, which glibc gives back to the
+system when freed: ``--piles 2`` makes ~50 MB piles of the default samples); a row with
+``prefetch=1`` shows what decoding two piles at once (the default for local compressed piles) gains.
 
     python benchmarks/compression.py                     # ~100 MB of JSON, ~60 MB of JPEG, 3 rounds
     python benchmarks/compression.py --json-samples 2000 --jpeg-samples 200 --repeats 1

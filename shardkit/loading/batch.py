@@ -236,17 +236,19 @@ def _block_columns(
     :meth:`Shard.columns`), or None where they must be taken one sample at a time (a skipped or
     irregular pile). Piles mixed position by position give one column dict a pile, put back in
     the positions' order."""
+
+    def of(shard: Shard | None, index: list[int]) -> dict[str, Any] | None:
+        return None if shard is None else shard.columns(index) if columns is None else columns(shard, index)
+
     index = block.index[lo:hi]
     if block.which is None:
-        shard = block.shards[0]
-        return None if shard is None else shard.columns(index) if columns is None else columns(shard, index)
+        return of(block.shards[0], index)
     which = np.asarray(block.which[lo:hi])
     at = np.asarray(index)
     parts, places = [], []
     for w in np.unique(which).tolist():
-        shard = block.shards[w]
         mine = np.flatnonzero(which == w)
-        cols = None if shard is None else shard.columns(at[mine].tolist()) if columns is None else columns(shard, at[mine].tolist())
+        cols = of(block.shards[w], at[mine].tolist())
         if cols is None or (parts and list(cols) != list(parts[0])):
             return None
         parts.append(cols)

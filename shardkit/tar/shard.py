@@ -58,9 +58,6 @@ class Layout:
         self.heads, self.offsets, self.ends = heads, offsets, ends
         self.arrays: list[tuple[str, np.ndarray, np.ndarray]] | None = None  # Shard.spans, made on first use
 
-    def __len__(self) -> int:
-        return len(self.keys)
-
     @property
     def nbytes(self) -> int:
         """About the memory it holds, a little over: a sample's key and start as Python objects,
@@ -130,11 +127,11 @@ class Shard:
         self.buf = buf
         self._data: storage.Buffer | memoryview = buf  # what fields are sliced from (see as_views)
         self._sampler: Callable[[int], Sample] | None = None
+        self._spans: list[tuple[str, list[int], list[int]]] | None = None
         if layout is not None:  # the index of these same bytes, made before
             self._layout = layout
             self.keys, self._starts, self._exts, self._fields = layout.keys, layout.starts, layout.exts, layout.fields
             self._heads, self._offsets, self._ends = layout.heads, layout.offsets.tolist(), layout.ends.tolist()
-            self._spans: list[tuple[str, list[int], list[int]]] | None = None
             return
         if chain is Shard._UNSET:
             chain = scan.scan(buf, checksums=not checked)
@@ -153,7 +150,6 @@ class Shard:
         offsets = heads + BLOCK
         ends = offsets + sizes
         self._offsets, self._ends = offsets.tolist(), ends.tolist()
-        self._spans = None
         # every sample has these fields in this order, no two alike: sampler() can skip checks
         valid = fields is not None and len(set(fields)) == len(fields) and "__key__" not in fields
         self._fields = fields if valid else None
