@@ -746,3 +746,69 @@ def test_mapped_samples_that_only_dill_can_pickle_cross_the_worker_pipe(dataset)
     with shardkit.loader(dataset, batch_size=None, num_workers=1, decode=False, map=lambda s: (s["__key__"], lambda: 1)) as loader:
         items = list(loader)
     assert len(items) == len(loader) and callable(items[0][1])
+
+
+def test_set_epoch_inside_the_loop_names_the_next_iteration(dataset):
+    """set_epoch(e) while an epoch is read: that iteration goes on to its end, the next reads
+    epoch e (not the one after the epoch that was running), and a state taken in between names
+    the start of e."""
+
+    def epoch_keys(epoch: int) -> list[str]:
+        other = shardkit.loader(dataset, batch_size=16, seed=5)
+        other.set_epoch(epoch)
+        return keys(other)
+
+    loader = shardkit.loader(dataset, batch_size=16, seed=5)
+    read = []
+    for step, batch in enumerate(loader):
+        if step == 2:
+            loader.set_epoch(5)
+        if step == 6:
+            state = loader.state_dict()
+        read += batch["__key__"]
+    assert read == epoch_keys(0)
+    assert loader.epoch == 5 and (state["epoch"], state["position"]) == (5, 0)
+    assert keys(loader) == epoch_keys(5)
+    assert loader.epoch == 6  # without set_epoch, the epoch after the one read
+
+
+def test_an_iteration_ended_by_another_raises_instead_of_ending_quietly(dataset):
+    """A loader reads one iteration at a time: an iterator whose iteration a newer one, a loaded
+    state or close() ended raises at its next item, where a loop would otherwise lose the rest of
+    the epoch without a word; the newer iteration reads the whole epoch."""
+    loader = shardkit.loader(dataset, batch_size=16, seed=5)
+    whole = keys(loader)
+    loader.set_epoch(0)
+    train = iter(loader)
+    head = [next(train) for _ in range(3)]
+    assert keys(head) == whole[:48]
+    assert keys(loader) == whole  # the newer iteration reads epoch 0 (the one not read to its end) whole
+    with pytest.raises(RuntimeError, match=r"ended before its last item: a newer iteration of this loader began"):
+        next(train)
+    # made before either started: the first raises, the second reads its epoch whole
+    loader.set_epoch(0)
+    first, second = iter(loader), iter(loader)
+    assert keys(second) == whole
+    with pytest.raises(RuntimeError, match=r"a newer iteration"):
+        next(first)
+    # a loaded state or close() ends it too; an iterator read to its end just ends; close() on one still works
+    loader.set_epoch(0)
+    state = loader.state_dict()
+    it = iter(loader)
+    next(it)
+    loader.load_state_dict(state)
+    with pytest.raises(RuntimeError, match=r"load_state_dict\(\) was called"):
+        next(it)
+    done = iter(loader)
+    assert keys(done) == whole
+    it = iter(loader)
+    next(it)
+    it.close()
+    with pytest.raises(StopIteration):
+        next(it)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    assert list(done) == []
+    with pytest.raises(RuntimeError, match=r"the loader was closed"):
+        next(it)

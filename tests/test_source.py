@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -168,3 +169,25 @@ def test_a_directory_of_piles_without_a_manifest_is_an_unfinished_job(tmp_path, 
 def test_a_missing_directory_is_still_no_such_file(tmp_path):
     with pytest.raises(shardkit.DatasetNotFoundError, match=r"missing: no such file"):
         shardkit.loader(str(tmp_path / "missing"))
+
+
+def test_a_manifest_given_as_the_source_names_the_directory_to_pass(dataset):
+    with pytest.raises(shardkit.ConfigError) as e:
+        shardkit.loader(os.path.join(dataset, "shardkit.json"))
+    assert str(e.value) == f"{dataset}/shardkit.json: a dataset's manifest, not a shard: pass the dataset's directory, {dataset}"
+
+
+def test_a_file_that_is_no_tar_at_all_is_named_as_such(tmp_path):
+    """A text file or random bytes under a .tar name: the error names the file and the first
+    header, and says a tar header was expected there."""
+    notes, blob = tmp_path / "notes.tar", tmp_path / "blob.tar"
+    notes.write_text("hello world\n")
+    blob.write_bytes(bytes(range(256)) * 80)
+    for path, what in ((notes, "archive is truncated inside a header"), (blob, r"size field .* is not an unsigned octal number")):
+        with pytest.raises(shardkit.CorruptShardError) as e:
+            shardkit.loader(str(path))
+        assert re.fullmatch(
+            rf"{re.escape(str(path))}: member 0 at offset 0: {what}; expected a tar header at the start of the file: "
+            r"is it a tar archive\? \(a WebDataset shard is one\)",
+            str(e.value),
+        ), str(e.value)

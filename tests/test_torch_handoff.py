@@ -103,6 +103,20 @@ def test_two_live_iterations_of_one_dataloader_do_not_share_memory(data):
     assert second == want and rest == want
 
 
+def test_with_persistent_workers_an_iteration_a_newer_one_ended_raises(data):
+    """torch hands every iteration of a DataLoader with persistent workers the same iterator,
+    reset: an earlier iteration that went on would read the newer one's batches (the two mixed,
+    more batches than an epoch has). It raises at its next batch instead; the newer one is whole."""
+    dl = ShardkitDataLoader(ShardkitDataset(data, batch_size=16, decode=False, seed=2), num_workers=2, persistent_workers=True)
+    want = plain(list(dl))
+    first = iter(dl)
+    head = [next(first) for _ in range(3)]
+    assert plain(head) == want[:3]
+    assert plain(list(dl)) == want
+    with pytest.raises(RuntimeError, match=r"ended before its last batch: a newer iteration began"):
+        next(first)
+
+
 def test_an_iteration_stopped_early_leaves_the_next_one_whole(data):
     ds = ShardkitDataset(data, batch_size=16, decode=False, seed=2)
     for persistent in (False, True):

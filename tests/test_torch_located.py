@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import uuid
@@ -285,3 +286,30 @@ def test_a_pile_replaced_after_it_was_read_is_refused_not_cut_from_the_new_file(
     assert type(field) is Located
     with pytest.raises(CorruptShardError, match=r"pile-00000\d\.tar: the file changed while the DataLoader read it"):
         cut(field.wire(), views=False)
+
+
+def test_a_pile_gone_with_an_overwrite_after_a_worker_read_it_says_why(data, tmp_path, monkeypatch):
+    """The main process cuts a batch's fields from the pile file a worker read: when an overwrite
+    of the dataset removed it in between, the error says so, as the loader's own does."""
+    copy = str(tmp_path / "ds")
+    shutil.copytree(data, copy)
+    real = source_module.fetch
+
+    def fetch_then_overwrite(url, **keywords):  # in the worker (forked with this patch)
+        fetched = real(url, **keywords)
+        if not os.path.exists(copy + ".overwritten"):
+            open(copy + ".overwritten", "w").close()
+            with shardkit.PileWriter(copy, piles=3, seed=9, overwrite=True) as w:
+                for i in range(30):
+                    w.write({"__key__": f"new{i:03d}", "bin": b"n" * 10})
+        return fetched
+
+    monkeypatch.setattr(source_module, "fetch", fetch_then_overwrite)
+    dl = ShardkitDataLoader(ShardkitDataset(copy, batch_size=16, decode=False, seed=2), num_workers=1)
+    with pytest.raises(shardkit.DatasetNotFoundError) as e:
+        list(dl)
+    assert re.fullmatch(
+        rf"{re.escape(copy)}/pile-00000\d\.tar: no such file, removed after a DataLoader worker read it: "
+        rf"the dataset at {re.escape(copy)} was overwritten since this loader opened it; a new loader reads it",
+        str(e.value),
+    ), str(e.value)

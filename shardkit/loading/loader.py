@@ -46,6 +46,26 @@ from shardkit.workers import Pool
 log = logging.getLogger(__name__)
 
 
+class _Iteration:
+    """One iteration of a :class:`Loader`: its reading's items once it began, and why it was
+    ended before its last item, if it was (a newer iteration began, a state was loaded, the
+    loader was closed). Such an iterator raises at its next item instead of ending as if its
+    epoch were read: a loop that goes on with it would lose the rest without a word."""
+
+    __slots__ = ("ended", "items")
+
+    def __init__(self) -> None:
+        self.items: Iterator[Any] | None = None
+        self.ended: str | None = None
+
+    def check(self) -> None:
+        if self.ended is not None:
+            raise RuntimeError(
+                f"this iteration of the loader was ended before its last item: {self.ended}. A loader reads one iteration at "
+                "a time; take what you need from one before starting the next, or make a second loader for a second order"
+            )
+
+
 class Loader:
     """Iterate a pile dataset (or any WebDataset shards, or a blend) epoch by epoch; see :func:`loader`.
 
@@ -72,7 +92,7 @@ class Loader:
         self._setup = setup(source, self.options, policy, reads)
         self._epochs = epochs_of(source, self.options)
         self._place = Place()  # which epoch is read next and from where, and the one being read
-        self._active: weakref.ref[Iterator[Any]] | None = None
+        self._active: tuple[weakref.ref[Iterator[Any]], _Iteration] | None = None  # the iteration in progress
         self._workers: Pool | None = None
         self._closed = False
 
@@ -139,7 +159,9 @@ class Loader:
         It starts from the beginning of the epoch, except right after :meth:`load_state_dict` for
         that same epoch: then the next iteration resumes where the state was taken, so the usual
         ``for epoch in range(start, n): loader.set_epoch(epoch)`` loop resumes instead of silently
-        restarting. Without ``set_epoch``, each completed epoch moves on to the next.
+        restarting. Without ``set_epoch``, each completed epoch moves on to the next. Called while
+        an iteration runs, it applies to the next one (a state taken after it names the start of
+        ``epoch``).
         """
         check_int("epoch", epoch, low=0)
         self._place.set_epoch(epoch)
@@ -156,18 +178,22 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this Loader was closed; create a new one with shardkit.loader(...)")
-        self._stop_active()
+        self._stop_active("a newer iteration of this loader began (iter() or a for loop over it again)")
         self._workers = ready_pool(self._workers, self.options.num_workers, self._setup.step)
         place = self._place
-        gen = self._run(place.epoch, place.start, place.done)
-        self._active = weakref.ref(gen)
+        iteration = _Iteration()
+        gen = self._run(place.epoch, place.start, place.done, iteration)
+        self._active = (weakref.ref(gen), iteration)
         return gen
 
-    def _run(self, epoch: int, start: int, done: tuple[Phase, ...]) -> Iterator[Any]:
+    def _run(self, epoch: int, start: int, done: tuple[Phase, ...], iteration: _Iteration) -> Iterator[Any]:
+        iteration.check()
         reading = Reading(self.source, self._setup, workers=self._workers, start=start)
         self._place.begin(epoch, done, reading.where)
         skipped = self.stats.skipped_samples
-        yield from reading.run(self._schedule(epoch, done), name=f"shardkit-reader-e{epoch}")
+        iteration.items = reading.run(self._schedule(epoch, done), name=f"shardkit-reader-e{epoch}")
+        yield from iteration.items
+        iteration.check()  # its items were closed before their end: it must not end as if the epoch were read
         if self.stats.skipped_samples > skipped:
             log.warning("epoch %d: skipped %d samples (on_error=%r)", epoch, self.stats.skipped_samples - skipped, self.options.on_error)
         self._place.end(epoch)
@@ -209,7 +235,7 @@ class Loader:
         # read on the state's generation, and kept only once the state reads well there: a state refused changes nothing
         epochs = self._epochs if generation is None else self._epochs.at_generation(generation)
         position = epochs.load(state)
-        self._stop_active()
+        self._stop_active("load_state_dict() was called")
         self._epochs = epochs
         self.resume(position)
 
@@ -223,15 +249,23 @@ class Loader:
         settled on this loader's split, the next iteration reads on from its worker's count."""
         index, workers = self.options.worker
         settled = self._epochs.resume(position, workers=workers)
-        self._stop_active()
+        self._stop_active("the loader was resumed from a state")
         self._place.resume(settled, index)
 
     # -- lifecycle -------------------------------------------------------------------------
-    def _stop_active(self) -> None:
-        gen = self._active() if self._active is not None else None
+    def _stop_active(self, why: str) -> None:
+        """End the iteration in progress, if any, letting go of its piles and reader thread now:
+        its iterator raises ``why`` at its next item."""
+        if self._active is None:
+            return
+        ref, iteration = self._active
         self._active = None
-        if gen is not None:
-            gen.close()  # type: ignore[attr-defined]
+        gen = ref()
+        if gen is None or gen.gi_frame is None:  # type: ignore[attr-defined]  # dropped, or read to its end
+            return
+        iteration.ended = why
+        if iteration.items is not None:
+            iteration.items.close()  # type: ignore[attr-defined]
 
     def close(self) -> None:
         """Stop the reader thread and worker processes, and let go of the memory kept for decoding
@@ -239,7 +273,7 @@ class Loader:
         if self._closed:
             return
         self._closed = True
-        self._stop_active()
+        self._stop_active("the loader was closed")
         if self._workers is not None:
             self._workers.close()
             self._workers = None

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from shardkit import storage
-from shardkit.errors import CorruptShardError
-from shardkit.loading.source import Pile
+from shardkit.errors import CorruptShardError, DatasetNotFoundError
+from shardkit.loading.source import Pile, Source, gone_file
 from shardkit.tar import compression
 from shardkit.tar.shard import Spans
 
@@ -125,6 +125,21 @@ def located_columns(url: str, version: str, spans: Spans) -> dict[str, Any]:
     return out
 
 
+class Vanished(DatasetNotFoundError):
+    """A pile file the main process went to cut a batch's fields from is gone: removed after the
+    DataLoader worker read it. ``url`` is the file; the DataLoader adds why, where its dataset's
+    manifest says."""
+
+    def __init__(self, message: str, url: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+    def explained(self, source: Source) -> Vanished:
+        """This error with why the file is gone, where the manifest of its dataset in ``source`` says."""
+        why = gone_file(source, self.url)
+        return Vanished(str(self) if why is None else f"{self}: {why}", self.url)
+
+
 class _Maps:
     """The files the main process has mapped, most recently used last (as many as :data:`MAPS`,
     :data:`MAPPED_BYTES` and :data:`MAPS_MOST` allow)."""
@@ -140,7 +155,10 @@ class _Maps:
                 self._held.move_to_end(url)
                 return held[1]
         store, name = storage.locate(url)
-        buf = store.read_whole(name)
+        try:
+            buf = store.read_whole(name)
+        except DatasetNotFoundError as e:
+            raise Vanished(f"{e}, removed after a DataLoader worker read it", url) from e
         now = store.version(name)  # looked at after the map: a file replaced before it is caught
         if now != version:
             raise CorruptShardError(

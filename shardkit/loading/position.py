@@ -149,7 +149,10 @@ class Place:
             self._read_after.pop(epoch, None)
 
     def end(self, epoch: int) -> None:
-        """The iteration of ``epoch`` read it to its end: the next epoch starts."""
+        """The iteration of ``epoch`` read it to its end: the next epoch starts, unless
+        :meth:`set_epoch` or :meth:`resume` already said what to read next while it ran."""
+        if self.running != epoch:
+            return
         self.epoch, self.running, self._where, self._running_done = epoch + 1, None, None, ()
 
     @property

@@ -28,7 +28,7 @@ from shardkit import manifest, storage
 from shardkit._util import check_paths
 from shardkit.dataset import layout
 from shardkit.dataset.transaction import Dataset
-from shardkit.errors import CorruptShardError, DatasetNotFoundError, ShardkitError, StorageError
+from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError, ShardkitError, StorageError
 from shardkit.loading import elastic
 from shardkit.loading.elastic import Phase, Range
 from shardkit.loading.pile import Fetched, fetch, fetch_segments, open_pile
@@ -103,12 +103,12 @@ class Source:
                 return fetch_segments(pile.url, pile.segments, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads)
             return fetch(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads, scratch=scratch)
         except DatasetNotFoundError as e:
-            gone = self._gone()
+            gone = self.gone()
             if gone is None:
                 raise
             raise DatasetNotFoundError(f"{e}: {gone}") from e
 
-    def _gone(self) -> str | None:
+    def gone(self) -> str | None:
         """Why a file of this dataset is missing, when its manifest says why (see :func:`why_gone`)."""
         if self.generation is None:  # plain tar shards: no manifest to ask
             return None
@@ -146,6 +146,9 @@ def resolve(source: SourceLike, *, skip: Callable[[BaseException, str], None] | 
     source = check_paths("source", source)
     if isinstance(source, (str, os.PathLike)):
         root = os.fspath(source)
+        named = root.rstrip("/").rsplit("/", 1)
+        if named[-1] == manifest.MANIFEST and len(named) == 2 and not _is_directory(root) and storage.exists(root):
+            raise ConfigError(f"{root}: a dataset's manifest, not a shard: pass the dataset's directory, {named[0]}")
         m = _manifest(root)
         if m is not None:
             return of_manifest(root, m)
@@ -206,6 +209,15 @@ def why_gone(
         f"and generation {generation}'s files are gone (an overwrite, or shardkit gc after its grace period); {anew} "
         f"reads generation {now.generation}"
     )
+
+
+def gone_file(source: Source, url: str) -> str | None:
+    """Why the file ``url`` of ``source`` (a dataset, or a blend's datasets) is gone, where the
+    manifest of its dataset says (see :func:`why_gone`)."""
+    for part in getattr(source, "parts", None) or (source,):
+        if any(url == p.url or url in (p.segments or ()) for p in part.piles):
+            return part.gone()
+    return None
 
 
 def _still_kept(root: str, generation: int, listed: Mapping[str, str | None]) -> bool:

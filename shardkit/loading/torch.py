@@ -35,6 +35,7 @@ from shardkit.loading.blend.spec import Blend, is_blend
 from shardkit.loading.dataloader_arguments import check_arguments, rebatching
 from shardkit.loading.handoff import Handoff, SendableViews, convert, taken
 from shardkit.loading.loader import Loader
+from shardkit.loading.located import Vanished
 from shardkit.loading.options import LoaderOptions, resolve_world
 from shardkit.loading.ring import Ring
 from shardkit.loading.shared_place import SharedPlace
@@ -370,6 +371,7 @@ class ShardkitDataLoader(DataLoader):
         self._yielded = 0
         self._moves = 0  # the dataset's moves when this count began (see ShardkitDataset._moves)
         self._ring: Ring | None = None  # the persistent workers' shared memory
+        self._iterations = 0  # iterations begun: an earlier one refuses to go on (see __iter__)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # given to the constructor or set afterwards, a worker_init_fn that raises marks its worker started
@@ -382,6 +384,11 @@ class ShardkitDataLoader(DataLoader):
         if dataset._read_anew():  # here, before its workers read where to start
             _read_again(dataset._place.epoch, "from its start")
         self._yielded, self._moves = 0, dataset._moves
+        # with persistent workers torch hands every iteration the same iterator, reset: an earlier
+        # iteration must not go on reading what the newer one reads (the batches of both would mix)
+        shared = self.num_workers > 0 and self.persistent_workers
+        self._iterations += 1
+        mine = self._iterations
         epoch, left = dataset._place.epoch, dataset._left(self.num_workers)
         ring = self._ring  # held while this iteration runs: its batches are read out of it
         if self.num_workers > 0 and (ring is None or not self.persistent_workers):
@@ -396,7 +403,20 @@ class ShardkitDataLoader(DataLoader):
                 batches = super().__iter__()
             finally:
                 dataset._ring = None
-            for item in taken(batches):
+            items = taken(batches)
+            while True:
+                if shared and self._iterations != mine:
+                    raise RuntimeError(
+                        "this iteration of the ShardkitDataLoader was ended before its last batch: a newer iteration began "
+                        "(iter() or a for loop over it again), and with persistent_workers=True both would read from the same "
+                        "workers. Take what you need from one iteration before starting the next"
+                    )
+                try:
+                    item = next(items)
+                except StopIteration:
+                    break
+                except Vanished as e:  # cut here, from a file a worker read: the dataset's manifest may say why it went
+                    raise e.explained(dataset.source) from None
                 self._yielded += 1
                 if self._yielded == left:  # its last batch: a loop may take exactly these and stop
                     dataset._ended = (epoch, self._moves)

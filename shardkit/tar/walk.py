@@ -41,6 +41,8 @@ class Members:
 
 def _fail(source: str, index: int, name: str | None, offset: int, what: str) -> CorruptShardError:
     where = f"member {index}" + (f" ({name!r})" if name else "")
+    if offset == 0 and name is None:  # the very first header does not parse: most likely not a tar file at all
+        what += "; expected a tar header at the start of the file: is it a tar archive? (a WebDataset shard is one)"
     return CorruptShardError(f"{source}: {where} at offset {offset}: {what}")
 
 
