@@ -343,6 +343,9 @@ def test_reads_webdataset_writer_output(tmp_path):
         # views of piles in this process cannot cross to worker processes that batch or map them
         (dict(views=True, decode=False, num_workers=2, batch_size=4), "views: True with num_workers=2"),
         (dict(views=True, decode=False, num_workers=1, map=dict), "views: True with num_workers=1"),
+        # views are of raw fields: decoded fields are objects of their own
+        (dict(views=True), r"views: True hands out raw fields as memoryviews, which needs decode=False; with decode=True"),
+        (dict(views=True, decode="pil"), r"with decode='pil'"),
     ],
 )
 def test_bad_options_name_the_option(dataset, bad, message):

@@ -105,10 +105,14 @@ def test_views_are_read_only_slices_with_the_same_bytes(uniform, batch_size):
     assert as_bytes == copies
 
 
-def test_views_leave_decoded_fields_alone(uniform):
-    with shardkit.loader(uniform, decode=True, seed=3, views=True) as loader:
-        sample = next(iter(loader))
-    assert isinstance(sample["cls"], int) and isinstance(sample["bin"], bytes)
+def test_views_need_raw_fields(uniform):
+    """Views are of raw fields: with decoding on they would change nothing, so they are refused."""
+    for decode in (True, "pil"):
+        with pytest.raises(
+            shardkit.ConfigError,
+            match=rf"views: True hands out raw fields as memoryviews, which needs decode=False; with decode={decode!r}",
+        ):
+            shardkit.loader(uniform, decode=decode, seed=3, views=True)
 
 
 def test_views_is_a_checked_option():

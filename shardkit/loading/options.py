@@ -221,7 +221,12 @@ class LoaderOptions:
         if not (isinstance(self.decode, (bool, Codecs)) or self.decode in ("numpy", "pil")):
             raise ConfigError(f"decode: expected True, False, 'numpy', 'pil' or a Codecs object, got {self.decode!r}")
         check_choices(self)
-        if self.views and self.decode is False and self.num_workers and (self.batch_size is not None or self.map is not None):
+        if self.views and self.decode is not False:
+            raise ConfigError(
+                f"views: True hands out raw fields as memoryviews, which needs decode=False; with decode={self.decode!r} every "
+                "field is decoded into an object of its own: pass decode=False, or leave views off"
+            )
+        if self.views and self.num_workers and (self.batch_size is not None or self.map is not None):
             raise ConfigError(
                 f"views: True with num_workers={self.num_workers}: the views are of piles held in this process, and the worker "
                 "processes that batch or map the samples cannot be sent them; set num_workers=0 (raw fields need little work) or views=False"
