@@ -297,6 +297,7 @@ def shuffle(
     storage.use([*_util.check_paths("inputs", inputs), _util.check_path("out", out)], opts.storage_options)
     readers.refuse_datasets(_util.check_paths("inputs", inputs))
     urls = storage.expand(_util.check_paths("inputs", inputs))
+    readers.refuse_own_files(urls, out)
     with Dataset(out).transaction(overwrite=opts.overwrite, files=_SHARD) as txn:
         m, limit = opts.pass1(sum(storage.size(u) for u in urls))
         log.info("shuffling %d input shards through %d piles (max %s each)", len(urls), m, format_size(limit) if limit else "unlimited")

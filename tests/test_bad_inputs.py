@@ -753,3 +753,22 @@ def test_a_read_only_directory_for_real(place, tmp_path):
     out.mkdir(mode=0o555)
     with pytest.raises(StorageError, match="permission denied"):
         shardkit.PileWriter(out, piles=2)
+
+
+def test_an_output_folder_s_own_piles_are_refused_as_inputs(tmp_path, monkeypatch):
+    """Shards piled into their own folder, then piled again with --overwrite: '*.tar' there also
+    matches the first run's piles, whose samples would be read a second time under keys of their
+    own (the dataset doubled). Refused by name before anything is written; so is shuffle's."""
+    from tests.conftest import write_wds_shards
+
+    monkeypatch.chdir(tmp_path)
+    write_wds_shards(tmp_path, "train-{}.tar", 3, lambda k, i: {"__key__": f"{i:06d}", "json": b"{}", "cls": b"1"} if i < 20 else None)
+    assert main(["pile", "*.tar", "-o", ".", "--piles", "2"]) == 0
+    before = shardkit.info(".").samples
+    for argv in (["pile", "*.tar", "-o", ".", "--piles", "2", "--overwrite"], ["shuffle", "*.tar", "-o", ".", "--overwrite"]):
+        with pytest.raises(ConfigError, match=r"pile-000000\.tar: an input in the output folder \. with the name of a data file"):
+            shardkit.pile("*.tar", ".", piles=2, overwrite=True) if argv[0] == "pile" else shardkit.shuffle("*.tar", ".", overwrite=True)
+        assert main(argv) == 1
+    assert shardkit.info(".").samples == before
+    assert main(["pile", "train-*.tar", "-o", ".", "--piles", "2", "--overwrite"]) == 0  # its own files named: as before
+    assert shardkit.info(".").samples == before

@@ -120,6 +120,34 @@ def refuse_datasets(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[
             )
 
 
+def refuse_own_files(urls: Sequence[str], out: str | os.PathLike[str]) -> None:
+    """Refuse an input that is a data file of the output folder ``out`` itself (``pile-*.tar``
+    and the other names shardkit gives its files there): piled into ``out`` again, as a pattern
+    like ``'*.tar'`` in that folder does on a rerun, its samples would be read twice, under
+    keys of their own.
+
+    Raises:
+        ConfigError: naming the file, the folder and what to do instead.
+    """
+    from shardkit.dataset import layout
+
+    folder = storage.store_for(os.fspath(out)).local_file()
+    if folder is None:
+        return
+    folder = os.path.realpath(folder)
+    for url in urls:
+        local = storage.store_for(url).local_file()
+        if local is None or os.path.dirname(os.path.realpath(local)) != folder:
+            continue
+        if layout.DATA_FILE.fullmatch(os.path.basename(local)):
+            raise ConfigError(
+                f"{url}: an input in the output folder {os.fspath(out)} with the name of a data file shardkit writes there "
+                "(its piles, or an earlier run's): piled into it again, its samples would be read twice. Name your own files "
+                f"only (a pattern that leaves out pile-*.tar), write elsewhere, or pile a dataset's samples anew with shardkit "
+                f"repile {os.fspath(out)} -o OTHER"
+            )
+
+
 def unknown_file(path: str) -> str | None:
     """Why pile cannot read the local file ``path`` as a tar shard, or None: a name without a shard
     suffix (``.tar``, ``.tar.zst``...) whose first bytes are neither a tar header nor a codec's
