@@ -17,7 +17,9 @@ import errno
 import gzip
 import importlib
 import io
+import logging
 import os
+import pathlib
 import pickle
 import socket
 import string
@@ -772,3 +774,36 @@ def test_an_output_folder_s_own_piles_are_refused_as_inputs(tmp_path, monkeypatc
     assert shardkit.info(".").samples == before
     assert main(["pile", "train-*.tar", "-o", ".", "--piles", "2", "--overwrite"]) == 0  # its own files named: as before
     assert shardkit.info(".").samples == before
+
+
+def test_an_empty_shard_is_an_error_and_one_cut_at_a_member_s_end_is_named(tmp_path, caplog):
+    """A 0-byte .tar is no tar (every tar holds at least its end marker): refused by name, where
+    it was read as a shard of no samples. One cut short where a member ends reads up to there,
+    as GNU tar does, with one warning that names it (it loses the rest of the shard otherwise
+    without a word); a whole shard gives none."""
+    from shardkit.tar import shard as shard_module
+    from tests.conftest import write_wds_shards
+
+    (good,) = write_wds_shards(
+        tmp_path, "good-{}.tar", 1, lambda k, i: {"__key__": f"{i:06d}", "json": b"{}", "cls": b"1"} if i < 20 else None
+    )
+    empty = tmp_path / "empty.tar"
+    empty.write_bytes(b"")
+    for read in (lambda: shardkit.pile([good, str(empty)], str(tmp_path / "out"), piles=2), lambda: list(shardkit.loader(str(empty)))):
+        with pytest.raises(CorruptShardError, match=r"empty\.tar: an empty file \(0 bytes\); expected a tar archive"):
+            read()
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(pathlib.Path(good).read_bytes()[: 3 * 2048])  # three members whole (webdataset writes a pax header before each)
+    shard_module._UNENDED.clear()
+    caplog.set_level(logging.WARNING, logger="shardkit.tar.shard")
+    with shardkit.loader(str(cut), decode=False) as loader:
+        read = [sorted(s) for _ in range(2) for s in loader]
+    assert sorted(read) == [["__key__", "cls"], ["__key__", "cls"], ["__key__", "cls", "json"], ["__key__", "cls", "json"]]
+    said = [r.getMessage() for r in caplog.records if r.name == "shardkit.tar.shard"]
+    assert said == [
+        f"{cut}: no end-of-archive marker (two zero blocks) after its last member, at offset 6144: the file may have been cut "
+        "short (an interrupted download or copy); its whole members are read, anything after them is not there"
+    ]
+    caplog.clear()
+    assert shardkit.pile(good, str(tmp_path / "whole"), piles=1).samples == 20
+    assert [r for r in caplog.records if r.name == "shardkit.tar.shard"] == []

@@ -204,15 +204,19 @@ def test_a_sample_over_max_pile_bytes_is_refused_by_name(tmp_path, canonical_sha
 
 
 def test_empty_shards_and_shards_without_trailer(tmp_path, canonical_shards):
+    """A shard of its end marker alone holds no sample; one without the marker reads up to its
+    last member (tests/test_bad_inputs.py: with a warning). A 0-byte file is no tar: refused."""
     empty = str(tmp_path / "empty.tar")
     open(empty, "wb").close()
+    with pytest.raises(shardkit.CorruptShardError, match=r"empty\.tar: an empty file \(0 bytes\)"):
+        shardkit.pile([empty], tmp_path / "refused", piles=2, quiet=True)
     only_trailer = str(tmp_path / "trailer.tar")
     with open(only_trailer, "wb") as f:
         f.write(tarwrite.TRAILER)
     cut = str(tmp_path / "cut.tar")
     with open(cut, "wb") as f:
         f.write(read(canonical_shards[0])[: -len(tarwrite.TRAILER)])
-    urls = [empty, only_trailer, cut]
+    urls = [only_trailer, cut]
     m = shardkit.pile(urls, tmp_path / "fast", piles=2, quiet=True)
     assert m.samples == 30
     assert files(tmp_path / "fast") == re_encoded(tmp_path, urls, piles=2, quiet=True)

@@ -10,6 +10,8 @@ loader's piles, re-piling, the eager shuffle and ``verify`` all go through :clas
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -23,6 +25,12 @@ from shardkit.tar.scan import BLOCK, Chain
 from shardkit.tar.walk import walk
 
 Sample = dict[str, Any]
+
+log = logging.getLogger(__name__)
+# shards already said to lack their end-of-archive marker (a loader reads a plain shard every epoch)
+_UNENDED: set[str] = set()
+_UNENDED_LOCK = threading.Lock()
+_END_MARKER = bytes(2 * BLOCK)
 
 
 class Spans(NamedTuple):
@@ -327,7 +335,39 @@ def read_shard(url: str, *, mapped: bool = False) -> storage.Buffer:
             f"{url}: at offset 0: expected a tar header, found {found} data (its magic bytes); "
             f"a compressed shard is read by its name: name it {stem}.tar{compression.SUFFIX[found]}"
         )
-    return buf if codec is None else compression.decompress(buf, codec, url)
+    tar = buf if codec is None else compression.decompress(buf, codec, url)
+    _check_ends(url, tar)
+    return tar
+
+
+def _check_ends(url: str, tar: storage.Buffer) -> None:
+    """Refuse an empty file; warn (once per shard and process) about one without the two zero
+    blocks that end a tar archive. Every tool that writes tars ends them so, and the loader
+    and pile read such a file up to its last whole member: a download or copy cut short at a
+    member's end would otherwise lose the rest of the shard without a word.
+
+    Raises:
+        CorruptShardError: the file holds no byte at all.
+    """
+    if len(tar) == 0:
+        raise CorruptShardError(
+            f"{url}: an empty file (0 bytes); expected a tar archive, which holds at least its end-of-archive "
+            "marker (a download or copy cut short?)"
+        )
+    if len(tar) >= 2 * BLOCK and tar[len(tar) - 2 * BLOCK :] == _END_MARKER:
+        return
+    if len(tar) % BLOCK or tar[257:262] != b"ustar":  # not cut where a member ends, or no tar: the walk names the fault
+        return
+    with _UNENDED_LOCK:
+        if url in _UNENDED:
+            return
+        _UNENDED.add(url)
+    log.warning(
+        "%s: no end-of-archive marker (two zero blocks) after its last member, at offset %d: the file may have been cut "
+        "short (an interrupted download or copy); its whole members are read, anything after them is not there",
+        url,
+        len(tar),
+    )
 
 
 def iter_shard(url: str) -> Iterator[Sample]:
