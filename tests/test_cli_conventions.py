@@ -176,3 +176,30 @@ def test_output_into_a_closed_pipe_ends_quietly(dataset, buffered):
         os.close(write)
     assert done.returncode == 141, done.stderr
     assert done.stderr == ""
+
+
+def test_a_quoted_home_in_a_path_is_the_home_directory(tmp_path, monkeypatch):
+    """'~/...' quoted (as patterns are quoted to reach shardkit whole) is expanded as YAML jobs
+    expand it, for inputs and outputs: -o '~/out' made a folder named '~' in the working directory."""
+    import shardkit
+    from tests.conftest import write_wds_shards
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "here").mkdir()
+    write_wds_shards(tmp_path / "in", "s-{}.tar", 2, lambda k, i: {"__key__": f"{k}-{i:04d}", "txt": b"x"} if i < 5 else None)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path / "here")
+    assert main(["pile", "~/in/*.tar", "-o", "~/out", "--piles", "2"]) == 0
+    assert shardkit.info(str(tmp_path / "out")).samples == 10
+    assert main(["info", "~/out"]) == 0
+    assert list((tmp_path / "here").iterdir()) == []
+
+
+def test_a_missing_directory_is_said_to_be_missing(tmp_path, capsys):
+    """A mistyped path is no dataset because nothing is there, not because a job did not finish."""
+    for command in ("info", "verify"):
+        assert main([command, str(tmp_path / "tyop")]) == 1
+        assert capsys.readouterr().err == f"shardkit {command}: error: {tmp_path}/tyop: no such directory (expected a shardkit dataset)\n"
+    (tmp_path / "empty").mkdir()
+    assert main(["info", str(tmp_path / "empty")]) == 1
+    assert "not a shardkit dataset (no shardkit.json; a job that did not finish leaves none)" in capsys.readouterr().err

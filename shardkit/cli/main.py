@@ -107,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    for name, value in vars(args).items():
+        setattr(args, name, _home(value))
     _log_to_stderr(args.verbose)
     if not args.verbose:  # what a resumed job keeps and does again is said without -v: one line
         logging.getLogger("shardkit.piles.resume").setLevel(logging.INFO)
@@ -115,6 +117,17 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.print_help()
         return 2
     return guarded(lambda: _run(handler, args), traceback=bool(args.verbose), prog=getattr(args, "prog", None))
+
+
+def _home(value: object) -> object:
+    """A path the shell left as ``~/...`` or ``~user/...`` (quoted, as a pattern is quoted to
+    reach shardkit whole) with the home directory in it, as YAML jobs expand it: otherwise
+    ``-o '~/out'`` would make a folder named ``~`` here. Lists element by element; anything else as it is."""
+    if isinstance(value, str) and value.startswith("~"):
+        return os.path.expanduser(value)
+    if isinstance(value, list):
+        return [_home(v) for v in value]
+    return value
 
 
 # loggers of the object-store clients: their debug output dumps every request
