@@ -298,6 +298,9 @@ def shuffle(
     readers.refuse_datasets(_util.check_paths("inputs", inputs))
     urls = storage.expand(_util.check_paths("inputs", inputs))
     readers.refuse_own_files(urls, out)
+    for url in urls:  # files of a format pile reads by its suffix go through its reader in pass 1
+        if readers.detect(url) is None and (why := readers.unknown_file(url, "shuffle")) is not None:
+            raise ConfigError(why)
     with Dataset(out).transaction(overwrite=opts.overwrite, files=_SHARD) as txn:
         m, limit = opts.pass1(sum(storage.size(u) for u in urls))
         log.info("shuffling %d input shards through %d piles (max %s each)", len(urls), m, format_size(limit) if limit else "unlimited")

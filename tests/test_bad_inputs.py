@@ -807,3 +807,17 @@ def test_an_empty_shard_is_an_error_and_one_cut_at_a_member_s_end_is_named(tmp_p
     caplog.clear()
     assert shardkit.pile(good, str(tmp_path / "whole"), piles=1).samples == 20
     assert [r for r in caplog.records if r.name == "shardkit.tar.shard"] == []
+
+
+def test_shuffle_of_a_file_that_is_no_tar_says_what_shuffle_reads(tmp_path):
+    """shuffle has no format option: its refusal points at pile, which has one, where it told the
+    user to pass --format to shuffle. Files pile reads by their suffix still go through."""
+    odd = tmp_path / "s.arrows"
+    odd.write_bytes(b"ARROW1" + bytes(600))
+    with pytest.raises(ConfigError) as e:
+        shardkit.shuffle(str(odd), str(tmp_path / "out"))
+    assert str(e.value).startswith(f"inputs: {odd} is not a tar shard (no '.tar' in its name, no tar header at its start), and shuffle ")
+    assert "shuffle reads tar shards only: make piles of it with shardkit pile" in str(e.value)
+    assert "format=" not in str(e.value)
+    assert main(["shuffle", str(odd), "-o", str(tmp_path / "out")]) == 1
+    assert not (tmp_path / "out").exists()

@@ -129,3 +129,16 @@ def test_a_damaged_mds_shard_file_is_a_corrupt_shard_saying_what_is_wrong(tmp_pa
     packed.write_bytes(packed.read_bytes()[:-20])
     with pytest.raises(shardkit.CorruptShardError, match=r"shard\.00001\.mds\.zstd: cannot decompress it \(zstd\)"):
         shardkit.pile(str(tmp_path / "zstd"), tmp_path / "o2", piles=2, quiet=True)
+
+
+def test_a_damaged_index_json_is_named_not_taken_for_a_folder_of_files(tmp_path):
+    """A folder whose index.json does not parse (a copy cut short) is an MDS or litdata folder
+    damaged: said so by name, where it read as 'a directory, not a file: name the files in it'."""
+    folder = tmp_path / "mds"
+    folder.mkdir()
+    (folder / "index.json").write_text('{"shards": [{"column_names": ["x"]')
+    with pytest.raises(shardkit.CorruptShardError) as e:
+        shardkit.pile(str(folder), str(tmp_path / "out"), piles=2)
+    assert str(e.value).startswith(f"{folder}/index.json: not valid JSON (Expecting ")
+    assert "read as the output of MDSWriter or litdata.optimize" in str(e.value)
+    assert not (tmp_path / "out").exists()

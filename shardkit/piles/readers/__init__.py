@@ -23,7 +23,7 @@ from dataclasses import fields
 from typing import Any
 
 from shardkit import storage
-from shardkit.errors import ConfigError, DatasetNotFoundError
+from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError
 
 # name -> (module, class); modules import their libraries only when a unit is read
 READERS: dict[str, tuple[str, str]] = {
@@ -73,8 +73,13 @@ def _directory_format(path: str) -> str | None:
     try:
         with open(index, encoding="utf-8") as f:
             doc = json.load(f)
-    except (OSError, ValueError):
+    except OSError:
         return None
+    except ValueError as e:  # the folder of an MDS or litdata writer, damaged: say so, not "a directory, not a file"
+        raise CorruptShardError(
+            f"{index}: not valid JSON ({e}); a folder with an index.json is read as the output of MDSWriter or "
+            "litdata.optimize, whose index this should be: copy the folder again, or write it again"
+        ) from None
     if isinstance(doc, dict) and "shards" in doc:
         return "mds"
     if isinstance(doc, dict) and "chunks" in doc:
@@ -148,10 +153,11 @@ def refuse_own_files(urls: Sequence[str], out: str | os.PathLike[str]) -> None:
             )
 
 
-def unknown_file(path: str) -> str | None:
-    """Why pile cannot read the local file ``path`` as a tar shard, or None: a name without a shard
-    suffix (``.tar``, ``.tar.zst``...) whose first bytes are neither a tar header nor a codec's
-    magic. Other inputs (a URL, a shard by its name) are read, and any fault named there."""
+def unknown_file(path: str, command: str = "pile") -> str | None:
+    """Why ``command`` (pile, or shuffle, which reads tar shards only) cannot read the local file
+    ``path`` as a tar shard, or None: a name without a shard suffix (``.tar``, ``.tar.zst``...)
+    whose first bytes are neither a tar header nor a codec's magic. Other inputs (a URL, a shard
+    by its name) are read, and any fault named there."""
     import numpy as np
 
     from shardkit.tar import compression
@@ -169,6 +175,12 @@ def unknown_file(path: str) -> str | None:
         if stored[0] == computed[0]:
             return None
     known = ", ".join(sorted(set(_SUFFIXES)))
+    if command == "shuffle":
+        return (
+            f"inputs: {path} is not a tar shard (no '.tar' in its name, no tar header at its start), and shuffle reads tar "
+            f"shards only: make piles of it with shardkit pile (which reads {known} by their suffix, other formats with "
+            "--format), and read them with the loader, which shuffles them"
+        )
     return (
         f"inputs: {path} is not a tar shard (no '.tar' in its name, no tar header at its start) nor a file of a format "
         f"pile reads by its suffix ({known}); name the format with format= (--format), or read other files with a "
