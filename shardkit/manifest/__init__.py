@@ -85,7 +85,7 @@ def read(directory: str) -> Manifest:
     except DatasetNotFoundError as e:
         if getattr(e, "bucket", None):  # no bucket at all: say that, not "no manifest"
             raise DatasetNotFoundError(f"{directory}: the bucket {e.bucket} does not exist (a typo? create it first)") from None  # type: ignore[attr-defined]
-        if not storage.exists(directory):  # a mistyped path: nothing there at all
+        if storage.store_for(directory).local_file() is not None and not storage.exists(directory):  # a mistyped path
             raise DatasetNotFoundError(f"{directory}: no such directory (expected a shardkit dataset)") from None
         raise DatasetNotFoundError(f"{directory}: not a shardkit dataset (no {MANIFEST}; a job that did not finish leaves none)") from None
     except StorageError as e:
