@@ -286,9 +286,10 @@ def test_equal_keys_where_two_units_meet_in_a_pile_are_refused(tmp_path):
     with pytest.raises(
         shardkit.SampleError,
         match=r"pile 0: sample 2 \(offset 2048, input unit 1 \(1\)\) has the key '000' of sample 1 \(offset 1024, input unit 0 \(0\)\): "
-        r"keys must be unique across all inputs",
-    ):
+        r"keys must be unique across all inputs, and preprocess takes them from its function: give each sample a unique '__key__'",
+    ) as refused:
         shardkit.preprocess([0, 1], _numbered, tmp_path / "out", piles=1, quiet=True)
+    assert "key_prefix='unit'" not in str(refused.value)  # refused by preprocess: it must not be advised
     assert not shardkit.manifest.is_dataset(tmp_path / "out")
 
 

@@ -183,7 +183,11 @@ def test_split_piles_are_byte_identical_too(tmp_path, canonical_shards):
     ("names", "error", "message"),
     [
         (["a//b.txt"], shardkit.SampleError, r"sample key 'a//b': no leading '/', empty or '\.\.' path components"),
-        (["noext"], shardkit.SampleError, r"sample 'noext': field name '' is not a valid extension"),
+        (
+            ["noext"],
+            shardkit.SampleError,
+            r"sample 'noext': a field with an empty name \(in a tar shard, a member named 'noext', with no '\.EXTENSION'",
+        ),
         (["k.txt", "k.cls", "k.txt"], shardkit.CorruptShardError, r"sample 'k' already has a 'txt' member"),
     ],
 )

@@ -180,7 +180,12 @@ def _refuse_fields(key: str, sample: Mapping[str, Any]) -> NoReturn:
         if name.startswith("__"):
             continue
         ext = name[1:] if name.startswith(".") else name
-        if not ext or "/" in ext:
+        if not ext:
+            raise SampleError(
+                f"sample {key!r}: a field with an empty name (in a tar shard, a member named {key!r}, with no '.EXTENSION' "
+                "after its key): field names are extensions, as in WebDataset's KEY.EXTENSION member names"
+            )
+        if "/" in ext:
             raise SampleError(f"sample {key!r}: field name {name!r} is not a valid extension")
         _check_bytes(f"sample {key!r}: field name {name!r}", ext)
         if ext in seen:

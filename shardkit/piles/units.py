@@ -66,6 +66,12 @@ class UnitWork:
                 f" across all inputs, and this reader takes them from the column {self.fn.key!r}: name a column of unique "
                 "values as key, or leave key unset (each row is then keyed by its file and row number)"
             )
+        if not self.shards and not isinstance(self.fn, ColumnSpec):  # preprocess: key_prefix is refused there
+            return (
+                " across all inputs, and preprocess takes them from its function: give each sample a unique '__key__' "
+                "(e.g. prefix the input's name); JSON lines are keyed FILESTEM-LINE unless a record field names them "
+                "(key= of JsonLines, args: {key: FIELD} in a job file, --key of scripts/preprocess_jsonl.py), so two files of one name meet"
+            )
         return ADVICE
 
 
