@@ -248,7 +248,7 @@ def test_cli_quality_prints_the_table(dataset, capsys):
 
 def test_cli_quality_errors(dataset, tmp_path, capsys, monkeypatch):
     assert main(["quality", str(tmp_path / "nothing")]) == 1
-    assert "not a shardkit dataset" in capsys.readouterr().err
+    assert "nothing: no such directory (expected a shardkit dataset)" in capsys.readouterr().err
     assert main(["quality", dataset, "--label-field", "nope", "--batch-size", "8"]) == 1
     assert "'nope' is not a field" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the plot extra were not installed
