@@ -345,6 +345,7 @@ def test_a_job_into_an_object_store_that_holds_a_dataset_says_what_to_set_in_the
         (VALID.replace("piles: 4", "piles: sixty"), "line 5: output.piles: expected an integer >= 1, got 'sixty'"),
         (VALID + "workers: two\n", "line 6: workers: expected an integer >= 1, got 'two'"),
         (VALID + "colour: blue\n", "line 6: colour: unknown field"),
+        (VALID + "key_prefix: unit\n", "line 6: key_prefix: preprocess takes sample keys from its function"),  # not when it runs
         (VALID.replace("piles: 4", "seed: 1"), "line 5: output.piles: missing (required)"),  # the line of its mapping
         ("job: pile\ninputs:\n  - data/a.jsonl\n  - 3\noutput: {path: o, piles: 2}\n", "line 4: inputs[1]: expected a path, got 3"),
         (VALID.replace("data/*.jsonl", "data/*.csv"), "line 3: inputs[0]: {dir}/data/*.csv: pattern matches no file"),

@@ -45,7 +45,7 @@ from shardkit.manifest import Manifest
 from shardkit.option_fields import Spec, specs, yaml_names
 from shardkit.piles import readers, transforms
 from shardkit.piles.options import EXECUTORS, PileOptions
-from shardkit.piles.preprocess import pile, preprocess
+from shardkit.piles.preprocess import pile, preprocess, refuse_key_prefix
 
 JOBS = ("preprocess", "pile", "shuffle", "demo")
 T = TypeVar("T")
@@ -256,6 +256,8 @@ def _piling_job(top: Fields, kind: str, inputs: tuple[str, ...], base: str) -> P
         _check_inputs(top, inputs, folders=False)
         return PileJob(source=top.source, inputs=inputs, output=out, options=options, format=reader)
     fn = _parse_fn(top, base)
+    with top.errors():  # here, where the file's line is known, not when the job runs
+        refuse_key_prefix(options)
     _check_inputs(top, inputs, folders=isinstance(fn, transforms.Images))
     return PreprocessJob(source=top.source, inputs=inputs, fn=fn, output=out, options=options)
 

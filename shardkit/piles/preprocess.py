@@ -132,11 +132,7 @@ def preprocess(
     options = PREPROCESS.options(options, keywords)
     if not callable(fn):
         raise ConfigError(f"fn: expected a function fn(unit) that yields sample dicts, got {shown(fn)}")
-    if options.key_prefix == "unit":
-        raise ConfigError(
-            "key_prefix: preprocess takes sample keys from its function, so expected 'auto' or 'none' "
-            f"(key_prefix is for pile and shuffle), got {options.key_prefix!r}"
-        )
+    refuse_key_prefix(options)
     units = _validate(inputs, extra)
     # the dataset an append adds to, read only when a class map is at stake
     classes = isinstance(fn, Images) or bool(extra and class_maps.CLASSES in extra)
@@ -315,6 +311,19 @@ def pile(
             if (why := readers.unknown_file(unit)) is not None:
                 raise ConfigError(why)
     return pile_shards(units, out, options, quiet=quiet, mp_context=mp_context)
+
+
+def refuse_key_prefix(options: PileOptions) -> None:
+    """Refuse ``key_prefix="unit"`` for preprocess, which takes its keys from its function.
+
+    Raises:
+        ConfigError: naming the option.
+    """
+    if options.key_prefix == "unit":
+        raise ConfigError(
+            "key_prefix: preprocess takes sample keys from its function, so expected 'auto' or 'none' "
+            f"(key_prefix is for pile and shuffle), got {options.key_prefix!r}"
+        )
 
 
 def pile_shards(
