@@ -768,12 +768,23 @@ def test_an_output_folder_s_own_piles_are_refused_as_inputs(tmp_path, monkeypatc
     assert main(["pile", "*.tar", "-o", ".", "--piles", "2"]) == 0
     before = shardkit.info(".").samples
     for argv in (["pile", "*.tar", "-o", ".", "--piles", "2", "--overwrite"], ["shuffle", "*.tar", "-o", ".", "--overwrite"]):
-        with pytest.raises(ConfigError, match=r"pile-000000\.tar: an input in the output folder \. with the name of a data file"):
+        with pytest.raises(
+            ConfigError,
+            match=r"pile-000000\.tar: an input in the output folder \. with the name of (a file pile writes|a data file of the dataset) there",
+        ):
             shardkit.pile("*.tar", ".", piles=2, overwrite=True) if argv[0] == "pile" else shardkit.shuffle("*.tar", ".", overwrite=True)
         assert main(argv) == 1
     assert shardkit.info(".").samples == before
     assert main(["pile", "train-*.tar", "-o", ".", "--piles", "2", "--overwrite"]) == 0  # its own files named: as before
     assert shardkit.info(".").samples == before
+    # a user's own files there are inputs like any, whatever their names (shard-*.tar is what
+    # webdataset's ShardWriter writes): only the names the command itself writes are refused
+    for k in range(2):
+        os.replace(f"train-{k}.tar", f"shard-{k:06d}.tar")
+    assert main(["pile", "shard-*.tar", "-o", ".", "--piles", "2", "--overwrite"]) == 0
+    assert shardkit.info(".").samples == 40
+    with pytest.raises(ConfigError, match=r"shard-000000\.tar: an input in the output folder \. with the name of a file shuffle writes"):
+        shardkit.shuffle("shard-*.tar", ".", overwrite=True)
 
 
 def test_an_empty_shard_is_an_error_and_one_cut_at_a_member_s_end_is_named(tmp_path, caplog):
@@ -792,6 +803,10 @@ def test_an_empty_shard_is_an_error_and_one_cut_at_a_member_s_end_is_named(tmp_p
     for read in (lambda: shardkit.pile([good, str(empty)], str(tmp_path / "out"), piles=2), lambda: list(shardkit.loader(str(empty)))):
         with pytest.raises(CorruptShardError, match=r"empty\.tar: an empty file \(0 bytes\); expected a tar archive"):
             read()
+    packed = tmp_path / "empty.tar.gz"
+    packed.write_bytes(gzip.compress(b""))
+    with pytest.raises(CorruptShardError, match=r"empty\.tar\.gz: its gzip data holds no byte of tar; expected a tar archive"):
+        list(shardkit.loader(str(packed)))
     cut = tmp_path / "cut.tar"
     cut.write_bytes(pathlib.Path(good).read_bytes()[: 3 * 2048])  # three members whole (webdataset writes a pax header before each)
     shard_module._UNENDED.clear()
@@ -816,8 +831,10 @@ def test_shuffle_of_a_file_that_is_no_tar_says_what_shuffle_reads(tmp_path):
     odd.write_bytes(b"ARROW1" + bytes(600))
     with pytest.raises(ConfigError) as e:
         shardkit.shuffle(str(odd), str(tmp_path / "out"))
-    assert str(e.value).startswith(f"inputs: {odd} is not a tar shard (no '.tar' in its name, no tar header at its start), and shuffle ")
-    assert "shuffle reads tar shards only: make piles of it with shardkit pile" in str(e.value)
+    assert str(e.value).startswith(
+        f"inputs: {odd} is not a tar shard (no '.tar' in its name, no tar header at its start) nor a file of a format read"
+    )
+    assert "and shuffle takes no format: make piles of it with shardkit pile --format FORMAT" in str(e.value)
     assert "format=" not in str(e.value)
     assert main(["shuffle", str(odd), "-o", str(tmp_path / "out")]) == 1
     assert not (tmp_path / "out").exists()

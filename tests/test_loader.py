@@ -773,6 +773,15 @@ def test_set_epoch_inside_the_loop_names_the_next_iteration(dataset):
     assert loader.epoch == 5 and (state["epoch"], state["position"]) == (5, 0)
     assert keys(loader) == epoch_keys(5)
     assert loader.epoch == 6  # without set_epoch, the epoch after the one read
+    # the epoch being read, named again inside its loop (a hook that keeps the loader in step),
+    # redirects nothing: each epoch is read once, in turn
+    loader = shardkit.loader(dataset, batch_size=16, seed=5)
+    read = []
+    for epoch in range(3):
+        for batch in loader:
+            loader.set_epoch(epoch)
+            read += batch["__key__"]
+    assert read == epoch_keys(0) + epoch_keys(1) + epoch_keys(2)
 
 
 def test_an_iteration_ended_by_another_raises_instead_of_ending_quietly(dataset):
@@ -804,6 +813,13 @@ def test_an_iteration_ended_by_another_raises_instead_of_ending_quietly(dataset)
         next(it)
     done = iter(loader)
     assert keys(done) == whole
+    # one that handed out its last item, though not yet asked for the next, just ends
+    loader.set_epoch(0)
+    read_out = iter(loader)
+    assert keys([next(read_out) for _ in range(len(loader))]) == whole
+    next(iter(loader))
+    with pytest.raises(StopIteration):
+        next(read_out)
     it = iter(loader)
     next(it)
     it.close()

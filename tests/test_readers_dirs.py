@@ -142,3 +142,9 @@ def test_a_damaged_index_json_is_named_not_taken_for_a_folder_of_files(tmp_path)
     assert str(e.value).startswith(f"{folder}/index.json: not valid JSON (Expecting ")
     assert "read as the output of MDSWriter or litdata.optimize" in str(e.value)
     assert not (tmp_path / "out").exists()
+    # an index.json of some other kind is a file like any: the folder is refused as before
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "index.json").write_text('{"a": 1}\n{"b": 2}\n')
+    with pytest.raises(shardkit.DatasetNotFoundError, match=r"notes: a directory, not a file"):
+        shardkit.pile(str(other), str(tmp_path / "out"), piles=2)

@@ -152,6 +152,10 @@ def test_pile_repeats_samples_of_tar_shards_by_a_member(tmp_path):
     assert m.extra["repeat"]["factors"] == {"1": 10, "2": 10}
     with tarfile.open(tmp_path / "o" / m.piles[0].name) as t:  # still a tar every reader takes
         assert all(name.count(".") == 1 for name in t.getnames())
+    # keys that restart in each shard meet without key_prefix: pile's advice names key_prefix
+    # (which pile takes), not preprocess's
+    with pytest.raises(shardkit.SampleError, match=r"keys must be unique across all inputs\. .*key_prefix='unit'"):
+        shardkit.pile(str(src / "*.tar"), tmp_path / "none", piles=3, key_prefix="none", repeat="cls:1=2", quiet=True)
 
 
 def test_info_and_the_cli_show_the_factors(tmp_path):

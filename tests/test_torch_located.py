@@ -313,3 +313,12 @@ def test_a_pile_gone_with_an_overwrite_after_a_worker_read_it_says_why(data, tmp
         rf"the dataset at {re.escape(copy)} was overwritten since this loader opened it; a new loader reads it",
         str(e.value),
     ), str(e.value)
+
+
+def test_the_error_for_a_vanished_pile_travels_whole():
+    """It may be sent back from a training process (Ray, a launcher): it pickles with its URL."""
+    import pickle
+
+    error = located.Vanished("p.tar: no such file, removed after a DataLoader worker read it", "p.tar")
+    back = pickle.loads(pickle.dumps(error))
+    assert (type(back), str(back), back.url) == (located.Vanished, str(error), "p.tar")

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -52,11 +52,13 @@ class _Iteration:
     loader was closed). Such an iterator raises at its next item instead of ending as if its
     epoch were read: a loop that goes on with it would lose the rest without a word."""
 
-    __slots__ = ("ended", "items")
+    __slots__ = ("ended", "items", "read_out", "superseded")
 
     def __init__(self) -> None:
         self.items: Iterator[Any] | None = None
-        self.ended: str | None = None
+        self.read_out: Callable[[], bool] | None = None  # whether its last item was handed out
+        self.superseded = False  # another iteration, a state loaded or close() ended it
+        self.ended: str | None = None  # why, when that came before its last item
 
     def check(self) -> None:
         if self.ended is not None:
@@ -191,9 +193,13 @@ class Loader:
         reading = Reading(self.source, self._setup, workers=self._workers, start=start)
         self._place.begin(epoch, done, reading.where)
         skipped = self.stats.skipped_samples
-        iteration.items = reading.run(self._schedule(epoch, done), name=f"shardkit-reader-e{epoch}")
+        schedule = self._schedule(epoch, done)
+        iteration.read_out = lambda: reading.where() >= len(schedule)
+        iteration.items = reading.run(schedule, name=f"shardkit-reader-e{epoch}")
         yield from iteration.items
         iteration.check()  # its items were closed before their end: it must not end as if the epoch were read
+        if iteration.superseded:  # ended by another after its last item: it ends, the place is the newer one's
+            return
         if self.stats.skipped_samples > skipped:
             log.warning("epoch %d: skipped %d samples (on_error=%r)", epoch, self.stats.skipped_samples - skipped, self.options.on_error)
         self._place.end(epoch)
@@ -263,7 +269,9 @@ class Loader:
         gen = ref()
         if gen is None or gen.gi_frame is None:  # type: ignore[attr-defined]  # dropped, or read to its end
             return
-        iteration.ended = why
+        iteration.superseded = True
+        if iteration.read_out is None or not iteration.read_out():  # its last item not yet handed out
+            iteration.ended = why
         if iteration.items is not None:
             iteration.items.close()  # type: ignore[attr-defined]
 

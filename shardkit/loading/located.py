@@ -134,6 +134,9 @@ class Vanished(DatasetNotFoundError):
         super().__init__(message)
         self.url = url
 
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return type(self), (str(self), self.url)
+
     def explained(self, source: Source) -> Vanished:
         """This error with why the file is gone, where the manifest of its dataset in ``source`` says."""
         why = gone_file(source, self.url)

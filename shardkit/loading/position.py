@@ -135,7 +135,10 @@ class Place:
         self._read_after: dict[int, tuple[Phase, ...]] = {}
 
     def set_epoch(self, epoch: int) -> None:
-        """Read ``epoch`` next, from its start, unless it is the one a resume left to read."""
+        """Read ``epoch`` next, from its start, unless it is the one a resume left to read. The
+        epoch an iteration is reading changes nothing: that iteration goes on, then the next epoch."""
+        if epoch == self.running:
+            return
         resuming = self.running is None and epoch == self.epoch
         self.epoch, self.running = epoch, None
         self.start, self.done = (self.start, self.done) if resuming else (0, ())

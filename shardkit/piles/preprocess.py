@@ -147,7 +147,7 @@ def preprocess(
         class_maps.appended(dataset, extra[class_maps.CLASSES], f"{out}: append")
     if readers.is_reader(fn) and all(isinstance(u, (str, os.PathLike)) for u in units):
         units = _validate(fn.prepare(units)[0], None)  # paths to a reader: its units are what runs
-    job = _work(options, fn, codecs=check_codecs(codecs))
+    job = _work(options, fn, codecs=check_codecs(codecs), keyed_by_fn=not readers.is_reader(fn))
     return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
 
 

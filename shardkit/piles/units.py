@@ -56,6 +56,8 @@ class UnitWork:
     # shards: the manifest entries of units that are a dataset's own files (repile), by URL: each
     # is checked against its entry as it is read, so damage is refused rather than written anew
     listed: Mapping[str, PileInfo] = field(default_factory=dict, repr=False)
+    # a preprocess job: its keys come from its function, whose key_prefix is refused
+    keyed_by_fn: bool = False
 
     @property
     def repeat_advice(self) -> str:
@@ -66,7 +68,7 @@ class UnitWork:
                 f" across all inputs, and this reader takes them from the column {self.fn.key!r}: name a column of unique "
                 "values as key, or leave key unset (each row is then keyed by its file and row number)"
             )
-        if not self.shards and not isinstance(self.fn, ColumnSpec):  # preprocess: key_prefix is refused there
+        if self.keyed_by_fn:  # preprocess: key_prefix is refused there
             return (
                 " across all inputs, and preprocess takes them from its function: give each sample a unique '__key__' "
                 "(e.g. prefix the input's name); JSON lines are keyed FILESTEM-LINE unless a record field names them "

@@ -336,11 +336,11 @@ def read_shard(url: str, *, mapped: bool = False) -> storage.Buffer:
             f"a compressed shard is read by its name: name it {stem}.tar{compression.SUFFIX[found]}"
         )
     tar = buf if codec is None else compression.decompress(buf, codec, url)
-    _check_ends(url, tar)
+    _check_ends(url, tar, codec)
     return tar
 
 
-def _check_ends(url: str, tar: storage.Buffer) -> None:
+def _check_ends(url: str, tar: storage.Buffer, codec: str | None = None) -> None:
     """Refuse an empty file; warn (once per shard and process) about one without the two zero
     blocks that end a tar archive. Every tool that writes tars ends them so, and the loader
     and pile read such a file up to its last whole member: a download or copy cut short at a
@@ -350,9 +350,9 @@ def _check_ends(url: str, tar: storage.Buffer) -> None:
         CorruptShardError: the file holds no byte at all.
     """
     if len(tar) == 0:
+        what = "an empty file (0 bytes)" if codec is None else f"its {codec} data holds no byte of tar"
         raise CorruptShardError(
-            f"{url}: an empty file (0 bytes); expected a tar archive, which holds at least its end-of-archive "
-            "marker (a download or copy cut short?)"
+            f"{url}: {what}; expected a tar archive, which holds at least its end-of-archive marker (a download or copy cut short?)"
         )
     if len(tar) >= 2 * BLOCK and tar[len(tar) - 2 * BLOCK :] == _END_MARKER:
         return

@@ -75,7 +75,10 @@ def _directory_format(path: str) -> str | None:
             doc = json.load(f)
     except OSError:
         return None
-    except ValueError as e:  # the folder of an MDS or litdata writer, damaged: say so, not "a directory, not a file"
+    except ValueError as e:
+        if not _looks_like_an_index(index):  # some other file of that name: a folder like any
+            return None
+        # the folder of an MDS or litdata writer, damaged: say so, not "a directory, not a file"
         raise CorruptShardError(
             f"{index}: not valid JSON ({e}); a folder with an index.json is read as the output of MDSWriter or "
             "litdata.optimize, whose index this should be: copy the folder again, or write it again"
@@ -85,6 +88,14 @@ def _directory_format(path: str) -> str | None:
     if isinstance(doc, dict) and "chunks" in doc:
         return "litdata"
     return None
+
+
+def _looks_like_an_index(index: str) -> bool:
+    """Whether the start of the file ``index`` reads like the index MDSWriter or litdata.optimize
+    writes: a JSON object that names its shards or chunks."""
+    with open(index, "rb") as f:
+        head = f.read(4096)
+    return head.lstrip().startswith(b"{") and (b'"shards"' in head or b'"chunks"' in head)
 
 
 def detect(source: Any) -> str | None:
@@ -125,31 +136,40 @@ def refuse_datasets(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[
             )
 
 
-def refuse_own_files(urls: Sequence[str], out: str | os.PathLike[str]) -> None:
-    """Refuse an input that is a data file of the output folder ``out`` itself (``pile-*.tar``
-    and the other names shardkit gives its files there): piled into ``out`` again, as a pattern
-    like ``'*.tar'`` in that folder does on a rerun, its samples would be read twice, under
-    keys of their own.
+def refuse_own_files(urls: Sequence[str], out: str | os.PathLike[str], command: str = "pile") -> None:
+    """Refuse an input in the output folder ``out`` with a name ``command`` gives its own data
+    files there (``pile-*.tar`` for pile, ``shard-*.tar`` for shuffle), or one the dataset
+    ``out`` holds lists in its manifest: read into ``out`` again, as a pattern like
+    ``'*.tar'`` in that folder does on a rerun, its samples would be there twice. A user's other
+    files there are inputs like any (``shard-*.tar`` is also what webdataset's ShardWriter writes).
 
     Raises:
         ConfigError: naming the file, the folder and what to do instead.
     """
+    from shardkit import manifest
     from shardkit.dataset import layout
 
+    written = {"pile": layout.PILE_FILE, "shuffle": layout.SHARD_FILE}[command]
     folder = storage.store_for(os.fspath(out)).local_file()
     if folder is None:
         return
     folder = os.path.realpath(folder)
+    listed: set[str] = set()
+    if os.path.isdir(folder) and manifest.is_dataset(folder):
+        for pile in manifest.read(folder).piles:
+            listed |= {pile.name, *(s.name for s in pile.segments or ())}
     for url in urls:
         local = storage.store_for(url).local_file()
         if local is None or os.path.dirname(os.path.realpath(local)) != folder:
             continue
-        if layout.DATA_FILE.fullmatch(os.path.basename(local)):
+        name = os.path.basename(local)
+        if written.fullmatch(name) or name in listed:
+            what = f"a file {command} writes there" if written.fullmatch(name) else "a data file of the dataset there"
             raise ConfigError(
-                f"{url}: an input in the output folder {os.fspath(out)} with the name of a data file shardkit writes there "
-                "(its piles, or an earlier run's): piled into it again, its samples would be read twice. Name your own files "
-                f"only (a pattern that leaves out pile-*.tar), write elsewhere, or pile a dataset's samples anew with shardkit "
-                f"repile {os.fspath(out)} -o OTHER"
+                f"{url}: an input in the output folder {os.fspath(out)} with the name of {what} (an earlier run's): read "
+                "into it again, its samples would be there twice. Name your own files only (a pattern that leaves out "
+                f"{name.split('-')[0]}-*.tar), write elsewhere, or write a dataset's samples anew with shardkit repile "
+                f"{os.fspath(out)} -o OTHER"
             )
 
 
@@ -177,9 +197,9 @@ def unknown_file(path: str, command: str = "pile") -> str | None:
     known = ", ".join(sorted(set(_SUFFIXES)))
     if command == "shuffle":
         return (
-            f"inputs: {path} is not a tar shard (no '.tar' in its name, no tar header at its start), and shuffle reads tar "
-            f"shards only: make piles of it with shardkit pile (which reads {known} by their suffix, other formats with "
-            "--format), and read them with the loader, which shuffles them"
+            f"inputs: {path} is not a tar shard (no '.tar' in its name, no tar header at its start) nor a file of a format "
+            f"read by its suffix ({known}), and shuffle takes no format: make piles of it with shardkit pile --format "
+            "FORMAT, and read them with the loader, which shuffles them"
         )
     return (
         f"inputs: {path} is not a tar shard (no '.tar' in its name, no tar header at its start) nor a file of a format "
