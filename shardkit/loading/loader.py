@@ -163,7 +163,7 @@ class Loader:
         ``for epoch in range(start, n): loader.set_epoch(epoch)`` loop resumes instead of silently
         restarting. Without ``set_epoch``, each completed epoch moves on to the next. Called while
         an iteration runs, it applies to the next one (a state taken after it names the start of
-        ``epoch``).
+        ``epoch``); naming the epoch being read changes nothing.
         """
         check_int("epoch", epoch, low=0)
         self._place.set_epoch(epoch)
