@@ -44,7 +44,10 @@ _UNREACHABLE = {
     "TimeoutError",
 }
 _NO_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError", "CredentialRetrievalError", "RefreshError"}
-_DENIED = re.compile(r"AccessDenied|Forbidden|\b403\b|InvalidAccessKeyId|SignatureDoesNotMatch|ExpiredToken")
+# (S3 answers a malformed session token with InvalidToken, whose text s3fs passes on as an EINVAL OSError)
+_DENIED = re.compile(
+    r"AccessDenied|Forbidden|\b403\b|InvalidAccessKeyId|SignatureDoesNotMatch|ExpiredToken|InvalidToken|token is malformed"
+)
 
 
 def sanitized(text: str) -> str:

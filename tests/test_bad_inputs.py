@@ -476,6 +476,13 @@ API: dict[str, Api] = {
         "s3://bucket/data/shardkit.json: cannot read: access denied (Access Denied); check the credentials",
         failing_store(lambda: PermissionError("Access Denied")),
     ),
+    "remote-bad-token": Api(
+        lambda c: shardkit.info("s3://bucket/data"),
+        StorageError,
+        "s3://bucket/data/shardkit.json: cannot read: access denied ([Errno 22] The provided token is malformed or otherwise "
+        "invalid.); check the credentials",
+        failing_store(lambda: OSError(errno.EINVAL, "The provided token is malformed or otherwise invalid.")),
+    ),
     "remote-not-found": Api(
         lambda c: shardkit.info("s3://bucket/data"),
         DatasetNotFoundError,
