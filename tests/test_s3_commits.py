@@ -85,6 +85,26 @@ def test_gc_spares_a_running_jobs_uploads_and_the_next_commit_clears_a_dead_ones
     assert shardkit.verify(url, quiet=True) == []
 
 
+def test_a_first_job_stopped_while_publishing_on_s3_is_named_and_overwrite_clears_it(s3):
+    """A first write to an empty prefix killed after its uploads: no lock on S3 tells whether that
+    job still runs, so the next job refuses, but names the journal and what to do (it said the
+    files would be 'left as they are'); an overwrite then writes the dataset and removes them."""
+    url = s3.url("ds")
+    job = claim(url, overwrite=False)  # a job about to publish into an empty prefix, killed there
+    job.journal(["pile-000000.tar"])
+    s3.client().pipe_file(s3.path("ds/pile-000000.tar"), b"x" * 1024)
+    with pytest.raises(shardkit.DatasetExistsError) as refused:
+        shardkit.preprocess([_samples("a", 20)], _same, url, piles=2, workers=1, quiet=True)
+    assert (
+        f"{url}: holds pile-000000.tar but no shardkit.json: a file of a job that began to publish here and has not finished (its journal .shardkit-install-"
+        in str(refused.value)
+    )
+    assert "If that job still runs, let it finish; if it was stopped, run again with overwrite=True" in str(refused.value)
+    shardkit.preprocess([_samples("a", 20)], _same, url, piles=2, workers=1, overwrite=True, quiet=True)
+    assert shardkit.verify(url, quiet=True) == []
+    assert not any(n.startswith(".shardkit-install-") for n in s3.names("ds"))
+
+
 def test_gc_on_s3_keeps_what_was_written_within_the_grace(s3):
     url = s3.url("ds")
     shardkit.preprocess([_samples("a", 20)], _same, url, piles=2, workers=1, quiet=True)

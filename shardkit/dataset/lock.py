@@ -53,7 +53,7 @@ from typing import Any
 from shardkit import manifest, redact, storage
 from shardkit._util import check_path
 from shardkit.dataset import layout
-from shardkit.dataset.leftovers import clear_dead_staging, clear_leftovers, undo_installs
+from shardkit.dataset.leftovers import clear_dead_staging, clear_leftovers, journal_names, read_journals, undo_installs
 from shardkit.dataset.owned import Deletion, Records, delete_owned, remove_made
 from shardkit.dataset.staging import make_staging, write_owner
 from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError, ShardkitError
@@ -291,7 +291,18 @@ def _check_empty(out: str, overwrite: bool, files: re.Pattern[str]) -> None:
         raise DatasetExistsError(
             f"{out}: already holds a shardkit dataset ({manifest.MANIFEST}); pass overwrite=True (--overwrite, YAML overwrite: true under output) to replace it"
         )
-    stray = sorted(n for n in storage.listdir(out, missing_ok=True) if files.fullmatch(n))
+    names = storage.listdir(out, missing_ok=True)
+    stray = sorted(n for n in names if files.fullmatch(n))
+    if not stray:
+        return
+    unpublished = [j for j, doc in read_journals(out, names).items() if stray[0] in journal_names(doc)]
+    if unpublished:  # the files of a job that began publishing here and has not (on an object store: no lock tells if it runs)
+        raise DatasetExistsError(
+            f"{out}: holds {stray[0]} but no {manifest.MANIFEST}: a file of a job that began to publish here and has not "
+            f"finished (its journal {unpublished[0]} lists it). If that job still runs, let it finish; if it was stopped, "
+            "run again with overwrite=True (--overwrite, YAML overwrite: true under output): the new job writes the "
+            "dataset anew and removes the stopped job's files once it publishes"
+        )
     if stray:
         raise DatasetExistsError(
             f"{out}: holds {stray[0]} but no {manifest.MANIFEST}, so it is not a shardkit dataset; "
