@@ -219,6 +219,13 @@ def test_bad_appends_name_what_differs(tmp_path, caplog):
         _write(str(tmp_path / "other"), ["b"], window=2)
     with pytest.raises(shardkit.ConfigError, match="window: expected a duration like 90d"):
         _append(out, ["b"], piles=2, seed=3, window="soon")
+    # 2.0 is no count of generations and names no unit: read as 2 seconds it would retire them all
+    for number in (2.0, 1.5):
+        with pytest.raises(
+            shardkit.ConfigError,
+            match=rf"window: expected a number of generations \(an integer\) or a duration with its unit \('7d', '12h'\), got {number}",
+        ):
+            _append(out, ["b"], piles=2, seed=3, window=number)
     with caplog.at_level(logging.WARNING), shardkit.PileWriter(out, piles=2, seed=3, mode="append") as w:
         w.write({"__key__": "c0", "txt": "other fields"})
     assert "generation 1 has fields ['txt'], the dataset had ['bin']" in caplog.text

@@ -295,6 +295,10 @@ class PileOptions:
             window = int(window)  # from the command line or YAML
         if isinstance(window, int) and not isinstance(window, bool):
             check_int("window", window, low=1, high=MAX_WINDOW)
+        elif isinstance(window, float):  # 2.0 read as 2 seconds would retire every generation but the new one
+            raise ConfigError(
+                f"window: expected a number of generations (an integer) or a duration with its unit ('7d', '12h'), got {window!r}"
+            )
         else:
             parse_duration(window, what="window")
         object.__setattr__(self, "window", window)
