@@ -762,3 +762,20 @@ def test_a_loader_whose_files_are_gone_says_the_dataset_changed_under_it(tmp_pat
     with pytest.raises(shardkit.DatasetNotFoundError) as missing:
         list(damaged)
     assert str(missing.value).endswith("no such file"), str(missing.value)
+
+
+def test_an_append_that_adds_nothing_retires_no_generation(tmp_path, caplog):
+    """Every input skipped (a daily job whose day had nothing readable): a window of 1 would keep
+    only this empty generation, and gc would then delete the dataset's files. It retires none, and says so."""
+    out = str(tmp_path / "ds")
+    for g in range(3):
+        with shardkit.PileWriter(out, piles=2, seed=0, mode="append" if g else "create") as w:
+            for i in range(10):
+                w.write({"__key__": f"g{g}-{i}", "txt": "x"})
+    with caplog.at_level(logging.WARNING), shardkit.PileWriter(out, piles=2, seed=0, mode="append", window=1):
+        pass
+    assert shardkit.info(out).samples == 30
+    assert "generation 3 adds no sample (0 input units skipped), so the window (1) retires no generation for it" in caplog.text
+    shardkit.gc(out, grace=0)
+    assert shardkit.verify(out, quiet=True) == []
+    assert sum(1 for _ in shardkit.loader(out, decode=False)) == 30
