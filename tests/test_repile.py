@@ -136,3 +136,16 @@ def test_cli_repile(dataset, tmp_path, capsys):
     assert len(shardkit.manifest.read(dst).piles) == 4
     counts = np.array([p.samples for p in shardkit.manifest.read(dst).piles])
     assert counts.sum() == 200
+
+
+def test_repile_keeps_what_the_labels_and_keys_mean(tmp_path):
+    """A class map (and how samples say their class) and the key prefix's record go with the
+    samples: without them verify no longer checked labels and an append of images was refused."""
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    samples = [{"__key__": f"{i:04d}", "cls": i % 3, "json": {"class": ["cat", "dog", "eel"][i % 3]}} for i in range(30)]
+    extra = {"classes": ["cat", "dog", "eel"], "class_check": {"index": "cls", "name": "json.class"}, "note": "mine"}
+    shardkit.preprocess([0], lambda u: samples, src, piles=3, extra=extra, quiet=True)
+    m = shardkit.repile(src, dst, quiet=True)
+    assert m.extra["classes"] == ["cat", "dog", "eel"] and m.extra["class_check"] == extra["class_check"]
+    assert "note" not in m.extra  # a user's own records describe the job that wrote them, not the samples
+    assert shardkit.verify(dst, quiet=True) == []

@@ -334,8 +334,10 @@ def pile_shards(
     quiet: bool,
     mp_context: str | None = None,
     listed: Mapping[str, PileInfo] | None = None,
+    kept: Mapping[str, Any] | None = None,
 ) -> Manifest:
-    """:func:`pile` over the tar shards ``units`` (URLs, found and checked). ``listed``: the
+    """:func:`pile` over the tar shards ``units`` (URLs, found and checked); ``kept``: records of
+    the source's manifest its samples still answer to (a re-pile's class map). ``listed``: the
     manifest entries of units that are a dataset's own files, by URL (:func:`~shardkit.piles.repile.repile`):
     each is checked against its entry as it is read, and one that differs fails the job."""
     prefix = key_prefix_rule.resolve(options.key_prefix, units, recorded=(_recorded(out, options) or {}).get(key_prefix_rule.RECORD))
@@ -347,6 +349,8 @@ def pile_shards(
             fn = functools.partial(fn, listed=listed)
         job = dataclasses.replace(job, fn=fn, shards=False, key_prefix="none", repeat=options.repeat)
     extra = {key_prefix_rule.RECORD: "unit"} if prefix == "unit" else None  # a reader can strip the shard's name again
+    if kept:
+        extra = {**kept, **(extra or {})}
     return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
 
 

@@ -19,6 +19,8 @@ from shardkit._util import check_bool, check_path
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
 from shardkit.option_fields import from_call
+from shardkit.piles import classes as class_maps
+from shardkit.piles import key_prefix
 from shardkit.piles.options import REPILE, PileOptions
 
 __all__ = ["repile"]
@@ -76,4 +78,7 @@ def repile(
         raise ConfigError(f"seed: {src} was written with seed {m.seed}; repile needs a different seed for new pile membership")
     # a pile that grew: each of its segment files, each checked against its entry as it is read
     listed = {storage.join(src, part.name): part for p in m.piles for part in p.parts}
-    return pile_shards(list(listed), dst, options, quiet=quiet, listed=listed)
+    # what the samples' labels and keys mean goes with them: an append of images to the new
+    # dataset numbers its classes by the same map, verify checks them, a reader strips the prefix
+    kept = {k: m.extra[k] for k in (class_maps.CLASSES, class_maps.CHECK_KEY, key_prefix.RECORD) if k in m.extra}
+    return pile_shards(list(listed), dst, options, quiet=quiet, listed=listed, kept=kept)
