@@ -52,3 +52,22 @@ def test_the_plan_command_refuses_fewer_than_one_worker(capsys, workers):
         main(["plan", "--samples", "1e3", "--units", "10", "--piles", "10", "--executor", "ray", "--workers", workers])
     assert exit_.value.code == 2
     assert f"--workers: expected a whole count >= 1, got '{workers}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--piles", "1e20"], "piles: expected at most 1000000 (each is a file)"),  # a traceback from numpy before
+        (["--piles", "1e12"], "piles: expected at most 1000000"),  # 7 TiB asked of numpy before
+        (["--max-pile-bytes", "1"], "max_pile_bytes: expected at least 1536 bytes"),  # as pile refuses it
+        (["--units", "1e7"], "routing every sample takes too long past 1,000,000 units"),  # ran for minutes before
+        (["--samples", "1e20", "--units", "10"], "pass --no-simulate for the formulas alone"),
+    ],
+)
+def test_plan_refuses_what_pile_refuses_and_what_it_cannot_simulate(argv, said, capsys):
+    shape = {"--samples": "1e3", "--units": "1e4", "--piles": "10"}
+    for flag, value in zip(argv[::2], argv[1::2], strict=True):
+        shape[flag] = value
+    assert main(["plan", *(x for kv in shape.items() for x in kv)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("shardkit plan: error: ") and said in err and "Traceback" not in err

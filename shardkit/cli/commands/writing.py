@@ -11,6 +11,7 @@ from shardkit.cli.command import VERBOSE, VERBOSE_ONLY, Command, Options, arg, q
 from shardkit.cli.flags import PILE_FLAGS, add_pile_args, option_values, options_from_args
 from shardkit.eager_shuffle import SHUFFLE as SHUFFLE_DOOR
 from shardkit.eager_shuffle import ShuffleOptions
+from shardkit.errors import ConfigError
 from shardkit.piles.options import PILE as PILE_DOOR
 from shardkit.piles.options import REPILE as REPILE_DOOR
 from shardkit.piles.options import PileOptions
@@ -120,6 +121,11 @@ def _count(text: str) -> int:
     return int(value)
 
 
+# what plan's simulation routes in reasonable time (a Python step a unit, numpy a sample)
+SIMULATED_UNITS = 1_000_000
+SIMULATED_SAMPLES = 10**11
+
+
 def _run_plan(args: argparse.Namespace) -> int:
     from shardkit._util import bar, parse_size
     from shardkit.piles import scale
@@ -134,6 +140,13 @@ def _run_plan(args: argparse.Namespace) -> int:
         remote=not args.local,
         max_pile_bytes=None if args.max_pile_bytes is None else parse_size(args.max_pile_bytes, what="--max-pile-bytes"),
     )
+    # the limits pile itself holds to (piles, max_pile_bytes, workers), said as pile says them
+    PileOptions(piles=shape.piles, max_pile_bytes=shape.max_pile_bytes, workers=shape.workers)
+    if not args.no_simulate and (shape.units > SIMULATED_UNITS or shape.samples > SIMULATED_SAMPLES):
+        raise ConfigError(
+            f"--units {shape.units:,} and --samples {shape.samples:,}: routing every sample takes too long past "
+            f"{SIMULATED_UNITS:,} units or {SIMULATED_SAMPLES:,} samples; pass --no-simulate for the formulas alone"
+        )
     simulated = None
     if not args.no_simulate:
         with bar(total=shape.units, desc="routing", unit="unit", quiet=False) as progress:
