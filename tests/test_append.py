@@ -779,3 +779,17 @@ def test_an_append_that_adds_nothing_retires_no_generation(tmp_path, caplog):
     shardkit.gc(out, grace=0)
     assert shardkit.verify(out, quiet=True) == []
     assert sum(1 for _ in shardkit.loader(out, decode=False)) == 30
+
+
+def test_an_append_to_a_shuffled_dataset_says_at_once_that_it_cannot_be(tmp_path):
+    """It took two refusals (piles, then the shard names) to learn that shuffle's output takes no append."""
+    src, out = str(tmp_path / "src"), str(tmp_path / "shuffled")
+    with shardkit.PileWriter(src, piles=2, seed=0) as w:
+        for i in range(40):
+            w.write({"__key__": f"s{i:03d}", "txt": "x"})
+    shardkit.shuffle(os.path.join(src, "pile-*.tar"), out, maxcount=10, quiet=True)
+    for piles in (2, 4):
+        refused = r"shuffled: a dataset shardkit shuffle wrote \(shards in one shuffled order\), and an append"
+        with pytest.raises(shardkit.ConfigError, match=refused), shardkit.PileWriter(out, piles=piles, seed=0, mode="append") as w:
+            w.write({"__key__": "new", "txt": "x"})
+    assert shardkit.info(out).samples == 40

@@ -71,6 +71,11 @@ def start(txn: Transaction, options: PileOptions) -> Base | None:
     if options.mode != "append" or txn.base is None:
         return None
     out, old = txn.path, txn.base
+    if old.extra.get("kind") == "shuffled":  # shards in one shuffled order, not piles: said first, not after two other refusals
+        raise ConfigError(
+            f"{out}: a dataset shardkit shuffle wrote (shards in one shuffled order), and an append adds to datasets pass 1 "
+            "wrote (shardkit pile, PileWriter, preprocess): write the new samples elsewhere, or shuffle them all anew"
+        )
     piles = manifest.original_piles(old)
     if piles != options.piles:
         raise ConfigError(
