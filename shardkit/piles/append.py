@@ -122,13 +122,8 @@ def finish(
     assert output is not None
     options = _with_limit(options, old)
     if options.window is not None and not sum(counts):  # every unit skipped or empty: it must not push real ones out
-        log.warning(
-            "%s: generation %d adds no sample (%d input units skipped), so the window (%s) retires no generation for it",
-            out,
-            g,
-            skipped_units,
-            options.window,
-        )
+        why = f"{out}: generation {g} adds no sample ({skipped_units} input units skipped), so the window ({options.window})"
+        log.warning("%s retires no generation for it", why)
     generations, keep = txn.advance(options.window if sum(counts) else None)
     kept = [[s for s in segments if s.generation in keep] for segments in segments_by_pile(old, len(runs), out)]
     resolutions = _resolutions(kept, runs, counts, options.max_bytes)
