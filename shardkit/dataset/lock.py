@@ -303,11 +303,10 @@ def _check_empty(out: str, overwrite: bool, files: re.Pattern[str]) -> None:
             "run again with overwrite=True (--overwrite, YAML overwrite: true under output): the new job writes the "
             "dataset anew and removes the stopped job's files once it publishes"
         )
-    if stray:
-        raise DatasetExistsError(
-            f"{out}: holds {stray[0]} but no {manifest.MANIFEST}, so it is not a shardkit dataset; "
-            "use an empty directory, or pass overwrite=True (--overwrite, YAML overwrite: true under output) to write the dataset beside such files (they are left as they are)"
-        )
+    raise DatasetExistsError(
+        f"{out}: holds {stray[0]} but no {manifest.MANIFEST}, so it is not a shardkit dataset; "
+        "use an empty directory, or pass overwrite=True (--overwrite, YAML overwrite: true under output) to write the dataset beside such files (they are left as they are)"
+    )
 
 
 def _manifest_bytes(out: str) -> bytes | None:

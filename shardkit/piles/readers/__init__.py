@@ -154,10 +154,7 @@ def refuse_own_files(urls: Sequence[str], out: str | os.PathLike[str], command: 
     if folder is None:
         return
     folder = os.path.realpath(folder)
-    listed: set[str] = set()
-    if os.path.isdir(folder) and manifest.is_dataset(folder):
-        for pile in manifest.read(folder).piles:
-            listed |= {pile.name, *(s.name for s in pile.segments or ())}
+    listed = set(manifest.read(folder).files()) if os.path.isdir(folder) and manifest.is_dataset(folder) else set()
     for url in urls:
         local = storage.store_for(url).local_file()
         if local is None or os.path.dirname(os.path.realpath(local)) != folder:
