@@ -121,11 +121,10 @@ def finish(
     out, output = txn.path, txn.output
     assert output is not None
     options = _with_limit(options, old)
-    window = options.window if sum(counts) else None  # an append of no sample must not push real ones out
-    if window is None and options.window is not None:
-        said = f"generation {g} adds no sample ({skipped_units} input units skipped), so the window ({options.window})"
-        log.warning("%s: %s retires no generation for it", out, said)
-    generations, keep = txn.advance(window)
+    if options.window is not None and not sum(counts):  # every unit skipped or empty: it must not push real ones out
+        why = f"{out}: generation {g} adds no sample ({skipped_units} input units skipped), so the window ({options.window})"
+        log.warning("%s retires no generation for it", why)
+    generations, keep = txn.advance(options.window if sum(counts) else None)
     kept = [[s for s in segments if s.generation in keep] for segments in segments_by_pile(old, len(runs), out)]
     resolutions = _resolutions(kept, runs, counts, options.max_bytes)
     pack = Pack.of(options)
