@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -12,24 +13,39 @@ from shardkit import manifest
 from shardkit.errors import CorruptShardError
 from shardkit.loading import layouts, pile
 from shardkit.loading.layouts import LAYOUTS, Layouts
+from shardkit.storage import local_store
 from shardkit.tar import scan
 from shardkit.tar.shard import Shard
 from tests.conftest import make_samples
 
 
+def counting(monkeypatch, module, name: str) -> list[int]:
+    """The length of each buffer ``module.name`` is called on, from now on; the kept layouts cleared."""
+    LAYOUTS.clear()
+    seen: list[int] = []
+    real = getattr(module, name)
+
+    def counted(buf, *args, **kw):
+        seen.append(len(buf))
+        return real(buf, *args, **kw)
+
+    monkeypatch.setattr(module, name, counted)
+    return seen
+
+
 @pytest.fixture
 def scans(monkeypatch) -> list[int]:
     """The length of each buffer the header scan is run on, from now on."""
-    LAYOUTS.clear()
-    seen: list[int] = []
-    real = scan.scan
+    return counting(monkeypatch, scan, "scan")
 
-    def counted(buf, **kw):
-        seen.append(len(buf))
-        return real(buf, **kw)
 
-    monkeypatch.setattr(scan, "scan", counted)
-    return seen
+def written(tmp_path, compression: str | None, samples: int = 40, piles: int = 2) -> tuple[str, manifest.PileInfo]:
+    """The first pile of a dataset of ``samples`` small samples just written."""
+    out = str(tmp_path / "ds")
+    with shardkit.PileWriter(out, piles=piles, seed=1, compression=compression) as w:
+        for s in make_samples(samples, size=100):
+            w.write(s)
+    return first_pile(out)
 
 
 def first_pile(directory: str) -> tuple[str, manifest.PileInfo]:
@@ -44,11 +60,7 @@ def read(url: str, info: manifest.PileInfo, verify: bool = True) -> tuple[pile.F
 
 @pytest.mark.parametrize("compression", [None, "lz4", "zstd"])
 def test_a_pile_read_again_is_not_scanned_and_reads_the_same(tmp_path, scans, compression):
-    out = str(tmp_path / "ds")
-    with shardkit.PileWriter(out, piles=2, seed=1, compression=compression) as w:
-        for s in make_samples(40, size=100):
-            w.write(s)
-    url, info = first_pile(out)
+    url, info = written(tmp_path, compression)
     first, _ = read(url, info)
     second, a = read(url, info)  # kept from the second read on: a pile read once is seldom read again
     assert first.layout is None and second.layout is None and len(scans) == 2
@@ -134,3 +146,60 @@ def test_the_least_recently_used_go_first_past_the_budget(dataset):
     small.put("a", info, layout)
     small.put("a", info, layout)
     assert small.get("a", info) is None  # larger than the whole budget: not kept
+
+
+@pytest.fixture
+def checksums(monkeypatch) -> list[int]:
+    """The length of each buffer checksummed from now on; files count as settled at once."""
+    monkeypatch.setattr(local_store, "SETTLED_NS", 0)
+    return counting(monkeypatch, manifest, "checksum")
+
+
+@pytest.mark.parametrize("compression", [None, "lz4", "zstd"])
+def test_an_unchanged_file_is_checksummed_once(tmp_path, checksums, compression):
+    url, info = written(tmp_path, compression)
+    checksums.clear()  # the writer's
+    _, first = read(url, info)
+    once = len(checksums)
+    assert once == (1 if compression is None else 2)  # a compressed pile: the file, then the tar inside
+    for _ in range(3):
+        _, again = read(url, info)
+        assert list(again) == list(first)
+    assert len(checksums) == once
+    assert read(url, info, verify=False)[0].checked is False  # verify=False is as before: nothing checked
+
+
+def test_a_fresh_file_is_checksummed_every_time(dataset, monkeypatch):
+    """A file changed under SETTLED_NS ago: a change now might leave its times as they are."""
+    url, info = first_pile(dataset)
+    monkeypatch.setattr(local_store, "SETTLED_NS", 10**18)
+    calls = counting(monkeypatch, manifest, "checksum")
+    for _ in range(3):
+        read(url, info)
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize("compression", [None, "lz4"])
+@pytest.mark.parametrize("how", ["in place", "in place, times set back", "replaced, times set back"])
+def test_a_file_changed_after_it_passed_is_checksummed_and_refused(tmp_path, checksums, compression, how):
+    url, info = written(tmp_path, compression, samples=30, piles=1)
+    read(url, info)
+    read(url, info)
+    assert LAYOUTS.checked(url, info) is not None
+    path = Path(url)
+    st = path.stat()
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # same size, other bytes
+    time.sleep(0.02)  # past a coarse clock's tick
+    if how.startswith("replaced"):
+        other = path.with_name("other")
+        other.write_bytes(raw)
+        os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.replace(other, path)
+    else:
+        with open(path, "r+b") as f:
+            f.write(raw)
+        if how.endswith("set back"):
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(CorruptShardError, match=r"pile-000000\.tar(\.lz4)?: "):
+        read(url, info)

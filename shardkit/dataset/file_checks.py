@@ -48,11 +48,18 @@ def tar_problem(buf: storage.Buffer, expected: PileInfo) -> str | None:
 
 
 def unpack(
-    url: str, stored: storage.Buffer, expected: PileInfo, *, checksum: bool = True, scratch: storage.Scratch | None = None
+    url: str,
+    stored: storage.Buffer,
+    expected: PileInfo,
+    *,
+    checksum: bool = True,
+    trusted: bool = False,
+    scratch: storage.Scratch | None = None,
 ) -> storage.Buffer:
     """The tar of a pile as its manifest entry describes it: ``stored`` itself for a plain pile,
     else decompressed (into one of ``scratch``'s maps where the codec can) and checked against
-    ``tar_bytes`` (and ``tar_checksum`` when ``checksum``).
+    ``tar_bytes`` (and ``tar_checksum`` when ``checksum``, unless ``trusted``: ``stored`` is
+    bytes whose tar passed before, which decompress to the same tar).
 
     Raises:
         CorruptShardError: naming ``url``: not the codec's data, truncated or corrupt, or a tar
@@ -62,7 +69,7 @@ def unpack(
         return stored
     # with ``checksum`` the tar's CRC-32 is checked just below, so an lz4 frame's own checksum of the same bytes is skipped
     tar = compression.decompress(stored, expected.compression, url, size=expected.tar_bytes, checked=checksum, into=scratch)
-    problem = tar_problem(tar, expected) if checksum else None
+    problem = tar_problem(tar, expected) if checksum and not trusted else None
     if problem is not None:
         raise CorruptShardError(f"{url}: {problem}")
     return tar

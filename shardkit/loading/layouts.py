@@ -1,9 +1,13 @@
-"""The index of each pile this process read before, kept so that reading it again skips its header scan.
+"""What this process knows of each pile it read before, kept so that reading it again skips its
+header scan, and its checksum while its file is unchanged.
 
 A loader reads every pile again each epoch. Its bytes are checked against the manifest's CRC-32
-every time, and once they match, the pile's :class:`~shardkit.tar.shard.Layout` (keys, members,
-byte bounds: everything the header scan and the index give) is the one made the last time: the
-pile reader then only maps and checks the file, and the consumer does not index it again. Layouts
+the first time, and again each time its file may have changed since: a local file whose
+:meth:`~shardkit.storage.store.Store.lasting_version` (size, times, inode) is the one whose bytes
+passed is not checksummed again (nor, when compressed, the tar inside). Once the bytes match, the
+pile's :class:`~shardkit.tar.shard.Layout` (keys, members, byte bounds: everything the header
+scan and the index give) is the one made the last time: the pile reader then only maps the
+file, and the consumer does not index it again. Layouts
 are kept per process, under the pile's URL and manifest entry, for piles read with ``verify=True``
 only (without the checksum, the bytes could be others), the least recently used dropped first
 past :data:`BUDGET` (about 150 bytes a sample of two fields: 64 MiB holds the index of about
@@ -15,6 +19,7 @@ cannot reuse (fresh pages, faulted in: about 5% of a first epoch of ~5 KB sample
 
     layout = LAYOUTS.get(url, info)        # in the pile reader, before the header scan
     LAYOUTS.put(url, info, shard.layout)   # once a pile is indexed and its count checked: kept from its second read
+    if LAYOUTS.checked(url, info) != version: ...   # checksum the bytes, then LAYOUTS.passed(url, info, version)
 """
 
 from __future__ import annotations
@@ -38,7 +43,20 @@ class Layouts:
         self._kept: OrderedDict[tuple[str, PileInfo], Layout] = OrderedDict()
         self._bytes = 0
         self._seen: set[tuple[str, PileInfo]] = set()  # read once: kept when read again
+        self._passed: dict[tuple[str, PileInfo], str] = {}  # the file's lasting version whose bytes passed the checksum
         self._lock = threading.Lock()
+
+    def checked(self, url: str, info: PileInfo) -> str | None:
+        """The lasting version of ``url``'s file whose bytes passed the checksum under ``info``, if any."""
+        with self._lock:
+            return self._passed.get((url, info))
+
+    def passed(self, url: str, info: PileInfo, version: str) -> None:
+        """Remember that ``url``'s bytes at lasting version ``version`` match ``info``'s checksum."""
+        with self._lock:
+            if len(self._passed) >= SEEN:
+                self._passed.clear()
+            self._passed[url, info] = version
 
     def get(self, url: str, info: PileInfo) -> Layout | None:
         with self._lock:
@@ -70,6 +88,7 @@ class Layouts:
         with self._lock:
             self._kept.clear()
             self._seen.clear()
+            self._passed.clear()
             self._bytes = 0
 
     def _after_fork(self) -> None:

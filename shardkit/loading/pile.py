@@ -5,7 +5,8 @@ size, CRC-32), decompresses a compressed pile (``pile-000000.tar.zst``) and chec
 inside against its own size and CRC-32, and scans the headers with numpy: all of it mostly
 without the GIL, so the loader's prefetch thread does it and the pile in memory is a plain tar. :func:`open_pile` finishes the index and checks the sample count.
 A pile read again in this process whose bytes check against the same manifest entry skips the
-scan and the index: its :class:`~shardkit.tar.shard.Layout` is kept (:mod:`shardkit.loading.layouts`).
+scan and the index: its :class:`~shardkit.tar.shard.Layout` is kept; a local file unchanged since
+its bytes passed is not checksummed again (:mod:`shardkit.loading.layouts`).
 ``verify`` runs the same checks and lists every problem instead of raising the first
 (:func:`~shardkit.dataset.file_checks.byte_problems`, which the checks here share).
 
@@ -94,13 +95,13 @@ def fetch(
     known = LAYOUTS.get(url, expected) if verify else None  # used only once the bytes are checked below
     if expected.compression is not None:
         _check_limit(url, expected.tar_size, max_bytes)
-        stored = _stored(url, expected, max_bytes=None, verify=verify, mapped=True, reads=reads)
+        stored, trusted = _stored(url, expected, max_bytes=None, verify=verify, mapped=True, reads=reads)
         try:
-            buf = unpack(url, stored, expected, checksum=verify, scratch=scratch)
+            buf = unpack(url, stored, expected, checksum=verify, trusted=trusted, scratch=scratch)
         finally:
             storage.unmap(stored)
     else:
-        buf = _stored(url, expected, max_bytes=max_bytes, verify=verify, mapped=mapped, reads=reads)
+        buf, _ = _stored(url, expected, max_bytes=max_bytes, verify=verify, mapped=mapped, reads=reads)
     return _scanned(url, buf, verify, known)
 
 
@@ -113,25 +114,35 @@ def _scanned(url: str, buf: storage.Buffer, checked: bool, known: Layout | None)
 
 def _stored(
     url: str, expected: PileInfo, *, max_bytes: int | None, verify: bool, mapped: bool, reads: storage.RemoteReads | None
-) -> storage.Buffer:
-    """The pile's file as stored, checked against the manifest's size and (``verify``) checksum."""
+) -> tuple[storage.Buffer, bool]:
+    """The pile's file as stored, checked against the manifest's size and (``verify``) checksum,
+    and whether these are the bytes of a file checked before and unchanged since (a local file
+    whose lasting version is the one that passed: :mod:`shardkit.loading.layouts`), which are
+    not checksummed again."""
     store, name = storage.locate(url, reads=reads or storage.RemoteReads())
     if not store.supports_mapping:  # the bytes travel: the manifest's size decides, the read finds an object of another size
         _check_limit(url, expected.bytes, max_bytes)
         # a cached copy is checksummed when first used whatever ``verify`` says: a disk or a person may have changed it
         full = None if verify else _checker(url, expected, True)
-        return store.read_checked(name, size=expected.bytes, check=_checker(url, expected, verify), first_check=full)
+        return store.read_checked(name, size=expected.bytes, check=_checker(url, expected, verify), first_check=full), False
     # one look at the size, before any byte is read: over the limit, or not what the manifest says
     nbytes = store.size(name)
     _check_limit(url, nbytes, max_bytes)
     problem = size_problem(nbytes, expected)
     if problem is not None:
         raise CorruptShardError(f"{url}: {problem}")
+    # the lasting version before and after the read: the same, the bytes read are that version's
+    # (a file replaced, even by the one before it, has another change time)
+    before = store.lasting_version(name) if verify else None
     buf = store.read_whole(name) if mapped else store.read(name)
-    problems = byte_problems(url, buf, expected, checksum=verify)
+    lasting = before if before is not None and store.lasting_version(name) == before else None
+    trusted = lasting is not None and LAYOUTS.checked(url, expected) == lasting
+    problems = byte_problems(url, buf, expected, checksum=verify and not trusted)
     if problems:
         raise CorruptShardError(f"{url}: {problems[0][1]}")
-    return buf
+    if lasting is not None and not trusted:
+        LAYOUTS.passed(url, expected, lasting)
+    return buf, trusted
 
 
 def fetch_segments(
@@ -154,12 +165,12 @@ def fetch_segments(
     bodies: list[storage.Buffer | memoryview] = []
     for seg_url, seg in zip(segments, expected.segments or (), strict=True):
         info = seg.info()
-        stored = _stored(seg_url, info, max_bytes=None, verify=verify, mapped=True, reads=reads)
+        stored, trusted = _stored(seg_url, info, max_bytes=None, verify=verify, mapped=True, reads=reads)
         if info.compression is None:
             buf = stored
         else:
             try:
-                buf = unpack(seg_url, stored, info, checksum=verify)
+                buf = unpack(seg_url, stored, info, checksum=verify, trusted=trusted)
             finally:
                 storage.unmap(stored)
         if len(buf) < len(TRAILER) or buf[len(buf) - len(TRAILER) :] != TRAILER:

@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from typing import IO
@@ -19,6 +20,14 @@ from shardkit.errors import DatasetNotFoundError
 from shardkit.storage.local import O_BINARY, Buffer, fsync_dir, fsync_file, lock_file, map_open, write_fully
 from shardkit.storage.paths import guard, local_path
 from shardkit.storage.store import Entry, Store, held
+
+# how long ago a file must have last changed for its version to be sure to show a change made
+# now (twice the coarsest file time in common use: FAT's two seconds)
+SETTLED_NS = 4 * 10**9
+
+
+def _version(st: os.stat_result) -> str:
+    return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}"
 
 
 class LocalStore(Store):
@@ -89,13 +98,25 @@ class LocalStore(Store):
         return os.path.isdir(self.path(name))
 
     def version(self, name: str) -> str | None:
-        """Its size and modification time (in nanoseconds)."""
+        """Its size, modification and change times (in nanoseconds) and inode: a file rewritten
+        in place, or replaced by another, has another."""
+        st = self._stat(name)
+        return None if st is None else _version(st)
+
+    def lasting_version(self, name: str) -> str | None:
+        """:meth:`version`, once the file last changed :data:`SETTLED_NS` or more ago. A change
+        sets the change time, which nobody can set back, to the time of the change; but where
+        that clock is coarse (a kernel tick, or seconds on some file systems), a change made
+        just after the file was last changed could leave every time as it was."""
+        st = self._stat(name)
+        return None if st is None or time.time_ns() - st.st_ctime_ns < SETTLED_NS else _version(st)
+
+    def _stat(self, name: str) -> os.stat_result | None:
         with guard(self.url(name), "look it up"):
             try:
-                st = os.stat(self.path(name))
+                return os.stat(self.path(name))
             except FileNotFoundError:
                 return None
-        return f"{st.st_size}-{st.st_mtime_ns}"
 
     def read_whole(self, name: str, *, size: int | None = None) -> Buffer:
         """The file memory-mapped (its pages are the page cache's: no copy, no fresh memory); files

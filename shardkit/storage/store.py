@@ -132,6 +132,12 @@ class Store(abc.ABC):
         except DatasetNotFoundError:
             return None
 
+    def lasting_version(self, name: str) -> str | None:
+        """:meth:`version`, when any later change to the file is sure to change it (None here:
+        a store that cannot promise that). A fact about the file's bytes, such as that they
+        passed their checksum, may be remembered under it, and trusted while it stays the same."""
+        return None
+
     def open_read(self, name: str) -> contextlib.AbstractContextManager[IO[bytes]]:
         """A binary file object reading ``name`` from its start (seek where the store can)."""
         return contextlib.nullcontext(io.BytesIO(self.read(name)))
@@ -310,6 +316,9 @@ class WrappingStore(Store):
 
     def version(self, name: str) -> str | None:
         return self.inner.version(name)
+
+    def lasting_version(self, name: str) -> str | None:
+        return self.inner.lasting_version(name)
 
     def read_whole(self, name: str, *, size: int | None = None) -> Buffer:
         return self.inner.read_whole(name, size=size)

@@ -229,9 +229,10 @@ class Shard:
         if self._fields is None:
             return None
         keys, data = self.keys, self._data
-        out: dict[str, list[Any]] = {"__key__": [keys[i] for i in index]}
+        picked = index.tolist() if isinstance(index, np.ndarray) else index  # Python ints index lists several times faster
+        out: dict[str, list[Any]] = {"__key__": [keys[i] for i in picked]}
         for name, starts, ends in self._field_spans():
-            out[name] = [data[starts[i] : ends[i]] for i in index]
+            out[name] = [data[starts[i] : ends[i]] for i in picked]
         return out
 
     def spans(self, index: list[int]) -> Spans | None:
@@ -246,7 +247,7 @@ class Shard:
             layout.arrays = [(name, starts[f::width], ends[f::width]) for f, name in enumerate(self._fields)]
         at = np.asarray(index, dtype=np.intp)
         keys = self.keys
-        return Spans([keys[i] for i in index], self.buf, [(name, a[at], b[at]) for name, a, b in layout.arrays])
+        return Spans([keys[i] for i in at.tolist()], self.buf, [(name, a[at], b[at]) for name, a, b in layout.arrays])
 
     def as_views(self) -> Shard:
         """Hand out fields as read-only ``memoryview`` slices of the shard's buffer from now on,
