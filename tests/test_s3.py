@@ -459,3 +459,12 @@ def test_whole_object_reads_leave_the_checksum_to_the_manifest(s3, monkeypatch):
     s3fs.S3FileSystem.clear_instance_cache()
     monkeypatch.setenv("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_supported")  # a setting of the user's wins
     assert remote.filesystem(s3.url("x"))[0].s3.meta.config.response_checksum_validation == "when_supported"
+
+
+def test_a_url_with_nothing_there_says_so_and_what_was_expected(s3):
+    for url in (s3.url("missing"), s3.url("missing/")):
+        with pytest.raises(DatasetNotFoundError, match=r"missing/?: no such file or directory \(expected a shardkit dataset"):
+            shardkit.loader(url)
+    other = s3.url("x").replace(s3.bucket, s3.bucket + "-never-made", 1)
+    with pytest.raises(DatasetNotFoundError, match=r"the bucket .*-never-made does not exist"):
+        shardkit.loader(other.rsplit("/", 1)[0] + "/ds")

@@ -191,3 +191,10 @@ def test_a_file_that_is_no_tar_at_all_is_named_as_such(tmp_path):
             r"is it a tar archive\? \(a WebDataset shard is one\)",
             str(e.value),
         ), str(e.value)
+
+
+def test_a_missing_path_says_what_was_expected(tmp_path):
+    with pytest.raises(shardkit.DatasetNotFoundError, match=r"missing: no such file or directory \(expected a shardkit dataset"):
+        shardkit.loader(str(tmp_path / "missing"))
+    with pytest.raises(shardkit.DatasetNotFoundError, match=r"missing\.tar: no such file$"):  # a shard's name: a shard was meant
+        shardkit.loader(str(tmp_path / "missing.tar"))

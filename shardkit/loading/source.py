@@ -154,6 +154,10 @@ def resolve(source: SourceLike, *, skip: Callable[[BaseException, str], None] | 
             return of_manifest(root, m)
         if _is_directory(root):
             raise _not_a_dataset(root)
+        if _nothing_at(root):
+            raise DatasetNotFoundError(
+                f"{root}: no such file or directory (expected a shardkit dataset: a directory holding {manifest.MANIFEST}; or tar shards)"
+            )
     urls = storage.expand(source)
     name = urls[0] if len(urls) == 1 else f"{urls[0]} (+{len(urls) - 1} shards)"
     found = Source(name, tuple(Pile(u, _counted(u, skip)) for u in urls))
@@ -256,12 +260,21 @@ def _manifest(root: str) -> manifest.Manifest | None:
         return None
     try:
         return manifest.read(root)
-    except DatasetNotFoundError:
+    except DatasetNotFoundError as e:
+        if getattr(e, "bucket", None):  # no bucket at all: said as such
+            raise
         return None
     except StorageError as e:
         if e.errno == errno.ENOTDIR:  # a file (a plain shard), not a directory
             return None
         raise
+
+
+def _nothing_at(root: str) -> bool:
+    """``root`` is one name (no pattern), not a shard's, under which there is nothing at all."""
+    if glob.has_magic(root) or storage.brace_expand(root) != [root] or root.rstrip("/").endswith(_SHARD_SUFFIXES):
+        return False  # a shard's name: "no such file" says it
+    return not storage.exists(root.rstrip("/") or root)
 
 
 def _is_directory(root: str) -> bool:

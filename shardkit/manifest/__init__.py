@@ -84,7 +84,9 @@ def read(directory: str) -> Manifest:
         text = storage.read_bytes(url).decode("utf-8")
     except DatasetNotFoundError as e:
         if getattr(e, "bucket", None):  # no bucket at all: say that, not "no manifest"
-            raise DatasetNotFoundError(f"{directory}: the bucket {e.bucket} does not exist (a typo? create it first)") from None  # type: ignore[attr-defined]
+            missing = DatasetNotFoundError(f"{directory}: the bucket {e.bucket} does not exist (a typo? create it first)")  # type: ignore[attr-defined]
+            missing.bucket = e.bucket  # type: ignore[attr-defined]
+            raise missing from None
         if storage.store_for(directory).local_file() is not None and not storage.exists(directory):  # a mistyped path
             raise DatasetNotFoundError(f"{directory}: no such directory (expected a shardkit dataset)") from None
         raise DatasetNotFoundError(f"{directory}: not a shardkit dataset (no {MANIFEST}; a job that did not finish leaves none)") from None
