@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -203,3 +204,14 @@ def test_a_file_changed_after_it_passed_is_checksummed_and_refused(tmp_path, che
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     with pytest.raises(CorruptShardError, match=r"pile-000000\.tar(\.lz4)?: "):
         read(url, info)
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+def test_a_tar_that_fails_its_own_checksum_is_refused_every_time(tmp_path, checksums, compression):
+    """The stored file passes, the tar inside does not: nothing is remembered as passed."""
+    url, info = written(tmp_path, compression)
+    wrong = dataclasses.replace(info, tar_checksum="crc32:00000000")
+    for _ in range(3):
+        with pytest.raises(CorruptShardError, match=r"the tar inside has checksum crc32:\w+, the manifest says crc32:00000000"):
+            read(url, wrong)
+    assert LAYOUTS.checked(url, wrong) is None

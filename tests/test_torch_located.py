@@ -264,6 +264,24 @@ def test_a_file_rewritten_in_place_is_refused_by_name(tmp_path):
         cut(wire, views=False)
 
 
+def test_a_new_link_or_mode_is_no_change_to_a_running_dataloader(data, tmp_path):
+    """Only written bytes change a pile's version: a backup by hard links (``cp -al``), new
+    permissions, or shardkit's own install dropping a staged link, leave a DataLoader reading."""
+    copy = str(tmp_path / "ds")
+    shutil.copytree(data, copy)
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    ds = ShardkitDataset(copy, batch_size=16, decode=False, seed=2)
+    want = plain(list(ShardkitDataLoader(ShardkitDataset(data, batch_size=16, decode=False, seed=2), num_workers=2)))
+    got, it = [], iter(ShardkitDataLoader(ds, num_workers=2))
+    got.append(next(it))
+    for name in os.listdir(copy):
+        os.link(os.path.join(copy, name), backup / name)
+        os.chmod(os.path.join(copy, name), 0o444)
+    got.extend(it)
+    assert plain(got) == want
+
+
 def test_a_pile_replaced_after_it_was_read_is_refused_not_cut_from_the_new_file(data, tmp_path, monkeypatch):
     """The version a located field names is that of the bytes read: a pile replaced between its read
     (ahead, in the background) and its first batch is refused where the main process cuts it."""

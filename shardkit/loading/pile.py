@@ -93,16 +93,38 @@ def fetch(
             url, [at + s.name for s in expected.segments], expected=expected, max_bytes=max_bytes, verify=verify, reads=reads
         )
     known = LAYOUTS.get(url, expected) if verify else None  # used only once the bytes are checked below
-    if expected.compression is not None:
+    buf = _tar(url, expected, max_bytes=max_bytes, verify=verify, mapped=mapped, reads=reads, scratch=scratch)
+    return _scanned(url, buf, verify, known)
+
+
+def _tar(
+    url: str,
+    expected: PileInfo,
+    *,
+    max_bytes: int | None,
+    verify: bool,
+    mapped: bool,
+    reads: storage.RemoteReads | None,
+    scratch: storage.Scratch | None = None,
+) -> storage.Buffer:
+    """The tar of one pile or segment file, checked: the file as stored, decompressed when it is
+    compressed. A local file whose every check passed is remembered as such under its lasting
+    version (:mod:`shardkit.loading.layouts`): read again unchanged, it is not checked again."""
+    compressed = expected.compression is not None
+    if compressed:
         _check_limit(url, expected.tar_size, max_bytes)
-        stored, trusted = _stored(url, expected, max_bytes=None, verify=verify, mapped=True, reads=reads)
+    stored, trusted, lasting = _stored(
+        url, expected, max_bytes=None if compressed else max_bytes, verify=verify, mapped=mapped or compressed, reads=reads
+    )
+    buf = stored
+    if compressed:
         try:
             buf = unpack(url, stored, expected, checksum=verify, trusted=trusted, scratch=scratch)
         finally:
             storage.unmap(stored)
-    else:
-        buf, _ = _stored(url, expected, max_bytes=max_bytes, verify=verify, mapped=mapped, reads=reads)
-    return _scanned(url, buf, verify, known)
+    if lasting is not None and not trusted:  # every check of these bytes passed
+        LAYOUTS.passed(url, expected, lasting)
+    return buf
 
 
 def _scanned(url: str, buf: storage.Buffer, checked: bool, known: Layout | None) -> Fetched:
@@ -114,17 +136,17 @@ def _scanned(url: str, buf: storage.Buffer, checked: bool, known: Layout | None)
 
 def _stored(
     url: str, expected: PileInfo, *, max_bytes: int | None, verify: bool, mapped: bool, reads: storage.RemoteReads | None
-) -> tuple[storage.Buffer, bool]:
-    """The pile's file as stored, checked against the manifest's size and (``verify``) checksum,
-    and whether these are the bytes of a file checked before and unchanged since (a local file
-    whose lasting version is the one that passed: :mod:`shardkit.loading.layouts`), which are
-    not checksummed again."""
+) -> tuple[storage.Buffer, bool, str | None]:
+    """The pile's file as stored, checked against the manifest's size and (``verify``) checksum;
+    whether these are the bytes of a file that passed every check before and is unchanged since
+    (a local file whose lasting version is the one remembered), which are not checksummed again;
+    and that lasting version (None: the file has none, or it changed while it was read)."""
     store, name = storage.locate(url, reads=reads or storage.RemoteReads())
     if not store.supports_mapping:  # the bytes travel: the manifest's size decides, the read finds an object of another size
         _check_limit(url, expected.bytes, max_bytes)
         # a cached copy is checksummed when first used whatever ``verify`` says: a disk or a person may have changed it
         full = None if verify else _checker(url, expected, True)
-        return store.read_checked(name, size=expected.bytes, check=_checker(url, expected, verify), first_check=full), False
+        return store.read_checked(name, size=expected.bytes, check=_checker(url, expected, verify), first_check=full), False, None
     # one look at the size, before any byte is read: over the limit, or not what the manifest says
     nbytes = store.size(name)
     _check_limit(url, nbytes, max_bytes)
@@ -140,9 +162,7 @@ def _stored(
     problems = byte_problems(url, buf, expected, checksum=verify and not trusted)
     if problems:
         raise CorruptShardError(f"{url}: {problems[0][1]}")
-    if lasting is not None and not trusted:
-        LAYOUTS.passed(url, expected, lasting)
-    return buf, trusted
+    return buf, trusted, lasting
 
 
 def fetch_segments(
@@ -164,15 +184,7 @@ def fetch_segments(
     _check_limit(url, expected.tar_size, max_bytes)
     bodies: list[storage.Buffer | memoryview] = []
     for seg_url, seg in zip(segments, expected.segments or (), strict=True):
-        info = seg.info()
-        stored, trusted = _stored(seg_url, info, max_bytes=None, verify=verify, mapped=True, reads=reads)
-        if info.compression is None:
-            buf = stored
-        else:
-            try:
-                buf = unpack(seg_url, stored, info, checksum=verify, trusted=trusted)
-            finally:
-                storage.unmap(stored)
+        buf = _tar(seg_url, seg.info(), max_bytes=None, verify=verify, mapped=True, reads=reads)
         if len(buf) < len(TRAILER) or buf[len(buf) - len(TRAILER) :] != TRAILER:
             raise CorruptShardError(f"{seg_url}: segment of {url} does not end with the end-of-archive trailer (two zero blocks)")
         bodies.append(memoryview(buf)[: len(buf) - len(TRAILER)])

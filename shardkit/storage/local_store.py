@@ -26,10 +26,6 @@ from shardkit.storage.store import Entry, Store, held
 SETTLED_NS = 4 * 10**9
 
 
-def _version(st: os.stat_result) -> str:
-    return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}"
-
-
 class LocalStore(Store):
     """The files of one local directory (a path or a ``file://`` URL).
 
@@ -98,18 +94,23 @@ class LocalStore(Store):
         return os.path.isdir(self.path(name))
 
     def version(self, name: str) -> str | None:
-        """Its size, modification and change times (in nanoseconds) and inode: a file rewritten
-        in place, or replaced by another, has another."""
+        """Its size and modification time (in nanoseconds): what changes when its bytes are
+        written (a new link to it, or new permissions, leave it as it is)."""
         st = self._stat(name)
-        return None if st is None else _version(st)
+        return None if st is None else f"{st.st_size}-{st.st_mtime_ns}"
 
     def lasting_version(self, name: str) -> str | None:
-        """:meth:`version`, once the file last changed :data:`SETTLED_NS` or more ago. A change
-        sets the change time, which nobody can set back, to the time of the change; but where
-        that clock is coarse (a kernel tick, or seconds on some file systems), a change made
-        just after the file was last changed could leave every time as it was."""
+        """Its size, modification and change times and inode, once the file last changed
+        :data:`SETTLED_NS` or more ago. Writing the file, or putting another in its place (even
+        one with its times set back), sets the change time, which nobody can set back, to the
+        time of the change; but where that clock is coarse (a kernel tick, or seconds on some
+        file systems), a change made just after the file last changed could leave every time as
+        it was. A write through a shared memory map of the file into a page not yet saved to disk
+        leaves the times too: such a change is not seen here."""
         st = self._stat(name)
-        return None if st is None or time.time_ns() - st.st_ctime_ns < SETTLED_NS else _version(st)
+        if st is None or time.time_ns() - st.st_ctime_ns < SETTLED_NS:
+            return None
+        return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}"
 
     def _stat(self, name: str) -> os.stat_result | None:
         with guard(self.url(name), "look it up"):
