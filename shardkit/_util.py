@@ -10,6 +10,7 @@ counted(1, "pile")        # "1 pile" (counted(8, "pile"): "8 piles")
 from __future__ import annotations
 
 import contextlib
+import importlib
 import operator
 import os
 import re
@@ -25,6 +26,15 @@ from shardkit.errors import ConfigError
 
 # the version shardkit reports (the facade's __version__, the manifest's created_by)
 VERSION = "0.1.0"
+
+
+def optional(module: str, extra: str, what: str) -> Any:
+    """The module ``module`` of an optional package, imported; when it is not installed, a
+    ConfigError saying that ``what`` needs it and which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{what} needs {module.split('.')[0]}, which is not installed: pip install 'shardkit[{extra}]'") from None
 
 
 def shown(value: Any) -> str:

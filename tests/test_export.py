@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import sys
+
 import pytest
 
 import shardkit
@@ -105,3 +109,51 @@ def test_quiet_is_true_or_false(tmp_path, dataset):
     with pytest.raises(shardkit.ConfigError, match=r"quiet: expected True or False, got 'no'"):
         shardkit.export(tmp_path / "piles", tmp_path / "x.parquet", quiet="no")
     assert not (tmp_path / "x.parquet").exists()
+
+
+def _other_dataset(path) -> dict:
+    with shardkit.PileWriter(path, piles=2, seed=0) as w:
+        for i in range(10):
+            w.write({"__key__": f"k{i}", "txt": "x"})
+    return {p.name: p.read_bytes() for p in path.iterdir()}
+
+
+@pytest.mark.parametrize("name", ["shardkit.json", "pile-000000.tar"])
+def test_export_refuses_a_name_of_another_dataset_s_files(tmp_path, dataset, capsys, name):
+    before = _other_dataset(tmp_path / "other")
+    with pytest.raises(shardkit.ConfigError, match=rf"other/{name}: is a name shardkit gives a dataset's \w+ files; .*another name"):
+        shardkit.export(tmp_path / "piles", tmp_path / "other" / name, quiet=True)
+    assert main(["export", str(tmp_path / "piles"), "-o", str(tmp_path / "other" / name), "-q"]) == 1
+    assert "a name shardkit gives" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "other").iterdir()} == before
+
+
+def test_export_writes_through_a_link_and_refuses_what_is_no_file(tmp_path, dataset):
+    real = tmp_path / "real.parquet"
+    real.write_bytes(b"old")
+    (tmp_path / "link.parquet").symlink_to(real)
+    shardkit.export(tmp_path / "piles", tmp_path / "link.parquet", quiet=True)
+    assert (tmp_path / "link.parquet").is_symlink() and pq.read_table(real).num_rows == 60
+    before = _other_dataset(tmp_path / "other")
+    (tmp_path / "to-manifest").symlink_to(tmp_path / "other" / "shardkit.json")  # a link to a dataset's file: refused
+    with pytest.raises(shardkit.ConfigError, match=r"other/shardkit\.json: is a name shardkit gives"):
+        shardkit.export(tmp_path / "piles", tmp_path / "to-manifest", quiet=True)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "other").iterdir()} == before
+    os.mkfifo(tmp_path / "fifo.parquet")
+    with pytest.raises(shardkit.ConfigError, match=r"fifo\.parquet: is not a regular file"):
+        shardkit.export(tmp_path / "piles", tmp_path / "fifo.parquet", quiet=True)
+    assert stat.S_ISFIFO(os.stat(tmp_path / "fifo.parquet").st_mode)
+    with pytest.raises(shardkit.ConfigError, match=r"other: is a directory: name the file to write in it, e\.g\. .*other/NAME"):
+        shardkit.export(tmp_path / "piles", tmp_path / "other", quiet=True)
+    with pytest.raises(shardkit.ConfigError, match=r"-: export writes a Parquet file, not to standard output"):
+        shardkit.export(tmp_path / "piles", "-", quiet=True)
+
+
+def test_export_without_pyarrow_says_which_extra(tmp_path, dataset, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow: ImportError
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(shardkit.ConfigError, match=r"export needs pyarrow, which is not installed: pip install 'shardkit\[parquet\]'"):
+        shardkit.export(tmp_path / "piles", tmp_path / "all.parquet", quiet=True)
+    (tmp_path / "x.parquet").write_bytes(b"PAR1")
+    assert main(["pile", str(tmp_path / "x.parquet"), "-o", str(tmp_path / "out"), "--piles", "2", "-q"]) == 1
+    assert "x.parquet: reading Parquet needs pyarrow, which is not installed: pip install 'shardkit[parquet]'" in capsys.readouterr().err

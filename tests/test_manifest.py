@@ -100,6 +100,10 @@ def _set(value, *path):
         (_set("crc32:0000000g", "piles", 1, "checksum"), r"m.json: piles\[1\]: field 'checksum': expected 'crc32:'"),
         (_set("9", "bytes"), r"m.json: field 'bytes': expected int, got '9'"),
         (_set(1, "bytes"), r"m.json: 'bytes' is 1 but the piles add up to 61440"),
+        (
+            _set(10**12, "piles", 0, "samples"),  # a reader would set aside room for that many before reading a byte
+            r"m.json: piles\[0\]: 'pile-000000.tar' says 1000000000000 samples in a tar of 10240 bytes, which holds at most 20 ",
+        ),
     ],
 )
 def test_malformed_fields_are_named(change, message):

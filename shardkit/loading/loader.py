@@ -30,7 +30,7 @@ from typing import Any
 
 from shardkit import storage
 from shardkit._util import check_int
-from shardkit.loading import elastic
+from shardkit.loading import elastic, plan
 from shardkit.loading.batch import Step
 from shardkit.loading.blend.epochs import BlendEpochs
 from shardkit.loading.blend.source import BlendedSource
@@ -133,7 +133,7 @@ class Loader:
                 end of the epoch.
         """
         check_int("step", step, low=0)
-        check_int("epoch", epoch, low=0, none=True)
+        check_int("epoch", epoch, low=0, high=plan.MOST_EPOCH, none=True)
         workers = max(1, check_int("num_workers", num_workers, low=0))
         epoch = self._place.epoch if epoch is None else epoch
         done = self._place.done_in(epoch) if done is None else tuple(done)
@@ -165,7 +165,7 @@ class Loader:
         an iteration runs, it applies to the next one (a state taken after it names the start of
         ``epoch``); naming the epoch being read changes nothing.
         """
-        check_int("epoch", epoch, low=0)
+        plan.check_epoch(epoch)
         self._place.set_epoch(epoch)
 
     def locate_fields(self) -> Loader:

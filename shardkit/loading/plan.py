@@ -42,12 +42,19 @@ from shardkit.seeds import Stream, stream
 PILE_ORDER, IN_PILE, MIX = Stream.PILE_ORDER, Stream.IN_PILE, Stream.MIX
 # longest block handed out at once, so a huge pile never costs a huge index array
 MAX_BLOCK = 1 << 16
+# the last epoch: a DataLoader's workers share the epoch as a signed 64-bit integer
+MOST_EPOCH = 2**63 - 1
 # jitters are drawn for runs of this many positions, one stream (MIX, seed, epoch, run) each, so
 # any stretch of the order is rebuilt from the runs it touches alone
 JITTER_RUN = 1 << 16
 # about how many samples a mix=k block holds (the t axis is cut this finely)
 CELL = 8192
 _EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def check_epoch(epoch: Any) -> int:
+    """``epoch``, checked: an integer from 0 to :data:`MOST_EPOCH`."""
+    return check_int("epoch", epoch, low=0, high=MOST_EPOCH)
 
 
 def generator(tag: Stream, *values: int) -> np.random.Generator:

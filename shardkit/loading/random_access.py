@@ -152,7 +152,7 @@ class MapDataset:
     def set_epoch(self, epoch: int) -> None:
         """Count positions in the order of epoch ``epoch`` (with a ``seed``). The DataLoader
         workers this dataset was handed to, persistent ones too, count in it from their next read."""
-        self._epoch[0] = check_int("epoch", epoch, low=0)
+        self._epoch[0] = plan.check_epoch(epoch)
 
     def __len__(self) -> int:
         return int(self._pile_starts[-1])
@@ -368,7 +368,7 @@ def open(
     """
     root = check_path("dataset", dataset)
     check_int("seed", seed, low=0, none=True)
-    check_int("epoch", epoch, low=0)
+    plan.check_epoch(epoch)
     check_int("mix", mix, low=1)
     check_int("keep_piles", keep_piles, low=1)
     if seed is None:

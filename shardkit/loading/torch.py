@@ -30,6 +30,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 
 from shardkit._util import check_int
 from shardkit.errors import ConfigError, ShardkitError
+from shardkit.loading import plan
 from shardkit.loading.blend.source import BlendedSource, resolve_blend
 from shardkit.loading.blend.spec import Blend, is_blend
 from shardkit.loading.dataloader_arguments import check_arguments, rebatching
@@ -141,7 +142,7 @@ class ShardkitDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` on the next iteration, in every worker (a pending resume of
         that same epoch is kept)."""
-        check_int("epoch", epoch, low=0)
+        plan.check_epoch(epoch)
         self._place.wait_for_workers(f"set_epoch({epoch})")  # inside a loop: its workers read the epoch before
         if epoch != self._place.epoch:
             self._yielded, self._moves = 0, self._moves + 1
@@ -249,7 +250,7 @@ class ShardkitDataset(IterableDataset):
         """
         check_int("num_workers", num_workers, low=0)
         place = self._place
-        epoch = place.epoch if epoch is None else check_int("epoch", epoch, low=0)
+        epoch = place.epoch if epoch is None else plan.check_epoch(epoch)
         done = place.settle(place.pending(epoch), max(1, num_workers)).done
         with place.loader(self.options) as loader:
             return loader.keys(step, epoch=epoch, num_workers=num_workers, done=done)

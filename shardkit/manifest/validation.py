@@ -24,6 +24,7 @@ from shardkit.manifest.model import (
     joined,
 )
 from shardkit.tar.compression import CODECS
+from shardkit.tar.scan import BLOCK
 
 _CHECKSUM = re.compile(r"crc32:[0-9a-f]{8}")
 
@@ -84,10 +85,22 @@ def _compressed(p: dict[str, Any], at: str) -> dict[str, Any]:
     return {"compression": codec, "tar_bytes": _count(p, "tar_bytes", at), "tar_checksum": tar_checksum}
 
 
+def _room(name: str, samples: int, tar_size: int, at: str) -> None:
+    """Refuse a count no tar of ``tar_size`` bytes can hold: each sample has a member, and each
+    member a header of 512 bytes (a reader would set aside room for the count before reading)."""
+    if samples > tar_size // BLOCK:
+        raise ManifestError(
+            f"{at}: {name!r} says {samples} samples in a tar of {tar_size} bytes, which holds at most "
+            f"{tar_size // BLOCK} (a header of {BLOCK} bytes each): the manifest is damaged"
+        )
+
+
 def _pile(p: Any, at: str) -> PileInfo:
     name, samples, nbytes, checksum = _file(p, at)
     if p.get("segments") is None:
-        return PileInfo(name=name, samples=samples, bytes=nbytes, checksum=checksum, **_compressed(p, at))
+        pile = PileInfo(name=name, samples=samples, bytes=nbytes, checksum=checksum, **_compressed(p, at))
+        _room(name, samples, pile.tar_size, at)
+        return pile
     if _compressed(p, at):
         raise ManifestError(f"{at}: pile {name!r} has segments and compression fields; each segment says how it is compressed")
     segments = []
@@ -95,17 +108,11 @@ def _pile(p: Any, at: str) -> PileInfo:
         where = f"{at}: segments[{i}]"
         seg_name, count, size, crc = _file(doc, where)
         generation = _count(doc, "generation", where, most=MOST_GENERATION)
-        segments.append(
-            Segment(
-                name=seg_name,
-                samples=count,
-                bytes=size,
-                checksum=crc,
-                generation=generation,
-                **_compressed(doc, where),
-                **_leaf(doc, where),
-            )
+        segment = Segment(
+            name=seg_name, samples=count, bytes=size, checksum=crc, generation=generation, **_compressed(doc, where), **_leaf(doc, where)
         )
+        _room(seg_name, count, segment.tar_size, where)
+        segments.append(segment)
     pile = joined(segments, name)
     if (pile.samples, pile.bytes) != (samples, nbytes):
         raise ManifestError(

@@ -17,10 +17,11 @@ import glob as _glob
 import logging
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
-from shardkit.errors import DatasetNotFoundError, ShardkitError
+from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
 from shardkit.storage import remote, retry
 from shardkit.storage.caching_store import CachingStore
 from shardkit.storage.conditional import forget_listings
@@ -224,6 +225,33 @@ def atomic_write(url: str, *, size: int | None = None) -> Iterator[IO[bytes]]:
     store, name = locate(url)
     with store.put_stream(name, size=size) as f:
         yield f
+
+
+def whole_file_target(url: str) -> str:
+    """Where a file written whole to ``url`` (:func:`atomic_write`, which renames it into place)
+    should go: ``url``, or for a local link the file it points to, so that the write goes
+    through the link as any program's would instead of replacing it.
+
+    Raises:
+        ConfigError: ``url`` is a local directory, or something there is not a regular file (a
+            FIFO, a socket, a device: what a rename would replace cannot be written into).
+    """
+    path = local_path(url)
+    if path is None:
+        return url
+    if os.path.islink(path):
+        url = path = os.path.realpath(path)
+    if url.endswith(("/", os.sep)) or os.path.isdir(path):
+        raise ConfigError(f"{url}: is a directory: name the file to write in it, e.g. {url.rstrip('/' + os.sep)}/NAME")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # nothing there yet (or nothing to look at): the write says what is wrong
+        return url
+    if not stat.S_ISREG(mode):
+        raise ConfigError(
+            f"{url}: is not a regular file (a FIFO, socket or device); a file written whole replaces what is there: name a file"
+        )
+    return url
 
 
 def write_bytes(url: str, data: bytes, *, sync: bool = True) -> None:

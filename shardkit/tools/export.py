@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit import storage
-from shardkit._util import bar, check_bool, check_int, check_path
+from shardkit._util import bar, check_bool, check_int, check_path, optional
 from shardkit.dataset import layout
 from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError
 from shardkit.loading.blend.loader import loader
 from shardkit.loading.loader import Loader
+from shardkit.loading.plan import check_epoch
 from shardkit.manifest import Manifest
 from shardkit.tools.audit import info
 
@@ -69,13 +70,25 @@ def _same_folder(a: str, b: str) -> bool:
     return os.path.realpath(pa) == os.path.realpath(pb)
 
 
-def _check_not_the_datasets(source: str, target: str) -> None:
-    """Refuse an ``out`` that is one of the dataset's own files (its manifest, a pile, a kept
-    manifest, its index): replaced by the Parquet file, the dataset would be lost. Any other
-    name, even inside the dataset's folder, is the user's to write."""
+def _target(source: str, target: str) -> str:
+    """Where the Parquet file goes (:func:`~shardkit.storage.whole_file_target`: a local link is
+    written through). Refused: ``-``, and a name shardkit gives a dataset's own files, in this
+    dataset, another or a folder that may become one: replaced by Parquet, a dataset would be lost."""
+    if target == "-":
+        raise ConfigError("-: export writes a Parquet file, not to standard output: name the file (e.g. -o train.parquet)")
+    target = storage.whole_file_target(target)
     folder, _, name = target.rstrip("/").rpartition("/")
-    if layout.kind(name) is not None and _same_folder(folder or ".", source):
-        raise ConfigError(f"{target}: is one of the dataset's own files ({source}); export to another name or folder")
+    kind = layout.kind(name)
+    if kind is not None:
+        whose = (
+            f"one of the dataset's own files ({source})"
+            if _same_folder(folder or ".", source)
+            else f"a name shardkit gives a dataset's {kind} files"
+        )
+        raise ConfigError(
+            f"{target}: is {whose}; written there, Parquet would replace a dataset's file: export to another name, e.g. NAME.parquet"
+        )
+    return target
 
 
 def export(
@@ -93,7 +106,8 @@ def export(
 
     Args:
         dataset: a pile dataset (its directory or URL).
-        out: the file to write (local or an object-store URL); replaced atomically.
+        out: the file to write (local or an object-store URL); replaced atomically (a local link
+            there: the file it points to).
         to: the output format; ``"parquet"``.
         seed, epoch: None keeps pile order (the manifest's piles, each in stored order); a seed
             writes the order the loader with that seed reads in ``epoch`` (an epoch needs a seed).
@@ -102,12 +116,13 @@ def export(
         storage_options: options for remote URLs (see :class:`~shardkit.PileOptions`).
 
     Raises:
-        ConfigError: an unknown format or a bad option; ``out`` is one of the dataset's own files.
+        ConfigError: an unknown format or a bad option; ``out`` is named as a dataset's own files
+            are, or is a directory or no regular file.
         DatasetNotFoundError: ``dataset`` holds no manifest.
     """
     if to not in FORMATS:
         raise ConfigError(f"to: expected one of {', '.join(FORMATS)}, got {to!r}")
-    check_int("epoch", epoch, low=0)
+    check_epoch(epoch)
     check_int("rows_per_group", rows_per_group, low=1)
     check_bool("quiet", quiet)
     if seed is not None:
@@ -116,10 +131,8 @@ def export(
         raise ConfigError("epoch: epochs differ only in the shuffled order: give seed= too")
     source, target = check_path("dataset", dataset), check_path("out", out)
     storage.use([source, target], storage_options)
-    _check_not_the_datasets(source, target)
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    target = _target(source, target)
+    pa, pq = optional("pyarrow", "parquet", "export"), optional("pyarrow.parquet", "parquet", "export")
     info(source, storage_options=storage_options)  # a dataset, not tar shards: its errors name what is there
     with _reader(source, seed, storage_options) as reader:
         reader.set_epoch(epoch)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit import storage
+from shardkit._util import optional
 from shardkit.errors import CorruptShardError
 from shardkit.piles.readers.base import key_prefixes, row_key, unreadable
 from shardkit.piles.readers.columns import ColumnSpec
@@ -40,8 +41,7 @@ class Batch:
 @contextlib.contextmanager
 def _batches(url: str) -> Iterator[tuple[int | None, Any]]:
     """(number of batches or None for the stream format, reader) for the IPC file ``url``."""
-    import pyarrow as pa
-
+    pa = optional("pyarrow", "parquet", f"{url}: reading Arrow files")
     store, name = storage.locate(url)
     local = store.local_file(name)
     try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit import storage
-from shardkit._util import check_int
+from shardkit._util import check_int, optional
 from shardkit.errors import CorruptShardError
 from shardkit.piles.readers.base import key_prefixes, row_key, unreadable
 from shardkit.piles.readers.columns import ColumnSpec
@@ -48,8 +48,7 @@ class RowGroupSlice:
 @contextlib.contextmanager
 def open_parquet(url: str) -> Iterator[Any]:
     """A ``pyarrow.parquet.ParquetFile`` of ``url`` (local or through fsspec); bad bytes are a CorruptShardError."""
-    import pyarrow.parquet as pq
-
+    pq = optional("pyarrow.parquet", "parquet", f"{url}: reading Parquet")
     store, name = storage.locate(url)
     local = store.local_file(name)
     with contextlib.ExitStack() as stack:
