@@ -275,3 +275,20 @@ def test_writers_refuse_a_repeated_key_with_the_message_verify_gives(tmp_path):
         shardkit.preprocess([keys], lambda unit: ({"__key__": k, "cls": i} for i, k in enumerate(unit)), tmp_path / "fn", piles=1)
     assert str(refused.value).startswith("input unit 0 (['a', 'b', 'c', 'a']): sample 3 has the key 'a' of sample 0: keys must be unique")
     assert not manifest.is_dataset(tmp_path / "writer") and not manifest.is_dataset(tmp_path / "fn")
+
+
+def test_a_kept_manifest_that_does_not_read_is_a_problem(tmp_path, capsys):
+    """A state pinned to an older generation resumes from its kept manifest: verify says when
+    one cannot be read, instead of 'ok'. One collected away (no file) is no problem."""
+    out = tmp_path / "ds"
+    for n in range(3):  # generations 0, 1, 2
+        with shardkit.PileWriter(out, piles=2, seed=0, mode="append" if n else "create") as w:
+            for i in range(10):
+                w.write({"__key__": f"g{n}-{i}", "txt": "x"})
+    assert verify(str(out), quiet=True) == []
+    (out / "shardkit.g000001.json").write_text("garbage")
+    (out / "shardkit.g000000.json").unlink()
+    found = [(p.name, p.kind) for p in verify(str(out), quiet=True)]
+    assert found == [("shardkit.g000001.json", "generation")]
+    assert main(["verify", str(out)]) == 1
+    assert "shardkit.g000001.json: not valid JSON" in capsys.readouterr().out

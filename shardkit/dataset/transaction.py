@@ -102,6 +102,21 @@ class Dataset:
             raise ManifestError(f"{url}: holds generation {found.generation}, expected {generation}")
         return found
 
+    def kept_problems(self, current: Manifest) -> list[tuple[str, str]]:
+        """``(name, what is wrong)`` for each kept manifest of a generation older than
+        ``current``'s that a loader pinned to it could not read (not a valid manifest, or another
+        generation's): a resumed state of that generation would fail on it."""
+        found = []
+        for name in storage.listdir(self.path):
+            kept = layout.GENERATION_FILE.fullmatch(name)
+            if kept is None or int(kept.group(1)) >= current.generation:
+                continue
+            try:
+                self.pinned(int(kept.group(1)))
+            except ShardkitError as e:
+                found.append((name, str(e).removeprefix(f"{storage.join(self.path, name)}: ")))
+        return found
+
     def leftovers(self) -> list[leftovers.Leftover]:
         """What jobs that did not finish (or are still running) left here, as verify reports it:
         names no kept manifest lists that a job's staging, journal or temporary has.

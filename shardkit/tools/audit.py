@@ -23,6 +23,7 @@ import numpy as np
 from shardkit import _util, manifest, storage
 from shardkit.dataset import index_file, layout, leftovers
 from shardkit.dataset.file_checks import byte_problems, tar_problem
+from shardkit.dataset.transaction import Dataset
 from shardkit.errors import CorruptShardError, ShardkitError, StorageError
 from shardkit.loading.pile import Fetched, count_problem, open_pile
 from shardkit.manifest import Manifest, PileInfo
@@ -182,8 +183,9 @@ class Problem:
     are not its keys': wrong size, unsorted or other hashes), ``missing-keys`` (none there:
     appends read the segment instead, and the next one writes it again), ``index`` (the stored
     random-access index of the manifest's generation does not check, or is another manifest's:
-    readers pass it over and read every file to build it again), ``extra`` (a shard
-    file the manifest does not list) or ``leftover`` (a temporary file or directory an
+    readers pass it over and read every file to build it again), ``generation`` (a kept manifest
+    of an older generation that does not read: a state pinned to it cannot resume), ``extra`` (a
+    shard file the manifest does not list) or ``leftover`` (a temporary file or directory an
     interrupted job left behind, or a file an install its journal names moved in before the job
     died). ``extra``, ``leftover`` and ``missing-keys`` are warnings (:attr:`warning`).
 
@@ -197,8 +199,7 @@ class Problem:
 
     @property
     def warning(self) -> bool:
-        """Beside a sound dataset, not wrong with it: files the manifest does not list, a keys file
-        that is not there (appends read its segment instead)."""
+        """Beside a sound dataset, not wrong with it: unlisted files, a keys file not there."""
         return self.kind in ("extra", "leftover", MISSING)
 
     def __str__(self) -> str:
@@ -445,4 +446,5 @@ def _verified(directory: str, m: Manifest, *, quiet: bool) -> list[Problem]:
         finally:
             keys.close()
         problems.extend(keys.repeats(directory))
-    return problems + _index_problems(directory, m)
+    kept = Dataset(directory).kept_problems(m)
+    return problems + _index_problems(directory, m) + [Problem(name=n, kind="generation", message=said) for n, said in kept]
