@@ -266,3 +266,12 @@ def test_a_blend_loader_is_the_loader_over_a_blends_source(pair):
         assert state["format"] == "shardkit.blend"
         blended.load_state_dict(state)
         assert len(keys(blended)) == len(blended) - 1
+
+
+def test_a_source_that_cannot_be_opened_is_named(pair, tmp_path):
+    web = pair["web"]
+    with pytest.raises(shardkit.DatasetNotFoundError, match=r"^blend source 'code': .*nope: no such file or directory"):
+        shardkit.loader({"web": web, "code": str(tmp_path / "nope")})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(shardkit.DatasetNotFoundError, match=r"^blend source 'x': .*empty: no shardkit.json here"):
+        shardkit.loader([{"name": "w", "path": web}, {"name": "x", "path": str(tmp_path / "empty")}])

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit import manifest, storage
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, ShardkitError
 from shardkit.loading import elastic
 from shardkit.loading.blend.frames import Frames, apportion, epoch_length, taken_before
 from shardkit.loading.blend.spec import Blend
@@ -129,7 +129,11 @@ def resolve_blend(blend: Blend, options: LoaderOptions, *, generations: Mapping[
     for name, s in zip(blend.names, blend.sources, strict=True):
         storage.use(s.path, options.storage_options)
         pin = name in pinned and isinstance(s.path, (str, os.PathLike))  # a dataset directory: shards have no generations
-        parts.append(at_generation(os.fspath(s.path), pinned[name]) if pin else resolve(s.path))  # type: ignore[arg-type]
+        try:
+            parts.append(at_generation(os.fspath(s.path), pinned[name]) if pin else resolve(s.path))  # type: ignore[arg-type]
+        except ShardkitError as e:  # which source, of several: the same error, named
+            e.args = (f"blend source {name!r}: {e.args[0]}", *e.args[1:]) if e.args else e.args
+            raise
     seen: dict[str, str] = {}
     for name, part in zip(blend.names, parts, strict=True):
         other = seen.setdefault(part.fingerprint(), name)
