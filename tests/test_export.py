@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
 import sys
 
 import pytest
 
 import shardkit
+from shardkit import storage
 from shardkit.cli import main
 from shardkit.piles.readers import make
 from shardkit.tar.shard import iter_shard
@@ -157,3 +160,24 @@ def test_export_without_pyarrow_says_which_extra(tmp_path, dataset, monkeypatch,
     (tmp_path / "x.parquet").write_bytes(b"PAR1")
     assert main(["pile", str(tmp_path / "x.parquet"), "-o", str(tmp_path / "out"), "--piles", "2", "-q"]) == 1
     assert "x.parquet: reading Parquet needs pyarrow, which is not installed: pip install 'shardkit[parquet]'" in capsys.readouterr().err
+
+
+def test_what_a_killed_export_left_is_removed_by_the_next(tmp_path, dataset):
+    """A write killed mid-way leaves OUT.partial-<uuid>; the next export to OUT removes it, but
+    never one a live writer still holds, nor another name."""
+    target = tmp_path / "all.parquet"
+    script = (
+        "import os, signal, sys\nfrom shardkit import storage\n"
+        "with storage.atomic_write(sys.argv[1]) as f:\n    f.write(b'half a file')\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", script, str(target)]).returncode == -signal.SIGKILL
+    (dead,) = tmp_path.glob("all.parquet.partial-*")
+    (tmp_path / "other.parquet.partial-0123").write_bytes(b"mine")
+    with storage.atomic_write(str(target)):  # a writer still at work beside the export
+        (live,) = set(tmp_path.glob("all.parquet.partial-*")) - {dead}
+        assert storage.remove_dead_partials(str(target)) == [dead.name]
+        assert live.exists() and not dead.exists()
+    subprocess.run([sys.executable, "-c", script, str(target)])
+    shardkit.export(tmp_path / "piles", target, quiet=True)
+    assert sorted(p.name for p in tmp_path.glob("*.partial-*")) == ["other.parquet.partial-0123"]
+    assert pq.read_table(target).num_rows == 60

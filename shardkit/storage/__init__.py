@@ -254,6 +254,14 @@ def whole_file_target(url: str) -> str:
     return url
 
 
+def remove_dead_partials(url: str) -> list[str]:
+    """Remove the temporaries that :func:`atomic_write` calls to ``url`` killed before they
+    finished left beside it (a local file's ``NAME.partial-<uuid>`` no live writer holds); returns
+    their names."""
+    store, name = locate(url)
+    return store.remove_dead_partials(name)
+
+
 def write_bytes(url: str, data: bytes, *, sync: bool = True) -> None:
     """Atomically replace ``url`` with ``data`` (on disk when it returns, unless ``sync`` is off: see :meth:`Store.put`)."""
     store, name = locate(url)

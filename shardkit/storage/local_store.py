@@ -10,11 +10,18 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Iterator
 from typing import IO
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: partial files are not told apart
+    fcntl = None  # type: ignore[assignment]
 
 from shardkit.errors import DatasetNotFoundError
 from shardkit.storage.local import O_BINARY, Buffer, fsync_dir, fsync_file, lock_file, map_open, write_fully
@@ -24,6 +31,12 @@ from shardkit.storage.store import Entry, Store, held
 # how long ago a file must have last changed for its version to be sure to show a change made
 # now (twice the coarsest file time in common use: FAT's two seconds)
 SETTLED_NS = 4 * 10**9
+
+
+def _hold(fd: int) -> None:
+    """Take the exclusive ``flock`` of ``fd`` without waiting (BlockingIOError: another holds it)."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 class LocalStore(Store):
@@ -149,12 +162,15 @@ class LocalStore(Store):
 
     @contextlib.contextmanager
     def put_stream(self, name: str, *, size: int | None = None, sync: bool = True) -> Iterator[IO[bytes]]:
-        """Write ``NAME.partial-<uuid>``, flush it to disk (``sync``), rename it into place; unlink it on error."""
+        """Write ``NAME.partial-<uuid>``, flush it to disk (``sync``), rename it into place; unlink it
+        on error. The partial file is ``flock``-ed while it is written: one whose writer died (a kill
+        leaves it) is told apart by :meth:`remove_dead_partials`."""
         path = self.path(name)
         tmp = f"{path}.partial-{uuid.uuid4().hex}"
         try:
             with guard(self.url(name), "write", size=size):
-                with open(tmp, "wb") as f:
+                with open(tmp, "xb") as f:
+                    _hold(f.fileno())
                     yield f
                     if sync:
                         f.flush()
@@ -167,6 +183,32 @@ class LocalStore(Store):
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 os.unlink(tmp)
             raise
+
+    def remove_dead_partials(self, name: str) -> list[str]:
+        """Remove the partial files of :meth:`put_stream` for ``name`` whose writer is gone (no
+        process holds their lock: it was killed); returns their names. A partial file still being
+        written is left alone, and so is any other name."""
+        path = self.path(name)
+        folder, partial = os.path.dirname(path), re.compile(re.escape(os.path.basename(path)) + r"\.partial-[0-9a-f]{32}")
+        try:
+            entries = sorted(os.listdir(folder or ".")) if fcntl is not None else []  # no flock: none told apart
+        except OSError:  # no folder (yet): nothing left in it
+            entries = []
+        removed = []
+        for entry in entries:
+            if not partial.fullmatch(entry):
+                continue
+            path = os.path.join(folder, entry)
+            with contextlib.suppress(OSError):  # gone, a link, or held (BlockingIOError): left as it is
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | O_BINARY)
+                try:
+                    _hold(fd)  # BlockingIOError: its writer holds it
+                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                        os.unlink(path)
+                        removed.append(entry)
+                finally:
+                    os.close(fd)
+        return removed
 
     def put(self, name: str, data: bytes, *, sync: bool = True) -> None:
         with self.put_stream(name, size=len(data), sync=sync) as f:

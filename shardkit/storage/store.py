@@ -132,6 +132,11 @@ class Store(abc.ABC):
         except DatasetNotFoundError:
             return None
 
+    def remove_dead_partials(self, name: str) -> list[str]:
+        """Remove what writes of ``name`` killed before they finished left beside it; returns the
+        names removed. Here nothing: a store whose writes appear whole leaves nothing."""
+        return []
+
     def lasting_version(self, name: str) -> str | None:
         """:meth:`version`, when any later change to the file is sure to change it (None here:
         a store that cannot promise that). A fact about the file's bytes, such as that they
@@ -319,6 +324,9 @@ class WrappingStore(Store):
 
     def lasting_version(self, name: str) -> str | None:
         return self.inner.lasting_version(name)
+
+    def remove_dead_partials(self, name: str) -> list[str]:
+        return self.inner.remove_dead_partials(name)
 
     def read_whole(self, name: str, *, size: int | None = None) -> Buffer:
         return self.inner.read_whole(name, size=size)

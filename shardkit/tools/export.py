@@ -11,6 +11,7 @@ string column, a sample without a field holding null there. Piling the file agai
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from shardkit.loading.loader import Loader
 from shardkit.loading.plan import check_epoch
 from shardkit.manifest import Manifest
 from shardkit.tools.audit import info
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("parquet",)
 
@@ -140,7 +143,10 @@ def export(
 
 
 def _write(pa: Any, pq: Any, target: str, reader: Loader, manifest: Manifest, *, rows_per_group: int, quiet: bool) -> Exported:
-    """Write the samples of ``reader`` into the Parquet file ``target``, whole or not at all."""
+    """Write the samples of ``reader`` into the Parquet file ``target``, whole or not at all
+    (what an export to it that was killed left is removed first)."""
+    for name in storage.remove_dead_partials(target):
+        log.info("%s: removed %s, left by an export to it that did not finish", target, name)
     columns = ("__key__", *sorted(manifest.fields))
     schema = pa.schema([pa.field("__key__", pa.string(), nullable=False), *(pa.field(c, pa.large_binary()) for c in columns[1:])])
     rows = 0
