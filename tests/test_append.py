@@ -793,3 +793,15 @@ def test_an_append_to_a_shuffled_dataset_says_at_once_that_it_cannot_be(tmp_path
         with pytest.raises(shardkit.ConfigError, match=refused), shardkit.PileWriter(out, piles=piles, seed=0, mode="append") as w:
             w.write({"__key__": "new", "txt": "x"})
     assert shardkit.info(out).samples == 40
+
+
+def test_an_empty_generation_does_not_count_in_a_later_window(tmp_path):
+    """Generations 0 and 1 hold samples, 2 none (every input skipped): a window of 2 at the next
+    append keeps 3 and 1, not 3 and the empty 2 (which would retire generation 1's samples)."""
+    out = str(tmp_path / "ds")
+    for g in range(4):
+        with shardkit.PileWriter(out, piles=2, seed=0, mode="append" if g else "create", window=2 if g == 3 else None) as w:
+            for i in range(10 if g != 2 else 0):
+                w.write({"__key__": f"g{g}-{i}", "txt": "x"})
+    keys = sorted(s["__key__"] for s in shardkit.loader(out, decode=False))
+    assert keys == sorted([f"g1-{i}" for i in range(10)] + [f"g3-{i}" for i in range(10)])

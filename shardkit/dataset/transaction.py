@@ -252,8 +252,10 @@ class Transaction:
 
     def advance(self, window: int | str | None) -> tuple[dict[int, str], set[int]]:
         """The generation an append writes, stamped now, beside those of its base: when each was
-        written, and those ``window`` keeps (the last K generations, or those of the last
-        ``"90d"``; all when None; the new one always). A dataset pass 1 wrote has its manifest's time.
+        written, and those ``window`` keeps (the last K generations that hold samples, or those of
+        the last ``"90d"``; all when None; the new one always). A dataset pass 1 wrote has its
+        manifest's time. A generation that holds no sample (an append whose inputs were all skipped)
+        does not count among the K: it would push out one that does.
         """
         if self.base is None:
             raise ConfigError(f"{self.path}: only an append transaction advances the generation")
@@ -265,7 +267,9 @@ class Transaction:
         if window is None:
             return times, set(times)
         if isinstance(window, int):
-            return times, {g for g in times if g > self.generation - window}
+            holding = {s.generation for p in self.base.piles for s in p.segments or () if s.samples}
+            holding |= {0} if any(p.segments is None and p.samples for p in self.base.piles) else set()  # written whole by pass 1
+            return times, {self.generation, *sorted(holding | {self.generation}, reverse=True)[:window]}
         cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=parse_duration(window, what="window"))
         return times, {g for g, t in times.items() if g == self.generation or datetime.datetime.fromisoformat(t) >= cutoff}
 
