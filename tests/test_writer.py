@@ -662,3 +662,15 @@ def test_bad_codecs_are_refused_before_the_output_is_touched(tmp_path):
     with pytest.raises(ConfigError):
         shardkit.PileWriter(str(out), piles=4, codecs={"x": 5})
     assert not out.exists()
+
+
+def test_a_refused_sample_is_named_by_its_place_in_the_writes(tmp_path):
+    with shardkit.PileWriter(tmp_path / "ds", piles=2, seed=0) as w:
+        for i in range(3):
+            w.write({"__key__": f"k{i}", "txt": "x"})
+        with pytest.raises(
+            shardkit.SampleError, match=r"^PileWriter.write: sample 3 \(counting from 0; not written\): sample key 'bad\\x01'"
+        ):
+            w.write({"__key__": "bad\x01", "txt": "x"})
+        w.write({"__key__": "k3", "txt": "x"})  # the writer goes on
+    assert shardkit.info(tmp_path / "ds").samples == 4

@@ -98,6 +98,7 @@ class PileWriter:
         self._fields: set[str] = set()
         self._exts: tuple[str, ...] = ()
         self._closed = False
+        self._written = 0
         self.manifest: Manifest | None = None
 
     def write(self, sample: Mapping[str, Any]) -> int:
@@ -113,7 +114,12 @@ class PileWriter:
             raise RuntimeError("PileWriter.write() called after close(); open a new writer.")
         if type(sample) is not dict and not isinstance(sample, Mapping):
             raise SampleError(f"PileWriter.write: expected a sample dict with '__key__', got {shown(sample)}")
-        key, exts, values, size = encode_values(sample, self._codecs, max_pile_bytes=self.options.max_bytes)
+        try:
+            key, exts, values, size = encode_values(sample, self._codecs, max_pile_bytes=self.options.max_bytes)
+        except SampleError as e:  # which sample of the many written: where to look in the caller's stream
+            e.args = (f"PileWriter.write: sample {self._written:,} (counting from 0; not written): {e.args[0]}", *e.args[1:])
+            raise
+        self._written += 1
         if exts is not self._exts:  # one tuple for every sample with the same fields
             self._fields.update(exts)
             self._exts = exts
