@@ -312,3 +312,24 @@ def test_a_dead_process_partial_file_goes_when_its_entry_is_next_fetched_or_at_e
     assert not os.path.exists(left[1])
     assert not os.path.exists(os.path.join(limited.directory, f"{entry_name('s3://b/other.tar')[:16]}.lock"))
     assert set(cached(limited)) == {entry_name("s3://b/x.tar")}
+
+
+def test_a_miss_checks_the_fetched_bytes_once_when_the_fetch_checked_them(tmp_path):
+    """A store's checked read already checked what it returns: the cache does not check it again
+    (a second CRC-32 of every pile downloaded), unless the fetch did not."""
+    cache, data = PileCache(tmp_path / "c"), payload(3000, 1)
+    calls = []
+    check = crc_check(data)
+
+    def counted(buf):
+        calls.append(1)
+        return check(buf)
+
+    def checked_fetch():
+        assert counted(data) is None  # what a checked read does with its bytes
+        return data
+
+    assert cache.get(URL, size=3000, fetch=checked_fetch, check=counted, fetch_checks=counted) == data
+    assert len(calls) == 1
+    assert cache.get(URL + "2", size=3000, fetch=lambda: data, check=counted) == data  # a fetch that checks nothing
+    assert len(calls) == 2

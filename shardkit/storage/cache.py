@@ -168,7 +168,14 @@ class PileCache:
             return CacheStats(**self._counts)
 
     def get(
-        self, url: str, *, size: int, fetch: Callable[[], Buffer], check: Check | None = None, first_check: Check | None = None
+        self,
+        url: str,
+        *,
+        size: int,
+        fetch: Callable[[], Buffer],
+        check: Check | None = None,
+        first_check: Check | None = None,
+        fetch_checks: Check | None = None,
     ) -> Buffer:
         """The bytes of the pile at ``url``: from its cached copy, else from ``fetch()`` (then cached).
 
@@ -182,6 +189,8 @@ class PileCache:
                 it (a full checksum, say, where ``check`` is cheaper), and the fetch that replaces
                 a copy found wrong; None: ``check``. A copy on disk may have changed since it was
                 written, by another process, a disk or a person.
+            fetch_checks: the check ``fetch()`` applies to what it returns itself (a store's
+                checked read): fetched bytes are not checked with it a second time.
 
         Raises:
             CorruptShardError: the fetched bytes are not ``size`` long or fail ``check`` (then
@@ -208,7 +217,7 @@ class PileCache:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
                 check = first_check or check  # the copy was wrong: the fresh bytes pass the full check or are called corrupt
-            data = self._fetch("misses", url, size, fetch, check)
+            data = self._fetch("misses", url, size, fetch, None if check is fetch_checks else check)
             stored = self._store(url, path, data)
         if stored and self._limit is not None:
             self._evict(keep=name, limit=self._limit)

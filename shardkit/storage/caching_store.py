@@ -43,4 +43,5 @@ class CachingStore(WrappingStore):
                 fetch=lambda: self.inner.read_checked(name, size=size, check=check),
                 check=check,
                 first_check=first_check,
+                fetch_checks=check,
             )
