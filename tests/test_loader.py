@@ -831,3 +831,24 @@ def test_an_iteration_ended_by_another_raises_instead_of_ending_quietly(dataset)
     assert list(done) == []
     with pytest.raises(RuntimeError, match=r"the loader was closed"):
         next(it)
+
+
+def test_a_map_or_collate_raising_stopiteration_is_an_error_not_the_end_of_the_epoch(tmp_path):
+    """StopIteration from the user's function would end the loop it rises through: the epoch cut
+    short, silently. It is a RuntimeError naming the sample (skipped under on_error='skip')."""
+    out = str(tmp_path / "ds")
+    with shardkit.PileWriter(out, piles=4, seed=0) as w:
+        for i in range(400):
+            w.write({"__key__": f"{i:05d}", "cls": i % 10})
+
+    def bad(s):
+        if s["__key__"] == "00200":
+            next(iter([]))
+        return s
+
+    with pytest.raises(RuntimeError, match=r"map\(\) raised StopIteration on sample '00200' of .*pile-00000\d\.tar"):
+        list(shardkit.loader(out, map=bad))
+    loader = shardkit.loader(out, map=bad, on_error="skip")
+    assert sum(1 for _ in loader) == 399
+    with pytest.raises(RuntimeError, match=r"collate\(\) raised StopIteration on the batch ending at position 10"):
+        list(shardkit.loader(out, batch_size=10, collate=lambda batch: next(iter([]))))

@@ -501,16 +501,24 @@ _RANK_SCRIPT = textwrap.dedent(
     """
     import json, os, sys
     import torch, torch.distributed as dist
-    from shardkit.torch import ShardkitDataset
+    import shardkit
+    from shardkit.torch import ShardkitDataLoader, ShardkitDataset
 
-    dist.init_process_group("gloo")
-    del os.environ["RANK"], os.environ["WORLD_SIZE"]  # rank and world size must come from torch.distributed
+    rank, world = int(os.environ.pop("RANK")), int(os.environ.pop("WORLD_SIZE"))  # from torch.distributed below
+    early = [ShardkitDataset(sys.argv[1], batch_size=4), shardkit.loader(sys.argv[1]), shardkit.loader({"a": sys.argv[1]})]
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    refused = []
+    for made_before in early:  # each took the world to be this one process: it must not read the whole dataset
+        try:
+            next(iter(ShardkitDataLoader(made_before) if isinstance(made_before, ShardkitDataset) else made_before))
+        except shardkit.ConfigError as e:
+            refused.append(str(e))
     ds = ShardkitDataset(sys.argv[1], batch_size=4, decode=False, seed=3)
     keys = [k for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2) for k in b["__key__"]]
     lengths = [None] * dist.get_world_size()
     dist.all_gather_object(lengths, len(keys))
     with open(sys.argv[2], "w") as f:
-        json.dump({"rank": dist.get_rank(), "keys": keys, "lengths": lengths, "len": len(ds)}, f)
+        json.dump({"rank": dist.get_rank(), "keys": keys, "lengths": lengths, "len": len(ds), "refused": refused}, f)
     dist.destroy_process_group()
     """
 )
@@ -541,6 +549,8 @@ def test_two_process_gloo_run(odd_dataset, tmp_path):
     assert not set(a) & set(b)
     everything = {s["__key__"] for s in make_samples(N)}
     assert set(a) | set(b) <= everything and len(everything - set(a) - set(b)) == N - 2 * per_rank
+    for r in results:  # made before init_process_group: refused, not read whole on each rank
+        assert len(r["refused"]) == 3 and all("made before torch.distributed.init_process_group" in m for m in r["refused"])
 
 
 def test_spawned_persistent_workers_follow_set_epoch_and_resume(odd_dataset):

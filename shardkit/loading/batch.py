@@ -183,7 +183,10 @@ class Step:
             return Result(done, failures)
         # a batch keeps its slot even when every sample failed: then it is collate([])
         batch = [item for _, item in done]
-        return Result([(task.end, (self.collate or collate)(batch))], failures)
+        try:
+            return Result([(task.end, (self.collate or collate)(batch))], failures)
+        except StopIteration as e:  # as map()'s: it would end the epoch early without a word
+            raise RuntimeError(f"collate() raised StopIteration on the batch ending at position {task.end}") from e
 
 
 def raw_batches(

@@ -42,6 +42,8 @@ class Transform:
         if self.fn is not None:
             try:
                 return self.fn(sample)
+            except StopIteration as e:  # left as it is, the loop it rises through would take it for its end: the epoch cut short
+                raise RuntimeError(f"map() raised StopIteration on sample {sample.get('__key__')!r} of {url}") from e
             except Exception as e:
                 if hasattr(e, "add_note"):  # Python 3.11+
                     e.add_note(f"shardkit: in map() on sample {sample.get('__key__')!r} of {url}")

@@ -37,7 +37,7 @@ from shardkit.loading.blend.source import BlendedSource
 from shardkit.loading.elastic import Phase
 from shardkit.loading.epochs import Epochs, PileEpochs, rank_ranges, step_keys
 from shardkit.loading.on_error import LoaderStats, Policy
-from shardkit.loading.options import LOADER, LoaderOptions, resolve_world
+from shardkit.loading.options import LOADER, LoaderOptions, check_world_kept, resolve_world, world_by_default
 from shardkit.loading.position import Place, Position
 from shardkit.loading.reading import Reading, Schedule, remote_reads, setup
 from shardkit.loading.source import Source, SourceLike, resolve
@@ -82,6 +82,7 @@ class Loader:
     """
 
     def __init__(self, source: SourceLike | Source, options: LoaderOptions) -> None:
+        self._world_by_default = world_by_default(options.rank, options.world_size)  # checked again when it reads
         rank, world = resolve_world(options.rank, options.world_size)
         self.options = replace(options, rank=rank, world_size=world)
         self.stats = LoaderStats()
@@ -180,6 +181,7 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this Loader was closed; create a new one with shardkit.loader(...)")
+        check_world_kept(self._world_by_default)
         self._stop_active("a newer iteration of this loader began (iter() or a for loop over it again)")
         self._workers = ready_pool(self._workers, self.options.num_workers, self._setup.step)
         place = self._place

@@ -309,6 +309,34 @@ def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
+def world_by_default(rank: int | None, world_size: int | None) -> bool:
+    """Whether :func:`resolve_world` takes the world to be this one process for want of any other
+    answer: no argument, no ``RANK``/``WORLD_SIZE``, torch.distributed not initialized (yet)."""
+    torch = sys.modules.get("torch")
+    d = getattr(torch, "distributed", None) if torch is not None else None
+    dist = d is not None and d.is_available() and d.is_initialized()
+    return rank is None and world_size is None and _env("WORLD_SIZE") is None and _env("RANK") is None and not dist
+
+
+def check_world_kept(by_default: bool) -> None:
+    """Refuse to read when the world was taken as one process by default (``by_default``, see
+    :func:`world_by_default`) and torch.distributed has been initialized with several since: every
+    rank would read the whole dataset, as rank 0 of 1.
+
+    Raises:
+        ConfigError: saying so, and what to do.
+    """
+    if not by_default:
+        return
+    d = getattr(sys.modules.get("torch"), "distributed", None)
+    if d is not None and d.is_available() and d.is_initialized() and d.get_world_size() > 1:
+        raise ConfigError(
+            f"this loader was made before torch.distributed.init_process_group, so it took the world to be one process "
+            f"(rank 0 of 1): each of the {d.get_world_size()} ranks would read the whole dataset. Make it after "
+            "init_process_group (under Lightning, in the DataModule's setup()), or pass rank= and world_size="
+        )
+
+
 def _env(name: str) -> int | None:
     text = os.environ.get(name)
     if text is None or text == "":

@@ -37,7 +37,7 @@ from shardkit.loading.dataloader_arguments import check_arguments, rebatching
 from shardkit.loading.handoff import Handoff, SendableViews, convert, taken
 from shardkit.loading.loader import Loader
 from shardkit.loading.located import Vanished
-from shardkit.loading.options import LoaderOptions, resolve_world
+from shardkit.loading.options import LoaderOptions, check_world_kept, resolve_world, world_by_default
 from shardkit.loading.ring import Ring
 from shardkit.loading.shared_place import SharedPlace
 from shardkit.loading.source import Source, SourceLike, resolve
@@ -118,6 +118,7 @@ class ShardkitDataset(IterableDataset):
     def __init__(self, source: SourceLike | Blend, **options: Any) -> None:
         weights, epoch_size = options.pop("weights", None), options.pop("epoch_size", None)
         opts = LoaderOptions.from_dict(options)
+        self._world_by_default = world_by_default(opts.rank, opts.world_size)  # checked again when it reads
         rank, world = resolve_world(opts.rank, opts.world_size)
         self.options = replace(opts, rank=rank, world_size=world)
         # counted once here, not once per worker
@@ -194,6 +195,7 @@ class ShardkitDataset(IterableDataset):
             if worker == 0 and finished:  # a plain DataLoader's workers: nothing in the main process saw the end
                 _read_again(epoch, "from its start" if pending == place.fresh(epoch) else "from the position load_state_dict() gave")
             handoff = info is not None and _hands_off(caller)
+            check_world_kept(self._world_by_default)
             # raw batches handed off are copied as they are packed: the loader need not copy each value first
             borrow = handoff and self._raw_batches()
             loader: Loader | Generator[Any, None, None] = place.worker_loader(pending, worker=worker, workers=workers, views=borrow)
@@ -260,9 +262,8 @@ class ShardkitDataset(IterableDataset):
         """Where the current epoch stands, as a small JSON-able dict.
 
         Args:
-            yielded: items the DataLoader yielded since its current iteration began. Needed when
-                it has worker processes (:class:`ShardkitDataLoader` passes it); without
-                workers this process counts them itself.
+            yielded: items the DataLoader yielded since its current iteration began: needed with
+                worker processes (:class:`ShardkitDataLoader` passes it), else counted here.
 
         Raises:
             RuntimeError: the DataLoader reads in worker processes and ``yielded`` is missing.

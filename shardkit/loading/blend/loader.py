@@ -34,7 +34,7 @@ from shardkit.loading.blend.source import BlendedSource, resolve_blend
 from shardkit.loading.blend.spec import Blend, is_blend
 from shardkit.loading.loader import Loader
 from shardkit.loading.loader import loader as plain_loader
-from shardkit.loading.options import BLEND_LOADER, LoaderOptions, resolve_world
+from shardkit.loading.options import BLEND_LOADER, LoaderOptions, resolve_world, world_by_default
 from shardkit.option_fields import from_call
 
 
@@ -52,9 +52,11 @@ class BlendLoader(Loader):
     """
 
     def __init__(self, blend: Blend | BlendedSource, options: LoaderOptions) -> None:
+        by_default = world_by_default(options.rank, options.world_size)
         rank, world = resolve_world(options.rank, options.world_size)
         options = replace(options, rank=rank, world_size=world)
         super().__init__(blend if isinstance(blend, BlendedSource) else resolve_blend(blend, options), options)
+        self._world_by_default = by_default
 
 
 @BLEND_LOADER
