@@ -842,3 +842,20 @@ def test_a_position_too_large_for_the_shared_memory_says_what_fills_it(tmp_path,
         shardkit.ConfigError, match=r"load_state_dict: the position takes \d+ bytes \(0 phases done, 1 source\), more than the 64"
     ):
         ds.load_state_dict(state)
+
+
+def test_a_state_after_a_dataloader_batched_samples_in_its_workers_is_refused(odd_dataset):
+    """Its workers take turns a batch of its batch_size at a time, which the dataset cannot see:
+    any count would resume wrongly (samples read twice, others never). Refused; without workers,
+    or batched in the dataset, the state is exact."""
+    ds = ShardkitDataset(odd_dataset, seed=0, decode=False)
+    it = iter(torch.utils.data.DataLoader(ds, batch_size=10, num_workers=2))
+    for _ in range(5):
+        next(it)
+    with pytest.raises(shardkit.ConfigError, match=r"state_dict: a DataLoader with batch_size set batched .* in its 2 workers"):
+        ds.state_dict(yielded=5)
+    del it
+    seen = [k for b in itertools.islice(torch.utils.data.DataLoader(ds, batch_size=10), 5) for k in b["__key__"]]
+    rest = ShardkitDataset(odd_dataset, seed=0, decode=False)
+    rest.load_state_dict(ds.state_dict())  # in this process: counted by itself, exact
+    assert sorted(seen + [s["__key__"] for s in rest]) == sorted(s["__key__"] for s in ShardkitDataset(odd_dataset, seed=0, decode=False))

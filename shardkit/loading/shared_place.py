@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 # slots of the shared array (_POSITION: bytes of JSON in the position buffer, 0 when none is loaded;
 # _ITERATION: the number of the last iteration a ShardkitDataLoader began)
-_EPOCH, _RESUME_EPOCH, _WORKERS, _DONE, _POSITION, _ITERATION = range(6)
+# _REBATCHED: the DataLoader's workers batched the samples they read (their turns: its batches)
+_EPOCH, _RESUME_EPOCH, _WORKERS, _DONE, _POSITION, _ITERATION, _REBATCHED = range(7)
 POSITION_BYTES = 1 << 17  # room for the phases of about two thousand changes in one epoch
 # DataLoader workers whose start a move waits for (one slot each; a worker past these is not waited for)
 MAX_WORKERS = 256
@@ -65,7 +66,7 @@ class SharedPlace:
         self.source, self.options = source, options
         # saves and reads states; a blend's knows where the epochs after a loaded state follow on from
         self.epochs = epochs_of(source, options)
-        self._slots = RawArray("q", [0, -1, 0, 0, 0, 0])
+        self._slots = RawArray("q", [0, -1, 0, 0, 0, 0, 0])
         self._position = RawArray("c", POSITION_BYTES)
         # by worker: the number of the iteration it last began reading (its place read)
         self._started = RawArray("q", MAX_WORKERS)
@@ -137,6 +138,15 @@ class SharedPlace:
     def workers(self, count: int) -> None:
         self._slots[_WORKERS] = count
 
+    @property
+    def rebatched(self) -> bool:
+        """Whether the DataLoader of the last iteration begun batched samples in its workers."""
+        return bool(self._slots[_REBATCHED])
+
+    @rebatched.setter
+    def rebatched(self, value: bool) -> None:
+        self._slots[_REBATCHED] = int(value)
+
     def finish(self, epoch: int) -> None:
         """``epoch`` was read to its end (an iteration of it again reads it anew)."""
         self._slots[_DONE] = epoch + 1
@@ -186,8 +196,15 @@ class SharedPlace:
         """Where the epoch stands once the DataLoader yielded ``yielded`` items of its iteration.
 
         Raises:
-            ConfigError: the iteration has fewer items than that.
+            ConfigError: the iteration has fewer items than that, or a DataLoader batched its
+                workers' samples (a worker's turn is then a batch of a size unknown here).
         """
+        if self.rebatched and self.workers:
+            raise ConfigError(
+                f"state_dict: a DataLoader with batch_size set batched this dataset's samples in its {self.workers} workers, "
+                "which take turns a batch at a time: where the epoch stands cannot be told from a count. For exact resume, "
+                "batch in the dataset: ShardkitDataLoader(ShardkitDataset(..., batch_size=B), num_workers=k)"
+            )
         epoch = self.epoch
         point = self.pending(epoch)
         # the iteration read on the dataset's split, from where the point settles on it; one that

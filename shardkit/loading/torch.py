@@ -62,11 +62,9 @@ def _batched_again(dataset: Any, caller: Any) -> bool:
 
 
 def _hands_off(caller: Any) -> bool:
-    """Whether the DataLoader worker whose fetcher (``caller``, as in :func:`_batched_again`)
-    iterates the dataset applies the DataLoader's default conversion to each item: then items go
-    to the main process packed (:class:`~shardkit.loading.handoff.Handoff`), which that
-    conversion passes through untouched and which unpickles as the converted item. A custom
-    ``collate_fn`` gets the items as they are."""
+    """Whether the DataLoader worker whose fetcher (``caller``, as in :func:`_batched_again`) applies
+    the default conversion to each item: then items go packed (:class:`~shardkit.loading.handoff.Handoff`),
+    which it passes through and which unpickles as the converted item."""
     fetcher = caller.f_locals.get("self") if caller is not None else None
     collate = getattr(fetcher, "collate_fn", None)
     return collate is default_convert or collate is convert
@@ -181,7 +179,8 @@ class ShardkitDataset(IterableDataset):
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         caller = sys._getframe(1)
-        if self.options.batch_size is not None and _batched_again(self, caller):
+        again = _batched_again(self, caller)
+        if again and self.options.batch_size is not None:
             raise rebatching(self.options.batch_size)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -192,6 +191,7 @@ class ShardkitDataset(IterableDataset):
         try:
             finished, pending = place.finished(epoch), place.pending(epoch)
             place.workers = info.num_workers if info is not None else 0
+            place.rebatched = again and info is not None  # its workers' turns are the DataLoader's batches
             if worker == 0 and finished:  # a plain DataLoader's workers: nothing in the main process saw the end
                 _read_again(epoch, "from its start" if pending == place.fresh(epoch) else "from the position load_state_dict() gave")
             handoff = info is not None and _hands_off(caller)
