@@ -275,3 +275,18 @@ def test_a_source_that_cannot_be_opened_is_named(pair, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(shardkit.DatasetNotFoundError, match=r"^blend source 'x': .*empty: no shardkit.json here"):
         shardkit.loader([{"name": "w", "path": web}, {"name": "x", "path": str(tmp_path / "empty")}])
+
+
+def test_len_counts_a_resumed_blend_epoch_s_rest(pair):
+    """A blend's rest on another split is rounded up to whole batches: len() says so, so that a
+    progress bar (and torch's check of it) is not short."""
+    torch_data = pytest.importorskip("shardkit.torch", reason="the torch extra is not installed")
+    kw = dict(weights={"web": 0.7, "code": 0.3}, epoch_size=600, seed=0)
+    first = torch_data.ShardkitDataLoader(torch_data.ShardkitDataset(pair, batch_size=10, **kw))
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    del it
+    resumed = torch_data.ShardkitDataLoader(torch_data.ShardkitDataset(pair, batch_size=16, rank=0, world_size=2, **kw))
+    resumed.load_state_dict(state)
+    assert len(resumed) == sum(1 for _ in resumed) == 19

@@ -188,6 +188,12 @@ class SharedPlace:
         """``position`` on the dataset's ranks and batch size with ``workers`` DataLoader workers."""
         return on_split(position, self.options, self.source, workers=workers)
 
+    def most(self, workers: int) -> int:
+        """Items an iteration with ``workers`` DataLoader workers yields at most: a whole epoch, or
+        what is left of a loaded one (which a blend rounds up to whole batches, so it may be more)."""
+        start = self.settle(self.pending(self.epoch), max(1, workers))
+        return max(self.length(self.fresh(0)), self.length(start) - start.taken)
+
     def length(self, position: Position) -> int:
         """Items a rank yields in the phase of ``position``, from its start, its workers together."""
         return sum(items(position, rest=self.source.rest, drop_last=self.options.drop_last))

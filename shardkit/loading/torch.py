@@ -172,9 +172,9 @@ class ShardkitDataset(IterableDataset):
         return self._place.epoch
 
     def __len__(self) -> int:
-        """Batches (or samples) this rank yields per epoch, all workers together (an epoch
-        resumed on another world size yields what is left of it, which is no more)."""
-        return self._place.length(self._place.fresh(0))
+        """Batches (or samples) this rank yields per epoch, all workers together; more when the
+        rest of a loaded epoch is (a blend's, rounded up to whole batches on another split)."""
+        return self._place.most(self._place.workers)
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
