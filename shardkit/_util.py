@@ -31,10 +31,13 @@ VERSION = "0.1.0"
 def optional(module: str, extra: str, what: str) -> Any:
     """The module ``module`` of an optional package, imported; when it is not installed, a
     ConfigError saying that ``what`` needs it and which extra installs it."""
+    package = module.split(".")[0]
     try:
         return importlib.import_module(module)
-    except ImportError:
-        raise ConfigError(f"{what} needs {module.split('.')[0]}, which is not installed: pip install 'shardkit[{extra}]'") from None
+    except ImportError as e:
+        if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == package:
+            raise ConfigError(f"{what} needs {package}, which is not installed: pip install 'shardkit[{extra}]'") from None
+        raise ConfigError(f"{what} needs {package}, which is installed but does not import ({e}): reinstall it") from e
 
 
 def shown(value: Any) -> str:

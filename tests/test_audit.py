@@ -292,3 +292,19 @@ def test_a_kept_manifest_that_does_not_read_is_a_problem(tmp_path, capsys):
     assert found == [("shardkit.g000001.json", "generation")]
     assert main(["verify", str(out)]) == 1
     assert "shardkit.g000001.json: not valid JSON" in capsys.readouterr().out
+
+
+def test_a_kept_manifest_gc_removes_while_verify_reads_is_no_problem(tmp_path, monkeypatch):
+    out = tmp_path / "ds"
+    for n in range(2):
+        with shardkit.PileWriter(out, piles=2, seed=0, mode="append" if n else "create") as w:
+            for i in range(10):
+                w.write({"__key__": f"g{n}-{i}", "txt": "x"})
+    from shardkit.dataset.transaction import Dataset
+    from shardkit.errors import DatasetNotFoundError
+
+    def gone(self, generation):  # listed, then removed by gc before it is read
+        raise DatasetNotFoundError(f"{self.path}: generation {generation} is gone")
+
+    monkeypatch.setattr(Dataset, "pinned", gone)
+    assert [p for p in verify(str(out), quiet=True) if p.kind == "generation"] == []

@@ -328,8 +328,8 @@ API: dict[str, Api] = {
     "loader-options-worker": Api(lambda c: shardkit.LoaderOptions(worker=5), ConfigError, "worker: expected (index, count), two integers, got 5"),
     "loader-options-unknown-key": Api(lambda c: shardkit.LoaderOptions.from_dict({"batchsize": 4}), ConfigError, "batchsize: not a loader option"),
     "loader-options-not-mapping": Api(lambda c: shardkit.LoaderOptions.from_dict(5), ConfigError, "options: expected a mapping of loader options, got 5"),
-    "loader-set-epoch-negative": Api(lambda c: set_epoch(c, -1), ConfigError, "epoch: expected an integer between 0 and 9223372036854775807, got -1"),
-    "loader-set-epoch-str": Api(lambda c: set_epoch(c, "1"), ConfigError, "epoch: expected an integer between 0 and 9223372036854775807, got '1'"),
+    "loader-set-epoch-negative": Api(lambda c: set_epoch(c, -1), ConfigError, "epoch: expected an integer between 0 and 1099511627775, got -1"),
+    "loader-set-epoch-str": Api(lambda c: set_epoch(c, "1"), ConfigError, "epoch: expected an integer between 0 and 1099511627775, got '1'"),
     "loader-state-int": Api(lambda c: load_state(c, 5), ConfigError, "load_state_dict: not a shardkit loader state"),
     # loader: what it reads
     "loader-pile-over-limit": Api(lambda c: list(L(c.data, max_pile_bytes=1000)), PileTooLargeError, "over the memory limit max_pile_bytes=1000"),

@@ -7,6 +7,8 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -172,12 +174,40 @@ def test_what_a_killed_export_left_is_removed_by_the_next(tmp_path, dataset):
     )
     assert subprocess.run([sys.executable, "-c", script, str(target)]).returncode == -signal.SIGKILL
     (dead,) = tmp_path.glob("all.parquet.partial-*")
+    assert storage.remove_dead_partials(str(target)) == []  # under PARTIAL_AGE_S old: its writer may not have locked it yet
+    os.utime(dead, (time.time() - 60, time.time() - 60))  # killed a minute ago
     (tmp_path / "other.parquet.partial-0123").write_bytes(b"mine")
     with storage.atomic_write(str(target)):  # a writer still at work beside the export
         (live,) = set(tmp_path.glob("all.parquet.partial-*")) - {dead}
         assert storage.remove_dead_partials(str(target)) == [dead.name]
         assert live.exists() and not dead.exists()
     subprocess.run([sys.executable, "-c", script, str(target)])
+    for left in tmp_path.glob("all.parquet.partial-*"):
+        os.utime(left, (time.time() - 60, time.time() - 60))
     shardkit.export(tmp_path / "piles", target, quiet=True)
     assert sorted(p.name for p in tmp_path.glob("*.partial-*")) == ["other.parquet.partial-0123"]
     assert pq.read_table(target).num_rows == 60
+
+
+def test_a_write_at_work_is_never_taken_for_a_dead_one(tmp_path):
+    """Writes of one name and removals of dead partials at once: every write lands."""
+    store = storage.store_for(str(tmp_path))
+    stop, failures = threading.Event(), []
+
+    def sweep():
+        while not stop.is_set():
+            store.remove_dead_partials("out.parquet")
+
+    sweeper = threading.Thread(target=sweep)
+    sweeper.start()
+    try:
+        for i in range(300):
+            try:
+                with store.put_stream("out.parquet", sync=False) as f:
+                    f.write(b"%d" % i)
+            except shardkit.ShardkitError as e:
+                failures.append(str(e))
+    finally:
+        stop.set()
+        sweeper.join()
+    assert failures == [] and (tmp_path / "out.parquet").read_bytes() == b"299"

@@ -506,6 +506,7 @@ _RANK_SCRIPT = textwrap.dedent(
 
     rank, world = int(os.environ.pop("RANK")), int(os.environ.pop("WORLD_SIZE"))  # from torch.distributed below
     early = [ShardkitDataset(sys.argv[1], batch_size=4), shardkit.loader(sys.argv[1]), shardkit.loader({"a": sys.argv[1]})]
+    spawned = ShardkitDataset(sys.argv[1], batch_size=4)  # read by a spawned worker, whose torch.distributed is not initialized
     dist.init_process_group("gloo", rank=rank, world_size=world)
     refused = []
     for made_before in early:  # each took the world to be this one process: it must not read the whole dataset
@@ -513,6 +514,10 @@ _RANK_SCRIPT = textwrap.dedent(
             next(iter(ShardkitDataLoader(made_before) if isinstance(made_before, ShardkitDataset) else made_before))
         except shardkit.ConfigError as e:
             refused.append(str(e))
+    try:
+        next(iter(ShardkitDataLoader(spawned, num_workers=1, multiprocessing_context="spawn")))
+    except shardkit.ConfigError as e:
+        refused.append(str(e))
     ds = ShardkitDataset(sys.argv[1], batch_size=4, decode=False, seed=3)
     keys = [k for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2) for k in b["__key__"]]
     lengths = [None] * dist.get_world_size()
@@ -550,7 +555,7 @@ def test_two_process_gloo_run(odd_dataset, tmp_path):
     everything = {s["__key__"] for s in make_samples(N)}
     assert set(a) | set(b) <= everything and len(everything - set(a) - set(b)) == N - 2 * per_rank
     for r in results:  # made before init_process_group: refused, not read whole on each rank
-        assert len(r["refused"]) == 3 and all("made before torch.distributed.init_process_group" in m for m in r["refused"])
+        assert len(r["refused"]) == 4 and all("made before torch.distributed.init_process_group" in m for m in r["refused"])
 
 
 def test_spawned_persistent_workers_follow_set_epoch_and_resume(odd_dataset):
@@ -854,6 +859,9 @@ def test_a_state_after_a_dataloader_batched_samples_in_its_workers_is_refused(od
         next(it)
     with pytest.raises(shardkit.ConfigError, match=r"state_dict: a DataLoader with batch_size set batched .* in its 2 workers"):
         ds.state_dict(yielded=5)
+    ds.set_epoch(1)  # nothing of epoch 1 read yet: its start is a state, whoever read epoch 0
+    assert ds.state_dict(yielded=0)["epoch"] == 1
+    ds.set_epoch(0)
     del it
     seen = [k for b in itertools.islice(torch.utils.data.DataLoader(ds, batch_size=10), 5) for k in b["__key__"]]
     rest = ShardkitDataset(odd_dataset, seed=0, decode=False)

@@ -673,4 +673,16 @@ def test_a_refused_sample_is_named_by_its_place_in_the_writes(tmp_path):
         ):
             w.write({"__key__": "bad\x01", "txt": "x"})
         w.write({"__key__": "k3", "txt": "x"})  # the writer goes on
+        with pytest.raises(shardkit.SampleError, match=r"^PileWriter.write: sample 5 \(counting from 0; not written\): "):
+            w.write({"__key__": "k5", "txt": "x", "no_encoder": object()})  # counted as the calls are, refused or not
     assert shardkit.info(tmp_path / "ds").samples == 4
+
+
+def test_a_sample_the_piles_refuse_is_named_by_its_place_too(tmp_path):
+    w = shardkit.PileWriter(tmp_path / "ds", piles=1, seed=0)
+    w.write({"__key__": "a", "txt": "x"})
+    with pytest.raises(shardkit.SampleError, match=r"^PileWriter.write: sample 1 \(counting from 0; not written\): pile 0: .*the key 'a'"):
+        w.write({"__key__": "a", "txt": "y"})
+    with pytest.raises(shardkit.SampleError, match=r"^PileWriter.write: sample 2 "):
+        w.write({"__key__": "bad\x01", "txt": "x"})
+    w.abort()

@@ -113,6 +113,8 @@ class Dataset:
                 continue
             try:
                 self.pinned(int(kept.group(1)))
+            except DatasetNotFoundError:  # removed since it was listed (gc): none, as one never there
+                continue
             except ShardkitError as e:
                 found.append((name, str(e).removeprefix(f"{storage.join(self.path, name)}: ")))
         return found

@@ -42,8 +42,9 @@ from shardkit.seeds import Stream, stream
 PILE_ORDER, IN_PILE, MIX = Stream.PILE_ORDER, Stream.IN_PILE, Stream.MIX
 # longest block handed out at once, so a huge pile never costs a huge index array
 MAX_BLOCK = 1 << 16
-# the last epoch: a DataLoader's workers share the epoch as a signed 64-bit integer
-MOST_EPOCH = 2**63 - 1
+# the last epoch a loader reads: far past any real job, shared with DataLoader workers as a signed
+# 64-bit integer, and one below the last a state may name (a state taken at an epoch's end names the next)
+MOST_EPOCH = (1 << 40) - 1
 # jitters are drawn for runs of this many positions, one stream (MIX, seed, epoch, run) each, so
 # any stretch of the order is rebuilt from the runs it touches alone
 JITTER_RUN = 1 << 16

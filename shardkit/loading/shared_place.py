@@ -34,7 +34,7 @@ from shardkit.errors import ConfigError, DatasetNotFoundError
 from shardkit.loading.elastic import Phase
 from shardkit.loading.epochs import on_split
 from shardkit.loading.loader import Loader, epochs_of
-from shardkit.loading.options import LoaderOptions
+from shardkit.loading.options import LoaderOptions, check_world_kept
 from shardkit.loading.position import Position, at_items, fresh, items, turn
 from shardkit.loading.source import Source
 
@@ -62,8 +62,10 @@ class SharedPlace:
         place.pending(3).taken             # 0: epoch 3 starts at its beginning
     """
 
-    def __init__(self, source: Source, options: LoaderOptions) -> None:
+    def __init__(self, source: Source, options: LoaderOptions, *, world_by_default: bool = False) -> None:
         self.source, self.options = source, options
+        # the world was taken as this one process for want of any other answer (options.world_by_default)
+        self.world_by_default = world_by_default
         # saves and reads states; a blend's knows where the epochs after a loaded state follow on from
         self.epochs = epochs_of(source, options)
         self._slots = RawArray("q", [0, -1, 0, 0, 0, 0, 0])
@@ -71,6 +73,12 @@ class SharedPlace:
         # by worker: the number of the iteration it last began reading (its place read)
         self._started = RawArray("q", MAX_WORKERS)
         self._running = 0  # in the main process: workers of the iteration a ShardkitDataLoader runs now
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled in the main process for a spawned (or forkserver) DataLoader worker, whose own
+        # torch.distributed is not initialized: the world is checked here, where it is
+        check_world_kept(self.world_by_default)
+        return self.__dict__
 
     # -- an iteration's workers starting ---------------------------------------------------------
     def begin(self, workers: int) -> int:
@@ -127,7 +135,7 @@ class SharedPlace:
         s = self._slots
         if s[_RESUME_EPOCH] != epoch:
             s[_RESUME_EPOCH] = -1
-        s[_EPOCH], s[_DONE] = epoch, 0
+        s[_EPOCH], s[_DONE], s[_REBATCHED] = epoch, 0, 0
 
     @property
     def workers(self) -> int:
@@ -203,9 +211,9 @@ class SharedPlace:
 
         Raises:
             ConfigError: the iteration has fewer items than that, or a DataLoader batched its
-                workers' samples (a worker's turn is then a batch of a size unknown here).
+                workers' samples and yielded some (a worker's turn is a batch of a size unknown here).
         """
-        if self.rebatched and self.workers:
+        if yielded and self.rebatched and self.workers:
             raise ConfigError(
                 f"state_dict: a DataLoader with batch_size set batched this dataset's samples in its {self.workers} workers, "
                 "which take turns a batch at a time: where the epoch stands cannot be told from a count. For exact resume, "
@@ -254,7 +262,7 @@ class SharedPlace:
         s = self._slots
         self._position[: len(found)] = found
         s[_POSITION] = len(found)
-        s[_EPOCH], s[_RESUME_EPOCH], s[_DONE] = position.epoch, position.epoch, 0
+        s[_EPOCH], s[_RESUME_EPOCH], s[_DONE], s[_REBATCHED] = position.epoch, position.epoch, 0, 0
         self.epochs.resume(position, workers=position.split[2])  # a blend's epochs after it follow on from it
 
     def _follow(self) -> None:

@@ -59,7 +59,7 @@ SPLIT_OPTIONS = ("world_size", "batch_size")
 # epochs, and samples or stream positions (int64 in numpy)
 MAX_WORKERS = 1 << 12
 MAX_PHASES = 1 << 12
-MAX_EPOCH = 1 << 40
+MAX_EPOCH = 1 << 40  # plan.MOST_EPOCH + 1: the epoch after the last a loader reads
 MAX_POSITION = 1 << 62
 
 

@@ -116,7 +116,7 @@ class ShardkitDataset(IterableDataset):
     def __init__(self, source: SourceLike | Blend, **options: Any) -> None:
         weights, epoch_size = options.pop("weights", None), options.pop("epoch_size", None)
         opts = LoaderOptions.from_dict(options)
-        self._world_by_default = world_by_default(opts.rank, opts.world_size)  # checked again when it reads
+        by_default = world_by_default(opts.rank, opts.world_size)  # checked again when it reads (SharedPlace)
         rank, world = resolve_world(opts.rank, opts.world_size)
         self.options = replace(opts, rank=rank, world_size=world)
         # counted once here, not once per worker
@@ -125,7 +125,7 @@ class ShardkitDataset(IterableDataset):
             self.source = resolve_blend(Blend(source, weights=weights, epoch_size=epoch_size), self.options)
         else:
             self.source = resolve(source)  # type: ignore[arg-type]  # a Blend was taken above
-        self._place = SharedPlace(self.source, self.options)  # the epoch and the loaded position, seen by every worker
+        self._place = SharedPlace(self.source, self.options, world_by_default=by_default)  # epoch, loaded position: every worker's
         self._yielded = 0  # items this process yielded in its current iteration (num_workers=0)
         # times the next iteration was moved elsewhere (set_epoch to another epoch, load_state_dict,
         # an epoch read again): items a DataLoader yielded before the latest move were of what was read before it
@@ -195,7 +195,7 @@ class ShardkitDataset(IterableDataset):
             if worker == 0 and finished:  # a plain DataLoader's workers: nothing in the main process saw the end
                 _read_again(epoch, "from its start" if pending == place.fresh(epoch) else "from the position load_state_dict() gave")
             handoff = info is not None and _hands_off(caller)
-            check_world_kept(self._world_by_default)
+            check_world_kept(place.world_by_default)
             # raw batches handed off are copied as they are packed: the loader need not copy each value first
             borrow = handoff and self._raw_batches()
             loader: Loader | Generator[Any, None, None] = place.worker_loader(pending, worker=worker, workers=workers, views=borrow)

@@ -114,17 +114,18 @@ class PileWriter:
             raise RuntimeError("PileWriter.write() called after close(); open a new writer.")
         if type(sample) is not dict and not isinstance(sample, Mapping):
             raise SampleError(f"PileWriter.write: expected a sample dict with '__key__', got {shown(sample)}")
+        at = self._written  # which of the calls to write this is, refused or not: where to look in the caller's stream
+        self._written += 1
         try:
             key, exts, values, size = encode_values(sample, self._codecs, max_pile_bytes=self.options.max_bytes)
-        except SampleError as e:  # which sample of the many written: where to look in the caller's stream
-            e.args = (f"PileWriter.write: sample {self._written:,} (counting from 0; not written): {e.args[0]}", *e.args[1:])
+            if exts is not self._exts:  # one tuple for every sample with the same fields
+                self._fields.update(exts)
+                self._exts = exts
+            pile = self._router.next()
+            self._sink.put(pile, key, exts, values, size)
+        except SampleError as e:
+            e.args = (f"PileWriter.write: sample {at:,} (counting from 0; not written): {e.args[0]}", *e.args[1:])
             raise
-        self._written += 1
-        if exts is not self._exts:  # one tuple for every sample with the same fields
-            self._fields.update(exts)
-            self._exts = exts
-        pile = self._router.next()
-        self._sink.put(pile, key, exts, values, size)
         return pile
 
     def close(self) -> Manifest:

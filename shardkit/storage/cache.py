@@ -199,7 +199,7 @@ class PileCache:
         """
         size = check_int("size", size, low=0)
         if self._limit is not None and size > self._limit:
-            return self._bypass(url, size, fetch, check)
+            return self._bypass(url, size, fetch, None if check is fetch_checks else check)
         name = entry_name(url)
         path = os.path.join(self._root, name)
         found, _ = _look(path, size, check, first_check, self._trusted)

@@ -28,6 +28,9 @@ from shardkit.storage.local import O_BINARY, Buffer, fsync_dir, fsync_file, lock
 from shardkit.storage.paths import guard, local_path
 from shardkit.storage.store import Entry, Store, held
 
+# how old a partial file no writer holds must be for remove_dead_partials to take it for a dead
+# writer's (a live writer locks it the moment after it makes it)
+PARTIAL_AGE_S = 10
 # how long ago a file must have last changed for its version to be sure to show a change made
 # now (twice the coarsest file time in common use: FAT's two seconds)
 SETTLED_NS = 4 * 10**9
@@ -163,19 +166,24 @@ class LocalStore(Store):
     @contextlib.contextmanager
     def put_stream(self, name: str, *, size: int | None = None, sync: bool = True) -> Iterator[IO[bytes]]:
         """Write ``NAME.partial-<uuid>``, flush it to disk (``sync``), rename it into place; unlink it
-        on error. The partial file is ``flock``-ed while it is written: one whose writer died (a kill
-        leaves it) is told apart by :meth:`remove_dead_partials`."""
+        on error. The partial file is ``flock``-ed from just after it is made until it has its
+        name (where the platform can rename an open file): one whose writer died (a kill leaves it)
+        is told apart by :meth:`remove_dead_partials`."""
         path = self.path(name)
         tmp = f"{path}.partial-{uuid.uuid4().hex}"
         try:
             with guard(self.url(name), "write", size=size):
                 with open(tmp, "xb") as f:
-                    _hold(f.fileno())
+                    with contextlib.suppress(OSError):  # a file system without locks: the file is only not told apart
+                        _hold(f.fileno())
                     yield f
                     if sync:
                         f.flush()
                         os.fsync(f.fileno())  # the bytes are on disk before the name says they are there
-                os.replace(tmp, path)
+                    if fcntl is not None:
+                        os.replace(tmp, path)  # still locked: never seen unlocked under its partial name
+                if fcntl is None:
+                    os.replace(tmp, path)
             if sync:
                 fsync_dir(os.path.dirname(path) or ".")
         except BaseException:
@@ -187,7 +195,8 @@ class LocalStore(Store):
     def remove_dead_partials(self, name: str) -> list[str]:
         """Remove the partial files of :meth:`put_stream` for ``name`` whose writer is gone (no
         process holds their lock: it was killed); returns their names. A partial file still being
-        written is left alone, and so is any other name."""
+        written is left alone, and so is one made under :data:`PARTIAL_AGE_S` ago (its writer may
+        not have locked it yet), and any other name."""
         path = self.path(name)
         folder, partial = os.path.dirname(path), re.compile(re.escape(os.path.basename(path)) + r"\.partial-[0-9a-f]{32}")
         try:
@@ -203,7 +212,8 @@ class LocalStore(Store):
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | O_BINARY)
                 try:
                     _hold(fd)  # BlockingIOError: its writer holds it
-                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                    st = os.fstat(fd)
+                    if stat.S_ISREG(st.st_mode) and time.time() - st.st_mtime >= PARTIAL_AGE_S:
                         os.unlink(path)
                         removed.append(entry)
                 finally:
