@@ -280,7 +280,9 @@ def test_a_source_that_cannot_be_opened_is_named(pair, tmp_path):
 def test_len_counts_a_resumed_blend_epoch_s_rest(pair):
     """A blend's rest on another split is rounded up to whole batches: len() says so, so that a
     progress bar (and torch's check of it) is not short."""
-    torch_data = pytest.importorskip("shardkit.torch", reason="the torch extra is not installed")
+    pytest.importorskip("torch", reason="the torch extra is not installed")
+    import shardkit.torch as torch_data
+
     kw = dict(weights={"web": 0.7, "code": 0.3}, epoch_size=600, seed=0)
     first = torch_data.ShardkitDataLoader(torch_data.ShardkitDataset(pair, batch_size=10, **kw))
     it = iter(first)
