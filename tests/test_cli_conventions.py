@@ -203,3 +203,11 @@ def test_a_missing_directory_is_said_to_be_missing(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["info", str(tmp_path / "empty")]) == 1
     assert "not a shardkit dataset (no shardkit.json; a job that did not finish leaves none)" in capsys.readouterr().err
+
+
+def test_plan_refuses_counts_that_are_no_numbers_in_one_line(capsys):
+    for bad in ("inf", "nan", "1e999"):
+        with pytest.raises(SystemExit):
+            main(["plan", "--samples", bad, "--units", "1", "--piles", "1"])
+        err = capsys.readouterr().err
+        assert f"argument --samples: expected a whole count >= 1, got '{bad}'" in err and "Traceback" not in err

@@ -60,3 +60,14 @@ def test_images_are_class_sorted_jpegs():
     images, labels = make_images(100, 4, seed=1)
     assert len(images) == 100 and labels.tolist() == sorted(labels.tolist()) and set(labels.tolist()) == {0, 1, 2, 3}
     assert all(image[:2] == b"\xff\xd8" for image in images)
+
+
+def test_the_demo_never_replaces_what_it_did_not_write(tmp_path, capsys):
+    """-o DIR: sequential/ and piles/ there are replaced only when an earlier demo wrote them."""
+    (tmp_path / "d" / "sequential").mkdir(parents=True)
+    (tmp_path / "d" / "sequential" / "shard-000000.tar").write_bytes(b"precious")
+    assert main(["demo", "-q", "-o", str(tmp_path / "d"), "--samples", "256"]) == 1
+    assert "hold files an earlier shardkit demo did not write" in capsys.readouterr().err
+    assert (tmp_path / "d" / "sequential" / "shard-000000.tar").read_bytes() == b"precious"
+    assert main(["demo", "-q", "-o", str(tmp_path / "e"), "--samples", "256"]) == 0
+    assert main(["demo", "-q", "-o", str(tmp_path / "e"), "--samples", "256"]) == 0  # its own output: replaced

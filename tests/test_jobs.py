@@ -255,6 +255,10 @@ def test_a_job_whose_output_holds_a_dataset_says_what_to_set_in_the_job_file(job
     assert main(["run", "-q", path]) == 1  # the same job again
     assert "'overwrite: true' under output to replace it, or 'mode: append' to add to it" in capsys.readouterr().err
     assert main(["run", "-q", "--check", _write(job_dir, pile_job.replace("piles: 2", "piles: 2, mode: append"))]) == 0
+    nowhere = _write(job_dir, pile_job.replace("path: piled, piles: 2", "path: nowhere, piles: 2, mode: append"))
+    capsys.readouterr()
+    assert main(["run", "-q", "--check", nowhere]) == 1  # nothing to append to: found before any work
+    assert f"{nowhere}: output.path: {job_dir}/nowhere: no shardkit dataset to append to; drop 'mode: append'" in capsys.readouterr().err
 
 
 def test_fn_job_runs_in_worker_processes(job_dir):

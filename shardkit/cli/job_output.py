@@ -31,8 +31,15 @@ def output_conflict(job: Job) -> str | None:
     local = storage.store_for(out).local_file()
     if local is not None and os.path.exists(local) and not os.path.isdir(local):
         return f"output.path: {out}: a file, not a folder: name the folder the dataset goes in"
-    if options.overwrite or getattr(options, "mode", "create") == "append":
-        return None  # replaced or added to
+    if options.overwrite:
+        return None  # replaced
+    if getattr(options, "mode", "create") == "append":  # added to: there must be a dataset
+        try:
+            storage.use([out], options.storage_options)
+            there = manifest.is_dataset(out)
+        except ShardkitError:
+            return None  # an unreadable output: the run says what is wrong with it
+        return None if there else f"output.path: {out}: no shardkit dataset to append to; drop 'mode: append' to write a new one"
     resume = getattr(options, "resume", False)
     try:
         storage.use([out], options.storage_options)  # an object store is looked at with the job's options

@@ -46,6 +46,8 @@ _VARIANTS = 200
 
 # the most of anything the demo makes: it holds its whole synthetic dataset in memory
 MAX_DEMO = 10_000_000
+# the file that marks a folder as an earlier demo's output, which a demo may replace
+MARK = ".shardkit-demo"
 # the batch of the classes-per-batch and recurrence figures, unless the caller gives another
 BATCH_SIZE = 256
 
@@ -196,6 +198,27 @@ def _samples(images: list[bytes], labels: np.ndarray) -> Iterator[dict]:
         yield {"__key__": f"{i:08d}", "jpg": jpg, "cls": label}
 
 
+def _claim(root: str) -> None:
+    """Make ``root`` the demo's, refusing one whose ``sequential/`` or ``piles/`` holds what an
+    earlier demo did not write there (the demo replaces both): marked by :data:`MARK`.
+
+    Raises:
+        ConfigError: naming what is there and what to do.
+    """
+    mark = os.path.join(root, MARK)
+    held = [
+        os.path.join(root, d) for d in ("sequential", "piles") if os.path.isdir(os.path.join(root, d)) and os.listdir(os.path.join(root, d))
+    ]
+    if held and not os.path.exists(mark):
+        raise ConfigError(
+            f"{root}: {' and '.join(held)} hold files an earlier shardkit demo did not write, and the demo replaces "
+            "sequential/ and piles/ there: give it a new or empty folder"
+        )
+    os.makedirs(root, exist_ok=True)
+    with open(mark, "w", encoding="utf-8") as f:
+        f.write("written by shardkit demo: it replaces sequential/ and piles/ here when run again\n")
+
+
 def _write_sequential(directory: str, images: list[bytes], labels: np.ndarray, maxcount: int) -> tuple[list[str], float]:
     with ctrl_c_deferred():  # webdataset imports torch, which mishandles Ctrl-C while importing
         import webdataset as wds
@@ -260,7 +283,8 @@ def demo(
 
     Args:
         out: keep the data here (``OUT/sequential/shard-*.tar``, ``OUT/piles/``; both replaced
-            if present); None works in a temporary directory removed afterwards.
+            when an earlier demo wrote them, refused when they hold anything else); None works
+            in a temporary directory removed afterwards.
         samples, classes: size of the synthetic dataset.
         piles: M for the pile writer.
         batch_size: batch size of the classes-per-batch figure.
@@ -273,6 +297,8 @@ def demo(
     check_samples(samples, batch_size)
     with contextlib.ExitStack() as stack:
         root = os.fspath(out) if out is not None else stack.enter_context(tempfile.TemporaryDirectory(prefix="shardkit-demo-"))
+        if out is not None:
+            _claim(root)
         progress = stack.enter_context(_util.bar(total=5, desc="demo", unit="step", quiet=quiet))
 
         def step(what: str) -> None:

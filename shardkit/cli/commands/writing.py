@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import time
 from typing import Any
 
@@ -116,7 +117,7 @@ def _count(text: str) -> int:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a count such as 1000 or 1e9, got {text!r}") from None
-    if value < 1 or value != int(value):
+    if not math.isfinite(value) or value < 1 or value != int(value):
         raise argparse.ArgumentTypeError(f"expected a whole count >= 1, got {text!r}")
     return int(value)
 
@@ -314,7 +315,13 @@ DEMO = Command(
     "batch and memory.",
     run=_run_demo,
     arguments=(
-        arg("-o", "--out", default=None, metavar="DIR", help="keep the data in DIR (default: a temporary directory, removed)"),
+        arg(
+            "-o",
+            "--out",
+            default=None,
+            metavar="DIR",
+            help="keep the data in DIR: DIR/sequential and DIR/piles, replaced when an earlier demo wrote them (default: a temporary directory, removed)",
+        ),
         arg("--samples", type=int, default=50_000, metavar="N", help="images in the dataset (default 50000)"),
         arg("--piles", type=int, default=16, metavar="M", help="piles for shardkit (default 16)"),
         arg("--seed", type=int, default=0, metavar="S", help="seed of the data, the piles and both shuffles (default 0)"),
