@@ -22,6 +22,7 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+import numpy.char  # here, while the module loads: numpy imports it lazily, on first use, which a write runs beside its threads
 
 from shardkit import manifest, storage
 from shardkit.errors import SampleError
