@@ -49,6 +49,13 @@ __all__ = [
 ]
 
 
+def prefixed(error: BaseException, prefix: str) -> None:
+    """Put ``prefix`` before ``error``'s message (its type and attributes kept), for a caller that
+    knows which of several things it was about and re-raises it (a bare ``raise``)."""
+    if error.args:
+        error.args = (f"{prefix}{error.args[0]}", *error.args[1:])
+
+
 class ShardkitError(Exception):
     """Root of every error shardkit raises on purpose.
 

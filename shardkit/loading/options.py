@@ -276,12 +276,7 @@ def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
         ConfigError: a world of several ranks with no rank found anywhere (every process would
             read rank 0's share), or a rank outside the world; each names where the value came from.
     """
-    dist = None
-    torch = sys.modules.get("torch")  # never import torch just to ask
-    if torch is not None and getattr(torch, "distributed", None) is not None:
-        d = torch.distributed
-        if d.is_available() and d.is_initialized():
-            dist = d
+    dist = _distributed()
     world_from = "world_size"
     if world_size is None:
         env_world = _env("WORLD_SIZE")
@@ -309,13 +304,17 @@ def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
+def _distributed() -> Any:
+    """``torch.distributed`` when it is initialized in this process, else None (torch is never
+    imported just to ask)."""
+    d = getattr(sys.modules.get("torch"), "distributed", None)
+    return d if d is not None and d.is_available() and d.is_initialized() else None
+
+
 def world_by_default(rank: int | None, world_size: int | None) -> bool:
     """Whether :func:`resolve_world` takes the world to be this one process for want of any other
     answer: no argument, no ``RANK``/``WORLD_SIZE``, torch.distributed not initialized (yet)."""
-    torch = sys.modules.get("torch")
-    d = getattr(torch, "distributed", None) if torch is not None else None
-    dist = d is not None and d.is_available() and d.is_initialized()
-    return rank is None and world_size is None and _env("WORLD_SIZE") is None and _env("RANK") is None and not dist
+    return rank is None and world_size is None and _env("WORLD_SIZE") is None and _env("RANK") is None and _distributed() is None
 
 
 def check_world_kept(by_default: bool) -> None:
@@ -326,10 +325,8 @@ def check_world_kept(by_default: bool) -> None:
     Raises:
         ConfigError: saying so, and what to do.
     """
-    if not by_default:
-        return
-    d = getattr(sys.modules.get("torch"), "distributed", None)
-    if d is not None and d.is_available() and d.is_initialized() and d.get_world_size() > 1:
+    d = _distributed() if by_default else None
+    if d is not None and d.get_world_size() > 1:
         raise ConfigError(
             f"this loader was made before torch.distributed.init_process_group, so it took the world to be one process "
             f"(rank 0 of 1): each of the {d.get_world_size()} ranks would read the whole dataset. Make it after "

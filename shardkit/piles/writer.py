@@ -23,7 +23,7 @@ from shardkit import storage
 from shardkit._util import check_path, shown
 from shardkit.codecs import Codecs, check_codecs
 from shardkit.dataset.transaction import Dataset
-from shardkit.errors import ConfigError, SampleError
+from shardkit.errors import ConfigError, SampleError, prefixed
 from shardkit.manifest import Manifest
 from shardkit.option_fields import specs
 from shardkit.piles import append, router
@@ -124,7 +124,7 @@ class PileWriter:
             pile = self._router.next()
             self._sink.put(pile, key, exts, values, size)
         except SampleError as e:
-            e.args = (f"PileWriter.write: sample {at:,} (counting from 0; not written): {e.args[0]}", *e.args[1:])
+            prefixed(e, f"PileWriter.write: sample {at:,} (counting from 0; not written): ")
             raise
         return pile
 

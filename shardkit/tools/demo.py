@@ -206,9 +206,7 @@ def _claim(root: str) -> None:
         ConfigError: naming what is there and what to do.
     """
     mark = os.path.join(root, MARK)
-    held = [
-        os.path.join(root, d) for d in ("sequential", "piles") if os.path.isdir(os.path.join(root, d)) and os.listdir(os.path.join(root, d))
-    ]
+    held = [d for d in (os.path.join(root, "sequential"), os.path.join(root, "piles")) if os.path.isdir(d) and os.listdir(d)]
     if held and not os.path.exists(mark):
         raise ConfigError(
             f"{root}: {' and '.join(held)} hold files an earlier shardkit demo did not write, and the demo replaces "

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit import manifest, storage
-from shardkit.errors import ConfigError, ShardkitError
+from shardkit.errors import ConfigError, ShardkitError, prefixed
 from shardkit.loading import elastic
 from shardkit.loading.blend.frames import Frames, apportion, epoch_length, taken_before
 from shardkit.loading.blend.spec import Blend
@@ -132,7 +132,7 @@ def resolve_blend(blend: Blend, options: LoaderOptions, *, generations: Mapping[
         try:
             parts.append(at_generation(os.fspath(s.path), pinned[name]) if pin else resolve(s.path))  # type: ignore[arg-type]
         except ShardkitError as e:  # which source, of several: the same error, named
-            e.args = (f"blend source {name!r}: {e.args[0]}", *e.args[1:]) if e.args else e.args
+            prefixed(e, f"blend source {name!r}: ")
             raise
     seen: dict[str, str] = {}
     for name, part in zip(blend.names, parts, strict=True):
