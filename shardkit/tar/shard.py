@@ -23,6 +23,7 @@ from shardkit.tar import compression, index, scan
 from shardkit.tar.keys import refuse_repeat
 from shardkit.tar.scan import BLOCK, Chain
 from shardkit.tar.walk import walk
+from shardkit.tar.write import TRAILER
 
 Sample = dict[str, Any]
 
@@ -30,7 +31,6 @@ log = logging.getLogger(__name__)
 # shards already said to lack their end-of-archive marker (a loader reads a plain shard every epoch)
 _UNENDED: set[str] = set()
 _UNENDED_LOCK = threading.Lock()
-_END_MARKER = bytes(2 * BLOCK)
 
 
 class Spans(NamedTuple):
@@ -355,7 +355,7 @@ def _check_ends(url: str, tar: storage.Buffer, codec: str | None = None) -> None
         raise CorruptShardError(
             f"{url}: {what}; expected a tar archive, which holds at least its end-of-archive marker (a download or copy cut short?)"
         )
-    if len(tar) >= 2 * BLOCK and tar[len(tar) - 2 * BLOCK :] == _END_MARKER:
+    if len(tar) >= len(TRAILER) and tar[len(tar) - len(TRAILER) :] == TRAILER:
         return
     if len(tar) % BLOCK or tar[257:262] != b"ustar":  # not cut where a member ends, or no tar: the walk names the fault
         return
