@@ -7,7 +7,8 @@ the ceiling of the target. For each mixture and batch size this prints, per sour
 how far batches stray from the target (mean and worst absolute difference, in samples, the share of
 batches more than one sample off, and the standard deviation), over the same number of batches.
 Then it reads real blends through ``shardkit.loader`` to check the loader holds what the schedule
-says, and times a blend against one dataset of the same samples (median of the repeats).
+says, times a blend against one dataset of the same samples (median of the repeats), and times a
+blend whose second source holds 1 or 10 samples at half its share.
 
     python benchmarks/blend.py                  # a minute or so
     python benchmarks/blend.py --size smoke     # seconds; what tests/test_blend_bench.py runs
@@ -16,6 +17,7 @@ says, and times a blend against one dataset of the same samples (median of the r
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import tempfile
@@ -100,6 +102,29 @@ def through_the_loader(root: str, samples: int, repeats: int) -> list[str]:
     lines.append(
         f"read, batch 256, 512-byte samples: one dataset {one:,.0f} samples/s, blend of two {two:,.0f} samples/s ({two / one:.2f}x)"
     )
+    lines.extend(tiny_sources(root, a, samples * 16))
+    return lines
+
+
+def tiny_sources(root: str, big: str, epoch_size: int) -> list[str]:
+    """A source of 1 or 10 samples at half a blend epoch of ``epoch_size``: seconds to the first
+    batch of 256, and samples/s over the next 400 batches (a source read whole many times a batch)."""
+    lines = []
+    for n in (1, 10):
+        tiny = make(root, f"tiny{n}", n, 4)
+        start = time.perf_counter()
+        batches = iter(
+            shardkit.loader({"big": big, "tiny": tiny}, weights={"big": 1, "tiny": 1}, epoch_size=epoch_size, batch_size=256, decode=False)
+        )
+        next(batches)
+        first = time.perf_counter() - start
+        start, count = time.perf_counter(), 0
+        for batch in itertools.islice(batches, 400):
+            count += len(batch["__key__"])
+        lines.append(
+            f"a {n}-sample source at half a blend epoch of {epoch_size:,}: first batch after {first:.2f} s, "
+            f"then {count / (time.perf_counter() - start):,.0f} samples/s"
+        )
     return lines
 
 

@@ -292,3 +292,26 @@ def test_len_counts_a_resumed_blend_epoch_s_rest(pair):
     resumed = torch_data.ShardkitDataLoader(torch_data.ShardkitDataset(pair, batch_size=16, rank=0, world_size=2, **kw))
     resumed.load_state_dict(state)
     assert len(resumed) == sum(1 for _ in resumed) == 19
+
+
+@pytest.mark.parametrize("n, shuffle", [(1, True), (3, True), (3, False)])
+def test_a_tiny_source_at_a_large_share_reads_its_own_epochs_one_after_another(tmp_path, n, shuffle):
+    # a source read whole many times a cell is planned a use a pile, not a use a pile a cycle,
+    # and one that reads in the same order every cycle is cut from that order: the order is the same
+    big, tiny = make(tmp_path, "big", 500, piles=3, seed=1), make(tmp_path, "tiny", n, piles=2, seed=2)
+    size = 30_000
+    blended = shardkit.loader(
+        {"big": big, "tiny": tiny}, weights={"big": 1, "tiny": 1}, epoch_size=size, batch_size=100, decode=False, seed=5, shuffle=shuffle
+    )
+    batches = keys(blended)
+    stream = of("tiny", batches)
+    assert len(stream) == size // 2 and all(len(of("tiny", [b])) == 50 for b in batches)
+    alone = shardkit.loader(tiny, decode=False, seed=5, shuffle=shuffle)
+    for cycle in [*range(12), (size // 2) // n - 1]:
+        alone.set_epoch(cycle)
+        assert stream[cycle * n : (cycle + 1) * n] == [s["__key__"] for s in alone]
+    stream = of("big", batches)
+    alone = shardkit.loader(big, decode=False, seed=5, shuffle=shuffle)
+    for cycle in range(size // 2 // 500):
+        alone.set_epoch(cycle)
+        assert stream[cycle * 500 : (cycle + 1) * 500] == [s["__key__"] for s in alone]

@@ -224,7 +224,8 @@ class EpochOrder:
         self.seed, self.epoch, self.shuffle, self.mix = seed, epoch, shuffle, mix
         self.total = int(self.counts.sum())
         n = len(self.counts)
-        self.pile_order = generator(PILE_ORDER, seed, epoch).permutation(n) if shuffle else np.arange(n)
+        # (one pile or none: its order is the only one, no generator needed)
+        self.pile_order = generator(PILE_ORDER, seed, epoch).permutation(n) if shuffle and n > 1 else np.arange(n)
         # the piles read, in order, and where each starts and ends in the mix=1 order
         self._read = self.pile_order[self.counts[self.pile_order] > 0]
         self._bounds = np.concatenate(([0], np.cumsum(self.counts[self._read])))

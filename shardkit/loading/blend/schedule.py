@@ -80,6 +80,11 @@ class BlendSchedule:
             yield cycle, max(p0, cycle * n) - cycle * n, min(p1, (cycle + 1) * n) - cycle * n
 
     def _stream(self, s: int, p0: int, p1: int) -> tuple[np.ndarray, np.ndarray]:
+        n = self.source.parts[s].samples
+        if p1 - p0 > n and (n <= 1 or not self.options.shuffle):  # every cycle of the source is read in one order
+            first = self._order(s, 0).take(0, n)
+            at = np.arange(p0, p1) % n
+            return first[0][at] + self._offsets[s], first[1][at]
         piles, index = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
         for cycle, a, b in self._cycles(s, p0, p1):
             p, i = self._order(s, cycle).take(a, b)
@@ -157,6 +162,13 @@ class BlendSchedule:
         found: list[plan.PileUse] = []
         for s in range(len(self.source.parts)):
             n = self.source.parts[s].samples
+            if _every_cell_cycles(running[:, s], n) and at[s] < end[s]:
+                # a source read whole at least twice in every cell: each of its piles is in use in
+                # every cell of the piece anyway; one use each, not one a pile a cycle (a 1-sample source
+                # at half a 10^6 epoch would count half a million cycles before the first batch)
+                piles = np.flatnonzero(np.asarray(self.source.parts[s].counts) > 0) + self._offsets[s]
+                found.extend(plan.PileUse(int(p), off, off + b - a - 1) for p in piles)
+                continue
             for cycle, x, y in self._cycles(s, int(at[s]), int(end[s])):
                 for use in self._order(s, cycle).uses(x, y):
                     # stream offsets from g -> the cells holding them -> slice positions
@@ -166,6 +178,14 @@ class BlendSchedule:
                     last = min(off + b - a - 1, shift + (int(cell[1]) + 1) * size - 1)
                     found.append(plan.PileUse(use.pile + self._offsets[s], first, last))
         return found
+
+
+def _every_cell_cycles(running: np.ndarray, n: int) -> bool:
+    """Whether a source of ``n`` samples, taken ``running`` times up to the end of each cell, is read
+    whole at least twice in every cell but the last (so every one of its piles is used in each of them)."""
+    if n <= 0 or len(running) < 3:
+        return False
+    return bool(np.diff(running[:-1], prepend=0).min() >= 2 * n)
 
 
 def _merged(uses: Sequence[plan.PileUse]) -> list[plan.PileUse]:
