@@ -196,3 +196,24 @@ def test_a_yaml_job_repeats_by_label(tmp_path):
 def test_pile_writer_refuses_repeat(tmp_path):
     with pytest.raises(ConfigError, match=r"repeat: PileWriter writes samples in the calling process"):
         shardkit.PileWriter(tmp_path / "o", options=shardkit.PileOptions(piles=2, repeat="cls:1=2"))
+
+
+def test_info_names_the_generation_its_repeat_record_describes(tmp_path, capsys):
+    from shardkit.cli.main import main
+
+    out = str(tmp_path / "o")
+
+    def row() -> str:
+        assert main(["info", out]) == 0
+        return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("repeat"))
+
+    shardkit.preprocess(range(1), labelled, out, piles=2, repeat={"field": "cls", "counts": {1: 3}}, quiet=True)
+    assert row().endswith("100 samples written as 150: x1 75  x3 25")  # one generation: nothing to say which
+    shardkit.preprocess(range(1, 2), labelled, out, piles=2, mode="append", quiet=True)  # copies of none
+    said = row()
+    assert "x1 75  x3 25  (generation 0, the last write that repeated samples; other generations are not counted here)" in said
+    shardkit.preprocess(range(2, 3), labelled, out, piles=2, mode="append", window=1, quiet=True)
+    assert "(generation 0, since retired by the window, the last write" in row()
+    shardkit.preprocess(range(3, 4), labelled, out, piles=2, mode="append", repeat="cls:2=2", quiet=True)
+    assert shardkit.info(out).generations == (2, 3)
+    assert "100 samples written as 125: x1 75  x2 25  (generation 3, the last write" in row()

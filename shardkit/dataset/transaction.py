@@ -269,8 +269,7 @@ class Transaction:
         if window is None:
             return times, set(times)
         if isinstance(window, int):
-            holding = {s.generation for p in self.base.piles for s in p.segments or () if s.samples}
-            holding |= {0} if any(p.segments is None and p.samples for p in self.base.piles) else set()  # written whole by pass 1
+            holding = self.base.held_generations(with_samples=True)
             return times, {self.generation, *sorted(holding | {self.generation}, reverse=True)[:window]}
         cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=parse_duration(window, what="window"))
         return times, {g for g, t in times.items() if g == self.generation or datetime.datetime.fromisoformat(t) >= cutoff}

@@ -197,6 +197,12 @@ class Manifest:
         """The dataset has generations or segmented piles (format version 2)."""
         return self.generation > 0 or bool(self.generations) or any(p.segments is not None for p in self.piles)
 
+    def held_generations(self, *, with_samples: bool = False) -> set[int]:
+        """The generations whose files this manifest lists (``with_samples``: files holding samples);
+        a pile written whole by pass 1 is generation 0's."""
+        held = {s.generation for p in self.piles for s in p.segments or () if s.samples or not with_samples}
+        return held | {0} if any(p.segments is None and (p.samples or not with_samples) for p in self.piles) else held
+
     def files(self) -> list[str]:
         """Every file this manifest lists: piles, segments and the key hashes beside segments."""
         found = []

@@ -35,7 +35,6 @@ from shardkit.tar import compression, scan
 from shardkit.tar.keys import repeated_key, sample_at
 from shardkit.tools.key_files import MISSING, key_file_problems
 
-_SHARD_SUFFIXES = compression.SHARD_SUFFIXES
 _MAX_DUPLICATES = 10  # duplicate keys reported one by one per pile; the rest are counted
 TRIES = 3  # generations verify reads when jobs keep removing the one it reads
 log = logging.getLogger(__name__)
@@ -51,9 +50,7 @@ class Spread:
 
     @classmethod
     def of(cls, values: list[int]) -> Spread:
-        if not values:
-            return cls(min=0, mean=0.0, max=0)
-        return cls(min=min(values), mean=sum(values) / len(values), max=max(values))
+        return cls(min=min(values), mean=sum(values) / len(values), max=max(values)) if values else cls(min=0, mean=0.0, max=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +64,8 @@ class DatasetInfo:
     ``bytes`` is the piles' size as stored; for compressed piles (``compression`` names the
     codec) ``tar_bytes`` is the size of the tars inside, and ``pile_bytes`` and
     :meth:`loader_ram` count those: what a loader holds in memory. ``repeat`` is what pass 1
-    recorded of its oversampling (the rule, and input samples by their number of copies).
+    recorded of its oversampling (the rule, and input samples by their number of copies) in the
+    last write that had one; ``generations`` are those whose files the dataset holds now.
 
         summary = info("data/")
         print(f"{summary.samples} samples in {summary.piles} piles")
@@ -92,6 +90,7 @@ class DatasetInfo:
     compression: str | None = None
     tar_bytes: int = 0
     repeat: dict[str, Any] | None = None
+    generations: tuple[int, ...] = (0,)
 
     @property
     def ratio(self) -> float | None:
@@ -125,6 +124,7 @@ class DatasetInfo:
             "compression": self.compression,
             "tar_bytes": self.tar_bytes,
             "repeat": self.repeat,
+            "generations": list(self.generations),
             "loader_ram": {f"mix={k}": self.loader_ram(mix=k) for k in (1, 2, 4)},
         }
 
@@ -169,6 +169,7 @@ def info(directory: str, *, storage_options: Mapping[str, Any] | None = None) ->
         compression=", ".join(sorted({f.compression for p in m.piles for f in p.parts if f.compression is not None})) or None,
         tar_bytes=m.tar_bytes,
         repeat=m.extra["repeat"] if isinstance(m.extra.get("repeat"), dict) else None,
+        generations=tuple(sorted(m.held_generations())),
     )
 
 
@@ -383,7 +384,7 @@ def _unlisted(directory: str) -> list[Problem]:
     for name in rest:
         if name in left:
             found.append(Problem(name=name, kind="leftover", message=left[name].message))
-        elif name.endswith(_SHARD_SUFFIXES):
+        elif name.endswith(compression.SHARD_SUFFIXES):
             said = "shard file not listed in the manifest (readers ignore it; an interrupted overwrite leaves such files)"
             found.append(Problem(name=name, kind="extra", message=said))
     return found
@@ -414,8 +415,7 @@ def verify(directory: str, *, quiet: bool = False, storage_options: Mapping[str,
     """
     _util.check_bool("quiet", quiet)
     storage.use(directory, storage_options)
-    m = manifest.read(directory)
-    tries = 1
+    m, tries = manifest.read(directory), 1
     while True:
         problems = _verified(directory, m, quiet=quiet)
         now = manifest.read(directory)
@@ -446,5 +446,5 @@ def _verified(directory: str, m: Manifest, *, quiet: bool) -> list[Problem]:
         finally:
             keys.close()
         problems.extend(keys.repeats(directory))
-    kept = Dataset(directory).kept_problems(m)
-    return problems + _index_problems(directory, m) + [Problem(name=n, kind="generation", message=said) for n, said in kept]
+    kept = [Problem(name=n, kind="generation", message=said) for n, said in Dataset(directory).kept_problems(m)]
+    return problems + _index_problems(directory, m) + kept

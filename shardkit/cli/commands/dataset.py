@@ -29,18 +29,24 @@ def _info_table(summary: Any) -> str:
     ram = "  ".join(f"mix={k}: {format_size(summary.loader_ram(mix=k))}" for k in (2, 4))
     rows.append(("loader RAM", f"{format_size(summary.loader_ram())} (two largest piles; {ram})"))
     if summary.repeat:
-        rows.append(("repeat", _repeat_row(summary.repeat)))
+        rows.append(("repeat", _repeat_row(summary.repeat, summary.generations)))
     if summary.skipped_units:
         rows.append(("skipped", f"{summary.skipped_units} input units failed and were skipped"))
     return "\n".join(f"{k:<13} {v}" for k, v in rows)
 
 
-def _repeat_row(repeat: dict[str, Any]) -> str:
-    """``by cls; 1000 samples written as 1250: x0 250, x1 500, x3 250``."""
+def _repeat_row(repeat: dict[str, Any], generations: tuple[int, ...]) -> str:
+    """``by cls; 1000 samples written as 1250: x0 250, x1 500, x3 250``; in a dataset of several
+    generations, which one that is (the record is the last write's that repeated samples)."""
     rule = repeat.get("rule")
     by = f"by {rule['field']}" if isinstance(rule, dict) and "field" in rule else f"by {rule}"
     factors = "  ".join(f"x{k} {v:,}" for k, v in (repeat.get("factors") or {}).items())
-    return f"{by}; {repeat.get('input_samples', 0):,} samples written as {repeat.get('written_samples', 0):,}: {factors}"
+    row = f"{by}; {repeat.get('input_samples', 0):,} samples written as {repeat.get('written_samples', 0):,}: {factors}"
+    g = repeat.get("generation", 0)
+    if generations == (g,):
+        return row
+    held = "" if g in generations else ", since retired by the window"
+    return f"{row}  (generation {g}{held}, the last write that repeated samples; other generations are not counted here)"
 
 
 def _stored_size(summary: Any) -> str:
