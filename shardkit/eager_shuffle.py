@@ -296,7 +296,7 @@ def shuffle(
     _util.check_bool("quiet", quiet)
     storage.use([*_util.check_paths("inputs", inputs), _util.check_path("out", out)], opts.storage_options)
     readers.refuse_datasets(_util.check_paths("inputs", inputs))
-    urls = storage.expand(_util.check_paths("inputs", inputs))
+    urls = storage.expand(_util.check_paths("inputs", inputs), once=True)
     readers.refuse_own_files(urls, out, "shuffle")
     for url in urls:  # files of a format pile reads by its suffix go through its reader in pass 1
         if readers.detect(url) is None and (why := readers.unknown_file(url, "shuffle")) is not None:

@@ -402,6 +402,10 @@ API: dict[str, Api] = {
     "pile-inputs-none-in-list": Api(lambda c: shardkit.pile([c.shard, None], c.out, piles=2), ConfigError, "inputs[1]: expected a path or URL, got None"),
     "pile-missing-input": Api(lambda c: shardkit.pile([c.missing + ".tar"], c.out, piles=2), DatasetNotFoundError, "$missing.tar: no such file"),
     "pile-glob-matches-nothing": Api(lambda c: shardkit.pile(c.root + "/none-*.tar", c.out, piles=2), DatasetNotFoundError, "none-*.tar: pattern matches no file"),
+    "pile-input-named-twice": Api(
+        lambda c: shardkit.pile([c.shard, c.root + "/*.tar"], c.out, piles=2), ConfigError, "$shard is named twice (by '$shard' and by '$root/*.tar')"
+    ),
+    "shuffle-input-named-twice": Api(lambda c: S([c.shard, c.shard], c.out), ConfigError, "$shard is named twice (by '$shard' and by '$shard')"),
     "pile-corrupt-gz": Api(
         lambda c: shardkit.pile([c.shard, c.bad_gz], c.out, piles=2, quiet=True), CorruptShardError, "input unit 1 ('$bad_gz'): $bad_gz: not valid gzip"
     ),
@@ -619,6 +623,7 @@ PILE_JOB = "job: pile\ninputs: $shard\n"
 PRE_JOB = "job: preprocess\ninputs: [$shard]\n"
 OUT = "output: {path: out, piles: 2}\n"
 YAML: dict[str, Yaml] = {
+    "input-named-twice": Yaml("job: pile\ninputs: [$shard, $shard]\n" + OUT, "line 2: inputs: $shard is named twice"),
     "not-yaml": Yaml("job: [unclosed\n", "line 2, column 1: not valid YAML"),
     "python-tag": Yaml("job: !!python/object/apply:os.system ['true']\n", "YAML tags that build Python objects are not allowed"),
     "a-list": Yaml("- job: pile\n", "expected a mapping of options, got a list"),

@@ -346,6 +346,9 @@ def _check_inputs(top: Fields, inputs: tuple[str, ...], *, folders: bool) -> Non
                     storage.expand(item)
                 except DatasetNotFoundError as e:
                     raise ConfigError(str(e)) from None
+    files = [item for item in inputs if not folders and readers.detect(item) not in ("hf", "mds", "litdata")]
+    with top.errors("inputs"):
+        storage.expand(files, once=True)  # one file named by two inputs
 
 
 def _resolve(base: str, path: str) -> str:
@@ -359,7 +362,7 @@ def _resolve(base: str, path: str) -> str:
 def _units(job: PreprocessJob) -> tuple[list[Any], dict[str, Any] | None]:
     """The job's input units, and what the transform says about them for the manifest."""
     if isinstance(job.fn, ImportedFn):
-        return storage.expand(list(job.inputs)), None
+        return storage.expand(list(job.inputs), once=True), None
     units, extra = transforms.prepare(job.fn, job.inputs, job.output, mode=job.options.mode)
     return units, extra or None
 

@@ -304,7 +304,7 @@ def pile(
         return _read(*found, out, options, quiet=quiet, mp_context=mp_context)
     storage.use(check_paths("inputs", inputs), options.storage_options)  # before the inputs are listed
     readers.refuse_datasets(check_paths("inputs", inputs))
-    units = _validate(storage.expand(check_paths("inputs", inputs)), None)
+    units = _validate(storage.expand(check_paths("inputs", inputs), once=True), None)
     readers.refuse_own_files(units, out)
     if format is None and options.on_error == "raise":  # named "shards": read as tar, whatever their names; else skipped as units
         for unit in units:

@@ -270,7 +270,7 @@ class JsonLines:
     def prepare(self, inputs: Sequence[str], recorded: dict[str, Any] | None = None) -> tuple[list[str], dict[str, Any]]:
         """The files the paths, globs and brace patterns name (DatasetNotFoundError if none);
         no dataset-wide state, so ``recorded`` is not needed."""
-        return storage.expand(list(inputs)), {}
+        return storage.expand(list(inputs), once=True), {}
 
     def units(self, inputs: Sequence[str]) -> list[str]:
         return self.prepare(inputs)[0]
@@ -356,7 +356,7 @@ class Shards:
     """
 
     def prepare(self, inputs: Sequence[str], recorded: dict[str, Any] | None = None) -> tuple[list[str], dict[str, Any]]:
-        return storage.expand(list(inputs)), {}
+        return storage.expand(list(inputs), once=True), {}
 
     def units(self, inputs: Sequence[str]) -> list[str]:
         return self.prepare(inputs)[0]

@@ -370,14 +370,20 @@ def brace_expand(pattern: str) -> list[str]:
     return [pattern]
 
 
-def expand(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+def expand(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, once: bool = False) -> list[str]:
     """Turn a URL, a brace pattern, a glob or a list of them into a list of file URLs.
+
+    ``once``: a file named twice (by two patterns, or one pattern and its name) is refused: a job
+    that writes each input's samples once would write them twice, and stop on their repeated keys
+    only once everything was read.
 
     Raises:
         DatasetNotFoundError: a pattern matches nothing or a named file does not exist.
+        ConfigError: with ``once``, a file named twice.
     """
     items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     urls: list[str] = []
+    named: dict[str, str] = {}  # each file, as compared, and the item that named it first
     for item in items:
         for url in brace_expand(os.fspath(item)):
             path = local_path(url)
@@ -385,14 +391,27 @@ def expand(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -
                 found = _glob_files(url)
                 if not found:
                     raise _matches_nothing(url)
-                urls.extend(found)
             elif path is not None and not os.path.isfile(path):
                 if os.path.isdir(path):  # inputs are files: said plainly, or the user looks for a typo
                     raise DatasetNotFoundError(f"{url}: a directory, not a file: name the files in it (e.g. {url.rstrip('/')}/*)")
                 raise DatasetNotFoundError(f"{url}: no such file")
             else:
-                urls.append(url)
+                found = [url]
+            for file in found if once else ():
+                key = _same_file(file)
+                if key in named:
+                    raise ConfigError(
+                        f"{file} is named twice (by {named[key]!r} and by {os.fspath(item)!r}): each input is read once; name it once"
+                    )
+                named[key] = os.fspath(item)
+            urls.extend(found)
     return urls
+
+
+def _same_file(url: str) -> str:
+    """What two names of one file have in common: a local file's absolute path, else the URL."""
+    path = local_path(url)
+    return url if path is None else os.path.abspath(path)
 
 
 def _matches_nothing(pattern: str) -> DatasetNotFoundError:

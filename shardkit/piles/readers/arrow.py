@@ -77,7 +77,7 @@ class Arrow(ColumnSpec):
 
     def prepare(self, inputs: Sequence[str]) -> tuple[list[Batch], dict[str, Any]]:
         """One unit per record batch of every file (each file's batches are counted here)."""
-        urls = storage.expand(list(inputs))
+        urls = storage.expand(list(inputs), once=True)
         units: list[Batch] = []
         for url, prefix in zip(urls, key_prefixes(urls, SUFFIXES), strict=True):
             try:

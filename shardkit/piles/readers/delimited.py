@@ -122,7 +122,7 @@ class Csv(ColumnSpec):
 
     def prepare(self, inputs: Sequence[str]) -> tuple[list[CsvRows], dict[str, Any]]:
         """Every file parsed here and cut into units; a ragged row is an error naming its line."""
-        urls = storage.expand(list(inputs))
+        urls = storage.expand(list(inputs), once=True)
         units: list[CsvRows] = []
         for url, prefix in zip(urls, key_prefixes(urls, SUFFIXES), strict=True):
             names, rows = self._parse(url)

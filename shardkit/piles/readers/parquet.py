@@ -85,7 +85,7 @@ class Parquet(ColumnSpec):
 
     def prepare(self, inputs: Sequence[str]) -> tuple[list[RowGroupSlice], dict[str, Any]]:
         """The units of every file (footers read here) and no manifest metadata."""
-        urls = storage.expand(list(inputs))
+        urls = storage.expand(list(inputs), once=True)
         units: list[RowGroupSlice] = []
         for url, prefix in zip(urls, key_prefixes(urls, SUFFIXES), strict=True):
             try:
