@@ -452,3 +452,21 @@ def test_a_brace_pattern_with_a_suffix_is_said_to_need_quotes(job_dir, inputs):
     """``{a,b}.tar`` is no mapping YAML reads but one it cannot parse: its error says no more than a token was found."""
     text = VALID.replace("inputs: data/*.jsonl", f"inputs: {inputs}")
     assert _error(job_dir, text).endswith("; a value that starts with { is a YAML mapping: quote a brace pattern (inputs: '{a,b}.tar')")
+
+
+def test_paths_take_environment_variables_and_an_unset_one_is_named(job_dir, dataset, capsys, monkeypatch):
+    monkeypatch.setenv("SK_DATA", str(dataset))
+    monkeypatch.setenv("SK_OUT", "made")
+    monkeypatch.delenv("SK_UNSET", raising=False)
+    text = "job: shuffle\ninputs: $SK_DATA/pile-*.tar\noutput: {path: '${SK_OUT}/a$$b', piles: 3}\n"
+    job = load_job(_write(job_dir, text))
+    assert job.inputs == (f"{dataset}/pile-*.tar",) and job.output == str(job_dir / "made" / "a$b")
+    bad = {
+        "line 2: inputs: $SK_UNSET/pile-*.tar: ": text.replace("$SK_DATA", "$SK_UNSET"),
+        "line 3: output.path: ${SK_UNSET}/x: ": text.replace("${SK_OUT}/a$$b", "${SK_UNSET}/x"),
+    }
+    for where, spoiled in bad.items():
+        assert main(["run", "--check", _write(job_dir, spoiled)]) == 1
+        said = capsys.readouterr().err
+        assert where + "$SK_UNSET is not set in the environment" in said, said
+    assert not os.path.exists(job_dir / "$SK_UNSET") and not os.path.exists(job_dir / "${SK_UNSET}")

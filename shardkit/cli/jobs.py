@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -222,8 +223,11 @@ def parse_job(doc: Any, source: str) -> Job:
         samples = top.take("samples", schema.count(MAX_DEMO, "the demo holds its whole dataset in memory"), default=50_000)
         with top.errors():
             check_samples(samples)
-        return DemoJob(source=source, output=_resolve(base, out) if out else None, samples=samples)
-    inputs = tuple(_resolve(base, p) for p in top.take("inputs", schema.strings, required=True))
+        with top.errors("output.path"):
+            return DemoJob(source=source, output=_resolve(base, out) if out else None, samples=samples)
+    named = top.take("inputs", schema.strings, required=True)
+    with top.errors("inputs"):
+        inputs = tuple(_resolve(base, p) for p in named)
     if kind == "shuffle":
         return _shuffle_job(top, inputs, base)
     return _piling_job(top, kind, inputs, base)
@@ -292,7 +296,9 @@ def _check(spec: Spec) -> Callable[[Any], Any]:
 
 
 def _output_path(output: Fields, base: str) -> str:
-    return _resolve(base, output.take("path", schema.path, required=True))
+    path = output.take("path", schema.path, required=True)
+    with output.errors("path"):
+        return _resolve(base, path)
 
 
 def _parse_format(top: Fields, inputs: tuple[str, ...]) -> Any:
@@ -351,8 +357,29 @@ def _check_inputs(top: Fields, inputs: tuple[str, ...], *, folders: bool) -> Non
         storage.expand(files, once=True)  # one file named by two inputs
 
 
+# an environment variable in a job's path: $NAME or ${NAME}; $$ is a dollar sign
+_VARIABLE = re.compile(r"\$(?:\$|(\w+)|\{(\w+)\})")
+
+
 def _resolve(base: str, path: str) -> str:
-    """A job path made absolute against the job file's directory (URLs are left alone)."""
+    """A job path with its environment variables filled in, made absolute against the job
+    file's directory (URLs are left alone).
+
+    Raises:
+        ConfigError: a variable the environment does not set (the path would name a folder ``$NAME``).
+    """
+
+    def value(found: re.Match[str]) -> str:
+        name = found.group(1) or found.group(2)
+        if name is None:
+            return "$"
+        if name not in os.environ:
+            raise ConfigError(
+                f"{path}: ${name} is not set in the environment (a path takes $NAME or ${{NAME}} from it; $$ is a dollar sign)"
+            )
+        return os.environ[name]
+
+    path = _VARIABLE.sub(value, path)
     local = storage.store_for(path).local_file()
     if local is None or path.startswith("file://"):
         return path
