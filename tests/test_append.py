@@ -754,6 +754,15 @@ def test_a_loader_whose_files_are_gone_says_the_dataset_changed_under_it(tmp_pat
         list(replaced)
     assert len(_keys(out)) == 40  # as the message says
 
+    grown = iter(shardkit.loader(out, batch_size=2, decode=False, seed=0))
+    next(grown)  # generation 0 of the dataset written over the first
+    _write(out, [f"d{i}" for i in range(40)], piles=4, overwrite=True)
+    _append(out, [f"e{i}" for i in range(8)], piles=4)
+    with pytest.raises(
+        shardkit.DatasetNotFoundError, match=r"was overwritten since this loader opened it, and grew to generation 1; a new"
+    ):
+        list(grown)
+
     damaged = iter(shardkit.loader(out, batch_size=2, decode=False, seed=0))
     next(damaged)
     for name in os.listdir(out):

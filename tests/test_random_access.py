@@ -382,6 +382,30 @@ def test_a_dataset_overwritten_while_open_says_so_naming_the_file(tmp_path, inde
         ds.get("s0000007")
 
 
+def test_a_dataset_overwritten_and_grown_while_open_says_so_for_files_gone_and_files_of_other_bytes(tmp_path):
+    out = str(tmp_path / "ds")
+
+    def write(prefix: str, n: int, **options) -> None:
+        with shardkit.PileWriter(out, piles=2, seed=0, **options) as w:
+            for i in range(n):
+                w.write({"__key__": f"{prefix}{i:04d}", "txt": prefix * 3})
+
+    write("a", 50)
+    write("x", 10, mode="append")
+    ds = shardkit.open(out, decode=False)
+    assert len(ds.index) == 60
+    write("b", 50, overwrite=True)
+    write("c", 10, mode="append")  # generation 1 again: its segments have the names of the one opened
+    said = "was overwritten since it was opened; a new shardkit.open reads it"
+    raised = set()
+    for i in range(len(ds)):
+        with pytest.raises((shardkit.DatasetNotFoundError, shardkit.CorruptShardError)) as e:
+            ds.raw(i)
+        assert said in str(e.value), str(e.value)
+        raised.add(type(e.value))
+    assert raised == {shardkit.DatasetNotFoundError, shardkit.CorruptShardError}  # both a file gone and one of other bytes
+
+
 def test_a_generation_collected_while_open_says_so(tmp_path):
     out = _write(str(tmp_path / "ds"), 40, piles=3)
     ds = shardkit.open(out, decode=False)

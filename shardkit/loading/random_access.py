@@ -209,11 +209,11 @@ class MapDataset:
         """The raw sample at pile-order ``position``, and the URL of the file it is in."""
         try:
             return self._read_at(position)
-        except DatasetNotFoundError as e:
+        except (DatasetNotFoundError, CorruptShardError) as e:
             why = self._why_gone()
             if why is None:
                 raise
-            raise DatasetNotFoundError(f"{e}: {why}") from e
+            raise type(e)(f"{e}: {why}") from e
 
     def _why_gone(self) -> str | None:
         """Why a file of the opened generation is missing, when the manifest there says why (an

@@ -102,14 +102,15 @@ class Source:
             if pile.segments is not None and pile.info is not None:
                 return fetch_segments(pile.url, pile.segments, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads)
             return fetch(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads, scratch=scratch)
-        except DatasetNotFoundError as e:
+        except (DatasetNotFoundError, CorruptShardError) as e:
             gone = self.gone()
             if gone is None:
                 raise
-            raise DatasetNotFoundError(f"{e}: {gone}") from e
+            raise type(e)(f"{e}: {gone}") from e
 
     def gone(self) -> str | None:
-        """Why a file of this dataset is missing, when its manifest says why (see :func:`why_gone`)."""
+        """Why a file of this dataset is missing or holds other bytes, when its manifest says why
+        (see :func:`why_gone`)."""
         if self.generation is None:  # plain tar shards: no manifest to ask
             return None
         listed = {os.path.basename(p.url): p.info.checksum if p.info else None for p in self.piles}
@@ -191,7 +192,7 @@ def why_gone(
     anew: str = "a new loader",
 ) -> str | None:
     """Why a file of generation ``generation`` of the dataset ``root`` (whose piles were ``listed``:
-    name -> checksum) is missing, when the manifest there says why: the dataset is no longer the
+    name -> checksum) is missing or holds other bytes, when the manifest there says why: the dataset is no longer the
     one its reader opened (overwritten, removed, or moved on and its older files collected).
     None when it is the same dataset or its generation is still kept (a file went missing, as the
     error says), or when the manifest cannot be read. ``since``, ``reader`` and ``anew`` name the
@@ -206,8 +207,11 @@ def why_gone(
         return None
     if now.generation <= generation:  # an overwrite starts again at generation 0
         return f"the dataset at {root} was overwritten since {since}; {anew} reads it"
-    if _still_kept(root, generation, listed):
+    kept = _kept(root, generation, listed)
+    if kept:
         return None  # moved on, but not collected: a file went missing, as the error says
+    if kept is False:  # the generation's manifest there lists other piles: an overwrite, then appends
+        return f"the dataset at {root} was overwritten since {since}, and grew to generation {now.generation}; {anew} reads it"
     return (
         f"the dataset at {root} moved on from generation {generation}, which {reader} reads, to {now.generation}, "
         f"and generation {generation}'s files are gone (an overwrite, or shardkit gc after its grace period); {anew} "
@@ -224,13 +228,14 @@ def gone_file(source: Source, url: str) -> str | None:
     return None
 
 
-def _still_kept(root: str, generation: int, listed: Mapping[str, str | None]) -> bool:
-    """Whether generation ``generation``'s manifest is still kept at ``root`` and lists the piles
-    ``listed``: gc removes it with the generation's files, an overwrite with the dataset."""
+def _kept(root: str, generation: int, listed: Mapping[str, str | None]) -> bool | None:
+    """Whether generation ``generation``'s manifest kept at ``root`` lists the piles ``listed``
+    (False: it lists others, a dataset written over this one); None when it is not kept (gc
+    removes it with the generation's files)."""
     try:
         kept = Dataset(root).pinned(generation)
     except ShardkitError:
-        return False
+        return None
     return dict(listed) == {p.name: p.checksum for p in kept.piles}
 
 
