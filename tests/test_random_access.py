@@ -406,6 +406,29 @@ def test_a_dataset_overwritten_and_grown_while_open_says_so_for_files_gone_and_f
     assert raised == {shardkit.DatasetNotFoundError, shardkit.CorruptShardError}  # both a file gone and one of other bytes
 
 
+@pytest.mark.parametrize("harm", ["flip", "delete"])
+def test_a_file_the_grown_dataset_still_lists_is_blamed_on_itself_not_on_the_dataset_moving_on(tmp_path, harm):
+    out = _write(str(tmp_path / "ds"), 40, piles=2)
+    ds = shardkit.open(out, decode=False)
+    loader = iter(shardkit.loader(out, decode=False, seed=0, batch_size=2))
+    with shardkit.PileWriter(out, piles=2, seed=1, mode="append") as w:
+        for i in range(10):
+            w.write({"__key__": f"new{i}", "bin": b"x", "cls": 1})
+    shardkit.gc(out, grace=0)  # generation 0's manifest is collected; its whole piles are segments of generation 1
+    path = os.path.join(out, "pile-000000.tar")
+    if harm == "flip":
+        data = bytearray(Path(path).read_bytes())
+        data[600] ^= 0xFF
+        Path(path).write_bytes(bytes(data))
+    else:
+        os.remove(path)
+    said = "the bytes changed after writing" if harm == "flip" else "pile-000000.tar: no such file"
+    for read in (lambda: [ds.raw(i) for i in range(len(ds))], lambda: list(loader)):
+        with pytest.raises((shardkit.CorruptShardError, shardkit.DatasetNotFoundError)) as e:
+            read()
+        assert said in str(e.value) and "moved on" not in str(e.value) and "overwritten" not in str(e.value), str(e.value)
+
+
 def test_a_generation_collected_while_open_says_so(tmp_path):
     out = _write(str(tmp_path / "ds"), 40, piles=3)
     ds = shardkit.open(out, decode=False)

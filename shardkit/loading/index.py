@@ -102,6 +102,10 @@ class Index:
         extra = 0 if self.crcs is None else self.crcs.nbytes
         return int(self.bounds.nbytes + self.hashes.nbytes + self.order.nbytes + self.starts.nbytes + extra)
 
+    def file_at(self, position: int) -> int:
+        """The number of the file holding pile-order ``position``, whether or not it could be read."""
+        return int(self.starts.searchsorted(position, side="right")) - 1
+
     def locate(self, position: int) -> tuple[int, int, int]:
         """``(file number, start, end)`` of the sample at pile-order ``position`` (0 <= position < len).
 
@@ -111,7 +115,7 @@ class Index:
             CorruptShardError: naming the index: its bounds lie outside the file (its checksums
                 hold, but a writer put wrong numbers in it).
         """
-        f = int(self.starts.searchsorted(position, side="right")) - 1
+        f = self.file_at(position)
         if f in self.failed:
             raise self.unreadable(f, f"sample {position - int(self.starts[f])} of its {self.files[f].info.samples} cannot be read")
         at = position + f  # each file before has one bound more than it has samples

@@ -42,6 +42,7 @@ from shardkit.loading.one_sample import parse
 from shardkit.loading.options import LoaderOptions
 from shardkit.loading.pile import fetch
 from shardkit.loading.source import why_gone
+from shardkit.manifest import PileInfo
 from shardkit.tar.shard import Shard
 from shardkit.tar.write import TRAILER
 
@@ -210,17 +211,25 @@ class MapDataset:
         try:
             return self._read_at(position)
         except (DatasetNotFoundError, CorruptShardError) as e:
-            why = self._why_gone()
+            built = self._index  # None: the index itself could not be made, no file is known
+            why = self._why_gone(None if built is None else built.files[built.file_at(position)].info)
             if why is None:
                 raise
             raise type(e)(f"{e}: {why}") from e
 
-    def _why_gone(self) -> str | None:
-        """Why a file of the opened generation is missing, when the manifest there says why (an
-        overwrite, a generation collected): "no such file" alone reads like a damaged dataset."""
+    def _why_gone(self, file: PileInfo | None = None) -> str | None:
+        """Why a file of the opened generation (``file``, where known) is missing or holds other
+        bytes, when the manifest there says why (an overwrite, a generation collected): "no such
+        file" alone reads like a damaged dataset."""
         listed = {p.name: p.checksum for p in self.manifest.piles}
         return why_gone(
-            self.root, self.manifest.generation, listed, since="it was opened", reader="this dataset", anew="a new shardkit.open"
+            self.root,
+            self.manifest.generation,
+            listed,
+            files=None if file is None else [file],
+            since="it was opened",
+            reader="this dataset",
+            anew="a new shardkit.open",
         )
 
     def _read_at(self, position: int) -> tuple[dict[str, Any], str]:

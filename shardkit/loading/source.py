@@ -103,18 +103,18 @@ class Source:
                 return fetch_segments(pile.url, pile.segments, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads)
             return fetch(pile.url, expected=pile.info, max_bytes=max_bytes, verify=verify, reads=reads, scratch=scratch)
         except (DatasetNotFoundError, CorruptShardError) as e:
-            gone = self.gone()
+            gone = self.gone(pile.info.parts if pile.info is not None else None)
             if gone is None:
                 raise
             raise type(e)(f"{e}: {gone}") from e
 
-    def gone(self) -> str | None:
-        """Why a file of this dataset is missing or holds other bytes, when its manifest says why
-        (see :func:`why_gone`)."""
+    def gone(self, files: Sequence[PileInfo] | None = None) -> str | None:
+        """Why a file of this dataset (one of ``files``, where known) is missing or holds other
+        bytes, when its manifest says why (see :func:`why_gone`)."""
         if self.generation is None:  # plain tar shards: no manifest to ask
             return None
         listed = {os.path.basename(p.url): p.info.checksum if p.info else None for p in self.piles}
-        return why_gone(self.name, self.generation, listed)
+        return why_gone(self.name, self.generation, listed, files=files)
 
     def open(self, index: int, fetched: Fetched) -> Shard:
         """Finish indexing what :meth:`fetch` returned and check the sample count."""
@@ -187,6 +187,7 @@ def why_gone(
     generation: int,
     listed: Mapping[str, str | None],
     *,
+    files: Sequence[PileInfo] | None = None,
     since: str = "this loader opened it",
     reader: str = "this loader",
     anew: str = "a new loader",
@@ -194,15 +195,19 @@ def why_gone(
     """Why a file of generation ``generation`` of the dataset ``root`` (whose piles were ``listed``:
     name -> checksum) is missing or holds other bytes, when the manifest there says why: the dataset is no longer the
     one its reader opened (overwritten, removed, or moved on and its older files collected).
-    None when it is the same dataset or its generation is still kept (a file went missing, as the
-    error says), or when the manifest cannot be read. ``since``, ``reader`` and ``anew`` name the
-    reader in the sentence."""
+    None when it is the same dataset, its generation is still kept, or the manifest there now
+    lists ``files`` (the entries of the file that failed, where known) as they were: whatever
+    happened to the file happened to it alone, as the error says; None too when the manifest
+    cannot be read. ``since``, ``reader`` and ``anew`` name the reader in the sentence."""
     try:
         now = manifest.read(root)
     except DatasetNotFoundError:
         return f"the dataset at {root} was removed since {since}"
     except ShardkitError:
         return None  # the manifest cannot be read either: the error as it is says enough
+    held = {(f.name, f.checksum) for p in now.piles for f in p.parts}
+    if files and all((f.name, f.checksum) in held for f in files):
+        return None  # the dataset there still holds these very files: a deleted or damaged file, not a dataset that changed
     if now.generation == generation and dict(listed) == {p.name: p.checksum for p in now.piles}:
         return None
     if now.generation <= generation:  # an overwrite starts again at generation 0
