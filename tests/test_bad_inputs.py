@@ -623,7 +623,7 @@ PILE_JOB = "job: pile\ninputs: $shard\n"
 PRE_JOB = "job: preprocess\ninputs: [$shard]\n"
 OUT = "output: {path: out, piles: 2}\n"
 YAML: dict[str, Yaml] = {
-    "input-named-twice": Yaml("job: pile\ninputs: [$shard, $shard]\n" + OUT, "line 2: inputs: $shard is named twice"),
+    "input-named-twice": Yaml("job: pile\ninputs: [$shard, $shard]\n" + OUT, "line 2: inputs[1]: $shard is named twice"),
     "not-yaml": Yaml("job: [unclosed\n", "line 2, column 1: not valid YAML"),
     "python-tag": Yaml("job: !!python/object/apply:os.system ['true']\n", "YAML tags that build Python objects are not allowed"),
     "a-list": Yaml("- job: pile\n", "expected a mapping of options, got a list"),

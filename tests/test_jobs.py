@@ -461,12 +461,19 @@ def test_paths_take_environment_variables_and_an_unset_one_is_named(job_dir, dat
     text = "job: shuffle\ninputs: $SK_DATA/pile-*.tar\noutput: {path: '${SK_OUT}/a$$b', piles: 3}\n"
     job = load_job(_write(job_dir, text))
     assert job.inputs == (f"{dataset}/pile-*.tar",) and job.output == str(job_dir / "made" / "a$b")
+    monkeypatch.setenv("SK_EMPTY", "")
     bad = {
-        "line 2: inputs: $SK_UNSET/pile-*.tar: ": text.replace("$SK_DATA", "$SK_UNSET"),
-        "line 3: output.path: ${SK_UNSET}/x: ": text.replace("${SK_OUT}/a$$b", "${SK_UNSET}/x"),
+        "line 2: inputs[0]: $SK_UNSET/pile-*.tar: $SK_UNSET is not set in the environment": text.replace("$SK_DATA", "$SK_UNSET"),
+        "line 3: output.path: ${SK_UNSET}/x: $SK_UNSET is not set in the environment": text.replace("${SK_OUT}/a$$b", "${SK_UNSET}/x"),
+        "line 3: output.path: $SK_EMPTY/x: $SK_EMPTY is set but empty in the environment": text.replace("${SK_OUT}/a$$b", "$SK_EMPTY/x"),
+        "line 3: output.path: ${SK_OUT:-x}/y: a ${ that is not ${NAME}": text.replace("${SK_OUT}/a$$b", "${SK_OUT:-x}/y"),
+        "line 3: output.path: ${}/y: a ${ that is not ${NAME}": text.replace("${SK_OUT}/a$$b", "${}/y"),
+        "; inside { } (a flow mapping) a ${NAME} path must be quoted": text.replace("'${SK_OUT}/a$$b'", "${SK_OUT}/a"),
     }
-    for where, spoiled in bad.items():
+    for said, spoiled in bad.items():
         assert main(["run", "--check", _write(job_dir, spoiled)]) == 1
-        said = capsys.readouterr().err
-        assert where + "$SK_UNSET is not set in the environment" in said, said
+        err = capsys.readouterr().err
+        assert said in err, err
     assert not os.path.exists(job_dir / "$SK_UNSET") and not os.path.exists(job_dir / "${SK_UNSET}")
+    digits = load_job(_write(job_dir, text.replace("${SK_OUT}/a$$b", "out$1")))  # no name starts with a digit: a dollar sign
+    assert digits.output == str(job_dir / "out$1")

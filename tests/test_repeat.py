@@ -217,3 +217,8 @@ def test_info_names_the_generation_its_repeat_record_describes(tmp_path, capsys)
     shardkit.preprocess(range(3, 4), labelled, out, piles=2, mode="append", repeat="cls:2=2", quiet=True)
     assert shardkit.info(out).generations == (2, 3)
     assert "100 samples written as 125: x1 75  x2 25  (generation 3, the last write" in row()
+    assert shardkit.info(out).repeat["generation"] == 3
+    shardkit.preprocess(
+        range(4, 5), labelled, out, piles=2, mode="append", repeat={"field": "cls", "counts": {0: 0}, "default": 0}, quiet=True
+    )  # copies none
+    assert "100 samples written as 0: x0 100  (generation 4, the last write" in row()  # not retired: it wrote no file

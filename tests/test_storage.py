@@ -8,7 +8,7 @@ import pytest
 
 import shardkit
 from shardkit import storage
-from shardkit.errors import DatasetNotFoundError, StorageError
+from shardkit.errors import ConfigError, DatasetNotFoundError, StorageError
 
 
 @pytest.mark.parametrize(
@@ -43,6 +43,29 @@ def test_expand_globs_braces_and_lists(tree):
     assert storage.expand(f"{t}/a-{{000..001}}.tar") == [f"{t}/a-000.tar", f"{t}/a-001.tar"]
     assert storage.expand([f"{t}/b.tar", f"{t}/a-00[2].tar"]) == [f"{t}/b.tar", f"{t}/a-002.tar"]
     assert storage.expand(f"file://{t}/b.tar") == [f"file://{t}/b.tar"]
+
+
+def test_expand_once_refuses_a_file_named_twice_under_any_name(tree):
+    t = str(tree)
+    os.symlink(f"{t}/b.tar", f"{t}/link.tar")
+    os.link(f"{t}/b.tar", f"{t}/hard.tar")
+    os.mkdir(f"{t}/sub")
+    for twice in (
+        [f"{t}/a-*.tar", f"{t}/a-001.tar"],
+        [f"{t}/b.tar", f"{t}/sub/../b.tar"],
+        [f"{t}/{{b,b}}.tar"],
+        [f"{t}/b.tar", f"file://{t}/b.tar"],
+        [f"{t}/b.tar", f"{t}/link.tar"],
+        [f"{t}/hard.tar", f"{t}/b.tar"],
+    ):
+        storage.expand(twice)  # the loader reads a shard named twice twice
+        with pytest.raises(ConfigError, match=r"\.tar is named twice \(by '.*' and by '.*'\): each input is read once; name it once"):
+            storage.expand(twice, once=True)
+    (tree / "sub" / "b.tar").write_bytes(b"another file of the same name")
+    assert len(storage.expand([f"{t}/b.tar", f"{t}/sub/b.tar"], once=True)) == 2
+    from shardkit.storage.patterns import _same_file
+
+    assert _same_file("s3a://bucket/d/x.tar") == _same_file("s3://bucket/d/x.tar") != _same_file("s3://bucket/d/y.tar")
 
 
 def test_expand_names_what_is_missing(tree):

@@ -88,6 +88,8 @@ def _quote_hint(error: yaml.YAMLError, line: str) -> str:
         return "; a value that starts with * is a YAML alias: quote a glob (inputs: '*.tar')"
     if _BRACES_THEN_MORE.search(line):
         return "; a value that starts with { is a YAML mapping: quote a brace pattern (inputs: '{a,b}.tar')"
+    if "${" in line:
+        return "; inside { } (a flow mapping) a ${NAME} path must be quoted: {path: '${NAME}/piles'}"
     return ""
 
 

@@ -225,12 +225,13 @@ def parse_job(doc: Any, source: str) -> Job:
             check_samples(samples)
         with top.errors("output.path"):
             return DemoJob(source=source, output=_resolve(base, out) if out else None, samples=samples)
-    named = top.take("inputs", schema.strings, required=True)
-    with top.errors("inputs"):
-        inputs = tuple(_resolve(base, p) for p in named)
+    inputs = []
+    for i, named in enumerate(top.take("inputs", schema.strings, required=True)):
+        with top.errors(f"inputs[{i}]"):
+            inputs.append(_resolve(base, named))
     if kind == "shuffle":
-        return _shuffle_job(top, inputs, base)
-    return _piling_job(top, kind, inputs, base)
+        return _shuffle_job(top, tuple(inputs), base)
+    return _piling_job(top, kind, tuple(inputs), base)
 
 
 def _flat_executor(doc: dict[str, Any], source: str) -> dict[str, Any]:
@@ -339,7 +340,8 @@ def _parse_fn(top: Fields, base: str) -> transforms.Images | transforms.JsonLine
 
 
 def _check_inputs(top: Fields, inputs: tuple[str, ...], *, folders: bool) -> None:
-    """Every input names something that exists: a folder (image transforms) or files."""
+    """Every input names something that exists: a folder (image transforms) or files, no file twice."""
+    named = storage.NamedOnce()
     for i, item in enumerate(inputs):
         with top.errors(f"inputs[{i}]"):
             if folders:
@@ -349,16 +351,14 @@ def _check_inputs(top: Fields, inputs: tuple[str, ...], *, folders: bool) -> Non
                 pass  # a folder its writer made: the reader says what is wrong with it
             else:
                 try:
-                    storage.expand(item)
+                    named.add(storage.expand(item), item)
                 except DatasetNotFoundError as e:
                     raise ConfigError(str(e)) from None
-    files = [item for item in inputs if not folders and readers.detect(item) not in ("hf", "mds", "litdata")]
-    with top.errors("inputs"):
-        storage.expand(files, once=True)  # one file named by two inputs
 
 
-# an environment variable in a job's path: $NAME or ${NAME}; $$ is a dollar sign
-_VARIABLE = re.compile(r"\$(?:\$|(\w+)|\{(\w+)\})")
+# an environment variable in a job's path: $NAME or ${NAME} (a name starts with a letter or _); $$
+# is a dollar sign; any other ${ is an error, not a folder name
+_VARIABLE = re.compile(r"\$(?:\$|([A-Za-z_]\w*)|\{([A-Za-z_]\w*)\}|(\{))")
 
 
 def _resolve(base: str, path: str) -> str:
@@ -369,14 +369,17 @@ def _resolve(base: str, path: str) -> str:
         ConfigError: a variable the environment does not set (the path would name a folder ``$NAME``).
     """
 
+    how = "a path takes $NAME or ${NAME} from it; $$ is a dollar sign"
+
     def value(found: re.Match[str]) -> str:
         name = found.group(1) or found.group(2)
+        if found.group(3):
+            raise ConfigError(f"{path}: a ${{ that is not ${{NAME}} ({how})")
         if name is None:
             return "$"
-        if name not in os.environ:
-            raise ConfigError(
-                f"{path}: ${name} is not set in the environment (a path takes $NAME or ${{NAME}} from it; $$ is a dollar sign)"
-            )
+        if not os.environ.get(name):  # empty, $NAME/piles would be /piles
+            said = "set but empty" if name in os.environ else "not set"
+            raise ConfigError(f"{path}: ${name} is {said} in the environment ({how})")
         return os.environ[name]
 
     path = _VARIABLE.sub(value, path)

@@ -13,18 +13,15 @@ leaves a file that looks whole. Nothing above this package asks which backend a 
 from __future__ import annotations
 
 import contextlib
-import glob as _glob
 import logging
 import os
-import re
 import stat
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any, TypeVar
 
-from shardkit.errors import ConfigError, DatasetNotFoundError, ShardkitError
+from shardkit.errors import ConfigError
 from shardkit.storage import remote, retry
 from shardkit.storage.caching_store import CachingStore
-from shardkit.storage.conditional import forget_listings
 from shardkit.storage.faulty_store import FaultyStore
 from shardkit.storage.fsspec_store import FsspecStore
 from shardkit.storage.local import (
@@ -47,6 +44,7 @@ from shardkit.storage.local_store import LocalStore
 from shardkit.storage.memory_store import MemoryStore
 from shardkit.storage.options import check_storage_options
 from shardkit.storage.paths import guard, is_remote, join, local_path, storage_error
+from shardkit.storage.patterns import NamedOnce, brace_expand, expand
 from shardkit.storage.scratch import Scratch
 from shardkit.storage.store import Entry, Store
 from shardkit.storage.stores import RemoteReads, locate, mount, store_for, unmount
@@ -62,6 +60,7 @@ __all__ = [
     "FsspecStore",
     "LocalStore",
     "MemoryStore",
+    "NamedOnce",
     "RemoteReads",
     "Scratch",
     "Store",
@@ -116,8 +115,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_GROUP = re.compile(r"\{([^{}]*)\}")
-_RANGE = re.compile(r"(\d+)\.\.(\d+)")
 
 
 def use(sources: Any, options: Mapping[str, Any] | None) -> None:
@@ -345,97 +342,3 @@ def listdir(url: str, *, missing_ok: bool = False) -> list[str]:
     """Sorted names of the entries directly inside the directory ``url``; with ``missing_ok``,
     none when it does not exist (an object-store prefix nothing was written under yet)."""
     return store_for(url).list(missing_ok=missing_ok)
-
-
-def brace_expand(pattern: str) -> list[str]:
-    """Expand ``{000..012}`` ranges (zero padding kept) and ``{a,b}`` alternatives.
-
-    Groups expand left to right, as in the shell: ``{a,b}-{0..1}`` gives a-0, a-1, b-0, b-1.
-    A group that is neither (``{x}``) stays as it is.
-    """
-    for match in _GROUP.finditer(pattern):
-        body = match.group(1)
-        numbers = _RANGE.fullmatch(body)
-        if numbers:
-            lo, hi = numbers.group(1), numbers.group(2)
-            width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
-            step = 1 if int(hi) >= int(lo) else -1
-            alternatives = [f"{i:0{width}d}" for i in range(int(lo), int(hi) + step, step)]
-        elif "," in body:
-            alternatives = body.split(",")
-        else:
-            continue
-        head, tail = pattern[: match.start()], pattern[match.end() :]
-        return [e for alt in alternatives for e in brace_expand(head + alt + tail)]
-    return [pattern]
-
-
-def expand(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, once: bool = False) -> list[str]:
-    """Turn a URL, a brace pattern, a glob or a list of them into a list of file URLs.
-
-    ``once``: a file named twice (by two patterns, or one pattern and its name) is refused: a job
-    that writes each input's samples once would write them twice, and stop on their repeated keys
-    only once everything was read.
-
-    Raises:
-        DatasetNotFoundError: a pattern matches nothing or a named file does not exist.
-        ConfigError: with ``once``, a file named twice.
-    """
-    items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-    urls: list[str] = []
-    named: dict[str, str] = {}  # each file, as compared, and the item that named it first
-    for item in items:
-        for url in brace_expand(os.fspath(item)):
-            path = local_path(url)
-            if _glob.has_magic(url):
-                found = _glob_files(url)
-                if not found:
-                    raise _matches_nothing(url)
-            elif path is not None and not os.path.isfile(path):
-                if os.path.isdir(path):  # inputs are files: said plainly, or the user looks for a typo
-                    raise DatasetNotFoundError(f"{url}: a directory, not a file: name the files in it (e.g. {url.rstrip('/')}/*)")
-                raise DatasetNotFoundError(f"{url}: no such file")
-            else:
-                found = [url]
-            for file in found if once else ():
-                key = _same_file(file)
-                if key in named:
-                    raise ConfigError(
-                        f"{file} is named twice (by {named[key]!r} and by {os.fspath(item)!r}): each input is read once; name it once"
-                    )
-                named[key] = os.fspath(item)
-            urls.extend(found)
-    return urls
-
-
-def _same_file(url: str) -> str:
-    """What two names of one file have in common: a local file's absolute path, else the URL."""
-    path = local_path(url)
-    return url if path is None else os.path.abspath(path)
-
-
-def _matches_nothing(pattern: str) -> DatasetNotFoundError:
-    """The error for a glob that matched no file: in a bucket that does not exist (where a remote
-    glob finds nothing rather than fail), one that names the bucket."""
-    if local_path(pattern) is None:
-        try:
-            listdir(remote.root(pattern))
-        except DatasetNotFoundError as e:
-            bucket = getattr(e, "bucket", None)
-            if bucket:
-                return DatasetNotFoundError(f"{pattern}: the bucket {bucket} does not exist (a typo? create it first)")
-        except ShardkitError:
-            pass  # the bucket cannot be listed (denied, unreachable): the pattern's own words say enough
-    return DatasetNotFoundError(f"{pattern}: pattern matches no file")
-
-
-def _glob_files(pattern: str) -> list[str]:
-    """Sorted URLs of the files matching a glob, local or remote (remote ones keep their scheme)."""
-    path = local_path(pattern)
-    if path is not None:
-        return sorted(p for p in _glob.glob(path) if os.path.isfile(p))
-    fs, p = remote.filesystem(pattern)
-    with guard(pattern, "list the files matching"):
-        found = remote.call(pattern, fs, lambda: fs.glob(p, detail=True))  # types come with the listing: no request per file
-    forget_listings(fs, None)  # a glob lists every directory it walks
-    return sorted(fs.unstrip_protocol(m) for m, info in found.items() if info.get("type") == "file")

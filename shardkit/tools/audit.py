@@ -168,7 +168,7 @@ def info(directory: str, *, storage_options: Mapping[str, Any] | None = None) ->
         largest_piles=tuple(sorted((p.tar_size for p in m.piles), reverse=True)[:64]),
         compression=", ".join(sorted({f.compression for p in m.piles for f in p.parts if f.compression is not None})) or None,
         tar_bytes=m.tar_bytes,
-        repeat=m.extra["repeat"] if isinstance(m.extra.get("repeat"), dict) else None,
+        repeat={"generation": 0, **m.extra["repeat"]} if isinstance(m.extra.get("repeat"), dict) else None,
         generations=tuple(sorted(m.held_generations())),
     )
 

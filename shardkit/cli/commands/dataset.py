@@ -45,7 +45,7 @@ def _repeat_row(repeat: dict[str, Any], generations: tuple[int, ...]) -> str:
     g = repeat.get("generation", 0)
     if generations == (g,):
         return row
-    held = "" if g in generations else ", since retired by the window"
+    held = "" if g in generations or not repeat.get("written_samples") else ", since retired by the window"  # none written: no file
     return f"{row}  (generation {g}{held}, the last write that repeated samples; other generations are not counted here)"
 
 
