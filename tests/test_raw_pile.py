@@ -153,13 +153,14 @@ def test_piles_of_pax_shards_read_completely_with_webdataset_and_tarfile(tmp_pat
 
 def test_output_is_byte_identical_for_any_number_of_workers_and_skips(tmp_path, foreign):
     own = own_shards(tmp_path, 12)
-    broken = str(tmp_path / "broken.tar")
-    with open(broken, "wb") as f:
-        f.write(read(own[1])[:3000])
+    broken = [str(tmp_path / f"broken-{k}.tar") for k in range(3)]  # three files: one named twice is refused
+    for path in broken:
+        with open(path, "wb") as f:
+            f.write(read(own[1])[:3000])
     wds = write_wds_shards(tmp_path, "more-{}.tar", 4, lambda k, i: {"__key__": f"m{k}/{i:03d}", "txt": f"{k}-{i}"} if i < 20 else None)
-    urls = [*own[:2], broken, *foreign[:2], *own[2:4]]
+    urls = [*own[:2], broken[0], *foreign[:2], *own[2:4]]
     for r in (1, 2):  # keys are unique across the inputs
-        urls += [*own[4 * r : 4 * r + 2], broken, *wds[2 * r - 2 : 2 * r], *own[4 * r + 2 : 4 * r + 4]]
+        urls += [*own[4 * r : 4 * r + 2], broken[r], *wds[2 * r - 2 : 2 * r], *own[4 * r + 2 : 4 * r + 4]]
     kwargs = {"piles": 6, "seed": 3, "buffer_size": "16KiB", "on_error": "skip", "quiet": True}
     m1 = shardkit.pile(urls, tmp_path / "w1", workers=1, **kwargs)
     m3 = shardkit.pile(urls, tmp_path / "w3", workers=3, **kwargs)
