@@ -163,9 +163,9 @@ class BlendSchedule:
         for s in range(len(self.source.parts)):
             n = self.source.parts[s].samples
             if _every_cell_cycles(running[:, s], n) and at[s] < end[s]:
-                # a source read whole at least twice in every cell: each of its piles is in use in
-                # every cell of the piece anyway; one use each, not one a pile a cycle (a 1-sample source
-                # at half a 10^6 epoch would count half a million cycles before the first batch)
+                # a source read whole in every cell: (nearly) each of its piles is in use in every cell
+                # of the piece anyway, and all of them hold no more than a cell's worth; one use each, not
+                # one a pile a cycle (a 1-sample source at half a 10^6 epoch counts half a million cycles)
                 piles = np.flatnonzero(np.asarray(self.source.parts[s].counts) > 0) + self._offsets[s]
                 found.extend(plan.PileUse(int(p), off, off + b - a - 1) for p in piles)
                 continue
@@ -182,10 +182,12 @@ class BlendSchedule:
 
 def _every_cell_cycles(running: np.ndarray, n: int) -> bool:
     """Whether a source of ``n`` samples, taken ``running`` times up to the end of each cell, is read
-    whole at least twice in every cell but the last (so every one of its piles is used in each of them)."""
+    whole in every cell but the last: twice, and every one of its piles is used in each of them; once,
+    and the piles not used in a cell (the end of one cycle's order and the start of the next leave
+    some out) hold less than the cell reads of it."""
     if n <= 0 or len(running) < 3:
         return False
-    return bool(np.diff(running[:-1], prepend=0).min() >= 2 * n)
+    return bool(np.diff(running[:-1], prepend=0).min() >= n)
 
 
 def _merged(uses: Sequence[plan.PileUse]) -> list[plan.PileUse]:
