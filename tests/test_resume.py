@@ -67,6 +67,23 @@ def test_a_killed_job_resumes_where_it_stopped_byte_identical(tmp_path, referenc
     assert not os.path.exists(os.path.join(out, resume.STAGING))
 
 
+def test_a_resume_stopped_before_it_wrote_its_job_record_resumes_again(tmp_path, reference, monkeypatch):
+    # the resumed job clears what it does not keep, then replaces the job record: a Ctrl-C between
+    # the two once left commits without a record ("another job: fn was None, ..."), never resumable
+    out = str(tmp_path / "out")
+    done = _interrupt(out, tmp_path)
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(resume, "_said_resume", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        _resume(out, tmp_path, workers=1)
+    monkeypatch.undo()
+    assert len(_resume(out, tmp_path, workers=1)) == kill_resume.UNITS - done
+    assert kill_resume.files(out) == reference
+
+
 def test_random_kills_then_resume_are_byte_identical(tmp_path, reference):
     rng = random.Random(5)
     for _ in range(2):

@@ -269,9 +269,11 @@ def _published(before: Mapping[str, Any] | None, job: Mapping[str, Any]) -> bool
 
 
 def _clear(path: str, keep: set[str]) -> None:
-    """Remove everything in the staging directory but its lock, its owner record and the
-    directories in ``keep``, following no link."""
-    clear_tree(path, keep={LOCK, layout.OWNER, *(os.path.basename(k) for k in keep)})
+    """Remove everything in the staging directory but its lock, its owner and job records and the
+    directories in ``keep``, following no link. The job record stays until the new one replaces
+    it: a job stopped between the two would leave kept commits that no record names, which no
+    resume could take."""
+    clear_tree(path, keep={LOCK, layout.OWNER, JOB, *(os.path.basename(k) for k in keep)})
 
 
 def _said_resume(out: str, staging: Staging, units: Any) -> None:
