@@ -68,6 +68,7 @@ def expand(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *
 
 
 def _expand_one(item: str) -> list[str]:
+    """The files one path, URL or pattern names, in order."""
     urls: list[str] = []
     for url in brace_expand(item):
         path = local_path(url)

@@ -81,7 +81,7 @@ class BlendSchedule:
 
     def _stream(self, s: int, p0: int, p1: int) -> tuple[np.ndarray, np.ndarray]:
         n = self.source.parts[s].samples
-        if p1 - p0 > n and (n <= 1 or not self.options.shuffle):  # every cycle of the source is read in one order
+        if 0 < n < p1 - p0 and (n == 1 or not self.options.shuffle):  # every cycle of the source is read in one order
             first = self._order(s, 0).take(0, n)
             at = np.arange(p0, p1) % n
             return first[0][at] + self._offsets[s], first[1][at]
