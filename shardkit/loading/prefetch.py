@@ -7,6 +7,8 @@ one the consumer waits for is always being read or next to be claimed; with ``re
 up to that many piles are read at once (an object store, where one request is a fraction of
 what the connection and the server allow), and results are still handed out in order. Errors
 are carried to the consumer in their place; the end is explicit; ``close()`` stops and joins.
+A consumer waiting for a pile does the parts of its read the reader offers (an lz4 pile's blocks,
+see :mod:`shardkit.assist`) instead of sleeping.
 
     reader = PileReader(["a.tar", "b.tar"], read=lambda url: read_pile(url), slots=2)
     index, pile = reader.get()   # pile 0, or raises what reading it raised
@@ -20,6 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from shardkit.assist import BOARD, Board
 from shardkit.errors import Failure
 
 T = TypeVar("T")
@@ -81,6 +84,7 @@ class PileReader(Generic[Item, T]):
         self._claimed = 0  # items handed to a thread so far
         self._delivered = 0  # items handed to the consumer so far
         self._results: dict[int, Any] = {}
+        self._boards: dict[int, Board] = {}  # the reads in progress: where each offers its work to the consumer
         self._cond = threading.Condition()
         self._stop = False
         self._paused = paused
@@ -100,10 +104,7 @@ class PileReader(Generic[Item, T]):
                 i = self._claimed
                 self._claimed += 1
                 self._held += 1
-            try:
-                result: Any = self._read(self._items[i])
-            except BaseException as e:  # carried to the consumer, whatever it is
-                result = Failure.capture(e, index=i)
+            result: Any = self._read_one(i)
             with self._cond:
                 if not self._stop:
                     self._results[i] = result
@@ -117,9 +118,40 @@ class PileReader(Generic[Item, T]):
             i = self._delivered
             if i >= len(self._items) or self._stop:
                 return None
-            self._cond.wait_for(lambda: i in self._results)
+            while i not in self._results:
+                board = self._boards.get(i)
+                if board is None or not board.offered():
+                    self._cond.wait()
+                    continue
+                self._cond.release()  # lend a hand with the read it waits for (an lz4 pile's blocks)
+                try:
+                    board.help()
+                finally:
+                    self._cond.acquire()
             self._delivered += 1
-            return self._results.pop(i)  # type: ignore[no-any-return]
+            return self._results.pop(i)
+
+    def _read_one(self, i: int) -> Any:
+        """Item ``i`` read, or its :class:`Failure` (whatever was raised), its work offered on a
+        board the consumer may help with while it waits for it."""
+        try:
+            board = Board(self._wake)
+            with self._cond:
+                self._boards[i] = board
+            token = BOARD.set(board)
+            try:
+                return self._read(self._items[i])
+            finally:
+                BOARD.reset(token)
+        except BaseException as e:  # carried to the consumer, whatever it is
+            return Failure.capture(e, index=i)
+        finally:
+            with self._cond:
+                self._boards.pop(i, None)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def resume(self) -> None:
         """Start reading, when made ``paused`` (a no-op otherwise)."""

@@ -17,9 +17,12 @@ import ctypes
 import functools
 import mmap
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from shardkit.assist import BOARD
 
 if TYPE_CHECKING:
     from shardkit.storage.scratch import Scratch
@@ -60,7 +63,7 @@ def read_checked(buf: Any, size: int, *, into: Scratch | None = None) -> bytes |
             return None  # more than the frame's blocks can hold (a wrong size): the full read says so
         out, dst = _reused(into, size) or unfilled_bytes(size) or _zeroed(size)
         try:
-            done = decode_blocks(decode, np.frombuffer(view, dtype=np.uint8), dst, blocks)
+            done = _decoded(decode, np.frombuffer(view, dtype=np.uint8), dst, blocks)
         except BaseException:
             del out, dst  # a traceback keeps the frame: it must not hold bytes never written
             raise
@@ -148,6 +151,85 @@ def frame_blocks(view: memoryview, size: int) -> tuple[int, list[tuple[int, int,
         at += length + trailer
     at += 4 if flags & _CONTENT_CHECKSUM else 0
     return (most, blocks, not flags & _INDEPENDENT) if at == len(view) else None
+
+
+def _decoded(decode: Any, src: np.ndarray, dst: np.ndarray, frame: tuple[int, list[tuple[int, int, bool]], bool]) -> int:
+    """:func:`decode_blocks`, its blocks shared with the thread waiting for this read when the
+    reading thread has a :data:`~shardkit.assist.BOARD` and the blocks are independent and full
+    (see :class:`Blocks`); a frame whose blocks are not all full is decoded again in order."""
+    board = BOARD.get()
+    if board is None or frame[2] or len(frame[1]) < 2:
+        return decode_blocks(decode, src, dst, frame)
+    job = Blocks(decode, src, dst, frame)
+    board.offer(job.step)
+    try:
+        done = job.finish()
+    finally:
+        board.withdraw()
+    return done if done >= 0 else decode_blocks(decode, src, dst, frame)
+
+
+class Blocks:
+    """The independent blocks of one frame, each decoded by whichever thread claims it next: the
+    thread reading the pile or the one waiting for it (:class:`~shardkit.assist.Board`).
+
+    Each block's place in the output must be known before the blocks ahead of it are decoded, so
+    every block but the last must fill the frame's block size, as LZ4 writers make them (shardkit's
+    and the ``lz4`` tool's): a block that decodes to another length fails the job, and the caller
+    decodes the frame again in order (:func:`decode_blocks`), which takes blocks of any length.
+    A step holds the block's addresses only, never the buffers: :meth:`finish` keeps them alive
+    until every step begun has ended.
+
+        job = Blocks(decode, src, dst, frame_blocks(view, size))
+        board.offer(job.step)
+        done = job.finish()          # the bytes written, or -1
+    """
+
+    def __init__(self, decode: Any, src: np.ndarray, dst: np.ndarray, frame: tuple[int, list[tuple[int, int, bool]], bool]) -> None:
+        most, blocks, _ = frame
+        self._decode, self._size = decode, len(dst)
+        # each block: (where it is, its length, stored as it is, where it goes, the bytes it must fill)
+        base_src, base_dst = src.ctypes.data, dst.ctypes.data
+        self._parts = [
+            (base_src + at, length, stored, base_dst + k * most, min(most, self._size - k * most))
+            for k, (at, length, stored) in enumerate(blocks)
+        ]
+        self._fits = self._size == sum(max(0, part[4]) for part in self._parts) and all(part[4] > 0 for part in self._parts)
+        self._claimed = 0
+        self._ended = [False] * len(self._parts)  # set by each step as it ends, one store (a signal cannot split it)
+        self._ok = [False] * len(self._parts)
+        self._cond = threading.Condition()
+
+    def step(self) -> bool:
+        """Decode the next block no thread has claimed; False when none is left (or the job failed)."""
+        with self._cond:
+            k = self._claimed
+            if k >= len(self._parts) or not self._fits or not all(self._ok[j] for j in range(k) if self._ended[j]):
+                return False
+            self._claimed += 1
+        ok = False
+        try:
+            at, length, stored, to, room = self._parts[k]
+            if stored:
+                ok = length == room and ctypes.memmove(to, at, length) is not None
+            else:
+                ok = self._decode(at, to, length, room, None, 0) == room
+        finally:
+            self._ok[k] = ok
+            self._ended[k] = True
+            with self._cond:
+                self._cond.notify_all()
+        return True
+
+    def finish(self) -> int:
+        """Decode what no thread has claimed, wait for the steps begun elsewhere; the bytes
+        written (the output's whole length), or -1 when a block failed or did not fill its place."""
+        while self.step():
+            pass
+        with self._cond:
+            while not all(self._ended[: self._claimed]):
+                self._cond.wait(0.01)  # a step's notice can be lost to an interrupt: look again soon
+        return self._size if self._fits and all(self._ok) else -1
 
 
 def decode_blocks(decode: Any, src: np.ndarray, dst: np.ndarray, frame: tuple[int, list[tuple[int, int, bool]], bool]) -> int:

@@ -1,0 +1,174 @@
+"""A waiting thread lends a hand: an lz4 frame's blocks decoded by the reader and the thread
+waiting for its pile give the same bytes, whoever takes which block; a frame whose blocks do not
+fill their places, a damaged block, or a helper that fails never give other bytes or a hang."""
+
+from __future__ import annotations
+
+import threading
+
+import lz4.frame
+import numpy as np
+import pytest
+
+import shardkit
+from shardkit import assist, manifest
+from shardkit.assist import BOARD, Board
+from shardkit.loading.prefetch import PileReader
+from shardkit.tar import lz4_blocks
+
+# blocks of 64 KiB (lz4's smallest), independent, as shardkit writes them but smaller
+FRAME = {"block_size": lz4.frame.BLOCKSIZE_MAX64KB, "block_linked": False, "content_checksum": True}
+DATA = b"".join(b"%07d lambda kappa mu nu\n" % i for i in range(20_000))  # ~560 KB: 9 blocks
+
+
+class Recorder:
+    """liblz4's block decoder, noting which thread decoded each block; the reader's first block
+    waits until another thread has decoded one, so that the waiting thread surely takes a share."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.real, self.fail_on = lz4_blocks.decoder(), fail_on
+        self.threads: list[str] = []
+        self.helped = threading.Event()
+
+    def __call__(self, *args):
+        name = threading.current_thread().name
+        if name == "reader" and not self.threads:
+            self.threads.append(name)
+            self.helped.wait(5)
+        else:
+            self.threads.append(name)
+        if name == self.fail_on:
+            raise RuntimeError("the helper failed")
+        written = self.real(*args)
+        if name != "reader":
+            self.helped.set()
+        return written
+
+
+def _read_with_help(frame: bytes, size: int, decode: Recorder):
+    """``read_checked`` of ``frame`` in a thread named reader, this thread helping until it ends."""
+    board, out, failed = Board(wake=lambda: None), [], []
+
+    def run():
+        token = BOARD.set(board)
+        try:
+            out.append(lz4_blocks.read_checked(frame, size))
+        except BaseException as e:
+            failed.append(e)
+        finally:
+            BOARD.reset(token)
+
+    reader = threading.Thread(target=run, name="reader")
+    reader.start()
+    try:
+        while reader.is_alive():
+            if not board.help():
+                reader.join(0.001)
+    finally:
+        reader.join(10)
+    assert not reader.is_alive()
+    if failed:
+        raise failed[0]
+    return out[0]
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    made = Recorder()
+    monkeypatch.setattr(lz4_blocks, "decoder", lambda: made)
+    return made
+
+
+def test_the_waiting_thread_decodes_some_blocks_and_the_bytes_are_the_same(recorder):
+    frame = lz4.frame.compress(DATA, **FRAME)
+    assert _read_with_help(frame, len(DATA), recorder) == DATA
+    blocks = lz4_blocks.frame_blocks(memoryview(frame), len(DATA))[1]
+    assert len(recorder.threads) == len(blocks) > 2 and {"reader", "MainThread"} <= set(recorder.threads)  # each block once
+
+
+def test_stored_blocks_are_shared_too(recorder):
+    data = np.random.default_rng(0).bytes(300_000)  # incompressible: every block stored as it is
+    frame = lz4.frame.compress(data, **FRAME)
+    recorder.helped.set()  # stored blocks are copied, not decoded: nothing waits for the decoder
+    assert _read_with_help(frame, len(data), recorder) == data
+
+
+def test_blocks_that_do_not_fill_their_place_are_decoded_again_in_order(recorder):
+    packer = lz4.frame.LZ4FrameCompressor(auto_flush=True, **FRAME)
+    # a short block first (a flush), then one that fills the rest: two blocks for two places, the first one short
+    frame = packer.begin() + packer.compress(DATA[:10_000]) + packer.compress(DATA[10_000:70_000]) + packer.flush()
+    recorder.helped.set()
+    assert _read_with_help(frame, 70_000, recorder) == DATA[:70_000]
+
+
+def test_a_damaged_block_is_never_taken_for_the_tar(recorder):
+    frame = bytearray(lz4.frame.compress(DATA, **FRAME))
+    frame[len(frame) // 2] ^= 0xFF
+    recorder.helped.set()
+    got = _read_with_help(bytes(frame), len(DATA), recorder)
+    assert got is None or got != DATA  # None: the full read names the fault; else the tar's CRC-32 catches it
+
+
+def test_a_helper_that_fails_leaves_the_reader_to_finish(monkeypatch):
+    failing = Recorder(fail_on="MainThread")
+    monkeypatch.setattr(lz4_blocks, "decoder", lambda: failing)
+    frame = lz4.frame.compress(DATA, **FRAME)
+    with pytest.raises(RuntimeError, match="the helper failed"):
+        _read_with_help(frame, len(DATA), failing)  # the reader thread ended: no hang
+    failing.helped.set()
+
+
+def test_a_board_offers_until_withdrawn_and_a_spent_step_is_not_run_again():
+    woken, steps = [], iter([True, False])
+    board = Board(wake=lambda: woken.append(1))
+    assert not board.offered() and board.help() is False
+    board.offer(lambda: next(steps))
+    assert woken == [1] and board.offered()
+    assert board.help() is True
+    assert board.help() is False and not board.offered()  # all of it taken: withdrawn
+    board.offer(lambda: True)
+    board.withdraw()
+    assert board.help() is False
+    assert assist.BOARD.get() is None  # nothing set outside a reader
+
+
+def test_the_consumer_of_a_pile_reader_helps_the_read_it_waits_for():
+    done = threading.Event()
+    helpers: list[str] = []
+
+    def step() -> bool:
+        if done.is_set():
+            return False
+        helpers.append(threading.current_thread().name)
+        done.set()
+        return True
+
+    def read(i: int) -> int:
+        board = BOARD.get()
+        assert board is not None
+        board.offer(step)
+        assert done.wait(5)  # only the consumer, waiting in get(), can take the step
+        board.withdraw()
+        return i
+
+    reader = PileReader(range(2), read, slots=1, name="test-helped")
+    try:
+        assert reader.get() == 0
+    finally:
+        reader.close()
+    assert helpers == [threading.current_thread().name]
+
+
+def test_lz4_piles_of_several_blocks_read_the_same_as_plain(tmp_path):
+    rng = np.random.default_rng(5)
+    samples = [{"__key__": f"k{i:03d}", "txt": b"word %d " % i * rng.integers(1000, 20_000)} for i in range(300)]
+    for compression in (None, "lz4"):
+        with shardkit.PileWriter(str(tmp_path / str(compression)), piles=2, seed=3, compression=compression) as w:
+            for s in samples:
+                w.write(s)
+    read = []
+    for c in (None, "lz4"):
+        loader = shardkit.loader(str(tmp_path / str(c)), seed=4, decode=False)
+        read.append([(s["__key__"], s["txt"]) for _ in range(2) for s in loader])  # two epochs: the second reads kept memory
+    assert read[0] == read[1] and len(read[0]) == 600
+    assert min(p.tar_bytes for p in manifest.read(str(tmp_path / "lz4")).piles) > 8 << 20  # three blocks or more a pile
