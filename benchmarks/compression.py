@@ -17,7 +17,8 @@ loader reads the JSON piles for several epochs (``--epochs``), each row in a fre
 later epochs decode into memory an earlier pile was decoded into, and rows that decode every pile
 into new memory show what that saves (more with piles over 32 MB, which glibc gives back to the
 system when freed: ``--piles 2`` makes ~50 MB piles of the default samples); a row with
-``prefetch=1`` shows what decoding two piles at once (the default for local compressed piles) gains.
+``prefetch=1`` shows what decoding two piles at once (the default for local compressed piles) gains,
+and one where the consumer sleeps while it waits what its decoding of lz4 blocks then gains.
 
     python benchmarks/compression.py                     # ~100 MB of JSON, ~60 MB of JPEG, 3 rounds
     python benchmarks/compression.py --json-samples 2000 --jpeg-samples 200 --repeats 1
@@ -42,7 +43,7 @@ from typing import Any
 import numpy as np
 
 import shardkit
-from shardkit import manifest, storage
+from shardkit import assist, manifest, storage
 from shardkit.loading.pile import fetch
 from shardkit.tar import compression, zstd_frames
 
@@ -354,12 +355,32 @@ def _new_memory(on: bool) -> Iterator[None]:
         storage.Scratch.take = real  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _no_help(on: bool) -> Iterator[None]:
+    """With ``on``, the consumer never decodes a block of the lz4 pile it waits for: it sleeps until
+    the reader thread is done, as before the loader shared blocks (a counterfactual row of :func:`epochs`)."""
+    if not on:
+        yield
+        return
+    real = assist.Board.offered
+    assist.Board.offered = lambda self: False  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        assist.Board.offered = real  # type: ignore[method-assign]
+
+
 def one_loader(p: dict[str, Any]) -> dict[str, float]:
     """``p["epochs"]`` epochs of one loader over ``p["dir"]`` (``prefetch=p["prefetch"]``; with
-    ``p["fresh"]`` every pile decoded into new memory): samples/s of the first and the median of
-    the later ones. Run by :func:`epochs`, each in a fresh process."""
+    ``p["fresh"]`` every pile decoded into new memory, with ``p["alone"]`` no block decoded by the
+    consumer): samples/s of the first and the median of the later ones. Run by :func:`epochs`, each
+    in a fresh process."""
     n = manifest.read(p["dir"]).samples
-    with _new_memory(p["fresh"]), shardkit.loader(p["dir"], seed=0, decode=False, prefetch=p["prefetch"]) as loader:
+    with (
+        _new_memory(p["fresh"]),
+        _no_help(p["alone"]),
+        shardkit.loader(p["dir"], seed=0, decode=False, prefetch=p["prefetch"]) as loader,
+    ):
         took = []
         for _ in range(p["epochs"]):
             start = time.perf_counter()
@@ -374,38 +395,47 @@ def epochs(root: str, count: int, repeats: int) -> str:
     """Epochs of one loader over the JSON piles, each row in a fresh process (alternating order,
     ``repeats`` rounds, medians): the first, and the median of the later ones, in samples/s. Later
     epochs decode into memory an earlier pile was decoded into; the "new memory" rows decode every
-    pile into memory of its own, and the "one pile at a time" row reads with ``prefetch=1`` (one
-    thread decodes) instead of the default (two ahead, two threads decoding at once)."""
+    pile into memory of its own, the "one pile at a time" row reads with ``prefetch=1`` (one
+    thread decodes) instead of the default (two ahead, two threads decoding at once), and in the
+    "never decodes" row the consumer sleeps while it waits for an lz4 pile instead of decoding
+    some of its blocks."""
     import harness
 
     lz4, zstd = compression.DEFAULT_LEVEL["lz4"], compression.DEFAULT_LEVEL["zstd"]
     rows = [
-        ("plain", "plain", False, None),
-        (f"lz4 {lz4}", f"lz4-{lz4}", False, None),
-        (f"lz4 {lz4}, one pile at a time (prefetch=1)", f"lz4-{lz4}", False, 1),
-        (f"lz4 {lz4}, new memory each pile", f"lz4-{lz4}", True, None),
-        (f"zstd {zstd}, frames", f"zstd-{zstd}", False, None),
-        (f"zstd {zstd}, frames, new memory each pile", f"zstd-{zstd}", True, None),
+        ("plain", "plain", None, None),
+        (f"lz4 {lz4}", f"lz4-{lz4}", None, None),
+        (f"lz4 {lz4}, one pile at a time (prefetch=1)", f"lz4-{lz4}", None, 1),
+        (f"lz4 {lz4}, new memory each pile", f"lz4-{lz4}", "fresh", None),
+        (f"lz4 {lz4}, the consumer never decodes a block", f"lz4-{lz4}", "alone", None),
+        (f"zstd {zstd}, frames", f"zstd-{zstd}", None, None),
+        (f"zstd {zstd}, frames, new memory each pile", f"zstd-{zstd}", "fresh", None),
     ]
     firsts: dict[str, list[float]] = {label: [] for label, *_ in rows}
     laters: dict[str, list[float]] = {label: [] for label, *_ in rows}
     n = manifest.read(os.path.join(root, "plain")).samples
     for r in range(repeats):
-        for label, name, fresh, prefetch in rows if r % 2 == 0 else rows[::-1]:
-            params = {"dir": os.path.join(root, name), "epochs": count, "fresh": fresh, "prefetch": prefetch}
+        for label, name, variant, prefetch in rows if r % 2 == 0 else rows[::-1]:
+            params = {
+                "dir": os.path.join(root, name),
+                "epochs": count,
+                "fresh": variant == "fresh",
+                "alone": variant == "alone",
+                "prefetch": prefetch,
+            }
             got = harness.call_fresh("compression:one_loader", params)
             firsts[label].append(got["first"])
             laters[label].append(got["later"])
-    plain = statistics.median(laters["plain"])
+    plain, plain_first = statistics.median(laters["plain"]), statistics.median(firsts["plain"])
     lines = [
         f"{count} epochs of one loader ({n:,} samples; each row in a fresh process, alternating, medians of {repeats} rounds)",
         "",
-        "| piles | first epoch samples/s | later epochs samples/s | later vs plain |",
-        "|---|---:|---:|---:|",
+        "| piles | first epoch samples/s | first vs plain | later epochs samples/s | later vs plain |",
+        "|---|---:|---:|---:|---:|",
     ]
     for label, *_ in rows:
-        later = statistics.median(laters[label])
-        lines.append(f"| {label} | {statistics.median(firsts[label]):,.0f} | {later:,.0f} | {later / plain:.2f}x |")
+        first, later = statistics.median(firsts[label]), statistics.median(laters[label])
+        lines.append(f"| {label} | {first:,.0f} | {first / plain_first:.2f}x | {later:,.0f} | {later / plain:.2f}x |")
     return "\n".join(lines)
 
 

@@ -406,6 +406,9 @@ API: dict[str, Api] = {
         lambda c: shardkit.pile([c.shard, c.root + "/*.tar"], c.out, piles=2), ConfigError, "$shard is named twice (by '$shard' and by '$root/*.tar')"
     ),
     "shuffle-input-named-twice": Api(lambda c: S([c.shard, c.shard], c.out), ConfigError, "$shard is named twice (by '$shard' and by '$shard')"),
+    "loader-shard-named-twice": Api(
+        lambda c: shardkit.loader([c.root + "/*.tar", c.shard], seed=0), ConfigError, "$shard is named twice (by '$root/*.tar' and by '$shard')"
+    ),
     "pile-corrupt-gz": Api(
         lambda c: shardkit.pile([c.shard, c.bad_gz], c.out, piles=2, quiet=True), CorruptShardError, "input unit 1 ('$bad_gz'): $bad_gz: not valid gzip"
     ),

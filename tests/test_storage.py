@@ -58,7 +58,7 @@ def test_expand_once_refuses_a_file_named_twice_under_any_name(tree):
         [f"{t}/b.tar", f"{t}/link.tar"],
         [f"{t}/hard.tar", f"{t}/b.tar"],
     ):
-        storage.expand(twice)  # the loader reads a shard named twice twice
+        storage.expand(twice)  # allowed where naming a file twice is harmless
         with pytest.raises(ConfigError, match=r"\.tar is named twice \(by '.*' and by '.*'\): each input is read once; name it once"):
             storage.expand(twice, once=True)
     (tree / "sub" / "b.tar").write_bytes(b"another file of the same name")

@@ -159,7 +159,7 @@ def resolve(source: SourceLike, *, skip: Callable[[BaseException, str], None] | 
             raise DatasetNotFoundError(
                 f"{root}: no such file or directory (expected a shardkit dataset: a directory holding {manifest.MANIFEST}; or tar shards)"
             )
-    urls = storage.expand(source)
+    urls = storage.expand(source, once=True)  # a shard named twice would be read twice an epoch
     name = urls[0] if len(urls) == 1 else f"{urls[0]} (+{len(urls) - 1} shards)"
     found = Source(name, tuple(Pile(u, _counted(u, skip)) for u in urls))
     shown = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "SHARDS"
