@@ -45,16 +45,16 @@ class Recorder:
         return written
 
 
-def _read_with_help(frame: bytes, size: int, decode: Recorder):
-    """``read_checked`` of ``frame`` in a thread named reader, this thread helping until it ends."""
-    board, out, failed = Board(wake=lambda: None), [], []
+def _helped(fn):
+    """``fn()`` in a thread named reader with a board set, this thread helping until it ends; its result or error."""
+    board, out = Board(wake=lambda: None), []
 
     def run():
         token = BOARD.set(board)
         try:
-            out.append(lz4_blocks.read_checked(frame, size))
+            out.append(fn())
         except BaseException as e:
-            failed.append(e)
+            out.append(e)
         finally:
             BOARD.reset(token)
 
@@ -67,9 +67,15 @@ def _read_with_help(frame: bytes, size: int, decode: Recorder):
     finally:
         reader.join(10)
     assert not reader.is_alive()
-    if failed:
-        raise failed[0]
     return out[0]
+
+
+def _read_with_help(frame: bytes, size: int):
+    """``read_checked`` of ``frame`` with this thread helping (see :func:`_helped`); raises what it raised."""
+    got = _helped(lambda: lz4_blocks.read_checked(frame, size))
+    if isinstance(got, BaseException):
+        raise got
+    return got
 
 
 @pytest.fixture
@@ -81,7 +87,7 @@ def recorder(monkeypatch):
 
 def test_the_waiting_thread_decodes_some_blocks_and_the_bytes_are_the_same(recorder):
     frame = lz4.frame.compress(DATA, **FRAME)
-    assert _read_with_help(frame, len(DATA), recorder) == DATA
+    assert _read_with_help(frame, len(DATA)) == DATA
     blocks = lz4_blocks.frame_blocks(memoryview(frame), len(DATA))[1]
     assert len(recorder.threads) == len(blocks) > 2 and {"reader", "MainThread"} <= set(recorder.threads)  # each block once
 
@@ -90,7 +96,7 @@ def test_stored_blocks_are_shared_too(recorder):
     data = np.random.default_rng(0).bytes(300_000)  # incompressible: every block stored as it is
     frame = lz4.frame.compress(data, **FRAME)
     recorder.helped.set()  # stored blocks are copied, not decoded: nothing waits for the decoder
-    assert _read_with_help(frame, len(data), recorder) == data
+    assert _read_with_help(frame, len(data)) == data
 
 
 def test_blocks_that_do_not_fill_their_place_are_decoded_again_in_order(recorder):
@@ -98,14 +104,14 @@ def test_blocks_that_do_not_fill_their_place_are_decoded_again_in_order(recorder
     # a short block first (a flush), then one that fills the rest: two blocks for two places, the first one short
     frame = packer.begin() + packer.compress(DATA[:10_000]) + packer.compress(DATA[10_000:70_000]) + packer.flush()
     recorder.helped.set()
-    assert _read_with_help(frame, 70_000, recorder) == DATA[:70_000]
+    assert _read_with_help(frame, 70_000) == DATA[:70_000]
 
 
 def test_a_damaged_block_is_never_taken_for_the_tar(recorder):
     frame = bytearray(lz4.frame.compress(DATA, **FRAME))
     frame[len(frame) // 2] ^= 0xFF
     recorder.helped.set()
-    got = _read_with_help(bytes(frame), len(DATA), recorder)
+    got = _read_with_help(bytes(frame), len(DATA))
     assert got is None or got != DATA  # None: the full read names the fault; else the tar's CRC-32 catches it
 
 
@@ -114,7 +120,7 @@ def test_a_helper_that_fails_leaves_the_reader_to_finish(monkeypatch):
     monkeypatch.setattr(lz4_blocks, "decoder", lambda: failing)
     frame = lz4.frame.compress(DATA, **FRAME)
     with pytest.raises(RuntimeError, match="the helper failed"):
-        _read_with_help(frame, len(DATA), failing)  # the reader thread ended: no hang
+        _read_with_help(frame, len(DATA))  # the reader thread ended: no hang
     failing.helped.set()
 
 
@@ -172,3 +178,36 @@ def test_lz4_piles_of_several_blocks_read_the_same_as_plain(tmp_path):
         read.append([(s["__key__"], s["txt"]) for _ in range(2) for s in loader])  # two epochs: the second reads kept memory
     assert read[0] == read[1] and len(read[0]) == 600
     assert min(p.tar_bytes for p in manifest.read(str(tmp_path / "lz4")).piles) > 8 << 20  # three blocks or more a pile
+
+
+def test_the_tars_crc_is_taken_block_by_block_and_catches_a_changed_byte():
+    from shardkit.dataset.file_checks import unpack
+    from shardkit.errors import CorruptShardError
+    from shardkit.tar import compression
+
+    frame = lz4.frame.compress(DATA, **FRAME)
+    tar, crc = _helped(lambda: compression.decompress_with_crc(frame, "lz4", "d/p.tar.lz4", size=len(DATA)))
+    assert tar == DATA and crc == manifest.checksum(DATA)
+    assert compression.decompress_with_crc(frame, "lz4", "d/p.tar.lz4", size=len(DATA))[1] == crc  # no board: taken after
+    entry = manifest.PileInfo(
+        name="p.tar.lz4", samples=1, bytes=len(frame), checksum="crc32:00000000",
+        compression="lz4", tar_bytes=len(DATA), tar_checksum=manifest.format_checksum(crc),
+    )  # fmt: skip
+    blocks = lz4_blocks.frame_blocks(memoryview(frame), len(DATA))[1]
+    caught = 0
+    for at, _, _ in blocks:  # the first literal byte of each block changed: still valid lz4, another tar
+        literals, first = frame[at] >> 4, at + 1  # the block's first token: its literals' length in the high half
+        if literals == 15:  # the length goes on in bytes of 255, ended by one under 255
+            while frame[first] == 255:
+                first += 1
+            first += 1
+        assert literals > 0
+        changed = bytearray(frame)
+        changed[first] ^= 0x01
+        got = _helped(lambda c=bytes(changed): unpack("d/p.tar.lz4", c, entry, checksum=True))
+        if isinstance(got, CorruptShardError):
+            caught += 1
+            assert str(got).startswith("d/p.tar.lz4: the tar inside has checksum crc32:"), got  # the joined CRC-32 saw it
+        else:
+            assert got == DATA  # never other bytes
+    assert caught == len(blocks)

@@ -38,12 +38,12 @@ def size_problem(nbytes: int, expected: PileInfo) -> str | None:
     return f"file is {nbytes} bytes, the manifest says {expected.bytes} ({what})"
 
 
-def tar_problem(buf: storage.Buffer, expected: PileInfo) -> str | None:
+def tar_problem(buf: storage.Buffer, expected: PileInfo, *, crc: int | None = None) -> str | None:
     """The message when a compressed pile's tar (decompressed, so its size was checked) is not
-    the one the manifest's ``tar_checksum`` names."""
-    crc = manifest.format_checksum(manifest.checksum(buf))
-    if expected.tar_checksum is not None and crc != expected.tar_checksum:
-        return f"the tar inside has checksum {crc}, the manifest says {expected.tar_checksum}: the bytes changed after writing"
+    the one the manifest's ``tar_checksum`` names; ``crc``: the tar's CRC-32 when already taken."""
+    found = manifest.format_checksum(manifest.checksum(buf) if crc is None else crc)
+    if expected.tar_checksum is not None and found != expected.tar_checksum:
+        return f"the tar inside has checksum {found}, the manifest says {expected.tar_checksum}: the bytes changed after writing"
     return None
 
 
@@ -68,8 +68,12 @@ def unpack(
     if expected.compression is None:
         return stored
     # with ``checksum`` the tar's CRC-32 is checked just below, so an lz4 frame's own checksum of the same bytes is skipped
-    tar = compression.decompress(stored, expected.compression, url, size=expected.tar_bytes, checked=checksum, into=scratch)
-    problem = tar_problem(tar, expected) if checksum and not trusted else None
+    if checksum and not trusted and expected.tar_bytes is not None:  # the CRC-32 taken as the tar is decoded where it can be
+        tar, crc = compression.decompress_with_crc(stored, expected.compression, url, size=expected.tar_bytes, into=scratch)
+        problem = tar_problem(tar, expected, crc=crc)
+    else:
+        tar = compression.decompress(stored, expected.compression, url, size=expected.tar_bytes, checked=checksum, into=scratch)
+        problem = None
     if problem is not None:
         raise CorruptShardError(f"{url}: {problem}")
     return tar

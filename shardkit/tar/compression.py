@@ -23,7 +23,7 @@ import mmap
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from shardkit._util import check_int, shown
+from shardkit._util import check_int, crc32, shown
 from shardkit.errors import ConfigError, CorruptShardError
 from shardkit.tar import lz4_blocks, zstd_frames
 
@@ -201,6 +201,22 @@ def decompress(
             there is a seek table), a seek table that disagrees with the file, or a tar of
             another length than ``size``.
     """
+    return _decompress(buf, codec, url, size=size, threads=threads, checked=checked, into=into, crcs=None)
+
+
+def decompress_with_crc(buf: Any, codec: str, url: str, *, size: int, into: Scratch | None = None) -> tuple[bytes | mmap.mmap, int]:
+    """:func:`decompress` for a caller that checks the tar against the manifest's CRC-32 (``checked``),
+    and that CRC-32 of the tar: an lz4 frame whose blocks are shared between threads has each
+    block's CRC-32 taken by the thread that decoded it (see :class:`~shardkit.tar.lz4_blocks.Blocks`),
+    any other read has it taken after."""
+    crcs: list[int] = []
+    out = _decompress(buf, codec, url, size=size, threads=None, checked=True, into=into, crcs=crcs)
+    return out, crcs[0] if crcs else crc32(out)
+
+
+def _decompress(
+    buf: Any, codec: str, url: str, *, size: int | None, threads: int | None, checked: bool, into: Scratch | None, crcs: list[int] | None
+) -> bytes | mmap.mmap:
     magic = MAGIC[codec]
     head = bytes(buf[: len(magic)])
     if head != magic:
@@ -210,7 +226,7 @@ def decompress(
     if frames is not None:
         return zstd_frames.decompress(buf, frames, url, threads=threads, into=into)
     try:
-        out = lz4_blocks.read_checked(buf, size, into=into) if codec == "lz4" and checked and size is not None else None
+        out = lz4_blocks.read_checked(buf, size, into=into, crcs=crcs) if codec == "lz4" and checked and size is not None else None
         if out is None:
             out = _READERS[codec](buf, size)
     except Exception as e:  # the codecs' own errors (zstd.ZstdError, zlib.error, EOFError...): say which shard and why

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shardkit._util import crc32, crc32_combine
 from shardkit.assist import BOARD
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ _STORED = 1 << 31
 _WINDOW = 64 << 10
 
 
-def read_checked(buf: Any, size: int, *, into: Scratch | None = None) -> bytes | mmap.mmap | None:
+def read_checked(buf: Any, size: int, *, into: Scratch | None = None, crcs: list[int] | None = None) -> bytes | mmap.mmap | None:
     """A single LZ4 frame of ``size`` bytes of content, which the caller checks against a
     checksum of its own, decoded block by block into one buffer; None when ``buf`` is not such a
     frame, a block does not decode, or liblz4's block decoder is not at hand (the caller then
@@ -53,6 +54,9 @@ def read_checked(buf: Any, size: int, *, into: Scratch | None = None) -> bytes |
     its caller checks against the manifest comes from here, so the frame's content checksum (and
     any block checksums) are left unread: a repeated check, never the only one. With ``into``, the
     frame is decoded into one of its maps instead (memory decoded into before, no page to fault in).
+    ``crcs``: where the blocks are shared between threads (:class:`Blocks`), each thread takes the
+    CRC-32 of the blocks it decoded, and the content's CRC-32 is appended to ``crcs``; else
+    ``crcs`` is left as it is, for the caller to take it.
     """
     decode = decoder()
     if decode is None:
@@ -63,7 +67,7 @@ def read_checked(buf: Any, size: int, *, into: Scratch | None = None) -> bytes |
             return None  # more than the frame's blocks can hold (a wrong size): the full read says so
         out, dst = _reused(into, size) or unfilled_bytes(size) or _zeroed(size)
         try:
-            done = _decoded(decode, np.frombuffer(view, dtype=np.uint8), dst, blocks)
+            done = _decoded(decode, np.frombuffer(view, dtype=np.uint8), dst, blocks, crcs)
         except BaseException:
             del out, dst  # a traceback keeps the frame: it must not hold bytes never written
             raise
@@ -153,20 +157,27 @@ def frame_blocks(view: memoryview, size: int) -> tuple[int, list[tuple[int, int,
     return (most, blocks, not flags & _INDEPENDENT) if at == len(view) else None
 
 
-def _decoded(decode: Any, src: np.ndarray, dst: np.ndarray, frame: tuple[int, list[tuple[int, int, bool]], bool]) -> int:
+def _decoded(
+    decode: Any, src: np.ndarray, dst: np.ndarray, frame: tuple[int, list[tuple[int, int, bool]], bool], crcs: list[int] | None
+) -> int:
     """:func:`decode_blocks`, its blocks shared with the thread waiting for this read when the
     reading thread has a :data:`~shardkit.assist.BOARD` and the blocks are independent and full
-    (see :class:`Blocks`); a frame whose blocks are not all full is decoded again in order."""
+    (see :class:`Blocks`), the content's CRC-32 appended to ``crcs`` then; a frame whose blocks
+    are not all full is decoded again in order."""
     board = BOARD.get()
     if board is None or frame[2] or len(frame[1]) < 2:
         return decode_blocks(decode, src, dst, frame)
-    job = Blocks(decode, src, dst, frame)
+    job = Blocks(decode, src, dst, frame, crc=crcs is not None and crc32_combine is not None)
     board.offer(job.step)
     try:
         done = job.finish()
     finally:
         board.withdraw()
-    return done if done >= 0 else decode_blocks(decode, src, dst, frame)
+    if done < 0:
+        return decode_blocks(decode, src, dst, frame)
+    if crcs is not None and job.crc is not None:
+        crcs.append(job.crc)
+    return done
 
 
 class Blocks:
@@ -178,15 +189,19 @@ class Blocks:
     and the ``lz4`` tool's): a block that decodes to another length fails the job, and the caller
     decodes the frame again in order (:func:`decode_blocks`), which takes blocks of any length.
     A step holds the block's addresses only, never the buffers: :meth:`finish` keeps them alive
-    until every step begun has ended.
+    until every step begun has ended. With ``crc``, each step also takes the CRC-32 of the block
+    it decoded (without the GIL), and :attr:`crc` joins them once the job is done.
 
         job = Blocks(decode, src, dst, frame_blocks(view, size))
         board.offer(job.step)
         done = job.finish()          # the bytes written, or -1
     """
 
-    def __init__(self, decode: Any, src: np.ndarray, dst: np.ndarray, frame: tuple[int, list[tuple[int, int, bool]], bool]) -> None:
+    def __init__(
+        self, decode: Any, src: np.ndarray, dst: np.ndarray, frame: tuple[int, list[tuple[int, int, bool]], bool], *, crc: bool = False
+    ) -> None:
         most, blocks, _ = frame
+        self.crc: int | None = None  # the content's CRC-32 once finished, with ``crc``
         self._decode, self._size = decode, len(dst)
         # each block: (where it is, its length, stored as it is, where it goes, the bytes it must fill)
         base_src, base_dst = src.ctypes.data, dst.ctypes.data
@@ -198,6 +213,7 @@ class Blocks:
         self._claimed = 0
         self._ended = [False] * len(self._parts)  # set by each step as it ends, one store (a signal cannot split it)
         self._ok = [False] * len(self._parts)
+        self._crcs: list[int] | None = [0] * len(self._parts) if crc else None
         self._cond = threading.Condition()
 
     def step(self) -> bool:
@@ -214,6 +230,8 @@ class Blocks:
                 ok = length == room and ctypes.memmove(to, at, length) is not None
             else:
                 ok = self._decode(at, to, length, room, None, 0) == room
+            if ok and self._crcs is not None:
+                self._crcs[k] = crc32((ctypes.c_char * room).from_address(to))
         finally:
             self._ok[k] = ok
             self._ended[k] = True
@@ -229,7 +247,14 @@ class Blocks:
         with self._cond:
             while not all(self._ended[: self._claimed]):
                 self._cond.wait(0.01)  # a step's notice can be lost to an interrupt: look again soon
-        return self._size if self._fits and all(self._ok) else -1
+        if not (self._fits and all(self._ok)):
+            return -1
+        if self._crcs is not None and crc32_combine is not None:
+            joined = self._crcs[0]
+            for (*_, room), part in zip(self._parts[1:], self._crcs[1:], strict=True):
+                joined = crc32_combine(joined, part, room)
+            self.crc = joined
+        return self._size
 
 
 def decode_blocks(decode: Any, src: np.ndarray, dst: np.ndarray, frame: tuple[int, list[tuple[int, int, bool]], bool]) -> int:
