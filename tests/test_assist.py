@@ -4,7 +4,9 @@ fill their places, a damaged block, or a helper that fails never give other byte
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 
 import lz4.frame
 import numpy as np
@@ -211,3 +213,55 @@ def test_the_tars_crc_is_taken_block_by_block_and_catches_a_changed_byte():
         else:
             assert got == DATA  # never other bytes
     assert caught == len(blocks)
+
+
+@pytest.mark.parametrize("where", ["after the claim", "in the decoder"])
+def test_a_ctrl_c_in_the_helping_consumer_leaves_nothing_stuck(monkeypatch, where):
+    real, slow = lz4_blocks.decoder(), threading.Event()
+
+    def decode(*args):
+        if threading.current_thread().name == "rd" and not slow.is_set():
+            slow.set()
+            time.sleep(0.2)  # the reader is busy with its first block: the consumer takes the next
+        return real(*args)
+
+    monkeypatch.setattr(lz4_blocks, "decoder", lambda: decode)
+    frame = lz4.frame.compress(DATA, **FRAME)
+    fired = []
+
+    def interrupt(frame_, event, arg):  # a Ctrl-C at the one moment named, in the consumer only
+        if fired or threading.current_thread() is not threading.main_thread():
+            return
+        in_step = frame_.f_code is lz4_blocks.Blocks.step.__code__
+        if where == "after the claim" and in_step and event == "c_return" and getattr(arg, "__name__", "") == "__exit__":
+            fired.append(1)
+            raise KeyboardInterrupt(where)
+        if where == "in the decoder" and frame_.f_code is decode.__code__ and event == "return":
+            fired.append(1)
+            raise KeyboardInterrupt(where)
+
+    reader = PileReader([0], lambda i: lz4_blocks.read_checked(frame, len(DATA)), slots=1, name="rd")
+    sys.setprofile(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt, match=where):
+            reader.get()
+    finally:
+        sys.setprofile(None)
+    closing = threading.Thread(target=reader.close, daemon=True)
+    closing.start()
+    closing.join(10)
+    assert fired and not closing.is_alive()  # the reader finished the frame alone and ended
+
+
+def test_get_returns_none_once_another_thread_closes_the_reader():
+    started = threading.Event()
+
+    def read(i: int) -> int:
+        started.set()
+        time.sleep(0.3)
+        return i
+
+    reader = PileReader(range(3), read, slots=1)
+    assert started.wait(5)
+    threading.Timer(0.05, reader.close).start()
+    assert reader.get() is None

@@ -17,7 +17,9 @@ see :mod:`shardkit.assist`) instead of sleeping.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import queue
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
@@ -85,58 +87,69 @@ class PileReader(Generic[Item, T]):
         self._delivered = 0  # items handed to the consumer so far
         self._results: dict[int, Any] = {}
         self._boards: dict[int, Board] = {}  # the reads in progress: where each offers its work to the consumer
-        self._cond = threading.Condition()
+        # The consumer's side uses C-level primitives only, so a Ctrl-C in it cannot leave a lock
+        # held (a Python-level Condition's enter, exit or wait can): the state's lock in ``with``
+        # blocks, and a queue of notices that a result or some work arrived. The threads wait for
+        # a slot on a condition of the same lock, and look again every 0.1 s in case a notice of
+        # the consumer's was cut short.
+        self._lock = threading.Lock()
+        self._slot = threading.Condition(self._lock)
+        self._arrived: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._stop = False
         self._paused = paused
         count = max(1, min(readers, slots, len(self._items)))
         self._threads = [threading.Thread(target=self._run, name=name if count == 1 else f"{name}-{k}", daemon=True) for k in range(count)]
-        for thread in self._threads:
-            thread.start()
+        try:
+            for thread in self._threads:
+                thread.start()
+        except BaseException:  # a Ctrl-C between two starts: no caller gets this reader to close it
+            self.close()
+            raise
 
     def _run(self) -> None:
         while True:
-            with self._cond:
-                self._cond.wait_for(
-                    lambda: self._stop or (not self._paused and (self._claimed >= len(self._items) or self._held < self._slots))
-                )
+            with self._lock:
+                while not (self._stop or (not self._paused and (self._claimed >= len(self._items) or self._held < self._slots))):
+                    self._slot.wait(0.1)
                 if self._stop or self._claimed >= len(self._items):
                     return
                 i = self._claimed
                 self._claimed += 1
                 self._held += 1
             result: Any = self._read_one(i)
-            with self._cond:
+            with self._lock:
                 if not self._stop:
                     self._results[i] = result
-                self._cond.notify_all()
+            self._arrived.put(None)
             del result  # else this frame keeps the last pile alive while it waits for a slot
 
     def get(self) -> T | Failure | None:
         """The next result in order, a :class:`Failure` in its place, or None at the end."""
         self.resume()
-        with self._cond:
-            i = self._delivered
-            if i >= len(self._items) or self._stop:
-                return None
-            while i not in self._results:
+        while True:
+            with self._lock:
+                i = self._delivered
+                if i >= len(self._items) or self._stop:
+                    return None
+                if i in self._results:
+                    self._delivered += 1
+                    return self._results.pop(i)
                 board = self._boards.get(i)
-                if board is None or not board.offered():
-                    self._cond.wait()
-                    continue
-                self._cond.release()  # lend a hand with the read it waits for (an lz4 pile's blocks)
-                try:
-                    board.help()
-                finally:
-                    self._cond.acquire()
-            self._delivered += 1
-            return self._results.pop(i)
+            if board is not None and board.offered():
+                while board.help():  # lend a hand with the read it waits for (an lz4 pile's blocks)
+                    pass
+                continue
+            with contextlib.suppress(queue.Empty):
+                self._arrived.get(timeout=0.1)
+                while True:  # the notices queued meanwhile: the state is looked at again anyway
+                    self._arrived.get_nowait()
 
     def _read_one(self, i: int) -> Any:
         """Item ``i`` read, or its :class:`Failure` (whatever was raised), its work offered on a
         board the consumer may help with while it waits for it."""
         try:
             board = Board(self._wake)
-            with self._cond:
+            with self._lock:
                 self._boards[i] = board
             token = BOARD.set(board)
             try:
@@ -146,38 +159,38 @@ class PileReader(Generic[Item, T]):
         except BaseException as e:  # carried to the consumer, whatever it is
             return Failure.capture(e, index=i)
         finally:
-            with self._cond:
+            with self._lock:
                 self._boards.pop(i, None)
 
     def _wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+        self._arrived.put(None)
 
     def resume(self) -> None:
         """Start reading, when made ``paused`` (a no-op otherwise)."""
         if self._paused:
-            with self._cond:
+            with self._lock:
                 self._paused = False
-                self._cond.notify_all()
+                self._slot.notify_all()
 
     def ready(self) -> bool:
         """Whether :meth:`get` would return at once (the next result is in, or there is none)."""
-        with self._cond:
+        with self._lock:
             return self._stop or self._delivered >= len(self._items) or self._delivered in self._results
 
     def release(self) -> None:
         """The consumer dropped one result (or a Failure): a thread may read one more."""
-        with self._cond:
+        with self._lock:
             self._held -= 1
-            self._cond.notify_all()
+            self._slot.notify_all()
 
     def close(self) -> None:
         """Stop the threads and wait for them (each may first finish the read in progress). Idempotent."""
-        with self._cond:
+        with self._lock:
             self._stop = True
-            self._cond.notify_all()
+            self._slot.notify_all()
+        self._arrived.put(None)
         for thread in self._threads:
             if thread.is_alive() and thread is not threading.current_thread():
                 thread.join()
-        with self._cond:
+        with self._lock:
             self._results.clear()  # the piles are freed now

@@ -13,9 +13,11 @@ reads the frame the full way (:func:`shardkit.tar.compression.decompress`), whic
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import mmap
+import queue
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -214,17 +216,24 @@ class Blocks:
         self._ended = [False] * len(self._parts)  # set by each step as it ends, one store (a signal cannot split it)
         self._ok = [False] * len(self._parts)
         self._crcs: list[int] | None = [0] * len(self._parts) if crc else None
-        self._cond = threading.Condition()
+        # C-level primitives only: a Ctrl-C raised in the helping consumer between a Python-level
+        # lock's acquire and its ``with`` block would leave the lock held and the reader stuck
+        self._lock = threading.Lock()
+        self._woken: queue.SimpleQueue[int] = queue.SimpleQueue()
 
     def step(self) -> bool:
         """Decode the next block no thread has claimed; False when none is left (or the job failed)."""
-        with self._cond:
-            k = self._claimed
-            if k >= len(self._parts) or not self._fits or not all(self._ok[j] for j in range(k) if self._ended[j]):
-                return False
-            self._claimed += 1
-        ok = False
+        k, ok = -1, False
         try:
+            with self._lock:
+                if (
+                    self._claimed >= len(self._parts)
+                    or not self._fits
+                    or not all(self._ok[j] for j in range(self._claimed) if self._ended[j])
+                ):
+                    return False
+                k = self._claimed  # claimed and ``k`` set with no check for a signal between them
+                self._claimed += 1
             at, length, stored, to, room = self._parts[k]
             if stored:
                 ok = length == room and ctypes.memmove(to, at, length) is not None
@@ -233,20 +242,23 @@ class Blocks:
             if ok and self._crcs is not None:
                 self._crcs[k] = crc32((ctypes.c_char * room).from_address(to))
         finally:
-            self._ok[k] = ok
-            self._ended[k] = True
-            with self._cond:
-                self._cond.notify_all()
+            if k >= 0:  # a block claimed always ends, whatever was raised where
+                self._ok[k] = ok
+                self._ended[k] = True
+                self._woken.put(k)
         return True
 
     def finish(self) -> int:
         """Decode what no thread has claimed, wait for the steps begun elsewhere; the bytes
-        written (the output's whole length), or -1 when a block failed or did not fill its place."""
-        while self.step():
-            pass
-        with self._cond:
+        written (the output's whole length), or -1 when a block failed or did not fill its place.
+        Whatever it raises, it returns only once no step is writing into the output."""
+        try:
+            while self.step():
+                pass
+        finally:
             while not all(self._ended[: self._claimed]):
-                self._cond.wait(0.01)  # a step's notice can be lost to an interrupt: look again soon
+                with contextlib.suppress(queue.Empty):
+                    self._woken.get(timeout=0.01)  # a step's notice can be lost to an interrupt: look again soon
         if not (self._fits and all(self._ok)):
             return -1
         if self._crcs is not None and crc32_combine is not None:
