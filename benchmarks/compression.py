@@ -408,6 +408,7 @@ def epochs(root: str, count: int, repeats: int) -> str:
         (f"lz4 {lz4}, one pile at a time (prefetch=1)", f"lz4-{lz4}", None, 1),
         (f"lz4 {lz4}, new memory each pile", f"lz4-{lz4}", "fresh", None),
         (f"lz4 {lz4}, the consumer never decodes a block", f"lz4-{lz4}", "alone", None),
+        (f"lz4 {lz4}, one pile at a time, the consumer never decodes a block", f"lz4-{lz4}", "alone", 1),
         (f"zstd {zstd}, frames", f"zstd-{zstd}", None, None),
         (f"zstd {zstd}, frames, new memory each pile", f"zstd-{zstd}", "fresh", None),
     ]
