@@ -15,7 +15,7 @@ from shardkit.errors import CorruptShardError
 from shardkit.loading import layouts, pile
 from shardkit.loading.layouts import LAYOUTS, Layouts
 from shardkit.storage import local_store
-from shardkit.tar import scan
+from shardkit.tar import compression, scan
 from shardkit.tar.shard import Shard
 from tests.conftest import make_samples
 
@@ -151,9 +151,13 @@ def test_the_least_recently_used_go_first_past_the_budget(dataset):
 
 @pytest.fixture
 def checksums(monkeypatch) -> list[int]:
-    """The length of each buffer checksummed from now on; files count as settled at once."""
+    """The length of each buffer checksummed from now on (a file's CRC-32, and a compressed pile's
+    tar's, taken as it is decompressed); files count as settled at once."""
     monkeypatch.setattr(local_store, "SETTLED_NS", 0)
-    return counting(monkeypatch, manifest, "checksum")
+    seen = counting(monkeypatch, manifest, "checksum")
+    real = compression.crc32
+    monkeypatch.setattr(compression, "crc32", lambda buf, *args: seen.append(len(buf)) or real(buf, *args))
+    return seen
 
 
 @pytest.mark.parametrize("compression", [None, "lz4", "zstd"])
