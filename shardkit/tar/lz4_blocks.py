@@ -236,11 +236,12 @@ class Blocks:
                 self._claimed += 1
             at, length, stored, to, room = self._parts[k]
             if stored:
-                ok = length == room and ctypes.memmove(to, at, length) is not None
+                done = length == room and ctypes.memmove(to, at, length) is not None
             else:
-                ok = self._decode(at, to, length, room, None, 0) == room
-            if ok and self._crcs is not None:
+                done = self._decode(at, to, length, room, None, 0) == room
+            if done and self._crcs is not None:
                 self._crcs[k] = crc32((ctypes.c_char * room).from_address(to))
+            ok = done  # only once its CRC-32 is in: a step cut short by a signal fails the job, never the check
         finally:
             if k >= 0:  # a block claimed always ends, whatever was raised where
                 self._ok[k] = ok
