@@ -183,6 +183,7 @@ def decompress(
     threads: int | None = None,
     checked: bool = False,
     into: Scratch | None = None,
+    crcs: list[int] | None = None,
 ) -> bytes | mmap.mmap:
     """The tar inside the compressed shard ``buf`` read from ``url``.
 
@@ -194,6 +195,8 @@ def decompress(
     checksum would repeat that check and is skipped, and its blocks are decoded one by one
     (see :func:`~shardkit.tar.lz4_blocks.read_checked`). ``into``: an lz4 frame read that way, or a
     zstd file with a seek table, is written into one of its maps (memory written before).
+    ``crcs``: the tar's CRC-32 is appended to it where the read took it on the way (see
+    :func:`decompress_with_crc`).
 
     Raises:
         CorruptShardError: naming ``url``: not this codec's data (wrong magic bytes), a stream
@@ -201,22 +204,6 @@ def decompress(
             there is a seek table), a seek table that disagrees with the file, or a tar of
             another length than ``size``.
     """
-    return _decompress(buf, codec, url, size=size, threads=threads, checked=checked, into=into, crcs=None)
-
-
-def decompress_with_crc(buf: Any, codec: str, url: str, *, size: int, into: Scratch | None = None) -> tuple[bytes | mmap.mmap, int]:
-    """:func:`decompress` for a caller that checks the tar against the manifest's CRC-32 (``checked``),
-    and that CRC-32 of the tar: an lz4 frame whose blocks are shared between threads has each
-    block's CRC-32 taken by the thread that decoded it (see :class:`~shardkit.tar.lz4_blocks.Blocks`),
-    any other read has it taken after."""
-    crcs: list[int] = []
-    out = _decompress(buf, codec, url, size=size, threads=None, checked=True, into=into, crcs=crcs)
-    return out, crcs[0] if crcs else crc32(out)
-
-
-def _decompress(
-    buf: Any, codec: str, url: str, *, size: int | None, threads: int | None, checked: bool, into: Scratch | None, crcs: list[int] | None
-) -> bytes | mmap.mmap:
     magic = MAGIC[codec]
     head = bytes(buf[: len(magic)])
     if head != magic:
@@ -235,6 +222,16 @@ def _decompress(
         found = f"over {size}" if len(out) > size else str(len(out))
         raise CorruptShardError(f"{url}: decompresses to {found} bytes, the manifest says {size} (the tar inside changed)")
     return out
+
+
+def decompress_with_crc(buf: Any, codec: str, url: str, *, size: int, into: Scratch | None = None) -> tuple[bytes | mmap.mmap, int]:
+    """:func:`decompress` for a caller that checks the tar against the manifest's CRC-32 (``checked``),
+    and that CRC-32 of the tar: an lz4 frame whose blocks are shared between threads has each
+    block's CRC-32 taken by the thread that decoded it (see :class:`~shardkit.tar.lz4_blocks.Blocks`),
+    any other read has it taken after."""
+    crcs: list[int] = []
+    out = decompress(buf, codec, url, size=size, checked=True, into=into, crcs=crcs)
+    return out, crcs[0] if crcs else crc32(out)
 
 
 def _zstd(buf: Any, size: int | None) -> bytes:

@@ -211,10 +211,11 @@ class Blocks:
             (base_src + at, length, stored, base_dst + k * most, min(most, self._size - k * most))
             for k, (at, length, stored) in enumerate(blocks)
         ]
-        self._fits = self._size == sum(max(0, part[4]) for part in self._parts) and all(part[4] > 0 for part in self._parts)
+        # full blocks and a last one holding the rest: every block has a place of its own
+        self._fits = (len(blocks) - 1) * most < self._size <= len(blocks) * most
         self._claimed = 0
         self._ended = [False] * len(self._parts)  # set by each step as it ends, one store (a signal cannot split it)
-        self._ok = [False] * len(self._parts)
+        self._failed = False  # a block did not decode to its place: no more are claimed
         self._crcs: list[int] | None = [0] * len(self._parts) if crc else None
         # C-level primitives only: a Ctrl-C raised in the helping consumer between a Python-level
         # lock's acquire and its ``with`` block would leave the lock held and the reader stuck
@@ -226,11 +227,7 @@ class Blocks:
         k, ok = -1, False
         try:
             with self._lock:
-                if (
-                    self._claimed >= len(self._parts)
-                    or not self._fits
-                    or not all(self._ok[j] for j in range(self._claimed) if self._ended[j])
-                ):
+                if self._claimed >= len(self._parts) or not self._fits or self._failed:
                     return False
                 k = self._claimed  # claimed and ``k`` set with no check for a signal between them
                 self._claimed += 1
@@ -244,7 +241,7 @@ class Blocks:
             ok = done  # only once its CRC-32 is in: a step cut short by a signal fails the job, never the check
         finally:
             if k >= 0:  # a block claimed always ends, whatever was raised where
-                self._ok[k] = ok
+                self._failed |= not ok
                 self._ended[k] = True
                 self._woken.put(k)
         return True
@@ -260,9 +257,9 @@ class Blocks:
             while not all(self._ended[: self._claimed]):
                 with contextlib.suppress(queue.Empty):
                     self._woken.get(timeout=0.01)  # a step's notice can be lost to an interrupt: look again soon
-        if not (self._fits and all(self._ok)):
+        if not self._fits or self._failed or self._claimed < len(self._parts):
             return -1
-        if self._crcs is not None and crc32_combine is not None:
+        if self._crcs is not None and crc32_combine is not None:  # (given ``crc`` only where it is)
             joined = self._crcs[0]
             for (*_, room), part in zip(self._parts[1:], self._crcs[1:], strict=True):
                 joined = crc32_combine(joined, part, room)
