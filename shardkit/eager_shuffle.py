@@ -226,7 +226,8 @@ def _pass1(urls: list[str], directory: str, *, piles: int, max_pile_bytes: int |
         executor=opts.executor,
         ray_address=opts.ray_address,
     )
-    return pile(urls, directory, options=options, quiet=quiet)
+    with storage.throwaway_writes():  # pass 2 reads these piles back and removes them: a crash leaves them staged, unnamed
+        return pile(urls, directory, options=options, quiet=quiet)
 
 
 def _pass2(piles_dir: str, piles: Manifest, staging: str, opts: ShuffleOptions, quiet: bool) -> list[PileInfo]:

@@ -57,6 +57,8 @@ class ShardRoller:
         self._keys: list[np.ndarray] = []
         self._offsets: list[np.ndarray] = []
         self._last: tuple[bytes, int] | None = None
+        # each finished shard is flushed to disk while the next is written; close() waits for them
+        self._flushed = storage.FsyncQueue()
 
     def extend(self, buf: storage.Buffer, starts: np.ndarray, ends: np.ndarray, keys: np.ndarray | None = None) -> None:
         """Write samples ``buf[starts[i]:ends[i]]`` (members with their headers), in order;
@@ -160,9 +162,9 @@ class ShardRoller:
                 packed.finish()
             else:
                 write_chunks(self._fd, [write.TRAILER])
-            storage.fsync_file(self._path())  # durable before the manifest that lists it
         os.close(self._fd)
         self._fd, self._packed = None, None
+        self._flushed.add(self._path())
         crc = manifest.format_checksum(manifest.checksum(write.TRAILER, self._crc))
         name, size = self._name(len(self.shards)), self._bytes + len(write.TRAILER)
         if packed is None:
@@ -177,14 +179,22 @@ class ShardRoller:
         self._count = self._bytes = self._crc = 0
 
     def close(self) -> list[PileInfo]:
-        """Finish the last shard (an empty input still gives one valid, empty shard)."""
+        """Finish the last shard (an empty input still gives one valid, empty shard) and wait
+        until every shard is on disk, before a manifest lists them.
+
+        Raises:
+            StorageError: naming the shard the disk could not write.
+        """
         if self._fd is None and not self.shards:
             self._open(0)
         if self._fd is not None:
             self._finish()
+        self._flushed.finish()
         return self.shards
 
     def abort(self) -> None:
+        """Let the open shard go and wait for the flushes under way (idempotent; after :meth:`close` too)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        self._flushed.close()

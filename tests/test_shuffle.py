@@ -361,3 +361,38 @@ def test_an_overwrite_names_every_new_shard_alike_so_one_brace_pattern_reads_the
     assert [s["__key__"] for s in braced] == [s["__key__"] for s in _read_wds(str(out))]
     m = shuffle(inputs, out, piles=2, maxcount=100, overwrite=True, quiet=True)  # the plain names are free again
     assert [p.name for p in m.piles] == [f"shard-{i:06d}.tar" for i in range(3)]
+
+
+def test_every_shard_is_on_disk_before_the_manifest_and_the_throwaway_piles_are_not_flushed(tmp_path, inputs, monkeypatch):
+    from shardkit.dataset import transaction
+    from shardkit.storage import local
+
+    events: list[str] = []
+    real_fsync, real_install = local.fsync_file, transaction.install
+    monkeypatch.setattr(local, "fsync_file", lambda path: real_fsync(path) or events.append(os.path.basename(path)))
+    monkeypatch.setattr(local, "_syncfs", lambda: lambda fd: events.append("syncfs") or 0)  # every sync_files of a whole file system
+    monkeypatch.setattr(transaction, "install", lambda *a, **k: events.append("manifest") or real_install(*a, **k))
+    m = shuffle(inputs, tmp_path / "out", piles=3, maxcount=40, quiet=True)
+    assert len(m.piles) == 8
+    # pass 1's throwaway dataset is published with no sync of its piles; each shard is flushed before the output's manifest
+    assert events == ["manifest", *(p.name for p in m.piles), "manifest"]
+
+
+def test_a_shard_the_disk_cannot_flush_publishes_nothing(tmp_path, inputs, monkeypatch):
+    import errno
+
+    from shardkit.storage import local
+
+    real = local.fsync_file
+
+    def failing(path: str) -> None:
+        if path.endswith("shard-000001.tar"):
+            with local.guard(path, "flush to disk"):
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(path)
+
+    monkeypatch.setattr(local, "fsync_file", failing)
+    with pytest.raises(shardkit.StorageError, match=r"shard-000001\.tar: .*flush to disk"):
+        shuffle(inputs, tmp_path / "out", piles=3, maxcount=40, quiet=True)
+    assert not (tmp_path / "out").exists()
+    assert not [t for t in __import__("threading").enumerate() if t.name == "shardkit-fsync"]

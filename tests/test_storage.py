@@ -217,3 +217,71 @@ def test_writeback_calls_go_through_one_descriptor_and_finish_reports_an_error_o
     writeback.close()
     assert len(fds) == 4 and len(set(fds)) == 1
     writeback.close()  # idempotent
+
+
+def test_fsync_queue_flushes_each_file_in_a_thread_in_order_and_finish_waits(tmp_path, monkeypatch):
+    import threading
+
+    from shardkit.storage import local
+
+    flushed, threads, real = [], set(), local.fsync_file
+
+    def recording(path: str) -> None:
+        threads.add(threading.current_thread().name)
+        real(path)
+        flushed.append(os.path.basename(path))
+
+    monkeypatch.setattr(local, "fsync_file", recording)
+    queue = storage.FsyncQueue()
+    queue.finish()  # nothing added: nothing to wait for
+    names = [f"shard-{i:06d}.tar" for i in range(5)]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x" * 10_000)
+        queue.add(str(tmp_path / name))
+    queue.finish()
+    assert flushed == names and threads == {"shardkit-fsync"} and not _threads("shardkit-fsync")
+    queue.close()  # idempotent, after finish too
+    queue.add(str(tmp_path / names[0]))  # a new thread takes the next ones
+    queue.close()
+    assert flushed == [*names, names[0]]
+
+
+def test_fsync_queue_raises_the_first_failure_naming_its_file_and_flushes_nothing_after_it(tmp_path, monkeypatch):
+    from shardkit.errors import ShardkitError
+    from shardkit.storage import local
+
+    flushed, real = [], local.fsync_file
+    monkeypatch.setattr(local, "fsync_file", lambda path: real(path) or flushed.append(os.path.basename(path)))
+    (tmp_path / "a.tar").write_bytes(b"a")
+    (tmp_path / "c.tar").write_bytes(b"c")
+    queue = storage.FsyncQueue()
+    for name in ("a.tar", "b.tar", "c.tar"):  # b.tar was never made
+        queue.add(str(tmp_path / name))
+    with pytest.raises(ShardkitError, match=r"b\.tar: no such file"):
+        queue.finish()
+    assert flushed == ["a.tar"] and not _threads("shardkit-fsync")
+    queue.finish()  # the error was raised once
+
+
+def test_sync_files_flushes_nothing_inside_throwaway_writes_on_that_thread_only(tmp_path, monkeypatch):
+    import threading
+
+    from shardkit.storage import local
+
+    calls: list[int] = []
+    monkeypatch.setattr(local, "_syncfs", lambda: lambda fd: calls.append(fd) or 0)
+    path = tmp_path / "pile-000000.tar"
+    path.write_bytes(b"x" * 1000)
+    with storage.throwaway_writes():
+        storage.sync_files([str(path)])
+        assert calls == []
+        other = threading.Thread(target=storage.sync_files, args=([str(path)],))  # another thread's writes are not its
+        other.start()
+        other.join()
+        assert len(calls) == 1
+    storage.sync_files([str(path)])
+    assert len(calls) == 2
+    with pytest.raises(RuntimeError), storage.throwaway_writes():
+        raise RuntimeError("a failing job")
+    storage.sync_files([str(path)])  # left as it was, whatever ended the block
+    assert len(calls) == 3
