@@ -333,3 +333,104 @@ def test_a_miss_checks_the_fetched_bytes_once_when_the_fetch_checked_them(tmp_pa
     assert len(calls) == 1
     assert cache.get(URL + "2", size=3000, fetch=lambda: data, check=counted) == data  # a fetch that checks nothing
     assert len(calls) == 2
+
+
+class Streaming(Remote):
+    """A remote that can also write a pile into a local file as it downloads (``fetch_into``),
+    returning it mapped, as a store's ``read_checked_into`` does."""
+
+    def __init__(self, piles: dict[str, bytes]) -> None:
+        super().__init__(piles)
+        self.streams: dict[str, int] = {}
+
+    def streamer(self, url: str, *, fail: BaseException | None = None, decline: bool = False):
+        def fetch_into(local: str):
+            self.streams[url] = self.streams.get(url, 0) + 1
+            if decline:
+                return None
+            with open(local, "wb") as f:
+                f.write(self.piles[url][:1000])  # a first part on disk, then the failure
+                if fail is not None:
+                    raise fail
+                f.write(self.piles[url][1000:])
+            with open(local, "rb", buffering=0) as f:
+                from shardkit.storage.local import map_open
+
+                return map_open(f)
+
+        return fetch_into
+
+    def get(self, cache: PileCache, url: str, **streaming):
+        data = self.piles[url]
+        check = crc_check(data)
+        return cache.get(
+            url, size=len(data), fetch=self.fetcher(url), check=check, fetch_checks=check, fetch_into=self.streamer(url, **streaming)
+        )
+
+
+def test_a_streamed_miss_is_the_cached_file_itself_and_the_next_read_a_hit(tmp_path):
+    remote = Streaming({URL: payload(3 << 20, 1)})
+    cache = PileCache(tmp_path)
+    first = remote.get(cache, URL)
+    assert isinstance(first, mmap.mmap) and first[:] == remote.piles[URL]
+    assert list(cached(cache).values()) == [len(remote.piles[URL])]
+    # the map is of the file now under the entry's name: no partial is left, and it was never read whole
+    assert remote.streams == {URL: 1} and remote.fetches == {}
+    assert not [n for n in os.listdir(cache.directory) if ".partial-" in n]
+    assert cache.stats().misses == 1 and cache.stats().bytes_fetched == len(remote.piles[URL])
+    assert remote.get(cache, URL)[:] == remote.piles[URL]
+    assert remote.streams == {URL: 1} and cache.stats().hits == 1
+
+
+def test_a_store_that_does_not_stream_a_pile_is_read_whole_and_written(tmp_path):
+    remote = Streaming({URL: payload(5000, 2)})
+    cache = PileCache(tmp_path)
+    assert remote.get(cache, URL, decline=True) == remote.piles[URL]
+    assert remote.streams == {URL: 1} and remote.fetches == {URL: 1} and len(cached(cache)) == 1
+    assert not [n for n in os.listdir(cache.directory) if ".partial-" in n]
+
+
+def test_a_full_disk_while_streaming_reads_the_pile_whole_instead(tmp_path):
+    remote = Streaming({URL: payload(5000, 3)})
+    cache = PileCache(tmp_path)
+    full = StorageError("s3://bucket/ds/pile-000003.tar: cannot read: no space left on the device")
+    full.__cause__ = OSError(errno.ENOSPC, "No space left on device")
+    assert remote.get(cache, URL, fail=full) == remote.piles[URL]
+    assert remote.streams == {URL: 1} and remote.fetches == {URL: 1} and len(cached(cache)) == 1
+    assert not [n for n in os.listdir(cache.directory) if ".partial-" in n]
+
+
+def test_a_failed_download_raises_and_leaves_no_partial_file(tmp_path):
+    remote = Streaming({URL: payload(5000, 4)})
+    cache = PileCache(tmp_path)
+    with pytest.raises(StorageError, match="connection reset"):
+        remote.get(cache, URL, fail=StorageError(f"{URL}: cannot read: connection reset"))
+    assert remote.fetches == {} and cached(cache) == {}
+    assert not [n for n in os.listdir(cache.directory) if ".partial-" in n]
+
+
+def test_a_streamed_pile_failing_the_full_check_is_not_cached(tmp_path):
+    """A copy found wrong is fetched again and must pass the full check, not only the store's own."""
+    data = payload(5000, 5)
+    remote = Streaming({URL: data})
+    cache = PileCache(tmp_path)
+    never = lambda buf: "checksum is 00000000, expected 12345678"  # noqa: E731
+    with pytest.raises(CorruptShardError, match=rf"^{URL}: checksum is 00000000"):
+        cache.get(URL, size=len(data), fetch=remote.fetcher(URL), check=never, fetch_checks=None, fetch_into=remote.streamer(URL))
+    assert cached(cache) == {} and not [n for n in os.listdir(cache.directory) if ".partial-" in n]
+
+
+def test_a_streamed_pile_that_cannot_be_named_is_read_on_uncached_with_one_warning(tmp_path, monkeypatch, caplog):
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    remote = Streaming({URL: payload(3 << 20, 6)})
+    cache = PileCache(tmp_path)
+    monkeypatch.setattr(os, "replace", full)
+    with caplog.at_level(logging.WARNING):
+        got = remote.get(cache, URL)
+        assert got[:] == remote.piles[URL]
+    monkeypatch.undo()
+    assert cached(cache) == {} and not [n for n in os.listdir(cache.directory) if ".partial-" in n]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith(f"{URL}: not cached") and "no space left on the device" in warnings[0]

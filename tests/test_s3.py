@@ -468,3 +468,68 @@ def test_a_url_with_nothing_there_says_so_and_what_was_expected(s3):
     other = s3.url("x").replace(s3.bucket, s3.bucket + "-never-made", 1)
     with pytest.raises(DatasetNotFoundError, match=r"the bucket .*-never-made does not exist"):
         shardkit.loader(other.rsplit("/", 1)[0] + "/ds")
+
+
+def _store_with_cache(s3, tmp_path, prefix: str, data: bytes):
+    import zlib
+
+    from shardkit.storage import CachingStore, FsspecStore
+    from shardkit.storage.cache import PileCache
+
+    s3.client().pipe(s3.path(f"{prefix}/p.tar"), data)
+    want = zlib.crc32(data)
+    check = lambda buf: None if zlib.crc32(buf) == want else "checksum differs"  # noqa: E731
+    return CachingStore(FsspecStore(s3.url(prefix), concurrency=8), PileCache(str(tmp_path / "cache"))), check
+
+
+def test_a_cached_miss_of_a_pile_read_in_one_request_is_downloaded_into_its_cache_file(s3, tmp_path, monkeypatch):
+    import mmap
+
+    from shardkit.storage import FsspecStore
+
+    data = os.urandom(3 << 20)
+    store, check = _store_with_cache(s3, tmp_path, "one", data)
+    streamed, real = [], FsspecStore.download
+    monkeypatch.setattr(FsspecStore, "download", lambda self, *a, **k: streamed.append(real(self, *a, **k)) or streamed[-1])
+    got = store.read_checked("p.tar", size=len(data), check=check)
+    assert isinstance(got, mmap.mmap) and got[:] == data and streamed == [True]
+    files = os.listdir(tmp_path / "cache" / "shardkit-piles")
+    assert [n for n in files if n.endswith("-p.tar")] and not [n for n in files if ".partial-" in n]
+    assert store.read_checked("p.tar", size=len(data), check=check)[:] == data and streamed == [True]  # a hit
+
+
+def test_a_pile_read_in_ranges_is_not_streamed_but_still_cached(s3, tmp_path, monkeypatch):
+    from shardkit.storage import FsspecStore
+
+    monkeypatch.setattr(remote, "MIN_RANGE", 1 << 20)  # 3 MiB: three ranges at once
+    data = os.urandom(3 << 20)
+    store, check = _store_with_cache(s3, tmp_path, "ranges", data)
+    streamed, real = [], FsspecStore.download
+    monkeypatch.setattr(FsspecStore, "download", lambda self, *a, **k: streamed.append(real(self, *a, **k)) or streamed[-1])
+    assert store.read_checked("p.tar", size=len(data), check=check)[:] == data
+    assert streamed == [False] and [n for n in os.listdir(tmp_path / "cache" / "shardkit-piles") if n.endswith("-p.tar")]
+
+
+def test_a_streamed_pile_is_downloaded_again_while_wrong_then_named_corrupt(s3, tmp_path, monkeypatch):
+    from shardkit.storage import FsspecStore
+
+    data = os.urandom(100_000)
+    store, _ = _store_with_cache(s3, tmp_path, "bad", data)
+    calls = []
+    real = FsspecStore.download
+    monkeypatch.setattr(FsspecStore, "download", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    with pytest.raises(CorruptShardError, match=r"bad/p\.tar: checksum differs \(read 3 times\)"):
+        store.read_checked("p.tar", size=len(data), check=lambda buf: "checksum differs")
+    assert len(calls) == 3
+    assert not [n for n in os.listdir(tmp_path / "cache" / "shardkit-piles") if ".partial-" in n or n.endswith("-p.tar")]
+
+
+def test_stores_whose_files_do_not_travel_never_stream(tmp_path):
+    from shardkit.storage import LocalStore, MemoryStore
+
+    (tmp_path / "p.tar").write_bytes(b"x" * 10)
+    memory = MemoryStore()
+    memory.put("p.tar", b"x" * 10)
+    for store in (LocalStore(str(tmp_path)), memory):
+        assert store.read_checked_into("p.tar", str(tmp_path / "copy"), size=10, check=lambda buf: None) is None
+        assert not (tmp_path / "copy").exists()

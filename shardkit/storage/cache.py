@@ -14,27 +14,24 @@ its own making there, so nothing else in the directory is at risk:
   datasets' ``pile-000003.tar`` never meet) and its base name, for people;
 - ``3f2a9c0d1e2b4a5f.lock``: that entry's lock, an empty file held with ``flock`` while one process
   looks at the entry, downloads it or evicts it;
-- ``3f2a9c0d1e2b4a5f.partial-<uuid>``: a pile being written; it is renamed into place when whole,
-  so a pile's name never shows a torn file, even if its writer is killed;
+- ``3f2a9c0d1e2b4a5f.partial-<uuid>``: a pile being written (downloaded straight into it where
+  the store streams the pile, else written once fetched), renamed into place when whole, so a
+  pile's name never shows a torn file, even if its writer is killed;
 - ``evict.lock``: held by the one process that evicts at a time.
 
-Locking. A hit takes no lock: a name only ever points to a whole file, which is never changed in
-place. A miss takes the entry's lock, blocking: the first process downloads while the others wait
-(in the kernel, no polling) and then find the file; the kernel releases a dead holder's lock, so
-nobody waits for a dead process. Whoever holds an entry's lock removes the partial files of that
-entry: their writers are dead. Eviction holds ``evict.lock`` and takes entry locks without
-waiting, passing over entries another process holds. A lock file is removed only by its holder,
-and a process that gets a lock checks the name still points to the file it locked (else it
-starts again), so a removed lock file never lets two processes in at once.
+Locking. A hit takes no lock: a name only ever points to a whole file, never changed in place. A
+miss takes the entry's lock, blocking: the first process downloads while the others wait (in the
+kernel) and then find the file; the kernel releases a dead holder's lock. Whoever holds an
+entry's lock removes its partial files: their writers are dead. Eviction holds ``evict.lock`` and
+takes entry locks without waiting, passing over entries another process holds. A lock file is
+removed only by its holder, and a process that gets a lock checks the name still points to the
+file it locked (else it starts again), so a removed lock file never lets two processes in.
 
-Eviction runs after each pile stored, while the cache's own files add up to more than ``limit``;
-it removes the least recently used first (a file's modification time, set on every hit), never
-the pile just stored. Removing a file another process has open or memory-mapped is safe on POSIX:
-that process keeps reading the file's data until it lets go of it. Reads never wait for eviction.
-
-A pile larger than ``limit`` bypasses the cache (fetched every time, never stored) instead of
-evicting everything else for a copy that cannot stay; a full disk while storing costs the copy,
-never the read. Both are logged as warnings.
+Eviction runs after each pile stored, while the cache's own files add up to more than ``limit``,
+least recently used first (a file's modification time, set on every hit), never the pile just
+stored. A file another process has open or mapped keeps its data for it (POSIX). A pile larger
+than ``limit`` bypasses the cache (fetched every time, never stored) instead of evicting
+everything else; a full disk costs the copy, never the read. Both are logged as warnings.
 
 The directory must be on a local file system of the machine whose processes share it: ``flock``
 is not reliable across machines on network file systems.
@@ -58,7 +55,7 @@ from typing import Any
 from shardkit import io_errors
 from shardkit._util import check_int, check_path, format_size, parse_size, shown
 from shardkit.errors import ConfigError, CorruptShardError
-from shardkit.storage.local import Buffer, lock_file, map_open
+from shardkit.storage.local import Buffer, lock_file, map_open, unmap
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +97,8 @@ class CacheStats:
 
 
 class PileCache:
-    """A directory of local copies of remote piles, at most ``limit`` bytes, shared by processes.
-
-    Example:
-        cache = PileCache("/scratch/cache", limit="200GiB")
-        buf = cache.get(url, size=info.bytes, fetch=lambda: download(url))
-        print(cache.stats())
+    """A directory of local copies of remote piles, at most ``limit`` bytes, shared by processes
+    (see the module docstring; :meth:`stats` counts what this object did).
 
     Args:
         directory: a local directory; the cache keeps its files in its ``shardkit-piles``
@@ -176,6 +169,7 @@ class PileCache:
         check: Check | None = None,
         first_check: Check | None = None,
         fetch_checks: Check | None = None,
+        fetch_into: Callable[[str], Buffer | None] | None = None,
     ) -> Buffer:
         """The bytes of the pile at ``url``: from its cached copy, else from ``fetch()`` (then cached).
 
@@ -189,8 +183,11 @@ class PileCache:
                 it (a full checksum, say, where ``check`` is cheaper), and the fetch that replaces
                 a copy found wrong; None: ``check``. A copy on disk may have changed since it was
                 written, by another process, a disk or a person.
-            fetch_checks: the check ``fetch()`` applies to what it returns itself (a store's
-                checked read): fetched bytes are not checked with it a second time.
+            fetch_checks: the check ``fetch()`` and ``fetch_into`` apply to what they return
+                themselves (a store's checked read): fetched bytes are not checked with it a second time.
+            fetch_into: writes the pile into the local file it is given as it downloads and returns
+                it mapped from there (no second copy in memory), or None where the store would
+                not stream it; without it, or then, a miss is ``fetch()`` and a write.
 
         Raises:
             CorruptShardError: the fetched bytes are not ``size`` long or fail ``check`` (then
@@ -217,8 +214,12 @@ class PileCache:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
                 check = first_check or check  # the copy was wrong: the fresh bytes pass the full check or are called corrupt
-            data = self._fetch("misses", url, size, fetch, None if check is fetch_checks else check)
-            stored = self._store(url, path, data)
+            streamed = self._streamed(url, path, size, fetch_into, None if check is fetch_checks else check) if fetch_into else None
+            if streamed is not None:
+                data, stored = streamed
+            else:
+                data = self._fetch("misses", url, size, fetch, None if check is fetch_checks else check)
+                stored = self._store(url, path, data)
         if stored and self._limit is not None:
             self._evict(keep=name, limit=self._limit)
         return data
@@ -266,26 +267,60 @@ class PileCache:
         )
         return self._fetch("bypasses", url, size, fetch, check)
 
+    def _streamed(
+        self, url: str, path: str, size: int, fetch_into: Callable[[str], Buffer | None], check: Check | None
+    ) -> tuple[Buffer, bool] | None:
+        """The pile downloaded into a partial file by ``fetch_into``, mapped, checked with ``check``
+        and moved under ``path``, with whether it is cached there; None when the store would not
+        stream it or the disk was full (nothing left behind: the caller fetches it whole)."""
+        partial = _partial(path)
+        try:
+            data = fetch_into(partial)
+            problem = check(data) if check is not None and data is not None else None
+        except BaseException as e:
+            _discard(partial)
+            if isinstance(e, Exception) and io_errors.disk_full(e):
+                log.debug("%s: the disk could not take the download of %s (%s); reading it whole", path, url, e)
+                return None
+            raise
+        if data is None or problem is not None:
+            _discard(partial)
+            if data is None:
+                return None
+            unmap(data)
+            raise CorruptShardError(f"{url}: {problem}")
+        self._count("misses")
+        self._count("bytes_fetched", len(data))
+        return data, self._install(url, partial, path, len(data))  # uncached, the map still holds the bytes
+
     def _store(self, url: str, path: str, data: Buffer) -> bool:
         """Put ``data`` under ``path``, all or nothing; False (and a warning) when it could not be written."""
-        partial = os.path.join(self._root, f"{os.path.basename(path)[:16]}.partial-{uuid.uuid4().hex}")
+        partial = _partial(path)
         try:
-            try:
-                with open(partial, "xb") as f:
-                    f.write(data)
-                    f.flush()
-                    now = time.time_ns()  # finer than the file system's clock: stores in one tick keep their order
-                    os.utime(f.fileno(), ns=(now, now))
-                os.replace(partial, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(partial)
+            with open(partial, "xb") as f:
+                f.write(data)
+        except BaseException as e:
+            _discard(partial)
+            if not isinstance(e, OSError):
                 raise
+            return self._not_cached(url, path, e, len(data))
+        return self._install(url, partial, path, len(data))
+
+    def _install(self, url: str, partial: str, path: str, size: int) -> bool:
+        """Move the whole file ``partial`` under ``path``, marked used now; False (and a warning) when it could not be."""
+        try:
+            now = time.time_ns()  # finer than the file system's clock: stores in one tick keep their order
+            os.utime(partial, ns=(now, now))
+            os.replace(partial, path)
         except OSError as e:
-            reason = io_errors.translate(e, path, "store it", scheme=None, path=path, size=len(data))
-            self._warn_once(e.errno, "%s: not cached, read from the source instead (%s)", url, reason)
-            return False
+            _discard(partial)
+            return self._not_cached(url, path, e, size)
         return True
+
+    def _not_cached(self, url: str, path: str, error: OSError, size: int) -> bool:
+        reason = io_errors.translate(error, path, "store it", scheme=None, path=path, size=size)
+        self._warn_once(error.errno, "%s: not cached, read from the source instead (%s)", url, reason)
+        return False
 
     def _remove_partials(self, digest: str, names: Iterable[str] | None = None) -> None:
         """Remove the partial files of the entry ``digest`` (among ``names``, else all), whose lock the
@@ -360,6 +395,16 @@ class PileCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._lock_path(name))  # while held: a process waiting on it sees the name went and starts again
         return True
+
+
+def _partial(path: str) -> str:
+    """A new name for a file being written for the entry ``path``, beside it (see the module docstring)."""
+    return os.path.join(os.path.dirname(path), f"{os.path.basename(path)[:16]}.partial-{uuid.uuid4().hex}")
+
+
+def _discard(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _look(

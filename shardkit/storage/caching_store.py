@@ -1,5 +1,8 @@
 """A store that keeps local copies of another store's whole files: the loader's pile cache as a store wrapping a store.
 
+A miss is downloaded straight into its cache file where the inner store streams it (one request
+for the file), and read from there mapped; else it is read whole, then written.
+
 store = CachingStore(FsspecStore("s3://bucket/data", concurrency=8), PileCache("/tmp/piles", "20GB"))
 buf = store.read_checked("pile-000003.tar", size=info.bytes, check=check)   # S3 once, then the disk
 """
@@ -44,4 +47,5 @@ class CachingStore(WrappingStore):
                 check=check,
                 first_check=first_check,
                 fetch_checks=check,
+                fetch_into=lambda local: self.inner.read_checked_into(name, local, size=size, check=check),
             )

@@ -84,6 +84,16 @@ class FsspecStore(Store):
         with guard(self.url(name), "read"):
             return remote.read_ranges(self.url(name), size=size, concurrency=self.concurrency)
 
+    def download(self, name: str, local: str, *, size: int) -> bool:
+        """Streamed into ``local`` by the filesystem's own download where ``size`` is one request
+        for :meth:`read_whole` (s3fs asks for the rest of a body cut off mid-way from where it
+        stopped; a retry here starts the file again); else False."""
+        if len(remote.ranges(size, self.concurrency)) > 1:
+            return False
+        with guard(self.url(name), "read"):
+            self._call(name, lambda fs, p: fs.get_file(p, local))
+        return True
+
     def entries(self, *, missing_ok: bool = False) -> list[Entry]:
         return conditional.entries(self.root, missing_ok=missing_ok)
 

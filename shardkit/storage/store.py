@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import IO, ClassVar
 
 from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError
-from shardkit.storage.local import Buffer
+from shardkit.storage.local import Buffer, map_open, unmap
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,35 @@ class Store(abc.ABC):
         """The whole file as a read-only buffer: mapped without a copy where the store can, read
         in concurrent ranges where ``size`` (the size a manifest says) lets it."""
         return self.read(name)
+
+    def download(self, name: str, local: str, *, size: int) -> bool:
+        """Write the file ``name`` (``size`` bytes, as a manifest says) into the local file
+        ``local`` (made or replaced) as it arrives, where this store reads such a file in one
+        request; False, with nothing written, where it does not (the caller reads it whole
+        instead). Here: False."""
+        return False
+
+    def read_checked_into(self, name: str, local: str, *, size: int, check: Check) -> Buffer | None:
+        """:meth:`read_checked`, the bytes written into the local file ``local`` on their way in
+        (:meth:`download`) and returned mapped from it, so they are never held twice; None where
+        the store does not download ``name`` that way.
+
+        Raises:
+            CorruptShardError: the bytes fail the check every time.
+        """
+        problem = None
+        for tried in range(1, CHECKED_READS + 1):
+            if not self.download(name, local, size=size):
+                return None
+            with open(local, "rb", buffering=0) as f:
+                data = map_open(f)
+            problem = check(data)
+            if problem is None:
+                return data
+            unmap(data)
+            if tried < CHECKED_READS:
+                log.info("%s: %s (read %d of %d), reading it again", self.url(name), problem, tried, CHECKED_READS)
+        raise CorruptShardError(f"{self.url(name)}: {problem} (read {CHECKED_READS} times)")
 
     def read_checked(self, name: str, *, size: int, check: Check, first_check: Check | None = None) -> Buffer:
         """The file ``name`` of ``size`` bytes with ``check(buffer)`` (a problem in words, or None)
@@ -333,6 +362,9 @@ class WrappingStore(Store):
 
     def read_checked(self, name: str, *, size: int, check: Check, first_check: Check | None = None) -> Buffer:
         return self.inner.read_checked(name, size=size, check=check, first_check=first_check)
+
+    def download(self, name: str, local: str, *, size: int) -> bool:
+        return self.inner.download(name, local, size=size)
 
     def entries(self, *, missing_ok: bool = False) -> list[Entry]:
         return self.inner.entries(missing_ok=missing_ok)
