@@ -64,11 +64,6 @@ def _chain(error: BaseException) -> list[BaseException]:
     return found
 
 
-def disk_full(error: BaseException) -> bool:
-    """Whether ``error`` is, or was raised from, a full disk or quota."""
-    return any(getattr(e, "errno", None) in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)) for e in _chain(error))
-
-
 def _free_bytes(path: str) -> tuple[str, int] | None:
     """Where the device holding ``path`` is mounted, and the bytes free on it."""
     here = os.path.abspath(path)

@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 import pytest
 
-from shardkit.errors import ConfigError, CorruptShardError, StorageError
+from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError, StorageError
 from shardkit.storage.cache import EVICT_LOCK, SUBDIRECTORY, PileCache, entry_name
 
 FORK = multiprocessing.get_context("fork")
@@ -400,12 +400,26 @@ def test_a_full_disk_while_streaming_reads_the_pile_whole_instead(tmp_path):
     assert not [n for n in os.listdir(cache.directory) if ".partial-" in n]
 
 
-def test_a_failed_download_raises_and_leaves_no_partial_file(tmp_path):
+def test_a_failed_download_is_read_whole_instead_and_a_missing_file_is_not(tmp_path):
+    """A stream that fails (the connection, the local disk) costs that try: the whole read names any fault."""
     remote = Streaming({URL: payload(5000, 4)})
     cache = PileCache(tmp_path)
-    with pytest.raises(StorageError, match="connection reset"):
-        remote.get(cache, URL, fail=StorageError(f"{URL}: cannot read: connection reset"))
-    assert remote.fetches == {} and cached(cache) == {}
+    assert remote.get(cache, URL, fail=StorageError(f"{URL}: cannot read: connection reset")) == remote.piles[URL]
+    assert remote.streams == {URL: 1} and remote.fetches == {URL: 1} and len(cached(cache)) == 1
+    other = URL.replace("000003", "000004")
+    remote.piles[other] = payload(5000, 5)
+    with pytest.raises(DatasetNotFoundError, match="no such file"):
+        remote.get(cache, other, fail=DatasetNotFoundError(f"{other}: no such file"))
+    assert other not in remote.fetches
+    assert not [n for n in os.listdir(cache.directory) if ".partial-" in n]
+
+
+def test_streamed_bytes_of_another_size_are_refused_whatever_the_check(tmp_path):
+    remote = Streaming({URL: payload(5000, 7)})
+    cache = PileCache(tmp_path)
+    with pytest.raises(CorruptShardError, match=rf"^{URL}: fetched 5000 bytes, expected 4999$"):
+        cache.get(URL, size=4999, fetch=remote.fetcher(URL), fetch_into=remote.streamer(URL))
+    assert cached(cache) == {} and remote.fetches == {}
     assert not [n for n in os.listdir(cache.directory) if ".partial-" in n]
 
 

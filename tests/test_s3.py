@@ -533,3 +533,66 @@ def test_stores_whose_files_do_not_travel_never_stream(tmp_path):
     for store in (LocalStore(str(tmp_path)), memory):
         assert store.read_checked_into("p.tar", str(tmp_path / "copy"), size=10, check=lambda buf: None) is None
         assert not (tmp_path / "copy").exists()
+
+
+def test_a_cache_disk_failing_under_the_stream_costs_that_try_not_the_read(s3, tmp_path, monkeypatch):
+    import errno
+
+    import s3fs.core
+
+    data = os.urandom(100_000)
+    store, check = _store_with_cache(s3, tmp_path, "eio", data)
+    real, tries = open, []
+
+    class Failing:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, chunk):
+            raise OSError(errno.EIO, "Input/output error")
+
+    def opening(path, mode="r", *args, **kwargs):
+        f = real(path, mode, *args, **kwargs)
+        if ".partial-" in str(path) and "w" in mode:
+            tries.append(path)
+            return Failing(f)
+        return f
+
+    monkeypatch.setattr(s3fs.core, "open", opening, raising=False)  # where s3fs writes what it downloads
+    assert store.read_checked("p.tar", size=len(data), check=check)[:] == data
+    assert len(tries) == 1  # one try at streaming, then the whole read (and the cache's own write)
+    files = os.listdir(tmp_path / "cache" / "shardkit-piles")
+    assert [n for n in files if n.endswith("-p.tar")] and not [n for n in files if ".partial-" in n]
+
+
+def test_a_read_fault_of_a_faulty_store_fires_on_the_streamed_path_too(s3, tmp_path):
+    from shardkit.storage import CachingStore, FaultyStore, FsspecStore
+    from shardkit.storage.cache import PileCache
+
+    data = os.urandom(100_000)
+    s3.client().pipe(s3.path("fault/p.tar"), data)
+    inner = FaultyStore(FsspecStore(s3.url("fault"), concurrency=8)).fail("read", nth=1)
+    store = CachingStore(inner, PileCache(str(tmp_path / "cache")))
+    assert store.read_checked("p.tar", size=len(data), check=lambda buf: None)[:] == data
+    assert inner.calls["read"] == 2  # the streamed read failed as planted, and the whole read took over
+
+
+def test_ctrl_c_during_a_streamed_download_leaves_no_file_behind(s3, faulty_s3, tmp_path):
+    import _thread
+
+    data = os.urandom(3 << 20)
+    store, check = _store_with_cache(s3, tmp_path, "ctrlc", data)
+    store.inner.size("p.tar")  # connected before the clock
+    faulty_s3.latency = 1.0  # every answer comes a second late: the interrupt lands before the body
+    threading.Timer(0.3, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        store.read_checked("p.tar", size=len(data), check=check)
+    time.sleep(2.0)  # a download left running would have written its file by now
+    left = [n for n in os.listdir(tmp_path / "cache" / "shardkit-piles") if n.endswith("-p.tar") or ".partial-" in n]
+    assert left == []

@@ -261,6 +261,17 @@ def test_fsync_queue_raises_the_first_failure_naming_its_file_and_flushes_nothin
         queue.finish()
     assert flushed == ["a.tar"] and not _threads("shardkit-fsync")
     queue.finish()  # the error was raised once
+    queue.add(str(tmp_path / "b.tar"))
+    import time
+
+    for _ in range(200):  # the thread meets the missing file; the next add() says so at once
+        if queue._error is not None:
+            break
+        time.sleep(0.01)
+    with pytest.raises(ShardkitError, match=r"b\.tar: no such file"):
+        queue.add(str(tmp_path / "c.tar"))
+    assert flushed == ["a.tar"]
+    queue.close()
 
 
 def test_sync_files_flushes_nothing_inside_throwaway_writes_on_that_thread_only(tmp_path, monkeypatch):

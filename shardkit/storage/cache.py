@@ -48,14 +48,14 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from shardkit import io_errors
 from shardkit._util import check_int, check_path, format_size, parse_size, shown
-from shardkit.errors import ConfigError, CorruptShardError
-from shardkit.storage.local import Buffer, lock_file, map_open, unmap
+from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError
+from shardkit.storage.local import Buffer, holding_lock, map_open, unmap
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class PileCache:
         try:
             os.makedirs(self._root, exist_ok=True)
             # taking the eviction lock once shows the directory is writable, now rather than at the first miss
-            with _locked(os.path.join(self._root, EVICT_LOCK)):
+            with holding_lock(os.path.join(self._root, EVICT_LOCK)):
                 self._tidy()
         except OSError as e:
             raise io_errors.translate(e, self._root, "use it as the pile cache", scheme=None, path=self._root, size=None) from e
@@ -185,9 +185,8 @@ class PileCache:
                 written, by another process, a disk or a person.
             fetch_checks: the check ``fetch()`` and ``fetch_into`` apply to what they return
                 themselves (a store's checked read): fetched bytes are not checked with it a second time.
-            fetch_into: writes the pile into the local file it is given as it downloads and returns
-                it mapped from there (no second copy in memory), or None where the store would
-                not stream it; without it, or then, a miss is ``fetch()`` and a write.
+            fetch_into: writes the pile into the local file it is given as it downloads, returning it mapped
+                from there (no second copy in memory), or None: a miss is then ``fetch()`` and a write.
 
         Raises:
             CorruptShardError: the fetched bytes are not ``size`` long or fail ``check`` (then
@@ -204,7 +203,7 @@ class PileCache:
             return self._hit(path, found)
         with contextlib.suppress(OSError):  # removed since (a cleaner of temporary files, a person); else the lock says why not
             os.makedirs(self._root, exist_ok=True)
-        with _locked(self._lock_path(name)):  # waits while another process downloads this very pile
+        with holding_lock(self._lock_path(name)):  # waits while another process downloads this very pile
             self._remove_partials(name[:16])
             found, problem = _look(path, size, check, first_check, self._trusted)
             if found is not None:
@@ -272,25 +271,29 @@ class PileCache:
     ) -> tuple[Buffer, bool] | None:
         """The pile downloaded into a partial file by ``fetch_into``, mapped, checked with ``check``
         and moved under ``path``, with whether it is cached there; None when the store would not
-        stream it or the disk was full (nothing left behind: the caller fetches it whole)."""
+        stream it or the stream failed short of a corrupt or missing file (nothing is left
+        behind: the caller reads it whole, and that read or the cache's write names any fault)."""
         partial = _partial(path)
         try:
             data = fetch_into(partial)
             problem = check(data) if check is not None and data is not None else None
         except BaseException as e:
             _discard(partial)
-            if isinstance(e, Exception) and io_errors.disk_full(e):
-                log.debug("%s: the disk could not take the download of %s (%s); reading it whole", path, url, e)
-                return None
-            raise
-        if data is None or problem is not None:
+            if not isinstance(e, Exception) or isinstance(e, (CorruptShardError, DatasetNotFoundError)):
+                raise
+            log.debug("%s: the download of %s into the cache failed (%s); reading it whole", path, url, e)
+            return None
+        if data is None:
             _discard(partial)
-            if data is None:
-                return None
-            unmap(data)
-            raise CorruptShardError(f"{url}: {problem}")
+            return None
         self._count("misses")
         self._count("bytes_fetched", len(data))
+        if problem is None and len(data) != size:
+            problem = f"fetched {len(data)} bytes, expected {size}"
+        if problem is not None:
+            _discard(partial)
+            unmap(data)
+            raise CorruptShardError(f"{url}: {problem}")
         return data, self._install(url, partial, path, len(data))  # uncached, the map still holds the bytes
 
     def _store(self, url: str, path: str, data: Buffer) -> bool:
@@ -332,7 +335,7 @@ class PileCache:
 
     def _evict(self, *, keep: str, limit: int) -> None:
         """Remove least recently used entries (never ``keep``, nor one another process holds) until under ``limit``."""
-        with _locked(os.path.join(self._root, EVICT_LOCK)):
+        with holding_lock(os.path.join(self._root, EVICT_LOCK)):
             entries = self._tidy()
             total = sum(size for _, size, _ in entries)
             for mtime, size, name in sorted(entries):
@@ -372,7 +375,7 @@ class PileCache:
         """Remove the partial files of dead writers, and the lock files ``orphans`` of entries that are gone,
         each under its lock taken without waiting: a live process holding it is left alone."""
         for digest in {name[:16] for name in partials} | orphans:
-            with _locked(self._lock_path(digest), wait=False) as held:
+            with holding_lock(self._lock_path(digest), wait=False) as held:
                 if not held:
                     continue
                 self._remove_partials(digest, partials)
@@ -383,7 +386,7 @@ class PileCache:
     def _drop(self, name: str, mtime: int) -> bool:
         """Evict the entry ``name`` seen with ``mtime``; False when another process holds it or used it since."""
         path = os.path.join(self._root, name)
-        with _locked(self._lock_path(name), wait=False) as held:
+        with holding_lock(self._lock_path(name), wait=False) as held:
             if not held:
                 return False
             try:
@@ -435,14 +438,3 @@ def _look(
     if first:
         trusted.add(key)  # set.add is atomic: threads of one loader may race here harmlessly
     return data, None
-
-
-@contextlib.contextmanager
-def _locked(path: str, *, wait: bool = True) -> Iterator[bool]:
-    """Hold the lock file ``path`` for the block; yields False (and holds nothing) when it is taken and ``wait`` is off."""
-    fd = lock_file(path, wait=wait)
-    try:
-        yield fd is not None
-    finally:
-        if fd is not None:
-            os.close(fd)

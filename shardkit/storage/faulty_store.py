@@ -85,6 +85,12 @@ class FaultyStore(WrappingStore):
         self._count("read", name)
         return self.inner.read_checked(name, size=size, check=check, first_check=first_check)
 
+    def download(self, name: str, local: str, *, size: int) -> bool:
+        if not self.inner.download(name, local, size=size):
+            return False
+        self._count("read", name)  # a read that streamed into ``local`` and then failed
+        return True
+
     def put(self, name: str, data: bytes, *, sync: bool = True) -> None:
         self._count("put", name)
         self.inner.put(name, data, sync=sync)

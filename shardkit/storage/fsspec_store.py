@@ -7,7 +7,9 @@ won = store.put_if_absent("shardkit.json", data)               # If-None-Match: 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from typing import IO, Any, TypeVar
 
@@ -86,12 +88,22 @@ class FsspecStore(Store):
 
     def download(self, name: str, local: str, *, size: int) -> bool:
         """Streamed into ``local`` by the filesystem's own download where ``size`` is one request
-        for :meth:`read_whole` (s3fs asks for the rest of a body cut off mid-way from where it
-        stopped; a retry here starts the file again); else False."""
+        for :meth:`read_whole`; else False. One try: a caller falls back to the whole read, which is
+        retried (a local disk error is not the store's). Interrupted, the download stops and
+        removes ``local`` itself, so nothing writes into it once this returns."""
         if len(remote.ranges(size, self.concurrency)) > 1:
             return False
+        fs, path = remote.filesystem(self.url(name))
         with guard(self.url(name), "read"):
-            self._call(name, lambda fs, p: fs.get_file(p, local))
+            if not getattr(fs, "async_impl", False):
+                fs.get_file(path, local)  # one try: a failure is read whole, retried there (a local disk error is not the store's)
+                return True
+            done = asyncio.run_coroutine_threadsafe(_get_file(fs, path, local), fs.loop)
+            try:
+                done.result()
+            except BaseException:
+                done.cancel()  # Ctrl-C: the download stops and removes its file, not after the cache's clean-up
+                raise
         return True
 
     def entries(self, *, missing_ok: bool = False) -> list[Entry]:
@@ -135,3 +147,13 @@ class FsspecStore(Store):
     def delete(self, name: str) -> None:
         with guard(self.url(name), "remove"), contextlib.suppress(FileNotFoundError):
             self._call(name, lambda fs, p: fs.rm_file(p))
+
+
+async def _get_file(fs: Any, path: str, local: str) -> None:
+    """``fs``'s download of ``path`` into ``local``, which goes again when it fails or is cancelled."""
+    try:
+        await fs._get_file(path, local)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(local)
+        raise

@@ -88,6 +88,18 @@ def lock_file(path: str, *, wait: bool) -> int | None:
         os.close(fd)  # the name now points to another file, or none: the lock we hold guards nothing
 
 
+@contextlib.contextmanager
+def holding_lock(path: str, *, wait: bool = True) -> Iterator[bool]:
+    """Hold the lock file ``path`` (:func:`lock_file`) for the block; yields False (and holds
+    nothing) when it is taken and ``wait`` is off."""
+    fd = lock_file(path, wait=wait)
+    try:
+        yield fd is not None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def make_dirs(path: str) -> str | None:
     """Create the directory ``path`` and its missing parents, like ``os.makedirs(exist_ok=True)``;
     ``path`` (made absolute) when this call created it, else None (it was there, or another
@@ -302,7 +314,14 @@ class FsyncQueue:
         self._error: BaseException | None = None
 
     def add(self, path: str) -> None:
-        """Flush ``path`` once the files added before it are."""
+        """Flush ``path`` once the files added before it are.
+
+        Raises:
+            StorageError: naming a file added before that could not be flushed (then, as from
+                :meth:`finish`, once): the writer stops now rather than at its end.
+        """
+        if self._error is not None:
+            self.finish()
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="shardkit-fsync", daemon=True)
             self._thread.start()
