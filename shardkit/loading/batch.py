@@ -248,7 +248,8 @@ def _block_columns(
         return of(block.shards[0], index)
     which = np.asarray(block.which[lo:hi])
     at = np.asarray(index)
-    parts, places = [], []
+    parts: list[Any] = []
+    places: list[np.ndarray] = []
     for w in np.unique(which).tolist():
         mine = np.flatnonzero(which == w)
         cols = of(block.shards[w], at[mine].tolist())

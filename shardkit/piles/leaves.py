@@ -114,7 +114,7 @@ def place(segment: Segment, resolution: int) -> int | None:
     return segment.leaf * resolution // segment.resolution
 
 
-def read_tar(url: str, segment: Segment | PileInfo) -> bytes:
+def read_tar(url: str, segment: Segment | PileInfo) -> storage.Buffer:
     """The tar a segment or pile file holds, checked against its manifest entry first: a rewrite
     must not copy damaged bytes into a file with a fresh checksum.
 

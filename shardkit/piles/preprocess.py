@@ -23,7 +23,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from shardkit import manifest, storage
 from shardkit._util import check_bool, check_path, check_paths, shown
@@ -146,7 +146,7 @@ def preprocess(
         # refused before any work, not at the publish (which checks again, for a race)
         class_maps.appended(dataset, extra[class_maps.CLASSES], f"{out}: append")
     if readers.is_reader(fn) and all(isinstance(u, (str, os.PathLike)) for u in units):
-        units = _validate(fn.prepare(units)[0], None)  # paths to a reader: its units are what runs
+        units = _validate(cast(Any, fn).prepare(units)[0], None)  # paths to a reader: its units are what runs
     job = _work(options, fn, codecs=check_codecs(codecs), keyed_by_fn=not readers.is_reader(fn))
     return _run(job, units, out, options, workers=options.workers, quiet=quiet, mp_context=mp_context, extra=extra)
 

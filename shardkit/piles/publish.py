@@ -221,7 +221,7 @@ def finish_pile(work: PileWork) -> tuple[list[Staged], bool]:
     splits = work.most is not None and work.count > work.most  # an empty pile is never split
     tar_size = sum(run.length for run in work.runs) + len(write.TRAILER)
     only = work.runs[0] if len(work.runs) == 1 else None
-    if only is not None and only.sealed and not (splits or work.pack or work.record) and only.whole:
+    if only is not None and only.sealed and only.crc is not None and not (splits or work.pack or work.record) and only.whole:
         # the sealed part is the pile: installed under its name as it is, with no file made,
         # written or removed here (a job that nothing resumes keeps no part to merge again)
         return [Staged(only.path, name, work.count, tar_size, manifest.checksum(write.TRAILER, only.crc))], False

@@ -11,10 +11,11 @@ uniform permutation of the expanded multiset. A count of 0 drops the sample.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardkit.errors import ConfigError, SampleError
 
@@ -38,6 +39,8 @@ class ByField:
     field: str
     counts: Mapping[str, int]
     default: int = 1
+    if TYPE_CHECKING:  # set by __post_init__, not a field at run time
+        _lookup: dict[str, int] = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.field, str) or not self.field:

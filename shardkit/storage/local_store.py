@@ -7,6 +7,7 @@ with store.lock(".shardkit-lock", wait=False) as mine: ...
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import datetime
 import os
@@ -192,7 +193,7 @@ class LocalStore(Store):
                 os.unlink(tmp)
             raise
 
-    def remove_dead_partials(self, name: str) -> list[str]:
+    def remove_dead_partials(self, name: str) -> builtins.list[str]:  # (the class's own list() hides the type here)
         """Remove the partial files of :meth:`put_stream` for ``name`` whose writer is gone (no
         process holds their lock: it was killed); returns their names. A partial file still being
         written is left alone, and so is one made under :data:`PARTIAL_AGE_S` ago (its writer may

@@ -252,7 +252,7 @@ def _check_pile(
     if not storage.exists(url):
         return [Problem(name=pile.name, kind="missing", message="listed in the manifest but the file does not exist")], None
     try:
-        buf = storage.read_bytes(url, size=pile.bytes, concurrency=storage.remote.DEFAULT_CONCURRENCY)
+        buf: storage.Buffer = storage.read_bytes(url, size=pile.bytes, concurrency=storage.remote.DEFAULT_CONCURRENCY)
     except OSError as e:  # a StorageError names the file and says why
         message = str(e).removeprefix(f"{url}: ") if isinstance(e, StorageError) else f"cannot be read ({e.strerror or e})"
         return [Problem(name=pile.name, kind="unreadable", message=message)], None
@@ -283,7 +283,7 @@ def _check_pile(
 def _pile_keys(directory: str, pile: PileInfo) -> tuple[list[str], list[int]]:
     """The keys of a pile :func:`_check_pile` read whole before, and where each sample starts."""
     url = storage.join(directory, pile.name)
-    buf = storage.read_bytes(url, size=pile.bytes, concurrency=storage.remote.DEFAULT_CONCURRENCY)
+    buf: storage.Buffer = storage.read_bytes(url, size=pile.bytes, concurrency=storage.remote.DEFAULT_CONCURRENCY)
     if pile.compression is not None:
         buf = compression.decompress(buf, pile.compression, url, size=pile.tar_bytes)
     shard = open_pile(Fetched(url, buf, scan.scan(buf), checked=False))
@@ -327,10 +327,10 @@ class _Keys:
                     places.setdefault(keys[i], []).append((f, i, offsets[i]))
         found = []
         for key, at in places.items():
-            first = min(at)
-            later = [a for a in at if a[0] != first[0]]
+            earliest = min(at)
+            later = [a for a in at if a[0] != earliest[0]]
             if later:
-                (f, i, offset), (g, j, other) = min(later), first
+                (f, i, offset), (g, j, other) = min(later), earliest
                 earlier = f"{self.files[g][0].name}'s {sample_at(j, f'offset {other}')}"
                 said = repeated_key(key, sample_at(i, f"offset {offset}"), earlier)
                 found.append((f, i, Problem(name=self.files[f][0].name, kind="duplicate", message=said)))
