@@ -57,6 +57,11 @@ def cached(cache: PileCache) -> dict[str, int]:
     return {n: os.path.getsize(os.path.join(cache.directory, n)) for n in os.listdir(cache.directory) if n[16:17] == "-"}
 
 
+def partials(cache: PileCache) -> list[str]:
+    """The cache's partial files (a pile being written, or one a dead writer left)."""
+    return [n for n in os.listdir(cache.directory) if ".partial-" in n]
+
+
 def payload(n: int, seed: int) -> bytes:
     return np.random.default_rng(seed).bytes(n)
 
@@ -376,42 +381,42 @@ def test_a_streamed_miss_is_the_cached_file_itself_and_the_next_read_a_hit(tmp_p
     assert list(cached(cache).values()) == [len(remote.piles[URL])]
     # the map is of the file now under the entry's name: no partial is left, and it was never read whole
     assert remote.streams == {URL: 1} and remote.fetches == {}
-    assert not [n for n in os.listdir(cache.directory) if ".partial-" in n]
+    assert not partials(cache)
     assert cache.stats().misses == 1 and cache.stats().bytes_fetched == len(remote.piles[URL])
     assert remote.get(cache, URL)[:] == remote.piles[URL]
     assert remote.streams == {URL: 1} and cache.stats().hits == 1
 
 
-def test_a_store_that_does_not_stream_a_pile_is_read_whole_and_written(tmp_path):
+def _disk_full() -> StorageError:
+    full = StorageError(f"{URL}: cannot read: no space left on the device")
+    full.__cause__ = OSError(errno.ENOSPC, "No space left on device")
+    return full
+
+
+@pytest.mark.parametrize(
+    "streaming",
+    [
+        {"decline": True},  # a store that does not stream this pile
+        {"fail": _disk_full()},  # the cache's disk full under the stream
+        {"fail": StorageError(f"{URL}: cannot read: connection reset")},  # the connection
+    ],
+    ids=["not-streamed", "disk-full", "connection"],
+)
+def test_a_pile_the_stream_does_not_bring_is_read_whole_and_written(tmp_path, streaming):
+    """A stream that fails costs that try: the whole read names any fault."""
     remote = Streaming({URL: payload(5000, 2)})
     cache = PileCache(tmp_path)
-    assert remote.get(cache, URL, decline=True) == remote.piles[URL]
+    assert remote.get(cache, URL, **streaming) == remote.piles[URL]
     assert remote.streams == {URL: 1} and remote.fetches == {URL: 1} and len(cached(cache)) == 1
-    assert not [n for n in os.listdir(cache.directory) if ".partial-" in n]
+    assert not partials(cache)
 
 
-def test_a_full_disk_while_streaming_reads_the_pile_whole_instead(tmp_path):
-    remote = Streaming({URL: payload(5000, 3)})
+def test_a_missing_file_is_not_read_again_after_its_stream(tmp_path):
+    remote = Streaming({URL: payload(5000, 5)})
     cache = PileCache(tmp_path)
-    full = StorageError("s3://bucket/ds/pile-000003.tar: cannot read: no space left on the device")
-    full.__cause__ = OSError(errno.ENOSPC, "No space left on device")
-    assert remote.get(cache, URL, fail=full) == remote.piles[URL]
-    assert remote.streams == {URL: 1} and remote.fetches == {URL: 1} and len(cached(cache)) == 1
-    assert not [n for n in os.listdir(cache.directory) if ".partial-" in n]
-
-
-def test_a_failed_download_is_read_whole_instead_and_a_missing_file_is_not(tmp_path):
-    """A stream that fails (the connection, the local disk) costs that try: the whole read names any fault."""
-    remote = Streaming({URL: payload(5000, 4)})
-    cache = PileCache(tmp_path)
-    assert remote.get(cache, URL, fail=StorageError(f"{URL}: cannot read: connection reset")) == remote.piles[URL]
-    assert remote.streams == {URL: 1} and remote.fetches == {URL: 1} and len(cached(cache)) == 1
-    other = URL.replace("000003", "000004")
-    remote.piles[other] = payload(5000, 5)
     with pytest.raises(DatasetNotFoundError, match="no such file"):
-        remote.get(cache, other, fail=DatasetNotFoundError(f"{other}: no such file"))
-    assert other not in remote.fetches
-    assert not [n for n in os.listdir(cache.directory) if ".partial-" in n]
+        remote.get(cache, URL, fail=DatasetNotFoundError(f"{URL}: no such file"))
+    assert remote.fetches == {} and not partials(cache)
 
 
 def test_streamed_bytes_of_another_size_are_refused_whatever_the_check(tmp_path):
@@ -420,7 +425,7 @@ def test_streamed_bytes_of_another_size_are_refused_whatever_the_check(tmp_path)
     with pytest.raises(CorruptShardError, match=rf"^{URL}: fetched 5000 bytes, expected 4999$"):
         cache.get(URL, size=4999, fetch=remote.fetcher(URL), fetch_into=remote.streamer(URL))
     assert cached(cache) == {} and remote.fetches == {}
-    assert not [n for n in os.listdir(cache.directory) if ".partial-" in n]
+    assert not partials(cache)
 
 
 def test_a_streamed_pile_failing_the_full_check_is_not_cached(tmp_path):
@@ -431,7 +436,7 @@ def test_a_streamed_pile_failing_the_full_check_is_not_cached(tmp_path):
     never = lambda buf: "checksum is 00000000, expected 12345678"  # noqa: E731
     with pytest.raises(CorruptShardError, match=rf"^{URL}: checksum is 00000000"):
         cache.get(URL, size=len(data), fetch=remote.fetcher(URL), check=never, fetch_checks=None, fetch_into=remote.streamer(URL))
-    assert cached(cache) == {} and not [n for n in os.listdir(cache.directory) if ".partial-" in n]
+    assert cached(cache) == {} and not partials(cache)
 
 
 def test_a_streamed_pile_that_cannot_be_named_is_read_on_uncached_with_one_warning(tmp_path, monkeypatch, caplog):
@@ -445,6 +450,6 @@ def test_a_streamed_pile_that_cannot_be_named_is_read_on_uncached_with_one_warni
         got = remote.get(cache, URL)
         assert got[:] == remote.piles[URL]
     monkeypatch.undo()
-    assert cached(cache) == {} and not [n for n in os.listdir(cache.directory) if ".partial-" in n]
+    assert cached(cache) == {} and not partials(cache)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith(f"{URL}: not cached") and "no space left on the device" in warnings[0]

@@ -167,19 +167,14 @@ class Store(abc.ABC):
         Raises:
             CorruptShardError: the bytes fail the check every time.
         """
-        problem = None
-        for tried in range(1, CHECKED_READS + 1):
+
+        def downloaded() -> Buffer | None:
             if not self.download(name, local, size=size):
                 return None
             with open(local, "rb", buffering=0) as f:
-                data = map_open(f)
-            problem = check(data)
-            if problem is None:
-                return data
-            unmap(data)
-            if tried < CHECKED_READS:
-                log.info("%s: %s (read %d of %d), reading it again", self.url(name), problem, tried, CHECKED_READS)
-        raise CorruptShardError(f"{self.url(name)}: {problem} (read {CHECKED_READS} times)")
+                return map_open(f)
+
+        return self._until_right(name, downloaded, check, CHECKED_READS)
 
     def read_checked(self, name: str, *, size: int, check: Check, first_check: Check | None = None) -> Buffer:
         """The file ``name`` of ``size`` bytes with ``check(buffer)`` (a problem in words, or None)
@@ -189,17 +184,30 @@ class Store(abc.ABC):
             CorruptShardError: the bytes fail the check every time (or once, where a read is never torn).
         """
         tries = 1 if self.supports_mapping else CHECKED_READS
+        data = self._until_right(name, lambda: self.read_whole(name, size=size), check, tries)
+        assert data is not None  # read_whole always reads
+        return data
+
+    def _until_right(self, name: str, read: Callable[[], Buffer | None], check: Check, tries: int) -> Buffer | None:
+        """``read()`` again until ``check`` passes what it gives, at most ``tries`` times; None
+        when ``read`` gives None (it read nothing).
+
+        Raises:
+            CorruptShardError: naming the file and the last problem (and the tries, if more than one).
+        """
         problem = None
         for tried in range(1, tries + 1):
-            data = self.read_whole(name, size=size)
+            data = read()
+            if data is None:
+                return None
             problem = check(data)
             if problem is None:
                 return data
+            unmap(data)  # a map that failed is nobody's
             if tried < tries:
                 log.info("%s: %s (read %d of %d), reading it again", self.url(name), problem, tried, tries)
-        if tries == 1:
-            raise CorruptShardError(f"{self.url(name)}: {problem}")
-        raise CorruptShardError(f"{self.url(name)}: {problem} (read {tries} times)")
+        said = f" (read {tries} times)" if tries > 1 else ""
+        raise CorruptShardError(f"{self.url(name)}: {problem}{said}")
 
     # -- listing -------------------------------------------------------------------------------
     @abc.abstractmethod
