@@ -37,6 +37,7 @@ from shardkit.loading.blend.source import BlendedSource
 from shardkit.loading.elastic import Phase
 from shardkit.loading.epochs import Epochs, PileEpochs, rank_ranges, step_keys
 from shardkit.loading.on_error import LoaderStats, Policy
+from shardkit.loading.one_generation import one_generation
 from shardkit.loading.options import LOADER, LoaderOptions, check_world_kept, resolve_world, world_by_default
 from shardkit.loading.position import Place, Position
 from shardkit.loading.reading import Reading, Schedule, remote_reads, setup
@@ -91,7 +92,7 @@ class Loader:
             storage.use(source, self.options.storage_options)
         reads = remote_reads(self.options)
         # a plain shard that cannot even be counted is a pile the policy skips (0 samples)
-        source = source if isinstance(source, Source) else resolve(source, skip=policy.pile)
+        source = source if isinstance(source, Source) else one_generation(resolve(source, skip=policy.pile), source, self.options)
         self._setup = setup(source, self.options, policy, reads)
         self._epochs = epochs_of(source, self.options)
         self._place = Place()  # which epoch is read next and from where, and the one being read

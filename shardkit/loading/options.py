@@ -276,7 +276,7 @@ def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
         ConfigError: a world of several ranks with no rank found anywhere (every process would
             read rank 0's share), or a rank outside the world; each names where the value came from.
     """
-    dist = _distributed()
+    dist = distributed()
     world_from = "world_size"
     if world_size is None:
         env_world = _env("WORLD_SIZE")
@@ -304,7 +304,7 @@ def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
-def _distributed() -> Any:
+def distributed() -> Any:
     """``torch.distributed`` when it is initialized in this process, else None (torch is never
     imported just to ask)."""
     d = getattr(sys.modules.get("torch"), "distributed", None)
@@ -314,7 +314,7 @@ def _distributed() -> Any:
 def world_by_default(rank: int | None, world_size: int | None) -> bool:
     """Whether :func:`resolve_world` takes the world to be this one process for want of any other
     answer: no argument, no ``RANK``/``WORLD_SIZE``, torch.distributed not initialized (yet)."""
-    return rank is None and world_size is None and _env("WORLD_SIZE") is None and _env("RANK") is None and _distributed() is None
+    return rank is None and world_size is None and _env("WORLD_SIZE") is None and _env("RANK") is None and distributed() is None
 
 
 def check_world_kept(by_default: bool) -> None:
@@ -325,7 +325,7 @@ def check_world_kept(by_default: bool) -> None:
     Raises:
         ConfigError: saying so, and what to do.
     """
-    d = _distributed() if by_default else None
+    d = distributed() if by_default else None
     if d is not None and d.get_world_size() > 1:
         raise ConfigError(
             f"this loader was made before torch.distributed.init_process_group, so it took the world to be one process "

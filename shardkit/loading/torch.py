@@ -37,6 +37,7 @@ from shardkit.loading.dataloader_arguments import check_arguments, rebatching
 from shardkit.loading.handoff import Handoff, SendableViews, convert, taken
 from shardkit.loading.loader import Loader
 from shardkit.loading.located import Vanished
+from shardkit.loading.one_generation import blend_of_first, one_generation
 from shardkit.loading.options import LoaderOptions, check_world_kept, resolve_world, world_by_default
 from shardkit.loading.ring import Ring
 from shardkit.loading.shared_place import SharedPlace
@@ -122,9 +123,9 @@ class ShardkitDataset(IterableDataset):
         # counted once here, not once per worker
         self.source: Source | BlendedSource
         if is_blend(source) or weights is not None or epoch_size is not None:
-            self.source = resolve_blend(Blend(source, weights=weights, epoch_size=epoch_size), self.options)
+            self.source = blend_of_first(resolve_blend(Blend(source, weights=weights, epoch_size=epoch_size), self.options), self.options)
         else:
-            self.source = resolve(source)  # type: ignore[arg-type]  # a Blend was taken above
+            self.source = one_generation(resolve(source), source, self.options)  # type: ignore[arg-type]  # a Blend was taken above
         self._place = SharedPlace(self.source, self.options, world_by_default=by_default)  # epoch, loaded position: every worker's
         self._yielded = 0  # items this process yielded in its current iteration (num_workers=0)
         # times the next iteration was moved elsewhere (set_epoch to another epoch, load_state_dict,
@@ -133,8 +134,7 @@ class ShardkitDataset(IterableDataset):
         # (epoch, moves) when this process saw an iteration of that epoch yield its last item: read
         # again with no move in between, the epoch is read whole (see _read_anew)
         self._ended: tuple[int, int] | None = None
-        # shared memory the workers of the DataLoader being started hand batches over in (set by
-        # ShardkitDataLoader only while it starts them; they keep it)
+        # shared memory the workers of a DataLoader hand batches over in (set by ShardkitDataLoader while it starts them)
         self._ring: Ring | None = None
 
     # -- epochs --------------------------------------------------------------------------------

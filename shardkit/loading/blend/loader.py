@@ -34,6 +34,7 @@ from shardkit.loading.blend.source import BlendedSource, resolve_blend
 from shardkit.loading.blend.spec import Blend, is_blend
 from shardkit.loading.loader import Loader
 from shardkit.loading.loader import loader as plain_loader
+from shardkit.loading.one_generation import blend_of_first
 from shardkit.loading.options import BLEND_LOADER, LoaderOptions, resolve_world, world_by_default
 from shardkit.option_fields import from_call
 
@@ -55,7 +56,7 @@ class BlendLoader(Loader):
         by_default = world_by_default(options.rank, options.world_size)
         rank, world = resolve_world(options.rank, options.world_size)
         options = replace(options, rank=rank, world_size=world)
-        super().__init__(blend if isinstance(blend, BlendedSource) else resolve_blend(blend, options), options)
+        super().__init__(blend if isinstance(blend, BlendedSource) else blend_of_first(resolve_blend(blend, options), options), options)
         self._world_by_default = by_default
 
 

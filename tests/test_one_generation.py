@@ -1,0 +1,197 @@
+"""The ranks of a real two-process torch.distributed (gloo) job read one generation of a dataset
+that grows while they make their loaders; plain shards that differ between ranks are refused."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import shardkit
+from tests.conftest import make_samples
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'shardkit[torch]')")
+
+from shardkit.loading import one_generation  # noqa: E402
+
+N = 203
+
+_RANK_SCRIPT = textwrap.dedent(
+    """
+    import json, os, shutil, sys
+    import torch, torch.distributed as dist
+    import shardkit
+    from shardkit.torch import ShardkitDataLoader, ShardkitDataset
+
+    root, other, shards, out = sys.argv[1:5]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    options = dict(batch_size=4, decode=False, seed=3)
+
+    def make():
+        return {
+            "dataset": ShardkitDataset(root, **options),
+            "loader": shardkit.loader(root, **options),
+            "blend": shardkit.loader({"a": root, "b": other}, weights={"a": 1, "b": 1}, **options),
+        }
+
+    def keys(made):
+        got = {"dataset": [k for b in ShardkitDataLoader(made["dataset"], num_workers=2) for k in b["__key__"]]}
+        got["loader"] = [k for b in made["loader"] for k in b["__key__"]]
+        got["blend"] = [k for b in made["blend"] for k in b["__key__"]]
+        return got
+
+    first = make() if rank == 0 else None
+    plain = shardkit.loader(os.path.join(shards, "*.tar"), decode=False) if rank == 0 else None
+    dist.barrier()
+    if rank == 0:  # the dataset grows, and a shard joins the pattern, while rank 1 has not made its loaders yet
+        with shardkit.PileWriter(root, piles=6, seed=1, mode="append") as w:
+            for i in range(40):
+                w.write({"__key__": f"new{i:04d}", "bin": b"x" * 8, "cls": 0})
+        shutil.copy(os.path.join(shards, "a.tar"), os.path.join(shards, "b.tar"))
+    dist.barrier()
+    refused = []
+    if rank == 1:
+        first = make()
+        try:
+            shardkit.loader(os.path.join(shards, "*.tar"), decode=False)
+        except shardkit.ConfigError as e:
+            refused.append(str(e))
+    generations = {name: made.source.generation for name, made in first.items()}
+    generations["blend parts"] = [p.generation for p in first["blend"].source.parts]
+    got = keys(first)
+    class InWorkers(torch.utils.data.IterableDataset):  # a loader made in each DataLoader worker: it leaves the store alone
+        def __iter__(self):
+            yield shardkit.loader(root, **options).source.generation
+
+    in_workers = list(torch.utils.data.DataLoader(InWorkers(), batch_size=None, num_workers=2))
+    dist.barrier()
+    # this rank's fourth loader of root is the next to ask: the workers' loaders asked nothing
+    asked = dist.distributed_c10d._get_default_store().check(["shardkit/one-generation/" + root + "#3"])
+    dist.barrier()
+    second = ShardkitDataset(root, **options)  # made again on every rank: the grown dataset on every rank
+    result = {
+        "rank": rank,
+        "generations": generations,
+        "keys": got,
+        "second": second.source.generation,
+        "second keys": [k for b in ShardkitDataLoader(second, num_workers=0) for k in b["__key__"]],
+        "refused": refused,
+        "in workers": in_workers,
+        "asked from workers": asked,
+    }
+    with open(out, "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _write(out: str, samples: list[dict]) -> str:
+    with shardkit.PileWriter(out, piles=6, seed=1) as w:
+        for s in samples:
+            w.write(s)
+    return out
+
+
+def test_ranks_read_the_generation_the_first_rank_opened(tmp_path):
+    root = _write(str(tmp_path / "ds"), make_samples(N))
+    other = _write(str(tmp_path / "other"), [dict(s, __key__=f"o{i:05d}") for i, s in enumerate(make_samples(60, seed=1))])
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    shutil.copy(os.path.join(root, "pile-000000.tar"), shards / "a.tar")
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK_SCRIPT)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2", PYTHONPATH=here)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), root, other, str(shards), str(tmp_path / f"r{r}.json")],
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+        )
+        for r in range(2)
+    ]
+    for p in procs:
+        assert p.wait(timeout=300) == 0
+    r0, r1 = (json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2))
+    assert shardkit.loader(root).source.generation == 1, "the append published while the ranks made their loaders"
+    # rank 1 made its loaders after the append, and reads generation 0 as rank 0 does
+    for r in (r0, r1):
+        assert (r["generations"]["dataset"], r["generations"]["loader"], r["generations"]["blend parts"]) == (0, 0, [0, 0])
+    for kind in ("dataset", "loader", "blend"):
+        a, b = r0["keys"][kind], r1["keys"][kind]
+        assert len(a) == len(b) > 0, kind
+        assert kind == "blend" or not set(a) & set(b), f"{kind}: the ranks share no sample"  # a blend repeats its smaller source
+        assert not any(k.startswith("new") for k in a + b), f"{kind}: no sample of the newer generation"
+    assert len(r0["keys"]["dataset"]) == (N // 2) // 4 * 4
+    # loaders made again on every rank read the grown dataset on every rank
+    assert r0["second"] == r1["second"] == 1
+    assert len(r0["second keys"]) == len(r1["second keys"]) == ((N + 40) // 2) // 4 * 4
+    assert any(k.startswith("new") for k in r0["second keys"] + r1["second keys"])
+    assert r0["in workers"] == r1["in workers"] == [1, 1]
+    assert r0["asked from workers"] is r1["asked from workers"] is False, "a worker shares its rank's store connection: left alone"
+    # plain shards have no generations: rank 1 sees another shard than rank 0 saw, and is refused
+    assert r0["refused"] == [] and len(r1["refused"]) == 1
+    assert (
+        "a.tar (+1 shards): rank 1 finds other shards than rank 0 found when it made its loader (2 shards here, 1 there" in r1["refused"][0]
+    )
+
+
+class _Dist:
+    """torch.distributed as a job of two ranks would show it, over a real in-memory store."""
+
+    def __init__(self, store) -> None:
+        self.distributed_c10d = type("c10d", (), {"_get_default_store": staticmethod(lambda: store)})
+
+    def get_world_size(self) -> int:
+        return 2
+
+
+@pytest.fixture
+def job(monkeypatch):
+    """The ranks of a job, one after another in this process, sharing a real store: ``job()``
+    makes this process the next rank (its own count of loaders made)."""
+    store = torch.distributed.HashStore()
+    monkeypatch.setattr(one_generation, "distributed", lambda: _Dist(store))
+
+    def next_rank() -> None:
+        monkeypatch.setattr(one_generation, "_made", collections.Counter())
+
+    return next_rank
+
+
+def test_a_generation_collected_before_a_later_rank_opens_it_is_named(tmp_path, job):
+    root = _write(str(tmp_path / "ds"), make_samples(50))
+    job()
+    assert shardkit.loader(root, rank=0, world_size=2).source.generation == 0
+    with shardkit.PileWriter(root, piles=6, seed=1, mode="append") as w:
+        w.write({"__key__": "late", "bin": b"x", "cls": 0})
+    os.remove(os.path.join(root, "shardkit.g000000.json"))  # what gc does once its grace period is over
+    job()
+    with pytest.raises(shardkit.DatasetNotFoundError, match="generation 0 is gone"):
+        shardkit.loader(root, rank=1, world_size=2)
+
+
+def test_a_loader_whose_ranks_each_read_everything_asks_nobody(tmp_path, job):
+    root = _write(str(tmp_path / "ds"), make_samples(50))
+    job()
+    shardkit.loader(root, rank=0, world_size=1)
+    with shardkit.PileWriter(root, piles=6, seed=1, mode="append") as w:
+        w.write({"__key__": "late", "bin": b"x", "cls": 0})
+    job()
+    assert shardkit.loader(root, rank=0, world_size=1).source.generation == 1
+    assert shardkit.loader(root, rank=1, world_size=2).source.generation == 1, "the first of its kind: nothing to follow"
