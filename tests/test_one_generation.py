@@ -31,7 +31,8 @@ _RANK_SCRIPT = textwrap.dedent(
     from shardkit.torch import ShardkitDataLoader, ShardkitDataset
 
     root, other, shards, out = sys.argv[1:5]
-    dist.init_process_group("gloo")
+    import datetime
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))  # a rank that failed lets the other go
     rank = dist.get_rank()
     options = dict(batch_size=4, decode=False, seed=3)
 
@@ -125,8 +126,12 @@ def test_ranks_read_the_generation_the_first_rank_opened(tmp_path):
         )
         for r in range(2)
     ]
-    for p in procs:
-        assert p.wait(timeout=300) == 0
+    try:
+        for p in procs:
+            assert p.wait(timeout=300) == 0
+    finally:
+        for p in procs:
+            p.kill()
     r0, r1 = (json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2))
     assert shardkit.loader(root).source.generation == 1, "the append published while the ranks made their loaders"
     # rank 1 made its loaders after the append, and reads generation 0 as rank 0 does
@@ -152,10 +157,14 @@ def test_ranks_read_the_generation_the_first_rank_opened(tmp_path):
 
 
 class _Dist:
-    """torch.distributed as a job of two ranks would show it, over a real in-memory store."""
+    """torch.distributed as a job of two ranks shows it to one of them, over a real in-memory store."""
 
     def __init__(self, store) -> None:
+        self.rank = 0
         self.distributed_c10d = type("c10d", (), {"_get_default_store": staticmethod(lambda: store)})
+
+    def get_rank(self) -> int:
+        return self.rank
 
     def get_world_size(self) -> int:
         return 2
@@ -163,35 +172,82 @@ class _Dist:
 
 @pytest.fixture
 def job(monkeypatch):
-    """The ranks of a job, one after another in this process, sharing a real store: ``job()``
-    makes this process the next rank (its own count of loaders made)."""
+    """The ranks of a two-rank job, taking turns in this process, sharing a real store: ``job(r)``
+    makes this process rank ``r`` (with that rank's count of loaders made)."""
     store = torch.distributed.HashStore()
-    monkeypatch.setattr(one_generation, "distributed", lambda: _Dist(store))
+    dist = _Dist(store)
+    monkeypatch.setattr(one_generation, "distributed", lambda: dist)
 
-    def next_rank() -> None:
-        monkeypatch.setattr(one_generation, "_made", collections.Counter())
+    made: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
 
-    return next_rank
+    def as_rank(rank: int) -> torch.distributed.Store:
+        dist.rank = rank
+        monkeypatch.setattr(one_generation, "_made", made[rank])
+        return store
+
+    return as_rank
+
+
+def _grow(root: str) -> None:
+    with shardkit.PileWriter(root, piles=6, seed=1, mode="append") as w:
+        w.write({"__key__": "late", "bin": b"x", "cls": 0})
 
 
 def test_a_generation_collected_before_a_later_rank_opens_it_is_named(tmp_path, job):
     root = _write(str(tmp_path / "ds"), make_samples(50))
-    job()
+    job(0)
     assert shardkit.loader(root, rank=0, world_size=2).source.generation == 0
-    with shardkit.PileWriter(root, piles=6, seed=1, mode="append") as w:
-        w.write({"__key__": "late", "bin": b"x", "cls": 0})
+    _grow(root)
     os.remove(os.path.join(root, "shardkit.g000000.json"))  # what gc does once its grace period is over
-    job()
+    job(1)
     with pytest.raises(shardkit.DatasetNotFoundError, match="generation 0 is gone"):
         shardkit.loader(root, rank=1, world_size=2)
 
 
-def test_a_loader_whose_ranks_each_read_everything_asks_nobody(tmp_path, job):
+@pytest.mark.parametrize(("rank", "world"), [(0, 1), (1, 4), (0, 2)])
+def test_loaders_whose_ranks_are_not_the_groups_ask_nobody(tmp_path, job, rank, world):
+    """world_size=1 (every rank reads it all), a sub-world, or rank 0's loader made on rank 1."""
     root = _write(str(tmp_path / "ds"), make_samples(50))
-    job()
-    shardkit.loader(root, rank=0, world_size=1)
-    with shardkit.PileWriter(root, piles=6, seed=1, mode="append") as w:
-        w.write({"__key__": "late", "bin": b"x", "cls": 0})
-    job()
-    assert shardkit.loader(root, rank=0, world_size=1).source.generation == 1
-    assert shardkit.loader(root, rank=1, world_size=2).source.generation == 1, "the first of its kind: nothing to follow"
+    job(0)
+    shardkit.loader(root, rank=0, world_size=2)  # the group's ranks: it asks
+    _grow(root)
+    store = job(1)
+    assert shardkit.loader(root, rank=rank, world_size=world).source.generation == 1
+    assert store.check([f"{one_generation.PREFIX}{root}#0"]) and not store.check([f"{one_generation.PREFIX}{root}#1"])
+    assert shardkit.loader(root, rank=1, world_size=2).source.generation == 0, "the first loader of the group's ranks here"
+
+
+def test_a_blend_pins_its_datasets_and_checks_its_shards(tmp_path, job):
+    root = _write(str(tmp_path / "ds"), make_samples(50))
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    shutil.copy(os.path.join(root, "pile-000000.tar"), shards / "a.tar")
+    blend = {"a": root, "b": str(shards / "*.tar")}
+    job(0)
+    first = shardkit.loader(blend, weights={"a": 1, "b": 1}, rank=0, world_size=2, batch_size=2)
+    _grow(root)
+    job(1)
+    second = shardkit.loader(blend, weights={"a": 1, "b": 1}, rank=1, world_size=2, batch_size=2)
+    assert [p.generation for p in second.source.parts] == [0, None]
+    assert second.source.fingerprint() == first.source.fingerprint() and len(second) == len(first)
+    job(0)
+    shardkit.loader(blend, weights={"a": 1, "b": 1}, rank=0, world_size=2, batch_size=2)
+    shutil.copy(shards / "a.tar", shards / "b.tar")  # a shard joins before rank 1 makes its second blend
+    job(1)
+    with pytest.raises(shardkit.ConfigError, match=r"blend source 'b': .*rank 1 finds other shards than rank 0 .*\(2 shards here, 1 there"):
+        shardkit.loader(blend, weights={"a": 1, "b": 1}, rank=1, world_size=2, batch_size=2)
+
+
+def test_a_rank_sent_to_an_older_generation_says_so(tmp_path, job, caplog):
+    """Rank 0 looks at the data with a loader rank 1 does not make: rank 1's loader pairs with it."""
+    root = _write(str(tmp_path / "ds"), make_samples(50))
+    job(0)
+    shardkit.loader(root, rank=0, world_size=2)  # the look
+    _grow(root)
+    shardkit.loader(root, rank=0, world_size=2)  # the training loader: generation 1
+    job(1)
+    with caplog.at_level("WARNING", logger="shardkit"):
+        assert shardkit.loader(root, rank=1, world_size=2).source.generation == 0
+    (said,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "generation" in r.getMessage()]
+    assert said.startswith(f"{root}: rank 1 reads generation 0, which rank 0 read when it made its loader number 1 of this dataset")
+    assert "make such a loader with world_size=1" in said

@@ -134,6 +134,16 @@ def resolve_blend(blend: Blend, options: LoaderOptions, *, generations: Mapping[
         except ShardkitError as e:  # which source, of several: the same error, named
             prefixed(e, f"blend source {name!r}: ")
             raise
+    return blend_of(blend, parts, options)
+
+
+def blend_of(blend: Blend, parts: Sequence[Source], options: LoaderOptions) -> BlendedSource:
+    """The blend of sources already resolved (``parts``, in ``blend``'s order), shaped for these options.
+
+    Raises:
+        ConfigError: as :func:`resolve_blend`.
+    """
+    assert options.world_size is not None
     seen: dict[str, str] = {}
     for name, part in zip(blend.names, parts, strict=True):
         other = seen.setdefault(part.fingerprint(), name)
