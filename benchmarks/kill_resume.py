@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -109,16 +110,18 @@ def run_job(
 
 def _kill_at(step: str) -> None:
     """Make this process stop itself at ``step`` of publishing: ``"install:N"`` before the install
-    gives its N-th pile its name in the dataset (0: the first), ``"published"`` once the manifest
+    gives its N-th pile its name in the dataset (0: the first), ``"upload:N"`` once N piles are
+    uploaded into an object store (with conditional writes), ``"published"`` once the manifest
     is in, before the job removes its staging, ``"removing"`` once it renamed its staging to a
     leftover's name, before it deleted any of it; with SIGKILL, or with the signal a third part
     names (``"install:2:SIGINT"``: Ctrl-C there)."""
+    from shardkit import storage
     from shardkit.dataset import install as installing
     from shardkit.dataset import leftovers
     from shardkit.piles import resume
 
     kind, _, rest = step.partition(":")
-    count, _, name = rest.partition(":") if kind == "install" else ("", "", rest)
+    count, _, name = rest.partition(":") if kind in ("install", "upload") else ("", "", rest)
     sig = signal.Signals[name or "SIGKILL"]
 
     def stop(*_: object) -> None:
@@ -138,8 +141,23 @@ def _kill_at(step: str) -> None:
 
         leftovers.delete_owned = stop_deleting  # the staging is discarded there
         return
-    if kind != "install" or not count.isdigit():
-        raise ValueError(f"stop_at: expected 'install:N[:SIGNAL]', 'published[:SIGNAL]' or 'removing[:SIGNAL]', got {step!r}")
+    if kind not in ("install", "upload") or not count.isdigit():
+        raise ValueError(
+            f"stop_at: expected 'install:N[:SIGNAL]', 'upload:N[:SIGNAL]', 'published[:SIGNAL]' or 'removing[:SIGNAL]', got {step!r}"
+        )
+    if kind == "upload":
+        upload, sent, lock = storage.upload_if_absent, [], threading.Lock()
+
+        def upload_then_stop(*args: Any, **kwargs: Any) -> bool:
+            done = upload(*args, **kwargs)
+            with lock:
+                sent.append(args)
+                if len(sent) == int(count):
+                    stop()
+            return done
+
+        storage.upload_if_absent = upload_then_stop
+        return
     link, linked = installing._link_new, []
 
     def link_then_stop(output: Any, src: str, name: str) -> None:

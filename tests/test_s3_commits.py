@@ -99,9 +99,47 @@ def test_a_first_job_stopped_while_publishing_on_s3_is_named_and_overwrite_clear
         f"{url}: holds pile-000000.tar but no shardkit.json: a file of a job that began to publish here and has not finished (its journal .shardkit-install-"
         in str(refused.value)
     )
-    assert "If that job still runs, let it finish; if it was stopped, run again with overwrite=True" in str(refused.value)
+    assert "If that job still runs, let it finish; if it was stopped, run it again with resume=True" in str(refused.value)
+    assert "or with overwrite=True (--overwrite, YAML overwrite: true under output) to write the dataset anew" in str(refused.value)
     shardkit.preprocess([_samples("a", 20)], _same, url, piles=2, workers=1, overwrite=True, quiet=True)
     assert shardkit.verify(url, quiet=True) == []
+    assert not any(n.startswith(".shardkit-install-") for n in s3.names("ds"))
+
+
+@pytest.mark.parametrize("uploaded", [2, 6])
+def test_a_first_job_killed_after_uploads_to_s3_resumes_without_redoing_units(s3, tmp_path, monkeypatch, caplog, uploaded):
+    """A first write killed with some or all of its piles uploaded and no manifest: run again with
+    resume=True, it goes on from its finished piles (no unit processed again), publishes, and
+    removes what the stopped job had uploaded."""
+    import signal
+
+    import kill_resume
+
+    monkeypatch.setattr(kill_resume, "DELAY", 0.0)
+    url = s3.url("ds")
+    killed = kill_resume.child(url, 1, "local", resume=False, log=str(tmp_path / "first"), delay=0.0, stop_at=f"upload:{uploaded}")
+    _, err = killed.communicate(timeout=180)
+    assert killed.returncode == -signal.SIGKILL, err.decode()[-2000:]
+    left = [n for n in s3.names("ds") if n.startswith("pile-")]
+    assert len(left) >= uploaded and not manifest.is_dataset(url)
+    with pytest.raises(shardkit.DatasetExistsError, match="run it again with resume=True"):
+        kill_resume.run_job(url, workers=1, executor="local", resume=False)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="shardkit"):
+        redone = kill_resume.run_job(url, workers=1, executor="local", resume=True, log=str(tmp_path / "log"))
+    assert redone == []
+    units = kill_resume.UNITS
+    said = [r.getMessage() for r in caplog.records if "resuming" in r.getMessage()]
+    assert said == [
+        f"{url}: resuming: keeping {units} of {units} input units (1 committed parts, {kill_resume.PILES} piles already merged), processing 0 again"
+    ]
+    assert shardkit.verify(url, quiet=True) == []
+    keys = sorted(k for b in shardkit.loader(url, decode=False, batch_size=64, drop_last=False) for k in b["__key__"])
+    reference = str(tmp_path / "reference")
+    kill_resume.run_job(reference, workers=1, executor="local", resume=False)
+    assert keys == sorted(k for b in shardkit.loader(reference, decode=False, batch_size=64, drop_last=False) for k in b["__key__"])
+    listed = set(manifest.read(url).files())
+    assert {n for n in s3.names("ds") if n.startswith("pile-")} == listed, "the stopped job's uploads are gone"
     assert not any(n.startswith(".shardkit-install-") for n in s3.names("ds"))
 
 

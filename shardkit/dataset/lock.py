@@ -209,13 +209,18 @@ def remove_staging(path: str) -> None:
     delete_owned(os.path.dirname(path), [os.path.basename(path)], reason="the job's staging", records=Records())
 
 
-def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[str] = PILE_FILE, dry_run: bool = False) -> Output:
+def claim(
+    path: str | os.PathLike[str], *, overwrite: bool, resume: bool = False, files: re.Pattern[str] = PILE_FILE, dry_run: bool = False
+) -> Output:
     """Create the output directory, take its lock, clear a dead job's leftovers, check what is there.
 
     Unless ``overwrite``, refuse a directory holding a dataset, or holding files named like the
     ones this job writes (``files``) without a manifest: they would be mixed with the new
-    dataset or replaced by it. What was cleared is in the output's ``cleared``; with ``dry_run``
-    (gc's) the leftovers stay, and ``cleared`` says what would have gone.
+    dataset or replaced by it. On an object store, ``resume`` takes the files a stopped job
+    uploaded before it could publish (its journal names them) for leftovers, as ``overwrite``
+    does: the job continues from its staging and removes them once it publishes. What was
+    cleared is in the output's ``cleared``; with ``dry_run`` (gc's) the leftovers stay, and
+    ``cleared`` says what would have gone.
 
     Raises:
         ConfigError: the output is a file; DatasetExistsError: a dataset or such
@@ -225,7 +230,7 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
     store = storage.store_for(out)
     local = store.local_file()
     if local is None:
-        return _claim_remote(out.rstrip("/"), overwrite, files, dry_run)
+        return _claim_remote(out.rstrip("/"), overwrite, resume, files, dry_run)
     out = local
     if store.exists("") and not store.is_dir(""):
         raise ConfigError(f"{out}: output exists and is not a directory")
@@ -245,7 +250,7 @@ def claim(path: str | os.PathLike[str], *, overwrite: bool, files: re.Pattern[st
     return output
 
 
-def _claim_remote(out: str, overwrite: bool, files: re.Pattern[str], dry_run: bool) -> Output:
+def _claim_remote(out: str, overwrite: bool, resume: bool, files: re.Pattern[str], dry_run: bool) -> Output:
     """:func:`claim` for an object-store output: no lock (see the module's docstring)."""
     if not dry_run:
         clear_dead_staging(tempfile.gettempdir())
@@ -256,7 +261,7 @@ def _claim_remote(out: str, overwrite: bool, files: re.Pattern[str], dry_run: bo
     if not output.conditional:
         _single_writer(out)
     output.cleared = undo_installs(out, conditional=output.conditional, dry_run=dry_run)
-    _check_empty(out, overwrite, files)
+    _check_empty(out, overwrite, files, resume=resume)
     if output.conditional:
         output.manifest_version = storage.version(url)  # first: bytes read after it are as new or newer
     output.manifest_seen = _manifest_bytes(out)
@@ -284,7 +289,7 @@ def _check_writable(output: Output) -> None:
     output.journal(None)
 
 
-def _check_empty(out: str, overwrite: bool, files: re.Pattern[str]) -> None:
+def _check_empty(out: str, overwrite: bool, files: re.Pattern[str], *, resume: bool = False) -> None:
     if overwrite:
         return
     if manifest.is_dataset(out):
@@ -295,13 +300,19 @@ def _check_empty(out: str, overwrite: bool, files: re.Pattern[str]) -> None:
     stray = sorted(n for n in names if files.fullmatch(n))
     if not stray:
         return
-    unpublished = [j for j, doc in read_journals(out, names).items() if stray[0] in journal_names(doc)]
+    journals = read_journals(out, names)
+    unpublished = [j for j, doc in journals.items() if stray[0] in journal_names(doc)]
+    listed = {name for doc in journals.values() for name in journal_names(doc)}
+    if resume and listed.issuperset(stray):  # its user says the job stopped: if it still runs, the store lets one of the two publish
+        log.info("%s: the files of a stopped job (its journal %s) stay until this job publishes, which removes them", out, unpublished[0])
+        return
     if unpublished:  # the files of a job that began publishing here and has not (on an object store: no lock tells if it runs)
         raise DatasetExistsError(
             f"{out}: holds {stray[0]} but no {manifest.MANIFEST}: a file of a job that began to publish here and has not "
             f"finished (its journal {unpublished[0]} lists it). If that job still runs, let it finish; if it was stopped, "
-            "run again with overwrite=True (--overwrite, YAML overwrite: true under output): the new job writes the "
-            "dataset anew and removes the stopped job's files once it publishes"
+            "run it again with resume=True (--resume, YAML resume: true) to go on from what it finished, or with "
+            "overwrite=True (--overwrite, YAML overwrite: true under output) to write the dataset anew; either removes the "
+            "stopped job's files once it publishes"
         )
     raise DatasetExistsError(
         f"{out}: holds {stray[0]} but no {manifest.MANIFEST}, so it is not a shardkit dataset; "

@@ -195,7 +195,7 @@ class Transaction:
                 # fail before the lock makes the directory: a failed job leaves nothing that was not there
                 raise DatasetNotFoundError(_nothing_to_append(local))
         overwrite = self.overwrite or self.mode != "create"
-        self.output = claim(self.dataset.path, overwrite=overwrite, files=self.files, dry_run=self.dry_run)
+        self.output = claim(self.dataset.path, overwrite=overwrite, resume=self.resume, files=self.files, dry_run=self.dry_run)
         try:
             if self.mode == "append":
                 self._read_base()
