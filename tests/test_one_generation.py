@@ -157,7 +157,7 @@ def test_ranks_read_the_generation_the_first_rank_opened(tmp_path):
 
 
 class _Dist:
-    """torch.distributed as a job of two ranks shows it to one of them, over a real in-memory store."""
+    """torch.distributed as a job of four processes shows it to one of them, over a real in-memory store."""
 
     def __init__(self, store) -> None:
         self.rank = 0
@@ -167,13 +167,13 @@ class _Dist:
         return self.rank
 
     def get_world_size(self) -> int:
-        return 2
+        return 4
 
 
 @pytest.fixture
 def job(monkeypatch):
-    """The ranks of a two-rank job, taking turns in this process, sharing a real store: ``job(r)``
-    makes this process rank ``r`` (with that rank's count of loaders made)."""
+    """The processes of a job, taking turns in this process, sharing a real store: ``job(r)``
+    makes this process rank ``r`` (with that process's count of loaders made)."""
     store = torch.distributed.HashStore()
     dist = _Dist(store)
     monkeypatch.setattr(one_generation, "distributed", lambda: dist)
@@ -204,17 +204,30 @@ def test_a_generation_collected_before_a_later_rank_opens_it_is_named(tmp_path, 
         shardkit.loader(root, rank=1, world_size=2)
 
 
-@pytest.mark.parametrize(("rank", "world"), [(0, 1), (1, 4), (0, 2)])
-def test_loaders_whose_ranks_are_not_the_groups_ask_nobody(tmp_path, job, rank, world):
-    """world_size=1 (every rank reads it all), a sub-world, or rank 0's loader made on rank 1."""
+def test_a_loader_each_rank_reads_whole_asks_nobody_and_other_worlds_agree_apart(tmp_path, job):
     root = _write(str(tmp_path / "ds"), make_samples(50))
     job(0)
-    shardkit.loader(root, rank=0, world_size=2)  # the group's ranks: it asks
+    shardkit.loader(root, rank=0, world_size=2)
     _grow(root)
     store = job(1)
-    assert shardkit.loader(root, rank=rank, world_size=world).source.generation == 1
-    assert store.check([f"{one_generation.PREFIX}{root}#0"]) and not store.check([f"{one_generation.PREFIX}{root}#1"])
-    assert shardkit.loader(root, rank=1, world_size=2).source.generation == 0, "the first loader of the group's ranks here"
+    assert shardkit.loader(root, rank=0, world_size=1).source.generation == 1, "world_size=1 asks nobody"
+    assert shardkit.loader(root, rank=1, world_size=4).source.generation == 1, "the first loader of 4 ranks"
+    assert store.check([f"{one_generation.PREFIX}{root}|4#0"]) and not store.check([f"{one_generation.PREFIX}{root}|1#0"])
+    assert shardkit.loader(root, rank=1, world_size=2).source.generation == 0, "the loaders of 2 ranks follow the first"
+
+
+def test_processes_sharing_a_loader_rank_and_loader_ranks_sharing_a_process_agree(tmp_path, job):
+    """Tensor-parallel peers (processes 0 and 1 both read loader rank 0 of 2), and process 2
+    making the loaders of ranks 0 and 1 of another world, across an append."""
+    root = _write(str(tmp_path / "ds"), make_samples(50))
+    job(0)
+    shardkit.loader(root, rank=0, world_size=2)
+    shardkit.loader(root, rank=0, world_size=3)
+    _grow(root)
+    job(1)
+    assert shardkit.loader(root, rank=0, world_size=2).source.generation == 0
+    job(2)
+    assert [shardkit.loader(root, rank=r, world_size=3).source.generation for r in (1, 2)] == [0, 0]
 
 
 def test_a_blend_pins_its_datasets_and_checks_its_shards(tmp_path, job):

@@ -3,22 +3,27 @@
 Each rank opens a dataset when it makes its loader, and reads the generation that is latest at
 that moment. An append that publishes between two ranks' loaders would give them different
 samples and different batch counts: the ranks would stop at different steps, and a DDP job
-would hang in the collective of the rank that runs out first. So a loader whose ranks are the
-process group's (its rank and world size are torch.distributed's, as they are by default) asks
-the group's store: the first rank to open a dataset writes which generation it read (and a
-fingerprint of its files), and every other rank opens that generation, kept beside the newer one
-until ``shardkit gc``'s grace period ends.
+would hang in the collective of the rank that runs out first. So under a torch.distributed
+process group of several processes, a loader split over several ranks asks the group's store:
+the first to open a dataset writes which generation it read (and a fingerprint of its files),
+and every other opens that generation, kept beside the newer one until ``shardkit gc``'s grace
+period ends.
 
-Loaders are matched by order: the k-th such loader a rank makes of a dataset reads what the
-first rank to make its k-th loader of it read. A job that makes a new loader to take in appends
-(each day, each epoch) makes it on every rank and gets the new generation on every rank. A rank
-that makes one more such loader than the others (a look at the data on rank 0 alone) shifts the
-pairing of every later one: make such a loader with ``world_size=1``, which asks nobody. A rank
-sent to an older generation than its own latest says so in a warning. Loaders with other ranks
-(a sub-world, several loader ranks in one process), and loaders made inside DataLoader workers,
-ask nobody. The store's ``compare_set`` does not wait, so a rank that never makes a loader holds
+Loaders are matched by their dataset, their world size and order: the k-th loader a process
+makes of a dataset for a given loader rank reads what the first of all k-th loaders of that
+dataset and world size read. So the processes that share a loader rank (tensor-parallel peers
+reading one data-parallel share) and several loader ranks made in one process all agree, and a
+job that makes new loaders to take in appends (each day, each epoch) gets the new generation
+everywhere. A process that makes one more such loader than the others (a look at the data on
+rank 0 alone) shifts the pairing of its later ones: make such a loader with ``world_size=1``,
+which asks nobody. A loader sent to an older generation than its own latest says so in a
+warning. Loaders made inside DataLoader workers ask nobody. Nodes that each hold their own
+different data at one path, split over their local ranks, are refused (their fingerprints
+differ); identical copies agree. The store's ``compare_set`` does not wait, so a rank that never makes a loader holds
 nobody up. Plain tar shards have no generations: a rank whose shards differ from the first
-rank's (a shard added to the pattern's directory in between) is refused, naming both.
+rank's (a shard added to the pattern's directory in between) is refused, naming both. The notes
+live as long as the store: torchrun makes a new one for each attempt, but a job started again on
+a store that outlived it (a ``FileStore`` file left behind) would follow the older job's loaders.
 
     source = one_generation(resolve("data/"), "data/", options)   # on rank 1: the generation rank 0 opened
 """
@@ -41,10 +46,12 @@ from shardkit.loading.source import Source, at_generation
 
 log = logging.getLogger(__name__)
 
-# the store's keys: PREFIX + the path a loader was given (a hash of a list of shard URLs) + "#" + the loader's place among this process's loaders of it
+# the store's keys: PREFIX + the path a loader was given (a hash of a list of shard URLs) + "|" + its world size + "#"
+# + the loader's place among the loaders this process made of it for that world size and loader rank
 PREFIX = "shardkit/one-generation/"
 
-_made: collections.Counter[str] = collections.Counter()  # loaders made of each dataset in this process, under a store
+# loaders made in this process under a store, by dataset, world size and loader rank
+_made: collections.Counter[tuple[str, int | None, int | None]] = collections.Counter()
 _lock = threading.Lock()
 
 
@@ -61,7 +68,7 @@ def one_generation(source: Source, asked: Any, options: LoaderOptions) -> Source
     store = job_store(options)
     if store is None:
         return source
-    return _as_first(store, asked, source, options.rank)
+    return _as_first(store, asked, source, options)
 
 
 def blend_of_first(blended: BlendedSource, options: LoaderOptions) -> BlendedSource:
@@ -77,7 +84,7 @@ def blend_of_first(blended: BlendedSource, options: LoaderOptions) -> BlendedSou
     parts = []
     for name, asked, part in zip(blended.names, blended.spec.sources, blended.parts, strict=True):
         try:
-            parts.append(_as_first(store, asked.path, part, options.rank))
+            parts.append(_as_first(store, asked.path, part, options))
         except ShardkitError as e:
             prefixed(e, f"blend source {name!r}: ")
             raise
@@ -87,18 +94,22 @@ def blend_of_first(blended: BlendedSource, options: LoaderOptions) -> BlendedSou
 
 def job_store(options: LoaderOptions) -> Any | None:
     """The store of torch.distributed's default process group, when it is initialized with more
-    than one rank and the loader's ranks are the group's; None otherwise, in a DataLoader worker,
-    or where this torch has no such store to give."""
+    than one process and the loader is split over several ranks; None otherwise, in a DataLoader
+    worker, or where this torch has no such store to give."""
     dist = distributed()
-    if dist is None or dist.get_world_size() < 2 or _in_dataloader_worker():
+    if dist is None or dist.get_world_size() < 2 or (options.world_size or 1) < 2 or _in_dataloader_worker():
         return None
-    if (options.rank, options.world_size) != (dist.get_rank(), dist.get_world_size()):
-        return None  # a sub-world, or one of several loader ranks in this process: whose generation to follow is not known
     default_store = getattr(getattr(dist, "distributed_c10d", None), "_get_default_store", None)
     try:
         return default_store() if default_store is not None else None
     except (RuntimeError, ValueError):  # pragma: no cover - a process group without a store
         return None
+
+
+def _who(process: int, rank: int | None) -> str:
+    """A loader as its messages name it: ``"rank 3"``, or ``"rank 3 (loader rank 1)"`` where the
+    loader's rank is not the process's."""
+    return f"rank {process}" if rank == process else f"rank {process} (loader rank {rank})"
 
 
 def _in_dataloader_worker() -> bool:
@@ -108,23 +119,25 @@ def _in_dataloader_worker() -> bool:
     return data is not None and data.get_worker_info() is not None
 
 
-def _as_first(store: Any, asked: Any, source: Source, rank: int | None) -> Source:
-    """``source`` (resolved here from ``asked``) as the first rank to make its loader of the same
-    place read it: ``source`` itself, or the generation it read, checked to be the same files."""
+def _as_first(store: Any, asked: Any, source: Source, options: LoaderOptions) -> Source:
+    """``source`` (resolved here from ``asked``) as the first loader in the same place read it:
+    ``source`` itself, or the generation it read, checked to be the same files."""
     if isinstance(asked, (str, os.PathLike)):
         name = os.fspath(asked)
     else:
         name = hashlib.sha256(json.dumps([os.fspath(a) for a in asked]).encode()).hexdigest()
+    rank, world = options.rank, options.world_size
     with _lock:
-        place = _made[name]
-        _made[name] += 1
-    mine = {"rank": rank, "generation": source.generation, "fingerprint": source.fingerprint(), "files": len(source.piles)}
-    first = json.loads(store.compare_set(f"{PREFIX}{name}#{place}", "", json.dumps(mine, sort_keys=True)))
+        place = _made[name, world, rank]
+        _made[name, world, rank] += 1
+    me = _who(distributed().get_rank(), rank)
+    mine = {"who": me, "generation": source.generation, "fingerprint": source.fingerprint(), "files": len(source.piles)}
+    first = json.loads(store.compare_set(f"{PREFIX}{name}|{world}#{place}", "", json.dumps(mine, sort_keys=True)))
     if first["fingerprint"] == mine["fingerprint"]:
         return source
     if first["generation"] is None or source.generation is None:
         raise ConfigError(
-            f"{source.name}: rank {rank} finds other shards than rank {first['rank']} found when it made its loader "
+            f"{source.name}: {me} finds other shards than {first['who']} found when it made its loader "
             f"({len(source.piles)} shards here, {first['files']} there, or the same shards with other sizes or sample counts): "
             "plain shards have no generations to agree on, so every rank must see the same files. Add shards only between "
             "jobs, or make them a dataset (shardkit pile)"
@@ -132,19 +145,19 @@ def _as_first(store: Any, asked: Any, source: Source, rank: int | None) -> Sourc
     found = at_generation(source.name, first["generation"])
     if found.fingerprint() != first["fingerprint"]:
         raise ConfigError(
-            f"{source.name}: rank {first['rank']} opened generation {first['generation']}, and generation "
+            f"{source.name}: {first['who']} opened generation {first['generation']}, and generation "
             f"{first['generation']} here lists other files (the dataset was overwritten since, and grew again, or the "
             "ranks see different copies of it at this path): the ranks cannot read one dataset"
         )
     if first["generation"] < source.generation:
         log.warning(
-            "%s: rank %s reads generation %s, which rank %s read when it made its loader number %d of this dataset "
+            "%s: %s reads generation %s, which %s read when it made its loader number %d of this dataset "
             "(generation %s is the latest now). If a rank made a loader of it that the others did not, every later "
             "loader follows another rank's older one: make such a loader with world_size=1",
             source.name,
-            rank,
+            me,
             first["generation"],
-            first["rank"],
+            first["who"],
             place + 1,
             source.generation,
         )
