@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import sys
 
 import pytest
@@ -124,6 +125,12 @@ def test_a_first_job_killed_after_uploads_to_s3_resumes_without_redoing_units(s3
     assert len(left) >= uploaded and not manifest.is_dataset(url)
     with pytest.raises(shardkit.DatasetExistsError, match="run it again with resume=True"):
         kill_resume.run_job(url, workers=1, executor="local", resume=False)
+    with monkeypatch.context() as elsewhere:  # another machine has no staging to go on from: refused, not started over
+        elsewhere.setattr(socket, "gethostname", lambda: "machine-b")
+        with pytest.raises(
+            shardkit.DatasetExistsError, match=r"resume=True finds no staging of it on this machine \(machine-b; the output records /"
+        ):
+            kill_resume.run_job(url, workers=1, executor="local", resume=True)
     caplog.clear()
     with caplog.at_level("INFO", logger="shardkit"):
         redone = kill_resume.run_job(url, workers=1, executor="local", resume=True, log=str(tmp_path / "log"))

@@ -55,7 +55,7 @@ from shardkit._util import check_path
 from shardkit.dataset import layout
 from shardkit.dataset.leftovers import clear_dead_staging, clear_leftovers, journal_names, read_journals, undo_installs
 from shardkit.dataset.owned import Deletion, Records, delete_owned, remove_made
-from shardkit.dataset.staging import make_staging, write_owner
+from shardkit.dataset.staging import make_staging, recorded, recorded_place, write_owner
 from shardkit.errors import ConfigError, DatasetExistsError, DatasetNotFoundError, ShardkitError
 
 log = logging.getLogger(__name__)
@@ -304,6 +304,13 @@ def _check_empty(out: str, overwrite: bool, files: re.Pattern[str], *, resume: b
     unpublished = [j for j, doc in journals.items() if stray[0] in journal_names(doc)]
     listed = {name for doc in journals.values() for name in journal_names(doc)}
     if resume and listed.issuperset(stray):  # its user says the job stopped: if it still runs, the store lets one of the two publish
+        if recorded(out) is None:  # nothing here to go on from: the job ran on another machine, or its staging is gone
+            raise DatasetExistsError(
+                f"{out}: holds {stray[0]} but no {manifest.MANIFEST}: a file of a job that began to publish here and has not "
+                f"finished (its journal {unpublished[0]} lists it), and resume=True finds no staging of it on this machine "
+                f"({socket.gethostname()}; the output records {recorded_place(out)}). Resume it on the machine that ran it, or "
+                "run it again with overwrite=True (--overwrite, YAML overwrite: true under output) to write the dataset anew"
+            )
         log.info("%s: the files of a stopped job (its journal %s) stay until this job publishes, which removes them", out, unpublished[0])
         return
     if unpublished:  # the files of a job that began publishing here and has not (on an object store: no lock tells if it runs)

@@ -127,6 +127,18 @@ def check_staging(path: str) -> bool:
     return True
 
 
+def recorded_place(out: str) -> str:
+    """Where the object-store output ``out`` records its pass 1's staging: ``"PATH on HOST"``, or
+    ``"nowhere it records"``."""
+    try:
+        doc: Any = json.loads(storage.read_bytes(storage.join(out, layout.REMOTE_STAGING)))
+    except (ShardkitError, ValueError, UnicodeDecodeError):
+        doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("path"), str) or not isinstance(doc.get("host"), str):
+        return "nowhere it records"
+    return f"{doc['path']} on {doc['host']}"
+
+
 def recorded(out: str) -> str | None:
     """The staging directory the object-store output ``out`` records for a job on this machine,
     when it is a real directory of this user in the temporary directory whose owner record names
