@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -48,6 +49,8 @@ from shardkit.loading.pile import fetch
 from shardkit.tar import compression, zstd_frames
 
 LEVELS = {"zstd": [1, 3, 6, 9], "gzip": [1, 6], "lz4": [0, 3]}
+# the switch interval (seconds) of the rows of epochs() that shorten it from Python's 5 ms
+SWITCH = 0.0005
 # what lz4 at its default level should reach on the JSON samples: a share of plain's read rate, and bytes saved
 LZ4_GOALS = {"read": 0.7, "saved": 0.4}
 _WORDS = [
@@ -373,9 +376,11 @@ def _no_help(on: bool) -> Iterator[None]:
 def one_loader(p: dict[str, Any]) -> dict[str, float]:
     """``p["epochs"]`` epochs of one loader over ``p["dir"]`` (``prefetch=p["prefetch"]``; with
     ``p["fresh"]`` every pile decoded into new memory, with ``p["alone"]`` no block decoded by the
-    consumer): samples/s of the first and the median of the later ones. Run by :func:`epochs`, each
-    in a fresh process."""
+    consumer, with ``p["switch"]`` Python's switch interval set to that many seconds): samples/s of
+    the first and the median of the later ones. Run by :func:`epochs`, each in a fresh process."""
     n = manifest.read(p["dir"]).samples
+    if p.get("switch"):
+        sys.setswitchinterval(p["switch"])
     with (
         _new_memory(p["fresh"]),
         _no_help(p["alone"]),
@@ -398,7 +403,9 @@ def epochs(root: str, count: int, repeats: int) -> str:
     pile into memory of its own, the "one pile at a time" row reads with ``prefetch=1`` (one
     thread decodes) instead of the default (two ahead, two threads decoding at once), and in the
     "never decodes" row the consumer sleeps while it waits for an lz4 pile instead of decoding
-    some of its blocks."""
+    some of its blocks. In the "switch interval" rows the process sets ``sys.setswitchinterval`` to
+    :data:`SWITCH` (Python's default is 5 ms): a decoding thread whose C call returned waits for the
+    consumer, which holds the GIL handing samples out, to let it go; the interval bounds that wait."""
     import harness
 
     lz4, zstd = compression.DEFAULT_LEVEL["lz4"], compression.DEFAULT_LEVEL["zstd"]
@@ -408,6 +415,8 @@ def epochs(root: str, count: int, repeats: int) -> str:
         (f"lz4 {lz4}, one pile at a time (prefetch=1)", f"lz4-{lz4}", None, 1),
         (f"lz4 {lz4}, new memory each pile", f"lz4-{lz4}", "fresh", None),
         (f"lz4 {lz4}, the consumer never decodes a block", f"lz4-{lz4}", "alone", None),
+        (f"plain, switch interval {SWITCH * 1e3:g} ms", "plain", "switch", None),
+        (f"lz4 {lz4}, switch interval {SWITCH * 1e3:g} ms", f"lz4-{lz4}", "switch", None),
         (f"lz4 {lz4}, one pile at a time, the consumer never decodes a block", f"lz4-{lz4}", "alone", 1),
         (f"zstd {zstd}, frames", f"zstd-{zstd}", None, None),
         (f"zstd {zstd}, frames, new memory each pile", f"zstd-{zstd}", "fresh", None),
@@ -422,6 +431,7 @@ def epochs(root: str, count: int, repeats: int) -> str:
                 "epochs": count,
                 "fresh": variant == "fresh",
                 "alone": variant == "alone",
+                "switch": SWITCH if variant == "switch" else None,
                 "prefetch": prefetch,
             }
             got = harness.call_fresh("compression:one_loader", params)
