@@ -352,7 +352,8 @@ def test_the_benchmark_prints_both_tables_the_profile_and_the_epochs(tmp_path):
         assert tables.count(row) == 2
     rows = ("plain", "lz4 0", "lz4 0, one pile at a time (prefetch=1)", "lz4 0, new memory each pile", "zstd 3, frames")
     never = ("lz4 0, the consumer never decodes a block", "lz4 0, one pile at a time, the consumer never decodes a block")
-    for row in (*rows, *never, "zstd 3, frames, new memory each pile"):
+    switch = ("plain, switch interval 0.5 ms", "lz4 0, switch interval 0.5 ms")
+    for row in (*rows, *never, *switch, "zstd 3, frames, new memory each pile"):
         assert re.search(rf"^\| {re.escape(row)} \| [\d,]+ \| \d+\.\d\dx \| [\d,]+ \| \d+\.\d\dx \|\s*$", later, re.M), row
     assert "one zstd-3 pile:" in out and "frames, beside a busy thread" in out and "  2 MiB:" in out
     assert re.search(r"lz4 0: reads at \d\.\d\dx plain \(goal >= 0\.7x: (met|MISSED)\), \d+% smaller \(goal >= 40%: (met|MISSED)\)", out)
