@@ -38,6 +38,7 @@ _RANK_SCRIPT = textwrap.dedent(
 
     def make():
         return {
+            "open": shardkit.open(root, decode=False),
             "dataset": ShardkitDataset(root, **options),
             "loader": shardkit.loader(root, **options),
             "blend": shardkit.loader({"a": root, "b": other}, weights={"a": 1, "b": 1}, **options),
@@ -65,7 +66,8 @@ _RANK_SCRIPT = textwrap.dedent(
             shardkit.loader(os.path.join(shards, "*.tar"), decode=False)
         except shardkit.ConfigError as e:
             refused.append(str(e))
-    generations = {name: made.source.generation for name, made in first.items()}
+    generations = {name: made.source.generation for name, made in first.items() if name != "open"}
+    generations["open"] = first["open"].manifest.generation
     generations["blend parts"] = [p.generation for p in first["blend"].source.parts]
     got = keys(first)
     class InWorkers(torch.utils.data.IterableDataset):  # a loader made in each DataLoader worker: it leaves the store alone
@@ -137,6 +139,7 @@ def test_ranks_read_the_generation_the_first_rank_opened(tmp_path):
     # rank 1 made its loaders after the append, and reads generation 0 as rank 0 does
     for r in (r0, r1):
         assert (r["generations"]["dataset"], r["generations"]["loader"], r["generations"]["blend parts"]) == (0, 0, [0, 0])
+        assert r["generations"]["open"] == 0
     for kind in ("dataset", "loader", "blend"):
         a, b = r0["keys"][kind], r1["keys"][kind]
         assert len(a) == len(b) > 0, kind
@@ -264,3 +267,20 @@ def test_a_rank_sent_to_an_older_generation_says_so(tmp_path, job, caplog):
     (said,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "generation" in r.getMessage()]
     assert said.startswith(f"{root}: rank 1 reads generation 0, which rank 0 read when it made its loader number 1 of this dataset")
     assert "make such a loader with world_size=1" in said
+
+
+def test_datasets_opened_by_index_agree_apart_from_loaders(tmp_path, job):
+    """shardkit.open under a DistributedSampler: every rank must see the same length."""
+    root = _write(str(tmp_path / "ds"), make_samples(50))
+    job(0)
+    first = shardkit.open(root, decode=False)
+    shardkit.loader(root, rank=0, world_size=4)
+    _grow(root)
+    job(1)
+    second = shardkit.open(root, decode=False)
+    assert len(second) == len(first) == 50 and second.manifest.generation == 0
+    assert [second[i]["__key__"] for i in range(50)] == [first[i]["__key__"] for i in range(50)]
+    assert shardkit.loader(root, rank=1, world_size=4).source.generation == 0, "the loaders pair apart"
+    job(2)
+    assert len(shardkit.open(root, decode=False, seed=0)) == 50
+    assert len(shardkit.open(root, decode=False)) == 51, "a second dataset opened: the first of its place"

@@ -39,19 +39,21 @@ import sys
 import threading
 from typing import Any
 
+from shardkit import manifest
+from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError, ShardkitError, prefixed
 from shardkit.loading.blend.source import BlendedSource, blend_of
 from shardkit.loading.options import LoaderOptions, distributed
-from shardkit.loading.source import Source, at_generation
+from shardkit.loading.source import Source, at_generation, of_manifest
 
 log = logging.getLogger(__name__)
 
-# the store's keys: PREFIX + the path a loader was given (a hash of a list of shard URLs) + "|" + its world size + "#"
-# + the loader's place among the loaders this process made of it for that world size and loader rank
+# the store's keys: PREFIX + the path a reader was given (a hash of a list of shard URLs) + "|" + its kind (a loader's
+# world size, or "open") + "#" + its place among the readers of that kind this process made of it for the same rank
 PREFIX = "shardkit/one-generation/"
 
-# loaders made in this process under a store, by dataset, world size and loader rank
-_made: collections.Counter[tuple[str, int | None, int | None]] = collections.Counter()
+# readers made in this process under a store, by dataset, kind (a loader's world size, or "open") and loader rank
+_made: collections.Counter[tuple[str, str, int | None]] = collections.Counter()
 _lock = threading.Lock()
 
 
@@ -68,7 +70,7 @@ def one_generation(source: Source, asked: Any, options: LoaderOptions) -> Source
     store = job_store(options)
     if store is None:
         return source
-    return _as_first(store, asked, source, options)
+    return _as_first(store, asked, source, options.rank, str(options.world_size))
 
 
 def blend_of_first(blended: BlendedSource, options: LoaderOptions) -> BlendedSource:
@@ -84,7 +86,7 @@ def blend_of_first(blended: BlendedSource, options: LoaderOptions) -> BlendedSou
     parts = []
     for name, asked, part in zip(blended.names, blended.spec.sources, blended.parts, strict=True):
         try:
-            parts.append(_as_first(store, asked.path, part, options))
+            parts.append(_as_first(store, asked.path, part, options.rank, str(options.world_size)))
         except ShardkitError as e:
             prefixed(e, f"blend source {name!r}: ")
             raise
@@ -92,12 +94,37 @@ def blend_of_first(blended: BlendedSource, options: LoaderOptions) -> BlendedSou
     return blended if same else blend_of(blended.spec, parts, options)
 
 
+def manifest_of_first(root: str, found: manifest.Manifest) -> manifest.Manifest:
+    """For :func:`shardkit.open`: ``found`` (the manifest of the dataset ``root``, read here), or
+    that of the generation the first process of this torch.distributed job to open the dataset
+    read (a ``DistributedSampler`` splits the dataset's length among the ranks: each must see the
+    same). Opened datasets pair up by order, apart from loaders. Outside such a job, ``found``.
+
+    Raises:
+        ConfigError, DatasetNotFoundError: as :func:`one_generation`.
+    """
+    dist = distributed()
+    store = _group_store(dist)
+    if store is None:
+        return found
+    source = of_manifest(root, found)
+    first = _as_first(store, root, source, dist.get_rank(), "open")
+    if first is source:
+        return found
+    assert first.generation is not None  # a dataset moved to another generation has generations
+    return Dataset(root).pinned(first.generation)
+
+
 def job_store(options: LoaderOptions) -> Any | None:
     """The store of torch.distributed's default process group, when it is initialized with more
     than one process and the loader is split over several ranks; None otherwise, in a DataLoader
     worker, or where this torch has no such store to give."""
-    dist = distributed()
-    if dist is None or dist.get_world_size() < 2 or (options.world_size or 1) < 2 or _in_dataloader_worker():
+    return _group_store(distributed()) if (options.world_size or 1) > 1 else None
+
+
+def _group_store(dist: Any) -> Any | None:
+    """:func:`job_store`'s store, whatever the loader."""
+    if dist is None or dist.get_world_size() < 2 or _in_dataloader_worker():
         return None
     default_store = getattr(getattr(dist, "distributed_c10d", None), "_get_default_store", None)
     try:
@@ -119,20 +146,21 @@ def _in_dataloader_worker() -> bool:
     return data is not None and data.get_worker_info() is not None
 
 
-def _as_first(store: Any, asked: Any, source: Source, options: LoaderOptions) -> Source:
-    """``source`` (resolved here from ``asked``) as the first loader in the same place read it:
-    ``source`` itself, or the generation it read, checked to be the same files."""
+def _as_first(store: Any, asked: Any, source: Source, rank: int | None, kind: str) -> Source:
+    """``source`` (resolved here from ``asked``) as the first reader in the same place read it:
+    ``source`` itself, or the generation it read, checked to be the same files. The place: the
+    reader's ``kind`` (a loader's world size, or ``"open"``) and how many readers of this kind
+    this process made before of ``asked`` for the same (loader) ``rank``."""
     if isinstance(asked, (str, os.PathLike)):
         name = os.fspath(asked)
     else:
         name = hashlib.sha256(json.dumps([os.fspath(a) for a in asked]).encode()).hexdigest()
-    rank, world = options.rank, options.world_size
     with _lock:
-        place = _made[name, world, rank]
-        _made[name, world, rank] += 1
-    me = _who(distributed().get_rank(), rank)
+        place = _made[name, kind, rank]
+        _made[name, kind, rank] += 1
+    me = _who(distributed().get_rank(), rank) if kind != "open" else f"rank {rank}"
     mine = {"who": me, "generation": source.generation, "fingerprint": source.fingerprint(), "files": len(source.piles)}
-    first = json.loads(store.compare_set(f"{PREFIX}{name}|{world}#{place}", "", json.dumps(mine, sort_keys=True)))
+    first = json.loads(store.compare_set(f"{PREFIX}{name}|{kind}#{place}", "", json.dumps(mine, sort_keys=True)))
     if first["fingerprint"] == mine["fingerprint"]:
         return source
     if first["generation"] is None or source.generation is None:

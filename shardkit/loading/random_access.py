@@ -38,6 +38,7 @@ from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError
 from shardkit.loading import plan
 from shardkit.loading.decode import Transform
 from shardkit.loading.index import Index, identity, load_or_build
+from shardkit.loading.one_generation import manifest_of_first
 from shardkit.loading.one_sample import parse
 from shardkit.loading.options import LoaderOptions
 from shardkit.loading.pile import fetch
@@ -85,7 +86,7 @@ class MapDataset:
         self.options, self.keep_piles = options, keep_piles
         self._epoch = _epoch_cell(seed, epoch)
         storage.use(self.root, self.options.storage_options)
-        self._setup(manifest.read(self.root))
+        self._setup(manifest_of_first(self.root, manifest.read(self.root)))  # the ranks of a job: one generation
 
     def _setup(self, found: manifest.Manifest, *, identified: str | None = None) -> None:
         self.manifest = found
