@@ -265,8 +265,8 @@ def test_a_rank_sent_to_an_older_generation_says_so(tmp_path, job, caplog):
     with caplog.at_level("WARNING", logger="shardkit"):
         assert shardkit.loader(root, rank=1, world_size=2).source.generation == 0
     (said,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "generation" in r.getMessage()]
-    assert said.startswith(f"{root}: rank 1 reads generation 0, which rank 0 read when it made its loader number 1 of this dataset")
-    assert "make such a loader with world_size=1" in said
+    assert said.startswith(f"{root}: rank 1 reads generation 0, which rank 0 read for its loader number 1 of this dataset")
+    assert said.endswith("make it with world_size=1")
 
 
 def test_datasets_opened_by_index_agree_apart_from_loaders(tmp_path, job):
@@ -284,3 +284,41 @@ def test_datasets_opened_by_index_agree_apart_from_loaders(tmp_path, job):
     job(2)
     assert len(shardkit.open(root, decode=False, seed=0)) == 50
     assert len(shardkit.open(root, decode=False)) == 51, "a second dataset opened: the first of its place"
+
+
+def test_a_dataset_one_rank_opens_alone_asks_nobody(tmp_path, job):
+    root = _write(str(tmp_path / "ds"), make_samples(50))
+    job(0)
+    assert len(shardkit.open(root, one_generation=False)) == 50  # a look on rank 0 alone
+    first = shardkit.open(root)
+    _grow(root)
+    job(1)
+    assert len(shardkit.open(root)) == len(first) == 50, "paired with rank 0's second open, not its look"
+    assert len(shardkit.open(root, one_generation=False)) == 51
+    with pytest.raises(shardkit.ConfigError, match="one_generation: expected True or False"):
+        shardkit.open(root, one_generation="no")
+
+
+def test_a_reader_that_failed_takes_the_same_place_again(tmp_path, job, monkeypatch):
+    """A throttled read of the first rank's generation, retried: the retry follows the same loader
+    of rank 0, not the next (which nobody made yet, and would read the latest)."""
+    root = _write(str(tmp_path / "ds"), make_samples(50))
+    job(0)
+    shardkit.loader(root, rank=0, world_size=2)
+    opened = shardkit.open(root)
+    _grow(root)
+    job(1)
+
+    def slow_down(*args):
+        raise shardkit.StorageError(f"{root}: 503 SlowDown")
+
+    with monkeypatch.context() as throttled:
+        throttled.setattr(one_generation, "at_generation", slow_down)
+        with pytest.raises(shardkit.StorageError, match="SlowDown"):
+            shardkit.loader(root, rank=1, world_size=2)
+    assert shardkit.loader(root, rank=1, world_size=2).source.generation == 0
+    with monkeypatch.context() as throttled:
+        throttled.setattr(one_generation.Dataset, "pinned", slow_down)
+        with pytest.raises(shardkit.StorageError, match="SlowDown"):
+            shardkit.open(root)
+    assert len(shardkit.open(root)) == len(opened) == 50

@@ -37,6 +37,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from shardkit import manifest
@@ -107,12 +108,14 @@ def manifest_of_first(root: str, found: manifest.Manifest) -> manifest.Manifest:
     store = _group_store(dist)
     if store is None:
         return found
+    pinned: list[manifest.Manifest] = []
+
+    def at(generation: int) -> Source:  # the manifest read and checked once, and kept
+        pinned.append(Dataset(root).pinned(generation))
+        return of_manifest(root, pinned[-1])
+
     source = of_manifest(root, found)
-    first = _as_first(store, root, source, dist.get_rank(), "open")
-    if first is source:
-        return found
-    assert first.generation is not None  # a dataset moved to another generation has generations
-    return Dataset(root).pinned(first.generation)
+    return found if _as_first(store, root, source, dist.get_rank(), "open", at=at) is source else pinned[-1]
 
 
 def job_store(options: LoaderOptions) -> Any | None:
@@ -146,21 +149,30 @@ def _in_dataloader_worker() -> bool:
     return data is not None and data.get_worker_info() is not None
 
 
-def _as_first(store: Any, asked: Any, source: Source, rank: int | None, kind: str) -> Source:
+def _as_first(store: Any, asked: Any, source: Source, rank: int | None, kind: str, *, at: Callable[[int], Source] | None = None) -> Source:
     """``source`` (resolved here from ``asked``) as the first reader in the same place read it:
-    ``source`` itself, or the generation it read, checked to be the same files. The place: the
+    ``source`` itself, or the generation it read (``at(generation)``, by default
+    :func:`~shardkit.loading.source.at_generation`), checked to be the same files. The place: the
     reader's ``kind`` (a loader's world size, or ``"open"``) and how many readers of this kind
-    this process made before of ``asked`` for the same (loader) ``rank``."""
+    this process made before of ``asked`` for the same (loader) ``rank``; a reader that raises
+    does not count, so trying again takes the same place."""
     if isinstance(asked, (str, os.PathLike)):
         name = os.fspath(asked)
     else:
         name = hashlib.sha256(json.dumps([os.fspath(a) for a in asked]).encode()).hexdigest()
     with _lock:
         place = _made[name, kind, rank]
-        _made[name, kind, rank] += 1
+    found = _placed(store, f"{PREFIX}{name}|{kind}#{place}", source, rank, kind, place, at)
+    with _lock:
+        _made[name, kind, rank] = max(_made[name, kind, rank], place + 1)
+    return found
+
+
+def _placed(store: Any, key: str, source: Source, rank: int | None, kind: str, place: int, at: Callable[[int], Source] | None) -> Source:
+    """:func:`_as_first` once its place, ``key``, is known."""
     me = _who(distributed().get_rank(), rank) if kind != "open" else f"rank {rank}"
     mine = {"who": me, "generation": source.generation, "fingerprint": source.fingerprint(), "files": len(source.piles)}
-    first = json.loads(store.compare_set(f"{PREFIX}{name}|{kind}#{place}", "", json.dumps(mine, sort_keys=True)))
+    first = json.loads(store.compare_set(key, "", json.dumps(mine, sort_keys=True)))
     if first["fingerprint"] == mine["fingerprint"]:
         return source
     if first["generation"] is None or source.generation is None:
@@ -170,7 +182,7 @@ def _as_first(store: Any, asked: Any, source: Source, rank: int | None, kind: st
             "plain shards have no generations to agree on, so every rank must see the same files. Add shards only between "
             "jobs, or make them a dataset (shardkit pile)"
         )
-    found = at_generation(source.name, first["generation"])
+    found = (at or (lambda generation: at_generation(source.name, generation)))(first["generation"])
     if found.fingerprint() != first["fingerprint"]:
         raise ConfigError(
             f"{source.name}: {first['who']} opened generation {first['generation']}, and generation "
@@ -178,15 +190,17 @@ def _as_first(store: Any, asked: Any, source: Source, rank: int | None, kind: st
             "ranks see different copies of it at this path): the ranks cannot read one dataset"
         )
     if first["generation"] < source.generation:
+        what, alone = ("opened dataset", "open it with one_generation=False") if kind == "open" else ("loader", "make it with world_size=1")
         log.warning(
-            "%s: %s reads generation %s, which %s read when it made its loader number %d of this dataset "
-            "(generation %s is the latest now). If a rank made a loader of it that the others did not, every later "
-            "loader follows another rank's older one: make such a loader with world_size=1",
+            "%s: %s reads generation %s, which %s read for its %s number %d of this dataset (generation %s is the latest "
+            "now). If a rank made one the others did not, every later one follows another rank's older one: %s",
             source.name,
             me,
             first["generation"],
             first["who"],
+            what,
             place + 1,
             source.generation,
+            alone,
         )
     return found

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from shardkit import manifest, storage
-from shardkit._util import check_int, check_path
+from shardkit._util import check_bool, check_int, check_path
 from shardkit.codecs import Codecs
 from shardkit.dataset.transaction import Dataset
 from shardkit.errors import ConfigError, CorruptShardError, DatasetNotFoundError
@@ -81,12 +81,14 @@ class MapDataset:
         mix: int,
         options: LoaderOptions,
         keep_piles: int,
+        one_generation: bool = True,
     ) -> None:
         self.root, self.seed, self.mix = root, seed, mix
         self.options, self.keep_piles = options, keep_piles
         self._epoch = _epoch_cell(seed, epoch)
         storage.use(self.root, self.options.storage_options)
-        self._setup(manifest_of_first(self.root, manifest.read(self.root)))  # the ranks of a job: one generation
+        found = manifest.read(self.root)
+        self._setup(manifest_of_first(self.root, found) if one_generation else found)  # the ranks of a job: one generation
 
     def _setup(self, found: manifest.Manifest, *, identified: str | None = None) -> None:
         self.manifest = found
@@ -356,6 +358,7 @@ def open(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    one_generation: bool = True,
 ) -> MapDataset:
     """A shardkit dataset as a map-style dataset: ``len(ds)``, ``ds[i]``, ``ds.get(key)``.
 
@@ -371,6 +374,10 @@ def open(
             the first version has none), and a compressed pile read whole against the manifest's checksum.
         keep_piles: compressed piles (or cached remote piles) kept in memory, decompressed.
         remote_concurrency, cache_dir, cache_limit, storage_options: as for :func:`shardkit.loader`.
+        one_generation: under an initialized torch.distributed of several processes, read the
+            generation the first rank to open this dataset read (each rank's k-th open pairs with
+            the others' k-th), so the ranks' samplers see one length; False reads the latest and
+            asks nobody (a dataset one rank opens alone).
 
     Raises:
         ConfigError: an option is invalid; DatasetNotFoundError: no dataset there;
@@ -381,6 +388,7 @@ def open(
     plan.check_epoch(epoch)
     check_int("mix", mix, low=1)
     check_int("keep_piles", keep_piles, low=1)
+    check_bool("one_generation", one_generation)
     if seed is None:
         for name, value, default in (("epoch", epoch, 0), ("mix", mix, 1)):
             if value != default:
@@ -399,4 +407,4 @@ def open(
         cache_limit=cache_limit,
         storage_options=storage_options,
     )
-    return MapDataset(root, seed=seed, epoch=epoch, mix=mix, options=options, keep_piles=keep_piles)
+    return MapDataset(root, seed=seed, epoch=epoch, mix=mix, options=options, keep_piles=keep_piles, one_generation=one_generation)
