@@ -131,6 +131,17 @@ def test_a_first_job_killed_after_uploads_to_s3_resumes_without_redoing_units(s3
             shardkit.DatasetExistsError, match=r"resume=True finds no staging of it on this machine \(machine-b; the output records /"
         ):
             kill_resume.run_job(url, workers=1, executor="local", resume=True)
+    # the stopped job still running on this machine holds its staging: a second launch is refused and touches nothing
+    from shardkit.dataset import layout
+    from shardkit.dataset.staging import recorded
+
+    held = storage.lock_file(os.path.join(recorded(url), layout.STAGING_JOB_LOCK), wait=False)
+    try:
+        with pytest.raises(shardkit.DatasetExistsError, match="another pass-1 job is writing into"):
+            kill_resume.run_job(url, workers=1, executor="local", resume=True)
+    finally:
+        os.close(held)
+    assert [n for n in s3.names("ds") if n.startswith("pile-")] == left
     caplog.clear()
     with caplog.at_level("INFO", logger="shardkit"):
         redone = kill_resume.run_job(url, workers=1, executor="local", resume=True, log=str(tmp_path / "log"))
