@@ -322,3 +322,27 @@ def test_a_reader_that_failed_takes_the_same_place_again(tmp_path, job, monkeypa
         with pytest.raises(shardkit.StorageError, match="SlowDown"):
             shardkit.open(root)
     assert len(shardkit.open(root)) == len(opened) == 50
+
+
+def test_a_blend_that_failed_takes_the_same_places_again(tmp_path, job, monkeypatch):
+    a = _write(str(tmp_path / "a"), make_samples(50))
+    b = _write(str(tmp_path / "b"), [dict(s, __key__=f"b{i:04d}") for i, s in enumerate(make_samples(30, seed=1))])
+    blend = {"a": a, "b": b}
+    job(0)
+    shardkit.loader(blend, weights={"a": 1, "b": 1}, rank=0, world_size=2, batch_size=2)
+    _grow(a)
+    _grow(b)
+    job(1)
+    real = one_generation.at_generation
+
+    def b_throttled(root, generation):
+        if root == b:
+            raise shardkit.StorageError(f"{root}: 503 SlowDown")
+        return real(root, generation)
+
+    with monkeypatch.context() as throttled:
+        throttled.setattr(one_generation, "at_generation", b_throttled)
+        with pytest.raises(shardkit.StorageError, match=r"blend source 'b': .*SlowDown"):
+            shardkit.loader(blend, weights={"a": 1, "b": 1}, rank=1, world_size=2, batch_size=2)
+    again = shardkit.loader(blend, weights={"a": 1, "b": 1}, rank=1, world_size=2, batch_size=2)
+    assert [p.generation for p in again.source.parts] == [0, 0]

@@ -84,12 +84,17 @@ def blend_of_first(blended: BlendedSource, options: LoaderOptions) -> BlendedSou
     store = job_store(options)
     if store is None or blended.spec is None:
         return blended
-    parts = []
+    parts, kind = [], str(options.world_size)
+    counted = {key: _made[key] for key in ((_name(a.path), kind, options.rank) for a in blended.spec.sources)}
     for name, asked, part in zip(blended.names, blended.spec.sources, blended.parts, strict=True):
         try:
-            parts.append(_as_first(store, asked.path, part, options.rank, str(options.world_size)))
-        except ShardkitError as e:
-            prefixed(e, f"blend source {name!r}: ")
+            parts.append(_as_first(store, asked.path, part, options.rank, kind))
+        except BaseException as e:
+            with _lock:  # none of the blend's readers counts: trying again takes the same places
+                for key, count in counted.items():
+                    _made[key] = count
+            if isinstance(e, ShardkitError):
+                prefixed(e, f"blend source {name!r}: ")
             raise
     same = all(a is b for a, b in zip(parts, blended.parts, strict=True))
     return blended if same else blend_of(blended.spec, parts, options)
@@ -156,16 +161,20 @@ def _as_first(store: Any, asked: Any, source: Source, rank: int | None, kind: st
     reader's ``kind`` (a loader's world size, or ``"open"``) and how many readers of this kind
     this process made before of ``asked`` for the same (loader) ``rank``; a reader that raises
     does not count, so trying again takes the same place."""
-    if isinstance(asked, (str, os.PathLike)):
-        name = os.fspath(asked)
-    else:
-        name = hashlib.sha256(json.dumps([os.fspath(a) for a in asked]).encode()).hexdigest()
+    name = _name(asked)
     with _lock:
         place = _made[name, kind, rank]
     found = _placed(store, f"{PREFIX}{name}|{kind}#{place}", source, rank, kind, place, at)
     with _lock:
         _made[name, kind, rank] = max(_made[name, kind, rank], place + 1)
     return found
+
+
+def _name(asked: Any) -> str:
+    """How the store's keys name what a reader was given: the path, or a hash of a list of shard URLs."""
+    if isinstance(asked, (str, os.PathLike)):
+        return os.fspath(asked)
+    return hashlib.sha256(json.dumps([os.fspath(a) for a in asked]).encode()).hexdigest()
 
 
 def _placed(store: Any, key: str, source: Source, rank: int | None, kind: str, place: int, at: Callable[[int], Source] | None) -> Source:
