@@ -127,28 +127,32 @@ def check_staging(path: str) -> bool:
     return True
 
 
-def recorded_place(out: str) -> str:
-    """Where the object-store output ``out`` records its pass 1's staging: ``"PATH on HOST"``, or
-    ``"nowhere it records"``."""
+def _record(out: str) -> tuple[str, str] | None:
+    """``(host, path)`` of the pass-1 staging the object-store output ``out`` records (see
+    :func:`new_remote`); None when it records none, or nothing readable."""
     try:
         doc: Any = json.loads(storage.read_bytes(storage.join(out, layout.REMOTE_STAGING)))
     except (ShardkitError, ValueError, UnicodeDecodeError):
-        doc = None
+        return None
     if not isinstance(doc, dict) or not isinstance(doc.get("path"), str) or not isinstance(doc.get("host"), str):
-        return "nowhere it records"
-    return f"{doc['path']} on {doc['host']}"
+        return None
+    return doc["host"], doc["path"]
+
+
+def recorded_place(out: str) -> str:
+    """Where the object-store output ``out`` records its pass 1's staging: ``"PATH on HOST"``, or
+    ``"nowhere it records"``."""
+    found = _record(out)
+    return "nowhere it records" if found is None else f"{found[1]} on {found[0]}"
 
 
 def recorded(out: str) -> str | None:
     """The staging directory the object-store output ``out`` records for a job on this machine,
     when it is a real directory of this user in the temporary directory whose owner record names
     ``out``; None otherwise (none recorded, another machine's, a link...: never used)."""
-    try:
-        doc: Any = json.loads(storage.read_bytes(storage.join(out, layout.REMOTE_STAGING)))
-    except (ShardkitError, ValueError, UnicodeDecodeError):
-        return None
-    path = doc.get("path") if isinstance(doc, dict) and doc.get("host") == socket.gethostname() else None
-    if not isinstance(path, str) or os.path.dirname(path) != tempfile.gettempdir() or layout.kind(os.path.basename(path)) != "staging":
+    found = _record(out)
+    path = found[1] if found is not None and found[0] == socket.gethostname() else None
+    if path is None or os.path.dirname(path) != tempfile.gettempdir() or layout.kind(os.path.basename(path)) != "staging":
         return None
     try:
         if not check_staging(path):

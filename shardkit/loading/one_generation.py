@@ -179,7 +179,7 @@ def _name(asked: Any) -> str:
 
 def _placed(store: Any, key: str, source: Source, rank: int | None, kind: str, place: int, at: Callable[[int], Source] | None) -> Source:
     """:func:`_as_first` once its place, ``key``, is known."""
-    me = _who(distributed().get_rank(), rank) if kind != "open" else f"rank {rank}"
+    me = _who(distributed().get_rank(), rank)
     mine = {"who": me, "generation": source.generation, "fingerprint": source.fingerprint(), "files": len(source.piles)}
     first = json.loads(store.compare_set(key, "", json.dumps(mine, sort_keys=True)))
     if first["fingerprint"] == mine["fingerprint"]:
